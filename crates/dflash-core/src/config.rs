@@ -1,0 +1,264 @@
+//! Model hyper-parameters of the supported decoder architectures, read from GGUF
+//! metadata or a Hugging Face `config.json`.
+
+use crate::error::{Error, Result};
+use crate::formats::gguf::GgufHeader;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "llama" | "LlamaForCausalLM" => Arch::Llama,
+            "qwen2" | "Qwen2ForCausalLM" => Arch::Qwen2,
+            "qwen3" | "Qwen3ForCausalLM" => Arch::Qwen3,
+            other => return Err(Error::UnsupportedArchitecture(other.into())),
+        })
+    }
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RopeStyle {
+    /// Pairs (2i, 2i+1): ggml's "normal" rope, used by llama GGUF files whose Q/K rows
+    /// were permuted by the converter.
+    Interleaved,
+    /// Pairs (i, i + d/2): `rotate_half` of Hugging Face, ggml's NEOX rope.
+    Neox,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_style: RopeStyle,
+    /// Number of rotated dimensions per head (usually `head_dim`).
+    pub rope_dim: usize,
+    /// Per-frequency divisors (llama3 rope scaling); `rope_dim / 2` values or empty.
+    pub rope_freq_factors: Vec<f32>,
+    pub max_position_embeddings: usize,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    pub tie_word_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Inverse frequencies of RoPE, `rope_dim / 2` values: `theta^(-2i/d) / factor_i`.
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        (0..self.rope_dim / 2)
+            .map(|i| {
+                let f = (self.rope_theta as f64).powf(-2.0 * i as f64 / self.rope_dim as f64);
+                let ff = self.rope_freq_factors.get(i).copied().unwrap_or(1.0) as f64;
+                (f / ff) as f32
+            })
+            .collect()
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::BadConfig(m));
+        if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 || self.intermediate_size == 0 {
+            return bad("zero-sized model dimension".into());
+        }
+        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0 {
+            return bad(format!("{} heads cannot share {} KV heads", self.num_heads, self.num_kv_heads));
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+            return bad(format!("head_dim {} / rope_dim {}", self.head_dim, self.rope_dim));
+        }
+        if !(self.rms_norm_eps > 0.0) || !(self.rope_theta > 0.0) {
+            return bad("rms_norm_eps and rope_theta must be positive".into());
+        }
+        if !self.rope_freq_factors.is_empty() && self.rope_freq_factors.len() != self.rope_dim / 2 {
+            return bad(format!("{} rope frequency factors for rope_dim {}", self.rope_freq_factors.len(), self.rope_dim));
+        }
+        // Guards against configs that would make us allocate absurd memory.
+        let limits = [
+            ("hidden_size", self.hidden_size, 1 << 16),
+            ("intermediate_size", self.intermediate_size, 1 << 18),
+            ("num_layers", self.num_layers, 1024),
+            ("num_heads", self.num_heads, 1024),
+            ("head_dim", self.head_dim, 1024),
+            ("vocab_size", self.vocab_size, 1 << 22),
+            ("max_position_embeddings", self.max_position_embeddings, 1 << 24),
+        ];
+        for (name, v, lim) in limits {
+            if v > lim {
+                return bad(format!("{name} = {v} exceeds {lim}"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn from_gguf(h: &GgufHeader) -> Result<Self> {
+        let arch_s = h.get_str("general.architecture").ok_or_else(|| Error::BadMetadata("general.architecture missing".into()))?;
+        let arch = Arch::parse(arch_s)?;
+        let key = |k: &str| format!("{arch_s}.{k}");
+        let req = |k: &str| -> Result<u64> {
+            h.get_u64(&key(k)).ok_or_else(|| Error::BadMetadata(format!("{} missing or not an integer", key(k))))
+        };
+        let hidden = req("embedding_length")? as usize;
+        let heads = req("attention.head_count")? as usize;
+        let kv_heads = h.get_u64(&key("attention.head_count_kv")).unwrap_or(heads as u64) as usize;
+        if heads == 0 {
+            return Err(Error::BadConfig("zero attention heads".into()));
+        }
+        let head_dim = h.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden / heads);
+        let vocab = match h.get_u64(&key("vocab_size")) {
+            Some(v) => v as usize,
+            None => h.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map(|a| a.len()).unwrap_or(0),
+        };
+        let tie = h.tensor("output.weight").is_none();
+        let rope_freq_factors = Vec::new(); // filled from `rope_freqs.weight` by the loader
+        let cfg = ModelConfig {
+            arch,
+            hidden_size: hidden,
+            intermediate_size: req("feed_forward_length")? as usize,
+            num_layers: req("block_count")? as usize,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim,
+            vocab_size: vocab,
+            rms_norm_eps: h.get_f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f32,
+            rope_theta: h.get_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
+            rope_style: if arch == Arch::Llama { RopeStyle::Interleaved } else { RopeStyle::Neox },
+            rope_dim: h.get_u64(&key("rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim),
+            rope_freq_factors,
+            max_position_embeddings: h.get_u64(&key("context_length")).unwrap_or(4096) as usize,
+            qkv_bias: h.tensor("blk.0.attn_q.bias").is_some(),
+            qk_norm: h.tensor("blk.0.attn_q_norm.weight").is_some(),
+            tie_word_embeddings: tie,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// From a Hugging Face `config.json`.
+    pub fn from_hf_json(text: &str) -> Result<Self> {
+        let c: HfConfig = serde_json::from_str(text).map_err(|e| Error::BadConfig(format!("config.json: {e}")))?;
+        let arch_name = c
+            .model_type
+            .clone()
+            .or_else(|| c.architectures.as_ref().and_then(|a| a.first().cloned()))
+            .ok_or_else(|| Error::BadConfig("config.json has neither model_type nor architectures".into()))?;
+        let arch = Arch::parse(&arch_name)?;
+        let heads = c.num_attention_heads;
+        if heads == 0 {
+            return Err(Error::BadConfig("zero attention heads".into()));
+        }
+        let head_dim = c.head_dim.unwrap_or(c.hidden_size / heads);
+        let rope_theta = c.rope_theta.unwrap_or(10000.0);
+        let rope_dim = (head_dim as f64 * c.partial_rotary_factor.unwrap_or(1.0)) as usize;
+        let mut rope_freq_factors = Vec::new();
+        if let Some(rs) = &c.rope_scaling {
+            let kind = rs.rope_type.as_deref().or(rs.kind.as_deref()).unwrap_or("default");
+            match kind {
+                "default" => {}
+                "llama3" => rope_freq_factors = llama3_freq_factors(rs, rope_theta, rope_dim)?,
+                other => return Err(Error::BadConfig(format!("rope_scaling type {other:?} is not supported"))),
+            }
+        }
+        let cfg = ModelConfig {
+            arch,
+            hidden_size: c.hidden_size,
+            intermediate_size: c.intermediate_size,
+            num_layers: c.num_hidden_layers,
+            num_heads: heads,
+            num_kv_heads: c.num_key_value_heads.unwrap_or(heads),
+            head_dim,
+            vocab_size: c.vocab_size,
+            rms_norm_eps: c.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta,
+            rope_style: RopeStyle::Neox,
+            rope_dim,
+            rope_freq_factors,
+            max_position_embeddings: c.max_position_embeddings.unwrap_or(4096),
+            qkv_bias: c.attention_bias.unwrap_or(arch == Arch::Qwen2),
+            qk_norm: arch == Arch::Qwen3,
+            tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// The llama3 rope scaling of transformers, expressed as per-frequency divisors.
+fn llama3_freq_factors(rs: &HfRopeScaling, theta: f32, dim: usize) -> Result<Vec<f32>> {
+    let need = |v: Option<f64>, n: &str| v.ok_or_else(|| Error::BadConfig(format!("llama3 rope_scaling needs {n}")));
+    let factor = need(rs.factor, "factor")?;
+    let low = need(rs.low_freq_factor, "low_freq_factor")?;
+    let high = need(rs.high_freq_factor, "high_freq_factor")?;
+    let old_ctx = need(rs.original_max_position_embeddings, "original_max_position_embeddings")?;
+    if !(high > low) || !(factor > 0.0) {
+        return Err(Error::BadConfig("llama3 rope_scaling needs high_freq_factor > low_freq_factor, factor > 0".into()));
+    }
+    let low_wavelen = old_ctx / low;
+    let high_wavelen = old_ctx / high;
+    Ok((0..dim / 2)
+        .map(|i| {
+            let freq = (theta as f64).powf(-2.0 * i as f64 / dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            let scaled = if wavelen < high_wavelen {
+                freq
+            } else if wavelen > low_wavelen {
+                freq / factor
+            } else {
+                let smooth = (old_ctx / wavelen - low) / (high - low);
+                (1.0 - smooth) * freq / factor + smooth * freq
+            };
+            (freq / scaled) as f32
+        })
+        .collect())
+}
+
+#[derive(Debug, Deserialize)]
+struct HfRopeScaling {
+    rope_type: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    factor: Option<f64>,
+    low_freq_factor: Option<f64>,
+    high_freq_factor: Option<f64>,
+    original_max_position_embeddings: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct HfConfig {
+    model_type: Option<String>,
+    architectures: Option<Vec<String>>,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: usize,
+    rms_norm_eps: Option<f32>,
+    rope_theta: Option<f32>,
+    rope_scaling: Option<HfRopeScaling>,
+    partial_rotary_factor: Option<f64>,
+    max_position_embeddings: Option<usize>,
+    attention_bias: Option<bool>,
+    tie_word_embeddings: Option<bool>,
+}

@@ -1,0 +1,279 @@
+//! The target model forward on the CPU: embedding, RMSNorm, RoPE, grouped-query
+//! attention over a KV cache, SwiGLU MLP, lm_head; optional hidden-state taps.
+
+use super::ops::{argmax, dot, matmul_t, rms_norm, rope, silu, softmax};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::quant::QuantMatrix;
+use crate::weights::ModelWeights;
+
+struct Matrix {
+    w: Vec<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl Matrix {
+    fn from_quant(m: &QuantMatrix) -> Self {
+        Matrix { w: m.dequantize(), rows: m.rows, cols: m.cols }
+    }
+    fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
+        matmul_t(x, &self.w, n, self.cols, self.rows)
+    }
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: Matrix,
+    wk: Matrix,
+    wv: Matrix,
+    wo: Matrix,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    w_gate: Matrix,
+    w_up: Matrix,
+    w_down: Matrix,
+}
+
+pub struct CpuModel {
+    pub config: ModelConfig,
+    embed: Matrix,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    lm_head: Option<Matrix>,
+    inv_freq: Vec<f32>,
+}
+
+/// Per-layer keys and values of every position computed so far.
+#[derive(Clone)]
+pub struct KvCache {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    len: usize,
+    capacity: usize,
+    kv_dim: usize,
+}
+
+impl KvCache {
+    pub fn new(config: &ModelConfig, capacity: usize) -> Self {
+        let kv_dim = config.kv_dim();
+        KvCache {
+            k: (0..config.num_layers).map(|_| Vec::with_capacity(capacity.min(4096) * kv_dim)).collect(),
+            v: (0..config.num_layers).map(|_| Vec::with_capacity(capacity.min(4096) * kv_dim)).collect(),
+            len: 0,
+            capacity,
+            kv_dim,
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    /// Drops every position from `len` on (speculative rollback).
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.len {
+            self.len = len;
+            for l in 0..self.k.len() {
+                self.k[l].truncate(len * self.kv_dim);
+                self.v[l].truncate(len * self.kv_dim);
+            }
+        }
+    }
+}
+
+/// Which rows of a forward pass get logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    All,
+    Last,
+    None,
+}
+
+pub struct ForwardOutput {
+    /// `[rows, vocab]` for the rows asked for.
+    pub logits: Vec<f32>,
+    /// `[n, taps.len() * hidden]`: the residual stream after each tapped layer, in the
+    /// order the taps were given, concatenated per token.
+    pub taps: Vec<f32>,
+}
+
+impl CpuModel {
+    pub fn new(w: &ModelWeights) -> Self {
+        let layers = w
+            .layers
+            .iter()
+            .map(|l| Layer {
+                attn_norm: l.attn_norm.clone(),
+                wq: Matrix::from_quant(&l.wq),
+                wk: Matrix::from_quant(&l.wk),
+                wv: Matrix::from_quant(&l.wv),
+                wo: Matrix::from_quant(&l.wo),
+                bq: l.bq.clone(),
+                bk: l.bk.clone(),
+                bv: l.bv.clone(),
+                q_norm: l.q_norm.clone(),
+                k_norm: l.k_norm.clone(),
+                ffn_norm: l.ffn_norm.clone(),
+                w_gate: Matrix::from_quant(&l.w_gate),
+                w_up: Matrix::from_quant(&l.w_up),
+                w_down: Matrix::from_quant(&l.w_down),
+            })
+            .collect();
+        CpuModel {
+            config: w.config.clone(),
+            embed: Matrix::from_quant(&w.embed),
+            layers,
+            norm: w.norm.clone(),
+            lm_head: w.lm_head.as_ref().map(Matrix::from_quant),
+            inv_freq: w.config.rope_inv_freq(),
+        }
+    }
+
+    pub fn new_cache(&self, capacity: usize) -> KvCache {
+        KvCache::new(&self.config, capacity)
+    }
+
+    /// Embedding rows of `tokens`.
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let h = self.config.hidden_size;
+        let mut x = Vec::with_capacity(tokens.len() * h);
+        for &t in tokens {
+            if t as usize >= self.embed.rows {
+                return Err(Error::TokenOutOfRange { id: t, vocab: self.embed.rows });
+            }
+            x.extend_from_slice(&self.embed.w[t as usize * h..(t as usize + 1) * h]);
+        }
+        Ok(x)
+    }
+
+    /// Final norm and lm_head of hidden rows `x` (`[n, hidden]`).
+    pub fn logits_of(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let h = self.config.hidden_size;
+        let mut normed = vec![0f32; n * h];
+        for r in 0..n {
+            rms_norm(&x[r * h..(r + 1) * h], &self.norm, self.config.rms_norm_eps, &mut normed[r * h..(r + 1) * h]);
+        }
+        self.lm_head.as_ref().unwrap_or(&self.embed).apply(&normed, n)
+    }
+
+    /// Runs `tokens` at positions `cache.len()..`, appends their K/V to the cache and
+    /// returns logits for the rows asked for and the residual stream after the layers
+    /// in `taps` (0-based decoder layer ids).
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, rows: LogitRows, taps: &[usize]) -> Result<ForwardOutput> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(ForwardOutput { logits: vec![], taps: vec![] });
+        }
+        if cache.len + n > cache.capacity {
+            return Err(Error::ContextOverflow { prompt_tokens: cache.len + n, max_new_tokens: 0, context: cache.capacity });
+        }
+        if let Some(&bad) = taps.iter().find(|&&t| t >= c.num_layers) {
+            return Err(Error::BadConfig(format!("tap layer {bad} >= {} layers", c.num_layers)));
+        }
+        let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let start = cache.len;
+        let mut x = self.embed(tokens)?;
+        let mut tap_out = vec![0f32; n * taps.len() * h];
+        let mut normed = vec![0f32; n * h];
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (li, l) in self.layers.iter().enumerate() {
+            for r in 0..n {
+                rms_norm(&x[r * h..(r + 1) * h], &l.attn_norm, c.rms_norm_eps, &mut normed[r * h..(r + 1) * h]);
+            }
+            let mut q = l.wq.apply(&normed, n);
+            let mut k = l.wk.apply(&normed, n);
+            let mut v = l.wv.apply(&normed, n);
+            for (m, b, d) in [(&mut q, &l.bq, qd), (&mut k, &l.bk, kvd), (&mut v, &l.bv, kvd)] {
+                if let Some(b) = b {
+                    for r in 0..n {
+                        for i in 0..d {
+                            m[r * d + i] += b[i];
+                        }
+                    }
+                }
+            }
+            let mut tmp = vec![0f32; hd];
+            for r in 0..n {
+                let pos = start + r;
+                for (m, heads, d, norm) in [(&mut q, nh, qd, &l.q_norm), (&mut k, nkv, kvd, &l.k_norm)] {
+                    for hh in 0..heads {
+                        let head = &mut m[r * d + hh * hd..r * d + (hh + 1) * hd];
+                        if let Some(w) = norm {
+                            rms_norm(head, w, c.rms_norm_eps, &mut tmp);
+                            head.copy_from_slice(&tmp);
+                        }
+                        rope(&mut head[..c.rope_dim], pos, &self.inv_freq, c.rope_style);
+                    }
+                }
+            }
+            cache.k[li].extend_from_slice(&k);
+            cache.v[li].extend_from_slice(&v);
+            let (kc, vc) = (&cache.k[li], &cache.v[li]);
+            let mut att = vec![0f32; n * qd];
+            let group = nh / nkv;
+            for r in 0..n {
+                let pos = start + r;
+                let mut scores = vec![0f32; pos + 1];
+                for hh in 0..nh {
+                    let kh = hh / group;
+                    let qh = &q[r * qd + hh * hd..r * qd + (hh + 1) * hd];
+                    for (j, s) in scores.iter_mut().enumerate() {
+                        *s = dot(qh, &kc[j * kvd + kh * hd..j * kvd + (kh + 1) * hd]) * scale;
+                    }
+                    softmax(&mut scores);
+                    let out = &mut att[r * qd + hh * hd..r * qd + (hh + 1) * hd];
+                    for (j, &p) in scores.iter().enumerate() {
+                        let vj = &vc[j * kvd + kh * hd..j * kvd + (kh + 1) * hd];
+                        for i in 0..hd {
+                            out[i] += p * vj[i];
+                        }
+                    }
+                }
+            }
+            let o = l.wo.apply(&att, n);
+            for i in 0..n * h {
+                x[i] += o[i];
+            }
+            for r in 0..n {
+                rms_norm(&x[r * h..(r + 1) * h], &l.ffn_norm, c.rms_norm_eps, &mut normed[r * h..(r + 1) * h]);
+            }
+            let g = l.w_gate.apply(&normed, n);
+            let u = l.w_up.apply(&normed, n);
+            let act: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
+            let d = l.w_down.apply(&act, n);
+            for i in 0..n * h {
+                x[i] += d[i];
+            }
+            for (ti, _) in taps.iter().enumerate().filter(|(_, &t)| t == li) {
+                for r in 0..n {
+                    let dst = r * taps.len() * h + ti * h;
+                    tap_out[dst..dst + h].copy_from_slice(&x[r * h..(r + 1) * h]);
+                }
+            }
+        }
+        cache.len += n;
+        let logits = match rows {
+            LogitRows::All => self.logits_of(&x, n),
+            LogitRows::Last => self.logits_of(&x[(n - 1) * h..], 1),
+            LogitRows::None => vec![],
+        };
+        Ok(ForwardOutput { logits, taps: tap_out })
+    }
+
+    /// Greedy next token of the last row of a forward output.
+    pub fn argmax_last(&self, logits: &[f32]) -> u32 {
+        let v = self.config.vocab_size;
+        argmax(&logits[logits.len() - v..]) as u32
+    }
+}

@@ -1,0 +1,138 @@
+//! Plain-Rust f32 ops of the CPU reference. Every reduction runs in a fixed order that
+//! does not depend on how many rows are computed together (batch invariance).
+
+use crate::config::RopeStyle;
+
+/// Dot product with 8 interleaved partial sums combined by a fixed tree.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0f32; 8];
+    let ca = a.chunks_exact(8);
+    let cb = b.chunks_exact(8);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+fn n_threads() -> usize {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(16)
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        1
+    }
+}
+
+/// `y[t, o] = sum_k x[t, k] * w[o, k]` for `n` rows of `x` (`[n, k]`) and `w` (`[m, k]`).
+/// Output rows are split across threads; each element is one `dot`.
+pub fn matmul_t(x: &[f32], w: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> {
+    debug_assert_eq!(x.len(), n * k);
+    debug_assert_eq!(w.len(), m * k);
+    let mut y = vec![0f32; n * m];
+    let threads = n_threads();
+    let work = n * m * k;
+    if threads <= 1 || work < 1 << 16 {
+        matmul_block(x, w, n, k, 0, m, m, &mut y);
+        return y;
+    }
+    // Split the output columns (weight rows) into one contiguous band per thread.
+    let band = m.div_ceil(threads);
+    let mut parts: Vec<Vec<f32>> = Vec::new();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let lo = (t * band).min(m);
+                let hi = ((t + 1) * band).min(m);
+                s.spawn(move || {
+                    let mut part = vec![0f32; n * (hi - lo)];
+                    matmul_block(x, w, n, k, lo, hi, hi - lo, &mut part);
+                    part
+                })
+            })
+            .collect();
+        parts = handles.into_iter().map(|h| h.join().expect("matmul thread")).collect();
+    });
+    for (t, part) in parts.iter().enumerate() {
+        let lo = (t * band).min(m);
+        let width = part.len() / n.max(1);
+        for r in 0..n {
+            y[r * m + lo..r * m + lo + width].copy_from_slice(&part[r * width..(r + 1) * width]);
+        }
+    }
+    y
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_block(x: &[f32], w: &[f32], n: usize, k: usize, lo: usize, hi: usize, stride: usize, out: &mut [f32]) {
+    for o in lo..hi {
+        let wr = &w[o * k..(o + 1) * k];
+        for r in 0..n {
+            out[r * stride + (o - lo)] = dot(&x[r * k..(r + 1) * k], wr);
+        }
+    }
+}
+
+/// RMSNorm of one row: `x * (1 / sqrt(mean(x^2) + eps)) * w`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss = dot(x, x);
+    let scale = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for i in 0..x.len() {
+        out[i] = (x[i] * scale) * w[i];
+    }
+}
+
+/// Rotates one head in place at absolute position `pos`.
+pub fn rope(x: &mut [f32], pos: usize, inv_freq: &[f32], style: RopeStyle) {
+    let half = inv_freq.len();
+    for (i, &f) in inv_freq.iter().enumerate() {
+        let theta = pos as f32 * f;
+        let (s, c) = theta.sin_cos();
+        let (a, b) = match style {
+            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            RopeStyle::Neox => (i, i + half),
+        };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Softmax in place with the max subtracted; sums run left to right.
+pub fn softmax(x: &mut [f32]) {
+    let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Index of the largest value; ties go to the lowest index. NaN never wins.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] || (x[best].is_nan() && !v.is_nan()) {
+            best = i;
+        }
+    }
+    best
+}

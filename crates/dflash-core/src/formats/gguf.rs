@@ -1,0 +1,416 @@
+//! GGUF v2/v3 parser: metadata, tensor table and alignment, validated against the file
+//! size before anything is allocated. Parsing reads only the header; tensor data is
+//! sliced from the same byte buffer (a memory map natively).
+
+use crate::error::{Error, Result};
+use crate::formats::ggml::GgmlType;
+use std::collections::BTreeMap;
+
+pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+const DEFAULT_ALIGNMENT: u64 = 32;
+/// Tensors have at most 4 dimensions in GGUF.
+const MAX_DIMS: u32 = 4;
+/// Nesting of arrays inside arrays: GGUF files in the wild use none.
+const MAX_ARRAY_DEPTH: u32 = 2;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    Array(Vec<Value>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl Value {
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Value::U8(v) => Some(v as u64),
+            Value::U16(v) => Some(v as u64),
+            Value::U32(v) => Some(v as u64),
+            Value::U64(v) => Some(v),
+            Value::I8(v) if v >= 0 => Some(v as u64),
+            Value::I16(v) if v >= 0 => Some(v as u64),
+            Value::I32(v) if v >= 0 => Some(v as u64),
+            Value::I64(v) if v >= 0 => Some(v as u64),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Value::F32(v) => Some(v as f64),
+            Value::F64(v) => Some(v),
+            _ => self.as_u64().map(|v| v as f64).or(match *self {
+                Value::I8(v) => Some(v as f64),
+                Value::I16(v) => Some(v as f64),
+                Value::I32(v) => Some(v as f64),
+                Value::I64(v) => Some(v as f64),
+                _ => None,
+            }),
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+    pub fn as_array(&self) -> Option<&[Value]> {
+        match self {
+            Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Dimensions in GGUF order: `dims[0]` is the fastest-varying (columns).
+    pub dims: Vec<u64>,
+    pub dtype: GgmlType,
+    /// Absolute byte offset of the tensor data in the file.
+    pub offset: u64,
+    pub n_bytes: u64,
+}
+
+impl TensorInfo {
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+    /// Shape in row-major order (outermost first), as Hugging Face writes it.
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().rev().map(|&d| d as usize).collect()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GgufHeader {
+    pub version: u32,
+    pub metadata: BTreeMap<String, Value>,
+    pub tensors: Vec<TensorInfo>,
+    pub alignment: u64,
+    pub data_offset: u64,
+}
+
+impl GgufHeader {
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+    pub fn get_str(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(Value::as_str)
+    }
+    pub fn get_u64(&self, key: &str) -> Option<u64> {
+        self.get(key).and_then(Value::as_u64)
+    }
+    pub fn get_f64(&self, key: &str) -> Option<f64> {
+        self.get(key).and_then(Value::as_f64)
+    }
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    /// Size of the whole file; `buf` may be a prefix of it.
+    file_len: u64,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: u64) -> Result<&'a [u8]> {
+        let end = (self.pos as u64).checked_add(n);
+        match end {
+            Some(end) if end <= self.buf.len() as u64 => {
+                let s = &self.buf[self.pos..end as usize];
+                self.pos = end as usize;
+                Ok(s)
+            }
+            _ => Err(Error::Truncated { offset: self.pos as u64, needed: n, len: self.file_len }),
+        }
+    }
+    fn remaining(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn string(&mut self, field: &'static str) -> Result<String> {
+        let len = self.u64()?;
+        if len > self.remaining() {
+            return Err(Error::AbsurdSize { field, value: len, limit: self.remaining() });
+        }
+        let bytes = self.take(len)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| Error::BadMetadata(format!("{field} is not valid UTF-8")))
+    }
+
+    fn value(&mut self, type_id: u32, depth: u32) -> Result<Value> {
+        Ok(match type_id {
+            0 => Value::U8(self.u8()?),
+            1 => Value::I8(self.u8()? as i8),
+            2 => Value::U16(self.u16()?),
+            3 => Value::I16(self.u16()? as i16),
+            4 => Value::U32(self.u32()?),
+            5 => Value::I32(self.u32()? as i32),
+            6 => Value::F32(f32::from_bits(self.u32()?)),
+            7 => match self.u8()? {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                b => return Err(Error::BadMetadata(format!("bool value {b}"))),
+            },
+            8 => Value::String(self.string("string length")?),
+            9 => {
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(Error::BadMetadata("arrays nested too deeply".into()));
+                }
+                let item_type = self.u32()?;
+                let count = self.u64()?;
+                let min_item = min_value_size(item_type)
+                    .ok_or_else(|| Error::BadMetadata(format!("unknown array item type {item_type}")))?;
+                let limit = self.remaining() / min_item;
+                if count > limit {
+                    return Err(Error::AbsurdSize { field: "array length", value: count, limit });
+                }
+                let mut items = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    items.push(self.value(item_type, depth + 1)?);
+                }
+                Value::Array(items)
+            }
+            10 => Value::U64(self.u64()?),
+            11 => Value::I64(self.u64()? as i64),
+            12 => Value::F64(f64::from_bits(self.u64()?)),
+            t => return Err(Error::BadMetadata(format!("unknown value type {t}"))),
+        })
+    }
+}
+
+/// The fewest bytes a value of this type takes in the file.
+fn min_value_size(type_id: u32) -> Option<u64> {
+    Some(match type_id {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4 | 5 | 6 => 4,
+        8 => 8,
+        9 => 12,
+        10 | 11 | 12 => 8,
+        _ => return None,
+    })
+}
+
+/// Parses the GGUF header from `buf`, which holds the file from its start (the whole
+/// file, or a prefix long enough for the header). `file_len` is the size of the whole
+/// file: every tensor must lie inside it.
+pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
+    let mut r = Reader { buf, pos: 0, file_len };
+    let magic = r.take(4).map_err(|_| Error::BadMagic { expected: "GGUF", found: buf[..buf.len().min(4)].to_vec() })?;
+    if magic != GGUF_MAGIC {
+        return Err(Error::BadMagic { expected: "GGUF", found: magic.to_vec() });
+    }
+    let version = r.u32()?;
+    if version != 2 && version != 3 {
+        return Err(Error::UnsupportedVersion(version));
+    }
+    let tensor_count = r.u64()?;
+    let kv_count = r.u64()?;
+    // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor
+    // info at least 8 + 4 + 8 + 4 + 8.
+    let kv_limit = r.remaining() / 13;
+    if kv_count > kv_limit {
+        return Err(Error::AbsurdSize { field: "metadata count", value: kv_count, limit: kv_limit });
+    }
+    let mut metadata = BTreeMap::new();
+    for _ in 0..kv_count {
+        let key = r.string("key length")?;
+        let type_id = r.u32()?;
+        let value = r.value(type_id, 0)?;
+        metadata.insert(key, value);
+    }
+    let t_limit = r.remaining() / 32;
+    if tensor_count > t_limit {
+        return Err(Error::AbsurdSize { field: "tensor count", value: tensor_count, limit: t_limit });
+    }
+    let alignment = match metadata.get("general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some(v) => match v.as_u64() {
+            Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a,
+            _ => return Err(Error::BadMetadata(format!("general.alignment {v:?} is not a power of two"))),
+        },
+    };
+    let mut raw = Vec::with_capacity(tensor_count as usize);
+    for _ in 0..tensor_count {
+        let name = r.string("tensor name length")?;
+        let n_dims = r.u32()?;
+        if n_dims == 0 || n_dims > MAX_DIMS {
+            return Err(Error::BadTensorLayout { tensor: name, reason: format!("{n_dims} dimensions") });
+        }
+        let mut dims = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            dims.push(r.u64()?);
+        }
+        let type_id = r.u32()?;
+        let offset = r.u64()?;
+        raw.push((name, dims, type_id, offset));
+    }
+    let data_offset = align_up(r.pos as u64, alignment);
+    let mut tensors = Vec::with_capacity(raw.len());
+    for (name, dims, type_id, offset) in raw {
+        let dtype = GgmlType::from_id(type_id).ok_or(Error::UnknownTensorType { tensor: name.clone(), type_id })?;
+        let n_el = dims
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .filter(|&n| n > 0)
+            .ok_or_else(|| Error::BadTensorLayout { tensor: name.clone(), reason: format!("dims {dims:?}") })?;
+        let (block, bytes) = dtype.block_size();
+        if dims[0] % block as u64 != 0 {
+            return Err(Error::BadTensorLayout {
+                tensor: name,
+                reason: format!("row length {} is not a multiple of the {} block {}", dims[0], dtype.name(), block),
+            });
+        }
+        let n_bytes = n_el / block as u64 * bytes as u64;
+        if offset % alignment != 0 {
+            return Err(Error::BadTensorLayout { tensor: name, reason: format!("offset {offset} is not aligned to {alignment}") });
+        }
+        let start = data_offset.checked_add(offset);
+        let end = start.and_then(|s| s.checked_add(n_bytes));
+        match (start, end) {
+            (Some(s), Some(e)) if e <= file_len => {
+                tensors.push(TensorInfo { name, dims, dtype, offset: s, n_bytes });
+            }
+            _ => {
+                return Err(Error::TensorOutOfBounds {
+                    tensor: name,
+                    start: start.unwrap_or(u64::MAX),
+                    end: end.unwrap_or(u64::MAX),
+                    file_len,
+                })
+            }
+        }
+    }
+    Ok(GgufHeader { version, metadata, tensors, alignment, data_offset })
+}
+
+fn align_up(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+/// Writes GGUF files: used by tests to make small models in the real format, and by
+/// tools that convert models.
+pub mod writer {
+    use super::Value;
+    use crate::formats::ggml::GgmlType;
+
+    pub struct TensorData {
+        pub name: String,
+        pub dims: Vec<u64>,
+        pub dtype: GgmlType,
+        pub bytes: Vec<u8>,
+    }
+
+    fn put_str(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+
+    fn type_id(v: &Value) -> u32 {
+        match v {
+            Value::U8(_) => 0,
+            Value::I8(_) => 1,
+            Value::U16(_) => 2,
+            Value::I16(_) => 3,
+            Value::U32(_) => 4,
+            Value::I32(_) => 5,
+            Value::F32(_) => 6,
+            Value::Bool(_) => 7,
+            Value::String(_) => 8,
+            Value::Array(_) => 9,
+            Value::U64(_) => 10,
+            Value::I64(_) => 11,
+            Value::F64(_) => 12,
+        }
+    }
+
+    fn put_value(out: &mut Vec<u8>, v: &Value) {
+        match v {
+            Value::U8(x) => out.push(*x),
+            Value::I8(x) => out.push(*x as u8),
+            Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+            Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+            Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+            Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+            Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+            Value::Bool(x) => out.push(*x as u8),
+            Value::String(s) => put_str(out, s),
+            Value::Array(items) => {
+                let t = items.first().map(type_id).unwrap_or(4);
+                out.extend_from_slice(&t.to_le_bytes());
+                out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+                for i in items {
+                    put_value(out, i);
+                }
+            }
+            Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+            Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+            Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        }
+    }
+
+    /// Serialises a GGUF v3 file with 32-byte alignment.
+    pub fn write(metadata: &[(String, Value)], tensors: &[TensorData]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(b"GGUF");
+        out.extend_from_slice(&3u32.to_le_bytes());
+        out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+        for (k, v) in metadata {
+            put_str(&mut out, k);
+            out.extend_from_slice(&type_id(v).to_le_bytes());
+            put_value(&mut out, v);
+        }
+        let mut offset = 0u64;
+        let mut offsets = Vec::new();
+        for t in tensors {
+            put_str(&mut out, &t.name);
+            out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+            for d in &t.dims {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&t.dtype.id().to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+            offsets.push(offset);
+            offset = (offset + t.bytes.len() as u64).div_ceil(32) * 32;
+        }
+        let data_start = out.len().div_ceil(32) * 32;
+        out.resize(data_start, 0);
+        for (t, off) in tensors.iter().zip(offsets) {
+            out.resize(data_start + off as usize, 0);
+            out.extend_from_slice(&t.bytes);
+        }
+        out
+    }
+}

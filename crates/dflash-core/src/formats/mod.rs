@@ -1,0 +1,6 @@
+//! Model file formats: GGUF, ggml tensor types, Hugging Face safetensors folders.
+
+pub mod ggml;
+pub mod gguf;
+pub mod gguf_source;
+pub mod hf;

@@ -1,0 +1,157 @@
+//! The generation loop of the CPU reference engine: prefill, sample, stop on stop ids,
+//! stop strings or the token budget, and stream text as it becomes whole characters.
+
+use crate::cpu::{CpuModel, LogitRows};
+use crate::error::{Error, Result};
+use crate::sampling::{sample, SamplingParams};
+use crate::tokenizer::{StreamDecoder, TextTokenizer};
+
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt_ids: Vec<u32>,
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop_strings: Vec<String>,
+    /// Context length to run with (KV capacity); clipped to the model's maximum.
+    pub context: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop id or stop string ended the text.
+    Stop,
+    /// `max_new_tokens` or the context ran out.
+    Length,
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateResult {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub finish_reason: FinishReason,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+}
+
+/// Holds back streamed text that might be the start of a stop string.
+#[derive(Debug, Default)]
+pub struct StopMatcher {
+    stops: Vec<String>,
+    text: String,
+    emitted: usize,
+}
+
+impl StopMatcher {
+    pub fn new(stops: &[String]) -> Self {
+        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), ..Default::default() }
+    }
+    /// Adds text; returns (text safe to emit, whether a stop string was found).
+    pub fn push(&mut self, piece: &str) -> (String, bool) {
+        self.text.push_str(piece);
+        if let Some(cut) = self.stops.iter().filter_map(|s| self.text.find(s.as_str())).min() {
+            let out = self.text[self.emitted.min(cut)..cut].to_string();
+            self.text.truncate(cut);
+            self.emitted = cut;
+            return (out, true);
+        }
+        // Longest suffix of the text that is a proper prefix of a stop string.
+        let mut hold = 0;
+        for s in &self.stops {
+            for (i, _) in s.char_indices().skip(1) {
+                if self.text.ends_with(&s[..i]) {
+                    hold = hold.max(i);
+                }
+            }
+        }
+        let safe = self.text.len() - hold;
+        let safe = if safe < self.emitted { self.emitted } else { safe };
+        let out = self.text[self.emitted..safe].to_string();
+        self.emitted = safe;
+        (out, false)
+    }
+    /// Text held back at the end of generation.
+    pub fn flush(&mut self) -> String {
+        let out = self.text[self.emitted..].to_string();
+        self.emitted = self.text.len();
+        out
+    }
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+/// Checks the prompt against the context and returns how many tokens may be generated.
+pub fn token_budget(prompt_tokens: usize, max_new_tokens: usize, context: usize) -> Result<usize> {
+    if prompt_tokens == 0 {
+        return Err(Error::BadSampling("the prompt is empty".into()));
+    }
+    if prompt_tokens >= context {
+        return Err(Error::ContextOverflow { prompt_tokens, max_new_tokens, context });
+    }
+    Ok(max_new_tokens.min(context - prompt_tokens))
+}
+
+/// Generates with the CPU reference model. `clock` returns seconds (the host's clock:
+/// wasm has no `Instant`); `on_text` receives text as it is produced.
+pub fn generate_cpu(
+    model: &CpuModel,
+    tok: &TextTokenizer,
+    req: &GenerateRequest,
+    clock: &dyn Fn() -> f64,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerateResult> {
+    req.sampling.validate()?;
+    let context = req.context.min(model.config.max_position_embeddings).max(1);
+    let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
+    let vocab = model.config.vocab_size;
+    if let Some(&bad) = req.prompt_ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(Error::TokenOutOfRange { id: bad, vocab });
+    }
+    let mut cache = model.new_cache(context);
+    let t0 = clock();
+    let out = model.forward(&req.prompt_ids, &mut cache, LogitRows::Last, &[])?;
+    let mut logits = out.logits;
+    let t1 = clock();
+    let mut history = req.prompt_ids.clone();
+    let mut tokens = Vec::new();
+    let mut stream = StreamDecoder::default();
+    let mut stops = StopMatcher::new(&req.stop_strings);
+    let mut finish = FinishReason::Length;
+    while tokens.len() < budget {
+        let pos = history.len();
+        let next = sample(&logits, &req.sampling, &history, pos);
+        if tok.is_stop(next) {
+            finish = FinishReason::Stop;
+            break;
+        }
+        tokens.push(next);
+        history.push(next);
+        let piece = stream.push(tok, next)?;
+        let (emit, stopped) = stops.push(&piece);
+        if !emit.is_empty() {
+            on_text(&emit);
+        }
+        if stopped {
+            finish = FinishReason::Stop;
+            break;
+        }
+        if tokens.len() == budget {
+            break;
+        }
+        logits = model.forward(&[next], &mut cache, LogitRows::Last, &[])?.logits;
+    }
+    let rest = stops.flush();
+    if !rest.is_empty() {
+        on_text(&rest);
+    }
+    let t2 = clock();
+    Ok(GenerateResult {
+        text: stops.text().to_string(),
+        tokens,
+        prompt_tokens: req.prompt_ids.len(),
+        finish_reason: finish,
+        prefill_s: t1 - t0,
+        decode_s: t2 - t1,
+    })
+}

@@ -1,0 +1,16 @@
+//! dflash-core: model formats, the GPU weight formats, tokenizers, chat templates,
+//! sampling and the CPU reference models of dflash-web.
+
+pub mod chat;
+pub mod config;
+pub mod cpu;
+pub mod error;
+pub mod formats;
+pub mod generate;
+pub mod model_files;
+pub mod quant;
+pub mod sampling;
+pub mod tokenizer;
+pub mod weights;
+
+pub use error::{Error, Result};

@@ -1,0 +1,192 @@
+//! Opening what users have: a `.gguf` file or a Hugging Face folder, into weights in the
+//! GPU formats, a tokenizer and the model's own chat template.
+
+use crate::chat::ChatTemplate;
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::formats::gguf::GGUF_MAGIC;
+use crate::formats::gguf_source::GgufSource;
+use crate::formats::hf::{int4_config, SafeTensorsSource};
+use crate::tokenizer::TextTokenizer;
+use crate::weights::{ModelWeights, Naming, TensorSource};
+use std::collections::BTreeMap;
+
+pub struct LoadedModel {
+    pub weights: ModelWeights,
+    pub tokenizer: TextTokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    /// "gguf" or "hf".
+    pub format: &'static str,
+}
+
+impl LoadedModel {
+    pub fn config(&self) -> &ModelConfig {
+        &self.weights.config
+    }
+}
+
+fn check_vocab(cfg: &ModelConfig, tok: &TextTokenizer) -> Result<()> {
+    if tok.vocab_size() > cfg.vocab_size {
+        return Err(Error::BadConfig(format!(
+            "tokenizer has {} tokens but the model's vocabulary is {}",
+            tok.vocab_size(),
+            cfg.vocab_size
+        )));
+    }
+    Ok(())
+}
+
+/// Loads a GGUF file held in memory (a memory map natively).
+pub fn load_gguf(bytes: &[u8]) -> Result<LoadedModel> {
+    let src = GgufSource::new(bytes)?;
+    let h = &src.header;
+    let mut config = ModelConfig::from_gguf(h)?;
+    if src.shape("rope_freqs.weight").is_some() {
+        config.rope_freq_factors = src.vector("rope_freqs.weight")?;
+        config.validate()?;
+    }
+    let tokenizer = TextTokenizer::from_gguf(h)?;
+    check_vocab(&config, &tokenizer)?;
+    let token_str = |key: &str| {
+        h.get_u64(key).and_then(|i| tokenizer.id_to_token(i as u32)).unwrap_or_default()
+    };
+    let chat_template = match h.get_str("tokenizer.chat_template") {
+        Some(t) => Some(ChatTemplate::new(t, &token_str("tokenizer.ggml.bos_token_id"), &token_str("tokenizer.ggml.eos_token_id"))?),
+        None => None,
+    };
+    let weights = ModelWeights::load(config, &src, Naming::Gguf)?;
+    Ok(LoadedModel { weights, tokenizer, chat_template, format: "gguf" })
+}
+
+/// The files of a Hugging Face model folder, by file name.
+pub type HfFiles<'a> = BTreeMap<String, &'a [u8]>;
+
+fn json_file<'a>(files: &HfFiles<'a>, name: &str) -> Result<Option<serde_json::Value>> {
+    match files.get(name) {
+        None => Ok(None),
+        Some(b) => serde_json::from_slice(b).map(Some).map_err(|e| Error::BadConfig(format!("{name}: {e}"))),
+    }
+}
+
+/// A token given as a string or as `{"content": ...}` in tokenizer_config.json.
+fn token_field(v: Option<&serde_json::Value>) -> Option<String> {
+    match v? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(String::from),
+        _ => None,
+    }
+}
+
+fn ids_field(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        _ => vec![],
+    }
+}
+
+/// Names of the safetensors files of a folder: the shards an index lists, or
+/// `model.safetensors`.
+pub fn hf_weight_files(index_json: Option<&[u8]>) -> Result<Vec<String>> {
+    match index_json {
+        None => Ok(vec!["model.safetensors".into()]),
+        Some(b) => {
+            let v: serde_json::Value = serde_json::from_slice(b).map_err(|e| Error::BadConfig(format!("model.safetensors.index.json: {e}")))?;
+            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::BadConfig("index has no weight_map".into()))?;
+            let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+            files.sort();
+            files.dedup();
+            Ok(files)
+        }
+    }
+}
+
+/// Loads a Hugging Face model from its files (config.json, safetensors, tokenizer files).
+pub fn load_hf(files: &HfFiles) -> Result<LoadedModel> {
+    let config_bytes = files.get("config.json").ok_or_else(|| Error::NotAModel("no config.json".into()))?;
+    let config_text = std::str::from_utf8(config_bytes).map_err(|_| Error::BadConfig("config.json is not UTF-8".into()))?;
+    let config = ModelConfig::from_hf_json(config_text)?;
+    let int4 = int4_config(config_text)?;
+    let tok_json = files.get("tokenizer.json").ok_or_else(|| Error::MissingTokenizer("tokenizer.json not found".into()))?;
+    let tok_cfg = json_file(files, "tokenizer_config.json")?.unwrap_or_default();
+    let gen_cfg = json_file(files, "generation_config.json")?.unwrap_or_default();
+    let cfg_json: serde_json::Value = serde_json::from_str(config_text).unwrap_or_default();
+    let bos = token_field(tok_cfg.get("bos_token"));
+    let eos = token_field(tok_cfg.get("eos_token"));
+    let mut tokenizer = crate::tokenizer::TextTokenizer::from_hf(tok_json, None, vec![], false)?;
+    let bos_id = bos.as_deref().and_then(|b| tokenizer.token_to_id(b)).or_else(|| ids_field(gen_cfg.get("bos_token_id")).first().copied());
+    let mut stop_ids = ids_field(gen_cfg.get("eos_token_id"));
+    if stop_ids.is_empty() {
+        stop_ids = ids_field(cfg_json.get("eos_token_id"));
+    }
+    if let Some(e) = eos.as_deref().and_then(|e| tokenizer.token_to_id(e)) {
+        if !stop_ids.contains(&e) {
+            stop_ids.push(e);
+        }
+    }
+    tokenizer.bos_id = bos_id;
+    tokenizer.stop_ids = stop_ids;
+    tokenizer.add_bos = tok_cfg.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
+    check_vocab(&config, &tokenizer)?;
+    let template_src = match files.get("chat_template.jinja") {
+        Some(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        None => match tok_cfg.get("chat_template") {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(serde_json::Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .and_then(|t| t.get("template").and_then(|s| s.as_str()).map(String::from)),
+            _ => None,
+        },
+    };
+    let chat_template = match template_src {
+        Some(t) => Some(ChatTemplate::new(&t, bos.as_deref().unwrap_or(""), eos.as_deref().unwrap_or(""))?),
+        None => None,
+    };
+    let names = hf_weight_files(files.get("model.safetensors.index.json").copied())?;
+    let mut st = Vec::new();
+    for n in &names {
+        let b = files.get(n.as_str()).ok_or_else(|| Error::NotAModel(format!("weight file {n} not found")))?;
+        st.push((n.as_str(), *b));
+    }
+    let src = SafeTensorsSource::new(st, int4)?;
+    let weights = ModelWeights::load(config, &src, Naming::HuggingFace)?;
+    Ok(LoadedModel { weights, tokenizer, chat_template, format: "hf" })
+}
+
+/// Loads from the file system: a `.gguf` file or a Hugging Face folder.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn load_path(path: &std::path::Path) -> Result<LoadedModel> {
+    let io = |e: std::io::Error| Error::Io { path: path.display().to_string(), source: e };
+    let map = |p: &std::path::Path| -> Result<memmap2::Mmap> {
+        let f = std::fs::File::open(p).map_err(|e| Error::Io { path: p.display().to_string(), source: e })?;
+        // SAFETY: the model file is opened read-only; the map is dropped before return.
+        unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::Io { path: p.display().to_string(), source: e })
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if meta.is_dir() {
+        let mut maps: Vec<(String, memmap2::Mmap)> = Vec::new();
+        for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja", "model.safetensors.index.json"] {
+            let p = path.join(name);
+            if p.exists() {
+                maps.push((name.into(), map(&p)?));
+            }
+        }
+        let index = maps.iter().find(|(n, _)| n == "model.safetensors.index.json").map(|(_, m)| m.to_vec());
+        for n in hf_weight_files(index.as_deref())? {
+            let p = path.join(&n);
+            if p.exists() {
+                maps.push((n, map(&p)?));
+            }
+        }
+        let files: HfFiles = maps.iter().map(|(n, m)| (n.clone(), &m[..])).collect();
+        load_hf(&files)
+    } else {
+        let m = map(path)?;
+        if m.len() >= 4 && &m[..4] == GGUF_MAGIC {
+            load_gguf(&m)
+        } else {
+            Err(Error::BadMagic { expected: "GGUF", found: m[..m.len().min(4)].to_vec() })
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! Sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, and a
+//! counter-based random generator keyed by (seed, absolute position), so that the draw
+//! at a position never depends on how many tokens were computed with it. The generator
+//! uses only 32-bit integer operations, so a WGSL kernel computes the same numbers.
+
+use crate::cpu::ops::argmax;
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// 1 disables.
+    pub top_p: f32,
+    /// 0 disables.
+    pub min_p: f32,
+    /// 1 disables. Applied to every token already in the sequence (prompt included).
+    pub repetition_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, seed: 0 }
+    }
+}
+
+impl SamplingParams {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::BadSampling(m.into()));
+        if !(self.temperature >= 0.0) || !self.temperature.is_finite() {
+            return bad("temperature must be finite and >= 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p must be in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p must be in [0, 1]");
+        }
+        if !(self.repetition_penalty > 0.0) || !self.repetition_penalty.is_finite() {
+            return bad("repetition_penalty must be > 0");
+        }
+        Ok(())
+    }
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+/// A 32-bit integer hash (Chris Wellons' "lowbias32"), a bijection with good avalanche.
+#[inline]
+pub fn hash32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846ca68b);
+    x ^= x >> 16;
+    x
+}
+
+/// The random u32 for (seed, position, stream): a hash chain over the four 32-bit words.
+/// `stream` separates independent draws at one position (0 for the target's token).
+#[inline]
+pub fn random_u32(seed: u64, position: u32, stream: u32) -> u32 {
+    let mut h = hash32(seed as u32 ^ 0x9e3779b9);
+    h = hash32(h ^ (seed >> 32) as u32);
+    h = hash32(h ^ position);
+    hash32(h ^ stream.wrapping_mul(0x85ebca6b))
+}
+
+/// Uniform in [0, 1) with 24 bits: exactly representable in f32.
+#[inline]
+pub fn random_uniform(seed: u64, position: u32, stream: u32) -> f32 {
+    (random_u32(seed, position, stream) >> 8) as f32 * (1.0 / 16_777_216.0)
+}
+
+/// Applies the repetition penalty of CTRL / transformers: for each distinct token in
+/// `history`, a positive logit is divided by the penalty, a negative one multiplied.
+pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f32) {
+    if penalty == 1.0 {
+        return;
+    }
+    let mut seen = std::collections::HashSet::new();
+    for &t in history {
+        if let Some(l) = logits.get_mut(t as usize) {
+            if seen.insert(t) {
+                *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+            }
+        }
+    }
+}
+
+/// Chooses the token at absolute `position` from `logits` (the model's output for the
+/// previous position). `history` is every token before `position`.
+pub fn sample(logits: &[f32], params: &SamplingParams, history: &[u32], position: usize) -> u32 {
+    let mut l = logits.to_vec();
+    apply_repetition_penalty(&mut l, history, params.repetition_penalty);
+    if params.is_greedy() {
+        return argmax(&l) as u32;
+    }
+    // Candidates sorted by logit, ties by lower id: a total, reproducible order.
+    let mut idx: Vec<u32> = (0..l.len() as u32).filter(|&i| !l[i as usize].is_nan()).collect();
+    let key = |i: &u32| l[*i as usize];
+    idx.sort_by(|a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
+    if params.top_k > 0 && params.top_k < idx.len() {
+        idx.truncate(params.top_k);
+    }
+    let inv_t = 1.0 / params.temperature;
+    let m = l[idx[0] as usize] * inv_t;
+    let mut p: Vec<f32> = idx.iter().map(|&i| (l[i as usize] * inv_t - m).exp()).collect();
+    let sum: f32 = p.iter().sum();
+    for v in p.iter_mut() {
+        *v /= sum;
+    }
+    let mut keep = p.len();
+    if params.top_p < 1.0 {
+        let mut cum = 0f32;
+        for (i, &v) in p.iter().enumerate() {
+            cum += v;
+            if cum >= params.top_p {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    if params.min_p > 0.0 {
+        let thr = params.min_p * p[0];
+        keep = keep.min(p.iter().take_while(|&&v| v >= thr).count().max(1));
+    }
+    let total: f32 = p[..keep].iter().sum();
+    let u = random_uniform(params.seed, position as u32, 0) * total;
+    let mut cum = 0f32;
+    for i in 0..keep {
+        cum += p[i];
+        if u < cum {
+            return idx[i];
+        }
+    }
+    idx[keep - 1]
+}
