@@ -11,6 +11,7 @@ pub mod model_files;
 pub mod quant;
 pub mod sampling;
 pub mod tokenizer;
+pub mod testutil;
 pub mod weights;
 
 pub use error::{Error, Result};

@@ -1,0 +1,336 @@
+//! Test helpers: tiny synthetic models written in the real formats (GGUF files and
+//! Hugging Face folders), a tiny byte-level BPE vocabulary, and a seeded generator.
+//! Used by the tests of every crate; small enough to build everywhere.
+
+use crate::config::{Arch, ModelConfig, RopeStyle};
+use crate::formats::ggml::{quantize, GgmlType};
+use crate::formats::gguf::{writer, Value};
+use crate::formats::hf::write_safetensors;
+use safetensors::Dtype;
+use std::collections::BTreeMap;
+
+/// splitmix64: a small seeded generator for test data.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform() * scale).collect()
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// GPT-2's byte-to-unicode table: the visible characters byte-level BPE uses.
+pub fn byte_to_unicode() -> Vec<char> {
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut cs = bs.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !bs.contains(&b) {
+            bs.push(b);
+            cs.push(256 + n);
+            n += 1;
+        }
+    }
+    let mut table = vec![' '; 256];
+    for (b, c) in bs.iter().zip(cs) {
+        table[*b as usize] = char::from_u32(c).unwrap();
+    }
+    table
+}
+
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a tiny test model.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// A tiny byte-level BPE vocabulary: 256 byte tokens, a few merges, three specials.
+pub struct TinyVocab {
+    pub tokens: Vec<String>,
+    pub types: Vec<i32>,
+    pub merges: Vec<String>,
+    pub eos: u32,
+    pub bos: u32,
+}
+
+pub fn tiny_vocab() -> TinyVocab {
+    let b2u = byte_to_unicode();
+    let mut tokens: Vec<String> = (0..256).map(|b| b2u[b].to_string()).collect();
+    let sp = b2u[b' ' as usize];
+    let merges = [("h", "e"), (&*format!("{sp}"), "t"), (&*format!("{sp}t"), "he"), ("i", "n"), ("o", "r"), ("e", "r"), (&*format!("{sp}"), "a"), ("l", "l")];
+    let mut merge_strs = Vec::new();
+    for (a, b) in merges {
+        tokens.push(format!("{a}{b}"));
+        merge_strs.push(format!("{a} {b}"));
+    }
+    let mut types = vec![1; tokens.len()];
+    for s in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
+        tokens.push(s.into());
+        types.push(3);
+    }
+    // Pad to a multiple of 8 with unused tokens so the vocabulary has a round size.
+    while tokens.len() % 8 != 0 {
+        tokens.push(format!("<unused{}>", tokens.len()));
+        types.push(5);
+    }
+    let eos = tokens.iter().position(|t| t == "<|im_end|>").unwrap() as u32;
+    let bos = tokens.iter().position(|t| t == "<|endoftext|>").unwrap() as u32;
+    TinyVocab { tokens, types, merges: merge_strs, eos, bos }
+}
+
+pub fn tiny_config(arch: Arch) -> ModelConfig {
+    ModelConfig {
+        arch,
+        hidden_size: 64,
+        intermediate_size: 96,
+        num_layers: 3,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 16,
+        vocab_size: tiny_vocab().tokens.len(),
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_style: if arch == Arch::Llama { RopeStyle::Interleaved } else { RopeStyle::Neox },
+        rope_dim: 16,
+        rope_freq_factors: vec![],
+        max_position_embeddings: 256,
+        qkv_bias: arch == Arch::Qwen2,
+        qk_norm: arch == Arch::Qwen3,
+        tie_word_embeddings: false,
+    }
+}
+
+/// Random f32 weights by GGUF short name (`token_embd.weight`, `blk.0.attn_q.weight`, ...),
+/// as (row-major shape, values). Q/K are in Hugging Face order (not permuted).
+pub fn random_weights(c: &ModelConfig, seed: u64) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+    let mut rng = Rng(seed);
+    let mut w = BTreeMap::new();
+    let (h, q, kv, ff, v) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.vocab_size);
+    let mut put = |name: String, shape: Vec<usize>, scale: f32, offset: f32, rng: &mut Rng| {
+        let n = shape.iter().product();
+        let vals = rng.vec(n, scale).into_iter().map(|x| x + offset).collect();
+        w.insert(name, (shape, vals));
+    };
+    put("token_embd.weight".into(), vec![v, h], 1.0, 0.0, &mut rng);
+    put("output_norm.weight".into(), vec![h], 0.2, 1.0, &mut rng);
+    if !c.tie_word_embeddings {
+        put("output.weight".into(), vec![v, h], 0.2, 0.0, &mut rng);
+    }
+    for i in 0..c.num_layers {
+        let s = |x: usize| 1.0 / (x as f32).sqrt();
+        put(format!("blk.{i}.attn_norm.weight"), vec![h], 0.2, 1.0, &mut rng);
+        put(format!("blk.{i}.ffn_norm.weight"), vec![h], 0.2, 1.0, &mut rng);
+        put(format!("blk.{i}.attn_q.weight"), vec![q, h], 2.0 * s(h), 0.0, &mut rng);
+        put(format!("blk.{i}.attn_k.weight"), vec![kv, h], 2.0 * s(h), 0.0, &mut rng);
+        put(format!("blk.{i}.attn_v.weight"), vec![kv, h], s(h), 0.0, &mut rng);
+        put(format!("blk.{i}.attn_output.weight"), vec![h, q], s(q), 0.0, &mut rng);
+        put(format!("blk.{i}.ffn_gate.weight"), vec![ff, h], s(h), 0.0, &mut rng);
+        put(format!("blk.{i}.ffn_up.weight"), vec![ff, h], s(h), 0.0, &mut rng);
+        put(format!("blk.{i}.ffn_down.weight"), vec![h, ff], s(ff), 0.0, &mut rng);
+        if c.qkv_bias {
+            put(format!("blk.{i}.attn_q.bias"), vec![q], 0.3, 0.0, &mut rng);
+            put(format!("blk.{i}.attn_k.bias"), vec![kv], 0.3, 0.0, &mut rng);
+            put(format!("blk.{i}.attn_v.bias"), vec![kv], 0.3, 0.0, &mut rng);
+        }
+        if c.qk_norm {
+            put(format!("blk.{i}.attn_q_norm.weight"), vec![c.head_dim], 0.2, 1.0, &mut rng);
+            put(format!("blk.{i}.attn_k_norm.weight"), vec![c.head_dim], 0.2, 1.0, &mut rng);
+        }
+    }
+    w
+}
+
+/// The row permutation llama.cpp's converter applies to Q/K of llama models so that
+/// interleaved RoPE equals Hugging Face's rotate-half RoPE.
+pub fn permute_qk(x: &[f32], rows: usize, cols: usize, n_heads: usize) -> Vec<f32> {
+    let hd = rows / n_heads;
+    let mut out = vec![0f32; x.len()];
+    for h in 0..n_heads {
+        for i in 0..hd / 2 {
+            for (dst, src) in [(2 * i, i), (2 * i + 1, i + hd / 2)] {
+                let (d, s) = (h * hd + dst, h * hd + src);
+                out[d * cols..(d + 1) * cols].copy_from_slice(&x[s * cols..(s + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+fn encode_ggml(t: GgmlType, x: &[f32]) -> Vec<u8> {
+    match t {
+        GgmlType::F32 => quantize::f32s(x),
+        GgmlType::F16 => quantize::f16s(x),
+        GgmlType::Q8_0 => quantize::q8_0(x),
+        GgmlType::Q4_0 => quantize::q4_0(x),
+        GgmlType::Q4_1 => quantize::q4_1(x),
+        other => panic!("test helper cannot write {other:?}"),
+    }
+}
+
+fn arch_name(a: Arch) -> &'static str {
+    match a {
+        Arch::Llama => "llama",
+        Arch::Qwen2 => "qwen2",
+        Arch::Qwen3 => "qwen3",
+    }
+}
+
+/// GGUF metadata of a tiny model: hyper-parameters, the tiny vocabulary, ChatML template.
+pub fn gguf_metadata(c: &ModelConfig) -> Vec<(String, Value)> {
+    let a = arch_name(c.arch);
+    let voc = tiny_vocab();
+    let u = |v: usize| Value::U32(v as u32);
+    vec![
+        ("general.architecture".into(), Value::String(a.into())),
+        (format!("{a}.block_count"), u(c.num_layers)),
+        (format!("{a}.context_length"), u(c.max_position_embeddings)),
+        (format!("{a}.embedding_length"), u(c.hidden_size)),
+        (format!("{a}.feed_forward_length"), u(c.intermediate_size)),
+        (format!("{a}.attention.head_count"), u(c.num_heads)),
+        (format!("{a}.attention.head_count_kv"), u(c.num_kv_heads)),
+        (format!("{a}.attention.key_length"), u(c.head_dim)),
+        (format!("{a}.rope.freq_base"), Value::F32(c.rope_theta)),
+        (format!("{a}.rope.dimension_count"), u(c.rope_dim)),
+        (format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps)),
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("smollm".into())),
+        ("tokenizer.ggml.tokens".into(), Value::Array(voc.tokens.iter().map(|t| Value::String(t.clone())).collect())),
+        ("tokenizer.ggml.token_type".into(), Value::Array(voc.types.iter().map(|&t| Value::I32(t)).collect())),
+        ("tokenizer.ggml.merges".into(), Value::Array(voc.merges.iter().map(|t| Value::String(t.clone())).collect())),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(voc.bos)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(voc.eos)),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+        ("tokenizer.chat_template".into(), Value::String(CHATML_TEMPLATE.into())),
+    ]
+}
+
+/// Writes a tiny model as a GGUF file: 2-D weights in `matrix_type`, 1-D in F32.
+pub fn write_gguf(c: &ModelConfig, w: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, matrix_type: GgmlType) -> Vec<u8> {
+    let mut tensors = Vec::new();
+    for (name, (shape, vals)) in w {
+        let mut vals = vals.clone();
+        if c.arch == Arch::Llama && (name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight")) {
+            let heads = if name.ends_with("attn_q.weight") { c.num_heads } else { c.num_kv_heads };
+            vals = permute_qk(&vals, shape[0], shape[1], heads);
+        }
+        let t = if shape.len() == 2 { matrix_type } else { GgmlType::F32 };
+        tensors.push(writer::TensorData {
+            name: name.clone(),
+            dims: shape.iter().rev().map(|&d| d as u64).collect(),
+            dtype: t,
+            bytes: encode_ggml(t, &vals),
+        });
+    }
+    writer::write(&gguf_metadata(c), &tensors)
+}
+
+fn hf_name(gguf: &str) -> String {
+    use crate::weights::Naming;
+    match gguf {
+        "token_embd.weight" => "model.embed_tokens.weight".into(),
+        "output_norm.weight" => "model.norm.weight".into(),
+        "output.weight" => "lm_head.weight".into(),
+        _ => {
+            let rest = gguf.strip_prefix("blk.").unwrap();
+            let (i, what) = rest.split_once('.').unwrap();
+            Naming::HuggingFace.layer(i.parse().unwrap(), what)
+        }
+    }
+}
+
+/// The `tokenizer.json` of the tiny vocabulary.
+pub fn tiny_tokenizer_json() -> String {
+    let voc = tiny_vocab();
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        voc.tokens.iter().enumerate().map(|(i, t)| (t.clone(), serde_json::json!(i))).collect();
+    let added: Vec<serde_json::Value> = voc
+        .tokens
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| voc.types[*i] == 3)
+        .map(|(i, t)| serde_json::json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let merges: Vec<serde_json::Value> = voc.merges.iter().map(|m| serde_json::json!(m)).collect();
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": merges}
+    })
+    .to_string()
+}
+
+/// The files of a tiny Hugging Face model folder. Weights in `dtype` (F32, F16 or
+/// BF16), split over `shards` safetensors files (with an index when more than one).
+pub fn write_hf(c: &ModelConfig, w: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, dtype: Dtype, shards: usize) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let model_type = arch_name(c.arch);
+    let voc = tiny_vocab();
+    let config = serde_json::json!({
+        "architectures": [match c.arch { Arch::Llama => "LlamaForCausalLM", Arch::Qwen2 => "Qwen2ForCausalLM", Arch::Qwen3 => "Qwen3ForCausalLM" }],
+        "model_type": model_type,
+        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "vocab_size": c.vocab_size,
+        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "eos_token_id": voc.eos, "bos_token_id": voc.bos,
+    });
+    files.insert("config.json".into(), config.to_string().into_bytes());
+    files.insert("tokenizer.json".into(), tiny_tokenizer_json().into_bytes());
+    let tok_cfg = serde_json::json!({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": false, "chat_template": CHATML_TEMPLATE});
+    files.insert("tokenizer_config.json".into(), tok_cfg.to_string().into_bytes());
+    files.insert("generation_config.json".into(), serde_json::json!({"eos_token_id": [voc.eos]}).to_string().into_bytes());
+    let enc = |x: &[f32]| -> Vec<u8> {
+        match dtype {
+            Dtype::F32 => quantize::f32s(x),
+            Dtype::F16 => quantize::f16s(x),
+            Dtype::BF16 => x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+            d => panic!("test helper cannot write {d:?}"),
+        }
+    };
+    let all: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = w
+        .iter()
+        .map(|(n, (s, v))| (hf_name(n), dtype, s.clone(), enc(v)))
+        .collect();
+    if shards <= 1 {
+        files.insert("model.safetensors".into(), write_safetensors(&all));
+    } else {
+        let mut map = serde_json::Map::new();
+        for k in 0..shards {
+            let fname = format!("model-{:05}-of-{:05}.safetensors", k + 1, shards);
+            let part: Vec<_> = all.iter().enumerate().filter(|(i, _)| i % shards == k).map(|(_, t)| t.clone()).collect();
+            for t in &part {
+                map.insert(t.0.clone(), serde_json::json!(fname));
+            }
+            files.insert(fname, write_safetensors(&part));
+        }
+        files.insert("model.safetensors.index.json".into(), serde_json::json!({"metadata": {}, "weight_map": map}).to_string().into_bytes());
+    }
+    files
+}
+
+/// Writes the files of `write_hf` into a folder.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn write_dir(dir: &std::path::Path, files: &BTreeMap<String, Vec<u8>>) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (n, b) in files {
+        std::fs::write(dir.join(n), b)?;
+    }
+    Ok(())
+}
