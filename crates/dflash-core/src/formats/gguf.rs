@@ -12,6 +12,9 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 const MAX_DIMS: u32 = 4;
 /// Nesting of arrays inside arrays: GGUF files in the wild use none.
 const MAX_ARRAY_DEPTH: u32 = 2;
+/// Sizes up to these are taken for a file cut short; beyond them, for a corrupt header.
+const PLAUSIBLE_BYTES: u64 = 1 << 31;
+const PLAUSIBLE_ENTRIES: u64 = 1 << 24;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
@@ -159,10 +162,20 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
     }
+    /// The error for a size that does not fit in what is left: a plausible size means
+    /// the file was cut short, an implausible one a corrupt header.
+    fn too_big(&self, field: &'static str, value: u64, plausible: u64) -> Error {
+        if value <= plausible {
+            Error::Truncated { offset: self.pos as u64, needed: value, len: self.file_len }
+        } else {
+            Error::AbsurdSize { field, value, limit: self.remaining() }
+        }
+    }
+
     fn string(&mut self, field: &'static str) -> Result<String> {
         let len = self.u64()?;
         if len > self.remaining() {
-            return Err(Error::AbsurdSize { field, value: len, limit: self.remaining() });
+            return Err(self.too_big(field, len, PLAUSIBLE_BYTES));
         }
         let bytes = self.take(len)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| Error::BadMetadata(format!("{field} is not valid UTF-8")))
@@ -193,7 +206,7 @@ impl<'a> Reader<'a> {
                     .ok_or_else(|| Error::BadMetadata(format!("unknown array item type {item_type}")))?;
                 let limit = self.remaining() / min_item;
                 if count > limit {
-                    return Err(Error::AbsurdSize { field: "array length", value: count, limit });
+                    return Err(self.too_big("array length", count, PLAUSIBLE_BYTES / min_item));
                 }
                 let mut items = Vec::with_capacity(count as usize);
                 for _ in 0..count {
@@ -241,7 +254,7 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
     // info at least 8 + 4 + 8 + 4 + 8.
     let kv_limit = r.remaining() / 13;
     if kv_count > kv_limit {
-        return Err(Error::AbsurdSize { field: "metadata count", value: kv_count, limit: kv_limit });
+        return Err(r.too_big("metadata count", kv_count, PLAUSIBLE_ENTRIES));
     }
     let mut metadata = BTreeMap::new();
     for _ in 0..kv_count {
@@ -252,7 +265,7 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
     }
     let t_limit = r.remaining() / 32;
     if tensor_count > t_limit {
-        return Err(Error::AbsurdSize { field: "tensor count", value: tensor_count, limit: t_limit });
+        return Err(r.too_big("tensor count", tensor_count, PLAUSIBLE_ENTRIES));
     }
     let alignment = match metadata.get("general.alignment") {
         None => DEFAULT_ALIGNMENT,
