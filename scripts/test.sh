@@ -19,5 +19,9 @@ command -v cargo >/dev/null || { echo "cargo is required (rustup)" >&2; exit 1; 
 
 scripts/fetch-models.sh all
 
+# The core must stay free of native-only code: it is the same engine in the browser.
+rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
+cargo build --release --locked -p dflash-core --target wasm32-unknown-unknown
+
 export DFLASH_REQUIRE_MODELS=1
 cargo test --release --workspace --locked -- --test-threads 2

@@ -4,7 +4,6 @@
 use crate::chat::ChatTemplate;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::formats::gguf::GGUF_MAGIC;
 use crate::formats::gguf_source::GgufSource;
 use crate::formats::hf::{int4_config, SafeTensorsSource};
 use crate::tokenizer::TextTokenizer;
@@ -183,7 +182,7 @@ pub fn load_path(path: &std::path::Path) -> Result<LoadedModel> {
         load_hf(&files)
     } else {
         let m = map(path)?;
-        if m.len() >= 4 && &m[..4] == GGUF_MAGIC {
+        if m.len() >= 4 && &m[..4] == crate::formats::gguf::GGUF_MAGIC {
             load_gguf(&m)
         } else {
             Err(Error::BadMagic { expected: "GGUF", found: m[..m.len().min(4)].to_vec() })

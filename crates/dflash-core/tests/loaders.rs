@@ -238,6 +238,10 @@ fn bad_magic_and_version() {
     let mut f = tiny_gguf();
     f[0] = b'X';
     assert!(matches!(load_gguf(&f), Err(Error::BadMagic { .. })));
+    // GGUF v2 has the same layout as v3 and loads.
+    let mut f = tiny_gguf();
+    f[4..8].copy_from_slice(&2u32.to_le_bytes());
+    assert!(load_gguf(&f).is_ok());
     let mut f = tiny_gguf();
     f[4..8].copy_from_slice(&7u32.to_le_bytes());
     assert!(matches!(load_gguf(&f), Err(Error::UnsupportedVersion(7))));
