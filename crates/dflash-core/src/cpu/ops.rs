@@ -92,12 +92,19 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// (cos, sin) of the RoPE angle `pos * inv_freq`, in f32: the GPU engine uploads a
+/// table of exactly these values.
+#[inline]
+pub fn rope_cos_sin(pos: usize, inv_freq: f32) -> (f32, f32) {
+    let (s, c) = (pos as f32 * inv_freq).sin_cos();
+    (c, s)
+}
+
 /// Rotates one head in place at absolute position `pos`.
 pub fn rope(x: &mut [f32], pos: usize, inv_freq: &[f32], style: RopeStyle) {
     let half = inv_freq.len();
     for (i, &f) in inv_freq.iter().enumerate() {
-        let theta = pos as f32 * f;
-        let (s, c) = theta.sin_cos();
+        let (c, s) = rope_cos_sin(pos, f);
         let (a, b) = match style {
             RopeStyle::Interleaved => (2 * i, 2 * i + 1),
             RopeStyle::Neox => (i, i + half),

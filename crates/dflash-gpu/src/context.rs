@@ -1,0 +1,185 @@
+//! Adapter and device set-up: asks for shader-f16 where offered, states the limits it
+//! runs with, and watches for device loss.
+
+use crate::error::{GpuError, Result};
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    /// Choose the adapter whose name contains this (case-insensitive).
+    pub adapter: Option<String>,
+    /// Do not use shader-f16 even where the adapter has it.
+    pub no_f16: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_buffer_size: u64,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub max_compute_workgroup_storage_size: u32,
+    pub max_storage_buffers_per_shader_stage: u32,
+}
+
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub summary: AdapterSummary,
+    /// Whether kernels use f16 storage (KV cache).
+    pub f16: bool,
+    /// Compiled pipelines, shared by every model on this device.
+    pub pipelines: crate::pipelines::Pipelines,
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+/// What every kernel of dflash-web needs at least.
+pub const MIN_INVOCATIONS: u32 = 64;
+pub const MIN_WORKGROUP_STORAGE: u32 = 4096 + 1024;
+pub const MIN_STORAGE_BUFFERS: u32 = 6;
+
+impl GpuContext {
+    pub async fn new_async(opts: &GpuOptions) -> Result<Self> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = match &opts.adapter {
+            Some(want) => {
+                let want_l = want.to_lowercase();
+                let all = instance.enumerate_adapters(wgpu::Backends::all()).await;
+                let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
+                all.into_iter()
+                    .find(|a| a.get_info().name.to_lowercase().contains(&want_l))
+                    .ok_or_else(|| GpuError::NoAdapter(format!(" named {want:?} (have: {})", names.join(", "))))?
+            }
+            None => instance
+                .request_adapter(&wgpu::RequestAdapterOptions {
+                    power_preference: wgpu::PowerPreference::HighPerformance,
+                    force_fallback_adapter: false,
+                    compatible_surface: None,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| GpuError::NoAdapter(format!(": {e}")))?,
+        };
+        let info = adapter.get_info();
+        let features = adapter.features();
+        let limits = adapter.limits();
+        if limits.max_compute_invocations_per_workgroup < MIN_INVOCATIONS
+            || limits.max_compute_workgroup_storage_size < MIN_WORKGROUP_STORAGE
+            || limits.max_storage_buffers_per_shader_stage < MIN_STORAGE_BUFFERS
+        {
+            return Err(GpuError::Unsupported(format!(
+                "needs {MIN_INVOCATIONS} invocations, {MIN_WORKGROUP_STORAGE} bytes of workgroup storage and {MIN_STORAGE_BUFFERS} storage buffers per stage; adapter {} has {}, {}, {}",
+                info.name, limits.max_compute_invocations_per_workgroup, limits.max_compute_workgroup_storage_size, limits.max_storage_buffers_per_shader_stage
+            )));
+        }
+        let f16 = features.contains(wgpu::Features::SHADER_F16) && !opts.no_f16;
+        let mut required_features = wgpu::Features::empty();
+        if f16 {
+            required_features |= wgpu::Features::SHADER_F16;
+        }
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("dflash"),
+                required_features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        let lost = Arc::new(Mutex::new(None));
+        let l2 = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            if let Ok(mut g) = l2.lock() {
+                *g = Some(format!("{reason:?}: {msg}"));
+            }
+        });
+        let summary = AdapterSummary {
+            name: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size as u64,
+            max_buffer_size: limits.max_buffer_size,
+            max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
+            max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+        };
+        Ok(GpuContext { device, queue, summary, f16, pipelines: Default::default(), lost })
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new(opts: &GpuOptions) -> Result<Self> {
+        pollster::block_on(Self::new_async(opts))
+    }
+
+    /// The largest buffer a kernel may bind.
+    pub fn max_binding(&self) -> u64 {
+        self.summary.max_storage_buffer_binding_size.min(self.summary.max_buffer_size)
+    }
+
+    /// An error if the device was lost.
+    pub fn check_lost(&self) -> Result<()> {
+        match self.lost.lock().ok().and_then(|g| g.clone()) {
+            Some(m) => Err(GpuError::DeviceLost(m)),
+            None => Ok(()),
+        }
+    }
+
+    /// Simulates device loss (tests): destroys the device.
+    pub fn destroy_device(&self) {
+        self.device.destroy();
+    }
+
+    /// Blocks until submitted work is done (native). Device loss is an error, not a hang.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn wait(&self) -> Result<()> {
+        self.check_lost()?;
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+        self.check_lost()
+    }
+
+    /// Copies `size` bytes of `src` (from `offset`) to the host (native, blocking).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_back(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(src, offset, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        self.read_mapped(&staging)
+    }
+
+    /// Maps a MAP_READ buffer and returns its bytes (native, blocking).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_mapped(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        match rx.try_recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(GpuError::Readback(e.to_string())),
+            Err(_) => {
+                self.check_lost()?;
+                return Err(GpuError::Readback("map callback did not run".into()));
+            }
+        }
+        let bytes = staging.get_mapped_range(..).map_err(|e| GpuError::Readback(e.to_string()))?.to_vec();
+        staging.unmap();
+        Ok(bytes)
+    }
+}

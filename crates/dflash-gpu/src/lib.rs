@@ -1,0 +1,13 @@
+//! dflash-gpu: the WebGPU engine shared by the browser and the native benchmark.
+//! The same Rust and the same WGSL (`shaders/`) on every Vulkan / Metal / DX12 device,
+//! on lavapipe in CI and on the browser's WebGPU.
+
+pub mod context;
+pub mod error;
+pub mod model;
+pub mod pipelines;
+pub mod upload;
+
+pub use context::{GpuContext, GpuOptions};
+pub use error::{GpuError, Result};
+pub use model::{GpuModel, GpuModelOptions, MemoryPlan};

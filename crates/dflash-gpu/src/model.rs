@@ -1,0 +1,479 @@
+//! The target model on the GPU: weights uploaded once, KV cache and activations
+//! preallocated for the context, one recorded plan of dispatches per row count (1..16),
+//! one submission per step, and only token ids read back.
+
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use crate::pipelines::{grid, Dispatch, Kernel, Shader};
+use std::rc::Rc;
+use crate::upload::{f32_buffer, rows_per_chunk, storage_buffer, upload_matrix, work_buffer, GpuMatrix};
+use dflash_core::config::{ModelConfig, RopeStyle};
+use dflash_core::cpu::ops::rope_cos_sin;
+use dflash_core::quant::{QFormat, QuantMatrix};
+use dflash_core::weights::ModelWeights;
+use std::collections::HashMap;
+
+/// Rows one pass computes at most: the small-N GEMV keeps this many accumulators.
+pub const MAX_ROWS: usize = 16;
+
+/// GPU memory a model will take, split the way users size models by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryPlan {
+    pub weights: u64,
+    pub kv_cache: u64,
+    pub activations: u64,
+}
+
+impl MemoryPlan {
+    pub fn total(&self) -> u64 {
+        self.weights + self.kv_cache + self.activations
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GpuModelOptions {
+    /// KV capacity in tokens.
+    pub context: usize,
+    /// Layers whose residual output is written to the taps buffer, in this order.
+    pub taps: Vec<usize>,
+    /// Refuse to load when the plan exceeds this many bytes (None: no budget).
+    pub memory_budget: Option<u64>,
+}
+
+impl Default for GpuModelOptions {
+    fn default() -> Self {
+        GpuModelOptions { context: 4096, taps: vec![], memory_budget: None }
+    }
+}
+
+struct GpuLayer {
+    attn_norm: wgpu::Buffer,
+    ffn_norm: wgpu::Buffer,
+    wq: GpuMatrix,
+    wk: GpuMatrix,
+    wv: GpuMatrix,
+    wo: GpuMatrix,
+    w_gate: GpuMatrix,
+    w_up: GpuMatrix,
+    w_down: GpuMatrix,
+    bias: Option<[wgpu::Buffer; 3]>,
+    qk_norm: Option<[wgpu::Buffer; 2]>,
+    k_cache: wgpu::Buffer,
+    v_cache: wgpu::Buffer,
+}
+
+struct Activations {
+    tokens: wgpu::Buffer,
+    state: wgpu::Buffer,
+    x: wgpu::Buffer,
+    xn: wgpu::Buffer,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    att: wgpu::Buffer,
+    gate: wgpu::Buffer,
+    up: wgpu::Buffer,
+    ff: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    out_tokens: wgpu::Buffer,
+    taps: wgpu::Buffer,
+    readback: wgpu::Buffer,
+}
+
+/// What a pass produces beyond the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Head {
+    /// No lm_head (prefill chunks before the last).
+    None,
+    /// lm_head and argmax for every row.
+    Argmax,
+}
+
+pub struct GpuModel {
+    pub ctx: Rc<GpuContext>,
+    pub config: ModelConfig,
+    pub memory: MemoryPlan,
+    pub context: usize,
+    pub taps: Vec<usize>,
+    embed: GpuMatrix,
+    lm_head: Option<GpuMatrix>,
+    out_norm: wgpu::Buffer,
+    rope_table: wgpu::Buffer,
+    inv_freq_len: usize,
+    layers: Vec<GpuLayer>,
+    act: Activations,
+    plans: HashMap<(usize, Head), Vec<Dispatch>>,
+    /// Committed positions in the KV cache.
+    len: usize,
+}
+
+fn kv_bytes(c: &ModelConfig, context: usize, f16: bool) -> u64 {
+    context as u64 * c.kv_dim() as u64 * if f16 { 2 } else { 4 }
+}
+
+/// The memory plan, and a typed error if any buffer would exceed the adapter's limits.
+/// Nothing is allocated.
+pub fn plan_memory(ctx: &GpuContext, w: &ModelWeights, opts: &GpuModelOptions) -> Result<MemoryPlan> {
+    let c = &w.config;
+    let max = ctx.max_binding();
+    let check = |what: String, need: u64| -> Result<()> {
+        if need > max {
+            return Err(GpuError::LimitExceeded { what, need, limit: max, limit_name: "max_storage_buffer_binding_size" });
+        }
+        Ok(())
+    };
+    let mut mats: Vec<&QuantMatrix> = vec![&w.embed];
+    if let Some(l) = &w.lm_head {
+        mats.push(l);
+    }
+    for l in &w.layers {
+        mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+    }
+    for m in &mats {
+        rows_per_chunk(m, max)?;
+    }
+    let kv_layer = kv_bytes(c, opts.context, ctx.f16);
+    check(format!("the KV cache of one layer ({} tokens)", opts.context), kv_layer)?;
+    let rope = (opts.context * c.rope_dim / 2 * 8) as u64;
+    check(format!("the RoPE table ({} tokens)", opts.context), rope)?;
+    let n = MAX_ROWS as u64;
+    let f = 4u64;
+    let logits = n * c.vocab_size as u64 * f;
+    check("the logits of 16 rows".into(), logits)?;
+    let activations = n * f * (2 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size) as u64
+        + logits
+        + n * f * (opts.taps.len() * c.hidden_size) as u64
+        + rope;
+    let plan = MemoryPlan { weights: w.n_bytes() as u64, kv_cache: kv_layer * 2 * c.num_layers as u64, activations };
+    if let Some(budget) = opts.memory_budget {
+        if plan.total() > budget {
+            return Err(GpuError::OverBudget {
+                need: plan.total(),
+                weights: plan.weights,
+                kv_cache: plan.kv_cache,
+                activations: plan.activations,
+                budget,
+            });
+        }
+    }
+    Ok(plan)
+}
+
+fn gemv_kernel(m: &GpuMatrix, accumulate: bool) -> Kernel {
+    Kernel::new(Shader::Gemv, "main")
+        .with("FORMAT", if m.format == QFormat::Q4 { 0.0 } else { 1.0 })
+        .with("GROUP", m.group as f64)
+        .with("ACCUMULATE", if accumulate { 1.0 } else { 0.0 })
+}
+
+impl GpuModel {
+    pub fn new(ctx: Rc<GpuContext>, w: &ModelWeights, opts: &GpuModelOptions) -> Result<Self> {
+        let c = w.config.clone();
+        if let Some(&bad) = opts.taps.iter().find(|&&t| t >= c.num_layers) {
+            return Err(GpuError::Core(dflash_core::Error::BadConfig(format!("tap layer {bad} >= {} layers", c.num_layers))));
+        }
+        if c.head_dim > 256 {
+            return Err(GpuError::Unsupported(format!("head_dim {} > 256", c.head_dim)));
+        }
+        let context = opts.context.min(c.max_position_embeddings).max(1);
+        let opts = GpuModelOptions { context, ..opts.clone() };
+        let memory = plan_memory(&ctx, w, &opts)?;
+        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let vec = |name: &str, v: &[f32]| f32_buffer(&ctx, name, v);
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for (i, l) in w.layers.iter().enumerate() {
+            let kvb = kv_bytes(&c, context, ctx.f16);
+            layers.push(GpuLayer {
+                attn_norm: vec("attn_norm", &l.attn_norm),
+                ffn_norm: vec("ffn_norm", &l.ffn_norm),
+                wq: upload_matrix(&ctx, "wq", &l.wq)?,
+                wk: upload_matrix(&ctx, "wk", &l.wk)?,
+                wv: upload_matrix(&ctx, "wv", &l.wv)?,
+                wo: upload_matrix(&ctx, "wo", &l.wo)?,
+                w_gate: upload_matrix(&ctx, "w_gate", &l.w_gate)?,
+                w_up: upload_matrix(&ctx, "w_up", &l.w_up)?,
+                w_down: upload_matrix(&ctx, "w_down", &l.w_down)?,
+                bias: match (&l.bq, &l.bk, &l.bv) {
+                    (Some(q), Some(k), Some(v)) => Some([vec("bq", q), vec("bk", k), vec("bv", v)]),
+                    _ => None,
+                },
+                qk_norm: match (&l.q_norm, &l.k_norm) {
+                    (Some(q), Some(k)) => Some([vec("q_norm", q), vec("k_norm", k)]),
+                    _ => None,
+                },
+                k_cache: work_buffer(&ctx, &format!("k_cache.{i}"), kvb),
+                v_cache: work_buffer(&ctx, &format!("v_cache.{i}"), kvb),
+            });
+        }
+        let inv = c.rope_inv_freq();
+        let mut table = Vec::with_capacity(context * inv.len() * 2);
+        for pos in 0..context {
+            for &f in &inv {
+                let (cs, sn) = rope_cos_sin(pos, f);
+                table.push(cs);
+                table.push(sn);
+            }
+        }
+        let n = MAX_ROWS as u64;
+        let f = 4u64;
+        let wb = |name: &str, size: u64| work_buffer(&ctx, name, size);
+        let act = Activations {
+            tokens: wb("tokens", n * 4),
+            state: wb("state", 16),
+            x: wb("x", n * f * c.hidden_size as u64),
+            xn: wb("xn", n * f * c.hidden_size as u64),
+            q: wb("q", n * f * c.q_dim() as u64),
+            k: wb("k", n * f * c.kv_dim() as u64),
+            v: wb("v", n * f * c.kv_dim() as u64),
+            att: wb("att", n * f * c.q_dim() as u64),
+            gate: wb("gate", n * f * c.intermediate_size as u64),
+            up: wb("up", n * f * c.intermediate_size as u64),
+            ff: wb("ff", n * f * c.intermediate_size as u64),
+            logits: wb("logits", n * f * c.vocab_size as u64),
+            out_tokens: wb("out_tokens", n * 4),
+            taps: wb("taps", n * f * (opts.taps.len().max(1) * c.hidden_size) as u64),
+            readback: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: n * 4,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        };
+        let model = GpuModel {
+            embed: upload_matrix(&ctx, "embed", &w.embed)?,
+            lm_head: match &w.lm_head {
+                Some(m) => Some(upload_matrix(&ctx, "lm_head", m)?),
+                None => None,
+            },
+            out_norm: vec("out_norm", &w.norm),
+            rope_table: storage_buffer(&ctx, "rope_table", bytemuck::cast_slice(&table)),
+            inv_freq_len: inv.len(),
+            layers,
+            act,
+            plans: HashMap::new(),
+            len: 0,
+            memory,
+            context,
+            taps: opts.taps.clone(),
+            config: c,
+            ctx,
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::OutOfMemory(format!("model buffers: {e}")));
+        }
+        #[cfg(target_arch = "wasm32")]
+        drop(scope);
+        model.ctx.check_lost()?;
+        Ok(model)
+    }
+
+    /// Committed positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Rolls the KV cache back to `len` positions (rows past it are overwritten later).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    pub fn pipelines_compiled(&self) -> usize {
+        self.ctx.pipelines.len()
+    }
+
+    fn gemv(&self, d: &mut Vec<Dispatch>, m: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, n: usize, accumulate: bool) -> Result<()> {
+        let k = gemv_kernel(m, accumulate);
+        for ch in &m.chunks {
+            let (gx, gy) = grid(ch.rows.div_ceil(4) as u32);
+            let params = [n as u32, m.cols as u32, ch.rows as u32, ch.row_lo as u32, m.rows as u32, gx];
+            d.push(Dispatch::new(&self.ctx, &k, Some(&params), &[(1, x), (2, &ch.qs), (3, &ch.scales), (4, &ch.mins), (5, y)], [gx, gy, 1])?);
+        }
+        Ok(())
+    }
+
+    fn rmsnorm(&self, d: &mut Vec<Dispatch>, w: &wgpu::Buffer, x: &wgpu::Buffer, out: &wgpu::Buffer, rows: usize, len: usize) -> Result<()> {
+        let params = [len as u32, self.config.rms_norm_eps.to_bits()];
+        d.push(Dispatch::new(&self.ctx, &Kernel::new(Shader::RmsNorm, "main"), Some(&params), &[(1, w), (2, x), (3, out)], [rows as u32, 1, 1])?);
+        Ok(())
+    }
+
+    fn rmsnorm_inplace(&self, d: &mut Vec<Dispatch>, w: &wgpu::Buffer, buf: &wgpu::Buffer, rows: usize, len: usize) -> Result<()> {
+        let params = [len as u32, self.config.rms_norm_eps.to_bits()];
+        d.push(Dispatch::new(&self.ctx, &Kernel::new(Shader::RmsNorm, "main_inplace"), Some(&params), &[(1, w), (4, buf)], [rows as u32, 1, 1])?);
+        Ok(())
+    }
+
+    fn rope(&self, d: &mut Vec<Dispatch>, buf: &wgpu::Buffer, n: usize, heads: usize) -> Result<()> {
+        let c = &self.config;
+        let style = if c.rope_style == RopeStyle::Interleaved { 0.0 } else { 1.0 };
+        let k = Kernel::new(Shader::Rope, "main").with("STYLE", style);
+        let params = [n as u32, heads as u32, c.head_dim as u32, c.rope_dim as u32, (heads * c.head_dim) as u32, 0];
+        let total = (heads * self.inv_freq_len) as u32;
+        d.push(Dispatch::new(&self.ctx, &k, Some(&params), &[(1, &self.act.state), (2, &self.rope_table), (3, buf)], [total.div_ceil(64), n as u32, 1])?);
+        Ok(())
+    }
+
+    fn elementwise(&self, d: &mut Vec<Dispatch>, entry: &'static str, params: [u32; 8], bufs: &[(u32, &wgpu::Buffer)]) -> Result<()> {
+        let (len, rows) = (params[1], params[0]);
+        d.push(Dispatch::new(&self.ctx, &Kernel::new(Shader::Elementwise, entry), Some(&params), bufs, [len.div_ceil(64), rows, 1])?);
+        Ok(())
+    }
+
+    fn build_plan(&self, n: usize, head: Head) -> Result<Vec<Dispatch>> {
+        let c = &self.config;
+        let a = &self.act;
+        let (h, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let nu = n as u32;
+        let mut d = Vec::new();
+        // Embedding lookup, one dispatch per chunk of the table.
+        let ek = Kernel::new(Shader::Embedding, "main")
+            .with("FORMAT", if self.embed.format == QFormat::Q4 { 0.0 } else { 1.0 })
+            .with("GROUP", self.embed.group as f64);
+        for ch in &self.embed.chunks {
+            let params = [nu, h as u32, ch.row_lo as u32, (ch.row_lo + ch.rows) as u32];
+            d.push(Dispatch::new(&self.ctx, &ek, Some(&params), &[(1, &a.tokens), (2, &ch.qs), (3, &ch.scales), (4, &ch.mins), (5, &a.x)], [(h as u32).div_ceil(64), nu, 1])?);
+        }
+        for (li, l) in self.layers.iter().enumerate() {
+            self.rmsnorm(&mut d, &l.attn_norm, &a.x, &a.xn, n, h)?;
+            self.gemv(&mut d, &l.wq, &a.xn, &a.q, n, false)?;
+            self.gemv(&mut d, &l.wk, &a.xn, &a.k, n, false)?;
+            self.gemv(&mut d, &l.wv, &a.xn, &a.v, n, false)?;
+            if let Some([bq, bk, bv]) = &l.bias {
+                for (b, out, len) in [(bq, &a.q, qd), (bk, &a.k, kvd), (bv, &a.v, kvd)] {
+                    self.elementwise(&mut d, "add_bias", [nu, len as u32, 0, len as u32, 0, 0, 0, 0], &[(1, b), (3, out)])?;
+                }
+            }
+            if let Some([qn, kn]) = &l.qk_norm {
+                self.rmsnorm_inplace(&mut d, qn, &a.q, n * c.num_heads, c.head_dim)?;
+                self.rmsnorm_inplace(&mut d, kn, &a.k, n * c.num_kv_heads, c.head_dim)?;
+            }
+            self.rope(&mut d, &a.q, n, c.num_heads)?;
+            self.rope(&mut d, &a.k, n, c.num_kv_heads)?;
+            for (src, cache) in [(&a.k, &l.k_cache), (&a.v, &l.v_cache)] {
+                self.elementwise(&mut d, "store_kv", [nu, kvd as u32, kvd as u32, kvd as u32, 0, 0, 1, 0], &[(1, src), (4, &a.state), (5, cache)])?;
+            }
+            let scale = 1.0 / (c.head_dim as f32).sqrt();
+            let params = [nu, c.num_heads as u32, (c.num_heads / c.num_kv_heads) as u32, c.head_dim as u32, kvd as u32, qd as u32, scale.to_bits(), 0];
+            d.push(Dispatch::new(&self.ctx, &Kernel::new(Shader::Attention, "main"), Some(&params),
+                &[(1, &a.state), (2, &a.q), (3, &l.k_cache), (4, &l.v_cache), (5, &a.att)], [c.num_heads as u32, nu, 1])?);
+            self.gemv(&mut d, &l.wo, &a.att, &a.x, n, true)?;
+            self.rmsnorm(&mut d, &l.ffn_norm, &a.x, &a.xn, n, h)?;
+            self.gemv(&mut d, &l.w_gate, &a.xn, &a.gate, n, false)?;
+            self.gemv(&mut d, &l.w_up, &a.xn, &a.up, n, false)?;
+            self.elementwise(&mut d, "swiglu", [nu, ff as u32, 0, 0, 0, 0, 0, 0], &[(1, &a.gate), (2, &a.up), (3, &a.ff)])?;
+            self.gemv(&mut d, &l.w_down, &a.ff, &a.x, n, true)?;
+            for (ti, _) in self.taps.iter().enumerate().filter(|(_, &t)| t == li) {
+                let stride = (self.taps.len() * h) as u32;
+                self.elementwise(&mut d, "copy_rows", [nu, h as u32, h as u32, stride, 0, (ti * h) as u32, 0, 0], &[(1, &a.x), (3, &a.taps), (4, &a.state)])?;
+            }
+        }
+        if head == Head::Argmax {
+            self.rmsnorm(&mut d, &self.out_norm, &a.x, &a.xn, n, h)?;
+            let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
+            self.gemv(&mut d, lm, &a.xn, &a.logits, n, false)?;
+            let params = [c.vocab_size as u32, c.vocab_size as u32, 0, 0];
+            d.push(Dispatch::new(&self.ctx, &Kernel::new(Shader::Argmax, "main"), Some(&params), &[(1, &a.logits), (2, &a.out_tokens)], [nu, 1, 1])?);
+        }
+        Ok(d)
+    }
+
+    /// Encodes and submits one pass over `tokens` (at most 16) at positions
+    /// `len..len+n`. Nothing is read back.
+    fn submit_pass(&mut self, tokens: &[u32], head: Head) -> Result<()> {
+        let n = tokens.len();
+        assert!(n >= 1 && n <= MAX_ROWS);
+        if self.len + n > self.context {
+            return Err(GpuError::Core(dflash_core::Error::ContextOverflow { prompt_tokens: self.len + n, max_new_tokens: 0, context: self.context }));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(GpuError::Core(dflash_core::Error::TokenOutOfRange { id: bad, vocab }));
+        }
+        self.ctx.check_lost()?;
+        if !self.plans.contains_key(&(n, head)) {
+            let plan = self.build_plan(n, head)?;
+            self.plans.insert((n, head), plan);
+        }
+        let q = &self.ctx.queue;
+        q.write_buffer(&self.act.tokens, 0, bytemuck::cast_slice(tokens));
+        q.write_buffer(&self.act.state, 0, bytemuck::cast_slice(&[self.len as u32, n as u32, 0, 0]));
+        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None });
+            for disp in &self.plans[&(n, head)] {
+                disp.encode(&mut pass);
+            }
+        }
+        if head == Head::Argmax {
+            enc.copy_buffer_to_buffer(&self.act.out_tokens, 0, &self.act.readback, 0, (n * 4) as u64);
+        }
+        self.ctx.queue.submit([enc.finish()]);
+        self.len += n;
+        Ok(())
+    }
+
+    /// One step over up to 16 tokens; returns the greedy next token of every row.
+    /// The host reads back only those ids (4 bytes per row).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn step(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
+        self.submit_pass(tokens, Head::Argmax)?;
+        let bytes = self.ctx.read_mapped(&self.act.readback)?;
+        Ok(bytemuck::cast_slice::<u8, u32>(&bytes)[..tokens.len()].to_vec())
+    }
+
+    /// Prefill in chunks of 16 rows through the same kernels as decode (so a position's
+    /// results are the same bits as in a one-row step); returns the greedy next token.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<u32> {
+        if tokens.is_empty() {
+            return Err(GpuError::Core(dflash_core::Error::BadSampling("the prompt is empty".into())));
+        }
+        let chunks: Vec<&[u32]> = tokens.chunks(MAX_ROWS).collect();
+        for ch in &chunks[..chunks.len() - 1] {
+            self.submit_pass(ch, Head::None)?;
+        }
+        let last = self.step(chunks[chunks.len() - 1])?;
+        Ok(*last.last().unwrap())
+    }
+
+    /// Logits of every row of the last pass (tests and tools only: the decode loop never
+    /// reads logits back).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_logits(&self, n: usize) -> Result<Vec<f32>> {
+        let bytes = self.ctx.read_back(&self.act.logits, 0, (n * self.config.vocab_size * 4) as u64)?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+
+    /// Tap rows of the last pass: `[n, taps.len() * hidden]`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_taps(&self, n: usize) -> Result<Vec<f32>> {
+        let bytes = self.ctx.read_back(&self.act.taps, 0, (n * self.taps.len() * self.config.hidden_size * 4) as u64)?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+
+    /// Greedy generation: prefill then one-row steps; stops at a stop id.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn generate_greedy(&mut self, prompt: &[u32], max_new: usize, is_stop: &dyn Fn(u32) -> bool) -> Result<Vec<u32>> {
+        self.truncate(0);
+        let mut out = Vec::new();
+        if max_new == 0 {
+            return Ok(out);
+        }
+        let mut next = self.prefill(prompt)?;
+        loop {
+            if is_stop(next) {
+                break;
+            }
+            out.push(next);
+            if out.len() >= max_new {
+                break;
+            }
+            next = self.step(&[next])?[0];
+        }
+        Ok(out)
+    }
+}

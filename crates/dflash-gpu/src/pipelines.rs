@@ -1,0 +1,209 @@
+//! Every GPU op has the same shape: a WGSL source file of `shaders/`, an entry point,
+//! override constants, its bindings and a dispatch size. Pipelines are compiled once and
+//! cached by a key made of all of these; bind groups are built once per plan.
+
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use wgpu::util::DeviceExt;
+
+/// The op families, one WGSL file each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Shader {
+    Gemv,
+    Embedding,
+    RmsNorm,
+    Rope,
+    Attention,
+    Elementwise,
+    Argmax,
+    Copy,
+}
+
+const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
+
+impl Shader {
+    pub const ALL: [Shader; 8] =
+        [Shader::Gemv, Shader::Embedding, Shader::RmsNorm, Shader::Rope, Shader::Attention, Shader::Elementwise, Shader::Argmax, Shader::Copy];
+
+    fn body(self) -> &'static str {
+        match self {
+            Shader::Gemv => include_str!("../../../shaders/gemv.wgsl"),
+            Shader::Embedding => include_str!("../../../shaders/embedding.wgsl"),
+            Shader::RmsNorm => include_str!("../../../shaders/rmsnorm.wgsl"),
+            Shader::Rope => include_str!("../../../shaders/rope.wgsl"),
+            Shader::Attention => include_str!("../../../shaders/attention.wgsl"),
+            Shader::Elementwise => include_str!("../../../shaders/elementwise.wgsl"),
+            Shader::Argmax => include_str!("../../../shaders/argmax.wgsl"),
+            Shader::Copy => include_str!("../../../shaders/copy.wgsl"),
+        }
+    }
+
+    /// The full WGSL: a prelude (f16 enable and the KV element type where used, the
+    /// shared quantized-weight helpers where used) and the op's file.
+    pub fn source(self, f16: bool) -> String {
+        let mut s = String::new();
+        if matches!(self, Shader::Attention | Shader::Elementwise) {
+            s.push_str(if f16 { "enable f16;\nalias kv_t = f16;\n" } else { "alias kv_t = f32;\n" });
+        }
+        s.push_str(self.body());
+        if matches!(self, Shader::Gemv | Shader::Embedding) {
+            s.push('\n');
+            s.push_str(QUANT);
+        }
+        s
+    }
+}
+
+/// One kernel variant: shader, entry point and override constants.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kernel {
+    pub shader: Shader,
+    pub entry: &'static str,
+    pub constants: Vec<(&'static str, f64)>,
+}
+
+impl Kernel {
+    pub fn new(shader: Shader, entry: &'static str) -> Self {
+        Kernel { shader, entry, constants: vec![] }
+    }
+    pub fn with(mut self, name: &'static str, v: f64) -> Self {
+        self.constants.push((name, v));
+        self
+    }
+    pub fn key(&self, f16: bool) -> String {
+        format!("{:?}/{}/{:?}/f16={f16}", self.shader, self.entry, self.constants)
+    }
+}
+
+/// The pipeline cache.
+#[derive(Default)]
+pub struct Pipelines {
+    modules: RefCell<HashMap<Shader, Rc<wgpu::ShaderModule>>>,
+    pipelines: RefCell<HashMap<String, Rc<wgpu::ComputePipeline>>>,
+}
+
+impl Pipelines {
+    pub fn get(&self, ctx: &GpuContext, k: &Kernel) -> Result<Rc<wgpu::ComputePipeline>> {
+        let key = k.key(ctx.f16);
+        if let Some(p) = self.pipelines.borrow().get(&key) {
+            return Ok(p.clone());
+        }
+        let module = self.module(ctx, k.shader)?;
+        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let p = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&key),
+            layout: None,
+            module: &module,
+            entry_point: Some(k.entry),
+            compilation_options: wgpu::PipelineCompilationOptions { constants: &k.constants, ..Default::default() },
+            cache: None,
+        });
+        check_scope(scope)?;
+        let p = Rc::new(p);
+        self.pipelines.borrow_mut().insert(key, p.clone());
+        Ok(p)
+    }
+
+    fn module(&self, ctx: &GpuContext, s: Shader) -> Result<Rc<wgpu::ShaderModule>> {
+        if let Some(m) = self.modules.borrow().get(&s) {
+            return Ok(m.clone());
+        }
+        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let m = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&format!("{s:?}")),
+            source: wgpu::ShaderSource::Wgsl(s.source(ctx.f16).into()),
+        });
+        check_scope(scope)?;
+        let m = Rc::new(m);
+        self.modules.borrow_mut().insert(s, m.clone());
+        Ok(m)
+    }
+
+    pub fn len(&self) -> usize {
+        self.pipelines.borrow().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn check_scope(scope: wgpu::ErrorScopeGuard) -> Result<()> {
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(GpuError::Validation(e.to_string()));
+    }
+    #[cfg(target_arch = "wasm32")]
+    drop(scope);
+    Ok(())
+}
+
+/// A recorded dispatch: pipeline, bind group (built once) and workgroup counts.
+pub struct Dispatch {
+    pub pipeline: Rc<wgpu::ComputePipeline>,
+    pub bind_group: wgpu::BindGroup,
+    pub groups: [u32; 3],
+    /// Kept alive with the bind group.
+    pub _uniform: Option<wgpu::Buffer>,
+}
+
+impl Dispatch {
+    /// Builds a dispatch: `params` go into a uniform buffer at binding 0 (when given),
+    /// `bufs` are (binding, buffer) pairs.
+    pub fn new(
+        ctx: &GpuContext,
+        k: &Kernel,
+        params: Option<&[u32]>,
+        bufs: &[(u32, &wgpu::Buffer)],
+        groups: [u32; 3],
+    ) -> Result<Dispatch> {
+        let pipeline = ctx.pipelines.get(ctx, k)?;
+        let uniform = params.map(|p| {
+            let mut data = p.to_vec();
+            while data.len() % 4 != 0 {
+                data.push(0);
+            }
+            ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: bytemuck::cast_slice(&data),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+        });
+        let mut entries: Vec<wgpu::BindGroupEntry> = Vec::new();
+        if let Some(u) = &uniform {
+            entries.push(wgpu::BindGroupEntry { binding: 0, resource: u.as_entire_binding() });
+        }
+        for (b, buf) in bufs {
+            entries.push(wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() });
+        }
+        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(k.entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        check_scope(scope)?;
+        Ok(Dispatch { pipeline, bind_group, groups, _uniform: uniform })
+    }
+
+    pub fn encode(&self, pass: &mut wgpu::ComputePass) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(self.groups[0], self.groups[1], self.groups[2]);
+    }
+}
+
+/// Splits `n` workgroups into a grid whose x stays under the 65535 limit: (x, y).
+pub fn grid(n: u32) -> (u32, u32) {
+    if n <= 65535 {
+        (n.max(1), 1)
+    } else {
+        (65535, n.div_ceil(65535))
+    }
+}
+
+pub fn f32_bits(x: f32) -> u32 {
+    x.to_bits()
+}

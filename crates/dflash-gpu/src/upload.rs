@@ -1,0 +1,92 @@
+//! Weights to the GPU: each matrix split by rows into chunks that fit the adapter's
+//! storage-binding limit, values / scales / mins in separate buffers.
+
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use dflash_core::quant::{QFormat, QuantMatrix};
+use wgpu::util::DeviceExt;
+
+pub struct MatrixChunk {
+    pub row_lo: usize,
+    pub rows: usize,
+    pub qs: wgpu::Buffer,
+    pub scales: wgpu::Buffer,
+    pub mins: wgpu::Buffer,
+}
+
+pub struct GpuMatrix {
+    pub format: QFormat,
+    pub group: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub chunks: Vec<MatrixChunk>,
+    pub n_bytes: u64,
+}
+
+/// Rows per chunk such that every buffer of the chunk fits `max_binding` bytes.
+pub fn rows_per_chunk(m: &QuantMatrix, max_binding: u64) -> Result<usize> {
+    let row_bytes = (m.cols * m.format.bits() / 8) as u64;
+    let by_limit = (max_binding / row_bytes.max(1)) as usize;
+    if by_limit == 0 {
+        return Err(GpuError::LimitExceeded {
+            what: format!("one row of a {}x{} matrix", m.rows, m.cols),
+            need: row_bytes,
+            limit: max_binding,
+            limit_name: "max_storage_buffer_binding_size",
+        });
+    }
+    // Keep chunks a multiple of 4 rows (one gemv workgroup) where possible.
+    Ok(if by_limit >= m.rows { m.rows } else { (by_limit / 4 * 4).max(1) })
+}
+
+pub fn storage_buffer(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+    let mut data = bytes.to_vec();
+    while data.len() % 16 != 0 || data.is_empty() {
+        data.push(0);
+    }
+    ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some(label),
+        contents: &data,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+    })
+}
+
+pub fn f32_buffer(ctx: &GpuContext, label: &str, v: &[f32]) -> wgpu::Buffer {
+    storage_buffer(ctx, label, bytemuck::cast_slice(v))
+}
+
+/// A zeroed read-write storage buffer of `size` bytes.
+pub fn work_buffer(ctx: &GpuContext, label: &str, size: u64) -> wgpu::Buffer {
+    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: size.max(16).div_ceil(16) * 16,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    })
+}
+
+fn halves(v: &[u16]) -> Vec<u8> {
+    v.iter().flat_map(|h| h.to_le_bytes()).collect()
+}
+
+pub fn upload_matrix(ctx: &GpuContext, name: &str, m: &QuantMatrix) -> Result<GpuMatrix> {
+    let per = rows_per_chunk(m, ctx.max_binding())?;
+    let words_per_row = m.cols * m.format.bits() / 32;
+    let gpr = m.groups_per_row();
+    let mut chunks = Vec::new();
+    let mut row_lo = 0;
+    while row_lo < m.rows {
+        let rows = per.min(m.rows - row_lo);
+        let qs = &m.qs[row_lo * words_per_row..(row_lo + rows) * words_per_row];
+        let g = row_lo * gpr..(row_lo + rows) * gpr;
+        chunks.push(MatrixChunk {
+            row_lo,
+            rows,
+            qs: storage_buffer(ctx, name, bytemuck::cast_slice(qs)),
+            scales: storage_buffer(ctx, name, &halves(&m.scales[g.clone()])),
+            mins: storage_buffer(ctx, name, &halves(&m.mins[g])),
+        });
+        row_lo += rows;
+    }
+    Ok(GpuMatrix { format: m.format, group: m.group, rows: m.rows, cols: m.cols, chunks, n_bytes: m.n_bytes() as u64 })
+}

@@ -1,0 +1,136 @@
+//! The GPU engine against the CPU reference on tiny synthetic models in the real formats,
+//! and its batch invariance: a position's logits are the same bits alone, inside a
+//! 16-row pass, and in prefill.
+
+use dflash_core::config::Arch;
+use dflash_core::cpu::{CpuModel, LogitRows};
+use dflash_core::formats::ggml::GgmlType;
+use dflash_core::model_files::load_gguf;
+use dflash_core::testutil::{random_weights, tiny_config, write_gguf, Rng};
+use dflash_core::weights::ModelWeights;
+use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
+use std::rc::Rc;
+
+pub fn gpu_context(opts: &GpuOptions) -> Option<Rc<GpuContext>> {
+    match GpuContext::new(opts) {
+        Ok(c) => Some(Rc::new(c)),
+        Err(e) => {
+            if std::env::var("DFLASH_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("no GPU adapter: {e}");
+            }
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+fn tiny(arch: Arch, t: GgmlType, seed: u64) -> ModelWeights {
+    let c = tiny_config(arch);
+    load_gguf(&write_gguf(&c, &random_weights(&c, seed), t)).unwrap().weights
+}
+
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut r = Rng(seed);
+    (0..n).map(|_| r.below(vocab) as u32).collect()
+}
+
+fn f16_opt() -> Vec<bool> {
+    vec![true, false]
+}
+
+#[test]
+fn logits_match_the_cpu_reference() {
+    for no_f16 in f16_opt() {
+        let Some(ctx) = gpu_context(&GpuOptions { no_f16, ..Default::default() }) else { return };
+        for (arch, t) in [(Arch::Llama, GgmlType::Q4_0), (Arch::Qwen2, GgmlType::Q8_0), (Arch::Qwen3, GgmlType::Q4_1), (Arch::Llama, GgmlType::F16)] {
+            let f16 = ctx.f16;
+            let w = tiny(arch, t, 31);
+            let cpu = CpuModel::new(&w);
+            let toks = tokens(12, w.config.vocab_size, 3);
+            let mut cache = cpu.new_cache(64);
+            let want = cpu.forward(&toks, &mut cache, LogitRows::All, &[]).unwrap().logits;
+            let mut g = GpuModel::new(ctx.clone(), &w, &GpuModelOptions { context: 64, ..Default::default() }).unwrap();
+            let ids = g.step(&toks).unwrap();
+            let got = g.read_logits(toks.len()).unwrap();
+            let max = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let scale = want.iter().map(|a| a.abs()).fold(0f32, f32::max);
+            eprintln!("{arch:?} {t:?} f16-kv={f16}: max |gpu - cpu| = {max:e} (logit scale {scale})");
+            // f32 path: summation order only. f16 KV: plus f16 rounding of K and V.
+            let tol = if f16 { 5e-3 } else { 5e-5 } * scale.max(1.0);
+            assert!(max <= tol, "{arch:?} {t:?}: {max} > {tol}");
+            let v = w.config.vocab_size;
+            for r in 0..toks.len() {
+                let row = &got[r * v..(r + 1) * v];
+                assert_eq!(ids[r] as usize, dflash_core::cpu::ops::argmax(row), "GPU argmax of row {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_position_is_bit_identical_alone_in_a_16_row_pass_and_in_prefill() {
+    for no_f16 in f16_opt() {
+        let Some(ctx) = gpu_context(&GpuOptions { no_f16, ..Default::default() }) else { return };
+        let w = tiny(Arch::Qwen2, GgmlType::Q4_0, 32);
+        let v = w.config.vocab_size;
+        let toks = tokens(40, v, 4);
+        let mut g = GpuModel::new(ctx, &w, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
+        // Positions 0..40 one row at a time.
+        let mut single = Vec::new();
+        for t in &toks {
+            g.step(&[*t]).unwrap();
+            single.extend(g.read_logits(1).unwrap());
+        }
+        // The same positions in passes of 16, 16 and 8 rows.
+        g.truncate(0);
+        let mut multi = Vec::new();
+        for ch in toks.chunks(16) {
+            g.step(ch).unwrap();
+            multi.extend(g.read_logits(ch.len()).unwrap());
+        }
+        // Prefill of the first 33 (two 16-row chunks without lm_head, then one row).
+        g.truncate(0);
+        g.prefill(&toks[..33]).unwrap();
+        let prefill_last = g.read_logits(1).unwrap();
+        assert_eq!(single.len(), 40 * v);
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same(&single, &multi), "one-row steps vs 16-row passes differ (no_f16={no_f16})");
+        assert!(same(&single[32 * v..33 * v], &prefill_last), "prefill differs");
+    }
+}
+
+#[test]
+fn greedy_generation_equals_the_cpu_reference() {
+    let Some(ctx) = gpu_context(&GpuOptions { no_f16: true, ..Default::default() }) else { return };
+    let w = tiny(Arch::Llama, GgmlType::Q8_0, 33);
+    let m = load_gguf(&write_gguf(&tiny_config(Arch::Llama), &random_weights(&tiny_config(Arch::Llama), 33), GgmlType::Q8_0)).unwrap();
+    let cpu = CpuModel::new(&w);
+    let prompt = tokens(21, w.config.vocab_size, 5);
+    let req = dflash_core::generate::GenerateRequest {
+        prompt_ids: prompt.clone(),
+        max_new_tokens: 40,
+        sampling: Default::default(),
+        stop_strings: vec![],
+        context: 128,
+    };
+    let want = dflash_core::generate::generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap().tokens;
+    let mut g = GpuModel::new(ctx, &w, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
+    let got = g.generate_greedy(&prompt, 40, &|t| m.tokenizer.is_stop(t)).unwrap();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn taps_match_the_cpu_reference() {
+    let Some(ctx) = gpu_context(&GpuOptions { no_f16: true, ..Default::default() }) else { return };
+    let w = tiny(Arch::Qwen3, GgmlType::Q8_0, 34);
+    let cpu = CpuModel::new(&w);
+    let toks = tokens(7, w.config.vocab_size, 6);
+    let taps = vec![2, 0];
+    let mut cache = cpu.new_cache(32);
+    let want = cpu.forward(&toks, &mut cache, LogitRows::None, &taps).unwrap().taps;
+    let mut g = GpuModel::new(ctx, &w, &GpuModelOptions { context: 32, taps, ..Default::default() }).unwrap();
+    g.step(&toks).unwrap();
+    let got = g.read_taps(toks.len()).unwrap();
+    let max = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(max < 1e-3, "taps differ by {max}");
+}

@@ -1,0 +1,124 @@
+// Causal grouped-query attention of n_rows query rows (positions state[0] + row) over the
+// KV cache. One workgroup per (head, row). Keys are walked in chunks of 64 in position
+// order with an online softmax, so a row's result depends only on its position, never on
+// how many rows share the dispatch.
+// The cache element type kv_t (f32, or f16 where the adapter has shader-f16) is
+// declared by the host in a one-line prelude.
+
+struct Params {
+    n_rows: u32,
+    n_heads: u32,
+    group: u32,     // query heads per KV head
+    head_dim: u32,
+    kv_dim: u32,
+    q_stride: u32,  // floats per query row
+    scale: f32,
+    window: u32,    // keys visible before the query (0 = all)
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> state: array<u32>;
+@group(0) @binding(2) var<storage, read> q: array<f32>;
+@group(0) @binding(3) var<storage, read> kc: array<kv_t>;
+@group(0) @binding(4) var<storage, read> vc: array<kv_t>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+const WG: u32 = 64u;
+const MAX_DIM_PER_THREAD: u32 = 4u; // head_dim <= 256
+
+var<workgroup> qv: array<f32, 256>;
+var<workgroup> pr: array<f32, 64>;
+var<workgroup> red: array<f32, 64>;
+
+fn tree_max(t: u32) -> f32 {
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            red[t] = max(red[t], red[t + s]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn tree_sum(t: u32) -> f32 {
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            red[t] = red[t] + red[t + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let h = wg.x;
+    let r = wg.y;
+    let kh = h / p.group;
+    let pos = state[0] + r;
+    let n_keys = pos + 1u;
+    var first = 0u;
+    if (p.window > 0u && n_keys > p.window) {
+        first = n_keys - p.window;
+    }
+    let qbase = r * p.q_stride + h * p.head_dim;
+    for (var d = t; d < p.head_dim; d += WG) {
+        qv[d] = q[qbase + d];
+    }
+    workgroupBarrier();
+    var m = -3.0e38;
+    var l = 0.0;
+    var acc: array<f32, 4>;
+    for (var i = 0u; i < MAX_DIM_PER_THREAD; i++) {
+        acc[i] = 0.0;
+    }
+    let koff = kh * p.head_dim;
+    for (var c0 = first; c0 < n_keys; c0 += WG) {
+        let j = c0 + t;
+        var s = -3.0e38;
+        if (j < n_keys) {
+            let kb = j * p.kv_dim + koff;
+            var d0 = 0.0;
+            for (var d = 0u; d < p.head_dim; d++) {
+                d0 += qv[d] * f32(kc[kb + d]);
+            }
+            s = d0 * p.scale;
+        }
+        red[t] = s;
+        let m_new = max(m, tree_max(t));
+        var e = 0.0;
+        if (j < n_keys) {
+            e = exp(s - m_new);
+        }
+        pr[t] = e;
+        red[t] = e;
+        let l_chunk = tree_sum(t);
+        let corr = exp(m - m_new);
+        l = l * corr + l_chunk;
+        let n_here = min(WG, n_keys - c0);
+        for (var i = 0u; i < MAX_DIM_PER_THREAD; i++) {
+            let d = t + i * WG;
+            if (d < p.head_dim) {
+                var a = acc[i] * corr;
+                for (var jj = 0u; jj < n_here; jj++) {
+                    a += pr[jj] * f32(vc[(c0 + jj) * p.kv_dim + koff + d]);
+                }
+                acc[i] = a;
+            }
+        }
+        m = m_new;
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < MAX_DIM_PER_THREAD; i++) {
+        let d = t + i * WG;
+        if (d < p.head_dim) {
+            out[qbase + d] = acc[i] / l;
+        }
+    }
+}

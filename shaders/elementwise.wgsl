@@ -1,0 +1,72 @@
+// Element-wise ops over rows: SwiGLU, bias add, and row copies (KV-cache stores at the
+// positions in `state`, hidden-state taps).
+
+struct Params {
+    n_rows: u32,
+    len: u32,        // elements per row
+    src_stride: u32,
+    dst_stride: u32,
+    src_offset: u32,
+    dst_offset: u32,
+    use_state: u32,  // 1: destination row = state[0] + row
+    pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> state: array<u32>;
+@group(0) @binding(5) var<storage, read_write> kv_out: array<kv_t>;
+
+// out[r, i] = silu(a[r, i]) * b[r, i]
+@compute @workgroup_size(64)
+fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let r = gid.y;
+    if (i >= p.len || r >= p.n_rows) {
+        return;
+    }
+    let k = r * p.len + i;
+    let g = a[k];
+    out[k] = (g / (1.0 + exp(-g))) * b[k];
+}
+
+// out[r, dst_offset + i] += a[i]  (bias of row length len, rows of dst_stride)
+@compute @workgroup_size(64)
+fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let r = gid.y;
+    if (i >= p.len || r >= p.n_rows) {
+        return;
+    }
+    let k = r * p.dst_stride + p.dst_offset + i;
+    out[k] = out[k] + a[i];
+}
+
+// out[dst_row, dst_offset + i] = a[r, src_offset + i]
+@compute @workgroup_size(64)
+fn copy_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let r = gid.y;
+    if (i >= p.len || r >= p.n_rows) {
+        return;
+    }
+    var dr = r;
+    if (p.use_state == 1u) {
+        dr = state[0] + r;
+    }
+    out[dr * p.dst_stride + p.dst_offset + i] = a[r * p.src_stride + p.src_offset + i];
+}
+
+// KV-cache store: kv_out[state[0] + r, i] = a[r, src_offset + i], converted to kv_t.
+@compute @workgroup_size(64)
+fn store_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let r = gid.y;
+    if (i >= p.len || r >= p.n_rows) {
+        return;
+    }
+    let dr = state[0] + r;
+    kv_out[dr * p.dst_stride + i] = kv_t(a[r * p.src_stride + p.src_offset + i]);
+}
