@@ -5,6 +5,7 @@
 pub mod context;
 pub mod error;
 pub mod model;
+pub mod ops;
 pub mod pipelines;
 pub mod upload;
 

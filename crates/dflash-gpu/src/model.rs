@@ -4,12 +4,13 @@
 
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
-use crate::pipelines::{grid, Dispatch, Kernel, Shader};
+use crate::ops;
+use crate::pipelines::Dispatch;
 use std::rc::Rc;
 use crate::upload::{f32_buffer, rows_per_chunk, storage_buffer, upload_matrix, work_buffer, GpuMatrix};
-use dflash_core::config::{ModelConfig, RopeStyle};
+use dflash_core::config::ModelConfig;
 use dflash_core::cpu::ops::rope_cos_sin;
-use dflash_core::quant::{QFormat, QuantMatrix};
+use dflash_core::quant::QuantMatrix;
 use dflash_core::weights::ModelWeights;
 use std::collections::HashMap;
 
@@ -99,7 +100,6 @@ pub struct GpuModel {
     lm_head: Option<GpuMatrix>,
     out_norm: wgpu::Buffer,
     rope_table: wgpu::Buffer,
-    inv_freq_len: usize,
     layers: Vec<GpuLayer>,
     act: Activations,
     plans: HashMap<(usize, Head), Vec<Dispatch>>,
@@ -157,13 +157,6 @@ pub fn plan_memory(ctx: &GpuContext, w: &ModelWeights, opts: &GpuModelOptions) -
         }
     }
     Ok(plan)
-}
-
-fn gemv_kernel(m: &GpuMatrix, accumulate: bool) -> Kernel {
-    Kernel::new(Shader::Gemv, "main")
-        .with("FORMAT", if m.format == QFormat::Q4 { 0.0 } else { 1.0 })
-        .with("GROUP", m.group as f64)
-        .with("ACCUMULATE", if accumulate { 1.0 } else { 0.0 })
 }
 
 impl GpuModel {
@@ -247,7 +240,6 @@ impl GpuModel {
             },
             out_norm: vec("out_norm", &w.norm),
             rope_table: storage_buffer(&ctx, "rope_table", bytemuck::cast_slice(&table)),
-            inv_freq_len: inv.len(),
             layers,
             act,
             plans: HashMap::new(),
@@ -285,98 +277,49 @@ impl GpuModel {
         self.ctx.pipelines.len()
     }
 
-    fn gemv(&self, d: &mut Vec<Dispatch>, m: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, n: usize, accumulate: bool) -> Result<()> {
-        let k = gemv_kernel(m, accumulate);
-        for ch in &m.chunks {
-            let (gx, gy) = grid(ch.rows.div_ceil(4) as u32);
-            let params = [n as u32, m.cols as u32, ch.rows as u32, ch.row_lo as u32, m.rows as u32, gx];
-            d.push(Dispatch::new(&self.ctx, &k, Some(&params), &[(1, x), (2, &ch.qs), (3, &ch.scales), (4, &ch.mins), (5, y)], [gx, gy, 1])?);
-        }
-        Ok(())
-    }
-
-    fn rmsnorm(&self, d: &mut Vec<Dispatch>, w: &wgpu::Buffer, x: &wgpu::Buffer, out: &wgpu::Buffer, rows: usize, len: usize) -> Result<()> {
-        let params = [len as u32, self.config.rms_norm_eps.to_bits()];
-        d.push(Dispatch::new(&self.ctx, &Kernel::new(Shader::RmsNorm, "main"), Some(&params), &[(1, w), (2, x), (3, out)], [rows as u32, 1, 1])?);
-        Ok(())
-    }
-
-    fn rmsnorm_inplace(&self, d: &mut Vec<Dispatch>, w: &wgpu::Buffer, buf: &wgpu::Buffer, rows: usize, len: usize) -> Result<()> {
-        let params = [len as u32, self.config.rms_norm_eps.to_bits()];
-        d.push(Dispatch::new(&self.ctx, &Kernel::new(Shader::RmsNorm, "main_inplace"), Some(&params), &[(1, w), (4, buf)], [rows as u32, 1, 1])?);
-        Ok(())
-    }
-
-    fn rope(&self, d: &mut Vec<Dispatch>, buf: &wgpu::Buffer, n: usize, heads: usize) -> Result<()> {
-        let c = &self.config;
-        let style = if c.rope_style == RopeStyle::Interleaved { 0.0 } else { 1.0 };
-        let k = Kernel::new(Shader::Rope, "main").with("STYLE", style);
-        let params = [n as u32, heads as u32, c.head_dim as u32, c.rope_dim as u32, (heads * c.head_dim) as u32, 0];
-        let total = (heads * self.inv_freq_len) as u32;
-        d.push(Dispatch::new(&self.ctx, &k, Some(&params), &[(1, &self.act.state), (2, &self.rope_table), (3, buf)], [total.div_ceil(64), n as u32, 1])?);
-        Ok(())
-    }
-
-    fn elementwise(&self, d: &mut Vec<Dispatch>, entry: &'static str, params: [u32; 8], bufs: &[(u32, &wgpu::Buffer)]) -> Result<()> {
-        let (len, rows) = (params[1], params[0]);
-        d.push(Dispatch::new(&self.ctx, &Kernel::new(Shader::Elementwise, entry), Some(&params), bufs, [len.div_ceil(64), rows, 1])?);
-        Ok(())
-    }
-
     fn build_plan(&self, n: usize, head: Head) -> Result<Vec<Dispatch>> {
+        let ctx: &GpuContext = &self.ctx;
         let c = &self.config;
         let a = &self.act;
-        let (h, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let nu = n as u32;
-        let mut d = Vec::new();
-        // Embedding lookup, one dispatch per chunk of the table.
-        let ek = Kernel::new(Shader::Embedding, "main")
-            .with("FORMAT", if self.embed.format == QFormat::Q4 { 0.0 } else { 1.0 })
-            .with("GROUP", self.embed.group as f64);
-        for ch in &self.embed.chunks {
-            let params = [nu, h as u32, ch.row_lo as u32, (ch.row_lo + ch.rows) as u32];
-            d.push(Dispatch::new(&self.ctx, &ek, Some(&params), &[(1, &a.tokens), (2, &ch.qs), (3, &ch.scales), (4, &ch.mins), (5, &a.x)], [(h as u32).div_ceil(64), nu, 1])?);
-        }
+        let (h, qd, kvd, ff, eps) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.rms_norm_eps);
+        let rope_q = ops::RopeShape { style: c.rope_style, heads: c.num_heads, head_dim: c.head_dim, rope_dim: c.rope_dim };
+        let rope_k = ops::RopeShape { heads: c.num_kv_heads, ..rope_q };
+        let att = ops::AttentionShape { n_heads: c.num_heads, n_kv_heads: c.num_kv_heads, head_dim: c.head_dim, window: 0 };
+        let mut d = ops::embedding(ctx, &self.embed, &a.tokens, &a.x, n)?;
         for (li, l) in self.layers.iter().enumerate() {
-            self.rmsnorm(&mut d, &l.attn_norm, &a.x, &a.xn, n, h)?;
-            self.gemv(&mut d, &l.wq, &a.xn, &a.q, n, false)?;
-            self.gemv(&mut d, &l.wk, &a.xn, &a.k, n, false)?;
-            self.gemv(&mut d, &l.wv, &a.xn, &a.v, n, false)?;
+            d.push(ops::rmsnorm(ctx, eps, &l.attn_norm, &a.x, &a.xn, n, h)?);
+            d.extend(ops::gemv(ctx, &l.wq, &a.xn, &a.q, n, false)?);
+            d.extend(ops::gemv(ctx, &l.wk, &a.xn, &a.k, n, false)?);
+            d.extend(ops::gemv(ctx, &l.wv, &a.xn, &a.v, n, false)?);
             if let Some([bq, bk, bv]) = &l.bias {
-                for (b, out, len) in [(bq, &a.q, qd), (bk, &a.k, kvd), (bv, &a.v, kvd)] {
-                    self.elementwise(&mut d, "add_bias", [nu, len as u32, 0, len as u32, 0, 0, 0, 0], &[(1, b), (3, out)])?;
-                }
+                d.push(ops::add_bias(ctx, bq, &a.q, n, qd)?);
+                d.push(ops::add_bias(ctx, bk, &a.k, n, kvd)?);
+                d.push(ops::add_bias(ctx, bv, &a.v, n, kvd)?);
             }
             if let Some([qn, kn]) = &l.qk_norm {
-                self.rmsnorm_inplace(&mut d, qn, &a.q, n * c.num_heads, c.head_dim)?;
-                self.rmsnorm_inplace(&mut d, kn, &a.k, n * c.num_kv_heads, c.head_dim)?;
+                d.push(ops::rmsnorm_inplace(ctx, eps, qn, &a.q, n * c.num_heads, c.head_dim)?);
+                d.push(ops::rmsnorm_inplace(ctx, eps, kn, &a.k, n * c.num_kv_heads, c.head_dim)?);
             }
-            self.rope(&mut d, &a.q, n, c.num_heads)?;
-            self.rope(&mut d, &a.k, n, c.num_kv_heads)?;
-            for (src, cache) in [(&a.k, &l.k_cache), (&a.v, &l.v_cache)] {
-                self.elementwise(&mut d, "store_kv", [nu, kvd as u32, kvd as u32, kvd as u32, 0, 0, 1, 0], &[(1, src), (4, &a.state), (5, cache)])?;
-            }
-            let scale = 1.0 / (c.head_dim as f32).sqrt();
-            let params = [nu, c.num_heads as u32, (c.num_heads / c.num_kv_heads) as u32, c.head_dim as u32, kvd as u32, qd as u32, scale.to_bits(), 0];
-            d.push(Dispatch::new(&self.ctx, &Kernel::new(Shader::Attention, "main"), Some(&params),
-                &[(1, &a.state), (2, &a.q), (3, &l.k_cache), (4, &l.v_cache), (5, &a.att)], [c.num_heads as u32, nu, 1])?);
-            self.gemv(&mut d, &l.wo, &a.att, &a.x, n, true)?;
-            self.rmsnorm(&mut d, &l.ffn_norm, &a.x, &a.xn, n, h)?;
-            self.gemv(&mut d, &l.w_gate, &a.xn, &a.gate, n, false)?;
-            self.gemv(&mut d, &l.w_up, &a.xn, &a.up, n, false)?;
-            self.elementwise(&mut d, "swiglu", [nu, ff as u32, 0, 0, 0, 0, 0, 0], &[(1, &a.gate), (2, &a.up), (3, &a.ff)])?;
-            self.gemv(&mut d, &l.w_down, &a.ff, &a.x, n, true)?;
+            d.push(ops::rope(ctx, &rope_q, &a.state, &self.rope_table, &a.q, n)?);
+            d.push(ops::rope(ctx, &rope_k, &a.state, &self.rope_table, &a.k, n)?);
+            d.push(ops::store_kv(ctx, &a.k, &a.state, &l.k_cache, n, kvd)?);
+            d.push(ops::store_kv(ctx, &a.v, &a.state, &l.v_cache, n, kvd)?);
+            d.push(ops::attention(ctx, &att, &a.state, &a.q, &l.k_cache, &l.v_cache, &a.att, n)?);
+            d.extend(ops::gemv(ctx, &l.wo, &a.att, &a.x, n, true)?);
+            d.push(ops::rmsnorm(ctx, eps, &l.ffn_norm, &a.x, &a.xn, n, h)?);
+            d.extend(ops::gemv(ctx, &l.w_gate, &a.xn, &a.gate, n, false)?);
+            d.extend(ops::gemv(ctx, &l.w_up, &a.xn, &a.up, n, false)?);
+            d.push(ops::swiglu(ctx, &a.gate, &a.up, &a.ff, n, ff)?);
+            d.extend(ops::gemv(ctx, &l.w_down, &a.ff, &a.x, n, true)?);
             for (ti, _) in self.taps.iter().enumerate().filter(|(_, &t)| t == li) {
-                let stride = (self.taps.len() * h) as u32;
-                self.elementwise(&mut d, "copy_rows", [nu, h as u32, h as u32, stride, 0, (ti * h) as u32, 0, 0], &[(1, &a.x), (3, &a.taps), (4, &a.state)])?;
+                d.push(ops::copy_rows(ctx, &a.x, &a.taps, &a.state, n, h, self.taps.len() * h, ti * h)?);
             }
         }
         if head == Head::Argmax {
-            self.rmsnorm(&mut d, &self.out_norm, &a.x, &a.xn, n, h)?;
+            d.push(ops::rmsnorm(ctx, eps, &self.out_norm, &a.x, &a.xn, n, h)?);
             let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
-            self.gemv(&mut d, lm, &a.xn, &a.logits, n, false)?;
-            let params = [c.vocab_size as u32, c.vocab_size as u32, 0, 0];
-            d.push(Dispatch::new(&self.ctx, &Kernel::new(Shader::Argmax, "main"), Some(&params), &[(1, &a.logits), (2, &a.out_tokens)], [nu, 1, 1])?);
+            d.extend(ops::gemv(ctx, lm, &a.xn, &a.logits, n, false)?);
+            d.push(ops::argmax(ctx, &a.logits, &a.out_tokens, n, c.vocab_size, c.vocab_size)?);
         }
         Ok(d)
     }

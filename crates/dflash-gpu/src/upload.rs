@@ -70,7 +70,11 @@ fn halves(v: &[u16]) -> Vec<u8> {
 }
 
 pub fn upload_matrix(ctx: &GpuContext, name: &str, m: &QuantMatrix) -> Result<GpuMatrix> {
-    let per = rows_per_chunk(m, ctx.max_binding())?;
+    upload_matrix_chunked(ctx, name, m, rows_per_chunk(m, ctx.max_binding())?)
+}
+
+/// Uploads in chunks of `per` rows (the last may be shorter).
+pub fn upload_matrix_chunked(ctx: &GpuContext, name: &str, m: &QuantMatrix, per: usize) -> Result<GpuMatrix> {
     let words_per_row = m.cols * m.format.bits() / 32;
     let gpr = m.groups_per_row();
     let mut chunks = Vec::new();

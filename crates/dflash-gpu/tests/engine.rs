@@ -8,21 +8,9 @@ use dflash_core::formats::ggml::GgmlType;
 use dflash_core::model_files::load_gguf;
 use dflash_core::testutil::{random_weights, tiny_config, write_gguf, Rng};
 use dflash_core::weights::ModelWeights;
-use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
-use std::rc::Rc;
-
-pub fn gpu_context(opts: &GpuOptions) -> Option<Rc<GpuContext>> {
-    match GpuContext::new(opts) {
-        Ok(c) => Some(Rc::new(c)),
-        Err(e) => {
-            if std::env::var("DFLASH_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("no GPU adapter: {e}");
-            }
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
+use dflash_gpu::{GpuModel, GpuModelOptions, GpuOptions};
+mod common;
+use common::gpu_context;
 
 fn tiny(arch: Arch, t: GgmlType, seed: u64) -> ModelWeights {
     let c = tiny_config(arch);

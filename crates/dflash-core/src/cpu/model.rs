@@ -1,7 +1,7 @@
 //! The target model forward on the CPU: embedding, RMSNorm, RoPE, grouped-query
 //! attention over a KV cache, SwiGLU MLP, lm_head; optional hidden-state taps.
 
-use super::ops::{argmax, dot, matmul_t, rms_norm, rope, silu, softmax};
+use super::ops::{argmax, attention_row, matmul_t, rms_norm, rope, silu};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::quant::QuantMatrix;
@@ -187,7 +187,6 @@ impl CpuModel {
         let mut x = self.embed(tokens)?;
         let mut tap_out = vec![0f32; n * taps.len() * h];
         let mut normed = vec![0f32; n * h];
-        let scale = 1.0 / (hd as f32).sqrt();
         for (li, l) in self.layers.iter().enumerate() {
             for r in 0..n {
                 rms_norm(&x[r * h..(r + 1) * h], &l.attn_norm, c.rms_norm_eps, &mut normed[r * h..(r + 1) * h]);
@@ -222,25 +221,9 @@ impl CpuModel {
             cache.v[li].extend_from_slice(&v);
             let (kc, vc) = (&cache.k[li], &cache.v[li]);
             let mut att = vec![0f32; n * qd];
-            let group = nh / nkv;
             for r in 0..n {
-                let pos = start + r;
-                let mut scores = vec![0f32; pos + 1];
-                for hh in 0..nh {
-                    let kh = hh / group;
-                    let qh = &q[r * qd + hh * hd..r * qd + (hh + 1) * hd];
-                    for (j, s) in scores.iter_mut().enumerate() {
-                        *s = dot(qh, &kc[j * kvd + kh * hd..j * kvd + (kh + 1) * hd]) * scale;
-                    }
-                    softmax(&mut scores);
-                    let out = &mut att[r * qd + hh * hd..r * qd + (hh + 1) * hd];
-                    for (j, &p) in scores.iter().enumerate() {
-                        let vj = &vc[j * kvd + kh * hd..j * kvd + (kh + 1) * hd];
-                        for i in 0..hd {
-                            out[i] += p * vj[i];
-                        }
-                    }
-                }
+                let (qr, ar) = (&q[r * qd..(r + 1) * qd], &mut att[r * qd..(r + 1) * qd]);
+                attention_row(qr, kc, vc, start + r, nh, nkv, hd, ar);
             }
             let o = l.wo.apply(&att, n);
             for i in 0..n * h {

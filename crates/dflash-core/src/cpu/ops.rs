@@ -143,3 +143,30 @@ pub fn argmax(x: &[f32]) -> usize {
     }
     best
 }
+
+/// Causal grouped-query attention of one query row at absolute position `pos` over the
+/// cached keys/values of positions `0..=pos` (rows of `kv_dim` floats). `q` holds
+/// `n_heads * head_dim` values; the result goes to `out` (same size).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_row(q: &[f32], kc: &[f32], vc: &[f32], pos: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize, out: &mut [f32]) {
+    let kv_dim = n_kv_heads * head_dim;
+    let group = n_heads / n_kv_heads;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let mut scores = vec![0f32; pos + 1];
+    out.fill(0.0);
+    for h in 0..n_heads {
+        let kh = h / group;
+        let qh = &q[h * head_dim..(h + 1) * head_dim];
+        for (j, s) in scores.iter_mut().enumerate() {
+            *s = dot(qh, &kc[j * kv_dim + kh * head_dim..j * kv_dim + (kh + 1) * head_dim]) * scale;
+        }
+        softmax(&mut scores);
+        let o = &mut out[h * head_dim..(h + 1) * head_dim];
+        for (j, &p) in scores.iter().enumerate() {
+            let vj = &vc[j * kv_dim + kh * head_dim..j * kv_dim + (kh + 1) * head_dim];
+            for i in 0..head_dim {
+                o[i] += p * vj[i];
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The dispatches of every op, built the same way: kernel (shader, entry, constants),
+//! uniform parameters, bindings, workgroup counts. The model's plans and the op tests
+//! use these same builders.
+
+use crate::context::GpuContext;
+use crate::error::Result;
+use crate::pipelines::{grid, Dispatch, Kernel, Shader};
+use crate::upload::GpuMatrix;
+use dflash_core::config::RopeStyle;
+use dflash_core::quant::QFormat;
+
+fn format_id(f: QFormat) -> f64 {
+    if f == QFormat::Q4 {
+        0.0
+    } else {
+        1.0
+    }
+}
+
+/// `y[r, o] (+)= W x[r]` for `n <= 16` rows, one dispatch per chunk of W.
+pub fn gemv(ctx: &GpuContext, m: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, n: usize, accumulate: bool) -> Result<Vec<Dispatch>> {
+    let k = Kernel::new(Shader::Gemv, "main")
+        .with("FORMAT", format_id(m.format))
+        .with("GROUP", m.group as f64)
+        .with("ACCUMULATE", if accumulate { 1.0 } else { 0.0 });
+    m.chunks
+        .iter()
+        .map(|ch| {
+            let (gx, gy) = grid(ch.rows.div_ceil(4) as u32);
+            let params = [n as u32, m.cols as u32, ch.rows as u32, ch.row_lo as u32, m.rows as u32, gx];
+            Dispatch::new(ctx, &k, Some(&params), &[(1, x), (2, &ch.qs), (3, &ch.scales), (4, &ch.mins), (5, y)], [gx, gy, 1])
+        })
+        .collect()
+}
+
+/// `out[r] = table[tokens[r]]`, dequantized; one dispatch per chunk of the table.
+pub fn embedding(ctx: &GpuContext, m: &GpuMatrix, tokens: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<Vec<Dispatch>> {
+    let k = Kernel::new(Shader::Embedding, "main").with("FORMAT", format_id(m.format)).with("GROUP", m.group as f64);
+    m.chunks
+        .iter()
+        .map(|ch| {
+            let params = [n as u32, m.cols as u32, ch.row_lo as u32, (ch.row_lo + ch.rows) as u32];
+            Dispatch::new(ctx, &k, Some(&params), &[(1, tokens), (2, &ch.qs), (3, &ch.scales), (4, &ch.mins), (5, out)], [(m.cols as u32).div_ceil(64), n as u32, 1])
+        })
+        .collect()
+}
+
+/// RMSNorm of `rows` rows of `len` from `x` to `out`.
+pub fn rmsnorm(ctx: &GpuContext, eps: f32, w: &wgpu::Buffer, x: &wgpu::Buffer, out: &wgpu::Buffer, rows: usize, len: usize) -> Result<Dispatch> {
+    let params = [len as u32, eps.to_bits()];
+    Dispatch::new(ctx, &Kernel::new(Shader::RmsNorm, "main"), Some(&params), &[(1, w), (2, x), (3, out)], [rows as u32, 1, 1])
+}
+
+/// RMSNorm in place (per-head q/k norms).
+pub fn rmsnorm_inplace(ctx: &GpuContext, eps: f32, w: &wgpu::Buffer, buf: &wgpu::Buffer, rows: usize, len: usize) -> Result<Dispatch> {
+    let params = [len as u32, eps.to_bits()];
+    Dispatch::new(ctx, &Kernel::new(Shader::RmsNorm, "main_inplace"), Some(&params), &[(1, w), (4, buf)], [rows as u32, 1, 1])
+}
+
+pub struct RopeShape {
+    pub style: RopeStyle,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+}
+
+/// RoPE in place on `n` rows of `heads` heads at positions `state[0] + row`.
+pub fn rope(ctx: &GpuContext, s: &RopeShape, state: &wgpu::Buffer, table: &wgpu::Buffer, buf: &wgpu::Buffer, n: usize) -> Result<Dispatch> {
+    let style = if s.style == RopeStyle::Interleaved { 0.0 } else { 1.0 };
+    let k = Kernel::new(Shader::Rope, "main").with("STYLE", style);
+    let params = [n as u32, s.heads as u32, s.head_dim as u32, s.rope_dim as u32, (s.heads * s.head_dim) as u32, 0];
+    let total = (s.heads * s.rope_dim / 2) as u32;
+    Dispatch::new(ctx, &k, Some(&params), &[(1, state), (2, table), (3, buf)], [total.div_ceil(64), n as u32, 1])
+}
+
+pub struct AttentionShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Keys visible before a query (0 = all).
+    pub window: usize,
+}
+
+/// Causal attention of `n` query rows (positions `state[0] + row`) over a KV cache.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(ctx: &GpuContext, s: &AttentionShape, state: &wgpu::Buffer, q: &wgpu::Buffer, kc: &wgpu::Buffer, vc: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<Dispatch> {
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
+    let kv_dim = s.n_kv_heads * s.head_dim;
+    let params = [n as u32, s.n_heads as u32, (s.n_heads / s.n_kv_heads) as u32, s.head_dim as u32, kv_dim as u32, (s.n_heads * s.head_dim) as u32, scale.to_bits(), s.window as u32];
+    Dispatch::new(ctx, &Kernel::new(Shader::Attention, "main"), Some(&params), &[(1, state), (2, q), (3, kc), (4, vc), (5, out)], [s.n_heads as u32, n as u32, 1])
+}
+
+/// `out = silu(gate) * up` over `n` rows of `len`.
+pub fn swiglu(ctx: &GpuContext, gate: &wgpu::Buffer, up: &wgpu::Buffer, out: &wgpu::Buffer, n: usize, len: usize) -> Result<Dispatch> {
+    elementwise(ctx, "swiglu", [n as u32, len as u32, 0, 0, 0, 0, 0, 0], &[(1, gate), (2, up), (3, out)])
+}
+
+/// `buf[r, i] += bias[i]` over `n` rows of `len`.
+pub fn add_bias(ctx: &GpuContext, bias: &wgpu::Buffer, buf: &wgpu::Buffer, n: usize, len: usize) -> Result<Dispatch> {
+    elementwise(ctx, "add_bias", [n as u32, len as u32, 0, len as u32, 0, 0, 0, 0], &[(1, bias), (3, buf)])
+}
+
+/// KV-cache store: `cache[state[0] + r] = src[r]` (converted to the cache type).
+pub fn store_kv(ctx: &GpuContext, src: &wgpu::Buffer, state: &wgpu::Buffer, cache: &wgpu::Buffer, n: usize, len: usize) -> Result<Dispatch> {
+    elementwise(ctx, "store_kv", [n as u32, len as u32, len as u32, len as u32, 0, 0, 1, 0], &[(1, src), (4, state), (5, cache)])
+}
+
+/// `dst[r, dst_offset + i] = src[r, i]` for rows of `len`, destination rows of `dst_stride`.
+#[allow(clippy::too_many_arguments)]
+pub fn copy_rows(ctx: &GpuContext, src: &wgpu::Buffer, dst: &wgpu::Buffer, state: &wgpu::Buffer, n: usize, len: usize, dst_stride: usize, dst_offset: usize) -> Result<Dispatch> {
+    elementwise(ctx, "copy_rows", [n as u32, len as u32, len as u32, dst_stride as u32, 0, dst_offset as u32, 0, 0], &[(1, src), (3, dst), (4, state)])
+}
+
+fn elementwise(ctx: &GpuContext, entry: &'static str, params: [u32; 8], bufs: &[(u32, &wgpu::Buffer)]) -> Result<Dispatch> {
+    let (rows, len) = (params[0], params[1]);
+    Dispatch::new(ctx, &Kernel::new(Shader::Elementwise, entry), Some(&params), bufs, [len.div_ceil(64), rows, 1])
+}
+
+/// `tokens[out_offset + r] = argmax(logits[r, ..len])` for `rows` rows of `stride`.
+pub fn argmax(ctx: &GpuContext, logits: &wgpu::Buffer, tokens: &wgpu::Buffer, rows: usize, len: usize, stride: usize) -> Result<Dispatch> {
+    let params = [len as u32, stride as u32, 0, 0];
+    Dispatch::new(ctx, &Kernel::new(Shader::Argmax, "main"), Some(&params), &[(1, logits), (2, tokens)], [rows as u32, 1, 1])
+}
+
+/// `dst = src` for `n_vec4` 16-byte words: the bandwidth roofline.
+pub fn copy(ctx: &GpuContext, src: &wgpu::Buffer, dst: &wgpu::Buffer, n_vec4: usize) -> Result<Dispatch> {
+    let (gx, gy) = grid((n_vec4 as u32).div_ceil(64));
+    Dispatch::new(ctx, &Kernel::new(Shader::Copy, "main"), Some(&[n_vec4 as u32, gx]), &[(1, src), (2, dst)], [gx, gy, 1])
+}
+
+/// Encodes `dispatches` in one compute pass and submits them.
+pub fn submit(ctx: &GpuContext, dispatches: &[&Dispatch]) {
+    let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") });
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("ops"), timestamp_writes: None });
+        for d in dispatches {
+            d.encode(&mut pass);
+        }
+    }
+    ctx.queue.submit([enc.finish()]);
+}

@@ -1,0 +1,299 @@
+//! Every kernel against the CPU reference on random inputs, on the f32 path and (where
+//! the adapter has shader-f16) the f16 path. Tolerances are stated per op.
+
+mod common;
+use common::{contexts, max_abs_diff};
+use dflash_core::config::RopeStyle;
+use dflash_core::cpu::ops as cpu;
+use dflash_core::formats::ggml::{quantize, GgmlType};
+use dflash_core::quant::QuantMatrix;
+use dflash_core::testutil::Rng;
+use dflash_gpu::ops;
+use dflash_gpu::upload::{f32_buffer, storage_buffer, upload_matrix, work_buffer};
+use dflash_gpu::GpuContext;
+
+fn read_f32(ctx: &GpuContext, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    bytemuck::cast_slice(&ctx.read_back(b, 0, (n * 4) as u64).unwrap()).to_vec()
+}
+
+fn run(ctx: &GpuContext, d: &[dflash_gpu::pipelines::Dispatch]) {
+    ops::submit(ctx, &d.iter().collect::<Vec<_>>());
+    ctx.wait().unwrap();
+}
+
+fn state(ctx: &GpuContext, pos: u32) -> wgpu::Buffer {
+    storage_buffer(ctx, "state", bytemuck::cast_slice(&[pos, 0u32, 0, 0]))
+}
+
+/// Matrices in each GPU format: q4 (Q4_0 / Q4_1), q8 g32 (Q8_0), q8 g16 (Q6_K).
+fn matrices(rng: &mut Rng, rows: usize, cols: usize) -> Vec<(&'static str, QuantMatrix)> {
+    let x = rng.vec(rows * cols, 0.5);
+    let mut q6k = rng.bytes(rows * cols / 256 * 210);
+    for b in q6k.chunks_exact_mut(210) {
+        b[208..210].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+    }
+    vec![
+        ("q4 (Q4_0)", QuantMatrix::from_ggml("w", GgmlType::Q4_0, &quantize::q4_0(&x), rows, cols).unwrap()),
+        ("q4 (Q4_1)", QuantMatrix::from_ggml("w", GgmlType::Q4_1, &quantize::q4_1(&x), rows, cols).unwrap()),
+        ("q8 g32 (Q8_0)", QuantMatrix::from_ggml("w", GgmlType::Q8_0, &quantize::q8_0(&x), rows, cols).unwrap()),
+        ("q8 g16 (Q6_K)", QuantMatrix::from_ggml("w", GgmlType::Q6K, &q6k, rows, cols).unwrap()),
+    ]
+}
+
+/// GEMV for 1..16 rows: within 1e-5 relative to sum |w x| of the CPU's f32 matmul (same
+/// dequantized weights, different summation order).
+#[test]
+fn gemv_all_formats_and_row_counts() {
+    for ctx in contexts() {
+        let mut rng = Rng(1);
+        let (rows, cols) = (72, 512);
+        for (name, m) in matrices(&mut rng, rows, cols) {
+            let g = upload_matrix(&ctx, "w", &m).unwrap();
+            let wf = m.dequantize();
+            for n in [1usize, 2, 5, 16] {
+                let x = rng.vec(n * cols, 1.0);
+                let want = cpu::matmul_t(&x, &wf, n, cols, rows);
+                let xb = f32_buffer(&ctx, "x", &x);
+                let yb = work_buffer(&ctx, "y", (n * rows * 4) as u64);
+                run(&ctx, &ops::gemv(&ctx, &g, &xb, &yb, n, false).unwrap());
+                let got = read_f32(&ctx, &yb, n * rows);
+                let absdot: Vec<f32> = (0..n * rows).map(|i| {
+                    let (r, o) = (i / rows, i % rows);
+                    (0..cols).map(|k| (x[r * cols + k] * wf[o * cols + k]).abs()).sum()
+                }).collect();
+                for i in 0..n * rows {
+                    assert!((got[i] - want[i]).abs() <= 1e-5 * absdot[i] + 1e-6, "{name} n={n} elem {i}: {} vs {}", got[i], want[i]);
+                }
+                // Accumulate mode adds onto y.
+                run(&ctx, &ops::gemv(&ctx, &g, &xb, &yb, n, true).unwrap());
+                let twice = read_f32(&ctx, &yb, n * rows);
+                assert!(twice.iter().zip(&got).all(|(t, g)| (t - 2.0 * g).abs() <= 1e-6 * g.abs().max(1.0)));
+            }
+        }
+    }
+}
+
+/// The small-N GEMV gives every row the same bits whatever the row count.
+#[test]
+fn gemv_rows_are_batch_invariant() {
+    for ctx in contexts() {
+        let mut rng = Rng(2);
+        let (rows, cols) = (40, 1024);
+        for (name, m) in matrices(&mut rng, rows, cols) {
+            let g = upload_matrix(&ctx, "w", &m).unwrap();
+            let x = rng.vec(16 * cols, 1.0);
+            let xb = f32_buffer(&ctx, "x", &x);
+            let yb = work_buffer(&ctx, "y", (16 * rows * 4) as u64);
+            run(&ctx, &ops::gemv(&ctx, &g, &xb, &yb, 16, false).unwrap());
+            let all = read_f32(&ctx, &yb, 16 * rows);
+            for r in [0usize, 7, 15] {
+                let xr = f32_buffer(&ctx, "xr", &x[r * cols..(r + 1) * cols]);
+                let yr = work_buffer(&ctx, "yr", (rows * 4) as u64);
+                run(&ctx, &ops::gemv(&ctx, &g, &xr, &yr, 1, false).unwrap());
+                let one = read_f32(&ctx, &yr, rows);
+                assert!(one.iter().zip(&all[r * rows..(r + 1) * rows]).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} row {r}");
+            }
+        }
+    }
+}
+
+/// A matrix split into chunks by the binding limit gives the same result as one piece.
+#[test]
+fn gemv_over_chunked_matrices() {
+    for ctx in contexts() {
+        let mut rng = Rng(3);
+        let (rows, cols) = (100, 256);
+        let x = rng.vec(rows * cols, 0.5);
+        let m = QuantMatrix::from_ggml("w", GgmlType::Q8_0, &quantize::q8_0(&x), rows, cols).unwrap();
+        let whole = upload_matrix(&ctx, "w", &m).unwrap();
+        assert_eq!(whole.chunks.len(), 1);
+        let chunked = dflash_gpu::upload::upload_matrix_chunked(&ctx, "w", &m, 24).unwrap();
+        assert_eq!(chunked.chunks.len(), 5);
+        let xin = rng.vec(3 * cols, 1.0);
+        let xb = f32_buffer(&ctx, "x", &xin);
+        let (y1, y2) = (work_buffer(&ctx, "y1", (3 * rows * 4) as u64), work_buffer(&ctx, "y2", (3 * rows * 4) as u64));
+        run(&ctx, &ops::gemv(&ctx, &whole, &xb, &y1, 3, false).unwrap());
+        run(&ctx, &ops::gemv(&ctx, &chunked, &xb, &y2, 3, false).unwrap());
+        assert_eq!(read_f32(&ctx, &y1, 3 * rows), read_f32(&ctx, &y2, 3 * rows));
+        // Embedding lookups across chunks too: exact (one dequantized value each).
+        let toks: Vec<u32> = vec![0, 99, 50, 23, 24, 77];
+        let tb = storage_buffer(&ctx, "t", bytemuck::cast_slice(&toks));
+        let out = work_buffer(&ctx, "e", (toks.len() * cols * 4) as u64);
+        run(&ctx, &ops::embedding(&ctx, &chunked, &tb, &out, toks.len()).unwrap());
+        let got = read_f32(&ctx, &out, toks.len() * cols);
+        let mut row = vec![0f32; cols];
+        for (r, &t) in toks.iter().enumerate() {
+            m.dequantize_row(t as usize, &mut row);
+            assert_eq!(&got[r * cols..(r + 1) * cols], &row[..], "token {t}");
+        }
+    }
+}
+
+/// RMSNorm: within 1e-5 relative (different reduction tree).
+#[test]
+fn rmsnorm_rows_and_inplace() {
+    for ctx in contexts() {
+        let mut rng = Rng(4);
+        let (rows, len) = (5, 576);
+        let x = rng.vec(rows * len, 3.0);
+        let w = rng.vec(len, 1.0);
+        let mut want = vec![0f32; rows * len];
+        for r in 0..rows {
+            cpu::rms_norm(&x[r * len..(r + 1) * len], &w, 1e-5, &mut want[r * len..(r + 1) * len]);
+        }
+        let (xb, wb) = (f32_buffer(&ctx, "x", &x), f32_buffer(&ctx, "w", &w));
+        let out = work_buffer(&ctx, "o", (rows * len * 4) as u64);
+        run(&ctx, &[ops::rmsnorm(&ctx, 1e-5, &wb, &xb, &out, rows, len).unwrap()]);
+        let got = read_f32(&ctx, &out, rows * len);
+        assert!(max_abs_diff(&got, &want) <= 1e-5 * want.iter().fold(0f32, |a, v| a.max(v.abs())));
+        let hd = 64;
+        let w2 = rng.vec(hd, 1.0);
+        let mut want2 = vec![0f32; rows * len];
+        for r in 0..rows * len / hd {
+            cpu::rms_norm(&x[r * hd..(r + 1) * hd], &w2, 1e-6, &mut want2[r * hd..(r + 1) * hd]);
+        }
+        let buf = f32_buffer(&ctx, "b", &x);
+        run(&ctx, &[ops::rmsnorm_inplace(&ctx, 1e-6, &f32_buffer(&ctx, "w2", &w2), &buf, rows * len / hd, hd).unwrap()]);
+        let got2 = read_f32(&ctx, &buf, rows * len);
+        assert!(max_abs_diff(&got2, &want2) <= 1e-5 * want2.iter().fold(0f32, |a, v| a.max(v.abs())));
+    }
+}
+
+/// RoPE, both pairings, at positions from the state buffer: the table holds the CPU's
+/// own cos/sin, so the only difference is one rounding of a*c - b*s (<= 1e-6 relative).
+#[test]
+fn rope_both_styles() {
+    for ctx in contexts() {
+        let mut rng = Rng(5);
+        let (n, heads, hd) = (3, 4, 64);
+        let inv: Vec<f32> = (0..hd / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / hd as f32)).collect();
+        let pos0 = 1000;
+        let mut table = Vec::new();
+        for p in 0..pos0 + n {
+            for &f in &inv {
+                let (c, s) = cpu::rope_cos_sin(p, f);
+                table.extend([c, s]);
+            }
+        }
+        let tb = f32_buffer(&ctx, "table", &table);
+        for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
+            let x = rng.vec(n * heads * hd, 1.0);
+            let mut want = x.clone();
+            for r in 0..n {
+                for h in 0..heads {
+                    let o = (r * heads + h) * hd;
+                    cpu::rope(&mut want[o..o + hd], pos0 + r, &inv, style);
+                }
+            }
+            let buf = f32_buffer(&ctx, "q", &x);
+            let shape = ops::RopeShape { style, heads, head_dim: hd, rope_dim: hd };
+            run(&ctx, &[ops::rope(&ctx, &shape, &state(&ctx, pos0 as u32), &tb, &buf, n).unwrap()]);
+            let got = read_f32(&ctx, &buf, x.len());
+            assert!(max_abs_diff(&got, &want) <= 1e-6, "{style:?}: {}", max_abs_diff(&got, &want));
+        }
+    }
+}
+
+/// Attention over a cache of 150 positions for 4 query rows: within 2e-5 of the CPU with
+/// an f32 cache; within 2e-3 with an f16 cache (K and V rounded to f16).
+#[test]
+fn attention_matches_the_reference() {
+    for ctx in contexts() {
+        let mut rng = Rng(6);
+        let (nh, nkv, hd) = (6, 2, 64);
+        let kvd = nkv * hd;
+        let (start, n) = (146usize, 4usize);
+        let total = start + n;
+        let k = rng.vec(total * kvd, 1.0);
+        let v = rng.vec(total * kvd, 1.0);
+        let q = rng.vec(n * nh * hd, 1.0);
+        let mut want = vec![0f32; n * nh * hd];
+        for r in 0..n {
+            cpu::attention_row(&q[r * nh * hd..(r + 1) * nh * hd], &k, &v, start + r, nh, nkv, hd, &mut want[r * nh * hd..(r + 1) * nh * hd]);
+        }
+        // Fill the caches through store_kv (f32 or f16 per the context).
+        let elt = if ctx.f16 { 2 } else { 4 };
+        let (kc, vc) = (work_buffer(&ctx, "kc", (total * kvd * elt) as u64), work_buffer(&ctx, "vc", (total * kvd * elt) as u64));
+        let st0 = state(&ctx, 0);
+        let (kb, vb) = (f32_buffer(&ctx, "k", &k), f32_buffer(&ctx, "v", &v));
+        run(&ctx, &[ops::store_kv(&ctx, &kb, &st0, &kc, total, kvd).unwrap(), ops::store_kv(&ctx, &vb, &st0, &vc, total, kvd).unwrap()]);
+        let out = work_buffer(&ctx, "out", (n * nh * hd * 4) as u64);
+        let shape = ops::AttentionShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd, window: 0 };
+        run(&ctx, &[ops::attention(&ctx, &shape, &state(&ctx, start as u32), &f32_buffer(&ctx, "q", &q), &kc, &vc, &out, n).unwrap()]);
+        let got = read_f32(&ctx, &out, want.len());
+        let tol = if ctx.f16 { 2e-3 } else { 2e-5 };
+        assert!(max_abs_diff(&got, &want) <= tol, "f16={}: {}", ctx.f16, max_abs_diff(&got, &want));
+    }
+}
+
+/// SwiGLU and bias add: within 1e-6 relative (exp may differ in the last bits).
+#[test]
+fn swiglu_and_bias() {
+    for ctx in contexts() {
+        let mut rng = Rng(7);
+        let (n, len) = (3, 300);
+        let (g, u, b) = (rng.vec(n * len, 4.0), rng.vec(n * len, 2.0), rng.vec(len, 1.0));
+        let want: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| cpu::silu(g) * u).collect();
+        let out = work_buffer(&ctx, "o", (n * len * 4) as u64);
+        run(&ctx, &[ops::swiglu(&ctx, &f32_buffer(&ctx, "g", &g), &f32_buffer(&ctx, "u", &u), &out, n, len).unwrap()]);
+        let got = read_f32(&ctx, &out, n * len);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0));
+        }
+        let buf = f32_buffer(&ctx, "x", &u);
+        run(&ctx, &[ops::add_bias(&ctx, &f32_buffer(&ctx, "b", &b), &buf, n, len).unwrap()]);
+        let got = read_f32(&ctx, &buf, n * len);
+        for i in 0..n * len {
+            assert_eq!(got[i], u[i] + b[i % len]);
+        }
+    }
+}
+
+/// Argmax: exact, ties to the lowest index, NaN never chosen.
+#[test]
+fn argmax_ties_and_nan() {
+    for ctx in contexts() {
+        let mut rng = Rng(8);
+        let len = 5000;
+        let mut logits = rng.vec(3 * len, 5.0);
+        logits[len + 10] = 100.0;
+        logits[len + 4000] = 100.0; // tie: index 10 wins
+        logits[2 * len] = f32::NAN;
+        logits[2 * len + 7] = 50.0;
+        let lb = f32_buffer(&ctx, "l", &logits);
+        let tb = work_buffer(&ctx, "t", 16);
+        run(&ctx, &[ops::argmax(&ctx, &lb, &tb, 3, len, len).unwrap()]);
+        let got: Vec<u32> = bytemuck::cast_slice(&ctx.read_back(&tb, 0, 12).unwrap()).to_vec();
+        assert_eq!(got[0] as usize, cpu::argmax(&logits[..len]));
+        assert_eq!(got[1], 10);
+        assert_eq!(got[2], 7);
+    }
+}
+
+/// Every shader and variant compiles on this adapter.
+#[test]
+fn every_kernel_variant_compiles() {
+    use dflash_gpu::pipelines::{Kernel, Shader};
+    for ctx in contexts() {
+        let mut ks = vec![
+            Kernel::new(Shader::RmsNorm, "main"), Kernel::new(Shader::RmsNorm, "main_inplace"),
+            Kernel::new(Shader::Attention, "main"), Kernel::new(Shader::Argmax, "main"), Kernel::new(Shader::Copy, "main"),
+        ];
+        for e in ["swiglu", "add_bias", "copy_rows", "store_kv"] {
+            ks.push(Kernel::new(Shader::Elementwise, e));
+        }
+        for style in [0.0, 1.0] {
+            ks.push(Kernel::new(Shader::Rope, "main").with("STYLE", style));
+        }
+        for (f, g) in [(0.0, 32.0), (1.0, 32.0), (1.0, 16.0)] {
+            for acc in [0.0, 1.0] {
+                ks.push(Kernel::new(Shader::Gemv, "main").with("FORMAT", f).with("GROUP", g).with("ACCUMULATE", acc));
+            }
+            ks.push(Kernel::new(Shader::Embedding, "main").with("FORMAT", f).with("GROUP", g));
+        }
+        for k in &ks {
+            ctx.pipelines.get(&ctx, k).unwrap_or_else(|e| panic!("{k:?}: {e}"));
+        }
+        assert_eq!(Shader::ALL.len(), 8);
+    }
+}
