@@ -1,13 +1,17 @@
-// y[r, o] (+)= sum_k x[r, k] * W[o, k] for r < n_rows <= 16: each weight is read ONCE
-// for all rows (the verification path of DFlash), and a row's sum runs in the same order
-// whatever n_rows is: 16 lanes per output row take the groups g = lane, lane+16, ...;
-// each lane sums its groups in order; the 16 lane sums meet in a fixed tree.
-// Workgroup: 64 threads = 4 output rows x 16 lanes.
+// y[r, o] (+)= sum_k x[r, k] * W[o, k] for r < N_ROWS <= 16: each weight is read ONCE
+// for all rows (the verification path of DFlash). A row's sum runs in the same order
+// whatever N_ROWS is: LANES threads share an output row and take its groups
+// g = lane, lane + LANES, ...; each lane sums its groups in order; the LANES partial sums
+// meet in a fixed tree. The workgroup (64 threads) covers 64 / LANES output rows.
+// LANES is a per-device tuning knob (16 on GPUs, 1 on CPU adapters, where barriers are
+// dear); N_ROWS makes the row loops unroll.
 
 override ACCUMULATE: bool = false; // y += result (residual adds) instead of y = result
+override N_ROWS: u32 = 1u;
+override LANES: u32 = 16u;
 
 struct Params {
-    n_rows: u32,
+    n_rows: u32,     // = N_ROWS (kept for the layout of the uniform)
     k: u32,          // columns (input length)
     m: u32,          // output rows in this chunk
     out_offset: u32, // index of this chunk's first output row in y
@@ -23,16 +27,15 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
 const MAX_ROWS: u32 = 16u;
-const LANES: u32 = 16u;
 var<workgroup> partial: array<f32, 1024>; // [64 threads][16 rows]
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let lane = lid % LANES;
     let sub = lid / LANES;
-    let o = (wg.x + wg.y * p.wg_x) * 4u + sub;
+    let o = (wg.x + wg.y * p.wg_x) * (64u / LANES) + sub;
     var acc: array<f32, 16>;
-    for (var r = 0u; r < MAX_ROWS; r++) {
+    for (var r = 0u; r < N_ROWS; r++) {
         acc[r] = 0.0;
     }
     let gpr = p.k / GROUP;
@@ -48,7 +51,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
                 for (var w = 0u; w < 4u; w++) {
                     let a = q4_lo(v[w]) * s + mn;
                     let b = q4_hi(v[w]) * s + mn;
-                    for (var r = 0u; r < p.n_rows; r++) {
+                    for (var r = 0u; r < N_ROWS; r++) {
                         let xi = r * k4 + xb + w * 2u;
                         acc[r] += dot(a, x[xi]) + dot(b, x[xi + 1u]);
                     }
@@ -59,7 +62,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
                     let v = qs[gi * nv + vi];
                     for (var w = 0u; w < 4u; w++) {
                         let a = q8_of(v[w]) * s + mn;
-                        for (var r = 0u; r < p.n_rows; r++) {
+                        for (var r = 0u; r < N_ROWS; r++) {
                             acc[r] += dot(a, x[r * k4 + xb + vi * 4u + w]);
                         }
                     }
@@ -67,26 +70,30 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
             }
         }
     }
-    for (var r = 0u; r < MAX_ROWS; r++) {
-        partial[lid * MAX_ROWS + r] = acc[r];
-    }
-    workgroupBarrier();
-    for (var step = 8u; step > 0u; step >>= 1u) {
-        if (lane < step) {
-            for (var r = 0u; r < p.n_rows; r++) {
-                partial[lid * MAX_ROWS + r] += partial[(lid + step) * MAX_ROWS + r];
-            }
+    if (LANES > 1u) {
+        for (var r = 0u; r < N_ROWS; r++) {
+            partial[lid * MAX_ROWS + r] = acc[r];
         }
         workgroupBarrier();
+        for (var step = LANES / 2u; step > 0u; step >>= 1u) {
+            if (lane < step) {
+                for (var r = 0u; r < N_ROWS; r++) {
+                    partial[lid * MAX_ROWS + r] += partial[(lid + step) * MAX_ROWS + r];
+                }
+            }
+            workgroupBarrier();
+        }
+        for (var r = 0u; r < N_ROWS; r++) {
+            acc[r] = partial[lid * MAX_ROWS + r];
+        }
     }
     if (lane == 0u && o < p.m) {
-        for (var r = 0u; r < p.n_rows; r++) {
+        for (var r = 0u; r < N_ROWS; r++) {
             let yi = r * p.out_stride + p.out_offset + o;
-            let v = partial[lid * MAX_ROWS + r];
             if (ACCUMULATE) {
-                y[yi] = y[yi] + v;
+                y[yi] = y[yi] + acc[r];
             } else {
-                y[yi] = v;
+                y[yi] = acc[r];
             }
         }
     }

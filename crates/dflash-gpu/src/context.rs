@@ -10,6 +10,8 @@ pub struct GpuOptions {
     pub adapter: Option<String>,
     /// Do not use shader-f16 even where the adapter has it.
     pub no_f16: bool,
+    /// Override the per-adapter kernel knobs.
+    pub tuning: Option<Tuning>,
 }
 
 #[derive(Debug, Clone)]
@@ -27,6 +29,24 @@ pub struct AdapterSummary {
     pub max_storage_buffers_per_shader_stage: u32,
 }
 
+/// Per-device kernel knobs, chosen from the adapter (and hashed into pipeline keys
+/// through the kernels' override constants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// Threads sharing one GEMV output row (power of two, 1..=64).
+    pub gemv_lanes: usize,
+}
+
+impl Tuning {
+    pub fn for_adapter(device_type: wgpu::DeviceType) -> Self {
+        match device_type {
+            // CPU adapters (lavapipe, SwiftShader): barriers are dear, one thread per row.
+            wgpu::DeviceType::Cpu => Tuning { gemv_lanes: 1 },
+            _ => Tuning { gemv_lanes: 16 },
+        }
+    }
+}
+
 pub struct GpuContext {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
@@ -35,6 +55,7 @@ pub struct GpuContext {
     pub f16: bool,
     /// Compiled pipelines, shared by every model on this device.
     pub pipelines: crate::pipelines::Pipelines,
+    pub tuning: Tuning,
     lost: Arc<Mutex<Option<String>>>,
 }
 
@@ -111,7 +132,8 @@ impl GpuContext {
             max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
             max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
         };
-        Ok(GpuContext { device, queue, summary, f16, pipelines: Default::default(), lost })
+        let tuning = opts.tuning.unwrap_or_else(|| Tuning::for_adapter(info.device_type));
+        Ok(GpuContext { device, queue, summary, f16, pipelines: Default::default(), tuning, lost })
     }
 
     #[cfg(not(target_arch = "wasm32"))]

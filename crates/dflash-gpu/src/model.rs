@@ -398,6 +398,37 @@ impl GpuModel {
         Ok(bytemuck::cast_slice(&bytes).to_vec())
     }
 
+    /// Bytes of weights one decode step reads: every layer matrix, the norms and lm_head.
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        let mut n = self.lm_head.as_ref().unwrap_or(&self.embed).n_bytes;
+        let c = &self.config;
+        for l in &self.layers {
+            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.n_bytes).sum::<u64>();
+            n += 2 * c.hidden_size as u64 * 4;
+        }
+        n
+    }
+
+    /// GB/s of the one-row GEMV over every weight matrix of the model (the decode
+    /// traffic), `reps` repetitions per submission.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn gemv_gbps(&self, reps: usize, trials: usize, now: &dyn Fn() -> f64) -> Result<f64> {
+        let ctx: &GpuContext = &self.ctx;
+        let a = &self.act;
+        let mut d = Vec::new();
+        let mut bytes = 0;
+        for l in &self.layers {
+            for (m, x, y) in [(&l.wq, &a.xn, &a.q), (&l.wk, &a.xn, &a.k), (&l.wv, &a.xn, &a.v), (&l.wo, &a.att, &a.xn), (&l.w_gate, &a.xn, &a.gate), (&l.w_up, &a.xn, &a.up), (&l.w_down, &a.ff, &a.xn)] {
+                d.extend(ops::gemv(ctx, m, x, y, 1, false)?);
+                bytes += m.n_bytes;
+            }
+        }
+        let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
+        d.extend(ops::gemv(ctx, lm, &a.xn, &a.logits, 1, false)?);
+        bytes += lm.n_bytes;
+        crate::bench::measure(ctx, &d.iter().collect::<Vec<_>>(), bytes, reps, trials, now)
+    }
+
     /// Greedy generation: prefill then one-row steps; stops at a stop id.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn generate_greedy(&mut self, prompt: &[u32], max_new: usize, is_stop: &dyn Fn(u32) -> bool) -> Result<Vec<u32>> {

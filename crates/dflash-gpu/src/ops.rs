@@ -22,11 +22,14 @@ pub fn gemv(ctx: &GpuContext, m: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer,
     let k = Kernel::new(Shader::Gemv, "main")
         .with("FORMAT", format_id(m.format))
         .with("GROUP", m.group as f64)
-        .with("ACCUMULATE", if accumulate { 1.0 } else { 0.0 });
+        .with("ACCUMULATE", if accumulate { 1.0 } else { 0.0 })
+        .with("N_ROWS", n as f64)
+        .with("LANES", ctx.tuning.gemv_lanes as f64);
+    let rows_per_wg = 64 / ctx.tuning.gemv_lanes;
     m.chunks
         .iter()
         .map(|ch| {
-            let (gx, gy) = grid(ch.rows.div_ceil(4) as u32);
+            let (gx, gy) = grid(ch.rows.div_ceil(rows_per_wg) as u32);
             let params = [n as u32, m.cols as u32, ch.rows as u32, ch.row_lo as u32, m.rows as u32, gx];
             Dispatch::new(ctx, &k, Some(&params), &[(1, x), (2, &ch.qs), (3, &ch.scales), (4, &ch.mins), (5, y)], [gx, gy, 1])
         })

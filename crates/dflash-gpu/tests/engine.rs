@@ -22,14 +22,10 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     (0..n).map(|_| r.below(vocab) as u32).collect()
 }
 
-fn f16_opt() -> Vec<bool> {
-    vec![true, false]
-}
 
 #[test]
 fn logits_match_the_cpu_reference() {
-    for no_f16 in f16_opt() {
-        let Some(ctx) = gpu_context(&GpuOptions { no_f16, ..Default::default() }) else { return };
+    for ctx in common::contexts() {
         for (arch, t) in [(Arch::Llama, GgmlType::Q4_0), (Arch::Qwen2, GgmlType::Q8_0), (Arch::Qwen3, GgmlType::Q4_1), (Arch::Llama, GgmlType::F16)] {
             let f16 = ctx.f16;
             let w = tiny(arch, t, 31);
@@ -57,12 +53,12 @@ fn logits_match_the_cpu_reference() {
 
 #[test]
 fn a_position_is_bit_identical_alone_in_a_16_row_pass_and_in_prefill() {
-    for no_f16 in f16_opt() {
-        let Some(ctx) = gpu_context(&GpuOptions { no_f16, ..Default::default() }) else { return };
+    for ctx in common::contexts() {
+        let no_f16 = !ctx.f16;
         let w = tiny(Arch::Qwen2, GgmlType::Q4_0, 32);
         let v = w.config.vocab_size;
         let toks = tokens(40, v, 4);
-        let mut g = GpuModel::new(ctx, &w, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
+        let mut g = GpuModel::new(ctx.clone(), &w, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
         // Positions 0..40 one row at a time.
         let mut single = Vec::new();
         for t in &toks {

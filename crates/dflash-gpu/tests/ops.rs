@@ -222,6 +222,7 @@ fn attention_matches_the_reference() {
         run(&ctx, &[ops::attention(&ctx, &shape, &state(&ctx, start as u32), &f32_buffer(&ctx, "q", &q), &kc, &vc, &out, n).unwrap()]);
         let got = read_f32(&ctx, &out, want.len());
         let tol = if ctx.f16 { 2e-3 } else { 2e-5 };
+        eprintln!("attention f16={}: max error {:e}", ctx.f16, max_abs_diff(&got, &want));
         assert!(max_abs_diff(&got, &want) <= tol, "f16={}: {}", ctx.f16, max_abs_diff(&got, &want));
     }
 }
@@ -287,7 +288,11 @@ fn every_kernel_variant_compiles() {
         }
         for (f, g) in [(0.0, 32.0), (1.0, 32.0), (1.0, 16.0)] {
             for acc in [0.0, 1.0] {
-                ks.push(Kernel::new(Shader::Gemv, "main").with("FORMAT", f).with("GROUP", g).with("ACCUMULATE", acc));
+                for n in 1..=16 {
+                    for lanes in [1.0, 16.0] {
+                        ks.push(Kernel::new(Shader::Gemv, "main").with("FORMAT", f).with("GROUP", g).with("ACCUMULATE", acc).with("N_ROWS", n as f64).with("LANES", lanes));
+                    }
+                }
             }
             ks.push(Kernel::new(Shader::Embedding, "main").with("FORMAT", f).with("GROUP", g));
         }

@@ -1,6 +1,7 @@
 //! Shared by the GPU test binaries.
 #![allow(dead_code)]
 
+use dflash_gpu::context::Tuning;
 use dflash_gpu::{GpuContext, GpuOptions};
 use std::rc::Rc;
 
@@ -19,16 +20,16 @@ pub fn gpu_context(opts: &GpuOptions) -> Option<Rc<GpuContext>> {
     }
 }
 
-/// Both storage modes the adapter offers: f32 always, f16 where it has shader-f16.
+/// The variants to test on this adapter: the f32 path with this adapter's own tuning,
+/// and the f16 path (where the adapter has shader-f16) with the GPU tuning of 16 GEMV
+/// lanes per row, so that both kernel shapes run whatever the adapter.
 pub fn contexts() -> Vec<Rc<GpuContext>> {
     let mut v = Vec::new();
     if let Some(c) = gpu_context(&GpuOptions { no_f16: true, ..Default::default() }) {
         v.push(c);
     }
-    if let Some(c) = gpu_context(&GpuOptions::default()) {
-        if c.f16 {
-            v.push(c);
-        }
+    if let Some(c) = gpu_context(&GpuOptions { tuning: Some(Tuning { gemv_lanes: 16 }), ..Default::default() }) {
+        v.push(c);
     }
     v
 }

@@ -1,0 +1,71 @@
+//! SmolLM2-135M-Instruct on the GPU engine: greedy generation equals the CPU reference
+//! token for token on the llama.cpp fixture prompts, and a position's logits are the same
+//! bits from a one-row step and from a 16-row pass. Needs scripts/fetch-models.sh
+//! (skipped without the model unless DFLASH_REQUIRE_MODELS=1).
+
+mod common;
+use common::gpu_context;
+use dflash_core::cpu::CpuModel;
+use dflash_core::generate::{generate_cpu, GenerateRequest};
+use dflash_core::model_files::load_path;
+use dflash_gpu::{GpuModel, GpuModelOptions, GpuOptions};
+use std::path::PathBuf;
+
+fn smollm2() -> Option<PathBuf> {
+    let cache = std::env::var("DFLASH_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/dflash"));
+    let p = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var("DFLASH_REQUIRE_MODELS").as_deref() == Ok("1") {
+        panic!("{} is missing: run scripts/fetch-models.sh", p.display());
+    }
+    eprintln!("skipping: {} not found", p.display());
+    None
+}
+
+fn fixture_prompts() -> Vec<Vec<u32>> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llamacpp/smollm2.json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    v["greedy"].as_array().unwrap().iter().map(|g| g["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()).collect()
+}
+
+#[test]
+fn smollm2_greedy_on_the_gpu_equals_the_cpu_reference() {
+    let Some(path) = smollm2() else { return };
+    let Some(ctx) = gpu_context(&GpuOptions { no_f16: true, ..Default::default() }) else { return };
+    let m = load_path(&path).unwrap();
+    let cpu = CpuModel::new(&m.weights);
+    let mut g = GpuModel::new(ctx, &m.weights, &GpuModelOptions { context: 512, ..Default::default() }).unwrap();
+    let n_new = std::env::var("DFLASH_GPU_TOKENS").ok().and_then(|s| s.parse().ok()).unwrap_or(32);
+    for prompt in fixture_prompts() {
+        let req = GenerateRequest { prompt_ids: prompt.clone(), max_new_tokens: n_new, sampling: Default::default(), stop_strings: vec![], context: 512 };
+        let want = generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap().tokens;
+        let got = g.generate_greedy(&prompt, n_new, &|t| m.tokenizer.is_stop(t)).unwrap();
+        eprintln!("{} tokens: {:?}", got.len(), m.tokenizer.decode(&got, true).unwrap());
+        assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn smollm2_logits_are_bit_identical_in_one_row_steps_and_a_16_row_pass() {
+    let Some(path) = smollm2() else { return };
+    for ctx in common::contexts() {
+        let m = load_path(&path).unwrap();
+        let v = m.config().vocab_size;
+        let mut g = GpuModel::new(ctx, &m.weights, &GpuModelOptions { context: 256, ..Default::default() }).unwrap();
+        let prompt = &fixture_prompts()[0];
+        let ctx_len = prompt.len() - 16;
+        g.prefill(&prompt[..ctx_len]).unwrap();
+        g.step(&prompt[ctx_len..]).unwrap();
+        let multi = g.read_logits(16).unwrap();
+        g.truncate(ctx_len);
+        for (i, &t) in prompt[ctx_len..].iter().enumerate() {
+            g.step(&[t]).unwrap();
+            let one = g.read_logits(1).unwrap();
+            assert!(one.iter().zip(&multi[i * v..(i + 1) * v]).all(|(a, b)| a.to_bits() == b.to_bits()), "position {} (f16={})", ctx_len + i, g.ctx.f16);
+        }
+    }
+}
