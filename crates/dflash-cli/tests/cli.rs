@@ -33,10 +33,10 @@ fn generate_json_reports_tokens_text_and_timings() {
         assert!(v["timings"][k].is_number(), "timings.{k}");
     }
     // The same seed gives the same tokens; the streamed text equals the JSON text.
-    let again = dflash(&["generate", "--model", p, "--chat", "say the hello", "--max-new-tokens", "6", "--temperature", "0.7", "--seed", "3", "--json"]);
+    let again = dflash(&["generate", "--model", p, "--chat", "say the hello", "--max-new-tokens", "6", "--temperature", "0.7", "--seed", "3", "--device", "cpu", "--json"]);
     let w: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(v["tokens"], w["tokens"]);
-    let streamed = dflash(&["generate", "--model", p, "--chat", "say the hello", "--max-new-tokens", "6", "--temperature", "0.7", "--seed", "3"]);
+    let streamed = dflash(&["generate", "--model", p, "--chat", "say the hello", "--max-new-tokens", "6", "--temperature", "0.7", "--seed", "3", "--device", "cpu"]);
     assert_eq!(String::from_utf8_lossy(&streamed.stdout).trim_end_matches('\n'), v["text"].as_str().unwrap());
 }
 
@@ -45,7 +45,7 @@ fn a_hugging_face_folder_is_a_model_too() {
     let c = tiny_config(Arch::Llama);
     let dir = tmp("hf");
     write_dir(&dir, &write_hf(&c, &random_weights(&c, 4), safetensors::Dtype::BF16, 2)).unwrap();
-    let out = dflash(&["generate", "--model", dir.to_str().unwrap(), "--prompt", "the hello", "--max-new-tokens", "4", "--json"]);
+    let out = dflash(&["generate", "--model", dir.to_str().unwrap(), "--prompt", "the hello", "--max-new-tokens", "4", "--device", "cpu", "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -58,4 +58,60 @@ fn a_bad_file_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.starts_with("error: file is truncated"), "{err}");
     assert!(!err.contains("panicked"));
+}
+
+/// Whether a wgpu adapter exists here (CI: lavapipe, required by DFLASH_REQUIRE_GPU=1).
+fn have_gpu() -> bool {
+    let ok = !dflash(&["adapters"]).stdout.is_empty();
+    if !ok && std::env::var("DFLASH_REQUIRE_GPU").as_deref() == Ok("1") {
+        panic!("no GPU adapter");
+    }
+    ok
+}
+
+#[test]
+fn gpu_and_cpu_devices_generate_the_same_greedy_tokens() {
+    if !have_gpu() {
+        return;
+    }
+    let c = tiny_config(Arch::Llama);
+    let path = tmp("gpu").join("tiny.gguf");
+    std::fs::write(&path, write_gguf(&c, &random_weights(&c, 8), GgmlType::Q4_0)).unwrap();
+    let p = path.to_str().unwrap();
+    let run = |dev: &str| -> serde_json::Value {
+        let out = dflash(&["generate", "--model", p, "--prompt", "the hello world", "--max-new-tokens", "12", "--device", dev, "--no-f16", "--json"]);
+        assert!(out.status.success(), "{dev}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (g, c) = (run("gpu"), run("cpu"));
+    assert_eq!(g["device"], "gpu");
+    assert_eq!(g["tokens"], c["tokens"]);
+    assert_eq!(g["text"], c["text"]);
+    // Sampling on the GPU: the same seed gives the same tokens.
+    let sampled = || -> serde_json::Value {
+        let out = dflash(&["generate", "--model", p, "--prompt", "the hello world", "--max-new-tokens", "12", "--device", "gpu", "--temperature", "0.9", "--top-p", "0.9", "--seed", "5", "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    assert_eq!(sampled()["tokens"], sampled()["tokens"]);
+}
+
+#[test]
+fn bench_reports_speed_bandwidth_and_memory() {
+    if !have_gpu() {
+        return;
+    }
+    let c = tiny_config(Arch::Qwen2);
+    let path = tmp("bench").join("tiny.gguf");
+    std::fs::write(&path, write_gguf(&c, &random_weights(&c, 9), GgmlType::Q8_0)).unwrap();
+    let out = dflash(&["bench", "--model", path.to_str().unwrap(), "--prompt-tokens", "20", "--decode-tokens", "4", "--reps", "1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for k in ["decode_tok_s", "prefill_tok_s", "weight_bytes_per_token", "gemv_gbps", "copy_gbps", "gemv_copy_ratio", "load_s"] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}");
+    }
+    assert!(v["adapter"]["name"].is_string());
+    let mem = &v["gpu_memory_bytes"];
+    let parts = mem["weights"].as_u64().unwrap() + mem["kv_cache"].as_u64().unwrap() + mem["activations"].as_u64().unwrap();
+    assert_eq!(parts, mem["total"].as_u64().unwrap());
 }

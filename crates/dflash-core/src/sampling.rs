@@ -93,51 +93,75 @@ pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f3
     }
 }
 
+/// Order-preserving map of floats to u32 (NaN maps to 0 and is never kept); the WGSL
+/// sampler uses the same.
+#[inline]
+pub fn order_key(v: f32) -> u32 {
+    if v.is_nan() {
+        return 0;
+    }
+    let b = v.to_bits();
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
 /// Chooses the token at absolute `position` from `logits` (the model's output for the
 /// previous position). `history` is every token before `position`.
+///
+/// With z = logit / T, the kept tokens are those with z at or above a threshold, the
+/// largest of: the k-th largest z (top-k); max z + ln(min_p) (min-p); the largest value
+/// whose upper set still holds top_p of the softmax mass of what the others keep
+/// (top-p). Then u = uniform(seed, position) times the kept mass, and the token is the
+/// first id, in id order, at which the running mass exceeds u. The GPU sampler
+/// (shaders/sample.wgsl) implements the same rule.
 pub fn sample(logits: &[f32], params: &SamplingParams, history: &[u32], position: usize) -> u32 {
     let mut l = logits.to_vec();
     apply_repetition_penalty(&mut l, history, params.repetition_penalty);
     if params.is_greedy() {
         return argmax(&l) as u32;
     }
-    // Candidates sorted by logit, ties by lower id: a total, reproducible order.
-    let mut idx: Vec<u32> = (0..l.len() as u32).filter(|&i| !l[i as usize].is_nan()).collect();
-    let key = |i: &u32| l[*i as usize];
-    idx.sort_by(|a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
-    if params.top_k > 0 && params.top_k < idx.len() {
-        idx.truncate(params.top_k);
-    }
     let inv_t = 1.0 / params.temperature;
-    let m = l[idx[0] as usize] * inv_t;
-    let mut p: Vec<f32> = idx.iter().map(|&i| (l[i as usize] * inv_t - m).exp()).collect();
-    let sum: f32 = p.iter().sum();
-    for v in p.iter_mut() {
-        *v /= sum;
+    let z: Vec<f32> = l.iter().map(|v| v * inv_t).collect();
+    let m = z.iter().cloned().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    let n = z.len();
+    let mut thr = 0u32;
+    if params.top_k > 0 && params.top_k < n {
+        let mut keys: Vec<u32> = z.iter().map(|&v| order_key(v)).collect();
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        thr = keys[params.top_k - 1];
     }
-    let mut keep = p.len();
+    if params.min_p > 0.0 {
+        thr = thr.max(order_key(m + params.min_p.ln()));
+    }
     if params.top_p < 1.0 {
+        let mut kept: Vec<(u32, f32)> = z.iter().filter(|&&v| order_key(v) >= thr).map(|&v| (order_key(v), (v - m).exp())).collect();
+        let target = kept.iter().map(|k| k.1).sum::<f32>() * params.top_p;
+        kept.sort_unstable_by(|a, b| b.0.cmp(&a.0));
         let mut cum = 0f32;
-        for (i, &v) in p.iter().enumerate() {
-            cum += v;
-            if cum >= params.top_p {
-                keep = i + 1;
+        for (k, e) in kept {
+            cum += e;
+            if cum >= target {
+                thr = thr.max(k);
                 break;
             }
         }
     }
-    if params.min_p > 0.0 {
-        let thr = params.min_p * p[0];
-        keep = keep.min(p.iter().take_while(|&&v| v >= thr).count().max(1));
-    }
-    let total: f32 = p[..keep].iter().sum();
+    let kept = |v: f32| order_key(v) >= thr;
+    let total: f32 = z.iter().filter(|&&v| kept(v)).map(|&v| (v - m).exp()).sum();
     let u = random_uniform(params.seed, position as u32, 0) * total;
     let mut cum = 0f32;
-    for i in 0..keep {
-        cum += p[i];
-        if u < cum {
-            return idx[i];
+    let mut last = 0;
+    for (i, &v) in z.iter().enumerate() {
+        if kept(v) {
+            cum += (v - m).exp();
+            last = i;
+            if u < cum {
+                return i as u32;
+            }
         }
     }
-    idx[keep - 1]
+    last as u32
 }

@@ -12,6 +12,25 @@ pub struct GpuOptions {
     pub no_f16: bool,
     /// Override the per-adapter kernel knobs.
     pub tuning: Option<Tuning>,
+    /// Run within the limits a browser's WebGPU grants (see `browser_limits`), so that a
+    /// native run finds what the browser build would.
+    pub browser_limits: bool,
+}
+
+/// The limits Chromium's WebGPU grants on its CPU fallback adapter (SwiftShader) and on
+/// typical integrated GPUs when a page asks for the adapter's maximum: 1 GiB storage
+/// bindings and buffers, 256 invocations per workgroup, 16 KiB workgroup storage.
+pub fn browser_limits(adapter: &wgpu::Limits) -> wgpu::Limits {
+    let mut l = adapter.clone();
+    l.max_storage_buffer_binding_size = l.max_storage_buffer_binding_size.min(1 << 30);
+    l.max_buffer_size = l.max_buffer_size.min(1 << 30);
+    l.max_compute_invocations_per_workgroup = l.max_compute_invocations_per_workgroup.min(256);
+    l.max_compute_workgroup_size_x = l.max_compute_workgroup_size_x.min(256);
+    l.max_compute_workgroup_size_y = l.max_compute_workgroup_size_y.min(256);
+    l.max_compute_workgroup_size_z = l.max_compute_workgroup_size_z.min(64);
+    l.max_compute_workgroup_storage_size = l.max_compute_workgroup_storage_size.min(16384);
+    l.max_storage_buffers_per_shader_stage = l.max_storage_buffers_per_shader_stage.min(10);
+    l
 }
 
 #[derive(Debug, Clone)]
@@ -57,6 +76,7 @@ pub struct GpuContext {
     pub pipelines: crate::pipelines::Pipelines,
     pub tuning: Tuning,
     lost: Arc<Mutex<Option<String>>>,
+    uncaptured: Arc<Mutex<Option<GpuError>>>,
 }
 
 /// What every kernel of dflash-web needs at least.
@@ -87,8 +107,14 @@ impl GpuContext {
                 .map_err(|e| GpuError::NoAdapter(format!(": {e}")))?,
         };
         let info = adapter.get_info();
-        let features = adapter.features();
-        let limits = adapter.limits();
+        let mut features = adapter.features();
+        let mut limits = adapter.limits();
+        if opts.browser_limits {
+            limits = browser_limits(&limits);
+            // wgpu's browser backend offers neither shader-f16 on the fallback adapter nor
+            // subgroups at all.
+            features.remove(wgpu::Features::SUBGROUP);
+        }
         if limits.max_compute_invocations_per_workgroup < MIN_INVOCATIONS
             || limits.max_compute_workgroup_storage_size < MIN_WORKGROUP_STORAGE
             || limits.max_storage_buffers_per_shader_stage < MIN_STORAGE_BUFFERS
@@ -119,6 +145,20 @@ impl GpuContext {
                 *g = Some(format!("{reason:?}: {msg}"));
             }
         });
+        // Errors outside an error scope are recorded and reported by `check_lost`,
+        // never a panic (wgpu's default handler panics).
+        let uncaptured = Arc::new(Mutex::new(None));
+        let u2 = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut g) = u2.lock() {
+                if g.is_none() {
+                    *g = Some(match e {
+                        wgpu::Error::OutOfMemory { .. } => GpuError::OutOfMemory(e.to_string()),
+                        _ => GpuError::Validation(e.to_string()),
+                    });
+                }
+            }
+        }));
         let summary = AdapterSummary {
             name: info.name.clone(),
             backend: format!("{:?}", info.backend),
@@ -133,7 +173,7 @@ impl GpuContext {
             max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
         };
         let tuning = opts.tuning.unwrap_or_else(|| Tuning::for_adapter(info.device_type));
-        Ok(GpuContext { device, queue, summary, f16, pipelines: Default::default(), tuning, lost })
+        Ok(GpuContext { device, queue, summary, f16, pipelines: Default::default(), tuning, lost, uncaptured })
     }
 
     #[cfg(not(target_arch = "wasm32"))]
@@ -146,17 +186,37 @@ impl GpuContext {
         self.summary.max_storage_buffer_binding_size.min(self.summary.max_buffer_size)
     }
 
-    /// An error if the device was lost.
+    /// An error if the device was lost or an operation failed outside an error scope.
     pub fn check_lost(&self) -> Result<()> {
-        match self.lost.lock().ok().and_then(|g| g.clone()) {
-            Some(m) => Err(GpuError::DeviceLost(m)),
-            None => Ok(()),
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.device.poll(wgpu::PollType::Poll); // delivers pending callbacks
+        if let Some(m) = self.lost.lock().ok().and_then(|g| g.clone()) {
+            return Err(GpuError::DeviceLost(m));
+        }
+        if let Some(e) = self.uncaptured.lock().ok().and_then(|mut g| g.take()) {
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Destroys the device (what a driver reset or `GPUDevice.destroy()` does): every
+    /// later call answers `DeviceLost`.
+    pub fn destroy_device(&self) {
+        self.device.destroy();
+        if let Ok(mut g) = self.lost.lock() {
+            g.get_or_insert_with(|| "device destroyed".into());
         }
     }
 
-    /// Simulates device loss (tests): destroys the device.
-    pub fn destroy_device(&self) {
-        self.device.destroy();
+    /// A buffer holding `bytes` (padded to 16): created empty, then written through the
+    /// queue, which fails softly on a lost device where mapped creation would panic.
+    pub fn buffer_with(&self, label: &str, bytes: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        let size = (bytes.len().max(16) as u64).div_ceil(16) * 16;
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage: usage | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
+        let mut data = bytes.to_vec();
+        data.resize(size as usize, 0);
+        self.queue.write_buffer(&b, 0, &data);
+        b
     }
 
     /// Blocks until submitted work is done (native). Device loss is an error, not a hang.

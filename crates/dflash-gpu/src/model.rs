@@ -77,6 +77,7 @@ struct Activations {
     ff: wgpu::Buffer,
     logits: wgpu::Buffer,
     out_tokens: wgpu::Buffer,
+    sample_params: wgpu::Buffer,
     taps: wgpu::Buffer,
     readback: wgpu::Buffer,
 }
@@ -88,6 +89,8 @@ pub enum Head {
     None,
     /// lm_head and argmax for every row.
     Argmax,
+    /// lm_head and the sampler (temperature, top-k, top-p, min-p) for every row.
+    Sample,
 }
 
 pub struct GpuModel {
@@ -224,6 +227,7 @@ impl GpuModel {
             ff: wb("ff", n * f * c.intermediate_size as u64),
             logits: wb("logits", n * f * c.vocab_size as u64),
             out_tokens: wb("out_tokens", n * 4),
+            sample_params: ctx.buffer_with("sample_params", &[0u8; 48], wgpu::BufferUsages::UNIFORM),
             taps: wb("taps", n * f * (opts.taps.len().max(1) * c.hidden_size) as u64),
             readback: ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("readback"),
@@ -315,11 +319,14 @@ impl GpuModel {
                 d.push(ops::copy_rows(ctx, &a.x, &a.taps, &a.state, n, h, self.taps.len() * h, ti * h)?);
             }
         }
-        if head == Head::Argmax {
+        if head != Head::None {
             d.push(ops::rmsnorm(ctx, eps, &self.out_norm, &a.x, &a.xn, n, h)?);
             let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
             d.extend(ops::gemv(ctx, lm, &a.xn, &a.logits, n, false)?);
-            d.push(ops::argmax(ctx, &a.logits, &a.out_tokens, n, c.vocab_size, c.vocab_size)?);
+            d.push(match head {
+                Head::Sample => ops::sample(ctx, &a.sample_params, &a.state, &a.logits, &a.out_tokens, n)?,
+                _ => ops::argmax(ctx, &a.logits, &a.out_tokens, n, c.vocab_size, c.vocab_size)?,
+            });
         }
         Ok(d)
     }
@@ -351,7 +358,7 @@ impl GpuModel {
                 disp.encode(&mut pass);
             }
         }
-        if head == Head::Argmax {
+        if head != Head::None {
             enc.copy_buffer_to_buffer(&self.act.out_tokens, 0, &self.act.readback, 0, (n * 4) as u64);
         }
         self.ctx.queue.submit([enc.finish()]);
@@ -363,7 +370,25 @@ impl GpuModel {
     /// The host reads back only those ids (4 bytes per row).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn step(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
-        self.submit_pass(tokens, Head::Argmax)?;
+        self.step_with(tokens, Head::Argmax)
+    }
+
+    /// Sets the sampler's parameters for `Head::Sample` passes (greedy parameters are
+    /// served by the argmax head instead).
+    pub fn set_sampling(&self, sp: &dflash_core::sampling::SamplingParams) -> Result<()> {
+        sp.validate()?;
+        if sp.repetition_penalty != 1.0 {
+            return Err(GpuError::Unsupported("repetition penalty on the GPU sampler".into()));
+        }
+        let v = self.config.vocab_size;
+        self.ctx.queue.write_buffer(&self.act.sample_params, 0, bytemuck::cast_slice(&ops::sample_params(v, v, sp, 1)));
+        Ok(())
+    }
+
+    /// One step; the next token of every row from the given head.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn step_with(&mut self, tokens: &[u32], head: Head) -> Result<Vec<u32>> {
+        self.submit_pass(tokens, head)?;
         let bytes = self.ctx.read_mapped(&self.act.readback)?;
         Ok(bytemuck::cast_slice::<u8, u32>(&bytes)[..tokens.len()].to_vec())
     }
@@ -372,6 +397,12 @@ impl GpuModel {
     /// results are the same bits as in a one-row step); returns the greedy next token.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<u32> {
+        self.prefill_with(tokens, Head::Argmax)
+    }
+
+    /// Prefill, choosing the next token with `head` (Argmax or Sample).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn prefill_with(&mut self, tokens: &[u32], head: Head) -> Result<u32> {
         if tokens.is_empty() {
             return Err(GpuError::Core(dflash_core::Error::BadSampling("the prompt is empty".into())));
         }
@@ -379,7 +410,7 @@ impl GpuModel {
         for ch in &chunks[..chunks.len() - 1] {
             self.submit_pass(ch, Head::None)?;
         }
-        let last = self.step(chunks[chunks.len() - 1])?;
+        let last = self.step_with(chunks[chunks.len() - 1], head)?;
         Ok(*last.last().unwrap())
     }
 

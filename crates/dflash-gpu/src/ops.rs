@@ -125,6 +125,31 @@ pub fn argmax(ctx: &GpuContext, logits: &wgpu::Buffer, tokens: &wgpu::Buffer, ro
     Dispatch::new(ctx, &Kernel::new(Shader::Argmax, "main"), Some(&params), &[(1, logits), (2, tokens)], [rows as u32, 1, 1])
 }
 
+/// The uniform of the sampler: 12 words (see shaders/sample.wgsl).
+pub fn sample_params(vocab: usize, stride: usize, sp: &dflash_core::sampling::SamplingParams, pos_offset: u32) -> [u32; 12] {
+    [
+        vocab as u32,
+        stride as u32,
+        sp.top_k as u32,
+        pos_offset,
+        (1.0 / sp.temperature).to_bits(),
+        sp.top_p.to_bits(),
+        sp.min_p.to_bits(),
+        sp.seed as u32,
+        (sp.seed >> 32) as u32,
+        0,
+        0,
+        0,
+    ]
+}
+
+/// `tokens[r]` = a sample of row `r` of `logits` by the rule of `sampling::sample`, with
+/// the random number of position `state[0] + r + pos_offset`. `params` is a uniform
+/// buffer holding `sample_params` (written per request, so the plan is built once).
+pub fn sample(ctx: &GpuContext, params: &wgpu::Buffer, state: &wgpu::Buffer, logits: &wgpu::Buffer, tokens: &wgpu::Buffer, rows: usize) -> Result<Dispatch> {
+    Dispatch::new(ctx, &Kernel::new(Shader::Sample, "main"), None, &[(0, params), (1, state), (2, logits), (3, tokens)], [rows as u32, 1, 1])
+}
+
 /// `dst = src` for `n_vec4` 16-byte words: the bandwidth roofline.
 pub fn copy(ctx: &GpuContext, src: &wgpu::Buffer, dst: &wgpu::Buffer, n_vec4: usize) -> Result<Dispatch> {
     let (gx, gy) = grid((n_vec4 as u32).div_ceil(64));

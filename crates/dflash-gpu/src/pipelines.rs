@@ -7,7 +7,6 @@ use crate::error::{GpuError, Result};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
-use wgpu::util::DeviceExt;
 
 /// The op families, one WGSL file each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -19,14 +18,24 @@ pub enum Shader {
     Attention,
     Elementwise,
     Argmax,
+    Sample,
     Copy,
 }
 
 const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
 
 impl Shader {
-    pub const ALL: [Shader; 8] =
-        [Shader::Gemv, Shader::Embedding, Shader::RmsNorm, Shader::Rope, Shader::Attention, Shader::Elementwise, Shader::Argmax, Shader::Copy];
+    pub const ALL: [Shader; 9] = [
+        Shader::Gemv,
+        Shader::Embedding,
+        Shader::RmsNorm,
+        Shader::Rope,
+        Shader::Attention,
+        Shader::Elementwise,
+        Shader::Argmax,
+        Shader::Sample,
+        Shader::Copy,
+    ];
 
     fn body(self) -> &'static str {
         match self {
@@ -37,6 +46,7 @@ impl Shader {
             Shader::Attention => include_str!("../../../shaders/attention.wgsl"),
             Shader::Elementwise => include_str!("../../../shaders/elementwise.wgsl"),
             Shader::Argmax => include_str!("../../../shaders/argmax.wgsl"),
+            Shader::Sample => include_str!("../../../shaders/sample.wgsl"),
             Shader::Copy => include_str!("../../../shaders/copy.wgsl"),
         }
     }
@@ -87,6 +97,7 @@ pub struct Pipelines {
 
 impl Pipelines {
     pub fn get(&self, ctx: &GpuContext, k: &Kernel) -> Result<Rc<wgpu::ComputePipeline>> {
+        ctx.check_lost()?;
         let key = k.key(ctx.f16);
         if let Some(p) = self.pipelines.borrow().get(&key) {
             return Ok(p.clone());
@@ -165,11 +176,7 @@ impl Dispatch {
             while data.len() % 4 != 0 {
                 data.push(0);
             }
-            ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: bytemuck::cast_slice(&data),
-                usage: wgpu::BufferUsages::UNIFORM,
-            })
+            ctx.buffer_with("params", bytemuck::cast_slice(&data), wgpu::BufferUsages::UNIFORM)
         });
         let mut entries: Vec<wgpu::BindGroupEntry> = Vec::new();
         if let Some(u) = &uniform {

@@ -4,7 +4,6 @@
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use dflash_core::quant::{QFormat, QuantMatrix};
-use wgpu::util::DeviceExt;
 
 pub struct MatrixChunk {
     pub row_lo: usize,
@@ -40,15 +39,7 @@ pub fn rows_per_chunk(m: &QuantMatrix, max_binding: u64) -> Result<usize> {
 }
 
 pub fn storage_buffer(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-    let mut data = bytes.to_vec();
-    while data.len() % 16 != 0 || data.is_empty() {
-        data.push(0);
-    }
-    ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some(label),
-        contents: &data,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-    })
+    ctx.buffer_with(label, bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC)
 }
 
 pub fn f32_buffer(ctx: &GpuContext, label: &str, v: &[f32]) -> wgpu::Buffer {

@@ -118,3 +118,57 @@ fn taps_match_the_cpu_reference() {
     let max = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(max < 1e-3, "taps differ by {max}");
 }
+
+#[test]
+fn a_model_that_cannot_fit_is_refused_before_allocating() {
+    use dflash_gpu::GpuError;
+    let Some(ctx) = gpu_context(&GpuOptions::default()) else { return };
+    let w = tiny(Arch::Llama, GgmlType::Q8_0, 35);
+    // A KV-cache layer larger than any binding the adapter allows.
+    let huge = (ctx.max_binding() / (w.config.kv_dim() as u64 * 2) + 1) as usize;
+    let mut big = w.clone();
+    big.config.max_position_embeddings = huge * 2;
+    match GpuModel::new(ctx.clone(), &big, &GpuModelOptions { context: huge * 2, ..Default::default() }) {
+        Err(GpuError::LimitExceeded { limit_name, .. }) => assert_eq!(limit_name, "max_storage_buffer_binding_size"),
+        other => panic!("expected LimitExceeded, got {:?}", other.err()),
+    }
+    // A memory budget below the plan.
+    match GpuModel::new(ctx.clone(), &w, &GpuModelOptions { context: 64, memory_budget: Some(1 << 16), ..Default::default() }) {
+        Err(GpuError::OverBudget { need, weights, kv_cache, activations, budget }) => {
+            assert_eq!(need, weights + kv_cache + activations);
+            assert_eq!(budget, 1 << 16);
+        }
+        other => panic!("expected OverBudget, got {:?}", other.err()),
+    }
+    // The plan states the split before anything is allocated.
+    let plan = dflash_gpu::model::plan_memory(&ctx, &w, &GpuModelOptions { context: 64, ..Default::default() }).unwrap();
+    assert_eq!(plan.weights, w.n_bytes() as u64);
+    assert_eq!(plan.kv_cache, 64 * w.config.kv_dim() as u64 * if ctx.f16 { 2 } else { 4 } * 2 * w.config.num_layers as u64);
+}
+
+#[test]
+fn bad_tokens_and_a_full_context_are_errors() {
+    use dflash_gpu::GpuError;
+    let Some(ctx) = gpu_context(&GpuOptions::default()) else { return };
+    let w = tiny(Arch::Qwen2, GgmlType::Q8_0, 36);
+    let mut g = GpuModel::new(ctx, &w, &GpuModelOptions { context: 20, ..Default::default() }).unwrap();
+    assert!(matches!(g.step(&[1, 99_999]), Err(GpuError::Core(dflash_core::Error::TokenOutOfRange { .. }))));
+    g.prefill(&tokens(16, w.config.vocab_size, 7)).unwrap();
+    assert!(matches!(g.step(&tokens(5, w.config.vocab_size, 8)), Err(GpuError::Core(dflash_core::Error::ContextOverflow { .. }))));
+    assert_eq!(g.len(), 16, "a refused step changes nothing");
+}
+
+#[test]
+fn a_lost_device_is_an_error_not_a_hang() {
+    use dflash_gpu::GpuError;
+    let Some(ctx) = gpu_context(&GpuOptions::default()) else { return };
+    let w = tiny(Arch::Llama, GgmlType::Q4_0, 37);
+    let mut g = GpuModel::new(ctx.clone(), &w, &GpuModelOptions { context: 32, ..Default::default() }).unwrap();
+    g.step(&[1, 2, 3]).unwrap();
+    ctx.destroy_device();
+    let r = g.step(&[4]);
+    assert!(matches!(r, Err(GpuError::DeviceLost(_))), "got {:?}", r.err());
+    // The same with a plan that was already built, and loading a model on the lost device.
+    assert!(matches!(g.step(&[5, 6, 7]), Err(GpuError::DeviceLost(_))));
+    assert!(matches!(GpuModel::new(ctx, &w, &GpuModelOptions { context: 32, ..Default::default() }), Err(GpuError::DeviceLost(_))));
+}

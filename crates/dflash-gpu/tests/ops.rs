@@ -279,6 +279,7 @@ fn every_kernel_variant_compiles() {
         let mut ks = vec![
             Kernel::new(Shader::RmsNorm, "main"), Kernel::new(Shader::RmsNorm, "main_inplace"),
             Kernel::new(Shader::Attention, "main"), Kernel::new(Shader::Argmax, "main"), Kernel::new(Shader::Copy, "main"),
+            Kernel::new(Shader::Sample, "main"),
         ];
         for e in ["swiglu", "add_bias", "copy_rows", "store_kv"] {
             ks.push(Kernel::new(Shader::Elementwise, e));
@@ -299,6 +300,45 @@ fn every_kernel_variant_compiles() {
         for k in &ks {
             ctx.pipelines.get(&ctx, k).unwrap_or_else(|e| panic!("{k:?}: {e}"));
         }
-        assert_eq!(Shader::ALL.len(), 8);
+        assert_eq!(Shader::ALL.len(), 9);
+    }
+}
+
+/// The GPU sampler follows the CPU rule: over 2000 positions with the same logits, the
+/// two pick the same token at (nearly) every position (they differ only where the
+/// kept-mass sums, added in different orders, round across the drawn u), for
+/// temperature alone and with top-k, top-p and min-p.
+#[test]
+fn sampler_matches_the_cpu_rule() {
+    use dflash_core::sampling::{sample, SamplingParams};
+    for ctx in contexts() {
+        let mut rng = Rng(9);
+        let vocab = 3000;
+        let rows = 16;
+        let logits = rng.vec(rows * vocab, 4.0);
+        let lb = f32_buffer(&ctx, "l", &logits);
+        let tb = work_buffer(&ctx, "t", (rows * 4) as u64);
+        let pb = ctx.buffer_with("p", &[0u8; 48], wgpu::BufferUsages::UNIFORM);
+        for sp in [
+            SamplingParams { temperature: 1.0, seed: 1, ..Default::default() },
+            SamplingParams { temperature: 0.7, top_k: 40, seed: 2, ..Default::default() },
+            SamplingParams { temperature: 0.8, top_p: 0.9, seed: 3, ..Default::default() },
+            SamplingParams { temperature: 1.2, min_p: 0.05, top_p: 0.95, top_k: 100, seed: 4, ..Default::default() },
+        ] {
+            let (mut same, mut total) = (0, 0);
+            for start in (0..2000).step_by(rows) {
+                ctx.queue.write_buffer(&pb, 0, bytemuck::cast_slice(&ops::sample_params(vocab, vocab, &sp, 1)));
+                let st = state(&ctx, start as u32);
+                run(&ctx, &[ops::sample(&ctx, &pb, &st, &lb, &tb, rows).unwrap()]);
+                let got: Vec<u32> = bytemuck::cast_slice(&ctx.read_back(&tb, 0, (rows * 4) as u64).unwrap()).to_vec();
+                for r in 0..rows {
+                    let want = sample(&logits[r * vocab..(r + 1) * vocab], &sp, &[], start + r + 1);
+                    total += 1;
+                    same += (want == got[r]) as usize;
+                }
+            }
+            eprintln!("{sp:?}: GPU = CPU at {same}/{total} positions");
+            assert!(same as f64 >= 0.99 * total as f64, "{sp:?}: {same}/{total}");
+        }
     }
 }

@@ -7,8 +7,11 @@ use std::rc::Rc;
 
 /// A context on the default adapter (lavapipe in CI). Without one the test is skipped,
 /// unless DFLASH_REQUIRE_GPU=1 (CI) makes that a failure.
+/// DFLASH_BROWSER_LIMITS=1 runs every GPU test within the browser's WebGPU limits.
 pub fn gpu_context(opts: &GpuOptions) -> Option<Rc<GpuContext>> {
-    match GpuContext::new(opts) {
+    let mut opts = opts.clone();
+    opts.browser_limits |= std::env::var("DFLASH_BROWSER_LIMITS").as_deref() == Ok("1");
+    match GpuContext::new(&opts) {
         Ok(c) => Some(Rc::new(c)),
         Err(e) => {
             if std::env::var("DFLASH_REQUIRE_GPU").as_deref() == Ok("1") {
