@@ -52,6 +52,10 @@ pub enum Error {
     BadSampling(String),
     #[error("not a model: {0}")]
     NotAModel(String),
+    #[error("not a DFlash drafter: {0}")]
+    NotADrafter(String),
+    #[error("the drafter does not match the target: {field} is {drafter} in the drafter but {target} in the target")]
+    DrafterMismatch { field: &'static str, drafter: String, target: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -4,12 +4,14 @@
 pub mod chat;
 pub mod config;
 pub mod cpu;
+pub mod drafter;
 pub mod error;
 pub mod formats;
 pub mod generate;
 pub mod model_files;
 pub mod quant;
 pub mod sampling;
+pub mod speculative;
 pub mod tokenizer;
 pub mod testutil;
 pub mod weights;

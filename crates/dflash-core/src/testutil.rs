@@ -334,3 +334,86 @@ pub fn write_dir(dir: &std::path::Path, files: &BTreeMap<String, Vec<u8>>) -> st
     }
     Ok(())
 }
+
+/// Options of a random drafter written in the exact z-lab format.
+#[derive(Debug, Clone)]
+pub struct DrafterSpec {
+    pub layers: usize,
+    pub block_size: usize,
+    /// None: leave `target_layer_ids` out (the default formula applies).
+    pub target_layer_ids: Option<Vec<usize>>,
+    /// Put block_size inside `dflash_config` (newer files) rather than at the top level.
+    pub block_in_dflash_config: bool,
+    /// `layer_types`, e.g. ["sliding_attention", "full_attention"]; None leaves it out.
+    pub layer_types: Option<Vec<String>>,
+    pub sliding_window: usize,
+    pub mask_token_id: u32,
+    pub seed: u64,
+}
+
+/// A drafter for the target `t`: config.json and model.safetensors (bf16) with the
+/// z-lab tensor names.
+pub fn write_drafter(t: &ModelConfig, s: &DrafterSpec) -> BTreeMap<String, Vec<u8>> {
+    use crate::drafter::DrafterConfig;
+    let ids = s.target_layer_ids.clone().unwrap_or_else(|| DrafterConfig::default_target_layer_ids(s.layers, t.num_layers));
+    let (h, hd) = (t.hidden_size, t.head_dim);
+    let (nh, nkv, ff) = (t.num_heads, t.num_kv_heads, t.intermediate_size);
+    let mut cfg = serde_json::json!({
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": h, "intermediate_size": ff, "num_hidden_layers": s.layers,
+        "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd,
+        "rms_norm_eps": 1e-6, "rope_theta": t.rope_theta, "rope_scaling": null,
+        "vocab_size": t.vocab_size, "num_target_layers": t.num_layers,
+        "max_position_embeddings": t.max_position_embeddings,
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+        "dflash_config": {"mask_token_id": s.mask_token_id},
+    });
+    if let Some(i) = &s.target_layer_ids {
+        cfg["dflash_config"]["target_layer_ids"] = serde_json::json!(i);
+    }
+    if s.block_in_dflash_config {
+        cfg["dflash_config"]["block_size"] = serde_json::json!(s.block_size);
+    } else {
+        cfg["block_size"] = serde_json::json!(s.block_size);
+    }
+    if let Some(lt) = &s.layer_types {
+        cfg["layer_types"] = serde_json::json!(lt);
+        cfg["sliding_window"] = serde_json::json!(s.sliding_window);
+    }
+    let mut rng = Rng(s.seed);
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let bf = |x: Vec<f32>| -> Vec<u8> { x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect() };
+    let mut put = |name: String, shape: Vec<usize>, scale: f32, offset: f32, rng: &mut Rng| {
+        let n = shape.iter().product();
+        let v: Vec<f32> = rng.vec(n, scale).into_iter().map(|x| x + offset).collect();
+        tensors.push((name, Dtype::BF16, shape, bf(v)));
+    };
+    let sc = |x: usize| 1.0 / (x as f32).sqrt();
+    put("fc.weight".into(), vec![h, ids.len() * h], sc(ids.len() * h), 0.0, &mut rng);
+    put("hidden_norm.weight".into(), vec![h], 0.1, 1.0, &mut rng);
+    put("norm.weight".into(), vec![h], 0.1, 1.0, &mut rng);
+    for i in 0..s.layers {
+        let p = |n: &str| format!("layers.{i}.{n}");
+        put(p("input_layernorm.weight"), vec![h], 0.1, 1.0, &mut rng);
+        put(p("post_attention_layernorm.weight"), vec![h], 0.1, 1.0, &mut rng);
+        put(p("self_attn.q_proj.weight"), vec![nh * hd, h], 2.0 * sc(h), 0.0, &mut rng);
+        put(p("self_attn.k_proj.weight"), vec![nkv * hd, h], 2.0 * sc(h), 0.0, &mut rng);
+        put(p("self_attn.v_proj.weight"), vec![nkv * hd, h], sc(h), 0.0, &mut rng);
+        put(p("self_attn.o_proj.weight"), vec![h, nh * hd], sc(nh * hd), 0.0, &mut rng);
+        put(p("self_attn.q_norm.weight"), vec![hd], 0.1, 1.0, &mut rng);
+        put(p("self_attn.k_norm.weight"), vec![hd], 0.1, 1.0, &mut rng);
+        put(p("mlp.gate_proj.weight"), vec![ff, h], sc(h), 0.0, &mut rng);
+        put(p("mlp.up_proj.weight"), vec![ff, h], sc(h), 0.0, &mut rng);
+        put(p("mlp.down_proj.weight"), vec![h, ff], sc(ff), 0.0, &mut rng);
+    }
+    let mut files = BTreeMap::new();
+    files.insert("config.json".into(), serde_json::to_vec_pretty(&cfg).unwrap());
+    files.insert("model.safetensors".into(), write_safetensors(&tensors));
+    files
+}
+
+/// A Qwen3-shaped tiny target with enough layers for the default tap formula.
+pub fn tiny_drafter_target() -> ModelConfig {
+    ModelConfig { num_layers: 6, ..tiny_config(Arch::Qwen3) }
+}

@@ -129,6 +129,11 @@ impl GpuContext {
         if f16 {
             required_features |= wgpu::Features::SHADER_F16;
         }
+        // Asked for where offered, so subgroup kernel variants can use it; every kernel
+        // has a portable version (the browser backend of wgpu never offers it).
+        if features.contains(wgpu::Features::SUBGROUP) {
+            required_features |= wgpu::Features::SUBGROUP;
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("dflash"),

@@ -156,6 +156,11 @@ impl CpuModel {
         Ok(x)
     }
 
+    /// lm_head alone over rows that are already normalised (the drafter's output).
+    pub fn lm_head_rows(&self, x: &[f32], n: usize) -> Vec<f32> {
+        self.lm_head.as_ref().unwrap_or(&self.embed).apply(x, n)
+    }
+
     /// Final norm and lm_head of hidden rows `x` (`[n, hidden]`).
     pub fn logits_of(&self, x: &[f32], n: usize) -> Vec<f32> {
         let h = self.config.hidden_size;

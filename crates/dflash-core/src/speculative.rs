@@ -1,0 +1,287 @@
+//! The CPU reference of the DFlash speculative loop: prefill with taps, draft a block in
+//! one drafter pass, verify it in one target pass, accept the longest prefix the target
+//! agrees with, take the target's own next token as the bonus, roll the KV cache back
+//! and feed the committed rows' taps to the drafter. Because the target's token at each
+//! position is drawn exactly as plain decoding draws it (same logits bits, same
+//! position-keyed random number), the output equals plain decoding token for token.
+
+use crate::cpu::ops::argmax;
+use crate::cpu::{CpuModel, LogitRows};
+use crate::drafter::CpuDrafter;
+use crate::error::{Error, Result};
+use crate::generate::{token_budget, FinishReason, GenerateRequest, GenerateResult, StopMatcher};
+use crate::sampling::sample;
+use crate::tokenizer::{StreamDecoder, TextTokenizer};
+
+/// How many rows each step verifies.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BlockSize {
+    /// A fixed block (1 = plain decoding through the same loop).
+    Fixed(usize),
+    /// Chosen each step: the B that maximises expected tokens per unit of cost, from the
+    /// running per-position acceptance rates and `verify_cost[b]`, the measured relative
+    /// cost of a step that verifies b rows on this device (index 0 unused).
+    Auto { verify_cost: Vec<f64> },
+}
+
+impl BlockSize {
+    /// Relative step costs of a device where verifying b rows costs `1 + slope * (b - 1)`
+    /// times one row (a GPU: slope near 0; the CPU reference: near 1).
+    pub fn auto_linear(max_block: usize, slope: f64) -> Self {
+        BlockSize::Auto { verify_cost: (0..=max_block).map(|b| 1.0 + slope * (b.max(1) - 1) as f64).collect() }
+    }
+}
+
+/// Per-position acceptance: `accepted[j]` of `tried[j]` drafts at block slot j+1.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Acceptance {
+    pub accepted: Vec<u64>,
+    pub tried: Vec<u64>,
+}
+
+impl Acceptance {
+    fn record(&mut self, drafts: usize, acc: usize) {
+        if self.tried.len() < drafts {
+            self.tried.resize(drafts, 0);
+            self.accepted.resize(drafts, 0);
+        }
+        for j in 0..drafts {
+            self.tried[j] += 1;
+            if j < acc {
+                self.accepted[j] += 1;
+            }
+        }
+    }
+    /// Conditional acceptance rate of slot j+1 given slot j was accepted, with a
+    /// Beta(1, 1) prior.
+    fn conditional(&self, j: usize) -> f64 {
+        let tried_here = if j == 0 { self.tried.first().copied().unwrap_or(0) } else { self.accepted.get(j - 1).copied().unwrap_or(0) };
+        let acc = self.accepted.get(j).copied().unwrap_or(0);
+        (acc as f64 + 1.0) / (tried_here as f64 + 2.0)
+    }
+    pub fn rates(&self) -> Vec<f64> {
+        self.accepted.iter().zip(&self.tried).map(|(&a, &t)| if t == 0 { 0.0 } else { a as f64 / t as f64 }).collect()
+    }
+}
+
+/// The block for the next step under `policy`.
+pub fn choose_block(policy: &BlockSize, acc: &Acceptance, max_block: usize) -> usize {
+    match policy {
+        BlockSize::Fixed(b) => (*b).clamp(1, max_block),
+        BlockSize::Auto { verify_cost } => {
+            let (mut best, mut best_v) = (1, 0.0);
+            let mut expected = 1.0; // tokens per step with b rows: 1 + sum of prefix products
+            let mut prefix = 1.0;
+            for b in 1..=max_block.min(verify_cost.len().saturating_sub(1)) {
+                if b > 1 {
+                    prefix *= acc.conditional(b - 2);
+                    expected += prefix;
+                }
+                let v = expected / verify_cost[b].max(1e-9);
+                if v > best_v {
+                    best_v = v;
+                    best = b;
+                }
+            }
+            best
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SpeculativeResult {
+    pub result: GenerateResult,
+    pub steps: usize,
+    /// Tokens committed per step (tau), one entry per step.
+    pub taus: Vec<usize>,
+    pub acceptance: Acceptance,
+}
+
+impl SpeculativeResult {
+    pub fn mean_tau(&self) -> f64 {
+        if self.taus.is_empty() {
+            0.0
+        } else {
+            self.taus.iter().sum::<usize>() as f64 / self.taus.len() as f64
+        }
+    }
+}
+
+/// What proposes the drafts of a step. The DFlash drafter is one; tests use others.
+pub trait Proposer {
+    /// Target layers whose taps the proposer consumes (may be empty).
+    fn tap_layers(&self) -> Vec<usize>;
+    /// The largest block it drafts for.
+    fn max_block(&self) -> usize;
+    /// Committed tap rows (`[r, n_taps * H]`) for the next positions.
+    fn commit(&mut self, taps: &[f32]);
+    /// `b - 1` draft tokens following `anchor` at absolute position `pos`.
+    fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> Result<Vec<u32>>;
+}
+
+/// The DFlash drafter on the CPU: context cache, block pass, the target's embedding and
+/// lm_head.
+pub struct DFlashCpu<'a> {
+    pub drafter: &'a CpuDrafter,
+    pub target: &'a CpuModel,
+    pub ctx: crate::drafter::DraftContext,
+}
+
+impl<'a> DFlashCpu<'a> {
+    pub fn new(drafter: &'a CpuDrafter, target: &'a CpuModel) -> Result<Self> {
+        drafter.config.validate_against(&target.config)?;
+        Ok(DFlashCpu { drafter, target, ctx: drafter.new_context() })
+    }
+}
+
+impl Proposer for DFlashCpu<'_> {
+    fn tap_layers(&self) -> Vec<usize> {
+        self.drafter.config.target_layer_ids.clone()
+    }
+    fn max_block(&self) -> usize {
+        self.drafter.config.block_size
+    }
+    fn commit(&mut self, taps: &[f32]) {
+        self.drafter.extend_context(&mut self.ctx, taps);
+    }
+    fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> Result<Vec<u32>> {
+        let (h, vocab) = (self.target.config.hidden_size, self.target.config.vocab_size);
+        let mut ids = vec![anchor];
+        ids.extend(std::iter::repeat_n(self.drafter.config.mask_token_id, b - 1));
+        let hidden = self.drafter.forward_block(&self.ctx, &self.target.embed(&ids)?, pos);
+        let logits = self.target.lm_head_rows(&hidden[h..], b - 1);
+        Ok((0..b - 1).map(|j| argmax(&logits[j * vocab..(j + 1) * vocab]) as u32).collect())
+    }
+}
+
+/// Speculative generation with the DFlash drafter on the CPU reference models.
+pub fn generate_speculative_cpu(
+    target: &CpuModel,
+    drafter: &CpuDrafter,
+    tok: &TextTokenizer,
+    req: &GenerateRequest,
+    block: &BlockSize,
+    clock: &dyn Fn() -> f64,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<SpeculativeResult> {
+    let mut p = DFlashCpu::new(drafter, target)?;
+    generate_speculative_with(target, &mut p, tok, req, block, clock, on_text)
+}
+
+/// The speculative loop on the CPU reference target with any proposer.
+pub fn generate_speculative_with(
+    target: &CpuModel,
+    proposer: &mut dyn Proposer,
+    tok: &TextTokenizer,
+    req: &GenerateRequest,
+    block: &BlockSize,
+    clock: &dyn Fn() -> f64,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<SpeculativeResult> {
+    req.sampling.validate()?;
+    let context = req.context.min(target.config.max_position_embeddings).max(1);
+    let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
+    let vocab = target.config.vocab_size;
+    if let Some(&bad) = req.prompt_ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(Error::TokenOutOfRange { id: bad, vocab });
+    }
+    let taps = proposer.tap_layers();
+    let h = target.config.hidden_size;
+    let tap_w = taps.len() * h;
+    let max_block = proposer.max_block().max(1);
+
+    let mut cache = target.new_cache(context);
+    let t0 = clock();
+    let out = target.forward(&req.prompt_ids, &mut cache, LogitRows::Last, &taps)?;
+    proposer.commit(&out.taps);
+    let mut history = req.prompt_ids.clone();
+    let mut anchor = sample(&out.logits, &req.sampling, &history, history.len());
+    let t1 = clock();
+
+    let mut tokens = Vec::new();
+    let mut stream = StreamDecoder::default();
+    let mut stops = StopMatcher::new(&req.stop_strings);
+    let mut finish = FinishReason::Length;
+    let mut acceptance = Acceptance::default();
+    let mut taus = Vec::new();
+    // Emits one token; returns true when generation ends.
+    let mut emit = |t: u32, tokens: &mut Vec<u32>, finish: &mut FinishReason| -> Result<bool> {
+        if tok.is_stop(t) {
+            *finish = FinishReason::Stop;
+            return Ok(true);
+        }
+        tokens.push(t);
+        let (text, stopped) = stops.push(&stream.push(tok, t)?);
+        if !text.is_empty() {
+            on_text(&text);
+        }
+        if stopped {
+            *finish = FinishReason::Stop;
+            return Ok(true);
+        }
+        Ok(tokens.len() >= budget)
+    };
+    let mut done = budget == 0 || emit(anchor, &mut tokens, &mut finish)?;
+    while !done {
+        let pos = cache.len();
+        let b = choose_block(block, &acceptance, max_block).min(context - pos).max(1);
+        // Draft: one drafter pass over [anchor, MASK x (b-1)].
+        let mut block_ids = vec![anchor];
+        if b > 1 {
+            let drafts = proposer.draft(anchor, pos, b)?;
+            if drafts.len() != b - 1 || drafts.iter().any(|&d| d as usize >= vocab) {
+                return Err(Error::BadConfig(format!("the proposer returned {} drafts for a block of {b}", drafts.len())));
+            }
+            block_ids.extend(drafts);
+        }
+        // Verify: one target pass over the block, with taps.
+        let out = target.forward(&block_ids, &mut cache, LogitRows::All, &taps)?;
+        history.push(anchor);
+        let mut acc = 0;
+        let mut bonus = 0;
+        for j in 0..b {
+            let t = sample(&out.logits[j * vocab..(j + 1) * vocab], &req.sampling, &history, pos + j + 1);
+            if j + 1 < b && block_ids[j + 1] == t {
+                acc += 1;
+                history.push(t);
+            } else {
+                bonus = t;
+                break;
+            }
+        }
+        acceptance.record(b - 1, acc);
+        taus.push(acc + 1);
+        // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
+        cache.truncate(pos + acc + 1);
+        proposer.commit(&out.taps[..(acc + 1) * tap_w]);
+        for &d in &block_ids[1..=acc] {
+            if emit(d, &mut tokens, &mut finish)? {
+                done = true;
+                break;
+            }
+        }
+        if !done {
+            done = emit(bonus, &mut tokens, &mut finish)?;
+        }
+        anchor = bonus;
+    }
+    let rest = stops.flush();
+    if !rest.is_empty() {
+        on_text(&rest);
+    }
+    let t2 = clock();
+    let steps = taus.len();
+    Ok(SpeculativeResult {
+        result: GenerateResult {
+            text: stops.text().to_string(),
+            tokens,
+            prompt_tokens: req.prompt_ids.len(),
+            finish_reason: finish,
+            prefill_s: t1 - t0,
+            decode_s: t2 - t1,
+        },
+        steps,
+        taus,
+        acceptance,
+    })
+}

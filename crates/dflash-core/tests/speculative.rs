@@ -1,0 +1,216 @@
+//! DFlash on the CPU reference: drafter loading in every z-lab variant, a typed error per
+//! drafter/target mismatch, and the speculative loop's output equal to plain decoding
+//! token for token (greedy and sampled), at every block size and in auto mode.
+
+use dflash_core::cpu::CpuModel;
+use dflash_core::drafter::{CpuDrafter, DrafterConfig, DrafterPrecision, DrafterWeights, LayerKind};
+use dflash_core::formats::ggml::GgmlType;
+use dflash_core::generate::{generate_cpu, GenerateRequest};
+use dflash_core::model_files::{load_gguf, LoadedModel};
+use dflash_core::sampling::SamplingParams;
+use dflash_core::speculative::{generate_speculative_cpu, generate_speculative_with, BlockSize, Proposer};
+use dflash_core::testutil::{random_weights, tiny_drafter_target, write_drafter, write_gguf, DrafterSpec, Rng};
+use dflash_core::Error;
+use std::collections::BTreeMap;
+
+fn target() -> LoadedModel {
+    let c = tiny_drafter_target();
+    load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap()
+}
+
+fn spec(seed: u64) -> DrafterSpec {
+    let c = tiny_drafter_target();
+    DrafterSpec {
+        layers: 2,
+        block_size: 16,
+        target_layer_ids: None,
+        block_in_dflash_config: true,
+        layer_types: None,
+        sliding_window: 0,
+        mask_token_id: c.vocab_size as u32 - 1,
+        seed,
+    }
+}
+
+fn load(files: &BTreeMap<String, Vec<u8>>) -> dflash_core::Result<DrafterWeights> {
+    let cfg = std::str::from_utf8(&files["config.json"]).unwrap();
+    DrafterWeights::load(cfg, vec![("model.safetensors", &files["model.safetensors"][..])], DrafterPrecision::Q8)
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    let mut r = Rng(77);
+    (0..4).map(|i| (0..5 + 7 * i).map(|_| r.below(260) as u32).collect()).collect()
+}
+
+fn req(prompt: &[u32], sampling: SamplingParams) -> GenerateRequest {
+    GenerateRequest { prompt_ids: prompt.to_vec(), max_new_tokens: 40, sampling, stop_strings: vec![], context: 256 }
+}
+
+fn samplings() -> Vec<SamplingParams> {
+    vec![
+        SamplingParams::default(),
+        SamplingParams { temperature: 0.8, top_p: 0.95, seed: 11, ..Default::default() },
+        SamplingParams { temperature: 1.0, seed: 12, ..Default::default() },
+    ]
+}
+
+fn blocks() -> Vec<BlockSize> {
+    vec![BlockSize::Fixed(1), BlockSize::Fixed(2), BlockSize::Fixed(4), BlockSize::Fixed(8), BlockSize::Fixed(16), BlockSize::auto_linear(16, 1.0), BlockSize::auto_linear(16, 0.02)]
+}
+
+#[test]
+fn a_random_drafter_is_lossless_at_every_block_size() {
+    let t = target();
+    let cpu = CpuModel::new(&t.weights);
+    let d = CpuDrafter::new(&load(&write_drafter(t.config(), &spec(5))).unwrap());
+    for sp in samplings() {
+        for p in prompts() {
+            let plain = generate_cpu(&cpu, &t.tokenizer, &req(&p, sp.clone()), &|| 0.0, &mut |_| {}).unwrap();
+            for b in blocks() {
+                let s = generate_speculative_cpu(&cpu, &d, &t.tokenizer, &req(&p, sp.clone()), &b, &|| 0.0, &mut |_| {}).unwrap();
+                assert_eq!(s.result.tokens, plain.tokens, "{b:?} T={}", sp.temperature);
+                assert_eq!(s.result.text, plain.text);
+                assert_eq!(s.result.finish_reason, plain.finish_reason);
+            }
+        }
+    }
+}
+
+/// Proposes the plain continuation for the first `good` drafts of every block and wrong
+/// tokens after, so steps accept drafts and roll back the rest.
+struct Oracle {
+    plain: Vec<u32>, // prompt + plain continuation
+    good: Vec<usize>,
+    step: usize,
+    vocab: u32,
+}
+
+impl Proposer for Oracle {
+    fn tap_layers(&self) -> Vec<usize> {
+        vec![1, 4]
+    }
+    fn max_block(&self) -> usize {
+        8
+    }
+    fn commit(&mut self, _taps: &[f32]) {}
+    fn draft(&mut self, _anchor: u32, pos: usize, b: usize) -> dflash_core::Result<Vec<u32>> {
+        let good = self.good[self.step % self.good.len()];
+        self.step += 1;
+        Ok((1..b).map(|j| {
+            let truth = self.plain.get(pos + j).copied().unwrap_or(0);
+            if j <= good { truth } else { (truth + 1) % self.vocab }
+        }).collect())
+    }
+}
+
+#[test]
+fn accepted_drafts_and_rollback_keep_the_output_equal_to_plain_decoding() {
+    let t = target();
+    let cpu = CpuModel::new(&t.weights);
+    for sp in samplings() {
+        for p in prompts() {
+            let plain = generate_cpu(&cpu, &t.tokenizer, &req(&p, sp.clone()), &|| 0.0, &mut |_| {}).unwrap();
+            let mut seq = p.clone();
+            seq.extend(&plain.tokens);
+            for b in [BlockSize::Fixed(8), BlockSize::Fixed(3), BlockSize::auto_linear(8, 0.1)] {
+                let mut o = Oracle { plain: seq.clone(), good: vec![7, 0, 3, 5, 1], step: 0, vocab: t.config().vocab_size as u32 };
+                let s = generate_speculative_with(&cpu, &mut o, &t.tokenizer, &req(&p, sp.clone()), &b, &|| 0.0, &mut |_| {}).unwrap();
+                assert_eq!(s.result.tokens, plain.tokens, "{b:?} T={}", sp.temperature);
+                if plain.tokens.len() == 40 && b == BlockSize::Fixed(8) {
+                    assert!(s.mean_tau() > 2.5, "tau {}", s.mean_tau());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn drafter_variants_load() {
+    let t = tiny_drafter_target();
+    // block_size at top level; default tap ids (6 target layers, 2 draft layers: 1 and 3).
+    let mut s = spec(1);
+    s.block_in_dflash_config = false;
+    let w = load(&write_drafter(&t, &s)).unwrap();
+    assert_eq!(w.config.block_size, 16);
+    assert_eq!(w.config.target_layer_ids, vec![1, 3]);
+    // More tap layers than draft layers, sliding and full layers.
+    let mut s = spec(2);
+    s.target_layer_ids = Some(vec![0, 1, 2, 4, 5]);
+    s.layer_types = Some(vec!["sliding_attention".into(), "full_attention".into()]);
+    s.sliding_window = 4;
+    let w = load(&write_drafter(&t, &s)).unwrap();
+    assert_eq!(w.config.n_taps(), 5);
+    assert_eq!(w.fc.cols, 5 * t.hidden_size);
+    assert_eq!(w.config.layer_kinds, vec![LayerKind::Sliding, LayerKind::Full]);
+    // The published Qwen3-8B drafter's default: 36 target layers, 5 draft layers.
+    assert_eq!(DrafterConfig::default_target_layer_ids(5, 36), vec![1, 9, 17, 25, 33]);
+    assert_eq!(DrafterConfig::default_target_layer_ids(1, 36), vec![18]);
+    // A sliding drafter is lossless too, with a context longer than its window.
+    let tm = target();
+    let cpu = CpuModel::new(&tm.weights);
+    let d = CpuDrafter::new(&w);
+    let p = &prompts()[3];
+    let plain = generate_cpu(&cpu, &tm.tokenizer, &req(p, SamplingParams::default()), &|| 0.0, &mut |_| {}).unwrap();
+    let sp = generate_speculative_cpu(&cpu, &d, &tm.tokenizer, &req(p, SamplingParams::default()), &BlockSize::Fixed(16), &|| 0.0, &mut |_| {}).unwrap();
+    assert_eq!(sp.result.tokens, plain.tokens);
+    // 4-bit drafter weights at load.
+    let files = write_drafter(&t, &spec(3));
+    let cfg = std::str::from_utf8(&files["config.json"]).unwrap();
+    let q4 = DrafterWeights::load(cfg, vec![("model.safetensors", &files["model.safetensors"][..])], DrafterPrecision::Q4).unwrap();
+    assert_eq!(q4.fc.format, dflash_core::quant::QFormat::Q4);
+}
+
+#[test]
+fn each_drafter_target_mismatch_has_its_error() {
+    let t = target();
+    let tc = t.config().clone();
+    let check = |edit: &dyn Fn(&mut serde_json::Value), field: &str| {
+        let mut files = write_drafter(&tc, &spec(4));
+        let mut cfg: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
+        edit(&mut cfg);
+        files.insert("config.json".into(), cfg.to_string().into_bytes());
+        let r = load(&files).and_then(|w| w.config.validate_against(&tc));
+        match r {
+            Err(Error::DrafterMismatch { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{field}: expected DrafterMismatch, got {:?}", other.err()),
+        }
+    };
+    check(&|c| c["vocab_size"] = 999.into(), "vocab_size");
+    check(&|c| c["num_target_layers"] = 12.into(), "num_target_layers");
+    check(&|c| c["dflash_config"]["target_layer_ids"] = serde_json::json!([1, 6]), "target_layer_ids");
+    check(&|c| c["dflash_config"]["mask_token_id"] = 5000.into(), "mask_token_id");
+    // A hidden size that differs is caught by the tensor shapes first, or by validation.
+    let mut files = write_drafter(&tc, &spec(4));
+    let mut cfg: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
+    cfg["hidden_size"] = 128.into();
+    files.insert("config.json".into(), cfg.to_string().into_bytes());
+    assert!(matches!(load(&files), Err(Error::ShapeMismatch { .. })));
+    // Not a drafter at all, and a missing mask token.
+    let files = write_drafter(&tc, &spec(4));
+    let mut cfg: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
+    cfg.as_object_mut().unwrap().remove("dflash_config");
+    cfg["architectures"] = serde_json::json!(["Qwen3ForCausalLM"]);
+    assert!(matches!(DrafterConfig::from_json(&cfg.to_string()), Err(Error::NotADrafter(_))));
+    cfg["architectures"] = serde_json::json!(["DFlashDraftModel"]);
+    assert!(matches!(DrafterConfig::from_json(&cfg.to_string()), Err(Error::NotADrafter(_))));
+}
+
+#[test]
+fn context_rows_fed_one_at_a_time_equal_all_at_once() {
+    let t = target();
+    let cpu = CpuModel::new(&t.weights);
+    let w = load(&write_drafter(t.config(), &spec(6))).unwrap();
+    let d = CpuDrafter::new(&w);
+    let toks = &prompts()[2];
+    let mut cache = cpu.new_cache(64);
+    let taps = cpu.forward(toks, &mut cache, dflash_core::cpu::LogitRows::None, &w.config.target_layer_ids).unwrap().taps;
+    let row = taps.len() / toks.len();
+    let (mut a, mut b) = (d.new_context(), d.new_context());
+    d.extend_context(&mut a, &taps);
+    for r in 0..toks.len() {
+        d.extend_context(&mut b, &taps[r * row..(r + 1) * row]);
+    }
+    let mask = w.config.mask_token_id;
+    let block = cpu.embed(&[3, mask, mask, mask]).unwrap();
+    assert_eq!(d.forward_block(&a, &block, toks.len()), d.forward_block(&b, &block, toks.len()));
+}
