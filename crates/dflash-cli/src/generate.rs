@@ -3,10 +3,9 @@
 use crate::{load, CliError, Device};
 use dflash_core::chat::Message;
 use dflash_core::cpu::CpuModel;
-use dflash_core::generate::{generate_cpu, FinishReason, GenerateRequest, GenerateResult, StopMatcher};
+use dflash_core::generate::{generate_cpu, FinishReason, GenerateRequest, GenerateResult, TokenSink};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
-use dflash_core::tokenizer::StreamDecoder;
 use dflash_gpu::model::Head;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
 use std::io::Write;
@@ -105,39 +104,11 @@ fn generate_gpu(g: &mut GpuModel, m: &LoadedModel, req: &GenerateRequest, on_tex
     let mut next = g.prefill_with(&req.prompt_ids, head)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let (mut tokens, mut stream, mut stops) = (Vec::new(), StreamDecoder::default(), StopMatcher::new(&req.stop_strings));
-    let mut finish = FinishReason::Length;
-    while tokens.len() < budget {
-        if m.tokenizer.is_stop(next) {
-            finish = FinishReason::Stop;
-            break;
-        }
-        tokens.push(next);
-        let (emit, stopped) = stops.push(&stream.push(&m.tokenizer, next)?);
-        if !emit.is_empty() {
-            on_text(&emit);
-        }
-        if stopped {
-            finish = FinishReason::Stop;
-            break;
-        }
-        if tokens.len() == budget {
-            break;
-        }
+    let mut sink = TokenSink::new(&m.tokenizer, &req.stop_strings, budget, on_text);
+    while !sink.push(next)? {
         next = g.step_with(&[next], head)?[0];
     }
-    let rest = stops.flush();
-    if !rest.is_empty() {
-        on_text(&rest);
-    }
-    Ok(GenerateResult {
-        text: stops.text().to_string(),
-        tokens,
-        prompt_tokens: req.prompt_ids.len(),
-        finish_reason: finish,
-        prefill_s,
-        decode_s: t1.elapsed().as_secs_f64(),
-    })
+    Ok(sink.finish(req.prompt_ids.len(), prefill_s, t1.elapsed().as_secs_f64()))
 }
 
 pub fn run(a: GenerateArgs) -> Result<(), CliError> {

@@ -92,6 +92,67 @@ pub fn token_budget(prompt_tokens: usize, max_new_tokens: usize, context: usize)
     Ok(max_new_tokens.min(context - prompt_tokens))
 }
 
+/// Checks a request against the model: sampling parameters, token ids, the context.
+/// Returns (context, token budget).
+pub fn prepare(req: &GenerateRequest, cfg: &crate::config::ModelConfig) -> Result<(usize, usize)> {
+    req.sampling.validate()?;
+    let context = req.context.min(cfg.max_position_embeddings).max(1);
+    let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
+    if let Some(&bad) = req.prompt_ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(Error::TokenOutOfRange { id: bad, vocab: cfg.vocab_size });
+    }
+    Ok((context, budget))
+}
+
+/// Where generated tokens go, whichever engine produced them: stop ids end the text
+/// (the id is not kept), text streams out in whole characters, stop strings cut it, and
+/// the token budget ends it.
+pub struct TokenSink<'a> {
+    tok: &'a TextTokenizer,
+    on_text: &'a mut dyn FnMut(&str),
+    budget: usize,
+    pub tokens: Vec<u32>,
+    stream: StreamDecoder,
+    stops: StopMatcher,
+    pub finish: FinishReason,
+}
+
+impl<'a> TokenSink<'a> {
+    pub fn new(tok: &'a TextTokenizer, stop_strings: &[String], budget: usize, on_text: &'a mut dyn FnMut(&str)) -> Self {
+        TokenSink { tok, on_text, budget, tokens: Vec::new(), stream: StreamDecoder::default(), stops: StopMatcher::new(stop_strings), finish: FinishReason::Length }
+    }
+
+    /// Takes the next token; true when generation is over.
+    pub fn push(&mut self, t: u32) -> Result<bool> {
+        if self.tokens.len() >= self.budget {
+            return Ok(true);
+        }
+        if self.tok.is_stop(t) {
+            self.finish = FinishReason::Stop;
+            return Ok(true);
+        }
+        self.tokens.push(t);
+        let (text, stopped) = self.stops.push(&self.stream.push(self.tok, t)?);
+        if !text.is_empty() {
+            (self.on_text)(&text);
+        }
+        if stopped {
+            self.finish = FinishReason::Stop;
+            return Ok(true);
+        }
+        Ok(self.tokens.len() >= self.budget)
+    }
+
+    /// Releases held-back text and builds the result.
+    pub fn finish(mut self, prompt_tokens: usize, prefill_s: f64, decode_s: f64) -> GenerateResult {
+        let rest = self.stops.flush();
+        if !rest.is_empty() {
+            (self.on_text)(&rest);
+        }
+        GenerateResult { text: self.stops.text().to_string(), tokens: self.tokens, prompt_tokens, finish_reason: self.finish, prefill_s, decode_s }
+    }
+}
+
 /// Generates with the CPU reference model. `clock` returns seconds (the host's clock:
 /// wasm has no `Instant`); `on_text` receives text as it is produced.
 pub fn generate_cpu(
@@ -101,57 +162,21 @@ pub fn generate_cpu(
     clock: &dyn Fn() -> f64,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerateResult> {
-    req.sampling.validate()?;
-    let context = req.context.min(model.config.max_position_embeddings).max(1);
-    let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
-    let vocab = model.config.vocab_size;
-    if let Some(&bad) = req.prompt_ids.iter().find(|&&t| t as usize >= vocab) {
-        return Err(Error::TokenOutOfRange { id: bad, vocab });
-    }
+    let (context, budget) = prepare(req, &model.config)?;
     let mut cache = model.new_cache(context);
     let t0 = clock();
-    let out = model.forward(&req.prompt_ids, &mut cache, LogitRows::Last, &[])?;
-    let mut logits = out.logits;
+    let mut logits = model.forward(&req.prompt_ids, &mut cache, LogitRows::Last, &[])?.logits;
     let t1 = clock();
     let mut history = req.prompt_ids.clone();
-    let mut tokens = Vec::new();
-    let mut stream = StreamDecoder::default();
-    let mut stops = StopMatcher::new(&req.stop_strings);
-    let mut finish = FinishReason::Length;
-    while tokens.len() < budget {
-        let pos = history.len();
-        let next = sample(&logits, &req.sampling, &history, pos);
-        if tok.is_stop(next) {
-            finish = FinishReason::Stop;
-            break;
-        }
-        tokens.push(next);
+    let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
+    loop {
+        let next = sample(&logits, &req.sampling, &history, history.len());
         history.push(next);
-        let piece = stream.push(tok, next)?;
-        let (emit, stopped) = stops.push(&piece);
-        if !emit.is_empty() {
-            on_text(&emit);
-        }
-        if stopped {
-            finish = FinishReason::Stop;
-            break;
-        }
-        if tokens.len() == budget {
+        if sink.push(next)? {
             break;
         }
         logits = model.forward(&[next], &mut cache, LogitRows::Last, &[])?.logits;
     }
-    let rest = stops.flush();
-    if !rest.is_empty() {
-        on_text(&rest);
-    }
     let t2 = clock();
-    Ok(GenerateResult {
-        text: stops.text().to_string(),
-        tokens,
-        prompt_tokens: req.prompt_ids.len(),
-        finish_reason: finish,
-        prefill_s: t1 - t0,
-        decode_s: t2 - t1,
-    })
+    Ok(sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1))
 }

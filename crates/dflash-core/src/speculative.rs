@@ -9,9 +9,9 @@ use crate::cpu::ops::argmax;
 use crate::cpu::{CpuModel, LogitRows};
 use crate::drafter::CpuDrafter;
 use crate::error::{Error, Result};
-use crate::generate::{token_budget, FinishReason, GenerateRequest, GenerateResult, StopMatcher};
+use crate::generate::{prepare, GenerateRequest, GenerateResult, TokenSink};
 use crate::sampling::sample;
-use crate::tokenizer::{StreamDecoder, TextTokenizer};
+use crate::tokenizer::TextTokenizer;
 
 /// How many rows each step verifies.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,13 +178,8 @@ pub fn generate_speculative_with(
     clock: &dyn Fn() -> f64,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<SpeculativeResult> {
-    req.sampling.validate()?;
-    let context = req.context.min(target.config.max_position_embeddings).max(1);
-    let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
+    let (context, budget) = prepare(req, &target.config)?;
     let vocab = target.config.vocab_size;
-    if let Some(&bad) = req.prompt_ids.iter().find(|&&t| t as usize >= vocab) {
-        return Err(Error::TokenOutOfRange { id: bad, vocab });
-    }
     let taps = proposer.tap_layers();
     let h = target.config.hidden_size;
     let tap_w = taps.len() * h;
@@ -198,30 +193,10 @@ pub fn generate_speculative_with(
     let mut anchor = sample(&out.logits, &req.sampling, &history, history.len());
     let t1 = clock();
 
-    let mut tokens = Vec::new();
-    let mut stream = StreamDecoder::default();
-    let mut stops = StopMatcher::new(&req.stop_strings);
-    let mut finish = FinishReason::Length;
+    let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
     let mut acceptance = Acceptance::default();
     let mut taus = Vec::new();
-    // Emits one token; returns true when generation ends.
-    let mut emit = |t: u32, tokens: &mut Vec<u32>, finish: &mut FinishReason| -> Result<bool> {
-        if tok.is_stop(t) {
-            *finish = FinishReason::Stop;
-            return Ok(true);
-        }
-        tokens.push(t);
-        let (text, stopped) = stops.push(&stream.push(tok, t)?);
-        if !text.is_empty() {
-            on_text(&text);
-        }
-        if stopped {
-            *finish = FinishReason::Stop;
-            return Ok(true);
-        }
-        Ok(tokens.len() >= budget)
-    };
-    let mut done = budget == 0 || emit(anchor, &mut tokens, &mut finish)?;
+    let mut done = budget == 0 || sink.push(anchor)?;
     while !done {
         let pos = cache.len();
         let b = choose_block(block, &acceptance, max_block).min(context - pos).max(1);
@@ -254,34 +229,14 @@ pub fn generate_speculative_with(
         // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
         cache.truncate(pos + acc + 1);
         proposer.commit(&out.taps[..(acc + 1) * tap_w]);
-        for &d in &block_ids[1..=acc] {
-            if emit(d, &mut tokens, &mut finish)? {
-                done = true;
+        for &t in block_ids[1..=acc].iter().chain([&bonus]) {
+            done = sink.push(t)?;
+            if done {
                 break;
             }
         }
-        if !done {
-            done = emit(bonus, &mut tokens, &mut finish)?;
-        }
         anchor = bonus;
     }
-    let rest = stops.flush();
-    if !rest.is_empty() {
-        on_text(&rest);
-    }
     let t2 = clock();
-    let steps = taus.len();
-    Ok(SpeculativeResult {
-        result: GenerateResult {
-            text: stops.text().to_string(),
-            tokens,
-            prompt_tokens: req.prompt_ids.len(),
-            finish_reason: finish,
-            prefill_s: t1 - t0,
-            decode_s: t2 - t1,
-        },
-        steps,
-        taus,
-        acceptance,
-    })
+    Ok(SpeculativeResult { result: sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1), steps: taus.len(), taus, acceptance })
 }
