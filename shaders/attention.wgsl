@@ -13,7 +13,12 @@ struct Params {
     kv_dim: u32,
     q_stride: u32,  // floats per query row
     scale: f32,
-    window: u32,    // keys visible before the query (0 = all)
+    window: u32,    // keys visible before the query (0 = all); non-causal: context rows kept
+    causal: u32,    // 1: row r sees keys 0..=state[0]+r; 0: every row sees all
+                    //    state[0] + n_rows keys (a drafter block over its context)
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -61,11 +66,17 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
     let h = wg.x;
     let r = wg.y;
     let kh = h / p.group;
-    let pos = state[0] + r;
-    let n_keys = pos + 1u;
+    var n_keys = state[0] + r + 1u;
     var first = 0u;
-    if (p.window > 0u && n_keys > p.window) {
-        first = n_keys - p.window;
+    if (p.causal == 1u) {
+        if (p.window > 0u && n_keys > p.window) {
+            first = n_keys - p.window;
+        }
+    } else {
+        n_keys = state[0] + p.n_rows;
+        if (p.window > 0u && state[0] > p.window) {
+            first = state[0] - p.window;
+        }
     }
     let qbase = r * p.q_stride + h * p.head_dim;
     for (var d = t; d < p.head_dim; d += WG) {

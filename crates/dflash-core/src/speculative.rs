@@ -40,7 +40,8 @@ pub struct Acceptance {
 }
 
 impl Acceptance {
-    fn record(&mut self, drafts: usize, acc: usize) {
+    /// Records a step that proposed `drafts` drafts and accepted `acc`.
+    pub fn record_step(&mut self, drafts: usize, acc: usize) {
         if self.tried.len() < drafts {
             self.tried.resize(drafts, 0);
             self.accepted.resize(drafts, 0);
@@ -224,7 +225,7 @@ pub fn generate_speculative_with(
                 break;
             }
         }
-        acceptance.record(b - 1, acc);
+        acceptance.record_step(b - 1, acc);
         taus.push(acc + 1);
         // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
         cache.truncate(pos + acc + 1);

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod context;
+pub mod dflash;
 pub mod error;
 pub mod model;
 pub mod ops;

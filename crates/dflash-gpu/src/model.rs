@@ -63,23 +63,25 @@ struct GpuLayer {
     v_cache: wgpu::Buffer,
 }
 
-struct Activations {
-    tokens: wgpu::Buffer,
-    state: wgpu::Buffer,
-    x: wgpu::Buffer,
-    xn: wgpu::Buffer,
-    q: wgpu::Buffer,
-    k: wgpu::Buffer,
-    v: wgpu::Buffer,
-    att: wgpu::Buffer,
-    gate: wgpu::Buffer,
-    up: wgpu::Buffer,
-    ff: wgpu::Buffer,
-    logits: wgpu::Buffer,
-    out_tokens: wgpu::Buffer,
-    sample_params: wgpu::Buffer,
-    taps: wgpu::Buffer,
-    readback: wgpu::Buffer,
+pub(crate) struct Activations {
+    pub(crate) tokens: wgpu::Buffer,
+    pub(crate) state: wgpu::Buffer,
+    pub(crate) ext_state: wgpu::Buffer,
+    pub(crate) result: wgpu::Buffer,
+    pub(crate) x: wgpu::Buffer,
+    pub(crate) xn: wgpu::Buffer,
+    pub(crate) q: wgpu::Buffer,
+    pub(crate) k: wgpu::Buffer,
+    pub(crate) v: wgpu::Buffer,
+    pub(crate) att: wgpu::Buffer,
+    pub(crate) gate: wgpu::Buffer,
+    pub(crate) up: wgpu::Buffer,
+    pub(crate) ff: wgpu::Buffer,
+    pub(crate) logits: wgpu::Buffer,
+    pub(crate) out_tokens: wgpu::Buffer,
+    pub(crate) sample_params: wgpu::Buffer,
+    pub(crate) taps: wgpu::Buffer,
+    pub(crate) readback: wgpu::Buffer,
 }
 
 /// What a pass produces beyond the KV cache.
@@ -99,15 +101,15 @@ pub struct GpuModel {
     pub memory: MemoryPlan,
     pub context: usize,
     pub taps: Vec<usize>,
-    embed: GpuMatrix,
-    lm_head: Option<GpuMatrix>,
+    pub(crate) embed: GpuMatrix,
+    pub(crate) lm_head: Option<GpuMatrix>,
     out_norm: wgpu::Buffer,
     rope_table: wgpu::Buffer,
     layers: Vec<GpuLayer>,
-    act: Activations,
-    plans: HashMap<(usize, Head), Vec<Dispatch>>,
+    pub(crate) act: Activations,
+    pub(crate) plans: HashMap<(usize, Head), Vec<Dispatch>>,
     /// Committed positions in the KV cache.
-    len: usize,
+    pub(crate) len: usize,
 }
 
 fn kv_bytes(c: &ModelConfig, context: usize, f16: bool) -> u64 {
@@ -216,6 +218,8 @@ impl GpuModel {
         let act = Activations {
             tokens: wb("tokens", n * 4),
             state: wb("state", 16),
+            ext_state: wb("ext_state", 16),
+            result: wb("result", (n + 4) * 4),
             x: wb("x", n * f * c.hidden_size as u64),
             xn: wb("xn", n * f * c.hidden_size as u64),
             q: wb("q", n * f * c.q_dim() as u64),
@@ -231,7 +235,7 @@ impl GpuModel {
             taps: wb("taps", n * f * (opts.taps.len().max(1) * c.hidden_size) as u64),
             readback: ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("readback"),
-                size: n * 4,
+                size: (n + 4) * 4,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
@@ -281,14 +285,14 @@ impl GpuModel {
         self.ctx.pipelines.len()
     }
 
-    fn build_plan(&self, n: usize, head: Head) -> Result<Vec<Dispatch>> {
+    pub(crate) fn build_plan(&self, n: usize, head: Head) -> Result<Vec<Dispatch>> {
         let ctx: &GpuContext = &self.ctx;
         let c = &self.config;
         let a = &self.act;
         let (h, qd, kvd, ff, eps) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.rms_norm_eps);
         let rope_q = ops::RopeShape { style: c.rope_style, heads: c.num_heads, head_dim: c.head_dim, rope_dim: c.rope_dim };
         let rope_k = ops::RopeShape { heads: c.num_kv_heads, ..rope_q };
-        let att = ops::AttentionShape { n_heads: c.num_heads, n_kv_heads: c.num_kv_heads, head_dim: c.head_dim, window: 0 };
+        let att = ops::AttentionShape { n_heads: c.num_heads, n_kv_heads: c.num_kv_heads, head_dim: c.head_dim, window: 0, causal: true };
         let mut d = ops::embedding(ctx, &self.embed, &a.tokens, &a.x, n)?;
         for (li, l) in self.layers.iter().enumerate() {
             d.push(ops::rmsnorm(ctx, eps, &l.attn_norm, &a.x, &a.xn, n, h)?);
@@ -333,7 +337,7 @@ impl GpuModel {
 
     /// Encodes and submits one pass over `tokens` (at most 16) at positions
     /// `len..len+n`. Nothing is read back.
-    fn submit_pass(&mut self, tokens: &[u32], head: Head) -> Result<()> {
+    pub(crate) fn submit_pass(&mut self, tokens: &[u32], head: Head) -> Result<()> {
         let n = tokens.len();
         assert!(n >= 1 && n <= MAX_ROWS);
         if self.len + n > self.context {

@@ -80,8 +80,10 @@ pub struct AttentionShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
-    /// Keys visible before a query (0 = all).
+    /// Keys visible before a query (0 = all); non-causal: context rows kept.
     pub window: usize,
+    /// Causal (the target) or a block attending to all of [context | block] (the drafter).
+    pub causal: bool,
 }
 
 /// Causal attention of `n` query rows (positions `state[0] + row`) over a KV cache.
@@ -89,7 +91,7 @@ pub struct AttentionShape {
 pub fn attention(ctx: &GpuContext, s: &AttentionShape, state: &wgpu::Buffer, q: &wgpu::Buffer, kc: &wgpu::Buffer, vc: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<Dispatch> {
     let scale = 1.0 / (s.head_dim as f32).sqrt();
     let kv_dim = s.n_kv_heads * s.head_dim;
-    let params = [n as u32, s.n_heads as u32, (s.n_heads / s.n_kv_heads) as u32, s.head_dim as u32, kv_dim as u32, (s.n_heads * s.head_dim) as u32, scale.to_bits(), s.window as u32];
+    let params = [n as u32, s.n_heads as u32, (s.n_heads / s.n_kv_heads) as u32, s.head_dim as u32, kv_dim as u32, (s.n_heads * s.head_dim) as u32, scale.to_bits(), s.window as u32, s.causal as u32, 0, 0, 0];
     Dispatch::new(ctx, &Kernel::new(Shader::Attention, "main"), Some(&params), &[(1, state), (2, q), (3, kc), (4, vc), (5, out)], [s.n_heads as u32, n as u32, 1])
 }
 

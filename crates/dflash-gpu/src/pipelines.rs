@@ -20,12 +20,14 @@ pub enum Shader {
     Argmax,
     Sample,
     Copy,
+    DFlash,
 }
 
 const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
 
 impl Shader {
-    pub const ALL: [Shader; 9] = [
+    pub const ALL: [Shader; 10] = [
+        Shader::DFlash,
         Shader::Gemv,
         Shader::Embedding,
         Shader::RmsNorm,
@@ -48,6 +50,7 @@ impl Shader {
             Shader::Argmax => include_str!("../../../shaders/argmax.wgsl"),
             Shader::Sample => include_str!("../../../shaders/sample.wgsl"),
             Shader::Copy => include_str!("../../../shaders/copy.wgsl"),
+            Shader::DFlash => include_str!("../../../shaders/dflash.wgsl"),
         }
     }
 

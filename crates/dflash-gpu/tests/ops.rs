@@ -218,7 +218,7 @@ fn attention_matches_the_reference() {
         let (kb, vb) = (f32_buffer(&ctx, "k", &k), f32_buffer(&ctx, "v", &v));
         run(&ctx, &[ops::store_kv(&ctx, &kb, &st0, &kc, total, kvd).unwrap(), ops::store_kv(&ctx, &vb, &st0, &vc, total, kvd).unwrap()]);
         let out = work_buffer(&ctx, "out", (n * nh * hd * 4) as u64);
-        let shape = ops::AttentionShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd, window: 0 };
+        let shape = ops::AttentionShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd, window: 0, causal: true };
         run(&ctx, &[ops::attention(&ctx, &shape, &state(&ctx, start as u32), &f32_buffer(&ctx, "q", &q), &kc, &vc, &out, n).unwrap()]);
         let got = read_f32(&ctx, &out, want.len());
         let tol = if ctx.f16 { 2e-3 } else { 2e-5 };

@@ -1,0 +1,361 @@
+//! DFlash on the GPU: the drafter's context projection and per-layer context K/V, the
+//! block pass, the target's verification, acceptance and rollback, all in one
+//! submission per step; the host reads back (accepted length, tokens).
+
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use crate::model::{GpuModel, Head, MAX_ROWS};
+use crate::ops;
+use crate::pipelines::{Dispatch, Kernel, Shader};
+use crate::upload::{f32_buffer, upload_matrix, work_buffer, GpuMatrix};
+use dflash_core::config::RopeStyle;
+use dflash_core::cpu::ops::rope_cos_sin;
+use dflash_core::drafter::{DrafterWeights, LayerKind};
+use std::collections::HashMap;
+
+struct DraftLayer {
+    input_norm: wgpu::Buffer,
+    post_norm: wgpu::Buffer,
+    q_norm: wgpu::Buffer,
+    k_norm: wgpu::Buffer,
+    wq: GpuMatrix,
+    wk: GpuMatrix,
+    wv: GpuMatrix,
+    wo: GpuMatrix,
+    w_gate: GpuMatrix,
+    w_up: GpuMatrix,
+    w_down: GpuMatrix,
+    k_ctx: wgpu::Buffer,
+    v_ctx: wgpu::Buffer,
+    window: usize,
+}
+
+/// The drafter's weights, context cache and activations on the GPU.
+pub struct GpuDrafter {
+    pub config: dflash_core::drafter::DrafterConfig,
+    fc: GpuMatrix,
+    hidden_norm: wgpu::Buffer,
+    norm: wgpu::Buffer,
+    layers: Vec<DraftLayer>,
+    rope_table: wgpu::Buffer,
+    c: wgpu::Buffer,
+    x: wgpu::Buffer,
+    xn: wgpu::Buffer,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    att: wgpu::Buffer,
+    gate: wgpu::Buffer,
+    up: wgpu::Buffer,
+    ff: wgpu::Buffer,
+    ids: wgpu::Buffer,
+    drafts: wgpu::Buffer,
+    host_drafts: wgpu::Buffer,
+    pub n_bytes: u64,
+}
+
+impl GpuDrafter {
+    pub fn new(ctx: &GpuContext, w: &DrafterWeights, target: &GpuModel, host_draft_capacity: usize) -> Result<Self> {
+        let c = &w.config;
+        c.validate_against(&target.config)?;
+        if c.block_size > MAX_ROWS && c.block_size != 0 {
+            // Blocks are verified 16 rows at a time at most; larger trained blocks are
+            // used up to 16.
+        }
+        let cap = target.context + MAX_ROWS;
+        let elt = if ctx.f16 { 2 } else { 4 };
+        let kv_bytes = (cap * c.kv_dim() * elt) as u64;
+        if kv_bytes > ctx.max_binding() {
+            return Err(GpuError::LimitExceeded { what: "the drafter's context cache of one layer".into(), need: kv_bytes, limit: ctx.max_binding(), limit_name: "max_storage_buffer_binding_size" });
+        }
+        let mut n_bytes = w.fc.n_bytes() as u64;
+        let mut layers = Vec::new();
+        for (l, kind) in w.layers.iter().zip(&c.layer_kinds) {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                n_bytes += m.n_bytes() as u64;
+            }
+            layers.push(DraftLayer {
+                input_norm: f32_buffer(ctx, "d.input_norm", &l.input_norm),
+                post_norm: f32_buffer(ctx, "d.post_norm", &l.post_norm),
+                q_norm: f32_buffer(ctx, "d.q_norm", &l.q_norm),
+                k_norm: f32_buffer(ctx, "d.k_norm", &l.k_norm),
+                wq: upload_matrix(ctx, "d.wq", &l.wq)?,
+                wk: upload_matrix(ctx, "d.wk", &l.wk)?,
+                wv: upload_matrix(ctx, "d.wv", &l.wv)?,
+                wo: upload_matrix(ctx, "d.wo", &l.wo)?,
+                w_gate: upload_matrix(ctx, "d.gate", &l.w_gate)?,
+                w_up: upload_matrix(ctx, "d.up", &l.w_up)?,
+                w_down: upload_matrix(ctx, "d.down", &l.w_down)?,
+                k_ctx: work_buffer(ctx, "d.k_ctx", kv_bytes),
+                v_ctx: work_buffer(ctx, "d.v_ctx", kv_bytes),
+                window: if *kind == LayerKind::Sliding { c.sliding_window } else { 0 },
+            });
+        }
+        let inv = c.rope_inv_freq();
+        let mut table = Vec::with_capacity(cap * inv.len() * 2);
+        for pos in 0..cap {
+            for &f in &inv {
+                let (cs, sn) = rope_cos_sin(pos, f);
+                table.extend([cs, sn]);
+            }
+        }
+        let n = MAX_ROWS as u64 * 4;
+        let (h, qd, kvd, ff) = (c.hidden_size as u64, c.q_dim() as u64, c.kv_dim() as u64, c.intermediate_size as u64);
+        Ok(GpuDrafter {
+            fc: upload_matrix(ctx, "d.fc", &w.fc)?,
+            hidden_norm: f32_buffer(ctx, "d.hidden_norm", &w.hidden_norm),
+            norm: f32_buffer(ctx, "d.norm", &w.norm),
+            layers,
+            rope_table: f32_buffer(ctx, "d.rope", &table),
+            c: work_buffer(ctx, "d.c", n * h),
+            x: work_buffer(ctx, "d.x", n * h),
+            xn: work_buffer(ctx, "d.xn", n * h),
+            q: work_buffer(ctx, "d.q", n * qd),
+            k: work_buffer(ctx, "d.k", n * kvd),
+            v: work_buffer(ctx, "d.v", n * kvd),
+            att: work_buffer(ctx, "d.att", n * qd),
+            gate: work_buffer(ctx, "d.gate", n * ff),
+            up: work_buffer(ctx, "d.up", n * ff),
+            ff: work_buffer(ctx, "d.ffo", n * ff),
+            ids: work_buffer(ctx, "d.ids", 64),
+            drafts: work_buffer(ctx, "d.drafts", 64),
+            host_drafts: work_buffer(ctx, "d.host", (host_draft_capacity.max(1) * 4) as u64),
+            n_bytes,
+            config: c.clone(),
+        })
+    }
+
+    fn rope_shape(&self, heads: usize) -> ops::RopeShape {
+        ops::RopeShape { style: RopeStyle::Neox, heads, head_dim: self.config.head_dim, rope_dim: self.config.head_dim }
+    }
+
+    /// Grows the context cache by `n` rows of the target's taps at positions
+    /// `ext_state[0]..`: `c = hidden_norm(fc(taps))`, per layer `k_norm(c Wk)` + RoPE, `c Wv`.
+    fn extend_dispatches(&self, ctx: &GpuContext, t: &GpuModel, n: usize) -> Result<Vec<Dispatch>> {
+        let c = &self.config;
+        let (h, kvd, eps) = (c.hidden_size, c.kv_dim(), c.rms_norm_eps);
+        let es = &t.act.ext_state;
+        let mut d = ops::gemv(ctx, &self.fc, &t.act.taps, &self.xn, n, false)?;
+        d.push(ops::rmsnorm(ctx, eps, &self.hidden_norm, &self.xn, &self.c, n, h)?);
+        for l in &self.layers {
+            d.extend(ops::gemv(ctx, &l.wk, &self.c, &self.k, n, false)?);
+            d.extend(ops::gemv(ctx, &l.wv, &self.c, &self.v, n, false)?);
+            d.push(ops::rmsnorm_inplace(ctx, eps, &l.k_norm, &self.k, n * c.num_kv_heads, c.head_dim)?);
+            d.push(ops::rope(ctx, &self.rope_shape(c.num_kv_heads), es, &self.rope_table, &self.k, n)?);
+            d.push(ops::store_kv(ctx, &self.k, es, &l.k_ctx, n, kvd)?);
+            d.push(ops::store_kv(ctx, &self.v, es, &l.v_ctx, n, kvd)?);
+        }
+        Ok(d)
+    }
+
+    /// The block pass: [anchor, MASK...] at positions state[0].., attending to the whole
+    /// context and the block; the target's lm_head and argmax give the drafts.
+    fn draft_dispatches(&self, ctx: &GpuContext, t: &GpuModel, b: usize, host: bool) -> Result<Vec<Dispatch>> {
+        let c = &self.config;
+        let (h, qd, kvd, eps) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.rms_norm_eps);
+        let st = &t.act.state;
+        let mut d = vec![bookkeeping(ctx, t, self, "prepare", b, host)?];
+        if !host {
+            d.extend(ops::embedding(ctx, &t.embed, &self.ids, &self.x, b)?);
+            for l in &self.layers {
+                d.push(ops::rmsnorm(ctx, eps, &l.input_norm, &self.x, &self.xn, b, h)?);
+                d.extend(ops::gemv(ctx, &l.wq, &self.xn, &self.q, b, false)?);
+                d.extend(ops::gemv(ctx, &l.wk, &self.xn, &self.k, b, false)?);
+                d.extend(ops::gemv(ctx, &l.wv, &self.xn, &self.v, b, false)?);
+                d.push(ops::rmsnorm_inplace(ctx, eps, &l.q_norm, &self.q, b * c.num_heads, c.head_dim)?);
+                d.push(ops::rmsnorm_inplace(ctx, eps, &l.k_norm, &self.k, b * c.num_kv_heads, c.head_dim)?);
+                d.push(ops::rope(ctx, &self.rope_shape(c.num_heads), st, &self.rope_table, &self.q, b)?);
+                d.push(ops::rope(ctx, &self.rope_shape(c.num_kv_heads), st, &self.rope_table, &self.k, b)?);
+                d.push(ops::store_kv(ctx, &self.k, st, &l.k_ctx, b, kvd)?);
+                d.push(ops::store_kv(ctx, &self.v, st, &l.v_ctx, b, kvd)?);
+                let shape = ops::AttentionShape { n_heads: c.num_heads, n_kv_heads: c.num_kv_heads, head_dim: c.head_dim, window: l.window, causal: false };
+                d.push(ops::attention(ctx, &shape, st, &self.q, &l.k_ctx, &l.v_ctx, &self.att, b)?);
+                d.extend(ops::gemv(ctx, &l.wo, &self.att, &self.x, b, true)?);
+                d.push(ops::rmsnorm(ctx, eps, &l.post_norm, &self.x, &self.xn, b, h)?);
+                d.extend(ops::gemv(ctx, &l.w_gate, &self.xn, &self.gate, b, false)?);
+                d.extend(ops::gemv(ctx, &l.w_up, &self.xn, &self.up, b, false)?);
+                d.push(ops::swiglu(ctx, &self.gate, &self.up, &self.ff, b, c.intermediate_size)?);
+                d.extend(ops::gemv(ctx, &l.w_down, &self.ff, &self.x, b, true)?);
+            }
+            d.push(ops::rmsnorm(ctx, eps, &self.norm, &self.x, &self.xn, b, h)?);
+            let lm = t.lm_head.as_ref().unwrap_or(&t.embed);
+            d.extend(ops::gemv(ctx, lm, &self.xn, &t.act.logits, b, false)?);
+            let v = t.config.vocab_size;
+            d.push(ops::argmax(ctx, &t.act.logits, &self.drafts, b, v, v)?);
+        }
+        let _ = (qd, kvd);
+        d.push(bookkeeping(ctx, t, self, "compose", b, host)?);
+        Ok(d)
+    }
+}
+
+fn bookkeeping(ctx: &GpuContext, t: &GpuModel, dr: &GpuDrafter, entry: &'static str, b: usize, host: bool) -> Result<Dispatch> {
+    let params = [b as u32, dr.config.mask_token_id, host as u32, 0];
+    let a = &t.act;
+    let k = Kernel::new(Shader::DFlash, entry);
+    let bufs: Vec<(u32, &wgpu::Buffer)> = match entry {
+        "prepare" => vec![(1, &a.state), (3, &dr.ids)],
+        "compose" => vec![(1, &a.state), (3, &a.tokens), (4, &dr.drafts), (5, &dr.host_drafts)],
+        _ => vec![(1, &a.state), (2, &a.ext_state), (3, &a.tokens), (6, &a.out_tokens), (7, &a.result)],
+    };
+    Dispatch::new(ctx, &k, Some(&params), &bufs, [1, 1, 1])
+}
+
+/// One DFlash step's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepResult {
+    /// Accepted drafts.
+    pub accepted: usize,
+    /// The accepted drafts then the bonus token: `accepted + 1` tokens.
+    pub tokens: Vec<u32>,
+}
+
+/// Target and drafter on one device, with the step plans per (block, head).
+pub struct Speculative {
+    pub target: GpuModel,
+    pub drafter: GpuDrafter,
+    plans: HashMap<(usize, Head, bool), Vec<Dispatch>>,
+    ext_plans: HashMap<usize, Vec<Dispatch>>,
+    /// Drafts come from the host buffer (tests that force acceptance patterns).
+    pub host_drafts: bool,
+}
+
+impl Speculative {
+    pub fn new(target: GpuModel, w: &DrafterWeights) -> Result<Self> {
+        let ctx = target.ctx.clone();
+        let drafter = GpuDrafter::new(&ctx, w, &target, target.context + MAX_ROWS + 1)?;
+        Ok(Speculative { target, drafter, plans: HashMap::new(), ext_plans: HashMap::new(), host_drafts: false })
+    }
+
+    /// Largest block this pair can verify.
+    pub fn max_block(&self) -> usize {
+        self.drafter.config.block_size.clamp(1, MAX_ROWS)
+    }
+
+    /// Writes the drafts the host wants proposed for each absolute position (tests).
+    pub fn set_host_drafts(&mut self, by_position: &[u32]) {
+        self.host_drafts = true;
+        self.target.ctx.queue.write_buffer(&self.drafter.host_drafts, 0, bytemuck::cast_slice(by_position));
+    }
+
+    /// Prefill of the target with taps, feeding every prompt row to the drafter's context;
+    /// returns the first token (the first anchor) and leaves it on the GPU.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn prefill(&mut self, prompt: &[u32], head: Head) -> Result<u32> {
+        if prompt.is_empty() {
+            return Err(GpuError::Core(dflash_core::Error::BadSampling("the prompt is empty".into())));
+        }
+        self.target.truncate(0);
+        let ctx = self.target.ctx.clone();
+        let chunks: Vec<&[u32]> = prompt.chunks(MAX_ROWS).collect();
+        let mut first = 0;
+        for (i, ch) in chunks.iter().enumerate() {
+            let start = self.target.len() as u32;
+            let last = i + 1 == chunks.len();
+            self.target.submit_pass(ch, if last { head } else { Head::None })?;
+            ctx.queue.write_buffer(&self.target.act.ext_state, 0, bytemuck::cast_slice(&[start, 0u32, 0, 0]));
+            if !self.ext_plans.contains_key(&ch.len()) {
+                let p = self.drafter.extend_dispatches(&ctx, &self.target, ch.len())?;
+                self.ext_plans.insert(ch.len(), p);
+            }
+            ops::submit(&ctx, &self.ext_plans[&ch.len()].iter().collect::<Vec<_>>());
+            if last {
+                let bytes = ctx.read_mapped(&self.target.act.readback)?;
+                first = bytemuck::cast_slice::<u8, u32>(&bytes)[ch.len() - 1];
+            }
+        }
+        let pos = self.target.len() as u32;
+        ctx.queue.write_buffer(&self.target.act.state, 0, bytemuck::cast_slice(&[pos, 0, first, 0u32]));
+        ctx.queue.write_buffer(&self.target.act.ext_state, 0, bytemuck::cast_slice(&[pos, 0u32, 0, 0]));
+        Ok(first)
+    }
+
+    /// One step with a block of `b` rows (1 = plain decoding through the same loop):
+    /// extend the drafter's context with the rows committed last step, draft, verify,
+    /// accept, roll back, all in one submission; reads back (accepted, tokens).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn step(&mut self, b: usize, head: Head) -> Result<StepResult> {
+        let b = b.clamp(1, self.max_block());
+        let pos = self.target.len();
+        if pos + b > self.target.context {
+            return Err(GpuError::Core(dflash_core::Error::ContextOverflow { prompt_tokens: pos + b, max_new_tokens: 0, context: self.target.context }));
+        }
+        let ctx = self.target.ctx.clone();
+        ctx.check_lost()?;
+        let key = (b, head, self.host_drafts);
+        if !self.plans.contains_key(&key) {
+            let mut d = self.drafter.extend_dispatches(&ctx, &self.target, MAX_ROWS.min(self.max_block()).max(b))?;
+            d.extend(self.drafter.draft_dispatches(&ctx, &self.target, b, self.host_drafts)?);
+            d.extend(self.target.build_plan(b, head)?);
+            d.push(bookkeeping(&ctx, &self.target, &self.drafter, "accept", b, self.host_drafts)?);
+            self.plans.insert(key, d);
+        }
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("dflash step") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("dflash step"), timestamp_writes: None });
+            for d in &self.plans[&key] {
+                d.encode(&mut pass);
+            }
+        }
+        enc.copy_buffer_to_buffer(&self.target.act.result, 0, &self.target.act.readback, 0, ((b + 1) * 4) as u64);
+        ctx.queue.submit([enc.finish()]);
+        let bytes = ctx.read_mapped(&self.target.act.readback)?;
+        let r: &[u32] = bytemuck::cast_slice(&bytes);
+        let acc = r[0] as usize;
+        if acc >= b {
+            return Err(GpuError::Readback(format!("accepted {acc} of a block of {b}")));
+        }
+        self.target.len = pos + acc + 1;
+        Ok(StepResult { accepted: acc, tokens: r[1..acc + 2].to_vec() })
+    }
+}
+
+impl Speculative {
+    /// The drafter's final (normed) hidden rows of the last block (tests).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_draft_hidden(&self, b: usize) -> Result<Vec<f32>> {
+        let bytes = self.target.ctx.read_back(&self.drafter.xn, 0, (b * self.drafter.config.hidden_size * 4) as u64)?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+
+    /// Speculative generation: the same request, stop handling and result as plain
+    /// generation, plus per-step tau and per-position acceptance.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn generate(
+        &mut self,
+        tok: &dflash_core::tokenizer::TextTokenizer,
+        req: &dflash_core::generate::GenerateRequest,
+        block: &dflash_core::speculative::BlockSize,
+        clock: &dyn Fn() -> f64,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<dflash_core::speculative::SpeculativeResult> {
+        use dflash_core::generate::{prepare, TokenSink};
+        use dflash_core::speculative::{choose_block, Acceptance, SpeculativeResult};
+        let mut cfg = self.target.config.clone();
+        cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
+        let (_, budget) = prepare(req, &cfg)?;
+        let head = if req.sampling.is_greedy() { Head::Argmax } else { Head::Sample };
+        self.target.set_sampling(&req.sampling)?;
+        let t0 = clock();
+        let anchor = self.prefill(&req.prompt_ids, head)?;
+        let t1 = clock();
+        let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
+        let (mut acceptance, mut taus) = (Acceptance::default(), Vec::new());
+        let mut done = budget == 0 || sink.push(anchor)?;
+        while !done {
+            let room = self.target.context - self.target.len();
+            let b = choose_block(block, &acceptance, self.max_block()).min(room).max(1);
+            let r = self.step(b, head)?;
+            acceptance.record_step(b - 1, r.accepted);
+            taus.push(r.accepted + 1);
+            for &t in &r.tokens {
+                done = sink.push(t)?;
+                if done {
+                    break;
+                }
+            }
+        }
+        let t2 = clock();
+        Ok(SpeculativeResult { result: sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1), steps: taus.len(), taus, acceptance })
+    }
+}

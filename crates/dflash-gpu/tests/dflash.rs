@@ -1,0 +1,141 @@
+//! DFlash on the GPU: the drafter's forward equals the CPU reference, and speculative
+//! output equals plain decoding token for token (greedy and sampled) at every block
+//! size, with a random drafter and with drafts forced to be accepted.
+
+mod common;
+use common::contexts;
+use dflash_core::cpu::{CpuModel, LogitRows};
+use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
+use dflash_core::formats::ggml::GgmlType;
+use dflash_core::generate::GenerateRequest;
+use dflash_core::model_files::{load_gguf, LoadedModel};
+use dflash_core::sampling::SamplingParams;
+use dflash_core::speculative::BlockSize;
+use dflash_core::testutil::{random_weights, tiny_drafter_target, write_drafter, write_gguf, DrafterSpec, Rng};
+use dflash_gpu::dflash::Speculative;
+use dflash_gpu::model::Head;
+use dflash_gpu::{GpuModel, GpuModelOptions};
+
+fn target() -> LoadedModel {
+    let c = tiny_drafter_target();
+    load_gguf(&write_gguf(&c, &random_weights(&c, 51), GgmlType::Q4_0)).unwrap()
+}
+
+fn drafter(t: &LoadedModel, seed: u64) -> DrafterWeights {
+    let s = DrafterSpec {
+        layers: 2,
+        block_size: 16,
+        target_layer_ids: None,
+        block_in_dflash_config: true,
+        layer_types: Some(vec!["sliding_attention".into(), "full_attention".into()]),
+        sliding_window: 12,
+        mask_token_id: t.config().vocab_size as u32 - 1,
+        seed,
+    };
+    let f = write_drafter(t.config(), &s);
+    DrafterWeights::load(std::str::from_utf8(&f["config.json"]).unwrap(), vec![("model.safetensors", &f["model.safetensors"][..])], DrafterPrecision::Q8).unwrap()
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    let mut r = Rng(88);
+    (0..3).map(|i| (0..6 + 11 * i).map(|_| r.below(260) as u32).collect()).collect()
+}
+
+fn req(p: &[u32], sp: &SamplingParams) -> GenerateRequest {
+    GenerateRequest { prompt_ids: p.to_vec(), max_new_tokens: 40, sampling: sp.clone(), stop_strings: vec![], context: 128 }
+}
+
+fn plain_gpu(g: &mut GpuModel, p: &[u32], sp: &SamplingParams, n: usize, is_stop: &dyn Fn(u32) -> bool) -> Vec<u32> {
+    let head = if sp.is_greedy() { Head::Argmax } else { Head::Sample };
+    g.set_sampling(sp).unwrap();
+    g.truncate(0);
+    let mut next = g.prefill_with(p, head).unwrap();
+    let mut out = vec![];
+    while !is_stop(next) && out.len() < n {
+        out.push(next);
+        if out.len() == n {
+            break;
+        }
+        next = g.step_with(&[next], head).unwrap()[0];
+    }
+    out
+}
+
+#[test]
+fn speculative_equals_plain_on_the_gpu_at_every_block_size() {
+    let t = target();
+    let w = drafter(&t, 7);
+    for ctx in contexts() {
+        let mut plain_model = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
+        let taps = w.config.target_layer_ids.clone();
+        let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps, ..Default::default() }).unwrap();
+        let mut spec = Speculative::new(tm, &w).unwrap();
+        for sp in [SamplingParams::default(), SamplingParams { temperature: 0.8, top_p: 0.95, seed: 3, ..Default::default() }] {
+            for p in prompts() {
+                let plain = plain_gpu(&mut plain_model, &p, &sp, 40, &|x| t.tokenizer.is_stop(x));
+                for b in [BlockSize::Fixed(1), BlockSize::Fixed(2), BlockSize::Fixed(4), BlockSize::Fixed(8), BlockSize::Fixed(16), BlockSize::auto_linear(16, 0.05)] {
+                    let r = spec.generate(&t.tokenizer, &req(&p, &sp), &b, &|| 0.0, &mut |_| {}).unwrap();
+                    assert_eq!(r.result.tokens, plain, "{b:?} T={} f16={}", sp.temperature, ctx.f16);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn forced_acceptance_and_rollback_stay_lossless() {
+    let t = target();
+    let w = drafter(&t, 8);
+    for ctx in contexts() {
+        let mut plain_model = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
+        let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
+        let mut spec = Speculative::new(tm, &w).unwrap();
+        for sp in [SamplingParams::default(), SamplingParams { temperature: 1.0, seed: 9, ..Default::default() }] {
+            for p in prompts() {
+                let plain = plain_gpu(&mut plain_model, &p, &sp, 40, &|x| t.tokenizer.is_stop(x));
+                // Drafts: the true continuation, corrupted at every 5th position.
+                let mut seq = p.clone();
+                seq.extend(&plain);
+                let forced: Vec<u32> = (0..seq.len() + 64).map(|i| match seq.get(i) { Some(&x) if i % 5 != 0 => x, Some(&x) => (x + 1) % 200, None => 0 }).collect();
+                spec.set_host_drafts(&forced);
+                let r = spec.generate(&t.tokenizer, &req(&p, &sp), &BlockSize::Fixed(8), &|| 0.0, &mut |_| {}).unwrap();
+                assert_eq!(r.result.tokens, plain, "T={}", sp.temperature);
+                if plain.len() == 40 {
+                    assert!(r.mean_tau() > 2.0, "forced drafts should be accepted: tau {}", r.mean_tau());
+                }
+                spec.host_drafts = false;
+            }
+        }
+    }
+}
+
+/// The drafter's block output on the GPU equals the CPU reference within 1e-3 (f32 cache;
+/// 1e-2 with an f16 cache), given the same committed context.
+#[test]
+fn the_drafter_forward_matches_the_cpu_reference() {
+    let t = target();
+    let w = drafter(&t, 10);
+    let cpu_t = CpuModel::new(&t.weights);
+    let cpu_d = CpuDrafter::new(&w);
+    for ctx in contexts() {
+        let p = &prompts()[2];
+        let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
+        let mut spec = Speculative::new(tm, &w).unwrap();
+        let anchor = spec.prefill(p, Head::Argmax).unwrap();
+        let b = 8;
+        spec.step(b, Head::Argmax).unwrap();
+        let got = spec.read_draft_hidden(b).unwrap();
+        // CPU: the same context (the prompt rows) and block.
+        let mut cache = cpu_t.new_cache(128);
+        let out = cpu_t.forward(p, &mut cache, LogitRows::Last, &w.config.target_layer_ids).unwrap();
+        assert_eq!(cpu_t.argmax_last(&out.logits), anchor);
+        let mut dctx = cpu_d.new_context();
+        cpu_d.extend_context(&mut dctx, &out.taps);
+        let mut ids = vec![anchor];
+        ids.extend(std::iter::repeat_n(w.config.mask_token_id, b - 1));
+        let want = cpu_d.forward_block(&dctx, &cpu_t.embed(&ids).unwrap(), p.len());
+        let max = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        eprintln!("drafter GPU vs CPU (f16={}): max error {max:e}", ctx.f16);
+        assert!(max < if ctx.f16 { 1e-2 } else { 1e-3 }, "{max}");
+    }
+}
