@@ -28,6 +28,28 @@ pub struct BenchArgs {
     /// Keep the KV cache in f32 even where the adapter has shader-f16.
     #[arg(long)]
     no_f16: bool,
+    /// A DFlash drafter: benchmark plain against DFlash decoding on --prompts.
+    #[arg(long, requires = "prompts")]
+    drafter: Option<PathBuf>,
+    /// JSON lines, each with `chat` (a user message, through the chat template) or
+    /// `prompt` (raw text); other fields (`id`, ...) are carried into the rows.
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Tokens per prompt in the DFlash benchmark.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Block size: a number or `auto`.
+    #[arg(long, default_value = "auto")]
+    block: String,
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Context length for the DFlash benchmark.
+    #[arg(long, default_value_t = 2048)]
+    context: usize,
     #[arg(long)]
     json: bool,
 }
@@ -40,6 +62,9 @@ fn bench_prompt(m: &dflash_core::model_files::LoadedModel, n: usize) -> Result<V
 }
 
 pub fn run(a: BenchArgs) -> Result<(), CliError> {
+    if a.drafter.is_some() {
+        return run_dflash(a);
+    }
     let t_load = Instant::now();
     let (m, _) = load(&a.model)?;
     let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16)?.expect("gpu");
@@ -98,6 +123,119 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             "{}: prefill {:.1} tok/s, decode {:.2} tok/s; GEMV {:.2} GB/s vs copy {:.2} GB/s ({:.0}%)",
             s.name, v["prefill_tok_s"].as_f64().unwrap(), decode_tok_s, gemv_gbps, copy_gbps, 100.0 * gemv_gbps / copy_gbps
         );
+    }
+    Ok(())
+}
+
+/// Plain and DFlash decoding of the same prompts in the same run, on the same adapter.
+fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
+    use dflash_core::drafter::{load_drafter_dir, DrafterPrecision};
+    use dflash_core::generate::GenerateRequest;
+    use dflash_core::sampling::SamplingParams;
+    use dflash_core::speculative::Acceptance;
+    use dflash_gpu::dflash::Speculative;
+    let t_load = Instant::now();
+    let (m, _) = load(&a.model)?;
+    let w = load_drafter_dir(a.drafter.as_ref().unwrap(), DrafterPrecision::Q8)?;
+    let text = std::fs::read_to_string(a.prompts.as_ref().unwrap()).map_err(|e| CliError::Usage(format!("--prompts: {e}")))?;
+    let mut rows_in = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| CliError::Usage(format!("--prompts line {}: {e}", i + 1)))?;
+        let ids = match (v.get("chat").and_then(|c| c.as_str()), v.get("prompt").and_then(|c| c.as_str())) {
+            (Some(c), _) => crate::generate::chat_ids(&m, None, c)?,
+            (None, Some(p)) => m.tokenizer.encode(p, true)?,
+            _ => return Err(CliError::Usage(format!("--prompts line {}: needs `chat` or `prompt`", i + 1))),
+        };
+        rows_in.push((v, ids));
+    }
+    let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16)?.expect("gpu");
+    let context = a.context.min(m.config().max_position_embeddings);
+    let mut plain = GpuModel::new(ctx.clone(), &m.weights, &GpuModelOptions { context, ..Default::default() })?;
+    let mut target = GpuModel::new(ctx.clone(), &m.weights, &GpuModelOptions { context, taps: w.config.target_layer_ids.clone(), ..Default::default() })?;
+    let t0 = Instant::now();
+    let clock = move || t0.elapsed().as_secs_f64();
+    let costs = if a.block == "auto" { Some(target.measure_row_costs(w.config.block_size.min(16), &clock)?) } else { None };
+    let mut spec = Speculative::new(target, &w)?;
+    let policy = crate::generate::block_policy(&a.block, spec.max_block(), costs.clone())?;
+    let sampling = SamplingParams { temperature: a.temperature, top_p: a.top_p, seed: a.seed, ..Default::default() };
+    // Warm-up: compile every plan used below.
+    if let Some((_, ids)) = rows_in.first() {
+        let req = GenerateRequest { prompt_ids: ids.clone(), max_new_tokens: 4, sampling: sampling.clone(), stop_strings: vec![], context };
+        crate::generate::generate_gpu(&mut plain, &m, &req, &mut |_| {})?;
+        spec.generate(&m.tokenizer, &req, &policy, &clock, &mut |_| {})?;
+    }
+    let load_s = t_load.elapsed().as_secs_f64();
+    let (mut plain_tokens, mut plain_s, mut spec_tokens, mut spec_s) = (0usize, 0f64, 0usize, 0f64);
+    let mut acceptance = Acceptance::default();
+    let mut taus: Vec<usize> = Vec::new();
+    let mut all_lossless = true;
+    let mut rows = Vec::new();
+    for (v, ids) in &rows_in {
+        let req = GenerateRequest { prompt_ids: ids.clone(), max_new_tokens: a.max_new_tokens, sampling: sampling.clone(), stop_strings: vec![], context };
+        let p = crate::generate::generate_gpu(&mut plain, &m, &req, &mut |_| {})?;
+        let s = spec.generate(&m.tokenizer, &req, &policy, &clock, &mut |_| {})?;
+        let lossless = p.tokens == s.result.tokens;
+        all_lossless &= lossless;
+        let (pt, st) = (p.tokens.len(), s.result.tokens.len());
+        // Decode speed: tokens after the first over the decode time (prefill excluded).
+        let p_tok_s = pt.saturating_sub(1) as f64 / p.decode_s.max(1e-9);
+        let s_tok_s = st.saturating_sub(1) as f64 / s.result.decode_s.max(1e-9);
+        plain_tokens += pt.saturating_sub(1);
+        plain_s += p.decode_s;
+        spec_tokens += st.saturating_sub(1);
+        spec_s += s.result.decode_s;
+        for (j, (&ac, &tr)) in s.acceptance.accepted.iter().zip(&s.acceptance.tried).enumerate() {
+            if acceptance.tried.len() <= j {
+                acceptance.tried.resize(j + 1, 0);
+                acceptance.accepted.resize(j + 1, 0);
+            }
+            acceptance.accepted[j] += ac;
+            acceptance.tried[j] += tr;
+        }
+        taus.extend(&s.taus);
+        let mut row = v.clone();
+        if let Some(o) = row.as_object_mut() {
+            o.remove("chat");
+            o.remove("prompt");
+            o.insert("prompt_tokens".into(), ids.len().into());
+            o.insert("tokens".into(), pt.into());
+            o.insert("plain_tok_s".into(), p_tok_s.into());
+            o.insert("dflash_tok_s".into(), s_tok_s.into());
+            o.insert("speedup".into(), (s_tok_s / p_tok_s.max(1e-9)).into());
+            o.insert("mean_tau".into(), s.mean_tau().into());
+            o.insert("acceptance_by_position".into(), serde_json::json!(s.acceptance.rates()));
+            o.insert("lossless".into(), lossless.into());
+        }
+        rows.push(row);
+    }
+    let plain_tok_s = plain_tokens as f64 / plain_s.max(1e-9);
+    let dflash_tok_s = spec_tokens as f64 / spec_s.max(1e-9);
+    let mean_tau = if taus.is_empty() { 0.0 } else { taus.iter().sum::<usize>() as f64 / taus.len() as f64 };
+    let v = serde_json::json!({
+        "model": a.model.display().to_string(),
+        "drafter": a.drafter.as_ref().unwrap().display().to_string(),
+        "adapter": ctx.summary.name,
+        "block": a.block,
+        "verify_row_costs": costs,
+        "temperature": a.temperature,
+        "max_new_tokens": a.max_new_tokens,
+        "prompts": rows.len(),
+        "plain_tok_s": plain_tok_s,
+        "dflash_tok_s": dflash_tok_s,
+        "speedup": dflash_tok_s / plain_tok_s.max(1e-9),
+        "mean_tau": mean_tau,
+        "acceptance_by_position": acceptance.rates(),
+        "lossless": all_lossless,
+        "load_s": load_s,
+        "rows": rows,
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap());
+    } else {
+        println!("{}: plain {plain_tok_s:.2} tok/s, DFlash {dflash_tok_s:.2} tok/s ({:.2}x), mean tau {mean_tau:.2}, lossless {all_lossless}", ctx.summary.name, dflash_tok_s / plain_tok_s.max(1e-9));
+    }
+    if !all_lossless {
+        return Err(CliError::Usage("DFlash output differed from plain decoding".into()));
     }
     Ok(())
 }

@@ -6,6 +6,9 @@ use dflash_core::cpu::CpuModel;
 use dflash_core::generate::{generate_cpu, FinishReason, GenerateRequest, GenerateResult, TokenSink};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
+use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
+use dflash_core::speculative::{generate_speculative_cpu, BlockSize, SpeculativeResult};
+use dflash_gpu::dflash::Speculative;
 use dflash_gpu::model::Head;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
 use std::io::Write;
@@ -56,23 +59,58 @@ pub struct GenerateArgs {
     /// Keep the KV cache in f32 even where the adapter has shader-f16.
     #[arg(long)]
     no_f16: bool,
+    /// A DFlash drafter folder (z-lab format): speculative decoding, lossless.
+    #[arg(long)]
+    pub drafter: Option<PathBuf>,
+    /// Block size of speculative decoding: a number (1 = plain decoding through the
+    /// speculative loop) or `auto`.
+    #[arg(long, default_value = "auto")]
+    pub block: String,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
 }
 
+/// `--block N|auto` for a device: auto uses the measured (GPU) or linear (CPU) cost of
+/// verifying b rows.
+pub fn block_policy(arg: &str, max_block: usize, row_costs: Option<Vec<f64>>) -> Result<BlockSize, CliError> {
+    if arg == "auto" {
+        return Ok(match row_costs {
+            Some(verify_cost) => BlockSize::Auto { verify_cost },
+            None => BlockSize::auto_linear(max_block, 1.0),
+        });
+    }
+    match arg.parse::<usize>() {
+        Ok(b) if b >= 1 => Ok(BlockSize::Fixed(b.min(max_block))),
+        _ => Err(CliError::Usage(format!("--block takes a positive number or `auto`, not {arg:?}"))),
+    }
+}
+
+/// The JSON of a speculative run's statistics.
+pub fn dflash_json(r: &SpeculativeResult, block: &str) -> serde_json::Value {
+    serde_json::json!({
+        "block": block,
+        "steps": r.steps,
+        "mean_tau": r.mean_tau(),
+        "acceptance_by_position": r.acceptance.rates(),
+        "accepted_tokens": r.taus.iter().map(|t| t - 1).sum::<usize>(),
+    })
+}
+
+pub fn chat_ids(m: &LoadedModel, system: Option<&str>, user: &str) -> Result<Vec<u32>, CliError> {
+    let tpl = m.chat_template.as_ref().ok_or_else(|| dflash_core::Error::ChatTemplate("the model has no chat template".into()))?;
+    let mut msgs = Vec::new();
+    if let Some(s) = system {
+        msgs.push(Message::new("system", s));
+    }
+    msgs.push(Message::new("user", user));
+    Ok(m.tokenizer.encode(&tpl.render(&msgs, true)?, true)?)
+}
+
 fn prompt_ids(m: &LoadedModel, a: &GenerateArgs) -> Result<Vec<u32>, CliError> {
     Ok(match (&a.prompt, &a.chat) {
         (Some(p), _) => m.tokenizer.encode(p, true)?,
-        (None, Some(c)) => {
-            let tpl = m.chat_template.as_ref().ok_or_else(|| dflash_core::Error::ChatTemplate("the model has no chat template".into()))?;
-            let mut msgs = Vec::new();
-            if let Some(s) = &a.system {
-                msgs.push(Message::new("system", s));
-            }
-            msgs.push(Message::new("user", c));
-            m.tokenizer.encode(&tpl.render(&msgs, true)?, true)?
-        }
+        (None, Some(c)) => chat_ids(m, a.system.as_deref(), c)?,
         (None, None) => return Err(CliError::Usage("--prompt or --chat is required".into())),
     })
 }
@@ -96,7 +134,7 @@ pub fn open_device(device: Option<Device>, adapter: &Option<String>, no_f16: boo
 
 /// Generation on the GPU engine (argmax or the GPU sampler; only token ids come back)
 /// with the same stop handling as the CPU loop.
-fn generate_gpu(g: &mut GpuModel, m: &LoadedModel, req: &GenerateRequest, on_text: &mut dyn FnMut(&str)) -> Result<GenerateResult, CliError> {
+pub fn generate_gpu(g: &mut GpuModel, m: &LoadedModel, req: &GenerateRequest, on_text: &mut dyn FnMut(&str)) -> Result<GenerateResult, CliError> {
     let budget = dflash_core::generate::token_budget(req.prompt_ids.len(), req.max_new_tokens, g.context)?;
     let head = if req.sampling.is_greedy() { Head::Argmax } else { Head::Sample };
     g.set_sampling(&req.sampling)?;
@@ -145,20 +183,47 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         }
     }
     let gpu = open_device(device_choice, &a.adapter, a.no_f16)?;
+    let drafter = match &a.drafter {
+        Some(p) => Some(load_drafter_dir(p, DrafterPrecision::Q8)?),
+        None => None,
+    };
+    let t0 = Instant::now();
+    let clock = move || t0.elapsed().as_secs_f64();
+    let mut spec_stats = None;
     let (r, device, adapter) = match gpu {
         Some(ctx) => {
             let adapter = ctx.summary.name.clone();
             let context = a.context.min(m.config().max_position_embeddings);
-            let mut g = GpuModel::new(ctx, &m.weights, &GpuModelOptions { context, ..Default::default() })?;
+            let taps = drafter.as_ref().map(|d| d.config.target_layer_ids.clone()).unwrap_or_default();
+            let mut g = GpuModel::new(ctx, &m.weights, &GpuModelOptions { context, taps, ..Default::default() })?;
             let prep = t_prep.elapsed().as_secs_f64();
-            (generate_gpu(&mut g, &m, &req, &mut on_text).map(|r| (r, prep))?, "gpu", Some(adapter))
+            let r = match &drafter {
+                Some(w) => {
+                    let costs = if a.block == "auto" { Some(g.measure_row_costs(w.config.block_size.min(16), &clock)?) } else { None };
+                    let mut s = Speculative::new(g, w)?;
+                    let policy = block_policy(&a.block, s.max_block(), costs)?;
+                    let sr = s.generate(&m.tokenizer, &req, &policy, &clock, &mut on_text)?;
+                    spec_stats = Some(dflash_json(&sr, &a.block));
+                    sr.result
+                }
+                None => generate_gpu(&mut g, &m, &req, &mut on_text)?,
+            };
+            ((r, prep), "gpu", Some(adapter))
         }
         None => {
             let cpu = CpuModel::new(&m.weights);
             let prep = t_prep.elapsed().as_secs_f64();
-            let t0 = Instant::now();
-            let clock = move || t0.elapsed().as_secs_f64();
-            (generate_cpu(&cpu, &m.tokenizer, &req, &clock, &mut on_text).map(|r| (r, prep))?, "cpu", None)
+            let r = match &drafter {
+                Some(w) => {
+                    let d = CpuDrafter::new(w);
+                    let policy = block_policy(&a.block, w.config.block_size, None)?;
+                    let sr = generate_speculative_cpu(&cpu, &d, &m.tokenizer, &req, &policy, &clock, &mut on_text)?;
+                    spec_stats = Some(dflash_json(&sr, &a.block));
+                    sr.result
+                }
+                None => generate_cpu(&cpu, &m.tokenizer, &req, &clock, &mut on_text)?,
+            };
+            ((r, prep), "cpu", None)
         }
     };
     let (r, prep_s) = r;
@@ -173,6 +238,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
             "device": device,
             "adapter": adapter,
             "model": {"format": m.format, "arch": m.config().arch, "layers": m.config().num_layers, "hidden": m.config().hidden_size, "weight_bytes": m.weights.n_bytes()},
+            "dflash": spec_stats,
             "timings": {
                 "load_s": load_s + prep_s,
                 "prefill_s": r.prefill_s,

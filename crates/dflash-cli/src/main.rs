@@ -39,6 +39,23 @@ enum Cmd {
     },
     /// List the GPU adapters wgpu finds.
     Adapters,
+    /// Write a drafter with random weights for a target, in the z-lab format (for tests
+    /// of losslessness: its drafts are rarely accepted).
+    MakeRandomDrafter {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 2)]
+        layers: usize,
+        #[arg(long, default_value_t = 16)]
+        block: usize,
+        /// Default: the last id of the vocabulary.
+        #[arg(long)]
+        mask_token_id: Option<u32>,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +75,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Tokenize { model, text } => tokenize(&model, &text),
         Cmd::Adapters => adapters(),
+        Cmd::MakeRandomDrafter { model, out, layers, block, mask_token_id, seed } => make_random_drafter(&model, &out, layers, block, mask_token_id, seed),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -84,5 +102,24 @@ fn adapters() -> Result<(), CliError> {
         let i = a.get_info();
         println!("{} ({:?}, {:?}, {})", i.name, i.backend, i.device_type, i.driver);
     }
+    Ok(())
+}
+
+fn make_random_drafter(model: &PathBuf, out: &PathBuf, layers: usize, block: usize, mask: Option<u32>, seed: u64) -> Result<(), CliError> {
+    use dflash_core::testutil::{write_dir, write_drafter, DrafterSpec};
+    let (m, _) = load(model)?;
+    let c = m.config();
+    let spec = DrafterSpec {
+        layers,
+        block_size: block,
+        target_layer_ids: None,
+        block_in_dflash_config: true,
+        layer_types: None,
+        sliding_window: 0,
+        mask_token_id: mask.unwrap_or(c.vocab_size as u32 - 1),
+        seed,
+    };
+    write_dir(out, &write_drafter(c, &spec)).map_err(|e| dflash_core::Error::Io { path: out.display().to_string(), source: e })?;
+    println!("{}", out.display());
     Ok(())
 }

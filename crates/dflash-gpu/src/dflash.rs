@@ -214,8 +214,12 @@ pub struct StepResult {
 pub struct Speculative {
     pub target: GpuModel,
     pub drafter: GpuDrafter,
-    plans: HashMap<(usize, Head, bool), Vec<Dispatch>>,
+    /// Plans by (rows of taps to add to the drafter's context, block, head, host drafts).
+    plans: HashMap<(usize, usize, Head, bool), Vec<Dispatch>>,
     ext_plans: HashMap<usize, Vec<Dispatch>>,
+    /// Rows the last verify pass computed (its committed rows feed the next step's
+    /// context extension); 0 right after a prefill, which extends the context itself.
+    prev_block: usize,
     /// Drafts come from the host buffer (tests that force acceptance patterns).
     pub host_drafts: bool,
 }
@@ -224,7 +228,7 @@ impl Speculative {
     pub fn new(target: GpuModel, w: &DrafterWeights) -> Result<Self> {
         let ctx = target.ctx.clone();
         let drafter = GpuDrafter::new(&ctx, w, &target, target.context + MAX_ROWS + 1)?;
-        Ok(Speculative { target, drafter, plans: HashMap::new(), ext_plans: HashMap::new(), host_drafts: false })
+        Ok(Speculative { target, drafter, plans: HashMap::new(), ext_plans: HashMap::new(), prev_block: 0, host_drafts: false })
     }
 
     /// Largest block this pair can verify.
@@ -267,6 +271,7 @@ impl Speculative {
         let pos = self.target.len() as u32;
         ctx.queue.write_buffer(&self.target.act.state, 0, bytemuck::cast_slice(&[pos, 0, first, 0u32]));
         ctx.queue.write_buffer(&self.target.act.ext_state, 0, bytemuck::cast_slice(&[pos, 0u32, 0, 0]));
+        self.prev_block = 0;
         Ok(first)
     }
 
@@ -282,9 +287,12 @@ impl Speculative {
         }
         let ctx = self.target.ctx.clone();
         ctx.check_lost()?;
-        let key = (b, head, self.host_drafts);
+        // The context grows by the rows the last step committed; the plan adds all the
+        // rows that step verified: rows past the committed ones land at positions the
+        // block overwrites or that are rewritten before any read.
+        let key = (self.prev_block, b, head, self.host_drafts);
         if !self.plans.contains_key(&key) {
-            let mut d = self.drafter.extend_dispatches(&ctx, &self.target, MAX_ROWS.min(self.max_block()).max(b))?;
+            let mut d = if self.prev_block > 0 { self.drafter.extend_dispatches(&ctx, &self.target, self.prev_block)? } else { Vec::new() };
             d.extend(self.drafter.draft_dispatches(&ctx, &self.target, b, self.host_drafts)?);
             d.extend(self.target.build_plan(b, head)?);
             d.push(bookkeeping(&ctx, &self.target, &self.drafter, "accept", b, self.host_drafts)?);
@@ -306,6 +314,7 @@ impl Speculative {
             return Err(GpuError::Readback(format!("accepted {acc} of a block of {b}")));
         }
         self.target.len = pos + acc + 1;
+        self.prev_block = b;
         Ok(StepResult { accepted: acc, tokens: r[1..acc + 2].to_vec() })
     }
 }

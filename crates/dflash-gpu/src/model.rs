@@ -397,16 +397,18 @@ impl GpuModel {
         Ok(bytemuck::cast_slice::<u8, u32>(&bytes)[..tokens.len()].to_vec())
     }
 
-    /// Prefill in chunks of 16 rows through the same kernels as decode (so a position's
+    /// Prefill of a new sequence in chunks of 16 rows through the same kernels as decode (so a position's
     /// results are the same bits as in a one-row step); returns the greedy next token.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<u32> {
         self.prefill_with(tokens, Head::Argmax)
     }
 
-    /// Prefill, choosing the next token with `head` (Argmax or Sample).
+    /// Prefill of a new sequence (from position 0), choosing the next token with `head`
+    /// (Argmax or Sample).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn prefill_with(&mut self, tokens: &[u32], head: Head) -> Result<u32> {
+        self.len = 0;
         if tokens.is_empty() {
             return Err(GpuError::Core(dflash_core::Error::BadSampling("the prompt is empty".into())));
         }
@@ -462,6 +464,42 @@ impl GpuModel {
         d.extend(ops::gemv(ctx, lm, &a.xn, &a.logits, 1, false)?);
         bytes += lm.n_bytes;
         crate::bench::measure(ctx, &d.iter().collect::<Vec<_>>(), bytes, reps, trials, now)
+    }
+
+    /// Measured cost of a pass over b rows relative to one row, for b in 0..=max (index 0
+    /// unused): the device-specific input of the adaptive block size. Call it before a
+    /// prefill: it runs passes over the first 16 positions of the KV cache.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn measure_row_costs(&mut self, max: usize, now: &dyn Fn() -> f64) -> Result<Vec<f64>> {
+        let keep = self.len;
+        let probe = [1, 2, 4, 8, 16].into_iter().filter(|&b| b <= max.min(self.context)).collect::<Vec<_>>();
+        let mut times = Vec::new();
+        for &b in &probe {
+            let toks = vec![0u32; b];
+            self.len = 0;
+            self.step(&toks)?; // compile and warm up
+            let mut best = f64::INFINITY;
+            for _ in 0..2 {
+                self.len = 0;
+                let t0 = now();
+                self.step(&toks)?;
+                best = best.min(now() - t0);
+            }
+            times.push((b, best));
+        }
+        self.len = keep;
+        let base = times.first().map(|t| t.1).unwrap_or(1.0).max(1e-9);
+        let mut costs = vec![1.0; max + 1];
+        for b in 1..=max {
+            // Linear interpolation between the probed sizes.
+            let hi = times.iter().position(|&(pb, _)| pb >= b).unwrap_or(times.len() - 1);
+            let lo = hi.saturating_sub(1);
+            let (b0, t0) = times[lo];
+            let (b1, t1) = times[hi];
+            let t = if b1 == b0 { t1 } else { t0 + (t1 - t0) * (b - b0) as f64 / (b1 - b0) as f64 };
+            costs[b] = t / base;
+        }
+        Ok(costs)
     }
 
     /// Greedy generation: prefill then one-row steps; stops at a stop id.
