@@ -115,3 +115,45 @@ fn bench_reports_speed_bandwidth_and_memory() {
     let parts = mem["weights"].as_u64().unwrap() + mem["kv_cache"].as_u64().unwrap() + mem["activations"].as_u64().unwrap();
     assert_eq!(parts, mem["total"].as_u64().unwrap());
 }
+
+#[test]
+fn dflash_generate_and_bench_are_lossless_on_a_tiny_model() {
+    use dflash_core::testutil::tiny_drafter_target;
+    let gpu = have_gpu();
+    let c = tiny_drafter_target();
+    let dir = tmp("dflash");
+    let model = dir.join("target.gguf");
+    std::fs::write(&model, write_gguf(&c, &random_weights(&c, 12), GgmlType::Q8_0)).unwrap();
+    let (m, d) = (model.to_str().unwrap(), dir.join("drafter"));
+    let out = dflash(&["make-random-drafter", "--model", m, "--out", d.to_str().unwrap(), "--seed", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let devices: &[&str] = if gpu { &["cpu", "gpu"] } else { &["cpu"] };
+    for dev in devices {
+        let run = |extra: &[&str]| -> serde_json::Value {
+            let mut args = vec!["generate", "--model", m, "--prompt", "the hello world", "--max-new-tokens", "20", "--device", dev, "--json"];
+            args.extend_from_slice(extra);
+            let out = dflash(&args);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            serde_json::from_slice(&out.stdout).unwrap()
+        };
+        let plain = run(&[]);
+        for block in ["1", "4", "auto"] {
+            let s = run(&["--drafter", d.to_str().unwrap(), "--block", block]);
+            assert_eq!(s["tokens"], plain["tokens"], "{dev} block {block}");
+            assert!(s["dflash"]["mean_tau"].as_f64().unwrap() >= 1.0);
+        }
+    }
+    if gpu {
+        let prompts = dir.join("p.jsonl");
+        std::fs::write(&prompts, "{\"id\": \"x\", \"prompt\": \"the hello\"}\n{\"id\": \"y\", \"chat\": \"say the hello\"}\n").unwrap();
+        let out = dflash(&["bench", "--model", m, "--drafter", d.to_str().unwrap(), "--prompts", prompts.to_str().unwrap(), "--max-new-tokens", "12", "--block", "4", "--temperature", "0.8", "--seed", "2", "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["lossless"], true);
+        for k in ["plain_tok_s", "dflash_tok_s", "speedup", "mean_tau"] {
+            assert!(v[k].as_f64().unwrap() > 0.0, "{k}");
+        }
+        assert!(v["acceptance_by_position"].is_array());
+        assert_eq!(v["rows"][1]["id"], "y");
+    }
+}
