@@ -7,11 +7,11 @@
 //! attends, without a mask, to `[context | block]`; the target's lm_head reads the block.
 
 use crate::config::{Arch, ModelConfig, RopeStyle};
-use crate::cpu::ops::{matmul_t, rms_norm, rope, silu, softmax, dot};
+use crate::cpu::ops::{dot, rms_norm, rope, silu, softmax};
 use crate::error::{Error, Result};
 use crate::formats::hf::SafeTensorsSource;
 use crate::quant::{QFormat, QuantMatrix};
-use crate::weights::TensorSource;
+use crate::weights::{checked_matrix, checked_vector};
 use serde::Deserialize;
 use serde_json::Value as Json;
 
@@ -243,23 +243,13 @@ impl DrafterWeights {
         let src = SafeTensorsSource::new(files, None)?;
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let mat = |name: &str, rows: usize, cols: usize| -> Result<QuantMatrix> {
-            let shape = src.shape(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
-            if shape != [rows, cols] {
-                return Err(Error::ShapeMismatch { tensor: name.into(), expected: vec![rows, cols], found: shape });
-            }
-            let m = src.matrix(name)?;
+            let m = checked_matrix(&src, name, rows, cols)?;
             Ok(match precision {
                 DrafterPrecision::Q8 => m,
                 DrafterPrecision::Q4 => QuantMatrix::quantize_q4(&m.dequantize(), rows, cols),
             })
         };
-        let vec = |name: &str, len: usize| -> Result<Vec<f32>> {
-            let shape = src.shape(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
-            if shape != [len] {
-                return Err(Error::ShapeMismatch { tensor: name.into(), expected: vec![len], found: shape });
-            }
-            src.vector(name)
-        };
+        let vec = |name: &str, len: usize| checked_vector(&src, name, len);
         let mut layers = Vec::new();
         for i in 0..c.num_layers {
             let n = |s: &str| format!("layers.{i}.{s}");
@@ -308,20 +298,7 @@ pub fn load_drafter_dir(dir: &std::path::Path, precision: DrafterPrecision) -> R
     DrafterWeights::load(&cfg, blobs.iter().map(|(n, b)| (n.as_str(), &b[..])).collect(), precision)
 }
 
-struct Mat {
-    w: Vec<f32>,
-    rows: usize,
-    cols: usize,
-}
-
-impl Mat {
-    fn new(m: &QuantMatrix) -> Self {
-        Mat { w: m.dequantize(), rows: m.rows, cols: m.cols }
-    }
-    fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
-        matmul_t(x, &self.w, n, self.cols, self.rows)
-    }
-}
+use crate::cpu::model::Matrix as Mat;
 
 struct CpuDraftLayer {
     input_norm: Vec<f32>,
@@ -388,19 +365,19 @@ impl CpuDrafter {
             .map(|(l, &kind)| CpuDraftLayer {
                 input_norm: l.input_norm.clone(),
                 post_norm: l.post_norm.clone(),
-                wq: Mat::new(&l.wq),
-                wk: Mat::new(&l.wk),
-                wv: Mat::new(&l.wv),
-                wo: Mat::new(&l.wo),
+                wq: Mat::from_quant(&l.wq),
+                wk: Mat::from_quant(&l.wk),
+                wv: Mat::from_quant(&l.wv),
+                wo: Mat::from_quant(&l.wo),
                 q_norm: l.q_norm.clone(),
                 k_norm: l.k_norm.clone(),
-                w_gate: Mat::new(&l.w_gate),
-                w_up: Mat::new(&l.w_up),
-                w_down: Mat::new(&l.w_down),
+                w_gate: Mat::from_quant(&l.w_gate),
+                w_up: Mat::from_quant(&l.w_up),
+                w_down: Mat::from_quant(&l.w_down),
                 kind,
             })
             .collect();
-        CpuDrafter { config: w.config.clone(), fc: Mat::new(&w.fc), hidden_norm: w.hidden_norm.clone(), norm: w.norm.clone(), layers, inv_freq: w.config.rope_inv_freq() }
+        CpuDrafter { config: w.config.clone(), fc: Mat::from_quant(&w.fc), hidden_norm: w.hidden_norm.clone(), norm: w.norm.clone(), layers, inv_freq: w.config.rope_inv_freq() }
     }
 
     pub fn new_context(&self) -> DraftContext {

@@ -15,6 +15,24 @@ pub trait TensorSource {
     fn vector(&self, name: &str) -> Result<Vec<f32>>;
 }
 
+/// A 2-D tensor whose shape must be `[rows, cols]`, repacked.
+pub fn checked_matrix(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Result<QuantMatrix> {
+    let shape = src.shape(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
+    if shape != [rows, cols] {
+        return Err(Error::ShapeMismatch { tensor: name.into(), expected: vec![rows, cols], found: shape });
+    }
+    src.matrix(name)
+}
+
+/// A 1-D tensor whose length must be `len`, as f32.
+pub fn checked_vector(src: &dyn TensorSource, name: &str, len: usize) -> Result<Vec<f32>> {
+    let shape = src.shape(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
+    if shape != [len] {
+        return Err(Error::ShapeMismatch { tensor: name.into(), expected: vec![len], found: shape });
+    }
+    src.vector(name)
+}
+
 /// Tensor names of one source family.
 #[derive(Debug, Clone, Copy)]
 pub enum Naming {
@@ -112,22 +130,8 @@ impl ModelWeights {
     pub fn load(config: ModelConfig, src: &dyn TensorSource, naming: Naming) -> Result<Self> {
         let c = &config;
         let (h, q, kv, ff, v) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.vocab_size);
-        let mat = |name: &str, rows: usize, cols: usize| -> Result<QuantMatrix> {
-            let shape = src.shape(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
-            if shape != [rows, cols] {
-                return Err(Error::ShapeMismatch { tensor: name.into(), expected: vec![rows, cols], found: shape });
-            }
-            let m = src.matrix(name)?;
-            debug_assert!(m.rows == rows && m.cols == cols);
-            Ok(m)
-        };
-        let vec = |name: &str, len: usize| -> Result<Vec<f32>> {
-            let shape = src.shape(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
-            if shape != [len] {
-                return Err(Error::ShapeMismatch { tensor: name.into(), expected: vec![len], found: shape });
-            }
-            src.vector(name)
-        };
+        let mat = |name: &str, rows: usize, cols: usize| checked_matrix(src, name, rows, cols);
+        let vec = |name: &str, len: usize| checked_vector(src, name, len);
         let opt_vec = |name: String, len: usize, wanted: bool| -> Result<Option<Vec<f32>>> {
             if wanted {
                 vec(&name, len).map(Some)

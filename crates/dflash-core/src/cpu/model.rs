@@ -7,17 +7,19 @@ use crate::error::{Error, Result};
 use crate::quant::QuantMatrix;
 use crate::weights::ModelWeights;
 
-struct Matrix {
+/// A weight matrix dequantized to f32 (from the GPU formats, so both engines see the
+/// same values).
+pub(crate) struct Matrix {
     w: Vec<f32>,
     rows: usize,
     cols: usize,
 }
 
 impl Matrix {
-    fn from_quant(m: &QuantMatrix) -> Self {
+    pub(crate) fn from_quant(m: &QuantMatrix) -> Self {
         Matrix { w: m.dequantize(), rows: m.rows, cols: m.cols }
     }
-    fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
+    pub(crate) fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
         matmul_t(x, &self.w, n, self.cols, self.rows)
     }
 }
