@@ -58,10 +58,6 @@ impl GpuDrafter {
     pub fn new(ctx: &GpuContext, w: &DrafterWeights, target: &GpuModel, host_draft_capacity: usize) -> Result<Self> {
         let c = &w.config;
         c.validate_against(&target.config)?;
-        if c.block_size > MAX_ROWS && c.block_size != 0 {
-            // Blocks are verified 16 rows at a time at most; larger trained blocks are
-            // used up to 16.
-        }
         let cap = target.context + MAX_ROWS;
         let elt = if ctx.f16 { 2 } else { 4 };
         let kv_bytes = (cap * c.kv_dim() * elt) as u64;
@@ -152,7 +148,7 @@ impl GpuDrafter {
     /// context and the block; the target's lm_head and argmax give the drafts.
     fn draft_dispatches(&self, ctx: &GpuContext, t: &GpuModel, b: usize, host: bool) -> Result<Vec<Dispatch>> {
         let c = &self.config;
-        let (h, qd, kvd, eps) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.rms_norm_eps);
+        let (h, kvd, eps) = (c.hidden_size, c.kv_dim(), c.rms_norm_eps);
         let st = &t.act.state;
         let mut d = vec![bookkeeping(ctx, t, self, "prepare", b, host)?];
         if !host {
@@ -183,7 +179,6 @@ impl GpuDrafter {
             let v = t.config.vocab_size;
             d.push(ops::argmax(ctx, &t.act.logits, &self.drafts, b, v, v)?);
         }
-        let _ = (qd, kvd);
         d.push(bookkeeping(ctx, t, self, "compose", b, host)?);
         Ok(d)
     }
