@@ -1,7 +1,6 @@
 //! `dflash generate`.
 
 use crate::{load, CliError, Device};
-use dflash_core::chat::Message;
 use dflash_core::cpu::CpuModel;
 use dflash_core::generate::{generate_cpu, FinishReason, GenerateRequest, GenerateResult, TokenSink};
 use dflash_core::model_files::LoadedModel;
@@ -98,13 +97,7 @@ pub fn dflash_json(r: &SpeculativeResult, block: &str) -> serde_json::Value {
 }
 
 pub fn chat_ids(m: &LoadedModel, system: Option<&str>, user: &str) -> Result<Vec<u32>, CliError> {
-    let tpl = m.chat_template.as_ref().ok_or_else(|| dflash_core::Error::ChatTemplate("the model has no chat template".into()))?;
-    let mut msgs = Vec::new();
-    if let Some(s) = system {
-        msgs.push(Message::new("system", s));
-    }
-    msgs.push(Message::new("user", user));
-    Ok(m.tokenizer.encode(&tpl.render(&msgs, true)?, true)?)
+    Ok(m.chat_ids(system, user)?)
 }
 
 fn prompt_ids(m: &LoadedModel, a: &GenerateArgs) -> Result<Vec<u32>, CliError> {

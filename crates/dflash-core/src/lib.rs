@@ -10,6 +10,7 @@ pub mod formats;
 pub mod generate;
 pub mod model_files;
 pub mod quant;
+pub mod rng;
 pub mod sampling;
 pub mod speculative;
 pub mod tokenizer;

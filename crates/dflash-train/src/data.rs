@@ -1,0 +1,100 @@
+//! Self-distillation data: the target answers every prompt greedily through its own chat
+//! template; each answered prompt is one JSON line of token ids. Appending line by line
+//! makes the run resumable: prompts already in the file are skipped.
+
+use crate::prompts::Prompt;
+use crate::target::Target;
+use crate::TrainError;
+use dflash_core::model_files::LoadedModel;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sample {
+    pub id: String,
+    pub source: String,
+    pub prompt_ids: Vec<u32>,
+    pub response_ids: Vec<u32>,
+}
+
+impl Sample {
+    pub fn tokens(&self) -> Vec<u32> {
+        let mut t = self.prompt_ids.clone();
+        t.extend_from_slice(&self.response_ids);
+        t
+    }
+}
+
+pub fn read_samples(path: &Path) -> Result<Vec<Sample>, TrainError> {
+    let f = std::fs::File::open(path).map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.map_err(|e| TrainError::Io(e.to_string()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Sample>(&line) {
+            Ok(s) => out.push(s),
+            // A line cut by an interruption is the last one; anything else is corrupt.
+            Err(e) => return Err(TrainError::Data(format!("{} line {}: {e}", path.display(), i + 1))),
+        }
+    }
+    Ok(out)
+}
+
+pub struct DataOptions {
+    pub batch: usize,
+    pub max_new_tokens: usize,
+    pub max_prompt_tokens: usize,
+}
+
+/// Answers the prompts not yet in `out`, `opts.batch` at a time (sorted by length so a
+/// batch pads little), appending each batch's lines.
+pub fn distill(model: &LoadedModel, target: &Target, prompts: &[Prompt], out: &Path, opts: &DataOptions, progress: &indicatif::ProgressBar) -> Result<usize, TrainError> {
+    // Drop a last line cut by an interruption, then skip what is done.
+    let mut done = HashSet::new();
+    if out.exists() {
+        let text = std::fs::read_to_string(out).map_err(|e| TrainError::Io(e.to_string()))?;
+        let mut keep = String::new();
+        for line in text.lines() {
+            if let Ok(s) = serde_json::from_str::<Sample>(line) {
+                done.insert(s.id);
+                keep.push_str(line);
+                keep.push('\n');
+            }
+        }
+        if keep.len() != text.len() {
+            std::fs::write(out, keep).map_err(|e| TrainError::Io(e.to_string()))?;
+        }
+    }
+    let mut todo: Vec<(Prompt, Vec<u32>)> = Vec::new();
+    for p in prompts {
+        if done.contains(&p.id) {
+            continue;
+        }
+        let ids = model.chat_ids(None, &p.text)?;
+        if ids.len() <= opts.max_prompt_tokens {
+            todo.push((p.clone(), ids));
+        }
+    }
+    progress.set_length((done.len() + todo.len()) as u64);
+    progress.set_position(done.len() as u64);
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(out).map_err(|e| TrainError::Io(e.to_string()))?;
+    let mut written = 0;
+    // Batches in prompt order (so an interrupted run has a prefix of the mix), each
+    // sorted by length inside.
+    for chunk in todo.chunks(opts.batch.max(1)) {
+        let ids: Vec<Vec<u32>> = chunk.iter().map(|(_, i)| i.clone()).collect();
+        let answers = target.generate_greedy(&ids, opts.max_new_tokens, &|t| model.tokenizer.is_stop(t))?;
+        for ((p, ids), resp) in chunk.iter().zip(answers) {
+            let s = Sample { id: p.id.clone(), source: p.source.to_string(), prompt_ids: ids.clone(), response_ids: resp };
+            writeln!(f, "{}", serde_json::to_string(&s).expect("sample serializes")).map_err(|e| TrainError::Io(e.to_string()))?;
+            written += 1;
+        }
+        f.flush().map_err(|e| TrainError::Io(e.to_string()))?;
+        progress.inc(chunk.len() as u64);
+    }
+    Ok(written)
+}

@@ -1,0 +1,84 @@
+//! Evaluation through the engine's own speculative loop (the CPU reference): mean tau and
+//! per-position acceptance of a drafter on a prompt file, and whether every output equals
+//! plain decoding.
+
+use crate::TrainError;
+use dflash_core::cpu::CpuModel;
+use dflash_core::drafter::CpuDrafter;
+use dflash_core::generate::{generate_cpu, GenerateRequest};
+use dflash_core::model_files::LoadedModel;
+use dflash_core::sampling::SamplingParams;
+use dflash_core::speculative::{generate_speculative_cpu, Acceptance, BlockSize};
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct EvalRow {
+    pub id: String,
+    pub tokens: usize,
+    pub steps: usize,
+    pub tau: f64,
+    /// Speculative output equals plain decoding (checked when asked).
+    pub lossless: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EvalReport {
+    pub prompts: usize,
+    pub block: usize,
+    pub max_new_tokens: usize,
+    /// Committed tokens per verification step, over all steps of all prompts.
+    pub mean_tau: f64,
+    pub acceptance_by_position: Vec<f64>,
+    pub rows: Vec<EvalRow>,
+}
+
+/// One prompt of a JSON-lines file: `chat` (a user message through the chat template)
+/// or `prompt` (raw text); `id` optional.
+pub fn read_prompts(path: &std::path::Path, m: &LoadedModel) -> Result<Vec<(String, Vec<u32>)>, TrainError> {
+    let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| TrainError::Data(format!("{} line {}: {e}", path.display(), i + 1)))?;
+        let id = v.get("id").map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string())).unwrap_or_else(|| (i + 1).to_string());
+        let ids = match (v.get("chat").and_then(|c| c.as_str()), v.get("prompt").and_then(|c| c.as_str())) {
+            (Some(c), _) => m.chat_ids(None, c)?,
+            (None, Some(p)) => m.tokenizer.encode(p, true)?,
+            _ => return Err(TrainError::Data(format!("{} line {}: needs `chat` or `prompt`", path.display(), i + 1))),
+        };
+        out.push((id, ids));
+    }
+    Ok(out)
+}
+
+pub fn evaluate(m: &LoadedModel, target: &CpuModel, drafter: &CpuDrafter, prompts: &[(String, Vec<u32>)], block: usize, max_new_tokens: usize, check_plain: bool, mut on_row: impl FnMut(&EvalRow)) -> Result<EvalReport, TrainError> {
+    let mut acc = Acceptance::default();
+    let (mut taus, mut steps) = (0usize, 0usize);
+    let mut rows = Vec::new();
+    let clock = || 0.0;
+    for (id, ids) in prompts {
+        let req = GenerateRequest { prompt_ids: ids.clone(), max_new_tokens, sampling: SamplingParams::default(), stop_strings: vec![], context: ids.len() + max_new_tokens + block + 1 };
+        let r = generate_speculative_cpu(target, drafter, &m.tokenizer, &req, &BlockSize::Fixed(block), &clock, &mut |_| {})?;
+        let lossless = if check_plain { Some(generate_cpu(target, &m.tokenizer, &req, &clock, &mut |_| {})?.tokens == r.result.tokens) } else { None };
+        for (k, (&a, &t)) in r.acceptance.accepted.iter().zip(&r.acceptance.tried).enumerate() {
+            if acc.accepted.len() <= k {
+                acc.accepted.push(0);
+                acc.tried.push(0);
+            }
+            acc.accepted[k] += a;
+            acc.tried[k] += t;
+        }
+        taus += r.taus.iter().sum::<usize>();
+        steps += r.steps;
+        let row = EvalRow { id: id.clone(), tokens: r.result.tokens.len(), steps: r.steps, tau: r.mean_tau(), lossless };
+        on_row(&row);
+        rows.push(row);
+    }
+    Ok(EvalReport {
+        prompts: prompts.len(),
+        block,
+        max_new_tokens,
+        mean_tau: if steps > 0 { taus as f64 / steps as f64 } else { 0.0 },
+        acceptance_by_position: acc.rates(),
+        rows,
+    })
+}

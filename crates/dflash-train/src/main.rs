@@ -1,0 +1,248 @@
+use clap::{Parser, Subcommand};
+use dflash_train::data::{distill, DataOptions};
+use dflash_train::prompts;
+use dflash_train::target::Target;
+use dflash_train::TrainError;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "dflash-train", about = "Train DFlash drafters for dflash-web targets")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build prompts and have the target answer them (self-distillation); resumable.
+    Data(DataArgs),
+    /// Train (or resume) a drafter on self-distilled data.
+    Train(TrainArgs),
+    /// Write a run's drafter in the z-lab format (config.json + bf16 safetensors).
+    Export(ExportArgs),
+    /// Mean tau and per-position acceptance on a prompt file, through the engine's loop.
+    Eval(EvalArgs),
+}
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    #[arg(long)]
+    model: PathBuf,
+    /// JSON lines written by `data`.
+    #[arg(long)]
+    data: PathBuf,
+    /// Run directory: drafter config, checkpoint, log (resumed when present).
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value_t = 3)]
+    layers: usize,
+    #[arg(long, default_value_t = 16)]
+    block: usize,
+    /// Loss decay along the block (default: 7 at B=16, 5 at B=10..15, 4 below).
+    #[arg(long)]
+    gamma: Option<f64>,
+    #[arg(long, default_value_t = 6e-4)]
+    lr: f64,
+    #[arg(long, default_value_t = 0.04)]
+    warmup: f64,
+    #[arg(long, default_value_t = 0.01)]
+    weight_decay: f64,
+    /// Optimizer steps in the whole run (a resumed run continues to this step).
+    #[arg(long, default_value_t = 1000)]
+    steps: usize,
+    #[arg(long, default_value_t = 4)]
+    seqs_per_step: usize,
+    #[arg(long, default_value_t = 32)]
+    anchors: usize,
+    #[arg(long, default_value_t = 768)]
+    max_seq_len: usize,
+    #[arg(long, default_value_t = 25)]
+    checkpoint_every: usize,
+    /// Mask token id (default: an unused special token of the target's vocabulary).
+    #[arg(long)]
+    mask_token: Option<u32>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Hold out the last N samples (not trained on).
+    #[arg(long, default_value_t = 0)]
+    holdout: usize,
+}
+
+#[derive(clap::Args)]
+struct ExportArgs {
+    /// Run directory of `train`.
+    #[arg(long)]
+    run: PathBuf,
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct EvalArgs {
+    #[arg(long)]
+    model: PathBuf,
+    /// An exported drafter folder.
+    #[arg(long)]
+    drafter: PathBuf,
+    /// JSON lines with `chat` or `prompt` (and optional `id`).
+    #[arg(long)]
+    prompts: PathBuf,
+    #[arg(long, default_value_t = 16)]
+    block: usize,
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Only the first N prompts.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Also decode plainly and check the outputs are equal.
+    #[arg(long)]
+    check_plain: bool,
+    /// Write the JSON report here too.
+    #[arg(long)]
+    json_out: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct DataArgs {
+    /// The target: a .gguf file or a Hugging Face folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// Output JSON lines (appended; prompts already there are skipped).
+    #[arg(long)]
+    out: PathBuf,
+    /// How many prompts to answer (the deterministic mix's first N).
+    #[arg(long, default_value_t = 1000)]
+    prompts: usize,
+    #[arg(long, default_value_t = 192)]
+    max_new_tokens: usize,
+    #[arg(long, default_value_t = 384)]
+    max_prompt_tokens: usize,
+    /// Prompts answered together.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Python standard library to take coding prompts from (default: python3's).
+    #[arg(long)]
+    stdlib: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
+    let b = indicatif::ProgressBar::new(len);
+    b.set_style(indicatif::ProgressStyle::with_template(&format!("{what} {{bar:30}} {{pos}}/{{len}} {{elapsed}} eta {{eta}} {{msg}}")).expect("template"));
+    b
+}
+
+fn run_data(a: DataArgs) -> Result<(), TrainError> {
+    let model = dflash_core::model_files::load_path(&a.model)?;
+    let stdlib = a.stdlib.clone().or_else(prompts::find_stdlib);
+    let mut all = prompts::build(stdlib.as_deref(), a.seed);
+    all.truncate(a.prompts);
+    let target = Target::new(&model.weights, &candle_core::Device::Cpu)?;
+    let b = bar(all.len() as u64, "distill");
+    let opts = DataOptions { batch: a.batch, max_new_tokens: a.max_new_tokens, max_prompt_tokens: a.max_prompt_tokens };
+    let n = distill(&model, &target, &all, &a.out, &opts, &b)?;
+    b.finish();
+    eprintln!("{n} new samples in {}", a.out.display());
+    Ok(())
+}
+
+fn run_train(a: TrainArgs) -> Result<(), TrainError> {
+    let model = dflash_core::model_files::load_path(&a.model)?;
+    let mut samples = dflash_train::data::read_samples(&a.data)?;
+    if a.holdout >= samples.len() {
+        return Err(TrainError::Usage(format!("--holdout {} leaves no training sample of {}", a.holdout, samples.len())));
+    }
+    samples.truncate(samples.len() - a.holdout);
+    let mask = a.mask_token.unwrap_or_else(|| dflash_train::train::pick_mask_token(&model.tokenizer, model.config().vocab_size));
+    let tc = dflash_train::train::TrainConfig {
+        layers: a.layers,
+        block_size: a.block,
+        gamma: a.gamma.unwrap_or_else(|| dflash_train::train::default_gamma(a.block)),
+        lr: a.lr,
+        warmup_frac: a.warmup,
+        weight_decay: a.weight_decay,
+        steps: a.steps,
+        seqs_per_step: a.seqs_per_step,
+        anchors_per_seq: a.anchors,
+        max_seq_len: a.max_seq_len,
+        checkpoint_every: a.checkpoint_every.max(1),
+        mask_token_id: mask,
+        seed: a.seed,
+        grad_clip: 1.0,
+    };
+    eprintln!("{} samples, {} tokens; mask token {mask}", samples.len(), samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).sum::<usize>());
+    let target = Target::new(&model.weights, &candle_core::Device::Cpu)?;
+    let s = dflash_train::train::train(&target, &samples, &a.out, &tc, false)?;
+    println!("{}", serde_json::to_string(&s).expect("json"));
+    Ok(())
+}
+
+fn run_export(a: ExportArgs) -> Result<(), TrainError> {
+    dflash_train::export::export(&a.run, &a.out)?;
+    eprintln!("wrote {}", a.out.display());
+    Ok(())
+}
+
+fn run_eval(a: EvalArgs) -> Result<(), TrainError> {
+    use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
+    let model = dflash_core::model_files::load_path(&a.model)?;
+    let dw = load_drafter_dir(&a.drafter, DrafterPrecision::Q8)?;
+    dw.config.validate_against(model.config())?;
+    let target = dflash_core::cpu::CpuModel::new(&model.weights);
+    let drafter = CpuDrafter::new(&dw);
+    let mut prompts = dflash_train::eval::read_prompts(&a.prompts, &model)?;
+    if let Some(n) = a.limit {
+        prompts.truncate(n);
+    }
+    let b = bar(prompts.len() as u64, "eval");
+    let rep = dflash_train::eval::evaluate(&model, &target, &drafter, &prompts, a.block.min(dw.config.block_size), a.max_new_tokens, a.check_plain, |r| {
+        b.inc(1);
+        b.set_message(format!("{} tau {:.2}", r.id, r.tau));
+    })?;
+    b.finish();
+    let text = serde_json::to_string_pretty(&rep).expect("json");
+    if let Some(p) = &a.json_out {
+        std::fs::write(p, &text).map_err(|e| TrainError::Io(e.to_string()))?;
+    }
+    println!("{text}");
+    if a.check_plain && rep.rows.iter().any(|r| r.lossless == Some(false)) {
+        return Err(TrainError::Data("speculative output differs from plain decoding".into()));
+    }
+    Ok(())
+}
+
+/// Keeps freed memory in the process: training allocates and frees logits tensors of
+/// hundreds of MB per step, and glibc would otherwise return them to the kernel and
+/// page-fault fresh zeroed pages back in every time (a fifth of the run's time).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_freed_memory() {
+    extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+    }
+    const M_TRIM_THRESHOLD: i32 = -1;
+    const M_MMAP_MAX: i32 = -4;
+    // SAFETY: mallopt only changes allocator tunables; called before any threads start.
+    unsafe {
+        mallopt(M_MMAP_MAX, 0);
+        mallopt(M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn keep_freed_memory() {}
+
+fn main() {
+    keep_freed_memory();
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Data(a) => run_data(a),
+        Cmd::Train(a) => run_train(a),
+        Cmd::Export(a) => run_export(a),
+        Cmd::Eval(a) => run_eval(a),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,365 @@
+//! The training loop: random anchors inside the responses, blocks [anchor, MASK...]
+//! against the frozen target's taps, the position-decayed cross-entropy, AdamW with
+//! warmup and cosine decay, checkpoints that a later run resumes from, a progress bar
+//! and a JSON-lines log.
+
+use crate::data::Sample;
+use crate::draft_model::{DraftParams, DraftTrainer, SeqBatch};
+use crate::optim::{schedule, AdamW};
+use crate::prompts::Rng;
+use crate::target::Target;
+use crate::TrainError;
+use candle_core::{Device, Tensor};
+use dflash_core::config::ModelConfig;
+use dflash_core::drafter::DrafterConfig;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainConfig {
+    pub layers: usize,
+    pub block_size: usize,
+    pub gamma: f64,
+    pub lr: f64,
+    pub warmup_frac: f64,
+    pub weight_decay: f64,
+    pub steps: usize,
+    pub seqs_per_step: usize,
+    pub anchors_per_seq: usize,
+    pub max_seq_len: usize,
+    pub checkpoint_every: usize,
+    pub mask_token_id: u32,
+    pub seed: u64,
+    pub grad_clip: f64,
+}
+
+/// The loss decay the DFlash paper uses for its block sizes (7 at 16, 5 at 10, 4 at 8).
+pub fn default_gamma(block: usize) -> f64 {
+    match block {
+        16.. => 7.0,
+        10..=15 => 5.0,
+        _ => 4.0,
+    }
+}
+
+/// The z-lab config of a drafter with `layers` layers for target `t`: the target's
+/// widths, full attention, the default tap formula.
+pub fn drafter_config_json(t: &ModelConfig, layers: usize, block: usize, mask_token_id: u32) -> serde_json::Value {
+    let ids = DrafterConfig::default_target_layer_ids(layers, t.num_layers);
+    serde_json::json!({
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": t.hidden_size,
+        "intermediate_size": t.intermediate_size,
+        "num_hidden_layers": layers,
+        "num_attention_heads": t.num_heads,
+        "num_key_value_heads": t.num_kv_heads,
+        "head_dim": t.head_dim,
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "rms_norm_eps": t.rms_norm_eps,
+        "rope_theta": t.rope_theta,
+        "rope_scaling": null,
+        "max_position_embeddings": t.max_position_embeddings,
+        "vocab_size": t.vocab_size,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "use_cache": true,
+        "use_sliding_window": false,
+        "sliding_window": null,
+        "layer_types": vec!["full_attention"; layers],
+        "num_target_layers": t.num_layers,
+        "block_size": block,
+        "dflash_config": {
+            "mask_token_id": mask_token_id,
+            "target_layer_ids": ids,
+        },
+    })
+}
+
+/// The mask token: a special token the chat never uses, by name, else the last id.
+pub fn pick_mask_token(tok: &dflash_core::tokenizer::TextTokenizer, vocab: usize) -> u32 {
+    for name in ["<|mask|>", "<|MASK|>", "<mask>", "<empty_output>", "<jupyter_script>", "<|fim_pad|>", "<reponame>"] {
+        if let Some(id) = tok.token_to_id(name) {
+            return id;
+        }
+    }
+    vocab as u32 - 1
+}
+
+/// Files of a training run directory.
+pub struct RunDir(pub PathBuf);
+
+impl RunDir {
+    pub fn drafter_config(&self) -> PathBuf {
+        self.0.join("drafter_config.json")
+    }
+    pub fn train_config(&self) -> PathBuf {
+        self.0.join("train_config.json")
+    }
+    pub fn checkpoint(&self) -> PathBuf {
+        self.0.join("checkpoint.safetensors")
+    }
+    pub fn state(&self) -> PathBuf {
+        self.0.join("checkpoint.json")
+    }
+    pub fn log(&self) -> PathBuf {
+        self.0.join("train.log.jsonl")
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct State {
+    step: usize,
+    opt_step: usize,
+    trained_tokens: u64,
+    cpu_seconds: f64,
+}
+
+fn io<E: std::fmt::Display>(e: E) -> TrainError {
+    TrainError::Io(e.to_string())
+}
+
+/// Writes params and optimizer moments, then the step, each by rename (an interrupted
+/// write leaves the previous checkpoint whole).
+fn save_checkpoint(dir: &RunDir, p: &DraftParams, opt: &AdamW, state: &State) -> Result<(), TrainError> {
+    let mut t: std::collections::HashMap<String, Tensor> = std::collections::HashMap::new();
+    for (n, v) in &p.vars {
+        t.insert(format!("param.{n}"), v.as_tensor().clone());
+    }
+    for (n, m) in &opt.m {
+        t.insert(format!("m.{n}"), m.clone());
+    }
+    for (n, v) in &opt.v {
+        t.insert(format!("v.{n}"), v.clone());
+    }
+    let tmp = dir.0.join("checkpoint.safetensors.tmp");
+    candle_core::safetensors::save(&t, &tmp)?;
+    std::fs::rename(&tmp, dir.checkpoint()).map_err(io)?;
+    let tmp = dir.0.join("checkpoint.json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(state).expect("state serializes")).map_err(io)?;
+    std::fs::rename(&tmp, dir.state()).map_err(io)?;
+    Ok(())
+}
+
+/// Parameters (and moments) of the last checkpoint.
+pub fn load_params(dir: &RunDir, cfg: &DrafterConfig, dev: &Device) -> Result<(DraftParams, BTreeMap<String, Tensor>, BTreeMap<String, Tensor>), TrainError> {
+    let all = candle_core::safetensors::load(dir.checkpoint(), dev).map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.checkpoint().display())))?;
+    let (mut p, mut m, mut v) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    for (k, t) in all {
+        if let Some(n) = k.strip_prefix("param.") {
+            p.insert(n.to_string(), t);
+        } else if let Some(n) = k.strip_prefix("m.") {
+            m.insert(n.to_string(), t);
+        } else if let Some(n) = k.strip_prefix("v.") {
+            v.insert(n.to_string(), t);
+        }
+    }
+    let params = DraftParams::from_tensors(cfg, p).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    Ok((params, m, v))
+}
+
+/// Anchors of one sequence: up to `n` distinct positions in `[from, len - 2]`.
+pub fn pick_anchors(rng: &mut Rng, from: usize, len: usize, n: usize) -> Vec<usize> {
+    if len < 2 || from > len - 2 {
+        return vec![];
+    }
+    let mut all: Vec<usize> = (from..=len - 2).collect();
+    rng.shuffle(&mut all);
+    all.truncate(n);
+    all.sort_unstable();
+    all
+}
+
+/// The sample for slot `j` of `step`: epochs walk a seeded permutation of the data.
+fn sample_index(seed: u64, n: usize, g: usize) -> usize {
+    let epoch = g / n;
+    let mut perm: Vec<usize> = (0..n).collect();
+    Rng(seed ^ (epoch as u64).wrapping_mul(0x9E37)).shuffle(&mut perm);
+    perm[g % n]
+}
+
+pub struct Progress {
+    bar: indicatif::ProgressBar,
+    tty: bool,
+    last: std::time::Instant,
+}
+
+impl Progress {
+    pub fn new(len: u64, what: &str) -> Self {
+        use std::io::IsTerminal;
+        let bar = indicatif::ProgressBar::new(len);
+        bar.set_style(indicatif::ProgressStyle::with_template(&format!("{what} {{bar:30}} {{pos}}/{{len}} {{elapsed}} eta {{eta}} {{msg}}")).expect("template"));
+        Progress { bar, tty: std::io::stderr().is_terminal(), last: std::time::Instant::now() }
+    }
+    pub fn bar(&self) -> &indicatif::ProgressBar {
+        &self.bar
+    }
+    /// Updates the bar; without a terminal, prints a line every 30 s instead.
+    pub fn update(&mut self, pos: u64, msg: String) {
+        self.bar.set_position(pos);
+        if !self.tty && self.last.elapsed().as_secs() >= 30 {
+            eprintln!("{pos}/{} {msg}", self.bar.length().unwrap_or(0));
+            self.last = std::time::Instant::now();
+        }
+        self.bar.set_message(msg);
+    }
+    pub fn finish(&self) {
+        self.bar.finish();
+    }
+}
+
+fn cpu_seconds() -> f64 {
+    // utime + stime of this process, from /proc (Linux); 0 elsewhere.
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    let f: Vec<&str> = s.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let tick = 100.0;
+    let p = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (p(11) + p(12)) / tick
+}
+
+/// Trains (or resumes) the drafter of run directory `dir` on `samples`.
+pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, quiet: bool) -> Result<TrainSummary, TrainError> {
+    let run = RunDir(dir.to_path_buf());
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let dev = target.device.clone();
+    let tcfg = &target.config;
+    if samples.is_empty() {
+        return Err(TrainError::Data("no training samples".into()));
+    }
+    // The drafter config is fixed at the first run; a resume must agree with it.
+    let dcfg_json = drafter_config_json(tcfg, tc.layers, tc.block_size, tc.mask_token_id);
+    if run.train_config().exists() {
+        let prev: TrainConfig = serde_json::from_str(&std::fs::read_to_string(run.train_config()).map_err(io)?).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        if prev.layers != tc.layers || prev.block_size != tc.block_size || prev.mask_token_id != tc.mask_token_id {
+            return Err(TrainError::Checkpoint(format!("{} was started with {} layers, block {}, mask {}", dir.display(), prev.layers, prev.block_size, prev.mask_token_id)));
+        }
+    }
+    std::fs::write(run.drafter_config(), serde_json::to_string_pretty(&dcfg_json).expect("json")).map_err(io)?;
+    std::fs::write(run.train_config(), serde_json::to_string_pretty(tc).expect("json")).map_err(io)?;
+    let dcfg = DrafterConfig::from_json(&dcfg_json.to_string())?;
+    dcfg.validate_against(tcfg)?;
+
+    let mut opt = AdamW::new(tc.lr, tc.weight_decay);
+    let (params, mut state) = if run.checkpoint().exists() && run.state().exists() {
+        let st: State = serde_json::from_str(&std::fs::read_to_string(run.state()).map_err(io)?).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        let (p, m, v) = load_params(&run, &dcfg, &dev)?;
+        opt.m = m;
+        opt.v = v;
+        opt.step_t = st.opt_step;
+        (p, st)
+    } else {
+        let p = DraftParams::init(&dcfg, &dev, tc.seed)?;
+        // The drafter reuses the target's lm_head: start its final norm where the target's is.
+        p.vars["norm.weight"].set(&target.norm)?;
+        (p, State { step: 0, opt_step: 0, trained_tokens: 0, cpu_seconds: 0.0 })
+    };
+    let trainer = DraftTrainer::new(dcfg.clone(), &target.embed, &target.lm_head, tc.gamma, tc.max_seq_len + tc.block_size + 1)?;
+    let warmup = ((tc.steps as f64 * tc.warmup_frac).round() as usize).max(1);
+    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(run.log()).map_err(io)?;
+    let mut prog = Progress::new(tc.steps as u64, "train");
+    if quiet {
+        prog.bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        prog.tty = true;
+    }
+    let cpu0 = cpu_seconds();
+    let cpu_before = state.cpu_seconds;
+    let t_start = std::time::Instant::now();
+    let b = tc.block_size;
+    let mut last = TrainSummary::default();
+    let vars = params.all();
+    while state.step < tc.steps {
+        let step = state.step;
+        let lr = schedule(step, tc.steps, warmup, tc.lr, 0.05);
+        opt.lr = lr;
+        let t0 = std::time::Instant::now();
+        let mut total: Option<Tensor> = None;
+        let mut wsum = 0.0;
+        let mut counts = vec![0usize; b];
+        let mut correct = vec![0usize; b];
+        let mut tokens = 0u64;
+        for j in 0..tc.seqs_per_step {
+            let s = &samples[sample_index(tc.seed, samples.len(), step * tc.seqs_per_step + j)];
+            let mut toks = s.tokens();
+            toks.truncate(tc.max_seq_len);
+            let mut rng = Rng(tc.seed ^ ((step as u64) << 20) ^ j as u64);
+            let anchors = pick_anchors(&mut rng, s.prompt_ids.len(), toks.len(), tc.anchors_per_seq);
+            if anchors.is_empty() {
+                continue;
+            }
+            let taps = target.taps_of(&toks, &dcfg.target_layer_ids)?;
+            let l = trainer.sequence_loss(&params, &SeqBatch { taps: &taps, tokens: &toks, anchors: &anchors, loss_from: s.prompt_ids.len() })?;
+            wsum += l.weight;
+            for k in 0..b {
+                counts[k] += l.counts[k];
+                correct[k] += l.correct[k];
+            }
+            tokens += toks.len() as u64;
+            total = Some(match total {
+                Some(t) => (t + l.weighted_nll)?,
+                None => l.weighted_nll,
+            });
+        }
+        let Some(total) = total.filter(|_| wsum > 0.0) else {
+            state.step += 1;
+            continue;
+        };
+        let loss = (total / wsum)?;
+        let grads = loss.backward()?;
+        // Clip the global gradient norm.
+        let mut sq = 0f64;
+        for (_, v) in &vars {
+            if let Some(g) = grads.get(v.as_tensor()) {
+                sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+            }
+        }
+        let norm = sq.sqrt();
+        let mut grads = grads;
+        if norm > tc.grad_clip {
+            let f = tc.grad_clip / norm;
+            for (_, v) in &vars {
+                if let Some(g) = grads.remove(v.as_tensor()) {
+                    grads.insert(v.as_tensor(), (g * f)?);
+                }
+            }
+        }
+        opt.step(&vars, &grads)?;
+        state.step += 1;
+        state.opt_step = opt.step_t;
+        state.trained_tokens += tokens;
+        let loss_v = loss.to_scalar::<f32>()? as f64;
+        let acc: Vec<f64> = (1..b).map(|k| if counts[k] > 0 { correct[k] as f64 / counts[k] as f64 } else { 0.0 }).collect();
+        // Expected accepted drafts if slot accuracies were independent (a training-time proxy of tau - 1).
+        let mut run_p = 1.0;
+        let proxy: f64 = acc.iter().map(|&a| {
+            run_p *= a;
+            run_p
+        }).sum();
+        let dt = t0.elapsed().as_secs_f64();
+        let rec = serde_json::json!({
+            "step": state.step, "lr": lr, "loss": loss_v, "grad_norm": norm, "acc": acc, "tau_proxy": 1.0 + proxy,
+            "labels": counts.iter().sum::<usize>(), "tokens": tokens, "step_s": dt,
+            "cpu_s": cpu_before + cpu_seconds() - cpu0, "wall_s": t_start.elapsed().as_secs_f64(),
+        });
+        writeln!(log, "{rec}").map_err(io)?;
+        prog.update(state.step as u64, format!("loss {loss_v:.3} acc1 {:.2} acc4 {:.2} tau~{:.2} {:.1}s/step", acc[0], acc.get(3).copied().unwrap_or(0.0), 1.0 + proxy, dt));
+        last = TrainSummary { step: state.step, loss: loss_v, acc, tau_proxy: 1.0 + proxy };
+        if state.step % tc.checkpoint_every == 0 || state.step == tc.steps {
+            state.cpu_seconds = cpu_before + cpu_seconds() - cpu0;
+            save_checkpoint(&run, &params, &opt, &state)?;
+        }
+    }
+    prog.finish();
+    Ok(last)
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct TrainSummary {
+    pub step: usize,
+    pub loss: f64,
+    pub acc: Vec<f64>,
+    pub tau_proxy: f64,
+}

@@ -1,0 +1,94 @@
+//! The whole trainer on a tiny synthetic target: self-distilled data through the chat
+//! template, a training run whose loss falls, a resume that continues the same run, an
+//! export that the engine loads, and a trained drafter whose tau on its own prompts beats
+//! a random drafter's while every output stays equal to plain decoding.
+
+use dflash_core::cpu::CpuModel;
+use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
+use dflash_core::formats::ggml::GgmlType;
+use dflash_core::model_files::load_gguf;
+use dflash_core::testutil::{random_weights, tiny_drafter_target, write_dir, write_drafter, write_gguf, DrafterSpec};
+use dflash_train::data::{distill, read_samples, DataOptions};
+use dflash_train::eval::evaluate;
+use dflash_train::target::Target;
+use dflash_train::train::{train, TrainConfig};
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("dflash-train-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn tiny_run_learns_and_exports_a_loadable_drafter() {
+    let c = tiny_drafter_target();
+    let m = load_gguf(&write_gguf(&c, &random_weights(&c, 5), GgmlType::Q8_0)).unwrap();
+    let target = Target::new(&m.weights, &candle_core::Device::Cpu).unwrap();
+    let dir = tmp("run");
+    // Data: 24 short prompts answered by the target, resumable.
+    let mut prompts = dflash_train::prompts::writing_prompts();
+    prompts.truncate(24);
+    let data = dir.join("data.jsonl");
+    let opts = DataOptions { batch: 8, max_new_tokens: 40, max_prompt_tokens: 160 };
+    let bar = indicatif::ProgressBar::hidden();
+    assert_eq!(distill(&m, &target, &prompts[..16], &data, &opts, &bar).unwrap(), 16);
+    // A cut last line is dropped and the rest resumes.
+    let text = std::fs::read_to_string(&data).unwrap();
+    std::fs::write(&data, &text[..text.len() - 10]).unwrap();
+    assert_eq!(distill(&m, &target, &prompts, &data, &opts, &bar).unwrap(), 9);
+    let samples = read_samples(&data).unwrap();
+    assert_eq!(samples.len(), 24);
+    assert!(samples.iter().all(|s| !s.response_ids.is_empty()));
+
+    // Train 60 steps, interrupted at 30 and resumed.
+    let run = dir.join("drafter-run");
+    let mut tc = TrainConfig {
+        layers: 1,
+        block_size: 8,
+        gamma: 4.0,
+        lr: 1e-2,
+        warmup_frac: 0.05,
+        weight_decay: 0.01,
+        steps: 30,
+        seqs_per_step: 4,
+        anchors_per_seq: 16,
+        max_seq_len: 256,
+        checkpoint_every: 10,
+        mask_token_id: c.vocab_size as u32 - 1,
+        seed: 3,
+        grad_clip: 1.0,
+    };
+    train(&target, &samples, &run, &tc, true).unwrap();
+    tc.steps = 150;
+    let last = train(&target, &samples, &run, &tc, true).unwrap();
+    assert_eq!(last.step, 150);
+    let log: Vec<serde_json::Value> = std::fs::read_to_string(run.join("train.log.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(log.len(), 150, "one log line per step across the resume");
+    let mean = |xs: &[serde_json::Value]| xs.iter().map(|r| r["loss"].as_f64().unwrap()).sum::<f64>() / xs.len() as f64;
+    let (first, end) = (mean(&log[..5]), mean(&log[145..]));
+    assert!(end < 0.8 * first, "loss fell from {first} to only {end}");
+    // A different block size in the same run directory is refused.
+    let bad = TrainConfig { block_size: 4, ..tc.clone() };
+    assert!(train(&target, &samples, &run, &bad, true).is_err());
+
+    // Export, load in the engine, and compare with a random drafter of the same shape.
+    let out = dir.join("exported");
+    dflash_train::export::export(&run, &out).unwrap();
+    let cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["architectures"][0], "DFlashDraftModel");
+    assert_eq!(cfg["dflash_config"]["target_layer_ids"], serde_json::json!([3]));
+    let trained = load_drafter_dir(&out, DrafterPrecision::Q8).unwrap();
+    let rand_dir = dir.join("random");
+    let spec = DrafterSpec { layers: 1, block_size: 8, target_layer_ids: None, block_in_dflash_config: true, layer_types: None, sliding_window: 0, mask_token_id: c.vocab_size as u32 - 1, seed: 9 };
+    write_dir(&rand_dir, &write_drafter(&c, &spec)).unwrap();
+    let random = load_drafter_dir(&rand_dir, DrafterPrecision::Q8).unwrap();
+    let cpu = CpuModel::new(&m.weights);
+    let eval_prompts: Vec<(String, Vec<u32>)> = samples.iter().take(8).map(|s| (s.id.clone(), s.prompt_ids.clone())).collect();
+    let t = evaluate(&m, &cpu, &CpuDrafter::new(&trained), &eval_prompts, 8, 32, true, |_| {}).unwrap();
+    let r = evaluate(&m, &cpu, &CpuDrafter::new(&random), &eval_prompts, 8, 32, true, |_| {}).unwrap();
+    assert!(t.rows.iter().chain(&r.rows).all(|row| row.lossless == Some(true)), "speculative output differs from plain");
+    eprintln!("tau trained {:.2} vs random {:.2}; acceptance {:?}", t.mean_tau, r.mean_tau, t.acceptance_by_position);
+    assert!(t.mean_tau > r.mean_tau + 0.2, "trained tau {} vs random {}", t.mean_tau, r.mean_tau);
+    let _ = std::fs::remove_dir_all(&dir);
+}
