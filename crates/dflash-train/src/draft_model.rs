@@ -207,14 +207,14 @@ impl<'a> DraftTrainer<'a> {
         }
         let n = rows.len();
         let hsel = x.reshape((a * b, h))?.index_select(&Tensor::from_vec(rows, n, dev)?, 0)?;
-        let logits = linear(&rms_norm(&hsel, p.get("norm.weight"), eps)?, self.lm_head)?; // [n, V]
-        let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let lab = Tensor::from_vec(labels.clone(), (n, 1), dev)?;
-        let nll = logp.gather(&lab, 1)?.squeeze(1)?.neg()?;
+        let normed = rms_norm(&hsel, p.get("norm.weight"), eps)?;
+        let op = crate::head_loss::FrozenHeadNll::new(self.lm_head.clone(), labels.clone());
+        let stats = op.stats.clone();
+        let nll = normed.apply_op1(op)?; // [n]
         let wsum: f64 = weights.iter().map(|&w| w as f64).sum();
         let wt = Tensor::from_vec(weights, n, dev)?;
         let weighted_nll = (nll * wt)?.sum_all()?;
-        let pred: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
+        let pred = std::mem::take(&mut stats.lock().expect("stats lock").argmax);
         for i in 0..n {
             counts[slots[i]] += 1;
             if pred[i] == labels[i] {

@@ -6,6 +6,7 @@ pub mod data;
 pub mod draft_model;
 pub mod eval;
 pub mod export;
+pub mod head_loss;
 pub mod nn;
 pub mod optim;
 pub mod prompts;

@@ -9,7 +9,7 @@ use crate::optim::{schedule, AdamW};
 use crate::prompts::Rng;
 use crate::target::Target;
 use crate::TrainError;
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use dflash_core::config::ModelConfig;
 use dflash_core::drafter::DrafterConfig;
 use serde::{Deserialize, Serialize};
@@ -252,10 +252,7 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         opt.step_t = st.opt_step;
         (p, st)
     } else {
-        let p = DraftParams::init(&dcfg, &dev, tc.seed)?;
-        // The drafter reuses the target's lm_head: start its final norm where the target's is.
-        p.vars["norm.weight"].set(&target.norm)?;
-        (p, State { step: 0, opt_step: 0, trained_tokens: 0, cpu_seconds: 0.0 })
+        (DraftParams::init(&dcfg, &dev, tc.seed)?, State { step: 0, opt_step: 0, trained_tokens: 0, cpu_seconds: 0.0 })
     };
     let trainer = DraftTrainer::new(dcfg.clone(), &target.embed, &target.lm_head, tc.gamma, tc.max_seq_len + tc.block_size + 1)?;
     let warmup = ((tc.steps as f64 * tc.warmup_frac).round() as usize).max(1);
@@ -271,6 +268,7 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
     let b = tc.block_size;
     let mut last = TrainSummary::default();
     let vars = params.all();
+    let mut taps_cache: Vec<Option<Tensor>> = vec![None; samples.len()];
     while state.step < tc.steps {
         let step = state.step;
         let lr = schedule(step, tc.steps, warmup, tc.lr, 0.05);
@@ -281,8 +279,10 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         let mut counts = vec![0usize; b];
         let mut correct = vec![0usize; b];
         let mut tokens = 0u64;
+        let mut taps_s = 0.0;
         for j in 0..tc.seqs_per_step {
             let s = &samples[sample_index(tc.seed, samples.len(), step * tc.seqs_per_step + j)];
+
             let mut toks = s.tokens();
             toks.truncate(tc.max_seq_len);
             let mut rng = Rng(tc.seed ^ ((step as u64) << 20) ^ j as u64);
@@ -290,7 +290,18 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
             if anchors.is_empty() {
                 continue;
             }
-            let taps = target.taps_of(&toks, &dcfg.target_layer_ids)?;
+            let tt = std::time::Instant::now();
+            let idx = sample_index(tc.seed, samples.len(), step * tc.seqs_per_step + j);
+            // The target is frozen: each sample's taps are computed once and kept (f16).
+            let taps = match &taps_cache[idx] {
+                Some(t) if t.dim(0)? == toks.len() => t.to_dtype(DType::F32)?,
+                _ => {
+                    let t = target.taps_of(&toks, &dcfg.target_layer_ids)?;
+                    taps_cache[idx] = Some(t.to_dtype(DType::F16)?);
+                    t
+                }
+            };
+            taps_s += tt.elapsed().as_secs_f64();
             let l = trainer.sequence_loss(&params, &SeqBatch { taps: &taps, tokens: &toks, anchors: &anchors, loss_from: s.prompt_ids.len() })?;
             wsum += l.weight;
             for k in 0..b {
@@ -308,6 +319,7 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
             continue;
         };
         let loss = (total / wsum)?;
+        let fwd_s = t0.elapsed().as_secs_f64();
         let grads = loss.backward()?;
         // Clip the global gradient norm.
         let mut sq = 0f64;
@@ -341,7 +353,7 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         let dt = t0.elapsed().as_secs_f64();
         let rec = serde_json::json!({
             "step": state.step, "lr": lr, "loss": loss_v, "grad_norm": norm, "acc": acc, "tau_proxy": 1.0 + proxy,
-            "labels": counts.iter().sum::<usize>(), "tokens": tokens, "step_s": dt,
+            "labels": counts.iter().sum::<usize>(), "tokens": tokens, "step_s": dt, "taps_s": taps_s, "fwd_s": fwd_s,
             "cpu_s": cpu_before + cpu_seconds() - cpu0, "wall_s": t_start.elapsed().as_secs_f64(),
         });
         writeln!(log, "{rec}").map_err(io)?;

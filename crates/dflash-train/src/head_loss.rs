@@ -1,0 +1,107 @@
+//! Cross-entropy through the target's frozen lm_head as one op: forward gives each row's
+//! negative log-likelihood (and keeps the softmax and the argmax), backward gives the
+//! gradient of the hidden rows only. candle's matmul backward would also compute the
+//! gradient of the frozen `[vocab, hidden]` matrix, a third of the step's work for
+//! nothing, and the composed log-softmax makes a dozen passes over the logits.
+
+use candle_core::{CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor};
+use std::sync::{Arc, Mutex};
+
+#[derive(Default)]
+pub struct HeadStats {
+    /// Row-major softmax of the last forward, kept for the backward.
+    probs: Option<Vec<f32>>,
+    /// Argmax of each row's logits.
+    pub argmax: Vec<u32>,
+}
+
+pub struct FrozenHeadNll {
+    /// `[vocab, hidden]`, f32, contiguous.
+    lm_head: Tensor,
+    labels: Vec<u32>,
+    pub stats: Arc<Mutex<HeadStats>>,
+}
+
+impl FrozenHeadNll {
+    pub fn new(lm_head: Tensor, labels: Vec<u32>) -> Self {
+        FrozenHeadNll { lm_head, labels, stats: Arc::new(Mutex::new(HeadStats::default())) }
+    }
+}
+
+fn rows_in_parallel(data: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(16);
+    let rows = data.len() / width;
+    let per = rows.div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        for (ci, chunk) in data.chunks_mut(per * width).enumerate() {
+            let f = &f;
+            s.spawn(move || {
+                for (ri, row) in chunk.chunks_mut(width).enumerate() {
+                    f(ci * per + ri, row);
+                }
+            });
+        }
+    });
+}
+
+impl CustomOp1 for FrozenHeadNll {
+    fn name(&self) -> &'static str {
+        "frozen-head-nll"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (n, h) = layout.shape().dims2()?;
+        let Some((a, b)) = layout.contiguous_offsets() else { candle_core::bail!("frozen-head-nll: hidden rows must be contiguous") };
+        let x = Tensor::from_slice(&storage.as_slice::<f32>()?[a..b], (n, h), &Device::Cpu)?;
+        let mut p: Vec<f32> = x.matmul(&self.lm_head.t()?)?.flatten_all()?.to_vec1()?;
+        let v = self.lm_head.dim(0)?;
+        if self.labels.len() != n || self.labels.iter().any(|&l| l as usize >= v) {
+            candle_core::bail!("frozen-head-nll: {} labels for {n} rows of a {v} vocabulary", self.labels.len());
+        }
+        let mut nll = vec![0f32; n];
+        let mut argmax = vec![0u32; n];
+        let out = Mutex::new((&mut nll, &mut argmax));
+        rows_in_parallel(&mut p, v, |r, row| {
+            let (mut m, mut am) = (f32::NEG_INFINITY, 0usize);
+            for (i, &z) in row.iter().enumerate() {
+                if z > m {
+                    m = z;
+                    am = i;
+                }
+            }
+            let label_logit = row[self.labels[r] as usize];
+            let mut sum = 0f32;
+            for z in row.iter_mut() {
+                *z = (*z - m).exp();
+                sum += *z;
+            }
+            let inv = 1.0 / sum;
+            for z in row.iter_mut() {
+                *z *= inv;
+            }
+            let mut o = out.lock().expect("stats lock");
+            o.0[r] = m + sum.ln() - label_logit;
+            o.1[r] = am as u32;
+        });
+        let mut st = self.stats.lock().expect("stats lock");
+        st.probs = Some(p);
+        st.argmax = argmax;
+        Ok((CpuStorage::F32(nll), Shape::from(n)))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        let (n, _) = arg.dims2()?;
+        let v = self.lm_head.dim(0)?;
+        let g: Vec<f32> = grad_res.flatten_all()?.to_vec1()?;
+        let mut p = self.stats.lock().expect("stats lock").probs.take().ok_or_else(|| candle_core::Error::Msg("frozen-head-nll: backward without forward".into()))?;
+        // d nll / d logits = softmax - onehot(label), times the row's upstream gradient.
+        rows_in_parallel(&mut p, v, |r, row| {
+            row[self.labels[r] as usize] -= 1.0;
+            for z in row.iter_mut() {
+                *z *= g[r];
+            }
+        });
+        let dlogits = Tensor::from_vec(p, (n, v), arg.device())?;
+        Ok(Some(dlogits.matmul(&self.lm_head)?))
+    }
+}

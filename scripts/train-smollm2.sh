@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Makes the committed SmolLM2-135M-Instruct drafter (drafters/smollm2-135m-instruct-dflash-b16),
+# every stage resumable: run it again after an interruption and it continues.
+#   scripts/train-smollm2.sh [data|train|export|eval|all]     (default: all)
+# Work folder: $DFLASH_TRAIN_DIR (default ~/.cache/dflash/train/smollm2). Long: run it in
+# the background (nohup scripts/train-smollm2.sh > train.out 2>&1 &).
+# Knobs (environment): PROMPTS, MAX_NEW, STEPS, LAYERS, EVAL_LIMIT, EVAL_TOKENS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK="${DFLASH_TRAIN_DIR:-$HOME/.cache/dflash/train/smollm2}"
+OUT=drafters/smollm2-135m-instruct-dflash-b16
+mkdir -p "$WORK"
+model=$(scripts/fetch-models.sh smollm2)
+cargo build --release --locked -p dflash-train >&2
+T=./target/release/dflash-train
+stage="${1:-all}"
+
+if [ "$stage" = data ] || [ "$stage" = all ]; then
+  # The target answers prompts built from Python's standard library and templates.
+  $T data --model "$model" --out "$WORK/data.jsonl" --prompts "${PROMPTS:-1400}" \
+    --max-new-tokens "${MAX_NEW:-160}" --batch 32 --seed 1
+fi
+if [ "$stage" = train ] || [ "$stage" = all ]; then
+  # 3 layers (taps 1, 14, 27 by the default formula), B=16, gamma 7, lr 6e-4, 4% warmup,
+  # cosine decay, 4 sequences x 32 anchors per step; the last 32 samples held out.
+  $T train --model "$model" --data "$WORK/data.jsonl" --out "$WORK/run" --layers "${LAYERS:-3}" \
+    --block 16 --steps "${STEPS:-1500}" --seqs-per-step 4 --anchors 32 --holdout 32 --checkpoint-every 25
+fi
+if [ "$stage" = export ] || [ "$stage" = all ]; then
+  $T export --run "$WORK/run" --out "$OUT"
+  cp "$WORK/run/train.log.jsonl" "$OUT/train.log.jsonl"
+  cp "$WORK/run/train_config.json" "$OUT/train_config.json"
+fi
+if [ "$stage" = eval ] || [ "$stage" = all ]; then
+  for set in humaneval mtbench; do
+    $T eval --model "$model" --drafter "$OUT" --prompts "$(scripts/fetch-evalsets.sh $set)" --block 16 \
+      --max-new-tokens "${EVAL_TOKENS:-96}" --limit "${EVAL_LIMIT:-40}" --json-out "$OUT/eval-$set.json" >/dev/null
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], "tau", round(d["mean_tau"],3), "acceptance", [round(x,2) for x in d["acceptance_by_position"]])' "$OUT/eval-$set.json" $set
+  done
+fi
