@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: fetch the default model (SmolLM2-135M-Instruct),
-# benchmark it on this machine's GPU (lavapipe, the CPU Vulkan device, where there is
-# none; installed if missing), and print the JSON. Plain decoding for now: DFlash joins
-# the benchmark with its issue.
+# The main job on a fresh machine: fetch the default model (SmolLM2-135M-Instruct), and
+# benchmark plain against DFlash decoding with its committed drafter
+# (drafters/smollm2-135m-instruct-dflash-b16) on this machine's GPU (lavapipe, the CPU
+# Vulkan device, where there is none; installed if missing). Prints the JSON:
+# plain_tok_s, dflash_tok_s, speedup, mean_tau, acceptance_by_position, lossless, rows.
+# PROMPTS (default 8) of fixtures/prompts/chat20.jsonl, TOKENS (default 64) each,
+# BLOCK (default auto). BENCH=plain runs the plain-decoding bandwidth benchmark instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 && [ "$(id -u)" = 0 ]; then
@@ -11,4 +14,9 @@ fi
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 model=$(scripts/fetch-models.sh smollm2)
 cargo build --release --locked -p dflash-cli
-./target/release/dflash bench --model "$model" --prompt-tokens 64 --decode-tokens 32 --json
+drafter=drafters/smollm2-135m-instruct-dflash-b16
+if [ "${BENCH:-dflash}" = plain ] || [ ! -f "$drafter/model.safetensors" ]; then
+  exec ./target/release/dflash bench --model "$model" --prompt-tokens 64 --decode-tokens 32 --json
+fi
+exec ./target/release/dflash bench --model "$model" --drafter "$drafter" --prompts fixtures/prompts/chat20.jsonl \
+  --limit "${PROMPTS:-8}" --max-new-tokens "${TOKENS:-64}" --block "${BLOCK:-auto}" --json

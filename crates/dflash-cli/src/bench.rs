@@ -35,6 +35,9 @@ pub struct BenchArgs {
     /// `prompt` (raw text); other fields (`id`, ...) are carried into the rows.
     #[arg(long)]
     prompts: Option<PathBuf>,
+    /// Only the first N prompts of --prompts.
+    #[arg(long)]
+    limit: Option<usize>,
     /// Tokens per prompt in the DFlash benchmark.
     #[arg(long, default_value_t = 64)]
     max_new_tokens: usize,
@@ -138,15 +141,9 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
     let (m, _) = load(&a.model)?;
     let w = load_drafter_dir(a.drafter.as_ref().unwrap(), DrafterPrecision::Q8)?;
     let text = std::fs::read_to_string(a.prompts.as_ref().unwrap()).map_err(|e| CliError::Usage(format!("--prompts: {e}")))?;
-    let mut rows_in = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| CliError::Usage(format!("--prompts line {}: {e}", i + 1)))?;
-        let ids = match (v.get("chat").and_then(|c| c.as_str()), v.get("prompt").and_then(|c| c.as_str())) {
-            (Some(c), _) => crate::generate::chat_ids(&m, None, c)?,
-            (None, Some(p)) => m.tokenizer.encode(p, true)?,
-            _ => return Err(CliError::Usage(format!("--prompts line {}: needs `chat` or `prompt`", i + 1))),
-        };
-        rows_in.push((v, ids));
+    let mut rows_in = dflash_core::prompt_file::parse(&text, &m)?;
+    if let Some(n) = a.limit {
+        rows_in.truncate(n);
     }
     let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16)?.expect("gpu");
     let context = a.context.min(m.config().max_position_embeddings);

@@ -96,14 +96,10 @@ pub fn dflash_json(r: &SpeculativeResult, block: &str) -> serde_json::Value {
     })
 }
 
-pub fn chat_ids(m: &LoadedModel, system: Option<&str>, user: &str) -> Result<Vec<u32>, CliError> {
-    Ok(m.chat_ids(system, user)?)
-}
-
 fn prompt_ids(m: &LoadedModel, a: &GenerateArgs) -> Result<Vec<u32>, CliError> {
     Ok(match (&a.prompt, &a.chat) {
         (Some(p), _) => m.tokenizer.encode(p, true)?,
-        (None, Some(c)) => chat_ids(m, a.system.as_deref(), c)?,
+        (None, Some(c)) => m.chat_ids(a.system.as_deref(), c)?,
         (None, None) => return Err(CliError::Usage("--prompt or --chat is required".into())),
     })
 }

@@ -50,6 +50,8 @@ pub enum Error {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("invalid sampling parameters: {0}")]
     BadSampling(String),
+    #[error("prompt file line {line}: {reason}")]
+    PromptFile { line: usize, reason: String },
     #[error("not a model: {0}")]
     NotAModel(String),
     #[error("not a DFlash drafter: {0}")]

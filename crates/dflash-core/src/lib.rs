@@ -9,6 +9,7 @@ pub mod error;
 pub mod formats;
 pub mod generate;
 pub mod model_files;
+pub mod prompt_file;
 pub mod quant;
 pub mod rng;
 pub mod sampling;

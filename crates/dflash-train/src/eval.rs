@@ -32,22 +32,10 @@ pub struct EvalReport {
     pub rows: Vec<EvalRow>,
 }
 
-/// One prompt of a JSON-lines file: `chat` (a user message through the chat template)
-/// or `prompt` (raw text); `id` optional.
+/// The prompts of a JSON-lines file (see `dflash_core::prompt_file`) as (id, token ids).
 pub fn read_prompts(path: &std::path::Path, m: &LoadedModel) -> Result<Vec<(String, Vec<u32>)>, TrainError> {
     let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| TrainError::Data(format!("{} line {}: {e}", path.display(), i + 1)))?;
-        let id = v.get("id").map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string())).unwrap_or_else(|| (i + 1).to_string());
-        let ids = match (v.get("chat").and_then(|c| c.as_str()), v.get("prompt").and_then(|c| c.as_str())) {
-            (Some(c), _) => m.chat_ids(None, c)?,
-            (None, Some(p)) => m.tokenizer.encode(p, true)?,
-            _ => return Err(TrainError::Data(format!("{} line {}: needs `chat` or `prompt`", path.display(), i + 1))),
-        };
-        out.push((id, ids));
-    }
-    Ok(out)
+    Ok(dflash_core::prompt_file::parse(&text, m)?.into_iter().enumerate().map(|(i, (v, ids))| (dflash_core::prompt_file::id_of(&v, i), ids)).collect())
 }
 
 pub fn evaluate(m: &LoadedModel, target: &CpuModel, drafter: &CpuDrafter, prompts: &[(String, Vec<u32>)], block: usize, max_new_tokens: usize, check_plain: bool, mut on_row: impl FnMut(&EvalRow)) -> Result<EvalReport, TrainError> {
