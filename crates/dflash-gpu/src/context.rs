@@ -252,15 +252,37 @@ impl GpuContext {
     /// Maps a MAP_READ buffer and returns its bytes (native, blocking).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_mapped(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
-        let (tx, rx) = std::sync::mpsc::channel();
+        pollster::block_on(self.read_mapped_async(staging))
+    }
+
+    /// Maps a MAP_READ buffer and returns its bytes once the GPU is done with it. In the
+    /// browser the map callback arrives from the event loop and wakes this future;
+    /// natively a blocking poll runs it first.
+    pub async fn read_mapped_async(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
+        let slot = Arc::new(Mutex::new(MapWait::default()));
+        let filler = slot.clone();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
+            if let Ok(mut g) = filler.lock() {
+                g.result = Some(r);
+                if let Some(w) = g.waker.take() {
+                    w.wake();
+                }
+            }
         });
-        self.wait()?;
-        match rx.try_recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(GpuError::Readback(e.to_string())),
-            Err(_) => {
+        #[cfg(not(target_arch = "wasm32"))]
+        let r = {
+            self.wait()?;
+            slot.lock().ok().and_then(|mut g| g.result.take())
+        };
+        #[cfg(target_arch = "wasm32")]
+        let r = Some(MapFuture(slot).await);
+        match r {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                self.check_lost()?;
+                return Err(GpuError::Readback(e.to_string()));
+            }
+            None => {
                 self.check_lost()?;
                 return Err(GpuError::Readback("map callback did not run".into()));
             }
@@ -268,5 +290,30 @@ impl GpuContext {
         let bytes = staging.get_mapped_range(..).map_err(|e| GpuError::Readback(e.to_string()))?.to_vec();
         staging.unmap();
         Ok(bytes)
+    }
+}
+
+/// What a buffer-map callback leaves for the future that waits on it.
+#[derive(Default)]
+struct MapWait {
+    result: Option<std::result::Result<(), wgpu::BufferAsyncError>>,
+    waker: Option<std::task::Waker>,
+}
+
+/// Resolves when the map callback has filled the slot.
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+struct MapFuture(Arc<Mutex<MapWait>>);
+
+impl std::future::Future for MapFuture {
+    type Output = std::result::Result<(), wgpu::BufferAsyncError>;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match g.result.take() {
+            Some(r) => std::task::Poll::Ready(r),
+            None => {
+                g.waker = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
     }
 }

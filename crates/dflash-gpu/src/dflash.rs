@@ -241,6 +241,11 @@ impl Speculative {
     /// returns the first token (the first anchor) and leaves it on the GPU.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn prefill(&mut self, prompt: &[u32], head: Head) -> Result<u32> {
+        pollster::block_on(self.prefill_async(prompt, head))
+    }
+
+    /// `prefill` for event-loop hosts.
+    pub async fn prefill_async(&mut self, prompt: &[u32], head: Head) -> Result<u32> {
         if prompt.is_empty() {
             return Err(GpuError::Core(dflash_core::Error::BadSampling("the prompt is empty".into())));
         }
@@ -259,7 +264,7 @@ impl Speculative {
             }
             ops::submit(&ctx, &self.ext_plans[&ch.len()].iter().collect::<Vec<_>>());
             if last {
-                let bytes = ctx.read_mapped(&self.target.act.readback)?;
+                let bytes = ctx.read_mapped_async(&self.target.act.readback).await?;
                 first = bytemuck::cast_slice::<u8, u32>(&bytes)[ch.len() - 1];
             }
         }
@@ -275,6 +280,11 @@ impl Speculative {
     /// accept, roll back, all in one submission; reads back (accepted, tokens).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn step(&mut self, b: usize, head: Head) -> Result<StepResult> {
+        pollster::block_on(self.step_async(b, head))
+    }
+
+    /// `step` for event-loop hosts.
+    pub async fn step_async(&mut self, b: usize, head: Head) -> Result<StepResult> {
         let b = b.clamp(1, self.max_block());
         let pos = self.target.len();
         if pos + b > self.target.context {
@@ -302,7 +312,7 @@ impl Speculative {
         }
         enc.copy_buffer_to_buffer(&self.target.act.result, 0, &self.target.act.readback, 0, ((b + 1) * 4) as u64);
         ctx.queue.submit([enc.finish()]);
-        let bytes = ctx.read_mapped(&self.target.act.readback)?;
+        let bytes = ctx.read_mapped_async(&self.target.act.readback).await?;
         let r: &[u32] = bytemuck::cast_slice(&bytes);
         let acc = r[0] as usize;
         if acc >= b {
@@ -333,6 +343,18 @@ impl Speculative {
         clock: &dyn Fn() -> f64,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<dflash_core::speculative::SpeculativeResult> {
+        pollster::block_on(self.generate_async(tok, req, block, clock, on_text))
+    }
+
+    /// `generate` for event-loop hosts.
+    pub async fn generate_async(
+        &mut self,
+        tok: &dflash_core::tokenizer::TextTokenizer,
+        req: &dflash_core::generate::GenerateRequest,
+        block: &dflash_core::speculative::BlockSize,
+        clock: &dyn Fn() -> f64,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<dflash_core::speculative::SpeculativeResult> {
         use dflash_core::generate::{prepare, TokenSink};
         use dflash_core::speculative::{choose_block, Acceptance, SpeculativeResult};
         let mut cfg = self.target.config.clone();
@@ -341,7 +363,7 @@ impl Speculative {
         let head = if req.sampling.is_greedy() { Head::Argmax } else { Head::Sample };
         self.target.set_sampling(&req.sampling)?;
         let t0 = clock();
-        let anchor = self.prefill(&req.prompt_ids, head)?;
+        let anchor = self.prefill_async(&req.prompt_ids, head).await?;
         let t1 = clock();
         let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
         let (mut acceptance, mut taus) = (Acceptance::default(), Vec::new());
@@ -349,7 +371,7 @@ impl Speculative {
         while !done {
             let room = self.target.context - self.target.len();
             let b = choose_block(block, &acceptance, self.max_block()).min(room).max(1);
-            let r = self.step(b, head)?;
+            let r = self.step_async(b, head).await?;
             acceptance.record_step(b - 1, r.accepted);
             taus.push(r.accepted + 1);
             for &t in &r.tokens {

@@ -392,8 +392,13 @@ impl GpuModel {
     /// One step; the next token of every row from the given head.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn step_with(&mut self, tokens: &[u32], head: Head) -> Result<Vec<u32>> {
+        pollster::block_on(self.step_with_async(tokens, head))
+    }
+
+    /// `step_with` for hosts whose GPU answers through the event loop (the browser).
+    pub async fn step_with_async(&mut self, tokens: &[u32], head: Head) -> Result<Vec<u32>> {
         self.submit_pass(tokens, head)?;
-        let bytes = self.ctx.read_mapped(&self.act.readback)?;
+        let bytes = self.ctx.read_mapped_async(&self.act.readback).await?;
         Ok(bytemuck::cast_slice::<u8, u32>(&bytes)[..tokens.len()].to_vec())
     }
 
@@ -408,6 +413,11 @@ impl GpuModel {
     /// (Argmax or Sample).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn prefill_with(&mut self, tokens: &[u32], head: Head) -> Result<u32> {
+        pollster::block_on(self.prefill_with_async(tokens, head))
+    }
+
+    /// `prefill_with` for event-loop hosts.
+    pub async fn prefill_with_async(&mut self, tokens: &[u32], head: Head) -> Result<u32> {
         self.len = 0;
         if tokens.is_empty() {
             return Err(GpuError::Core(dflash_core::Error::BadSampling("the prompt is empty".into())));
@@ -416,7 +426,7 @@ impl GpuModel {
         for ch in &chunks[..chunks.len() - 1] {
             self.submit_pass(ch, Head::None)?;
         }
-        let last = self.step_with(chunks[chunks.len() - 1], head)?;
+        let last = self.step_with_async(chunks[chunks.len() - 1], head).await?;
         Ok(*last.last().unwrap())
     }
 

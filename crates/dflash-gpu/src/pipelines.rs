@@ -3,7 +3,7 @@
 //! cached by a key made of all of these; bind groups are built once per plan.
 
 use crate::context::GpuContext;
-use crate::error::{GpuError, Result};
+use crate::error::Result;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -147,7 +147,7 @@ impl Pipelines {
 fn check_scope(scope: wgpu::ErrorScopeGuard) -> Result<()> {
     #[cfg(not(target_arch = "wasm32"))]
     if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(GpuError::Validation(e.to_string()));
+        return Err(crate::error::GpuError::Validation(e.to_string()));
     }
     #[cfg(target_arch = "wasm32")]
     drop(scope);
