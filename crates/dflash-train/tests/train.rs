@@ -60,13 +60,13 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
         grad_clip: 1.0,
     };
     train(&target, &samples, &run, &tc, true).unwrap();
-    tc.steps = 150;
+    tc.steps = 300;
     let last = train(&target, &samples, &run, &tc, true).unwrap();
-    assert_eq!(last.step, 150);
+    assert_eq!(last.step, 300);
     let log: Vec<serde_json::Value> = std::fs::read_to_string(run.join("train.log.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(log.len(), 150, "one log line per step across the resume");
+    assert_eq!(log.len(), 300, "one log line per step across the resume");
     let mean = |xs: &[serde_json::Value]| xs.iter().map(|r| r["loss"].as_f64().unwrap()).sum::<f64>() / xs.len() as f64;
-    let (first, end) = (mean(&log[..5]), mean(&log[145..]));
+    let (first, end) = (mean(&log[..5]), mean(&log[295..]));
     assert!(end < 0.8 * first, "loss fell from {first} to only {end}");
     // A different block size in the same run directory is refused.
     let bad = TrainConfig { block_size: 4, ..tc.clone() };
@@ -89,6 +89,6 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
     let r = evaluate(&m, &cpu, &CpuDrafter::new(&random), &eval_prompts, 8, 32, true, |_| {}).unwrap();
     assert!(t.rows.iter().chain(&r.rows).all(|row| row.lossless == Some(true)), "speculative output differs from plain");
     eprintln!("tau trained {:.2} vs random {:.2}; acceptance {:?}", t.mean_tau, r.mean_tau, t.acceptance_by_position);
-    assert!(t.mean_tau > r.mean_tau + 0.2, "trained tau {} vs random {}", t.mean_tau, r.mean_tau);
+    assert!(t.mean_tau > r.mean_tau + 1.0, "trained tau {} vs random {}", t.mean_tau, r.mean_tau);
     let _ = std::fs::remove_dir_all(&dir);
 }
