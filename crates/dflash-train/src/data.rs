@@ -29,15 +29,17 @@ impl Sample {
 
 pub fn read_samples(path: &Path) -> Result<Vec<Sample>, TrainError> {
     let f = std::fs::File::open(path).map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
+    let lines: Vec<String> = std::io::BufReader::new(f).lines().collect::<Result<_, _>>().map_err(|e| TrainError::Io(e.to_string()))?;
     let mut out = Vec::new();
-    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-        let line = line.map_err(|e| TrainError::Io(e.to_string()))?;
+    for (i, line) in lines.iter().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        match serde_json::from_str::<Sample>(&line) {
+        match serde_json::from_str::<Sample>(line) {
             Ok(s) => out.push(s),
-            // A line cut by an interruption is the last one; anything else is corrupt.
+            // A line cut by an interruption of `data` can only be the last one (`data`
+            // drops it when it resumes); anything else is corrupt.
+            Err(_) if i + 1 == lines.len() && !line.ends_with('}') => {}
             Err(e) => return Err(TrainError::Data(format!("{} line {}: {e}", path.display(), i + 1))),
         }
     }
