@@ -3,4 +3,5 @@
 pub mod ggml;
 pub mod gguf;
 pub mod gguf_source;
+pub mod gguf_stream;
 pub mod hf;

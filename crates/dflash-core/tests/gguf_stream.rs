@@ -1,0 +1,66 @@
+//! Streaming a GGUF file in chunks hands out every tensor with the same bytes as the
+//! whole-file parser, holding little; a cut or overlong stream is a typed error.
+
+use dflash_core::config::Arch;
+use dflash_core::formats::ggml::GgmlType;
+use dflash_core::formats::gguf::parse_header;
+use dflash_core::formats::gguf_stream::GgufStream;
+use dflash_core::testutil::{random_weights, tiny_config, write_gguf, Rng};
+use dflash_core::Error;
+
+#[test]
+fn chunked_stream_yields_every_tensor_like_the_whole_file() {
+    let c = tiny_config(Arch::Qwen2);
+    let file = write_gguf(&c, &random_weights(&c, 3), GgmlType::Q4_1);
+    let whole = parse_header(&file, file.len() as u64).unwrap();
+    let mut rng = Rng(11);
+    for max_chunk in [1usize, 7, 4096, 1 << 20] {
+        let mut s = GgufStream::new(file.len() as u64);
+        let mut got = Vec::new();
+        let mut pos = 0;
+        while pos < file.len() {
+            let n = (1 + rng.below(max_chunk)).min(file.len() - pos);
+            got.extend(s.push(&file[pos..pos + n]).unwrap());
+            pos += n;
+        }
+        s.finish().unwrap();
+        assert_eq!(s.header().unwrap().metadata.len(), whole.metadata.len());
+        assert_eq!(got.len(), whole.tensors.len());
+        for t in &got {
+            let w = whole.tensor(&t.info.name).unwrap();
+            assert_eq!(t.info.offset, w.offset);
+            assert_eq!(&t.bytes[..], &file[w.offset as usize..(w.offset + w.n_bytes) as usize], "{}", t.info.name);
+        }
+    }
+}
+
+#[test]
+fn cut_and_overlong_streams_are_errors() {
+    let c = tiny_config(Arch::Llama);
+    let file = write_gguf(&c, &random_weights(&c, 4), GgmlType::Q8_0);
+    let mut s = GgufStream::new(file.len() as u64);
+    s.push(&file[..file.len() - 100]).unwrap();
+    assert!(matches!(s.finish(), Err(Error::Truncated { .. })));
+    let mut s = GgufStream::new(file.len() as u64 - 10);
+    assert!(s.push(&file).is_err());
+    let mut bad = file.clone();
+    bad[0] = b'X';
+    let mut s = GgufStream::new(bad.len() as u64);
+    assert!(matches!(s.push(&bad), Err(Error::BadMagic { .. })));
+}
+
+#[test]
+fn the_header_is_parsed_from_a_prefix() {
+    let c = tiny_config(Arch::Qwen3);
+    let file = write_gguf(&c, &random_weights(&c, 5), GgmlType::F16);
+    assert!(file.len() > 3 * 4096, "the test needs a file longer than the first parse point");
+    let mut s = GgufStream::new(file.len() as u64);
+    let mut pos = 0;
+    while s.header().is_none() {
+        s.push(&file[pos..pos + 1000]).unwrap();
+        pos += 1000;
+    }
+    assert!(pos < file.len(), "header found only at the end");
+    let h = parse_header(&file, file.len() as u64).unwrap();
+    assert_eq!(s.header().unwrap().data_offset, h.data_offset);
+}
