@@ -70,29 +70,24 @@ fn smollm2_logits_are_bit_identical_in_one_row_steps_and_a_16_row_pass() {
     }
 }
 
-/// DFlash with a random drafter on SmolLM2: output equals plain GPU decoding token for
-/// token, greedy and sampled, at two block sizes (the CI subset of
-/// scripts/sweep-lossless.sh). DFLASH_SPEC_TOKENS sets the tokens per prompt (10).
-#[test]
-fn smollm2_dflash_with_a_random_drafter_is_lossless() {
-    use dflash_core::drafter::{DrafterPrecision, DrafterWeights};
+/// DFlash on SmolLM2: output equals plain GPU decoding token for token, greedy and
+/// sampled, at two block sizes (the CI subset of scripts/sweep-lossless.sh). Returns the
+/// mean tau of the greedy runs. DFLASH_SPEC_TOKENS sets the tokens per prompt (10).
+fn dflash_is_lossless_on_smollm2(drafter: impl Fn(&dflash_core::config::ModelConfig) -> dflash_core::drafter::DrafterWeights) -> Option<f64> {
     use dflash_core::generate::GenerateRequest;
     use dflash_core::sampling::SamplingParams;
     use dflash_core::speculative::BlockSize;
-    use dflash_core::testutil::{write_drafter, DrafterSpec};
     use dflash_gpu::dflash::Speculative;
     use dflash_gpu::model::Head;
-    let Some(path) = smollm2() else { return };
-    let Some(ctx) = gpu_context(&GpuOptions::default()) else { return };
+    let path = smollm2()?;
+    let ctx = gpu_context(&GpuOptions::default())?;
     let m = load_path(&path).unwrap();
-    let c = m.config();
-    let spec = DrafterSpec { layers: 2, block_size: 16, target_layer_ids: None, block_in_dflash_config: true, layer_types: None, sliding_window: 0, mask_token_id: c.vocab_size as u32 - 1, seed: 1 };
-    let f = write_drafter(c, &spec);
-    let w = DrafterWeights::load(std::str::from_utf8(&f["config.json"]).unwrap(), vec![("model.safetensors", &f["model.safetensors"][..])], DrafterPrecision::Q8).unwrap();
+    let w = drafter(m.config());
     let n = std::env::var("DFLASH_SPEC_TOKENS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     let mut plain = GpuModel::new(ctx.clone(), &m.weights, &GpuModelOptions { context: 256, ..Default::default() }).unwrap();
     let tm = GpuModel::new(ctx, &m.weights, &GpuModelOptions { context: 256, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
     let mut s = Speculative::new(tm, &w).unwrap();
+    let (mut taus, mut steps) = (0usize, 0usize);
     for sp in [SamplingParams::default(), SamplingParams { temperature: 0.8, top_p: 0.95, seed: 7, ..Default::default() }] {
         for prompt in fixture_prompts().into_iter().take(2) {
             let head = if sp.is_greedy() { Head::Argmax } else { Head::Sample };
@@ -109,7 +104,38 @@ fn smollm2_dflash_with_a_random_drafter_is_lossless() {
                 let req = GenerateRequest { prompt_ids: prompt.clone(), max_new_tokens: n, sampling: sp.clone(), stop_strings: vec![], context: 256 };
                 let r = s.generate(&m.tokenizer, &req, &b, &|| 0.0, &mut |_| {}).unwrap();
                 assert_eq!(r.result.tokens, want, "{b:?} T={}", sp.temperature);
+                if sp.is_greedy() {
+                    taus += r.taus.iter().sum::<usize>();
+                    steps += r.steps;
+                }
             }
         }
+    }
+    Some(taus as f64 / steps.max(1) as f64)
+}
+
+#[test]
+fn smollm2_dflash_with_a_random_drafter_is_lossless() {
+    use dflash_core::drafter::{DrafterPrecision, DrafterWeights};
+    use dflash_core::testutil::{write_drafter, DrafterSpec};
+    dflash_is_lossless_on_smollm2(|c| {
+        let spec = DrafterSpec { layers: 2, block_size: 16, target_layer_ids: None, block_in_dflash_config: true, layer_types: None, sliding_window: 0, mask_token_id: c.vocab_size as u32 - 1, seed: 1 };
+        let f = write_drafter(c, &spec);
+        DrafterWeights::load(std::str::from_utf8(&f["config.json"]).unwrap(), vec![("model.safetensors", &f["model.safetensors"][..])], DrafterPrecision::Q8).unwrap()
+    });
+}
+
+/// The committed trained drafter: lossless too, and it gets drafts accepted (so the
+/// rollback of partly accepted blocks is exercised on the real model).
+#[test]
+fn smollm2_dflash_with_the_trained_drafter_is_lossless_and_accepts_drafts() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../drafters/smollm2-135m-instruct-dflash-b16");
+    if !dir.join("model.safetensors").exists() {
+        return;
+    }
+    let tau = dflash_is_lossless_on_smollm2(|_| dflash_core::drafter::load_drafter_dir(&dir, dflash_core::drafter::DrafterPrecision::Q8).unwrap());
+    if let Some(tau) = tau {
+        eprintln!("trained drafter: mean tau {tau:.2} (greedy, blocks 4 and 16)");
+        assert!(tau > 1.05, "the trained drafter accepted almost nothing: tau {tau}");
     }
 }
