@@ -130,7 +130,8 @@ fn smollm2_dflash_with_a_random_drafter_is_lossless() {
 #[test]
 fn smollm2_dflash_with_the_trained_drafter_is_lossless_and_accepts_drafts() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../drafters/smollm2-135m-instruct-dflash-b16");
-    if !dir.join("model.safetensors").exists() {
+    // The quick pass (SwiftShader in CI) leaves this to the lavapipe pass.
+    if !dir.join("model.safetensors").exists() || std::env::var("DFLASH_QUICK").is_ok_and(|v| v == "1") {
         return;
     }
     let tau = dflash_is_lossless_on_smollm2(|_| dflash_core::drafter::load_drafter_dir(&dir, dflash_core::drafter::DrafterPrecision::Q8).unwrap());

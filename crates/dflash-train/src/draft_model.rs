@@ -208,13 +208,23 @@ impl<'a> DraftTrainer<'a> {
         let n = rows.len();
         let hsel = x.reshape((a * b, h))?.index_select(&Tensor::from_vec(rows, n, dev)?, 0)?;
         let normed = rms_norm(&hsel, p.get("norm.weight"), eps)?;
-        let op = crate::head_loss::FrozenHeadNll::new(self.lm_head.clone(), labels.clone());
-        let stats = op.stats.clone();
-        let nll = normed.apply_op1(op)?; // [n]
+        let (nll, pred) = if dev.is_cpu() {
+            // The fused op: no gradient for the frozen lm_head, one pass over the logits.
+            let op = crate::head_loss::FrozenHeadNll::new(self.lm_head.clone(), labels.clone());
+            let stats = op.stats.clone();
+            let nll = normed.apply_op1(op)?;
+            let pred = std::mem::take(&mut stats.lock().expect("stats lock").argmax);
+            (nll, pred)
+        } else {
+            // Other devices (CUDA): candle's own ops.
+            let logits = linear(&normed, self.lm_head)?;
+            let lab = Tensor::from_vec(labels.clone(), (n, 1), dev)?;
+            let nll = candle_nn::ops::log_softmax(&logits, D::Minus1)?.gather(&lab, 1)?.squeeze(1)?.neg()?;
+            (nll, logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
+        };
         let wsum: f64 = weights.iter().map(|&w| w as f64).sum();
         let wt = Tensor::from_vec(weights, n, dev)?;
         let weighted_nll = (nll * wt)?.sum_all()?;
-        let pred = std::mem::take(&mut stats.lock().expect("stats lock").argmax);
         for i in 0..n {
             counts[slots[i]] += 1;
             if pred[i] == labels[i] {

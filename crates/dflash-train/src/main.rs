@@ -66,6 +66,9 @@ struct TrainArgs {
     /// Hold out the last N samples (not trained on).
     #[arg(long, default_value_t = 0)]
     holdout: usize,
+    /// `cpu`, or `cuda` (a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 #[derive(clap::Args)]
@@ -172,7 +175,12 @@ fn run_train(a: TrainArgs) -> Result<(), TrainError> {
         grad_clip: 1.0,
     };
     eprintln!("{} samples, {} tokens; mask token {mask}", samples.len(), samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).sum::<usize>());
-    let target = Target::new(&model.weights, &candle_core::Device::Cpu)?;
+    let device = match a.device.as_str() {
+        "cpu" => candle_core::Device::Cpu,
+        "cuda" => candle_core::Device::new_cuda(0)?,
+        other => return Err(TrainError::Usage(format!("--device {other}: cpu or cuda"))),
+    };
+    let target = Target::new(&model.weights, &device)?;
     let s = dflash_train::train::train(&target, &samples, &a.out, &tc, false)?;
     println!("{}", serde_json::to_string(&s).expect("json"));
     Ok(())
