@@ -66,6 +66,9 @@ struct TrainArgs {
     /// Hold out the last N samples (not trained on).
     #[arg(long, default_value_t = 0)]
     holdout: usize,
+    /// Start a new run's layers from the target's top layers instead of random ones.
+    #[arg(long)]
+    init_from_target: bool,
     /// `cpu`, or `cuda` (a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -181,7 +184,7 @@ fn run_train(a: TrainArgs) -> Result<(), TrainError> {
         other => return Err(TrainError::Usage(format!("--device {other}: cpu or cuda"))),
     };
     let target = Target::new(&model.weights, &device)?;
-    let s = dflash_train::train::train(&target, &samples, &a.out, &tc, false)?;
+    let s = dflash_train::train::train(&target, &samples, &a.out, &tc, a.init_from_target.then_some(&model.weights), false)?;
     println!("{}", serde_json::to_string(&s).expect("json"));
     Ok(())
 }

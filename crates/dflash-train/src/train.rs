@@ -221,8 +221,70 @@ fn cpu_seconds() -> f64 {
     (p(11) + p(12)) / tick
 }
 
-/// Trains (or resumes) the drafter of run directory `dir` on `samples`.
-pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, quiet: bool) -> Result<TrainSummary, TrainError> {
+/// Starts the drafter's layers as copies of the target's top layers (Q/K rows put in
+/// the neox order the drafter rotates in), `fc` as the identity on the last tap and
+/// `norm` as the target's final norm, instead of random matrices.
+pub fn init_from_target(p: &DraftParams, w: &dflash_core::weights::ModelWeights, c: &DrafterConfig) -> Result<(), TrainError> {
+    let t = &w.config;
+    if (t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim, t.intermediate_size) != (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size) || c.num_layers > t.num_layers {
+        return Err(TrainError::Usage("--init-from-target needs the drafter to have the target's widths".into()));
+    }
+    let dev = p.vars["norm.weight"].device().clone();
+    let set = |name: &str, v: Vec<f32>| -> Result<(), TrainError> {
+        let var = &p.vars[name];
+        var.set(&Tensor::from_vec(v, var.shape(), &dev)?)?;
+        Ok(())
+    };
+    // Interleaved (ggml) pairs (2i, 2i+1) -> neox pairs (i, i + hd/2), per head.
+    let neox = |m: &dflash_core::quant::QuantMatrix, heads: usize| -> Vec<f32> {
+        let x = m.dequantize();
+        if t.rope_style != dflash_core::config::RopeStyle::Interleaved || t.rope_dim != t.head_dim {
+            return x;
+        }
+        let (hd, cols) = (t.head_dim, m.cols);
+        let mut out = vec![0f32; x.len()];
+        for h in 0..heads {
+            for i in 0..hd / 2 {
+                for (dst, src) in [(i, 2 * i), (hd / 2 + i, 2 * i + 1)] {
+                    let (d, s) = ((h * hd + dst) * cols, (h * hd + src) * cols);
+                    out[d..d + cols].copy_from_slice(&x[s..s + cols]);
+                }
+            }
+        }
+        out
+    };
+    let first = t.num_layers - c.num_layers;
+    for i in 0..c.num_layers {
+        let l = &w.layers[first + i];
+        let n = |x: &str| format!("layers.{i}.{x}");
+        set(&n("self_attn.q_proj.weight"), neox(&l.wq, t.num_heads))?;
+        set(&n("self_attn.k_proj.weight"), neox(&l.wk, t.num_kv_heads))?;
+        set(&n("self_attn.v_proj.weight"), l.wv.dequantize())?;
+        set(&n("self_attn.o_proj.weight"), l.wo.dequantize())?;
+        set(&n("mlp.gate_proj.weight"), l.w_gate.dequantize())?;
+        set(&n("mlp.up_proj.weight"), l.w_up.dequantize())?;
+        set(&n("mlp.down_proj.weight"), l.w_down.dequantize())?;
+        set(&n("input_layernorm.weight"), l.attn_norm.clone())?;
+        set(&n("post_attention_layernorm.weight"), l.ffn_norm.clone())?;
+        if let (Some(q), Some(k)) = (&l.q_norm, &l.k_norm) {
+            set(&n("self_attn.q_norm.weight"), q.clone())?;
+            set(&n("self_attn.k_norm.weight"), k.clone())?;
+        }
+    }
+    let h = c.hidden_size;
+    let taps = c.n_taps();
+    let mut fc = vec![0f32; h * taps * h];
+    for r in 0..h {
+        fc[r * taps * h + (taps - 1) * h + r] = 1.0;
+    }
+    set("fc.weight", fc)?;
+    set("norm.weight", w.norm.clone())?;
+    Ok(())
+}
+
+/// Trains (or resumes) the drafter of run directory `dir` on `samples`. A new run starts
+/// from `init` (the target's weights) when given, else from random matrices.
+pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, init: Option<&dflash_core::weights::ModelWeights>, quiet: bool) -> Result<TrainSummary, TrainError> {
     let run = RunDir(dir.to_path_buf());
     std::fs::create_dir_all(dir).map_err(io)?;
     let dev = target.device.clone();
@@ -252,7 +314,11 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         opt.step_t = st.opt_step;
         (p, st)
     } else {
-        (DraftParams::init(&dcfg, &dev, tc.seed)?, State { step: 0, opt_step: 0, trained_tokens: 0, cpu_seconds: 0.0 })
+        let p = DraftParams::init(&dcfg, &dev, tc.seed)?;
+        if let Some(w) = init {
+            init_from_target(&p, w, &dcfg)?;
+        }
+        (p, State { step: 0, opt_step: 0, trained_tokens: 0, cpu_seconds: 0.0 })
     };
     let trainer = DraftTrainer::new(dcfg.clone(), &target.embed, &target.lm_head, tc.gamma, tc.max_seq_len + tc.block_size + 1)?;
     let warmup = ((tc.steps as f64 * tc.warmup_frac).round() as usize).max(1);

@@ -59,9 +59,9 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
         seed: 3,
         grad_clip: 1.0,
     };
-    train(&target, &samples, &run, &tc, true).unwrap();
+    train(&target, &samples, &run, &tc, None, true).unwrap();
     tc.steps = 300;
-    let last = train(&target, &samples, &run, &tc, true).unwrap();
+    let last = train(&target, &samples, &run, &tc, None, true).unwrap();
     assert_eq!(last.step, 300);
     let log: Vec<serde_json::Value> = std::fs::read_to_string(run.join("train.log.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(log.len(), 300, "one log line per step across the resume");
@@ -70,7 +70,7 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
     assert!(end < 0.8 * first, "loss fell from {first} to only {end}");
     // A different block size in the same run directory is refused.
     let bad = TrainConfig { block_size: 4, ..tc.clone() };
-    assert!(train(&target, &samples, &run, &bad, true).is_err());
+    assert!(train(&target, &samples, &run, &bad, None, true).is_err());
 
     // Export, load in the engine, and compare with a random drafter of the same shape.
     let out = dir.join("exported");
@@ -91,4 +91,32 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
     eprintln!("tau trained {:.2} vs random {:.2}; acceptance {:?}", t.mean_tau, r.mean_tau, t.acceptance_by_position);
     assert!(t.mean_tau > r.mean_tau + 1.0, "trained tau {} vs random {}", t.mean_tau, r.mean_tau);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--init-from-target`: the drafter's layer is the target's top layer, with a llama
+/// GGUF's interleaved Q/K rows put back in the neox (Hugging Face) order.
+#[test]
+fn init_from_target_copies_the_top_layers_in_neox_order() {
+    use dflash_core::config::Arch;
+    use dflash_core::drafter::DrafterConfig;
+    use dflash_core::testutil::tiny_config;
+    let c = tiny_config(Arch::Llama);
+    let w = random_weights(&c, 8);
+    let m = load_gguf(&write_gguf(&c, &w, GgmlType::F32)).unwrap();
+    let cfg = dflash_train::train::drafter_config_json(&c, 1, 4, 5);
+    let dc = DrafterConfig::from_json(&cfg.to_string()).unwrap();
+    let p = dflash_train::draft_model::DraftParams::init(&dc, &candle_core::Device::Cpu, 1).unwrap();
+    dflash_train::train::init_from_target(&p, &m.weights, &dc).unwrap();
+    let top = c.num_layers - 1;
+    let get = |n: &str| p.vars[n].as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    // Equal up to the q8 repacking of the loader (a wrong row order is off by ~0.2).
+    let close = |a: Vec<f32>, b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 5e-3);
+    assert!(close(get("layers.0.self_attn.q_proj.weight"), &w[&format!("blk.{top}.attn_q.weight")].1));
+    assert!(close(get("layers.0.self_attn.k_proj.weight"), &w[&format!("blk.{top}.attn_k.weight")].1));
+    assert!(close(get("layers.0.mlp.down_proj.weight"), &w[&format!("blk.{top}.ffn_down.weight")].1));
+    // fc selects the last tap.
+    let fc = get("fc.weight");
+    let h = c.hidden_size;
+    assert_eq!(fc.iter().filter(|&&x| x == 1.0).count(), h);
+    assert_eq!(fc[(h - 1) * h + h - 1], 1.0);
 }
