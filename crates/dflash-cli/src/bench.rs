@@ -181,14 +181,7 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
         plain_s += p.decode_s;
         spec_tokens += st.saturating_sub(1);
         spec_s += s.result.decode_s;
-        for (j, (&ac, &tr)) in s.acceptance.accepted.iter().zip(&s.acceptance.tried).enumerate() {
-            if acceptance.tried.len() <= j {
-                acceptance.tried.resize(j + 1, 0);
-                acceptance.accepted.resize(j + 1, 0);
-            }
-            acceptance.accepted[j] += ac;
-            acceptance.tried[j] += tr;
-        }
+        acceptance.add(&s.acceptance);
         taus.extend(&s.taus);
         let mut row = v.clone();
         if let Some(o) = row.as_object_mut() {

@@ -60,6 +60,16 @@ impl Acceptance {
         let acc = self.accepted.get(j).copied().unwrap_or(0);
         (acc as f64 + 1.0) / (tried_here as f64 + 2.0)
     }
+    /// Adds another run's counts (per-prompt results into a whole benchmark's).
+    pub fn add(&mut self, other: &Acceptance) {
+        let n = self.tried.len().max(other.tried.len());
+        self.tried.resize(n, 0);
+        self.accepted.resize(n, 0);
+        for (j, (&a, &t)) in other.accepted.iter().zip(&other.tried).enumerate() {
+            self.accepted[j] += a;
+            self.tried[j] += t;
+        }
+    }
     pub fn rates(&self) -> Vec<f64> {
         self.accepted.iter().zip(&self.tried).map(|(&a, &t)| if t == 0 { 0.0 } else { a as f64 / t as f64 }).collect()
     }

@@ -47,14 +47,7 @@ pub fn evaluate(m: &LoadedModel, target: &CpuModel, drafter: &CpuDrafter, prompt
         let req = GenerateRequest { prompt_ids: ids.clone(), max_new_tokens, sampling: SamplingParams::default(), stop_strings: vec![], context: ids.len() + max_new_tokens + block + 1 };
         let r = generate_speculative_cpu(target, drafter, &m.tokenizer, &req, &BlockSize::Fixed(block), &clock, &mut |_| {})?;
         let lossless = if check_plain { Some(generate_cpu(target, &m.tokenizer, &req, &clock, &mut |_| {})?.tokens == r.result.tokens) } else { None };
-        for (k, (&a, &t)) in r.acceptance.accepted.iter().zip(&r.acceptance.tried).enumerate() {
-            if acc.accepted.len() <= k {
-                acc.accepted.push(0);
-                acc.tried.push(0);
-            }
-            acc.accepted[k] += a;
-            acc.tried[k] += t;
-        }
+        acc.add(&r.acceptance);
         taus += r.taus.iter().sum::<usize>();
         steps += r.steps;
         let row = EvalRow { id: id.clone(), tokens: r.result.tokens.len(), steps: r.steps, tau: r.mean_tau(), lossless };
