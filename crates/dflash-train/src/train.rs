@@ -347,8 +347,8 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         let mut tokens = 0u64;
         let mut taps_s = 0.0;
         for j in 0..tc.seqs_per_step {
-            let s = &samples[sample_index(tc.seed, samples.len(), step * tc.seqs_per_step + j)];
-
+            let idx = sample_index(tc.seed, samples.len(), step * tc.seqs_per_step + j);
+            let s = &samples[idx];
             let mut toks = s.tokens();
             toks.truncate(tc.max_seq_len);
             let mut rng = Rng(tc.seed ^ ((step as u64) << 20) ^ j as u64);
@@ -357,7 +357,6 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
                 continue;
             }
             let tt = std::time::Instant::now();
-            let idx = sample_index(tc.seed, samples.len(), step * tc.seqs_per_step + j);
             // The target is frozen: each sample's taps are computed once and kept (f16).
             let taps = match &taps_cache[idx] {
                 Some(t) if t.dim(0)? == toks.len() => t.to_dtype(DType::F32)?,
