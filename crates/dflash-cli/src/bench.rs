@@ -41,7 +41,8 @@ pub struct BenchArgs {
     /// Tokens per prompt in the DFlash benchmark.
     #[arg(long, default_value_t = 64)]
     max_new_tokens: usize,
-    /// Block size: a number or `auto`.
+    /// Block size: a number or `auto`; several, comma separated (`2,4,8,16,auto`), run
+    /// each against the same plain outputs and print one result per block.
     #[arg(long, default_value = "auto")]
     block: String,
     #[arg(long, default_value_t = 0.0)]
@@ -135,7 +136,6 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
     use dflash_core::drafter::{load_drafter_dir, DrafterPrecision};
     use dflash_core::generate::GenerateRequest;
     use dflash_core::sampling::SamplingParams;
-    use dflash_core::speculative::Acceptance;
     use dflash_gpu::dflash::Speculative;
     let t_load = Instant::now();
     let (m, _) = load(&a.model)?;
@@ -148,84 +148,119 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
     let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16)?.expect("gpu");
     let context = a.context.min(m.config().max_position_embeddings);
     let mut plain = GpuModel::new(ctx.clone(), &m.weights, &GpuModelOptions { context, ..Default::default() })?;
-    let mut target = GpuModel::new(ctx.clone(), &m.weights, &GpuModelOptions { context, taps: w.config.target_layer_ids.clone(), ..Default::default() })?;
+    let target = GpuModel::new(ctx.clone(), &m.weights, &GpuModelOptions { context, taps: w.config.target_layer_ids.clone(), ..Default::default() })?;
     let t0 = Instant::now();
     let clock = move || t0.elapsed().as_secs_f64();
-    let costs = if a.block == "auto" { Some(target.measure_row_costs(w.config.block_size.min(16), &clock)?) } else { None };
     let mut spec = Speculative::new(target, &w)?;
-    let policy = crate::generate::block_policy(&a.block, spec.max_block(), costs.clone())?;
+    let blocks: Vec<String> = a.block.split(',').map(|b| b.trim().to_string()).collect();
+    let costs = if blocks.iter().any(|b| b == "auto") { Some(spec.measure_step_costs(16, &clock)?) } else { None };
+    let policies = blocks.iter().map(|b| crate::generate::block_policy(b, spec.max_block(), costs.clone())).collect::<Result<Vec<_>, _>>()?;
     let sampling = SamplingParams { temperature: a.temperature, top_p: a.top_p, seed: a.seed, ..Default::default() };
     // Warm-up: compile every plan used below.
     if let Some((_, ids)) = rows_in.first() {
         let req = GenerateRequest { prompt_ids: ids.clone(), max_new_tokens: 4, sampling: sampling.clone(), stop_strings: vec![], context };
         crate::generate::generate_gpu(&mut plain, &m, &req, &mut |_| {})?;
-        spec.generate(&m.tokenizer, &req, &policy, &clock, &mut |_| {})?;
+        for policy in &policies {
+            spec.generate(&m.tokenizer, &req, policy, &clock, &mut |_| {})?;
+        }
     }
     let load_s = t_load.elapsed().as_secs_f64();
-    let (mut plain_tokens, mut plain_s, mut spec_tokens, mut spec_s) = (0usize, 0f64, 0usize, 0f64);
-    let mut acceptance = Acceptance::default();
-    let mut taus: Vec<usize> = Vec::new();
-    let mut all_lossless = true;
-    let mut rows = Vec::new();
+    let (mut plain_tokens, mut plain_s) = (0usize, 0f64);
+    let mut runs: Vec<BlockRun> = blocks.iter().map(|_| BlockRun::default()).collect();
     for (v, ids) in &rows_in {
         let req = GenerateRequest { prompt_ids: ids.clone(), max_new_tokens: a.max_new_tokens, sampling: sampling.clone(), stop_strings: vec![], context };
         let p = crate::generate::generate_gpu(&mut plain, &m, &req, &mut |_| {})?;
-        let s = spec.generate(&m.tokenizer, &req, &policy, &clock, &mut |_| {})?;
-        let lossless = p.tokens == s.result.tokens;
-        all_lossless &= lossless;
-        let (pt, st) = (p.tokens.len(), s.result.tokens.len());
+        let pt = p.tokens.len();
         // Decode speed: tokens after the first over the decode time (prefill excluded).
         let p_tok_s = pt.saturating_sub(1) as f64 / p.decode_s.max(1e-9);
-        let s_tok_s = st.saturating_sub(1) as f64 / s.result.decode_s.max(1e-9);
         plain_tokens += pt.saturating_sub(1);
         plain_s += p.decode_s;
-        spec_tokens += st.saturating_sub(1);
-        spec_s += s.result.decode_s;
-        acceptance.add(&s.acceptance);
-        taus.extend(&s.taus);
-        let mut row = v.clone();
-        if let Some(o) = row.as_object_mut() {
-            o.remove("chat");
-            o.remove("prompt");
-            o.insert("prompt_tokens".into(), ids.len().into());
-            o.insert("tokens".into(), pt.into());
-            o.insert("plain_tok_s".into(), p_tok_s.into());
-            o.insert("dflash_tok_s".into(), s_tok_s.into());
-            o.insert("speedup".into(), (s_tok_s / p_tok_s.max(1e-9)).into());
-            o.insert("mean_tau".into(), s.mean_tau().into());
-            o.insert("acceptance_by_position".into(), serde_json::json!(s.acceptance.rates()));
-            o.insert("lossless".into(), lossless.into());
+        for (policy, run) in policies.iter().zip(&mut runs) {
+            let s = spec.generate(&m.tokenizer, &req, policy, &clock, &mut |_| {})?;
+            let lossless = p.tokens == s.result.tokens;
+            run.lossless &= lossless;
+            let st = s.result.tokens.len();
+            let s_tok_s = st.saturating_sub(1) as f64 / s.result.decode_s.max(1e-9);
+            run.tokens += st.saturating_sub(1);
+            run.seconds += s.result.decode_s;
+            run.acceptance.add(&s.acceptance);
+            run.taus.extend(&s.taus);
+            let mut row = v.clone();
+            if let Some(o) = row.as_object_mut() {
+                o.remove("chat");
+                o.remove("prompt");
+                o.insert("prompt_tokens".into(), ids.len().into());
+                o.insert("tokens".into(), pt.into());
+                o.insert("plain_tok_s".into(), p_tok_s.into());
+                o.insert("dflash_tok_s".into(), s_tok_s.into());
+                o.insert("speedup".into(), (s_tok_s / p_tok_s.max(1e-9)).into());
+                o.insert("mean_tau".into(), s.mean_tau().into());
+                o.insert("acceptance_by_position".into(), serde_json::json!(s.acceptance.rates()));
+                o.insert("lossless".into(), lossless.into());
+            }
+            run.rows.push(row);
         }
-        rows.push(row);
     }
     let plain_tok_s = plain_tokens as f64 / plain_s.max(1e-9);
-    let dflash_tok_s = spec_tokens as f64 / spec_s.max(1e-9);
-    let mean_tau = if taus.is_empty() { 0.0 } else { taus.iter().sum::<usize>() as f64 / taus.len() as f64 };
-    let v = serde_json::json!({
-        "model": a.model.display().to_string(),
-        "drafter": a.drafter.as_ref().unwrap().display().to_string(),
-        "adapter": ctx.summary.name,
-        "block": a.block,
-        "verify_row_costs": costs,
-        "temperature": a.temperature,
-        "max_new_tokens": a.max_new_tokens,
-        "prompts": rows.len(),
-        "plain_tok_s": plain_tok_s,
-        "dflash_tok_s": dflash_tok_s,
-        "speedup": dflash_tok_s / plain_tok_s.max(1e-9),
-        "mean_tau": mean_tau,
-        "acceptance_by_position": acceptance.rates(),
-        "lossless": all_lossless,
-        "load_s": load_s,
-        "rows": rows,
-    });
+    let mut all_lossless = true;
+    let mut out = Vec::new();
+    for (block, run) in blocks.iter().zip(runs) {
+        let dflash_tok_s = run.tokens as f64 / run.seconds.max(1e-9);
+        let mean_tau = if run.taus.is_empty() { 0.0 } else { run.taus.iter().sum::<usize>() as f64 / run.taus.len() as f64 };
+        all_lossless &= run.lossless;
+        let v = serde_json::json!({
+            "model": a.model.display().to_string(),
+            "drafter": a.drafter.as_ref().unwrap().display().to_string(),
+            "adapter": ctx.summary.name,
+            "block": block,
+            "step_costs": if block == "auto" { costs.clone() } else { None },
+            "temperature": a.temperature,
+            "top_p": a.top_p,
+            "seed": a.seed,
+            "max_new_tokens": a.max_new_tokens,
+            "prompts": run.rows.len(),
+            "plain_tok_s": plain_tok_s,
+            "dflash_tok_s": dflash_tok_s,
+            "speedup": dflash_tok_s / plain_tok_s.max(1e-9),
+            "mean_tau": mean_tau,
+            "steps": run.taus.len(),
+            "acceptance_by_position": run.acceptance.rates(),
+            "lossless": run.lossless,
+            "load_s": load_s,
+            "rows": run.rows,
+        });
+        if !a.json {
+            println!(
+                "{} block {block}: plain {plain_tok_s:.2} tok/s, DFlash {dflash_tok_s:.2} tok/s ({:.2}x), mean tau {mean_tau:.2}, lossless {}",
+                ctx.summary.name,
+                dflash_tok_s / plain_tok_s.max(1e-9),
+                run.lossless
+            );
+        }
+        out.push(v);
+    }
     if a.json {
+        let v = if out.len() == 1 { out.pop().unwrap() } else { serde_json::Value::Array(out) };
         println!("{}", serde_json::to_string_pretty(&v).unwrap());
-    } else {
-        println!("{}: plain {plain_tok_s:.2} tok/s, DFlash {dflash_tok_s:.2} tok/s ({:.2}x), mean tau {mean_tau:.2}, lossless {all_lossless}", ctx.summary.name, dflash_tok_s / plain_tok_s.max(1e-9));
     }
     if !all_lossless {
         return Err(CliError::Usage("DFlash output differed from plain decoding".into()));
     }
     Ok(())
+}
+
+/// One block size's totals over the prompts of a DFlash benchmark.
+struct BlockRun {
+    tokens: usize,
+    seconds: f64,
+    acceptance: dflash_core::speculative::Acceptance,
+    taus: Vec<usize>,
+    lossless: bool,
+    rows: Vec<serde_json::Value>,
+}
+
+impl Default for BlockRun {
+    fn default() -> Self {
+        BlockRun { tokens: 0, seconds: 0.0, acceptance: Default::default(), taus: Vec::new(), lossless: true, rows: Vec::new() }
+    }
 }

@@ -188,8 +188,8 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
             let prep = t_prep.elapsed().as_secs_f64();
             let r = match &drafter {
                 Some(w) => {
-                    let costs = if a.block == "auto" { Some(g.measure_row_costs(w.config.block_size.min(16), &clock)?) } else { None };
                     let mut s = Speculative::new(g, w)?;
+                    let costs = if a.block == "auto" { Some(s.measure_step_costs(16, &clock)?) } else { None };
                     let policy = block_policy(&a.block, s.max_block(), costs)?;
                     let sr = s.generate(&m.tokenizer, &req, &policy, &clock, &mut on_text)?;
                     spec_stats = Some(dflash_json(&sr, &a.block));

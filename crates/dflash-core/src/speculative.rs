@@ -75,24 +75,47 @@ impl Acceptance {
     }
 }
 
-/// The block for the next step under `policy`.
-pub fn choose_block(policy: &BlockSize, acc: &Acceptance, max_block: usize) -> usize {
+/// In auto mode, after this many steps without drafts, one step drafts anyway so that the
+/// acceptance rates keep being measured (they may rise again later in the text).
+pub const PROBE_EVERY: usize = 16;
+
+/// Expected committed tokens per unit of cost of a step with `b` rows (b = 1: no drafts).
+fn block_values(verify_cost: &[f64], acc: &Acceptance, max_block: usize) -> Vec<(usize, f64)> {
+    let mut out = Vec::new();
+    let mut expected = 1.0; // tokens per step with b rows: 1 + sum of prefix products
+    let mut prefix = 1.0;
+    for b in 1..=max_block.min(verify_cost.len().saturating_sub(1)) {
+        if b > 1 {
+            prefix *= acc.conditional(b - 2);
+            expected += prefix;
+        }
+        out.push((b, expected / verify_cost[b].max(1e-9)));
+    }
+    out
+}
+
+fn best_of(values: impl Iterator<Item = (usize, f64)>) -> Option<usize> {
+    let (mut best, mut best_v) = (None, 0.0);
+    for (b, v) in values {
+        if v > best_v {
+            best_v = v;
+            best = Some(b);
+        }
+    }
+    best
+}
+
+/// The block for the next step under `policy`. `idle` counts the steps since the last
+/// one that drafted: in auto mode a block of 1 (no drafting at all) is chosen while
+/// drafting does not pay for itself, with a probe every [`PROBE_EVERY`] steps.
+pub fn choose_block(policy: &BlockSize, acc: &Acceptance, max_block: usize, idle: usize) -> usize {
     match policy {
         BlockSize::Fixed(b) => (*b).clamp(1, max_block),
         BlockSize::Auto { verify_cost } => {
-            let (mut best, mut best_v) = (1, 0.0);
-            let mut expected = 1.0; // tokens per step with b rows: 1 + sum of prefix products
-            let mut prefix = 1.0;
-            for b in 1..=max_block.min(verify_cost.len().saturating_sub(1)) {
-                if b > 1 {
-                    prefix *= acc.conditional(b - 2);
-                    expected += prefix;
-                }
-                let v = expected / verify_cost[b].max(1e-9);
-                if v > best_v {
-                    best_v = v;
-                    best = b;
-                }
+            let values = block_values(verify_cost, acc, max_block);
+            let best = best_of(values.iter().copied()).unwrap_or(1);
+            if best == 1 && idle >= PROBE_EVERY {
+                return best_of(values.into_iter().filter(|&(b, _)| b > 1)).unwrap_or(1);
             }
             best
         }
@@ -207,10 +230,12 @@ pub fn generate_speculative_with(
     let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
     let mut acceptance = Acceptance::default();
     let mut taus = Vec::new();
+    let mut idle = 0;
     let mut done = budget == 0 || sink.push(anchor)?;
     while !done {
         let pos = cache.len();
-        let b = choose_block(block, &acceptance, max_block).min(context - pos).max(1);
+        let b = choose_block(block, &acceptance, max_block, idle).min(context - pos).max(1);
+        idle = if b > 1 { 0 } else { idle + 1 };
         // Draft: one drafter pass over [anchor, MASK x (b-1)].
         let mut block_ids = vec![anchor];
         if b > 1 {

@@ -214,3 +214,32 @@ fn context_rows_fed_one_at_a_time_equal_all_at_once() {
     let block = cpu.embed(&[3, mask, mask, mask]).unwrap();
     assert_eq!(d.forward_block(&a, &block, toks.len()), d.forward_block(&b, &block, toks.len()));
 }
+
+/// Auto mode drafts when the measured acceptance pays for the extra rows, stops drafting
+/// (a block of one row) when it does not, and then probes once every PROBE_EVERY steps.
+#[test]
+fn auto_mode_stops_drafting_when_drafts_do_not_pay_and_probes() {
+    use dflash_core::speculative::{choose_block, Acceptance, PROBE_EVERY};
+    let costs = BlockSize::auto_linear(16, 0.3);
+    let mut bad = Acceptance::default();
+    for _ in 0..50 {
+        bad.record_step(4, 0);
+    }
+    assert_eq!(choose_block(&costs, &bad, 16, 0), 1);
+    assert_eq!(choose_block(&costs, &bad, 16, PROBE_EVERY - 1), 1);
+    let probe = choose_block(&costs, &bad, 16, PROBE_EVERY);
+    assert!(probe > 1, "a probe step drafts: {probe}");
+    let mut good = Acceptance::default();
+    for _ in 0..50 {
+        good.record_step(15, 15);
+    }
+    assert!(choose_block(&costs, &good, 16, 0) >= 8, "all drafts accepted: a long block");
+    // On a device where rows are free (a GPU), even a poor drafter is worth a block.
+    let free = BlockSize::auto_linear(16, 0.0);
+    let mut some = Acceptance::default();
+    for _ in 0..50 {
+        some.record_step(4, 1);
+    }
+    assert!(choose_block(&free, &some, 16, 0) > 1);
+    assert_eq!(choose_block(&BlockSize::Fixed(4), &bad, 16, 0), 4);
+}

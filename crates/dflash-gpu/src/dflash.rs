@@ -151,7 +151,8 @@ impl GpuDrafter {
         let (h, kvd, eps) = (c.hidden_size, c.kv_dim(), c.rms_norm_eps);
         let st = &t.act.state;
         let mut d = vec![bookkeeping(ctx, t, self, "prepare", b, host)?];
-        if !host {
+        // A block of one row is the anchor alone: no drafts, no drafter pass.
+        if !host && b > 1 {
             d.extend(ops::embedding(ctx, &t.embed, &self.ids, &self.x, b)?);
             for l in &self.layers {
                 d.push(ops::rmsnorm(ctx, eps, &l.input_norm, &self.x, &self.xn, b, h)?);
@@ -325,6 +326,37 @@ impl Speculative {
 }
 
 impl Speculative {
+    /// Relative cost of a whole DFlash step (context extension, drafting, verification)
+    /// with b rows against a step of one row (which drafts nothing), for b in 0..=max
+    /// (index 0 unused): what auto mode weighs the expected accepted tokens against.
+    /// Measured on dummy tokens; the KV cache is left empty.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn measure_step_costs(&mut self, max: usize, now: &dyn Fn() -> f64) -> Result<Vec<f64>> {
+        let max = max.clamp(1, self.max_block());
+        let probe: Vec<usize> = [1, 2, 4, 8, 16].into_iter().filter(|&b| b <= max).chain((max > 16).then_some(max)).collect();
+        let host = self.host_drafts;
+        self.host_drafts = false;
+        let prompt = vec![0u32; 8];
+        let mut times = Vec::new();
+        for &b in &probe {
+            self.prefill(&prompt, Head::Argmax)?;
+            let mut best = f64::INFINITY;
+            // The first step compiles; then steps that extend the context by b rows.
+            for i in 0..4 {
+                let t0 = now();
+                self.step(b, Head::Argmax)?;
+                if i >= 2 {
+                    best = best.min(now() - t0);
+                }
+            }
+            times.push((b, best));
+        }
+        self.host_drafts = host;
+        self.target.truncate(0);
+        self.prev_block = 0;
+        Ok(interpolate_costs(&times, max))
+    }
+
     /// The drafter's final (normed) hidden rows of the last block (tests).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_draft_hidden(&self, b: usize) -> Result<Vec<f32>> {
@@ -367,10 +399,12 @@ impl Speculative {
         let t1 = clock();
         let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
         let (mut acceptance, mut taus) = (Acceptance::default(), Vec::new());
+        let mut idle = 0;
         let mut done = budget == 0 || sink.push(anchor)?;
         while !done {
             let room = self.target.context - self.target.len();
-            let b = choose_block(block, &acceptance, self.max_block()).min(room).max(1);
+            let b = choose_block(block, &acceptance, self.max_block(), idle).min(room).max(1);
+            idle = if b > 1 { 0 } else { idle + 1 };
             let r = self.step_async(b, head).await?;
             acceptance.record_step(b - 1, r.accepted);
             taus.push(r.accepted + 1);
@@ -384,4 +418,20 @@ impl Speculative {
         let t2 = clock();
         Ok(SpeculativeResult { result: sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1), steps: taus.len(), taus, acceptance })
     }
+}
+
+/// Costs for every b in 1..=max relative to b = 1, linearly interpolated between the
+/// measured (b, seconds) points (index 0 unused).
+pub fn interpolate_costs(times: &[(usize, f64)], max: usize) -> Vec<f64> {
+    let base = times.first().map(|t| t.1).unwrap_or(1.0).max(1e-9);
+    let mut costs = vec![1.0; max + 1];
+    for b in 1..=max {
+        let hi = times.iter().position(|&(pb, _)| pb >= b).unwrap_or(times.len() - 1);
+        let lo = hi.saturating_sub(1);
+        let (b0, t0) = times[lo];
+        let (b1, t1) = times[hi];
+        let t = if b1 == b0 { t1 } else { t0 + (t1 - t0) * (b - b0) as f64 / (b1 - b0) as f64 };
+        costs[b] = t / base;
+    }
+    costs
 }

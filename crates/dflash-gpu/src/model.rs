@@ -498,18 +498,7 @@ impl GpuModel {
             times.push((b, best));
         }
         self.len = keep;
-        let base = times.first().map(|t| t.1).unwrap_or(1.0).max(1e-9);
-        let mut costs = vec![1.0; max + 1];
-        for b in 1..=max {
-            // Linear interpolation between the probed sizes.
-            let hi = times.iter().position(|&(pb, _)| pb >= b).unwrap_or(times.len() - 1);
-            let lo = hi.saturating_sub(1);
-            let (b0, t0) = times[lo];
-            let (b1, t1) = times[hi];
-            let t = if b1 == b0 { t1 } else { t0 + (t1 - t0) * (b - b0) as f64 / (b1 - b0) as f64 };
-            costs[b] = t / base;
-        }
-        Ok(costs)
+        Ok(crate::dflash::interpolate_costs(&times, max))
     }
 
     /// Greedy generation: prefill then one-row steps; stops at a stop id.

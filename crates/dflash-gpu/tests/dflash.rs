@@ -117,7 +117,30 @@ fn forced_acceptance_and_rollback_stay_lossless() {
                 spec.host_drafts = false;
             }
         }
+        // Auto mode on this device's measured step costs, with and without good drafts.
+        let costs = spec.measure_step_costs(8, &clock()).unwrap();
+        assert_eq!(costs.len(), 9);
+        assert!(costs[1..].iter().all(|&c| c.is_finite() && c > 0.0), "{costs:?}");
+        let auto = BlockSize::Auto { verify_cost: costs };
+        for p in prompts() {
+            let sp = SamplingParams::default();
+            let plain = plain_gpu(&mut plain_model, &p, &sp, 40, &|x| t.tokenizer.is_stop(x));
+            let mut seq = p.clone();
+            seq.extend(&plain);
+            seq.extend([0; 64]);
+            spec.set_host_drafts(&seq);
+            let r = spec.generate(&t.tokenizer, &req(&p, &sp), &auto, &|| 0.0, &mut |_| {}).unwrap();
+            assert_eq!(r.result.tokens, plain);
+            spec.host_drafts = false;
+            let r = spec.generate(&t.tokenizer, &req(&p, &sp), &auto, &|| 0.0, &mut |_| {}).unwrap();
+            assert_eq!(r.result.tokens, plain);
+        }
     }
+}
+
+fn clock() -> impl Fn() -> f64 {
+    let t0 = std::time::Instant::now();
+    move || t0.elapsed().as_secs_f64()
 }
 
 /// The drafter's block output on the GPU equals the CPU reference within 1e-3 (f32 cache;
