@@ -2,13 +2,12 @@
 
 use crate::{load, CliError, Device};
 use dflash_core::cpu::CpuModel;
-use dflash_core::generate::{generate_cpu, FinishReason, GenerateRequest, GenerateResult, TokenSink};
+use dflash_core::generate::{generate_cpu, FinishReason, GenerateRequest, GenerateResult};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
 use dflash_core::speculative::{generate_speculative_cpu, BlockSize, SpeculativeResult};
 use dflash_gpu::dflash::Speculative;
-use dflash_gpu::model::Head;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
 use std::io::Write;
 use std::path::PathBuf;
@@ -124,18 +123,8 @@ pub fn open_device(device: Option<Device>, adapter: &Option<String>, no_f16: boo
 /// Generation on the GPU engine (argmax or the GPU sampler; only token ids come back)
 /// with the same stop handling as the CPU loop.
 pub fn generate_gpu(g: &mut GpuModel, m: &LoadedModel, req: &GenerateRequest, on_text: &mut dyn FnMut(&str)) -> Result<GenerateResult, CliError> {
-    let budget = dflash_core::generate::token_budget(req.prompt_ids.len(), req.max_new_tokens, g.context)?;
-    let head = if req.sampling.is_greedy() { Head::Argmax } else { Head::Sample };
-    g.set_sampling(&req.sampling)?;
     let t0 = Instant::now();
-    let mut next = g.prefill_with(&req.prompt_ids, head)?;
-    let prefill_s = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    let mut sink = TokenSink::new(&m.tokenizer, &req.stop_strings, budget, on_text);
-    while !sink.push(next)? {
-        next = g.step_with(&[next], head)?[0];
-    }
-    Ok(sink.finish(req.prompt_ids.len(), prefill_s, t1.elapsed().as_secs_f64()))
+    Ok(g.generate(&m.tokenizer, req, &move || t0.elapsed().as_secs_f64(), on_text)?)
 }
 
 pub fn run(a: GenerateArgs) -> Result<(), CliError> {

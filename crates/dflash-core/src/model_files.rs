@@ -47,15 +47,10 @@ fn check_vocab(cfg: &ModelConfig, tok: &TextTokenizer) -> Result<()> {
     Ok(())
 }
 
-/// Loads a GGUF file held in memory (a memory map natively).
-pub fn load_gguf(bytes: &[u8]) -> Result<LoadedModel> {
-    let src = GgufSource::new(bytes)?;
-    let h = &src.header;
-    let mut config = ModelConfig::from_gguf(h)?;
-    if src.shape("rope_freqs.weight").is_some() {
-        config.rope_freq_factors = src.vector("rope_freqs.weight")?;
-        config.validate()?;
-    }
+/// What a GGUF header alone gives: the config, the tokenizer and the chat template
+/// (`rope_freqs.weight`, a tensor, is the caller's to add to the config).
+pub fn gguf_meta(h: &crate::formats::gguf::GgufHeader) -> Result<(ModelConfig, TextTokenizer, Option<ChatTemplate>)> {
+    let config = ModelConfig::from_gguf(h)?;
     let tokenizer = TextTokenizer::from_gguf(h)?;
     check_vocab(&config, &tokenizer)?;
     let token_str = |key: &str| {
@@ -65,6 +60,17 @@ pub fn load_gguf(bytes: &[u8]) -> Result<LoadedModel> {
         Some(t) => Some(ChatTemplate::new(t, &token_str("tokenizer.ggml.bos_token_id"), &token_str("tokenizer.ggml.eos_token_id"))?),
         None => None,
     };
+    Ok((config, tokenizer, chat_template))
+}
+
+/// Loads a GGUF file held in memory (a memory map natively).
+pub fn load_gguf(bytes: &[u8]) -> Result<LoadedModel> {
+    let src = GgufSource::new(bytes)?;
+    let (mut config, tokenizer, chat_template) = gguf_meta(&src.header)?;
+    if src.shape("rope_freqs.weight").is_some() {
+        config.rope_freq_factors = src.vector("rope_freqs.weight")?;
+        config.validate()?;
+    }
     let weights = ModelWeights::load(config, &src, Naming::Gguf)?;
     Ok(LoadedModel { weights, tokenizer, chat_template, format: "gguf" })
 }

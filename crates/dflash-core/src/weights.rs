@@ -5,18 +5,20 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::quant::QuantMatrix;
 
-/// A file format that can hand out named tensors, already repacked.
-pub trait TensorSource {
+/// A file format that can hand out named tensors, already repacked: `M` a 2-D weight
+/// (host `QuantMatrix`, or a matrix already in GPU buffers when a stream uploaded it),
+/// `V` a 1-D tensor (host f32, or a GPU buffer).
+pub trait TensorSource<M = QuantMatrix, V = Vec<f32>> {
     /// Row-major shape (outermost first), or None when the tensor is absent.
     fn shape(&self, name: &str) -> Option<Vec<usize>>;
     /// A 2-D tensor repacked into a GPU weight format.
-    fn matrix(&self, name: &str) -> Result<QuantMatrix>;
+    fn matrix(&self, name: &str) -> Result<M>;
     /// A 1-D tensor as f32 (norm weights, biases).
-    fn vector(&self, name: &str) -> Result<Vec<f32>>;
+    fn vector(&self, name: &str) -> Result<V>;
 }
 
 /// A 2-D tensor whose shape must be `[rows, cols]`, repacked.
-pub fn checked_matrix(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Result<QuantMatrix> {
+pub fn checked_matrix<M, V>(src: &dyn TensorSource<M, V>, name: &str, rows: usize, cols: usize) -> Result<M> {
     let shape = src.shape(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
     if shape != [rows, cols] {
         return Err(Error::ShapeMismatch { tensor: name.into(), expected: vec![rows, cols], found: shape });
@@ -25,7 +27,7 @@ pub fn checked_matrix(src: &dyn TensorSource, name: &str, rows: usize, cols: usi
 }
 
 /// A 1-D tensor whose length must be `len`, as f32.
-pub fn checked_vector(src: &dyn TensorSource, name: &str, len: usize) -> Result<Vec<f32>> {
+pub fn checked_vector<M, V>(src: &dyn TensorSource<M, V>, name: &str, len: usize) -> Result<V> {
     let shape = src.shape(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
     if shape != [len] {
         return Err(Error::ShapeMismatch { tensor: name.into(), expected: vec![len], found: shape });
@@ -80,59 +82,48 @@ impl Naming {
     }
 }
 
+/// One layer's weights: host tensors by default, GPU buffers once uploaded.
 #[derive(Debug, Clone)]
-pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
-    pub wq: QuantMatrix,
-    pub wk: QuantMatrix,
-    pub wv: QuantMatrix,
-    pub wo: QuantMatrix,
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    pub w_gate: QuantMatrix,
-    pub w_up: QuantMatrix,
-    pub w_down: QuantMatrix,
+pub struct LayerWeights<M = QuantMatrix, V = Vec<f32>> {
+    pub attn_norm: V,
+    pub wq: M,
+    pub wk: M,
+    pub wv: M,
+    pub wo: M,
+    pub bq: Option<V>,
+    pub bk: Option<V>,
+    pub bv: Option<V>,
+    pub q_norm: Option<V>,
+    pub k_norm: Option<V>,
+    pub ffn_norm: V,
+    pub w_gate: M,
+    pub w_up: M,
+    pub w_down: M,
 }
 
 #[derive(Debug, Clone)]
-pub struct ModelWeights {
+pub struct ModelWeights<M = QuantMatrix, V = Vec<f32>> {
     pub config: ModelConfig,
     /// `[vocab, hidden]`.
-    pub embed: QuantMatrix,
-    pub layers: Vec<LayerWeights>,
-    pub norm: Vec<f32>,
+    pub embed: M,
+    pub layers: Vec<LayerWeights<M, V>>,
+    pub norm: V,
     /// `[vocab, hidden]`; None when tied to the embedding.
-    pub lm_head: Option<QuantMatrix>,
+    pub lm_head: Option<M>,
 }
 
-impl ModelWeights {
-    pub fn lm_head(&self) -> &QuantMatrix {
+impl<M, V> ModelWeights<M, V> {
+    pub fn lm_head(&self) -> &M {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
-    /// Bytes of all weights in the GPU formats.
-    pub fn n_bytes(&self) -> usize {
-        let v = |x: &Vec<f32>| x.len() * 4;
-        let o = |x: &Option<Vec<f32>>| x.as_ref().map_or(0, |x| x.len() * 4);
-        let mut n = self.embed.n_bytes() + self.lm_head.as_ref().map_or(0, |m| m.n_bytes()) + v(&self.norm);
-        for l in &self.layers {
-            n += v(&l.attn_norm) + v(&l.ffn_norm) + o(&l.bq) + o(&l.bk) + o(&l.bv) + o(&l.q_norm) + o(&l.k_norm);
-            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.n_bytes()).sum::<usize>();
-        }
-        n
-    }
-
     /// Loads and checks every tensor the config calls for.
-    pub fn load(config: ModelConfig, src: &dyn TensorSource, naming: Naming) -> Result<Self> {
+    pub fn load(config: ModelConfig, src: &dyn TensorSource<M, V>, naming: Naming) -> Result<Self> {
         let c = &config;
         let (h, q, kv, ff, v) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.vocab_size);
         let mat = |name: &str, rows: usize, cols: usize| checked_matrix(src, name, rows, cols);
         let vec = |name: &str, len: usize| checked_vector(src, name, len);
-        let opt_vec = |name: String, len: usize, wanted: bool| -> Result<Option<Vec<f32>>> {
+        let opt_vec = |name: String, len: usize, wanted: bool| -> Result<Option<V>> {
             if wanted {
                 vec(&name, len).map(Some)
             } else {
@@ -167,5 +158,52 @@ impl ModelWeights {
             });
         }
         Ok(ModelWeights { config, embed, layers, norm, lm_head })
+    }
+
+    /// The same weights with every tensor converted (uploaded, for instance).
+    pub fn try_map<M2, V2, E>(&self, mut mat: impl FnMut(&str, &M) -> std::result::Result<M2, E>, mut vec: impl FnMut(&str, &V) -> std::result::Result<V2, E>) -> std::result::Result<ModelWeights<M2, V2>, E> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let mut opt = |name: &str, v: &Option<V>| v.as_ref().map(|v| vec(name, v)).transpose();
+            let (bq, bk, bv) = (opt("bq", &l.bq)?, opt("bk", &l.bk)?, opt("bv", &l.bv)?);
+            let (q_norm, k_norm) = (opt("q_norm", &l.q_norm)?, opt("k_norm", &l.k_norm)?);
+            layers.push(LayerWeights {
+                attn_norm: vec("attn_norm", &l.attn_norm)?,
+                wq: mat("wq", &l.wq)?,
+                wk: mat("wk", &l.wk)?,
+                wv: mat("wv", &l.wv)?,
+                wo: mat("wo", &l.wo)?,
+                bq,
+                bk,
+                bv,
+                q_norm,
+                k_norm,
+                ffn_norm: vec("ffn_norm", &l.ffn_norm)?,
+                w_gate: mat("w_gate", &l.w_gate)?,
+                w_up: mat("w_up", &l.w_up)?,
+                w_down: mat("w_down", &l.w_down)?,
+            });
+        }
+        Ok(ModelWeights {
+            config: self.config.clone(),
+            embed: mat("embed", &self.embed)?,
+            layers,
+            norm: vec("norm", &self.norm)?,
+            lm_head: self.lm_head.as_ref().map(|m| mat("lm_head", m)).transpose()?,
+        })
+    }
+}
+
+impl ModelWeights {
+    /// Bytes of all weights in the GPU formats.
+    pub fn n_bytes(&self) -> usize {
+        let v = |x: &Vec<f32>| x.len() * 4;
+        let o = |x: &Option<Vec<f32>>| x.as_ref().map_or(0, |x| x.len() * 4);
+        let mut n = self.embed.n_bytes() + self.lm_head.as_ref().map_or(0, |m| m.n_bytes()) + v(&self.norm);
+        for l in &self.layers {
+            n += v(&l.attn_norm) + v(&l.ffn_norm) + o(&l.bq) + o(&l.bk) + o(&l.bv) + o(&l.q_norm) + o(&l.k_norm);
+            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.n_bytes()).sum::<usize>();
+        }
+        n
     }
 }

@@ -7,11 +7,14 @@ pub mod bench;
 pub mod context;
 pub mod dflash;
 pub mod error;
+pub mod generate;
 pub mod model;
 pub mod ops;
 pub mod pipelines;
+pub mod stream_load;
 pub mod upload;
 
 pub use context::{GpuContext, GpuOptions};
 pub use error::{GpuError, Result};
-pub use model::{GpuModel, GpuModelOptions, MemoryPlan};
+pub use model::{GpuModel, GpuModelOptions, GpuWeights, MemoryPlan};
+pub use stream_load::{StreamLoader, StreamedModel};

@@ -116,17 +116,13 @@ fn kv_bytes(c: &ModelConfig, context: usize, f16: bool) -> u64 {
     context as u64 * c.kv_dim() as u64 * if f16 { 2 } else { 4 }
 }
 
+/// Weights already on the GPU (uploaded from host weights, or streamed in).
+pub type GpuWeights = ModelWeights<GpuMatrix, wgpu::Buffer>;
+
 /// The memory plan, and a typed error if any buffer would exceed the adapter's limits.
 /// Nothing is allocated.
 pub fn plan_memory(ctx: &GpuContext, w: &ModelWeights, opts: &GpuModelOptions) -> Result<MemoryPlan> {
-    let c = &w.config;
     let max = ctx.max_binding();
-    let check = |what: String, need: u64| -> Result<()> {
-        if need > max {
-            return Err(GpuError::LimitExceeded { what, need, limit: max, limit_name: "max_storage_buffer_binding_size" });
-        }
-        Ok(())
-    };
     let mut mats: Vec<&QuantMatrix> = vec![&w.embed];
     if let Some(l) = &w.lm_head {
         mats.push(l);
@@ -137,6 +133,19 @@ pub fn plan_memory(ctx: &GpuContext, w: &ModelWeights, opts: &GpuModelOptions) -
     for m in &mats {
         rows_per_chunk(m, max)?;
     }
+    plan_buffers(ctx, &w.config, w.n_bytes() as u64, opts)
+}
+
+/// The KV cache and activations of a model with `weight_bytes` of weights, checked
+/// against the adapter's limits and the budget.
+pub fn plan_buffers(ctx: &GpuContext, c: &ModelConfig, weight_bytes: u64, opts: &GpuModelOptions) -> Result<MemoryPlan> {
+    let max = ctx.max_binding();
+    let check = |what: String, need: u64| -> Result<()> {
+        if need > max {
+            return Err(GpuError::LimitExceeded { what, need, limit: max, limit_name: "max_storage_buffer_binding_size" });
+        }
+        Ok(())
+    };
     let kv_layer = kv_bytes(c, opts.context, ctx.f16);
     check(format!("the KV cache of one layer ({} tokens)", opts.context), kv_layer)?;
     let rope = (opts.context * c.rope_dim / 2 * 8) as u64;
@@ -149,7 +158,7 @@ pub fn plan_memory(ctx: &GpuContext, w: &ModelWeights, opts: &GpuModelOptions) -
         + logits
         + n * f * (opts.taps.len() * c.hidden_size) as u64
         + rope;
-    let plan = MemoryPlan { weights: w.n_bytes() as u64, kv_cache: kv_layer * 2 * c.num_layers as u64, activations };
+    let plan = MemoryPlan { weights: weight_bytes, kv_cache: kv_layer * 2 * c.num_layers as u64, activations };
     if let Some(budget) = opts.memory_budget {
         if plan.total() > budget {
             return Err(GpuError::OverBudget {
@@ -164,9 +173,45 @@ pub fn plan_memory(ctx: &GpuContext, w: &ModelWeights, opts: &GpuModelOptions) -
     Ok(plan)
 }
 
+/// Bytes of weights on the GPU.
+pub fn gpu_weight_bytes(w: &GpuWeights) -> u64 {
+    let v = |b: &wgpu::Buffer| b.size();
+    let o = |b: &Option<wgpu::Buffer>| b.as_ref().map_or(0, |b| b.size());
+    let mut n = w.embed.n_bytes + w.lm_head.as_ref().map_or(0, |m| m.n_bytes) + v(&w.norm);
+    for l in &w.layers {
+        n += v(&l.attn_norm) + v(&l.ffn_norm) + o(&l.bq) + o(&l.bk) + o(&l.bv) + o(&l.q_norm) + o(&l.k_norm);
+        n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.n_bytes).sum::<u64>();
+    }
+    n
+}
+
 impl GpuModel {
     pub fn new(ctx: Rc<GpuContext>, w: &ModelWeights, opts: &GpuModelOptions) -> Result<Self> {
-        let c = w.config.clone();
+        let opts = Self::checked_options(&w.config, opts)?;
+        let memory = plan_memory(&ctx, w, &opts)?;
+        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let gw = w.try_map(|name, m| upload_matrix(&ctx, name, m), |name, v| Ok::<_, GpuError>(f32_buffer(&ctx, name, v)))?;
+        let model = Self::assemble(ctx, gw, &opts, memory)?;
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::OutOfMemory(format!("model buffers: {e}")));
+        }
+        #[cfg(target_arch = "wasm32")]
+        drop(scope);
+        model.ctx.check_lost()?;
+        Ok(model)
+    }
+
+    /// A model whose weights are already on the GPU (streamed in by `StreamLoader`).
+    pub fn from_gpu_weights(ctx: Rc<GpuContext>, w: GpuWeights, opts: &GpuModelOptions) -> Result<Self> {
+        let opts = Self::checked_options(&w.config, opts)?;
+        let memory = plan_buffers(&ctx, &w.config, gpu_weight_bytes(&w), &opts)?;
+        let model = Self::assemble(ctx, w, &opts, memory)?;
+        model.ctx.check_lost()?;
+        Ok(model)
+    }
+
+    fn checked_options(c: &ModelConfig, opts: &GpuModelOptions) -> Result<GpuModelOptions> {
         if let Some(&bad) = opts.taps.iter().find(|&&t| t >= c.num_layers) {
             return Err(GpuError::Core(dflash_core::Error::BadConfig(format!("tap layer {bad} >= {} layers", c.num_layers))));
         }
@@ -174,29 +219,32 @@ impl GpuModel {
             return Err(GpuError::Unsupported(format!("head_dim {} > 256", c.head_dim)));
         }
         let context = opts.context.min(c.max_position_embeddings).max(1);
-        let opts = GpuModelOptions { context, ..opts.clone() };
-        let memory = plan_memory(&ctx, w, &opts)?;
-        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let vec = |name: &str, v: &[f32]| f32_buffer(&ctx, name, v);
+        Ok(GpuModelOptions { context, ..opts.clone() })
+    }
+
+    /// KV cache, RoPE table and activations around uploaded weights.
+    fn assemble(ctx: Rc<GpuContext>, w: GpuWeights, opts: &GpuModelOptions, memory: MemoryPlan) -> Result<Self> {
+        let c = w.config.clone();
+        let context = opts.context;
         let mut layers = Vec::with_capacity(c.num_layers);
-        for (i, l) in w.layers.iter().enumerate() {
+        for (i, l) in w.layers.into_iter().enumerate() {
             let kvb = kv_bytes(&c, context, ctx.f16);
             layers.push(GpuLayer {
-                attn_norm: vec("attn_norm", &l.attn_norm),
-                ffn_norm: vec("ffn_norm", &l.ffn_norm),
-                wq: upload_matrix(&ctx, "wq", &l.wq)?,
-                wk: upload_matrix(&ctx, "wk", &l.wk)?,
-                wv: upload_matrix(&ctx, "wv", &l.wv)?,
-                wo: upload_matrix(&ctx, "wo", &l.wo)?,
-                w_gate: upload_matrix(&ctx, "w_gate", &l.w_gate)?,
-                w_up: upload_matrix(&ctx, "w_up", &l.w_up)?,
-                w_down: upload_matrix(&ctx, "w_down", &l.w_down)?,
-                bias: match (&l.bq, &l.bk, &l.bv) {
-                    (Some(q), Some(k), Some(v)) => Some([vec("bq", q), vec("bk", k), vec("bv", v)]),
+                attn_norm: l.attn_norm,
+                ffn_norm: l.ffn_norm,
+                wq: l.wq,
+                wk: l.wk,
+                wv: l.wv,
+                wo: l.wo,
+                w_gate: l.w_gate,
+                w_up: l.w_up,
+                w_down: l.w_down,
+                bias: match (l.bq, l.bk, l.bv) {
+                    (Some(q), Some(k), Some(v)) => Some([q, k, v]),
                     _ => None,
                 },
-                qk_norm: match (&l.q_norm, &l.k_norm) {
-                    (Some(q), Some(k)) => Some([vec("q_norm", q), vec("k_norm", k)]),
+                qk_norm: match (l.q_norm, l.k_norm) {
+                    (Some(q), Some(k)) => Some([q, k]),
                     _ => None,
                 },
                 k_cache: work_buffer(&ctx, &format!("k_cache.{i}"), kvb),
@@ -240,13 +288,10 @@ impl GpuModel {
                 mapped_at_creation: false,
             }),
         };
-        let model = GpuModel {
-            embed: upload_matrix(&ctx, "embed", &w.embed)?,
-            lm_head: match &w.lm_head {
-                Some(m) => Some(upload_matrix(&ctx, "lm_head", m)?),
-                None => None,
-            },
-            out_norm: vec("out_norm", &w.norm),
+        Ok(GpuModel {
+            embed: w.embed,
+            lm_head: w.lm_head,
+            out_norm: w.norm,
             rope_table: storage_buffer(&ctx, "rope_table", bytemuck::cast_slice(&table)),
             layers,
             act,
@@ -257,15 +302,7 @@ impl GpuModel {
             taps: opts.taps.clone(),
             config: c,
             ctx,
-        };
-        #[cfg(not(target_arch = "wasm32"))]
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::OutOfMemory(format!("model buffers: {e}")));
-        }
-        #[cfg(target_arch = "wasm32")]
-        drop(scope);
-        model.ctx.check_lost()?;
-        Ok(model)
+        })
     }
 
     /// Committed positions.
