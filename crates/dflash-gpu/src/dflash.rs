@@ -332,6 +332,11 @@ impl Speculative {
     /// Measured on dummy tokens; the KV cache is left empty.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn measure_step_costs(&mut self, max: usize, now: &dyn Fn() -> f64) -> Result<Vec<f64>> {
+        pollster::block_on(self.measure_step_costs_async(max, now))
+    }
+
+    /// `measure_step_costs` for event-loop hosts.
+    pub async fn measure_step_costs_async(&mut self, max: usize, now: &dyn Fn() -> f64) -> Result<Vec<f64>> {
         let max = max.clamp(1, self.max_block());
         let probe: Vec<usize> = [1, 2, 4, 8, 16].into_iter().filter(|&b| b <= max).chain((max > 16).then_some(max)).collect();
         let host = self.host_drafts;
@@ -339,12 +344,12 @@ impl Speculative {
         let prompt = vec![0u32; 8];
         let mut times = Vec::new();
         for &b in &probe {
-            self.prefill(&prompt, Head::Argmax)?;
+            self.prefill_async(&prompt, Head::Argmax).await?;
             let mut best = f64::INFINITY;
             // The first step compiles; then steps that extend the context by b rows.
             for i in 0..4 {
                 let t0 = now();
-                self.step(b, Head::Argmax)?;
+                self.step_async(b, Head::Argmax).await?;
                 if i >= 2 {
                     best = best.min(now() - t0);
                 }
@@ -387,6 +392,19 @@ impl Speculative {
         clock: &dyn Fn() -> f64,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<dflash_core::speculative::SpeculativeResult> {
+        self.generate_pieces_async(tok, req, block, clock, &mut |s, _| on_text(s)).await
+    }
+
+    /// `generate_async` whose text callback also says whether the piece's token was an
+    /// accepted draft (false for anchors and bonus tokens): what the demo highlights.
+    pub async fn generate_pieces_async(
+        &mut self,
+        tok: &dflash_core::tokenizer::TextTokenizer,
+        req: &dflash_core::generate::GenerateRequest,
+        block: &dflash_core::speculative::BlockSize,
+        clock: &dyn Fn() -> f64,
+        on_piece: &mut dyn FnMut(&str, bool),
+    ) -> Result<dflash_core::speculative::SpeculativeResult> {
         use dflash_core::generate::{prepare, TokenSink};
         use dflash_core::speculative::{choose_block, Acceptance, SpeculativeResult};
         let mut cfg = self.target.config.clone();
@@ -397,7 +415,9 @@ impl Speculative {
         let t0 = clock();
         let anchor = self.prefill_async(&req.prompt_ids, head).await?;
         let t1 = clock();
-        let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
+        let drafted = std::cell::Cell::new(false);
+        let mut on_text = |s: &str| on_piece(s, drafted.get());
+        let mut sink = TokenSink::new(tok, &req.stop_strings, budget, &mut on_text);
         let (mut acceptance, mut taus) = (Acceptance::default(), Vec::new());
         let mut idle = 0;
         let mut done = budget == 0 || sink.push(anchor)?;
@@ -408,7 +428,8 @@ impl Speculative {
             let r = self.step_async(b, head).await?;
             acceptance.record_step(b - 1, r.accepted);
             taus.push(r.accepted + 1);
-            for &t in &r.tokens {
+            for (i, &t) in r.tokens.iter().enumerate() {
+                drafted.set(i < r.accepted);
                 done = sink.push(t)?;
                 if done {
                     break;

@@ -1,0 +1,59 @@
+//! Every engine error as one of the JS API's typed error names (`DFlashError.code`).
+
+use dflash_core::Error as CoreError;
+use dflash_gpu::GpuError;
+
+/// The `code` a JS caller switches on.
+pub fn error_code(e: &GpuError) -> &'static str {
+    match e {
+        GpuError::NoAdapter(_) | GpuError::RequestDevice(_) => "NoWebGPU",
+        GpuError::LimitExceeded { .. } | GpuError::Unsupported(_) => "LimitsExceeded",
+        GpuError::OverBudget { .. } | GpuError::OutOfMemory(_) => "OutOfMemory",
+        GpuError::DeviceLost(_) => "DeviceLost",
+        GpuError::Validation(_) | GpuError::Readback(_) => "GpuError",
+        GpuError::Core(c) => core_code(c),
+    }
+}
+
+fn core_code(e: &CoreError) -> &'static str {
+    match e {
+        CoreError::DrafterMismatch { .. } | CoreError::NotADrafter(_) => "DrafterMismatch",
+        CoreError::ContextOverflow { .. } => "ContextOverflow",
+        CoreError::BadSampling(_) | CoreError::TokenOutOfRange { .. } | CoreError::PromptFile { .. } | CoreError::ChatTemplate(_) => "BadRequest",
+        CoreError::Io { .. } => "NetworkError",
+        _ => "BadModelFile",
+    }
+}
+
+/// An error for JS: `Error` with `name` "DFlashError" and the `code`.
+#[cfg(target_arch = "wasm32")]
+pub fn to_js(e: &GpuError) -> wasm_bindgen::JsValue {
+    js_error(error_code(e), &e.to_string())
+}
+
+#[cfg(target_arch = "wasm32")]
+pub fn js_error(code: &str, message: &str) -> wasm_bindgen::JsValue {
+    let err = js_sys::Error::new(message);
+    err.set_name("DFlashError");
+    let _ = js_sys::Reflect::set(&err, &"code".into(), &code.into());
+    err.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_failure_has_its_code() {
+        let core = |e| error_code(&GpuError::Core(e));
+        assert_eq!(error_code(&GpuError::NoAdapter(String::new())), "NoWebGPU");
+        assert_eq!(error_code(&GpuError::OutOfMemory("x".into())), "OutOfMemory");
+        assert_eq!(error_code(&GpuError::DeviceLost("x".into())), "DeviceLost");
+        assert_eq!(error_code(&GpuError::LimitExceeded { what: "x".into(), need: 2, limit: 1, limit_name: "y" }), "LimitsExceeded");
+        assert_eq!(core(CoreError::DrafterMismatch { field: "hidden_size", drafter: "1".into(), target: "2".into() }), "DrafterMismatch");
+        assert_eq!(core(CoreError::ContextOverflow { prompt_tokens: 9, max_new_tokens: 1, context: 8 }), "ContextOverflow");
+        assert_eq!(core(CoreError::BadMagic { expected: "GGUF", found: vec![0] }), "BadModelFile");
+        assert_eq!(core(CoreError::Truncated { offset: 0, needed: 1, len: 0 }), "BadModelFile");
+        assert_eq!(core(CoreError::BadSampling("x".into())), "BadRequest");
+    }
+}

@@ -1,0 +1,9 @@
+//! dflash-web in the browser: the shared engine (dflash-core + dflash-gpu) built for
+//! wasm32 and driven from a Web Worker (`pkg/worker.js`). This crate only adds the edge:
+//! the wasm-bindgen surface (`Loader`, `Engine`), the OpenAI-style request and usage
+//! (`request`), and the typed error codes the JS API throws (`errors`).
+
+pub mod errors;
+pub mod request;
+#[cfg(target_arch = "wasm32")]
+mod wasm;

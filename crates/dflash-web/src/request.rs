@@ -1,0 +1,140 @@
+//! The OpenAI-style chat request and the usage figures of its answer: parsed, checked
+//! and turned into the engine's `GenerateRequest`, in plain Rust (tested natively).
+
+use dflash_core::chat::{ChatTemplate, Message};
+use dflash_core::generate::{FinishReason, GenerateRequest, GenerateResult};
+use dflash_core::sampling::SamplingParams;
+use dflash_core::speculative::SpeculativeResult;
+use dflash_core::tokenizer::TextTokenizer;
+use dflash_core::Error;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `block`: a number of rows or "auto".
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum BlockArg {
+    Rows(usize),
+    Named(String),
+}
+
+/// `engine.chat.completions.create(...)`'s argument (fields the engine does not use,
+/// such as `model` or `stream`, which the JS side handles, are ignored).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default, alias = "max_completion_tokens")]
+    pub max_tokens: Option<usize>,
+    /// OpenAI's default is 1.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub top_k: Option<usize>,
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub stop: Option<Stop>,
+    /// Speculative decoding on (the default when a drafter is loaded) or off.
+    #[serde(default)]
+    pub dflash: Option<bool>,
+    #[serde(default)]
+    pub block: Option<BlockArg>,
+}
+
+/// Tokens generated when the request does not say.
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
+impl ChatRequest {
+    pub fn from_json(v: serde_json::Value) -> Result<Self, Error> {
+        let r: ChatRequest = serde_json::from_value(v).map_err(|e| Error::BadSampling(format!("bad request: {e}")))?;
+        if r.messages.is_empty() {
+            return Err(Error::BadSampling("bad request: `messages` is empty".into()));
+        }
+        if let Some(m) = r.messages.iter().find(|m| !["system", "user", "assistant"].contains(&m.role.as_str())) {
+            return Err(Error::BadSampling(format!("bad request: unknown role {:?}", m.role)));
+        }
+        Ok(r)
+    }
+
+    /// Sampling parameters; `fallback_seed` when the request gives none.
+    pub fn sampling(&self, fallback_seed: u64) -> Result<SamplingParams, Error> {
+        let sp = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k: self.top_k.unwrap_or(0),
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
+            repetition_penalty: 1.0,
+            seed: self.seed.unwrap_or(fallback_seed),
+        };
+        sp.validate()?;
+        Ok(sp)
+    }
+
+    pub fn stop_strings(&self) -> Vec<String> {
+        match &self.stop {
+            None => vec![],
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        }
+    }
+
+    /// The prompt through the model's own chat template, and the engine's request.
+    pub fn to_generate(&self, tok: &TextTokenizer, tpl: Option<&ChatTemplate>, context: usize, fallback_seed: u64) -> Result<GenerateRequest, Error> {
+        let tpl = tpl.ok_or_else(|| Error::ChatTemplate("the model has no chat template".into()))?;
+        let text = tpl.render(&self.messages, true)?;
+        let prompt_ids = tok.encode(&text, true)?;
+        let max_new_tokens = self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        let req = GenerateRequest { prompt_ids, max_new_tokens, sampling: self.sampling(fallback_seed)?, stop_strings: self.stop_strings(), context };
+        dflash_core::generate::token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
+        Ok(req)
+    }
+}
+
+/// `usage` of an answer: OpenAI's token counts plus speeds and the DFlash figures.
+pub fn usage(r: &GenerateResult, spec: Option<(&SpeculativeResult, &str)>) -> serde_json::Value {
+    let completion = r.tokens.len();
+    let mut u = serde_json::json!({
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": r.prompt_tokens + completion,
+        "prefill_s": r.prefill_s,
+        "decode_s": r.decode_s,
+        "prefill_tok_s": r.prompt_tokens as f64 / r.prefill_s.max(1e-9),
+        // The first token comes from the prefill.
+        "decode_tok_s": completion.saturating_sub(1) as f64 / r.decode_s.max(1e-9),
+    });
+    u["dflash"] = match spec {
+        Some((s, block)) => serde_json::json!({
+            "enabled": true,
+            "block": block,
+            "steps": s.steps,
+            "mean_tau": s.mean_tau(),
+            "accepted_tokens": s.taus.iter().map(|t| t - 1).sum::<usize>(),
+            "acceptance_by_position": s.acceptance.rates(),
+        }),
+        None => serde_json::json!({ "enabled": false }),
+    };
+    u
+}
+
+pub fn finish_reason(r: &GenerateResult) -> &'static str {
+    match r.finish_reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}

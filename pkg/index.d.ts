@@ -1,0 +1,131 @@
+// Types of the dflash-web API (index.js).
+
+export type DFlashErrorCode =
+  | 'NoWebGPU'          // no navigator.gpu, or no adapter / device
+  | 'OutOfMemory'       // GPU memory ran out, or the model exceeds the memory budget
+  | 'LimitsExceeded'    // a buffer exceeds the adapter's limits (binding size, ...)
+  | 'BadModelFile'      // not a GGUF, truncated, corrupt, unsupported tensor types or architecture
+  | 'DrafterMismatch'   // the drafter does not fit the model (hidden size, vocab, layers, ...)
+  | 'DeviceLost'        // the GPU device was lost; create a new engine
+  | 'ContextOverflow'   // prompt + max_tokens exceed the context
+  | 'BadRequest'        // invalid messages or sampling parameters
+  | 'NetworkError'      // a weight file could not be fetched
+  | 'IntegrityError'    // the file's sha256 differs from the one given
+  | 'CacheCorrupt'
+  | 'Busy'
+  | 'Unloaded'
+  | 'GpuError'
+  | 'WorkerError'
+  | 'Error';
+
+export declare class DFlashError extends Error {
+  readonly name: 'DFlashError';
+  readonly code: DFlashErrorCode;
+}
+
+/** A URL (plain, or a Hugging Face `resolve` URL) or a File picked by the user. */
+export type FileSource = string | URL | Blob;
+
+export interface Progress {
+  phase: 'download' | 'cache' | 'build';
+  file: 'model' | 'drafter config' | 'drafter weights';
+  loaded: number;
+  total: number;
+}
+
+export interface EngineOptions {
+  /** A GGUF file, optionally with its expected sha256 (hex). */
+  model: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
+  /** A DFlash drafter: a folder URL holding config.json and model.safetensors, or both files. */
+  drafter?: string | URL | { config: FileSource; weights: FileSource };
+  /** KV cache capacity in tokens (default 2048). */
+  context?: number;
+  onProgress?: (p: Progress) => void;
+  /** A worker running worker.js, when the bundler cannot resolve `new URL('./worker.js', import.meta.url)`. */
+  worker?: Worker;
+}
+
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant';
+  content: string;
+}
+
+export interface ChatCompletionRequest {
+  messages: ChatMessage[];
+  model?: string;
+  stream?: boolean;
+  max_tokens?: number;
+  max_completion_tokens?: number;
+  /** Default 1 (as OpenAI); 0 is greedy. */
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  min_p?: number;
+  seed?: number;
+  stop?: string | string[];
+  /** DFlash speculative decoding (default: on when a drafter is loaded). Lossless. */
+  dflash?: boolean;
+  /** Block size of DFlash: rows verified per step, or 'auto' (default). */
+  block?: number | 'auto';
+}
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  prefill_s: number;
+  decode_s: number;
+  prefill_tok_s: number;
+  decode_tok_s: number;
+  dflash:
+    | { enabled: false }
+    | { enabled: true; block: string; steps: number; mean_tau: number; accepted_tokens: number; acceptance_by_position: number[] };
+}
+
+export type FinishReason = 'stop' | 'length';
+
+export interface ChatCompletion {
+  id: string;
+  object: 'chat.completion';
+  created: number;
+  model: string;
+  choices: { index: number; message: { role: 'assistant'; content: string }; finish_reason: FinishReason }[];
+  usage: Usage;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: 'chat.completion.chunk';
+  created: number;
+  model: string;
+  choices: { index: number; delta: { role?: 'assistant'; content?: string }; finish_reason: FinishReason | null }[];
+  /** On content chunks: whether the piece's token was an accepted draft. */
+  dflash?: { drafted: boolean };
+  /** On the last chunk. */
+  usage?: Usage;
+}
+
+export interface EngineInfo {
+  adapter: { name: string; backend: string; device_type: string; driver: string; shader_f16: boolean; kv_cache_f16: boolean; max_storage_buffer_binding_size: number; max_buffer_size: number };
+  context: number;
+  drafter: { block_size: number; layers: number; target_layer_ids: number[] } | null;
+  sha256: string;
+  load_s: number;
+  from_cache: boolean;
+}
+
+export interface Engine {
+  readonly info: EngineInfo;
+  chat: {
+    completions: {
+      create(request: ChatCompletionRequest & { stream: true }): AsyncIterable<ChatCompletionChunk>;
+      create(request: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
+    };
+  };
+  unload(): Promise<void>;
+}
+
+export declare function hasWebGPU(): boolean;
+export declare function createEngine(options: EngineOptions): Promise<Engine>;
+export declare function cachedFiles(): Promise<{ url: string; size: number; sha256: string }[]>;
+export declare function clearCache(url?: string): Promise<void>;

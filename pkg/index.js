@@ -1,0 +1,180 @@
+// dflash-web: a language model on the user's GPU through WebGPU, with DFlash
+// speculative decoding. The engine runs in a dedicated Web Worker; this module is the
+// main-thread API with the shape of OpenAI's client: engine.chat.completions.create().
+
+const CACHE = 'dflash-web-v1';
+
+/** Every failure of the API: `code` is one of the names listed in index.d.ts. */
+export class DFlashError extends Error {
+  constructor(code, message) {
+    super(message);
+    this.name = 'DFlashError';
+    this.code = code;
+  }
+}
+
+/** Whether this browser exposes WebGPU at all. */
+export function hasWebGPU() {
+  return typeof navigator !== 'undefined' && !!navigator.gpu;
+}
+
+function absolute(src) {
+  if (typeof src === 'string' || src instanceof URL) return new URL(String(src), globalThis.location?.href).href;
+  return src; // File / Blob: structured-cloned to the worker
+}
+
+function modelSource(model) {
+  if (model && typeof model === 'object' && !(model instanceof Blob) && !(model instanceof URL)) {
+    return { src: absolute(model.url ?? model.file), sha256: model.sha256 };
+  }
+  return { src: absolute(model) };
+}
+
+/** A drafter folder URL (".../config.json" and ".../model.safetensors" inside it, as on
+ *  the Hugging Face hub: ".../resolve/main/") or { config, weights } URLs / Files. */
+function drafterSource(d) {
+  if (!d) return null;
+  if (typeof d === 'string' || d instanceof URL) {
+    const base = absolute(d).replace(/\/?$/, '/');
+    return { config: base + 'config.json', weights: base + 'model.safetensors' };
+  }
+  return { config: absolute(d.config), weights: absolute(d.weights) };
+}
+
+class Rpc {
+  constructor(worker) {
+    this.worker = worker;
+    this.next = 1;
+    this.pending = new Map();
+    worker.onmessage = (e) => {
+      const m = e.data;
+      const p = this.pending.get(m.id);
+      if (!p) return;
+      if (m.type === 'progress') p.onProgress?.(m.progress);
+      else if (m.type === 'piece') p.onPiece?.(m.text, m.drafted);
+      else {
+        this.pending.delete(m.id);
+        if (m.type === 'error') p.reject(new DFlashError(m.error.code, m.error.message));
+        else p.resolve(m.result);
+      }
+    };
+    worker.onerror = (e) => {
+      for (const p of this.pending.values()) p.reject(new DFlashError('WorkerError', e.message ?? 'the worker failed'));
+      this.pending.clear();
+    };
+  }
+  call(msg, handlers = {}) {
+    const id = this.next++;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject, ...handlers });
+      this.worker.postMessage({ ...msg, id });
+    });
+  }
+}
+
+let completionCounter = 0;
+
+class Completions {
+  constructor(engine) {
+    this.engine = engine;
+  }
+  /** OpenAI's chat.completions.create: a completion, or with `stream: true` an async
+   *  iterable of chunks (the last one carries finish_reason and usage). */
+  create(request) {
+    const e = this.engine;
+    if (!e.rpc) return Promise.reject(new DFlashError('Unloaded', 'the engine was unloaded'));
+    const id = `chatcmpl-dflash-${Date.now().toString(36)}-${++completionCounter}`;
+    const created = Math.floor(Date.now() / 1000);
+    const model = e.modelName;
+    const { stream, ...req } = request;
+    if (!stream) {
+      return e.rpc.call({ type: 'chat', request: req }).then((r) => ({
+        id, object: 'chat.completion', created, model,
+        choices: [{ index: 0, message: { role: 'assistant', content: r.text }, finish_reason: r.finish_reason }],
+        usage: r.usage,
+      }));
+    }
+    const chunks = [];
+    let wake = null;
+    let finished = false;
+    let failure = null;
+    const chunk = (delta, finish_reason = null, extra = {}) => ({
+      id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta, finish_reason }], ...extra,
+    });
+    chunks.push(chunk({ role: 'assistant', content: '' }));
+    const push = (c) => { chunks.push(c); wake?.(); };
+    e.rpc.call({ type: 'chat', request: req }, {
+      onPiece: (text, drafted) => push(chunk({ content: text }, null, { dflash: { drafted } })),
+    }).then(
+      (r) => { push(chunk({}, r.finish_reason, { usage: r.usage })); finished = true; wake?.(); },
+      (err) => { failure = err; finished = true; wake?.(); },
+    );
+    return {
+      async *[Symbol.asyncIterator]() {
+        for (;;) {
+          if (chunks.length) { yield chunks.shift(); continue; }
+          if (failure) throw failure;
+          if (finished) return;
+          await new Promise((r) => { wake = r; });
+          wake = null;
+        }
+      },
+    };
+  }
+}
+
+class Engine {
+  constructor(rpc, info, modelName) {
+    this.rpc = rpc;
+    this.info = info;
+    this.modelName = modelName;
+    this.chat = { completions: new Completions(this) };
+  }
+  /** Frees the GPU memory and stops the worker. */
+  async unload() {
+    if (!this.rpc) return;
+    const rpc = this.rpc;
+    this.rpc = null;
+    try { await rpc.call({ type: 'unload' }); } finally { rpc.worker.terminate(); }
+  }
+}
+
+/** Loads a model (GGUF, a URL or a File) and optionally a DFlash drafter into a worker. */
+export async function createEngine(options) {
+  if (!hasWebGPU()) throw new DFlashError('NoWebGPU', 'This browser does not support WebGPU (navigator.gpu is missing).');
+  const { model, drafter, onProgress, context, worker } = options ?? {};
+  if (!model) throw new DFlashError('BadRequest', 'createEngine needs { model }');
+  const w = worker ?? new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+  const rpc = new Rpc(w);
+  const src = modelSource(model);
+  try {
+    const info = await rpc.call({ type: 'load', model: src, drafter: drafterSource(drafter), context }, { onProgress });
+    const name = typeof src.src === 'string' ? src.src.split('/').pop() : src.src.name ?? 'model';
+    return new Engine(rpc, info, name);
+  } catch (e) {
+    w.terminate();
+    throw e;
+  }
+}
+
+/** The files in the weight cache: [{ url, size, sha256 }]. */
+export async function cachedFiles() {
+  if (!globalThis.caches) return [];
+  const cache = await caches.open(CACHE);
+  const out = [];
+  for (const req of await cache.keys()) {
+    if (!req.url.endsWith('#dflash-meta')) continue;
+    const m = await (await cache.match(req)).json();
+    out.push({ url: m.url, size: m.size, sha256: m.sha256 });
+  }
+  return out;
+}
+
+/** Removes every cached weight file (or only `url`). */
+export async function clearCache(url) {
+  if (!globalThis.caches) return;
+  if (!url) { await caches.delete(CACHE); return; }
+  const cache = await caches.open(CACHE);
+  await cache.delete(url);
+  await cache.delete(url + '#dflash-meta');
+}

@@ -1,0 +1,200 @@
+// The dflash-web engine in a dedicated Web Worker. The main thread (index.js) posts
+// requests; this worker fetches the weights in chunks (from Cache Storage when cached,
+// else the network, writing them to the cache as they pass), streams every chunk into
+// the wasm loader (each tensor goes to the GPU as soon as it is complete, so the file is
+// never whole in memory), checks the sha256, then answers chat requests one at a time,
+// posting text pieces as they come.
+
+import init, { Loader } from './dist/dflash_web.js';
+
+const CACHE = 'dflash-web-v1';
+const META = '#dflash-meta';
+let ready = null;
+let engine = null;
+let queue = Promise.resolve();
+
+class WorkerError extends Error {
+  constructor(code, message) {
+    super(message);
+    this.code = code;
+  }
+}
+
+self.onmessage = (e) => {
+  const m = e.data;
+  queue = queue.then(() => handle(m));
+};
+
+function post(msg) {
+  self.postMessage(msg);
+}
+
+async function handle(m) {
+  try {
+    ready ??= init({ module_or_path: new URL('./dist/dflash_web_bg.wasm', import.meta.url) });
+    await ready;
+    if (m.type === 'load') {
+      engine?.unload();
+      engine = null;
+      engine = await load(m, (p) => post({ id: m.id, type: 'progress', progress: p }));
+      post({ id: m.id, type: 'result', result: engine.info() });
+    } else if (m.type === 'chat') {
+      if (!engine) throw new WorkerError('Unloaded', 'no model is loaded');
+      const result = await engine.chat(m.request, (text, drafted) => post({ id: m.id, type: 'piece', text, drafted }));
+      post({ id: m.id, type: 'result', result });
+    } else if (m.type === 'unload') {
+      engine?.unload();
+      engine = null;
+      post({ id: m.id, type: 'result', result: null });
+    } else {
+      throw new WorkerError('BadRequest', `unknown request ${m.type}`);
+    }
+  } catch (err) {
+    post({ id: m.id, type: 'error', error: { code: err?.code ?? 'Error', message: String(err?.message ?? err) } });
+  }
+}
+
+// --- sources: a URL (cached) or a File/Blob ---------------------------------------
+
+async function openCache() {
+  try {
+    return self.caches ? await caches.open(CACHE) : null;
+  } catch {
+    return null; // Cache Storage refused (opaque origin, private mode): load without it
+  }
+}
+
+/** { size, reader, cached, finishCache(sha256), dropCache() } for one file. */
+async function openSource(src, phase) {
+  if (typeof Blob !== 'undefined' && src instanceof Blob) {
+    return { size: src.size, reader: src.stream().getReader(), cached: false, finishCache: async () => {}, dropCache: async () => {} };
+  }
+  const url = String(src);
+  const cache = await openCache();
+  if (cache) {
+    const hit = await cache.match(url);
+    const meta = await cache.match(url + META);
+    if (hit && meta) {
+      const m = await meta.json();
+      return {
+        size: m.size, reader: hit.body.getReader(), cached: true, expectedSha: m.sha256,
+        finishCache: async () => {}, dropCache: async () => { await cache.delete(url); await cache.delete(url + META); },
+      };
+    }
+  }
+  let resp;
+  try {
+    resp = await fetch(url);
+  } catch (e) {
+    throw new WorkerError('NetworkError', `fetching ${url}: ${e.message ?? e}`);
+  }
+  if (!resp.ok) throw new WorkerError('NetworkError', `fetching ${url}: HTTP ${resp.status}`);
+  const size = Number(resp.headers.get('content-length'));
+  if (!size) throw new WorkerError('NetworkError', `${url}: the server sent no Content-Length`);
+  const reader = resp.body.getReader();
+  if (!cache) return { size, reader, cached: false, finishCache: async () => {}, dropCache: async () => {} };
+  // The cache copy is written in step with the read (no tee buffering a whole file).
+  const ts = new TransformStream();
+  const writer = ts.writable.getWriter();
+  const put = cache.put(url, new Response(ts.readable, { headers: { 'content-length': String(size) } })).catch(() => {});
+  const wrapped = {
+    async read() {
+      const r = await reader.read();
+      if (r.done) await writer.close();
+      else { await writer.ready; writer.write(r.value); }
+      return r;
+    },
+    cancel: (e) => { writer.abort(e).catch(() => {}); return reader.cancel(e); },
+  };
+  return {
+    size, reader: wrapped, cached: false,
+    finishCache: async (sha256) => {
+      await put;
+      await cache.put(url + META, new Response(JSON.stringify({ size, sha256, url, phase })));
+    },
+    dropCache: async () => { await cache.delete(url); await cache.delete(url + META); },
+  };
+}
+
+async function readAll(src, name, onProgress) {
+  const s = await openSource(src, name);
+  const out = new Uint8Array(s.size);
+  let off = 0;
+  for (;;) {
+    const { done, value } = await s.reader.read();
+    if (done) break;
+    if (off + value.length > out.length) throw new WorkerError('BadModelFile', `${name} is longer than announced`);
+    out.set(value, off);
+    off += value.length;
+    onProgress({ phase: s.cached ? 'cache' : 'download', file: name, loaded: off, total: s.size });
+  }
+  if (off !== s.size) throw new WorkerError('BadModelFile', `${name}: got ${off} of ${s.size} bytes`);
+  await s.finishCache(null);
+  return out;
+}
+
+// --- loading ---------------------------------------------------------------------
+
+async function loadModelOnce(model, onProgress) {
+  const s = await openSource(model.src, 'model');
+  const loader = await Loader.open(s.size);
+  let loaded = 0;
+  let last = 0;
+  try {
+    for (;;) {
+      const { done, value } = await s.reader.read();
+      if (done) break;
+      loader.push(value);
+      loaded += value.length;
+      const now = performance.now();
+      if (now - last > 100 || loaded === s.size) {
+        last = now;
+        onProgress({ phase: s.cached ? 'cache' : 'download', file: 'model', loaded, total: s.size });
+      }
+    }
+  } catch (e) {
+    s.reader.cancel?.(e);
+    loader.free();
+    if (!e.code) throw new WorkerError('NetworkError', `reading the model: ${e.message ?? e}`);
+    throw e;
+  }
+  const sha = loader.sha256();
+  const want = model.sha256 ?? s.expectedSha;
+  if (want && want.toLowerCase() !== sha) {
+    loader.free();
+    await s.dropCache();
+    const code = s.cached ? 'CacheCorrupt' : 'IntegrityError';
+    throw new WorkerError(code, `model sha256 is ${sha}, expected ${want}`);
+  }
+  await s.finishCache(sha);
+  return { loader, cached: s.cached };
+}
+
+async function load(m, onProgress) {
+  const t0 = performance.now();
+  let r;
+  try {
+    r = await loadModelOnce(m.model, onProgress);
+  } catch (e) {
+    if (e.code !== 'CacheCorrupt') throw e;
+    r = await loadModelOnce(m.model, onProgress); // the bad copy is gone: from the network
+  }
+  const { loader } = r;
+  if (m.drafter) {
+    const d = m.drafter;
+    const config = new TextDecoder().decode(await readAll(d.config, 'drafter config', onProgress));
+    const weights = await readAll(d.weights, 'drafter weights', onProgress);
+    loader.setDrafter(config, weights);
+  }
+  onProgress({ phase: 'build', file: 'model', loaded: 0, total: 0 });
+  const eng = loader.finish(m.context ?? 2048);
+  const info = eng.info();
+  info.load_s = (performance.now() - t0) / 1000;
+  info.from_cache = r.cached;
+  const engineInfo = info;
+  return {
+    info: () => engineInfo,
+    chat: (req, onPiece) => eng.chat(req, onPiece),
+    unload: () => { eng.unload(); eng.free(); },
+  };
+}
