@@ -6,7 +6,9 @@
 #      real-model and GPU tests required;
 #   2. the GPU engine's tests again on Chromium's SwiftShader within the browser's
 #      WebGPU limits (no f16, 1 GiB bindings, 256 invocations);
-#   3. a wasm32 build of the core.
+#   3. the browser product: the npm package built for wasm32 (scripts/build-pkg.sh), the
+#      demo page and the packed npm package in headless Chromium (WebGPU on SwiftShader)
+#      against the native engine's greedy text, and the error paths (tests/e2e/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +18,8 @@ command -v cc >/dev/null || need_apt+=(build-essential)
 [ -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || [ -e /usr/share/vulkan/icd.d/lvp_icd.json ] || need_apt+=(mesa-vulkan-drivers)
 ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 || need_apt+=(libvulkan1)
 [ -e /usr/lib/chromium/vk_swiftshader_icd.json ] || need_apt+=(chromium)
+command -v node >/dev/null || need_apt+=(nodejs)
+command -v npm >/dev/null || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
@@ -39,6 +43,11 @@ VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json DFLASH_BROWSER_LIMITS
   DFLASH_QUICK=1 DFLASH_GPU_TOKENS=12 DFLASH_SPEC_TOKENS=6 \
   cargo test --release --locked -p dflash-gpu -- --test-threads 1
 
-# The core must stay free of native-only code: it is the same engine in the browser.
-rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
-cargo build --release --locked -p dflash-core --target wasm32-unknown-unknown
+echo "== the browser product (wasm in a Worker, npm package, demo) in headless Chromium"
+# The same engine built for wasm32: the core and the GPU engine must stay free of
+# native-only code.
+scripts/build-pkg.sh
+(cd tests && npm ci --no-audit --no-fund >/dev/null)
+for t in tests/e2e/*.test.mjs; do
+  node --test "$t"
+done

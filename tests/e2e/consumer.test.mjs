@@ -1,0 +1,64 @@
+// The npm package as a user gets it: `npm pack` in pkg/, the tarball installed into an
+// empty folder, a page that imports it from node_modules and runs a chat (plain and
+// streamed) in headless Chromium; the answer equals the native engine's greedy text.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { serve } from '../../www/serve.mjs';
+import { ROOT, launch, nativeGreedy, watch, PROMPT, MODEL_FILE } from './common.mjs';
+
+const N = 8;
+
+test('the packed npm package installs into an empty folder and chats', { timeout: 900_000 }, async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'dflash-consumer-'));
+  const tgz = execFileSync('npm', ['pack', '--silent', '--pack-destination', dir], { cwd: join(ROOT, 'pkg'), encoding: 'utf8' }).trim().split('\n').pop();
+  writeFileSync(join(dir, 'package.json'), JSON.stringify({ name: 'consumer', private: true, type: 'module' }));
+  execFileSync('npm', ['install', '--no-audit', '--no-fund', '--offline', join(dir, tgz)], { cwd: dir, stdio: 'inherit' });
+  const files = readdirSync(join(dir, 'node_modules', 'dflash-web')).sort();
+  assert.deepEqual(files.filter((f) => !f.startsWith('.')), ['README.md', 'dist', 'index.d.ts', 'index.js', 'package.json', 'worker.js']);
+  writeFileSync(join(dir, 'index.html'), `<!doctype html><meta charset="utf-8"><link rel="icon" href="data:,">
+<script type="module">
+import { createEngine } from './node_modules/dflash-web/index.js';
+try {
+  const engine = await createEngine({ model: '/models/${MODEL_FILE}' });
+  const req = { messages: [{ role: 'user', content: ${JSON.stringify(PROMPT)} }], max_tokens: ${N}, temperature: 0 };
+  const whole = await engine.chat.completions.create(req);
+  let streamed = '', last = null, n = 0;
+  for await (const c of await engine.chat.completions.create({ ...req, stream: true })) {
+    streamed += c.choices[0].delta.content ?? '';
+    last = c;
+    n++;
+  }
+  await engine.unload();
+  window.__result = { whole, streamed, last, n };
+} catch (e) { window.__result = { error: e.code + ': ' + e.message }; }
+</script>`);
+  const expected = nativeGreedy(PROMPT, N);
+  const srv = await serve({ port: 0, root: dir });
+  const browser = await launch();
+  try {
+    const page = await browser.newPage();
+    watch(page, 'consumer');
+    await page.goto(`${srv.url}/index.html`);
+    await page.waitForFunction(() => window.__result, null, { timeout: 600_000 });
+    const r = await page.evaluate(() => window.__result);
+    assert.equal(r.error, undefined, r.error);
+    assert.equal(r.whole.object, 'chat.completion');
+    assert.equal(r.whole.choices[0].message.role, 'assistant');
+    assert.equal(r.whole.choices[0].message.content, expected.text);
+    assert.equal(r.whole.choices[0].finish_reason, expected.tokens < N ? 'stop' : 'length');
+    assert.equal(r.whole.usage.completion_tokens, expected.tokens);
+    assert.ok(r.whole.usage.prompt_tokens > 10);
+    assert.equal(r.whole.usage.dflash.enabled, false);
+    assert.equal(r.streamed, expected.text);
+    assert.equal(r.last.object, 'chat.completion.chunk');
+    assert.equal(r.last.usage.completion_tokens, expected.tokens);
+    assert.ok(r.n >= 3);
+  } finally {
+    await browser.close();
+    srv.server.close();
+  }
+});
