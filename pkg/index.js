@@ -3,6 +3,7 @@
 // main-thread API with the shape of OpenAI's client: engine.chat.completions.create().
 
 const CACHE = 'dflash-web-v1';
+const META = 'dflash-web-meta-v1';
 
 /** Every failure of the API: `code` is one of the names listed in index.d.ts. */
 export class DFlashError extends Error {
@@ -160,11 +161,11 @@ export async function createEngine(options) {
 /** The files in the weight cache: [{ url, size, sha256 }]. */
 export async function cachedFiles() {
   if (!globalThis.caches) return [];
-  const cache = await caches.open(CACHE);
+  const [cache, metas] = [await caches.open(CACHE), await caches.open(META)];
   const out = [];
-  for (const req of await cache.keys()) {
-    if (!req.url.endsWith('#dflash-meta')) continue;
-    const m = await (await cache.match(req)).json();
+  for (const req of await metas.keys()) {
+    if (!(await cache.match(req))) continue;
+    const m = await (await metas.match(req)).json();
     out.push({ url: m.url, size: m.size, sha256: m.sha256 });
   }
   return out;
@@ -173,8 +174,8 @@ export async function cachedFiles() {
 /** Removes every cached weight file (or only `url`). */
 export async function clearCache(url) {
   if (!globalThis.caches) return;
-  if (!url) { await caches.delete(CACHE); return; }
-  const cache = await caches.open(CACHE);
-  await cache.delete(url);
-  await cache.delete(url + '#dflash-meta');
+  if (!url) { await caches.delete(CACHE); await caches.delete(META); return; }
+  const abs = new URL(String(url), globalThis.location?.href).href;
+  await (await caches.open(CACHE)).delete(abs);
+  await (await caches.open(META)).delete(abs);
 }

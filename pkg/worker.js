@@ -8,7 +8,9 @@
 import init, { Loader } from './dist/dflash_web.js';
 
 const CACHE = 'dflash-web-v1';
-const META = '#dflash-meta';
+// The file's size and sha256 live in a second cache under the same URL (Cache Storage
+// ignores URL fragments, so they cannot share one cache).
+const META = 'dflash-web-meta-v1';
 let ready = null;
 let engine = null;
 let queue = Promise.resolve();
@@ -56,11 +58,11 @@ async function handle(m) {
 
 // --- sources: a URL (cached) or a File/Blob ---------------------------------------
 
-async function openCache() {
+async function openCaches() {
   try {
-    return self.caches ? await caches.open(CACHE) : null;
+    return self.caches ? [await caches.open(CACHE), await caches.open(META)] : [null, null];
   } catch {
-    return null; // Cache Storage refused (opaque origin, private mode): load without it
+    return [null, null]; // Cache Storage refused (opaque origin, private mode): load without it
   }
 }
 
@@ -70,15 +72,16 @@ async function openSource(src, phase) {
     return { size: src.size, reader: src.stream().getReader(), cached: false, finishCache: async () => {}, dropCache: async () => {} };
   }
   const url = String(src);
-  const cache = await openCache();
+  const [cache, metas] = await openCaches();
+  const drop = async () => { await cache.delete(url); await metas.delete(url); };
   if (cache) {
     const hit = await cache.match(url);
-    const meta = await cache.match(url + META);
+    const meta = await metas.match(url);
     if (hit && meta) {
       const m = await meta.json();
       return {
         size: m.size, reader: hit.body.getReader(), cached: true, expectedSha: m.sha256,
-        finishCache: async () => {}, dropCache: async () => { await cache.delete(url); await cache.delete(url + META); },
+        finishCache: async () => {}, dropCache: drop,
       };
     }
   }
@@ -110,9 +113,9 @@ async function openSource(src, phase) {
     size, reader: wrapped, cached: false,
     finishCache: async (sha256) => {
       await put;
-      await cache.put(url + META, new Response(JSON.stringify({ size, sha256, url, phase })));
+      await metas.put(url, new Response(JSON.stringify({ size, sha256, url, phase })));
     },
-    dropCache: async () => { await cache.delete(url); await cache.delete(url + META); },
+    dropCache: drop,
   };
 }
 
@@ -159,12 +162,17 @@ async function loadModelOnce(model, onProgress) {
     throw e;
   }
   const sha = loader.sha256();
-  const want = model.sha256 ?? s.expectedSha;
-  if (want && want.toLowerCase() !== sha) {
+  if (s.cached && s.expectedSha !== sha) {
+    // The cached copy changed since it was stored: drop it (the caller fetches again).
     loader.free();
     await s.dropCache();
-    const code = s.cached ? 'CacheCorrupt' : 'IntegrityError';
-    throw new WorkerError(code, `model sha256 is ${sha}, expected ${want}`);
+    throw new WorkerError('CacheCorrupt', `cached model sha256 is ${sha}, stored ${s.expectedSha}`);
+  }
+  if (model.sha256 && model.sha256.toLowerCase() !== sha) {
+    loader.free();
+    if (!s.cached) await s.finishCache(sha);
+    await s.dropCache();
+    throw new WorkerError('IntegrityError', `model sha256 is ${sha}, expected ${model.sha256}`);
   }
   await s.finishCache(sha);
   return { loader, cached: s.cached };

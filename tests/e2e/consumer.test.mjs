@@ -4,11 +4,12 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync, readdirSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, readdirSync, readFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { serve } from '../../www/serve.mjs';
-import { ROOT, launch, nativeGreedy, watch, PROMPT, MODEL_FILE } from './common.mjs';
+import { ROOT, launch, nativeGreedy, watch, PROMPT, MODEL, MODEL_FILE } from './common.mjs';
 
 const N = 8;
 
@@ -21,9 +22,10 @@ test('the packed npm package installs into an empty folder and chats', { timeout
   assert.deepEqual(files.filter((f) => !f.startsWith('.')), ['README.md', 'dist', 'index.d.ts', 'index.js', 'package.json', 'worker.js']);
   writeFileSync(join(dir, 'index.html'), `<!doctype html><meta charset="utf-8"><link rel="icon" href="data:,">
 <script type="module">
-import { createEngine } from './node_modules/dflash-web/index.js';
+import { createEngine, cachedFiles, clearCache } from './node_modules/dflash-web/index.js';
 try {
-  const engine = await createEngine({ model: '/models/${MODEL_FILE}' });
+  const model = '/models/${MODEL_FILE}';
+  const engine = await createEngine({ model });
   const req = { messages: [{ role: 'user', content: ${JSON.stringify(PROMPT)} }], max_tokens: ${N}, temperature: 0 };
   const whole = await engine.chat.completions.create(req);
   let streamed = '', last = null, n = 0;
@@ -33,7 +35,16 @@ try {
     n++;
   }
   await engine.unload();
-  window.__result = { whole, streamed, last, n };
+  // The second load comes from Cache Storage, hash-checked; a wrong pinned hash is refused.
+  const cached = await cachedFiles();
+  const again = await createEngine({ model });
+  const info2 = again.info;
+  await again.unload();
+  let wrongHash = null;
+  try { await createEngine({ model: { url: model, sha256: '00'.repeat(32) } }); } catch (e) { wrongHash = e.code; }
+  await clearCache();
+  const afterClear = await cachedFiles();
+  window.__result = { whole, streamed, last, n, first: engine.info, cached, info2, wrongHash, afterClear };
 } catch (e) { window.__result = { error: e.code + ': ' + e.message }; }
 </script>`);
   const expected = nativeGreedy(PROMPT, N);
@@ -57,6 +68,16 @@ try {
     assert.equal(r.last.object, 'chat.completion.chunk');
     assert.equal(r.last.usage.completion_tokens, expected.tokens);
     assert.ok(r.n >= 3);
+    // Cache: the file's sha256, the second load from the cache, clearing.
+    const sha = createHash('sha256').update(readFileSync(MODEL)).digest('hex');
+    assert.equal(r.first.sha256, sha);
+    assert.equal(r.first.from_cache, false);
+    assert.deepEqual(r.cached.map((c) => [c.url.endsWith(MODEL_FILE), c.sha256]), [[true, sha]]);
+    assert.equal(r.info2.from_cache, true);
+    assert.equal(r.info2.sha256, sha);
+    assert.equal(r.wrongHash, 'IntegrityError');
+    assert.deepEqual(r.afterClear, []);
+    console.log(JSON.stringify({ load_s: r.first.load_s, cached_load_s: r.info2.load_s }));
   } finally {
     await browser.close();
     srv.server.close();
