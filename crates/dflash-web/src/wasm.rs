@@ -105,8 +105,10 @@ impl Loader {
 
 fn adapter_json(ctx: &GpuContext) -> serde_json::Value {
     let s = &ctx.summary;
+    // Browsers may hide the adapter's name (privacy): say what kind it is instead.
+    let name = if s.name.is_empty() { format!("{} adapter", s.device_type) } else { s.name.clone() };
     serde_json::json!({
-        "name": s.name, "backend": s.backend, "device_type": s.device_type, "driver": s.driver,
+        "name": name, "backend": s.backend, "device_type": s.device_type, "driver": s.driver,
         "shader_f16": s.shader_f16, "kv_cache_f16": ctx.f16,
         "max_storage_buffer_binding_size": s.max_storage_buffer_binding_size,
         "max_buffer_size": s.max_buffer_size,
