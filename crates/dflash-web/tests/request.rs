@@ -1,0 +1,57 @@
+//! The JS API's chat request as the engine sees it: OpenAI defaults, the model's own
+//! chat template, stop strings in both forms, and a typed error for each bad request.
+
+use dflash_core::config::Arch;
+use dflash_core::formats::ggml::GgmlType;
+use dflash_core::model_files::load_gguf;
+use dflash_core::testutil::{random_weights, tiny_config, write_gguf};
+use dflash_core::Error;
+use dflash_web::errors::error_code;
+use dflash_web::request::{ChatRequest, DEFAULT_MAX_TOKENS};
+use serde_json::json;
+
+fn code(e: Error) -> &'static str {
+    error_code(&dflash_gpu::GpuError::Core(e))
+}
+
+#[test]
+fn a_request_becomes_the_engines_request_through_the_chat_template() {
+    let c = tiny_config(Arch::Qwen2);
+    let m = load_gguf(&write_gguf(&c, &random_weights(&c, 1), GgmlType::Q8_0)).unwrap();
+    let msgs = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]);
+    let r = ChatRequest::from_json(json!({"messages": msgs, "stop": "\n\n", "seed": 5, "temperature": 0, "stream": true, "model": "x"})).unwrap();
+    let g = r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 64, 99).unwrap();
+    let want = m.tokenizer.encode(&m.chat_template.as_ref().unwrap().render(&r.messages, true).unwrap(), true).unwrap();
+    assert_eq!(g.prompt_ids, want);
+    assert_eq!(g.stop_strings, vec!["\n\n".to_string()]);
+    assert_eq!((g.sampling.temperature, g.sampling.seed, g.max_new_tokens), (0.0, 5, DEFAULT_MAX_TOKENS));
+    // OpenAI's defaults: temperature 1; the host's seed when none is given.
+    let r = ChatRequest::from_json(json!({"messages": msgs, "max_completion_tokens": 7, "stop": ["a", "b"]})).unwrap();
+    let g = r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 1024, 99).unwrap();
+    assert_eq!((g.sampling.temperature, g.sampling.seed, g.max_new_tokens), (1.0, 99, 7));
+    assert_eq!(g.stop_strings.len(), 2);
+    // A prompt past the context: ContextOverflow (a long max_tokens is clipped to the context).
+    let r = ChatRequest::from_json(json!({"messages": msgs, "max_tokens": 60})).unwrap();
+    assert_eq!(code(r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 30, 0).unwrap_err()), "ContextOverflow");
+    // No chat template in the model: a typed error, not a guess.
+    assert_eq!(code(r.to_generate(&m.tokenizer, None, 4096, 0).unwrap_err()), "BadRequest");
+}
+
+#[test]
+fn bad_requests_are_typed_errors() {
+    let ok = json!([{"role": "user", "content": "hi"}]);
+    for bad in [
+        json!({"messages": []}),
+        json!({"messages": [{"role": "tool", "content": "x"}]}),
+        json!({"messages": ok, "temprature": 0.5}),
+        json!({"messages": "hi"}),
+        json!({"messages": ok, "max_tokens": -1}),
+    ] {
+        let e = ChatRequest::from_json(bad.clone()).unwrap_err();
+        assert_eq!(code(e), "BadRequest", "{bad}");
+    }
+    for bad in [json!({"messages": ok, "temperature": -1}), json!({"messages": ok, "top_p": 0})] {
+        let r = ChatRequest::from_json(bad).unwrap();
+        assert_eq!(code(r.sampling(0).unwrap_err()), "BadRequest");
+    }
+}
