@@ -7,11 +7,11 @@
 //! attends, without a mask, to `[context | block]`; the target's lm_head reads the block.
 
 use crate::config::{Arch, ModelConfig, RopeStyle};
-use crate::cpu::ops::{dot, rms_norm, rope, silu, softmax};
+use crate::cpu::ops::{argmax, dot, rms_norm, rope, silu, softmax};
 use crate::error::{Error, Result};
 use crate::formats::hf::SafeTensorsSource;
 use crate::quant::{QFormat, QuantMatrix};
-use crate::weights::{checked_matrix, checked_vector};
+use crate::weights::{checked_matrix, checked_vector, TensorSource};
 use serde::Deserialize;
 use serde_json::Value as Json;
 
@@ -41,6 +41,36 @@ pub struct DrafterConfig {
     pub target_layer_ids: Vec<usize>,
     /// "DFlashDraftModel" or "DFlash2DraftModel".
     pub architecture: String,
+    /// The DFlash2 extras (grouped dynamic convolution, candidate selector).
+    pub dflash2: Option<Dflash2Config>,
+}
+
+/// DFlash2's fields (`dflash_config` or top level).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dflash2Config {
+    /// Causal taps of each dynamic convolution.
+    pub conv_kernel_size: usize,
+    /// Channels sharing one dynamic kernel delta.
+    pub conv_group_size: usize,
+    pub selector_rank: usize,
+    /// Candidates kept per slot from the lm_head.
+    pub selector_top_k: usize,
+    /// Multiplies the block's input embeddings.
+    pub input_embedding_scale: f32,
+    /// Multiplies the candidates' logits before the selector scores them.
+    pub output_multiplier: f32,
+    /// `tanh(x / cap) * cap` on the candidates' logits (None: off).
+    pub final_logit_softcapping: Option<f32>,
+}
+
+impl Dflash2Config {
+    pub fn num_groups(&self, hidden: usize) -> usize {
+        hidden / self.conv_group_size
+    }
+    /// Outputs of a convolution's kernel projection: `2 * taps * groups`.
+    pub fn projection_rows(&self, hidden: usize) -> usize {
+        2 * self.conv_kernel_size * self.num_groups(hidden)
+    }
 }
 
 impl DrafterConfig {
@@ -127,7 +157,43 @@ impl DrafterConfig {
             }
             _ => vec![],
         };
+        let dflash2 = if architecture == "DFlash2DraftModel" || get("conv_kernel_size").is_some() {
+            let int = |k: &str| -> Result<usize> {
+                get(k).and_then(|x| x.as_u64()).map(|x| x as usize).ok_or_else(|| Error::NotADrafter(format!("DFlash2 field {k} missing or not an integer")))
+            };
+            let float = |k: &str, d: f32| -> Result<f32> {
+                match get(k) {
+                    None | Some(Json::Null) => Ok(d),
+                    Some(x) => x.as_f64().map(|f| f as f32).filter(|f| f.is_finite()).ok_or_else(|| Error::NotADrafter(format!("DFlash2 field {k} is not a number"))),
+                }
+            };
+            let d = Dflash2Config {
+                conv_kernel_size: int("conv_kernel_size")?,
+                conv_group_size: int("conv_group_size")?,
+                selector_rank: int("selector_rank")?,
+                selector_top_k: int("selector_top_k")?,
+                input_embedding_scale: float("input_embedding_scale", 1.0)?,
+                output_multiplier: float("output_multiplier", 1.0)?,
+                final_logit_softcapping: Some(float("final_logit_softcapping", 0.0)?).filter(|&c| c > 0.0),
+            };
+            if d.conv_kernel_size == 0 || d.selector_rank == 0 || d.selector_top_k == 0 || d.conv_group_size == 0 {
+                return Err(Error::NotADrafter("DFlash2 sizes must be positive (conv_kernel_size, conv_group_size, selector_rank, selector_top_k)".into()));
+            }
+            if b.hidden_size % d.conv_group_size != 0 {
+                return Err(Error::NotADrafter(format!("conv_group_size {} does not divide hidden_size {}", d.conv_group_size, b.hidden_size)));
+            }
+            if d.conv_kernel_size > block_size {
+                return Err(Error::NotADrafter(format!("conv_kernel_size {} exceeds the block of {block_size}", d.conv_kernel_size)));
+            }
+            if d.selector_top_k > b.vocab_size {
+                return Err(Error::NotADrafter(format!("selector_top_k {} exceeds the vocabulary of {}", d.selector_top_k, b.vocab_size)));
+            }
+            Some(d)
+        } else {
+            None
+        };
         let cfg = DrafterConfig {
+            dflash2,
             hidden_size: b.hidden_size,
             intermediate_size: b.intermediate_size,
             num_layers: b.num_hidden_layers,
@@ -224,6 +290,31 @@ pub struct DrafterLayer {
     pub w_gate: QuantMatrix,
     pub w_up: QuantMatrix,
     pub w_down: QuantMatrix,
+    /// DFlash2: the dynamic convolutions around attention and the MLP.
+    pub conv: Option<LayerConvs>,
+}
+
+/// One grouped dynamic depthwise convolution: `base_kernel` `[2, taps, H]` (side 0 before
+/// the sublayer, side 1 after), `kernel_projection` `[2 * taps * groups, H]`.
+#[derive(Debug, Clone)]
+pub struct GroupedConv {
+    pub base: Vec<f32>,
+    pub projection: QuantMatrix,
+}
+
+#[derive(Debug, Clone)]
+pub struct LayerConvs {
+    pub attention: GroupedConv,
+    pub mlp: GroupedConv,
+}
+
+/// DFlash2's candidate selector: `hidden_projection` `[rank, H]` and the predecessor /
+/// successor codebooks `[V, rank]` (row-gathered by token id).
+#[derive(Debug, Clone)]
+pub struct Selector {
+    pub hidden_projection: QuantMatrix,
+    pub predecessor: QuantMatrix,
+    pub successor: QuantMatrix,
 }
 
 #[derive(Debug, Clone)]
@@ -234,6 +325,7 @@ pub struct DrafterWeights {
     pub hidden_norm: Vec<f32>,
     pub norm: Vec<f32>,
     pub layers: Vec<DrafterLayer>,
+    pub selector: Option<Selector>,
 }
 
 impl DrafterWeights {
@@ -250,10 +342,24 @@ impl DrafterWeights {
             })
         };
         let vec = |name: &str, len: usize| checked_vector(&src, name, len);
+        let conv = |prefix: String, d: &Dflash2Config| -> Result<GroupedConv> {
+            let name = format!("{prefix}.base_kernel");
+            let want = vec![2, d.conv_kernel_size, h];
+            let shape = src.shape(&name).ok_or_else(|| Error::MissingTensor(name.clone()))?;
+            if shape != want {
+                return Err(Error::ShapeMismatch { tensor: name, expected: want, found: shape });
+            }
+            Ok(GroupedConv { base: src.vector(&name)?, projection: checked_matrix(&src, &format!("{prefix}.kernel_projection.weight"), d.projection_rows(h), h)? })
+        };
         let mut layers = Vec::new();
         for i in 0..c.num_layers {
             let n = |s: &str| format!("layers.{i}.{s}");
+            let convs = match &c.dflash2 {
+                Some(d) => Some(LayerConvs { attention: conv(n("attention_conv"), d)?, mlp: conv(n("mlp_conv"), d)? }),
+                None => None,
+            };
             layers.push(DrafterLayer {
+                conv: convs,
                 input_norm: vec(&n("input_layernorm.weight"), h)?,
                 post_norm: vec(&n("post_attention_layernorm.weight"), h)?,
                 wq: mat(&n("self_attn.q_proj.weight"), q, h)?,
@@ -267,7 +373,16 @@ impl DrafterWeights {
                 w_down: mat(&n("mlp.down_proj.weight"), h, ff)?,
             });
         }
+        let selector = match &c.dflash2 {
+            Some(d) => Some(Selector {
+                hidden_projection: checked_matrix(&src, "candidate_selector.hidden_projection.weight", d.selector_rank, h)?,
+                predecessor: checked_matrix(&src, "candidate_selector.predecessor_codebook", c.vocab_size, d.selector_rank)?,
+                successor: checked_matrix(&src, "candidate_selector.successor_codebook", c.vocab_size, d.selector_rank)?,
+            }),
+            None => None,
+        };
         Ok(DrafterWeights {
+            selector,
             fc: mat("fc.weight", h, c.n_taps() * h)?,
             hidden_norm: vec("hidden_norm.weight", h)?,
             norm: vec("norm.weight", h)?,
@@ -313,6 +428,54 @@ struct CpuDraftLayer {
     w_up: Mat,
     w_down: Mat,
     kind: LayerKind,
+    /// DFlash2: (attention, mlp) convolutions.
+    conv: Option<[CpuConv; 2]>,
+}
+
+struct CpuConv {
+    base: Vec<f32>,
+    projection: Mat,
+}
+
+struct CpuSelector {
+    hidden_projection: Mat,
+    predecessor: Vec<f32>,
+    successor: Vec<f32>,
+}
+
+/// The grouped dynamic depthwise convolution over the rows of one block (row i is block
+/// position i): `out[i, c] = sum_t (base[t, c] + delta[i, t, c / group]) * x[i - t, c]`,
+/// the taps never reaching before the block's first row. `base` is `[taps, H]` (one
+/// side of `base_kernel`), `delta` holds each row's `[taps, groups]` coefficients at
+/// `delta[i * stride + offset ..]`.
+pub fn grouped_conv(x: &[f32], h: usize, taps: usize, group: usize, base: &[f32], delta: &[f32], stride: usize, offset: usize) -> Vec<f32> {
+    let b = x.len() / h;
+    let groups = h / group;
+    let mut out = vec![0f32; b * h];
+    for i in 0..b {
+        let d = &delta[i * stride + offset..i * stride + offset + taps * groups];
+        for c in 0..h {
+            let mut acc = 0f32;
+            for t in 0..taps.min(i + 1) {
+                acc += (base[t * h + c] + d[t * groups + c / group]) * x[(i - t) * h + c];
+            }
+            out[i * h + c] = acc;
+        }
+    }
+    out
+}
+
+/// The `k` largest values of `x` with their indices: descending, ties by ascending index.
+pub fn top_k(x: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut idx: Vec<u32> = (0..x.len() as u32).collect();
+    let cmp = |a: &u32, b: &u32| x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b));
+    let k = k.min(x.len());
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k, cmp);
+        idx.truncate(k);
+    }
+    idx.sort_by(cmp);
+    idx.into_iter().map(|i| (i, x[i as usize])).collect()
 }
 
 /// The CPU reference of the drafter.
@@ -323,6 +486,7 @@ pub struct CpuDrafter {
     norm: Vec<f32>,
     layers: Vec<CpuDraftLayer>,
     inv_freq: Vec<f32>,
+    selector: Option<CpuSelector>,
 }
 
 /// The persistent context K/V of every draft layer: one row per committed position.
@@ -375,9 +539,18 @@ impl CpuDrafter {
                 w_up: Mat::from_quant(&l.w_up),
                 w_down: Mat::from_quant(&l.w_down),
                 kind,
+                conv: l.conv.as_ref().map(|c| {
+                    let cpu = |g: &GroupedConv| CpuConv { base: g.base.clone(), projection: Mat::from_quant(&g.projection) };
+                    [cpu(&c.attention), cpu(&c.mlp)]
+                }),
             })
             .collect();
-        CpuDrafter { config: w.config.clone(), fc: Mat::from_quant(&w.fc), hidden_norm: w.hidden_norm.clone(), norm: w.norm.clone(), layers, inv_freq: w.config.rope_inv_freq() }
+        let selector = w.selector.as_ref().map(|s| CpuSelector {
+            hidden_projection: Mat::from_quant(&s.hidden_projection),
+            predecessor: s.predecessor.dequantize(),
+            successor: s.successor.dequantize(),
+        });
+        CpuDrafter { config: w.config.clone(), fc: Mat::from_quant(&w.fc), hidden_norm: w.hidden_norm.clone(), norm: w.norm.clone(), layers, inv_freq: w.config.rope_inv_freq(), selector }
     }
 
     pub fn new_context(&self) -> DraftContext {
@@ -419,11 +592,24 @@ impl CpuDrafter {
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let b = block_embeds.len() / h;
         let mut x = block_embeds.to_vec();
+        if let Some(d) = &c.dflash2 {
+            x.iter_mut().for_each(|v| *v *= d.input_embedding_scale);
+        }
+        // DFlash2: one side of a layer's convolution, coefficients from `coef` rows.
+        let conv = |cv: &CpuConv, x: &[f32], coef: &[f32], side: usize| -> Vec<f32> {
+            let d = c.dflash2.as_ref().expect("convolutions only in DFlash2 drafters");
+            let (taps, groups) = (d.conv_kernel_size, d.num_groups(h));
+            grouped_conv(x, h, taps, d.conv_group_size, &cv.base[side * taps * h..(side + 1) * taps * h], coef, 2 * taps * groups, side * taps * groups)
+        };
         let mut hn = vec![0f32; b * h];
         let scale = 1.0 / (hd as f32).sqrt();
         for (li, l) in self.layers.iter().enumerate() {
             for i in 0..b {
                 rms_norm(&x[i * h..(i + 1) * h], &l.input_norm, c.rms_norm_eps, &mut hn[i * h..(i + 1) * h]);
+            }
+            let coef_att = l.conv.as_ref().map(|cv| cv[0].projection.apply(&hn, b));
+            if let (Some(cv), Some(coef)) = (&l.conv, &coef_att) {
+                hn = conv(&cv[0], &hn, coef, 0);
             }
             let mut q = l.wq.apply(&hn, b);
             let mut k = l.wk.apply(&hn, b);
@@ -461,17 +647,27 @@ impl CpuDrafter {
                     }
                 }
             }
-            let o = l.wo.apply(&att, b);
+            let mut o = l.wo.apply(&att, b);
+            if let (Some(cv), Some(coef)) = (&l.conv, &coef_att) {
+                o = conv(&cv[0], &o, coef, 1);
+            }
             for i in 0..b * h {
                 x[i] += o[i];
             }
             for i in 0..b {
                 rms_norm(&x[i * h..(i + 1) * h], &l.post_norm, c.rms_norm_eps, &mut hn[i * h..(i + 1) * h]);
             }
+            let coef_mlp = l.conv.as_ref().map(|cv| cv[1].projection.apply(&hn, b));
+            if let (Some(cv), Some(coef)) = (&l.conv, &coef_mlp) {
+                hn = conv(&cv[1], &hn, coef, 0);
+            }
             let g = l.w_gate.apply(&hn, b);
             let u = l.w_up.apply(&hn, b);
             let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
-            let d = l.w_down.apply(&a, b);
+            let mut d = l.w_down.apply(&a, b);
+            if let (Some(cv), Some(coef)) = (&l.conv, &coef_mlp) {
+                d = conv(&cv[1], &d, coef, 1);
+            }
             for i in 0..b * h {
                 x[i] += d[i];
             }
@@ -479,6 +675,78 @@ impl CpuDrafter {
         let mut out = vec![0f32; b * h];
         for i in 0..b {
             rms_norm(&x[i * h..(i + 1) * h], &self.norm, c.rms_norm_eps, &mut out[i * h..(i + 1) * h]);
+        }
+        out
+    }
+}
+
+/// DFlash2's candidates of the slots after the anchor and the selector's scores.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidates {
+    /// `[slots][K]` token ids, each slot's lm_head top-K (descending, ties by index).
+    pub ids: Vec<Vec<u32>>,
+    /// `[slots][K]` their logits after `output_multiplier` and soft-capping.
+    pub unary: Vec<Vec<f32>>,
+}
+
+impl CpuDrafter {
+    pub fn is_dflash2(&self) -> bool {
+        self.selector.is_some()
+    }
+
+    /// The top-K candidates of each slot from its lm_head logits (`[slots, V]`).
+    pub fn candidates(&self, logits: &[f32]) -> Candidates {
+        let d = self.config.dflash2.as_ref().expect("a DFlash2 drafter");
+        let v = self.config.vocab_size;
+        let (mut ids, mut unary) = (Vec::new(), Vec::new());
+        for row in logits.chunks(v) {
+            let top = top_k(row, d.selector_top_k);
+            ids.push(top.iter().map(|t| t.0).collect());
+            unary.push(
+                top.iter()
+                    .map(|t| {
+                        let x = t.1 * d.output_multiplier;
+                        match d.final_logit_softcapping {
+                            Some(cap) => (x / cap).tanh() * cap,
+                            None => x,
+                        }
+                    })
+                    .collect(),
+            );
+        }
+        Candidates { ids, unary }
+    }
+
+    /// Selector scores of slot `l`'s candidates after predecessor token `pred`:
+    /// `unary[c] + sum_r A[pred, r] * hp[r] * B[c, r]`, `hp` the slot's projected hidden.
+    pub fn edge_scores(&self, cand: &Candidates, l: usize, pred: u32, hp: &[f32]) -> Vec<f32> {
+        let s = self.selector.as_ref().expect("a DFlash2 drafter");
+        let rank = hp.len();
+        let a = &s.predecessor[pred as usize * rank..(pred as usize + 1) * rank];
+        let ah: Vec<f32> = a.iter().zip(hp).map(|(x, y)| x * y).collect();
+        cand.ids[l]
+            .iter()
+            .zip(&cand.unary[l])
+            .map(|(&c, &u)| u + dot(&ah, &s.successor[c as usize * rank..(c as usize + 1) * rank]))
+            .collect()
+    }
+
+    /// DFlash2's drafts: candidates per slot, then the greedy walk from the anchor, each
+    /// slot taking its best-scoring candidate after the previous choice (ties: lowest
+    /// candidate index). `hidden` holds the final rows of the slots after the anchor.
+    pub fn select(&self, anchor: u32, hidden: &[f32], logits: &[f32]) -> Vec<u32> {
+        let s = self.selector.as_ref().expect("a DFlash2 drafter");
+        let slots = hidden.len() / self.config.hidden_size;
+        let cand = self.candidates(logits);
+        let hp = s.hidden_projection.apply(hidden, slots);
+        let rank = hp.len() / slots.max(1);
+        let mut pred = anchor;
+        let mut out = Vec::with_capacity(slots);
+        for l in 0..slots {
+            let scores = self.edge_scores(&cand, l, pred, &hp[l * rank..(l + 1) * rank]);
+            let best = argmax(&scores);
+            pred = cand.ids[l][best];
+            out.push(pred);
         }
         out
     }

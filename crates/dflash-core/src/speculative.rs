@@ -184,6 +184,9 @@ impl Proposer for DFlashCpu<'_> {
         ids.extend(std::iter::repeat_n(self.drafter.config.mask_token_id, b - 1));
         let hidden = self.drafter.forward_block(&self.ctx, &self.target.embed(&ids)?, pos);
         let logits = self.target.lm_head_rows(&hidden[h..], b - 1);
+        if self.drafter.is_dflash2() {
+            return Ok(self.drafter.select(anchor, &hidden[h..], &logits));
+        }
         Ok((0..b - 1).map(|j| argmax(&logits[j * vocab..(j + 1) * vocab]) as u32).collect())
     }
 }

@@ -330,6 +330,74 @@ pub struct DrafterSpec {
 /// A drafter for the target `t`: config.json and model.safetensors (bf16) with the
 /// z-lab tensor names.
 pub fn write_drafter(t: &ModelConfig, s: &DrafterSpec) -> BTreeMap<String, Vec<u8>> {
+    let (cfg, tensors) = drafter_parts(t, s);
+    drafter_files(&cfg, &tensors)
+}
+
+fn drafter_files(cfg: &serde_json::Value, tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    files.insert("config.json".into(), serde_json::to_vec_pretty(cfg).unwrap());
+    files.insert("model.safetensors".into(), write_safetensors(tensors));
+    files
+}
+
+fn bf16_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect()
+}
+
+/// DFlash2's extras for `write_dflash2_drafter`.
+#[derive(Debug, Clone)]
+pub struct Dflash2Spec {
+    pub conv_kernel_size: usize,
+    pub conv_group_size: usize,
+    pub selector_rank: usize,
+    pub selector_top_k: usize,
+    pub output_multiplier: Option<f32>,
+    pub final_logit_softcapping: Option<f32>,
+    pub input_embedding_scale: Option<f32>,
+}
+
+/// A DFlash2 drafter (`DFlash2DraftModel`): the DFlash tensors plus, per layer,
+/// `attention_conv` / `mlp_conv` (`base_kernel` `[2, taps, H]`,
+/// `kernel_projection.weight` `[2 * taps * H / group, H]`) and the
+/// `candidate_selector` (`hidden_projection.weight` `[rank, H]`,
+/// `predecessor_codebook` / `successor_codebook` `[V, rank]`), the names vLLM loads.
+pub fn write_dflash2_drafter(t: &ModelConfig, s: &DrafterSpec, d: &Dflash2Spec) -> BTreeMap<String, Vec<u8>> {
+    let (mut cfg, mut tensors) = drafter_parts(t, s);
+    cfg["architectures"] = serde_json::json!(["DFlash2DraftModel"]);
+    let dc = &mut cfg["dflash_config"];
+    dc["conv_kernel_size"] = d.conv_kernel_size.into();
+    dc["conv_group_size"] = d.conv_group_size.into();
+    dc["selector_rank"] = d.selector_rank.into();
+    dc["selector_top_k"] = d.selector_top_k.into();
+    for (k, v) in [("output_multiplier", d.output_multiplier), ("final_logit_softcapping", d.final_logit_softcapping), ("input_embedding_scale", d.input_embedding_scale)] {
+        if let Some(v) = v {
+            dc[k] = serde_json::json!(v);
+        }
+    }
+    let h = t.hidden_size;
+    let groups = h / d.conv_group_size.max(1);
+    let mut rng = Rng(s.seed ^ 0xd2);
+    let mut put = |name: String, shape: Vec<usize>, scale: f32, rng: &mut Rng| {
+        let n = shape.iter().product();
+        tensors.push((name, Dtype::BF16, shape, bf16_bytes(&rng.vec(n, scale))));
+    };
+    for i in 0..s.layers {
+        for conv in ["attention_conv", "mlp_conv"] {
+            put(format!("layers.{i}.{conv}.base_kernel"), vec![2, d.conv_kernel_size, h], 0.5, &mut rng);
+            put(format!("layers.{i}.{conv}.kernel_projection.weight"), vec![2 * d.conv_kernel_size * groups, h], 0.3 / (h as f32).sqrt(), &mut rng);
+        }
+    }
+    put("candidate_selector.hidden_projection.weight".into(), vec![d.selector_rank, h], 1.0 / (h as f32).sqrt(), &mut rng);
+    put("candidate_selector.predecessor_codebook".into(), vec![t.vocab_size, d.selector_rank], 1.0, &mut rng);
+    put("candidate_selector.successor_codebook".into(), vec![t.vocab_size, d.selector_rank], 1.0, &mut rng);
+    drafter_files(&cfg, &tensors)
+}
+
+type Tensors = Vec<(String, Dtype, Vec<usize>, Vec<u8>)>;
+
+/// The DFlash drafter's config.json and tensors (bf16, z-lab names).
+fn drafter_parts(t: &ModelConfig, s: &DrafterSpec) -> (serde_json::Value, Tensors) {
     use crate::drafter::DrafterConfig;
     let ids = s.target_layer_ids.clone().unwrap_or_else(|| DrafterConfig::default_target_layer_ids(s.layers, t.num_layers));
     let (h, hd) = (t.hidden_size, t.head_dim);
@@ -359,11 +427,10 @@ pub fn write_drafter(t: &ModelConfig, s: &DrafterSpec) -> BTreeMap<String, Vec<u
     }
     let mut rng = Rng(s.seed);
     let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-    let bf = |x: Vec<f32>| -> Vec<u8> { x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect() };
     let mut put = |name: String, shape: Vec<usize>, scale: f32, offset: f32, rng: &mut Rng| {
         let n = shape.iter().product();
         let v: Vec<f32> = rng.vec(n, scale).into_iter().map(|x| x + offset).collect();
-        tensors.push((name, Dtype::BF16, shape, bf(v)));
+        tensors.push((name, Dtype::BF16, shape, bf16_bytes(&v)));
     };
     let sc = |x: usize| 1.0 / (x as f32).sqrt();
     put("fc.weight".into(), vec![h, ids.len() * h], sc(ids.len() * h), 0.0, &mut rng);
@@ -383,10 +450,7 @@ pub fn write_drafter(t: &ModelConfig, s: &DrafterSpec) -> BTreeMap<String, Vec<u
         put(p("mlp.up_proj.weight"), vec![ff, h], sc(h), 0.0, &mut rng);
         put(p("mlp.down_proj.weight"), vec![h, ff], sc(ff), 0.0, &mut rng);
     }
-    let mut files = BTreeMap::new();
-    files.insert("config.json".into(), serde_json::to_vec_pretty(&cfg).unwrap());
-    files.insert("model.safetensors".into(), write_safetensors(&tensors));
-    files
+    (cfg, tensors)
 }
 
 /// A Qwen3-shaped tiny target with enough layers for the default tap formula.

@@ -58,6 +58,9 @@ impl GpuDrafter {
     pub fn new(ctx: &GpuContext, w: &DrafterWeights, target: &GpuModel, host_draft_capacity: usize) -> Result<Self> {
         let c = &w.config;
         c.validate_against(&target.config)?;
+        if c.dflash2.is_some() {
+            return Err(GpuError::Unsupported("DFlash2 drafters (convolution and candidate selector) run on the CPU reference only; their GPU kernels are not built yet".into()));
+        }
         let cap = target.context + MAX_ROWS;
         let elt = if ctx.f16 { 2 } else { 4 };
         let kv_bytes = (cap * c.kv_dim() * elt) as u64;

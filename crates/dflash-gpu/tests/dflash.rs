@@ -174,3 +174,20 @@ fn the_drafter_forward_matches_the_cpu_reference() {
         assert!(max < if ctx.f16 { 1e-2 } else { 1e-3 }, "{max}");
     }
 }
+
+/// DFlash2 drafters load and run on the CPU reference; the GPU engine refuses them with a
+/// typed error (their kernels are not built yet) rather than drafting without the
+/// convolutions and the selector.
+#[test]
+fn a_dflash2_drafter_is_refused_on_the_gpu_with_a_typed_error() {
+    use dflash_core::testutil::{write_dflash2_drafter, Dflash2Spec, DrafterSpec};
+    let t = target();
+    let s = DrafterSpec { layers: 1, block_size: 8, target_layer_ids: None, block_in_dflash_config: true, layer_types: None, sliding_window: 0, mask_token_id: t.config().vocab_size as u32 - 1, seed: 3 };
+    let d = Dflash2Spec { conv_kernel_size: 2, conv_group_size: 16, selector_rank: 32, selector_top_k: 4, output_multiplier: None, final_logit_softcapping: None, input_embedding_scale: None };
+    let files = write_dflash2_drafter(t.config(), &s, &d);
+    let w = DrafterWeights::load(std::str::from_utf8(&files["config.json"]).unwrap(), vec![("model.safetensors", &files["model.safetensors"][..])], DrafterPrecision::Q8).unwrap();
+    for ctx in contexts().into_iter().take(1) {
+        let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 64, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
+        assert!(matches!(Speculative::new(tm, &w), Err(dflash_gpu::GpuError::Unsupported(_))));
+    }
+}
