@@ -5,10 +5,10 @@
 // message and the API's typed error) and a file that is not a model.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { writeFileSync } from 'node:fs';
+import { writeFileSync, readFileSync, mkdirSync, copyFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { serve } from '../../www/serve.mjs';
-import { launch, nativeGreedy, watch, OUT, PROMPT } from './common.mjs';
+import { launch, nativeGreedy, watch, OUT, PROMPT, DRAFTER } from './common.mjs';
 
 const N = 16;
 let srv;
@@ -70,7 +70,14 @@ test('without WebGPU the page says so and the API throws NoWebGPU', { timeout: 1
   }
 });
 
-test('a file that is not a model and a missing file get typed errors', { timeout: 300_000 }, async () => {
+test('a file that is not a model, a missing file and a mismatched drafter get typed errors', { timeout: 300_000 }, async () => {
+  // The committed drafter, told it was trained for a target of 24 layers.
+  const bad = join(OUT, 'mismatched-drafter');
+  mkdirSync(bad, { recursive: true });
+  const cfg = JSON.parse(readFileSync(join(DRAFTER, 'config.json'), 'utf8'));
+  cfg.num_target_layers = 24;
+  writeFileSync(join(bad, 'config.json'), JSON.stringify(cfg));
+  copyFileSync(join(DRAFTER, 'model.safetensors'), join(bad, 'model.safetensors'));
   const browser = await launch();
   try {
     const page = await browser.newPage();
@@ -82,10 +89,11 @@ test('a file that is not a model and a missing file get typed errors', { timeout
       return {
         notAModel: await code({ model: '/www/index.html' }),
         missing: await code({ model: '/models/does-not-exist.gguf' }),
-        badDrafter: await code({ model: '/models/SmolLM2-135M-Instruct.Q4_1.gguf', drafter: '/www/' }),
+        noDrafter: await code({ model: '/models/SmolLM2-135M-Instruct.Q4_1.gguf', drafter: '/www/' }),
+        mismatch: await code({ model: '/models/SmolLM2-135M-Instruct.Q4_1.gguf', drafter: '/tests/e2e/out/mismatched-drafter/' }),
       };
     });
-    assert.deepEqual(codes, { notAModel: 'BadModelFile', missing: 'NetworkError', badDrafter: 'NetworkError' });
+    assert.deepEqual(codes, { notAModel: 'BadModelFile', missing: 'NetworkError', noDrafter: 'NetworkError', mismatch: 'DrafterMismatch' });
   } finally {
     await browser.close();
   }
