@@ -28,6 +28,30 @@ struct DraftLayer {
     k_ctx: wgpu::Buffer,
     v_ctx: wgpu::Buffer,
     window: usize,
+    /// DFlash2: the (attention, MLP) convolutions.
+    conv: Option<[GpuConv; 2]>,
+}
+
+/// One DFlash2 convolution: base kernel `[2, taps, H]` and the kernel projection.
+struct GpuConv {
+    base: wgpu::Buffer,
+    projection: GpuMatrix,
+}
+
+/// DFlash2's selector weights and its work buffers.
+struct Dflash2Gpu {
+    config: dflash_core::drafter::Dflash2Config,
+    hidden_projection: GpuMatrix,
+    predecessor: wgpu::Buffer,
+    successor: wgpu::Buffer,
+    /// Per block row: the coefficients of the current sublayer's convolution.
+    coef: wgpu::Buffer,
+    /// Convolved sublayer input, and the sublayer's output before its second convolution.
+    xc: wgpu::Buffer,
+    o: wgpu::Buffer,
+    hp: wgpu::Buffer,
+    cand_ids: wgpu::Buffer,
+    cand_vals: wgpu::Buffer,
 }
 
 /// The drafter's weights, context cache and activations on the GPU.
@@ -51,6 +75,7 @@ pub struct GpuDrafter {
     ids: wgpu::Buffer,
     drafts: wgpu::Buffer,
     host_drafts: wgpu::Buffer,
+    d2: Option<Dflash2Gpu>,
     pub n_bytes: u64,
 }
 
@@ -58,8 +83,14 @@ impl GpuDrafter {
     pub fn new(ctx: &GpuContext, w: &DrafterWeights, target: &GpuModel, host_draft_capacity: usize) -> Result<Self> {
         let c = &w.config;
         c.validate_against(&target.config)?;
-        if c.dflash2.is_some() {
-            return Err(GpuError::Unsupported("DFlash2 drafters (convolution and candidate selector) run on the CPU reference only; their GPU kernels are not built yet".into()));
+        if let Some(d) = &c.dflash2 {
+            if d.selector_top_k > 256 {
+                return Err(GpuError::LimitExceeded { what: "the selector's candidates per slot".into(), need: d.selector_top_k as u64, limit: 256, limit_name: "selector_top_k (dflash2.wgsl)" });
+            }
+            let cb = (c.vocab_size * d.selector_rank * 4) as u64;
+            if cb > ctx.max_binding() {
+                return Err(GpuError::LimitExceeded { what: "a selector codebook (f32)".into(), need: cb, limit: ctx.max_binding(), limit_name: "max_storage_buffer_binding_size" });
+            }
         }
         let cap = target.context + MAX_ROWS;
         let elt = if ctx.f16 { 2 } else { 4 };
@@ -88,8 +119,39 @@ impl GpuDrafter {
                 k_ctx: work_buffer(ctx, "d.k_ctx", kv_bytes),
                 v_ctx: work_buffer(ctx, "d.v_ctx", kv_bytes),
                 window: if *kind == LayerKind::Sliding { c.sliding_window } else { 0 },
+                conv: match &l.conv {
+                    Some(cv) => {
+                        let up = |g: &dflash_core::drafter::GroupedConv| -> Result<GpuConv> {
+                            Ok(GpuConv { base: f32_buffer(ctx, "d2.base", &g.base), projection: upload_matrix(ctx, "d2.proj", &g.projection)? })
+                        };
+                        n_bytes += (cv.attention.projection.n_bytes() + cv.mlp.projection.n_bytes() + 4 * (cv.attention.base.len() + cv.mlp.base.len())) as u64;
+                        Some([up(&cv.attention)?, up(&cv.mlp)?])
+                    }
+                    None => None,
+                },
             });
         }
+        let n_rows = MAX_ROWS as u64;
+        let d2 = match (&c.dflash2, &w.selector) {
+            (Some(d), Some(sel)) => {
+                let (pred, succ) = (sel.predecessor.dequantize(), sel.successor.dequantize());
+                n_bytes += (sel.hidden_projection.n_bytes() + 4 * (pred.len() + succ.len())) as u64;
+                let k = d.selector_top_k as u64;
+                Some(Dflash2Gpu {
+                    hidden_projection: upload_matrix(ctx, "d2.hidden_projection", &sel.hidden_projection)?,
+                    predecessor: f32_buffer(ctx, "d2.predecessor", &pred),
+                    successor: f32_buffer(ctx, "d2.successor", &succ),
+                    coef: work_buffer(ctx, "d2.coef", n_rows * 4 * d.projection_rows(c.hidden_size) as u64),
+                    xc: work_buffer(ctx, "d2.xc", n_rows * 4 * c.hidden_size as u64),
+                    o: work_buffer(ctx, "d2.o", n_rows * 4 * c.hidden_size as u64),
+                    hp: work_buffer(ctx, "d2.hp", n_rows * 4 * d.selector_rank as u64),
+                    cand_ids: work_buffer(ctx, "d2.cand_ids", n_rows * 4 * k),
+                    cand_vals: work_buffer(ctx, "d2.cand_vals", n_rows * 4 * k),
+                    config: d.clone(),
+                })
+            }
+            _ => None,
+        };
         let inv = c.rope_inv_freq();
         let mut table = Vec::with_capacity(cap * inv.len() * 2);
         for pos in 0..cap {
@@ -119,6 +181,7 @@ impl GpuDrafter {
             ids: work_buffer(ctx, "d.ids", 64),
             drafts: work_buffer(ctx, "d.drafts", 64),
             host_drafts: work_buffer(ctx, "d.host", (host_draft_capacity.max(1) * 4) as u64),
+            d2,
             n_bytes,
             config: c.clone(),
         })
@@ -157,11 +220,23 @@ impl GpuDrafter {
         // A block of one row is the anchor alone: no drafts, no drafter pass.
         if !host && b > 1 {
             d.extend(ops::embedding(ctx, &t.embed, &self.ids, &self.x, b)?);
+            if let Some(s) = self.d2.as_ref().filter(|s| s.config.input_embedding_scale != 1.0) {
+                d.push(ops::scale(ctx, &self.x, b * h, s.config.input_embedding_scale)?);
+            }
+            // DFlash2: a sublayer's input convolved (side 0) into `xc`, its output
+            // convolved (side 1) and added to the residual `x`.
+            let conv_shape = |side| self.d2.as_ref().map(|s| ops::ConvShape { hidden: h, taps: s.config.conv_kernel_size, group: s.config.conv_group_size, side });
             for l in &self.layers {
                 d.push(ops::rmsnorm(ctx, eps, &l.input_norm, &self.x, &self.xn, b, h)?);
-                d.extend(ops::gemv(ctx, &l.wq, &self.xn, &self.q, b, false)?);
-                d.extend(ops::gemv(ctx, &l.wk, &self.xn, &self.k, b, false)?);
-                d.extend(ops::gemv(ctx, &l.wv, &self.xn, &self.v, b, false)?);
+                let mut input = &self.xn;
+                if let (Some(cv), Some(s), Some(sh)) = (&l.conv, &self.d2, conv_shape(0)) {
+                    d.extend(ops::gemv(ctx, &cv[0].projection, &self.xn, &s.coef, b, false)?);
+                    d.push(ops::grouped_conv(ctx, &sh, &self.xn, &s.coef, &cv[0].base, &s.xc, b, false)?);
+                    input = &s.xc;
+                }
+                d.extend(ops::gemv(ctx, &l.wq, input, &self.q, b, false)?);
+                d.extend(ops::gemv(ctx, &l.wk, input, &self.k, b, false)?);
+                d.extend(ops::gemv(ctx, &l.wv, input, &self.v, b, false)?);
                 d.push(ops::rmsnorm_inplace(ctx, eps, &l.q_norm, &self.q, b * c.num_heads, c.head_dim)?);
                 d.push(ops::rmsnorm_inplace(ctx, eps, &l.k_norm, &self.k, b * c.num_kv_heads, c.head_dim)?);
                 d.push(ops::rope(ctx, &self.rope_shape(c.num_heads), st, &self.rope_table, &self.q, b)?);
@@ -170,18 +245,46 @@ impl GpuDrafter {
                 d.push(ops::store_kv(ctx, &self.v, st, &l.v_ctx, b, kvd)?);
                 let shape = ops::AttentionShape { n_heads: c.num_heads, n_kv_heads: c.num_kv_heads, head_dim: c.head_dim, window: l.window, causal: false };
                 d.push(ops::attention(ctx, &shape, st, &self.q, &l.k_ctx, &l.v_ctx, &self.att, b)?);
-                d.extend(ops::gemv(ctx, &l.wo, &self.att, &self.x, b, true)?);
+                match (&l.conv, &self.d2, conv_shape(1)) {
+                    (Some(cv), Some(s), Some(sh)) => {
+                        d.extend(ops::gemv(ctx, &l.wo, &self.att, &s.o, b, false)?);
+                        d.push(ops::grouped_conv(ctx, &sh, &s.o, &s.coef, &cv[0].base, &self.x, b, true)?);
+                    }
+                    _ => d.extend(ops::gemv(ctx, &l.wo, &self.att, &self.x, b, true)?),
+                }
                 d.push(ops::rmsnorm(ctx, eps, &l.post_norm, &self.x, &self.xn, b, h)?);
-                d.extend(ops::gemv(ctx, &l.w_gate, &self.xn, &self.gate, b, false)?);
-                d.extend(ops::gemv(ctx, &l.w_up, &self.xn, &self.up, b, false)?);
+                let mut input = &self.xn;
+                if let (Some(cv), Some(s), Some(sh)) = (&l.conv, &self.d2, conv_shape(0)) {
+                    d.extend(ops::gemv(ctx, &cv[1].projection, &self.xn, &s.coef, b, false)?);
+                    d.push(ops::grouped_conv(ctx, &sh, &self.xn, &s.coef, &cv[1].base, &s.xc, b, false)?);
+                    input = &s.xc;
+                }
+                d.extend(ops::gemv(ctx, &l.w_gate, input, &self.gate, b, false)?);
+                d.extend(ops::gemv(ctx, &l.w_up, input, &self.up, b, false)?);
                 d.push(ops::swiglu(ctx, &self.gate, &self.up, &self.ff, b, c.intermediate_size)?);
-                d.extend(ops::gemv(ctx, &l.w_down, &self.ff, &self.x, b, true)?);
+                match (&l.conv, &self.d2, conv_shape(1)) {
+                    (Some(cv), Some(s), Some(sh)) => {
+                        d.extend(ops::gemv(ctx, &l.w_down, &self.ff, &s.o, b, false)?);
+                        d.push(ops::grouped_conv(ctx, &sh, &s.o, &s.coef, &cv[1].base, &self.x, b, true)?);
+                    }
+                    _ => d.extend(ops::gemv(ctx, &l.w_down, &self.ff, &self.x, b, true)?),
+                }
             }
             d.push(ops::rmsnorm(ctx, eps, &self.norm, &self.x, &self.xn, b, h)?);
             let lm = t.lm_head.as_ref().unwrap_or(&t.embed);
             d.extend(ops::gemv(ctx, lm, &self.xn, &t.act.logits, b, false)?);
             let v = t.config.vocab_size;
-            d.push(ops::argmax(ctx, &t.act.logits, &self.drafts, b, v, v)?);
+            match &self.d2 {
+                // DFlash2: the top-K candidates of slots 1..b, then the selector's walk.
+                Some(s) => {
+                    let dc = &s.config;
+                    d.extend(ops::gemv(ctx, &s.hidden_projection, &self.xn, &s.hp, b, false)?);
+                    d.push(ops::top_k(ctx, &t.act.logits, &s.cand_ids, &s.cand_vals, 1, b - 1, v, dc.selector_top_k, dc.output_multiplier, dc.final_logit_softcapping.unwrap_or(0.0))?);
+                    let wb = ops::WalkBuffers { ids: &s.cand_ids, vals: &s.cand_vals, hp: &s.hp, predecessor: &s.predecessor, successor: &s.successor, state: st, drafts: &self.drafts };
+                    d.push(ops::selector_walk(ctx, &wb, b - 1, dc.selector_top_k, dc.selector_rank, 1)?);
+                }
+                None => d.push(ops::argmax(ctx, &t.act.logits, &self.drafts, b, v, v)?),
+            }
         }
         d.push(bookkeeping(ctx, t, self, "compose", b, host)?);
         Ok(d)
@@ -363,6 +466,13 @@ impl Speculative {
         self.target.truncate(0);
         self.prev_block = 0;
         Ok(interpolate_costs(&times, max))
+    }
+
+    /// The drafts of the last block at slots 1..b (tests).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_drafts(&self, b: usize) -> Result<Vec<u32>> {
+        let bytes = self.target.ctx.read_back(&self.drafter.drafts, 0, (b * 4) as u64)?;
+        Ok(bytemuck::cast_slice::<u8, u32>(&bytes)[1..b].to_vec())
     }
 
     /// The drafter's final (normed) hidden rows of the last block (tests).

@@ -169,3 +169,53 @@ pub fn submit(ctx: &GpuContext, dispatches: &[&Dispatch]) {
     }
     ctx.queue.submit([enc.finish()]);
 }
+
+/// DFlash2: `buf *= scale` over `n` floats (the block's input embeddings).
+pub fn scale(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize, scale: f32) -> Result<Dispatch> {
+    let params = [n as u32, scale.to_bits(), 0, 0, 0, 0, 0, 0];
+    Dispatch::new(ctx, &Kernel::new(Shader::DFlash2, "scale"), Some(&params), &[(4, buf)], [(n as u32).div_ceil(64), 1, 1])
+}
+
+/// The shape of one side of a DFlash2 grouped convolution.
+pub struct ConvShape {
+    pub hidden: usize,
+    pub taps: usize,
+    pub group: usize,
+    /// Side 0 (before the sublayer) or 1 (after).
+    pub side: usize,
+}
+
+/// DFlash2's grouped dynamic convolution over `n` block rows: `out (+)= conv(x)` with
+/// this side's base kernel and the rows' coefficients (`[n, 2, taps, groups]`).
+pub fn grouped_conv(ctx: &GpuContext, s: &ConvShape, x: &wgpu::Buffer, coef: &wgpu::Buffer, base: &wgpu::Buffer, out: &wgpu::Buffer, n: usize, accumulate: bool) -> Result<Dispatch> {
+    let groups = s.hidden / s.group;
+    let params = [n as u32, s.hidden as u32, s.taps as u32, s.group as u32, (2 * s.taps * groups) as u32, (s.side * s.taps * groups) as u32, (s.side * s.taps * s.hidden) as u32, accumulate as u32];
+    Dispatch::new(ctx, &Kernel::new(Shader::DFlash2, "conv"), Some(&params), &[(1, x), (2, coef), (3, base), (4, out)], [(s.hidden as u32).div_ceil(64), n as u32, 1])
+}
+
+/// The top-K of logit rows `first..first + n` (value descending, ties by index), their
+/// values times `multiplier` and soft-capped (`cap` 0: off).
+#[allow(clippy::too_many_arguments)]
+pub fn top_k(ctx: &GpuContext, logits: &wgpu::Buffer, ids: &wgpu::Buffer, vals: &wgpu::Buffer, first: usize, n: usize, vocab: usize, k: usize, multiplier: f32, cap: f32) -> Result<Dispatch> {
+    let params = [vocab as u32, vocab as u32, k as u32, first as u32, multiplier.to_bits(), cap.to_bits(), 0, 0];
+    Dispatch::new(ctx, &Kernel::new(Shader::DFlash2, "topk"), Some(&params), &[(5, logits), (6, ids), (7, vals)], [n as u32, 1, 1])
+}
+
+/// The buffers of DFlash2's candidate selector walk.
+pub struct WalkBuffers<'a> {
+    pub ids: &'a wgpu::Buffer,
+    pub vals: &'a wgpu::Buffer,
+    pub hp: &'a wgpu::Buffer,
+    pub predecessor: &'a wgpu::Buffer,
+    pub successor: &'a wgpu::Buffer,
+    pub state: &'a wgpu::Buffer,
+    pub drafts: &'a wgpu::Buffer,
+}
+
+/// The selector's greedy walk over `slots` slots of `k` candidates from the anchor
+/// (`state[2]`): drafts `1..=slots`. `hp_first`: the row of `hp` of the first slot.
+pub fn selector_walk(ctx: &GpuContext, b: &WalkBuffers, slots: usize, k: usize, rank: usize, hp_first: usize) -> Result<Dispatch> {
+    let params = [slots as u32, k as u32, rank as u32, hp_first as u32, 0, 0, 0, 0];
+    let bufs = [(8, b.hp), (9, b.predecessor), (10, b.successor), (11, b.state), (12, b.drafts), (13, b.ids), (14, b.vals)];
+    Dispatch::new(ctx, &Kernel::new(Shader::DFlash2, "walk"), Some(&params), &bufs, [1, 1, 1])
+}

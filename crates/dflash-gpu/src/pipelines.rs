@@ -21,13 +21,15 @@ pub enum Shader {
     Sample,
     Copy,
     DFlash,
+    DFlash2,
 }
 
 const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
 
 impl Shader {
-    pub const ALL: [Shader; 10] = [
+    pub const ALL: [Shader; 11] = [
         Shader::DFlash,
+        Shader::DFlash2,
         Shader::Gemv,
         Shader::Embedding,
         Shader::RmsNorm,
@@ -51,6 +53,7 @@ impl Shader {
             Shader::Sample => include_str!("../../../shaders/sample.wgsl"),
             Shader::Copy => include_str!("../../../shaders/copy.wgsl"),
             Shader::DFlash => include_str!("../../../shaders/dflash.wgsl"),
+            Shader::DFlash2 => include_str!("../../../shaders/dflash2.wgsl"),
         }
     }
 

@@ -175,19 +175,67 @@ fn the_drafter_forward_matches_the_cpu_reference() {
     }
 }
 
-/// DFlash2 drafters load and run on the CPU reference; the GPU engine refuses them with a
-/// typed error (their kernels are not built yet) rather than drafting without the
-/// convolutions and the selector.
-#[test]
-fn a_dflash2_drafter_is_refused_on_the_gpu_with_a_typed_error() {
-    use dflash_core::testutil::{write_dflash2_drafter, Dflash2Spec, DrafterSpec};
-    let t = target();
-    let s = DrafterSpec { layers: 1, block_size: 8, target_layer_ids: None, block_in_dflash_config: true, layer_types: None, sliding_window: 0, mask_token_id: t.config().vocab_size as u32 - 1, seed: 3 };
-    let d = Dflash2Spec { conv_kernel_size: 2, conv_group_size: 16, selector_rank: 32, selector_top_k: 4, output_multiplier: None, final_logit_softcapping: None, input_embedding_scale: None };
+fn dflash2_drafter(t: &LoadedModel, seed: u64) -> DrafterWeights {
+    use dflash_core::testutil::{write_dflash2_drafter, Dflash2Spec};
+    let s = DrafterSpec { layers: 2, block_size: 8, target_layer_ids: None, block_in_dflash_config: true, layer_types: None, sliding_window: 0, mask_token_id: t.config().vocab_size as u32 - 1, seed };
+    let d = Dflash2Spec { conv_kernel_size: 2, conv_group_size: 16, selector_rank: 32, selector_top_k: 8, output_multiplier: Some(0.8), final_logit_softcapping: Some(6.0), input_embedding_scale: Some(1.25) };
     let files = write_dflash2_drafter(t.config(), &s, &d);
-    let w = DrafterWeights::load(std::str::from_utf8(&files["config.json"]).unwrap(), vec![("model.safetensors", &files["model.safetensors"][..])], DrafterPrecision::Q8).unwrap();
-    for ctx in contexts().into_iter().take(1) {
-        let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 64, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
-        assert!(matches!(Speculative::new(tm, &w), Err(dflash_gpu::GpuError::Unsupported(_))));
+    DrafterWeights::load(std::str::from_utf8(&files["config.json"]).unwrap(), vec![("model.safetensors", &files["model.safetensors"][..])], DrafterPrecision::Q8).unwrap()
+}
+
+/// DFlash2 on the GPU: the block's hidden rows (convolutions around every sublayer,
+/// scaled input embeddings) equal the CPU reference within 1e-3 (1e-2 with an f16 cache),
+/// and the drafts (top-K candidates, selector walk from the anchor) equal the CPU's.
+#[test]
+fn the_dflash2_drafter_matches_the_cpu_reference() {
+    let t = target();
+    let w = dflash2_drafter(&t, 12);
+    let cpu_t = CpuModel::new(&t.weights);
+    let cpu_d = CpuDrafter::new(&w);
+    let h = t.config().hidden_size;
+    for ctx in contexts() {
+        for p in prompts().into_iter().take(if quick() { 2 } else { 4 }) {
+            let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
+            let mut spec = Speculative::new(tm, &w).unwrap();
+            let anchor = spec.prefill(&p, Head::Argmax).unwrap();
+            let b = 8;
+            spec.step(b, Head::Argmax).unwrap();
+            let got = spec.read_draft_hidden(b).unwrap();
+            let drafts = spec.read_drafts(b).unwrap();
+            let mut cache = cpu_t.new_cache(128);
+            let out = cpu_t.forward(&p, &mut cache, LogitRows::Last, &w.config.target_layer_ids).unwrap();
+            let mut dctx = cpu_d.new_context();
+            cpu_d.extend_context(&mut dctx, &out.taps);
+            let mut ids = vec![anchor];
+            ids.extend(std::iter::repeat_n(w.config.mask_token_id, b - 1));
+            let want = cpu_d.forward_block(&dctx, &cpu_t.embed(&ids).unwrap(), p.len());
+            let max = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(max < if ctx.f16 { 1e-2 } else { 1e-3 }, "hidden: {max}");
+            // Drafts from the GPU's own hidden rows through the CPU selector: equal.
+            let logits = cpu_t.lm_head_rows(&got[h..], b - 1);
+            assert_eq!(drafts, cpu_d.select(anchor, &got[h..], &logits), "f16={}", ctx.f16);
+        }
+    }
+}
+
+#[test]
+fn dflash2_speculation_equals_plain_decoding_on_the_gpu() {
+    let t = target();
+    let w = dflash2_drafter(&t, 13);
+    for ctx in contexts() {
+        let mut plain_model = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
+        let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
+        let mut spec = Speculative::new(tm, &w).unwrap();
+        for sp in [SamplingParams::default(), SamplingParams { temperature: 0.8, top_p: 0.95, seed: 3, ..Default::default() }] {
+            // (SwiftShader in CI: one prompt, two block sizes)
+            for p in prompts().into_iter().take(if quick() { 1 } else { 4 }) {
+                let plain = plain_gpu(&mut plain_model, &p, &sp, 40, &|x| t.tokenizer.is_stop(x));
+                let blocks = if quick() { vec![BlockSize::Fixed(5), BlockSize::Fixed(8)] } else { vec![BlockSize::Fixed(2), BlockSize::Fixed(5), BlockSize::Fixed(8), BlockSize::auto_linear(8, 0.05)] };
+                for b in blocks {
+                    let r = spec.generate(&t.tokenizer, &req(&p, &sp), &b, &|| 0.0, &mut |_| {}).unwrap();
+                    assert_eq!(r.result.tokens, plain, "{b:?} T={}", sp.temperature);
+                }
+            }
+        }
     }
 }

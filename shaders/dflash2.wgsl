@@ -1,0 +1,188 @@
+// DFlash2's drafter ops: the input-embedding scale, the grouped dynamic depthwise
+// convolution around each sublayer, the lm_head top-K candidates of each slot and the
+// candidate selector's greedy walk from the anchor. CPU reference:
+// dflash_core::drafter::{grouped_conv, top_k, CpuDrafter::select}.
+
+struct Params {
+    a: u32,
+    b: u32,
+    c: u32,
+    d: u32,
+    e: u32,
+    f: u32,
+    g: u32,
+    h: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> coef: array<f32>;
+@group(0) @binding(3) var<storage, read> base: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+// x *= scale over p.a floats; scale = bitcast(p.b). (binding 4 only)
+@compute @workgroup_size(64)
+fn scale(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * 65535u * 64u;
+    if (i < p.a) {
+        out[i] = out[i] * bitcast<f32>(p.b);
+    }
+}
+
+// out[i, c] (+)= sum_{t <= i, t < taps} (base[t, c] + coef[i, t, c / group]) * x[i - t, c]
+// a: rows, b: hidden, c: taps, d: group size, e: coefficient row stride, f: offset of
+// this side's [taps, groups] inside a coefficient row, g: offset of this side in base,
+// h: 1 = accumulate into out. One thread per (channel, row); t in order as on the CPU.
+@compute @workgroup_size(64)
+fn conv(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    let i = gid.y;
+    let h = p.b;
+    if (c >= h || i >= p.a) {
+        return;
+    }
+    let groups = h / p.d;
+    let taps = min(p.c, i + 1u);
+    var acc = 0.0;
+    for (var t = 0u; t < taps; t++) {
+        let k = base[p.g + t * h + c] + coef[i * p.e + p.f + t * groups + c / p.d];
+        acc += k * x[(i - t) * h + c];
+    }
+    if (p.h == 1u) {
+        out[i * h + c] = out[i * h + c] + acc;
+    } else {
+        out[i * h + c] = acc;
+    }
+}
+
+// Top-K of logit rows: a: vocab, b: row stride, c: K, d: first row, e: output
+// multiplier bits, f: soft cap bits (0 = off). One workgroup per row (row = d + wg.x):
+// K passes, each taking the best element after the previous pick in the order (value
+// descending, index ascending); NaN never taken. ids / vals: [row - d][K].
+@group(0) @binding(5) var<storage, read> logits: array<f32>;
+@group(0) @binding(6) var<storage, read_write> cand_ids: array<u32>;
+@group(0) @binding(7) var<storage, read_write> cand_vals: array<f32>;
+
+var<workgroup> bv: array<f32, 64>;
+var<workgroup> bi: array<u32, 64>;
+var<workgroup> prev_v: f32;
+var<workgroup> prev_i: u32;
+
+fn before(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
+    return va > vb || (va == vb && ia < ib);
+}
+
+@compute @workgroup_size(64)
+fn topk(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let row = p.d + wg.x;
+    let base_i = row * p.b;
+    if (t == 0u) {
+        prev_v = 3.4e38;
+        prev_i = 0xffffffffu;
+    }
+    workgroupBarrier();
+    for (var j = 0u; j < p.c; j++) {
+        let pv = prev_v;
+        let pi = prev_i;
+        var best_v = -3.4e38;
+        var best_i = 0xffffffffu;
+        for (var i = t; i < p.a; i += 64u) {
+            let v = logits[base_i + i];
+            // After the previous pick, and better than this thread's best so far.
+            let after = pi == 0xffffffffu || before(pv, pi, v, i);
+            if (v == v && after && (best_i == 0xffffffffu || before(v, i, best_v, best_i))) {
+                best_v = v;
+                best_i = i;
+            }
+        }
+        bv[t] = best_v;
+        bi[t] = best_i;
+        workgroupBarrier();
+        for (var s = 32u; s > 0u; s >>= 1u) {
+            if (t < s) {
+                let ok = bi[t + s] != 0xffffffffu && (bi[t] == 0xffffffffu || before(bv[t + s], bi[t + s], bv[t], bi[t]));
+                if (ok) {
+                    bv[t] = bv[t + s];
+                    bi[t] = bi[t + s];
+                }
+            }
+            workgroupBarrier();
+        }
+        if (t == 0u) {
+            let o = wg.x * p.c + j;
+            cand_ids[o] = select(bi[0], 0u, bi[0] == 0xffffffffu);
+            var u = bv[0] * bitcast<f32>(p.e);
+            let cap = bitcast<f32>(p.f);
+            if (cap > 0.0) {
+                u = tanh(u / cap) * cap;
+            }
+            cand_vals[o] = u;
+            prev_v = bv[0];
+            prev_i = bi[0];
+        }
+        workgroupBarrier();
+    }
+}
+
+// The selector's greedy walk: a: slots, b: K, c: rank, d: first row of hp (the slot
+// after the anchor). Slot l scores its candidates after the previous choice (the anchor,
+// state[2], for the first): unary[c] + sum_r A[pred, r] * hp[l, r] * B[c, r], with the
+// CPU's dot order (8 partial sums, then the tail); takes the first best; writes
+// drafts[1 + l]. One workgroup; thread c scores candidate c.
+@group(0) @binding(8) var<storage, read> hp: array<f32>;
+@group(0) @binding(9) var<storage, read> pred_cb: array<f32>;
+@group(0) @binding(10) var<storage, read> succ_cb: array<f32>;
+@group(0) @binding(11) var<storage, read> state: array<u32>;
+@group(0) @binding(12) var<storage, read_write> drafts: array<u32>;
+@group(0) @binding(13) var<storage, read> sel_ids: array<u32>;
+@group(0) @binding(14) var<storage, read> sel_vals: array<f32>;
+
+var<workgroup> scores: array<f32, 256>;
+var<workgroup> chosen: u32;
+
+@compute @workgroup_size(64)
+fn walk(@builtin(local_invocation_index) t: u32) {
+    let k = p.b;
+    let rank = p.c;
+    if (t == 0u) {
+        chosen = state[2];
+    }
+    workgroupBarrier();
+    for (var l = 0u; l < p.a; l++) {
+        let pred = chosen;
+        for (var c = t; c < k; c += 64u) {
+            let cand = sel_ids[l * k + c];
+            var acc: array<f32, 8>;
+            for (var j = 0u; j < 8u; j++) {
+                acc[j] = 0.0;
+            }
+            let full = rank / 8u * 8u;
+            let hrow = (p.d + l) * rank;
+            for (var r = 0u; r < full; r += 8u) {
+                for (var j = 0u; j < 8u; j++) {
+                    let ah = pred_cb[pred * rank + r + j] * hp[hrow + r + j];
+                    acc[j] += ah * succ_cb[cand * rank + r + j];
+                }
+            }
+            var tail = 0.0;
+            for (var r = full; r < rank; r++) {
+                tail += pred_cb[pred * rank + r] * hp[hrow + r] * succ_cb[cand * rank + r];
+            }
+            let d = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+            scores[c] = sel_vals[l * k + c] + d;
+        }
+        workgroupBarrier();
+        if (t == 0u) {
+            var best = 0u;
+            for (var c = 1u; c < k; c++) {
+                let v = scores[c];
+                if (v > scores[best] || (scores[best] != scores[best] && v == v)) {
+                    best = c;
+                }
+            }
+            chosen = sel_ids[l * k + best];
+            drafts[1u + l] = chosen;
+        }
+        workgroupBarrier();
+    }
+}
