@@ -67,6 +67,11 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// With --drafter at T > 0: verify drafts by rejection sampling (the target's
+    /// distribution, more drafts accepted, not token for token plain sampling; CPU
+    /// reference only so far).
+    #[arg(long, requires = "drafter")]
+    rejection_sampling: bool,
 }
 
 /// `--block N|auto` for a device: auto uses the measured (GPU) or linear (CPU) cost of
@@ -137,6 +142,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         min_p: a.min_p,
         repetition_penalty: a.repetition_penalty,
         seed: a.seed,
+        speculative_rejection: a.rejection_sampling,
     };
     sampling.validate()?;
     let req = GenerateRequest { prompt_ids: ids, max_new_tokens: a.max_new_tokens, sampling, stop_strings: a.stop.clone(), context: a.context };

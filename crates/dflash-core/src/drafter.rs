@@ -750,4 +750,25 @@ impl CpuDrafter {
         }
         out
     }
+
+    /// DFlash2's walk at temperature `t` > 0: each slot draws among its candidates from
+    /// softmax(scores / t) by Gumbel-max (noise keyed by seed, the slot's absolute
+    /// position and the candidate token) and records that distribution as the proposal
+    /// q for rejection sampling. `first_position`: the absolute position of slot 1.
+    pub fn select_sampled(&self, anchor: u32, hidden: &[f32], logits: &[f32], t: f32, seed: u64, first_position: usize) -> Vec<crate::rejection::Proposed> {
+        let s = self.selector.as_ref().expect("a DFlash2 drafter");
+        let slots = hidden.len() / self.config.hidden_size;
+        let cand = self.candidates(logits);
+        let hp = s.hidden_projection.apply(hidden, slots);
+        let rank = hp.len() / slots.max(1);
+        let mut pred = anchor;
+        let mut out = Vec::with_capacity(slots);
+        for l in 0..slots {
+            let scores = self.edge_scores(&cand, l, pred, &hp[l * rank..(l + 1) * rank]);
+            let pick = crate::rejection::gumbel_pick(&cand.ids[l], &scores, t, seed, (first_position + l) as u32);
+            pred = pick.token;
+            out.push(pick);
+        }
+        out
+    }
 }

@@ -11,6 +11,7 @@ pub mod generate;
 pub mod model_files;
 pub mod prompt_file;
 pub mod quant;
+pub mod rejection;
 pub mod rng;
 pub mod sampling;
 pub mod speculative;

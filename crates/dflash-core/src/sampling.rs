@@ -20,11 +20,18 @@ pub struct SamplingParams {
     /// 1 disables. Applied to every token already in the sequence (prompt included).
     pub repetition_penalty: f32,
     pub seed: u64,
+    /// Speculative decoding at T > 0: verify drafts by rejection sampling against the
+    /// drafter's proposal distribution (accept with min(1, p/q), else resample from
+    /// max(0, p - q)): the output has the target's distribution, with more drafts
+    /// accepted, but is not token for token the plain sampler's. Off: a draft is accepted
+    /// when it equals the target's own position-keyed sample (bit-identical to plain
+    /// sampling).
+    pub speculative_rejection: bool,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, seed: 0 }
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, seed: 0, speculative_rejection: false }
     }
 }
 
@@ -118,11 +125,38 @@ pub fn order_key(v: f32) -> u32 {
 /// first id, in id order, at which the running mass exceeds u. The GPU sampler
 /// (shaders/sample.wgsl) implements the same rule.
 pub fn sample(logits: &[f32], params: &SamplingParams, history: &[u32], position: usize) -> u32 {
-    let mut l = logits.to_vec();
-    apply_repetition_penalty(&mut l, history, params.repetition_penalty);
     if params.is_greedy() {
+        let mut l = logits.to_vec();
+        apply_repetition_penalty(&mut l, history, params.repetition_penalty);
         return argmax(&l) as u32;
     }
+    let (w, total) = kept_weights(logits, params, history);
+    let u = random_uniform(params.seed, position as u32, 0) * total;
+    inverse_cdf(&w, u)
+}
+
+/// The first id, in id order, at which the running sum of `w` exceeds `u` (the last
+/// id with weight when rounding leaves `u` above the sum).
+pub fn inverse_cdf(w: &[f32], u: f32) -> u32 {
+    let mut cum = 0f32;
+    let mut last = 0;
+    for (i, &x) in w.iter().enumerate() {
+        if x > 0.0 {
+            cum += x;
+            last = i;
+            if u < cum {
+                return i as u32;
+            }
+        }
+    }
+    last as u32
+}
+
+/// The sampler's unnormalised weights over the vocabulary (`exp(z - max z)` for the kept
+/// tokens, 0 for the others) and their sum: `sample`'s distribution is `w / total`.
+pub fn kept_weights(logits: &[f32], params: &SamplingParams, history: &[u32]) -> (Vec<f32>, f32) {
+    let mut l = logits.to_vec();
+    apply_repetition_penalty(&mut l, history, params.repetition_penalty);
     let inv_t = 1.0 / params.temperature;
     let z: Vec<f32> = l.iter().map(|v| v * inv_t).collect();
     let m = z.iter().cloned().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max);
@@ -149,19 +183,13 @@ pub fn sample(logits: &[f32], params: &SamplingParams, history: &[u32], position
             }
         }
     }
-    let kept = |v: f32| order_key(v) >= thr;
-    let total: f32 = z.iter().filter(|&&v| kept(v)).map(|&v| (v - m).exp()).sum();
-    let u = random_uniform(params.seed, position as u32, 0) * total;
-    let mut cum = 0f32;
-    let mut last = 0;
-    for (i, &v) in z.iter().enumerate() {
-        if kept(v) {
-            cum += (v - m).exp();
-            last = i;
-            if u < cum {
-                return i as u32;
-            }
-        }
-    }
-    last as u32
+    let w: Vec<f32> = z.iter().map(|&v| if order_key(v) >= thr { (v - m).exp() } else { 0.0 }).collect();
+    let total = w.iter().sum();
+    (w, total)
+}
+
+/// The sampler's distribution at a position (T > 0): `kept_weights` normalised.
+pub fn distribution(logits: &[f32], params: &SamplingParams, history: &[u32]) -> Vec<f32> {
+    let (w, total) = kept_weights(logits, params, history);
+    w.iter().map(|x| x / total).collect()
 }

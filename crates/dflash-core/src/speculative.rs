@@ -10,7 +10,8 @@ use crate::cpu::{CpuModel, LogitRows};
 use crate::drafter::CpuDrafter;
 use crate::error::{Error, Result};
 use crate::generate::{prepare, GenerateRequest, GenerateResult, TokenSink};
-use crate::sampling::sample;
+use crate::rejection::{verify, Proposed, Verdict};
+use crate::sampling::{distribution, sample, SamplingParams};
 use crate::tokenizer::TextTokenizer;
 
 /// How many rows each step verifies.
@@ -151,6 +152,12 @@ pub trait Proposer {
     fn commit(&mut self, taps: &[f32]);
     /// `b - 1` draft tokens following `anchor` at absolute position `pos`.
     fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> Result<Vec<u32>>;
+    /// Drafts with the distributions they were drawn from, for rejection sampling at
+    /// `sampling`'s temperature. Default: the drafts of `draft`, proposed with certainty.
+    fn propose(&mut self, anchor: u32, pos: usize, b: usize, sampling: &SamplingParams) -> Result<Vec<Proposed>> {
+        let _ = sampling;
+        Ok(self.draft(anchor, pos, b)?.into_iter().map(Proposed::certain).collect())
+    }
 }
 
 /// The DFlash drafter on the CPU: context cache, block pass, the target's embedding and
@@ -188,6 +195,17 @@ impl Proposer for DFlashCpu<'_> {
             return Ok(self.drafter.select(anchor, &hidden[h..], &logits));
         }
         Ok((0..b - 1).map(|j| argmax(&logits[j * vocab..(j + 1) * vocab]) as u32).collect())
+    }
+    fn propose(&mut self, anchor: u32, pos: usize, b: usize, sampling: &SamplingParams) -> Result<Vec<Proposed>> {
+        if !self.drafter.is_dflash2() || sampling.is_greedy() {
+            return Ok(self.draft(anchor, pos, b)?.into_iter().map(Proposed::certain).collect());
+        }
+        let h = self.target.config.hidden_size;
+        let mut ids = vec![anchor];
+        ids.extend(std::iter::repeat_n(self.drafter.config.mask_token_id, b - 1));
+        let hidden = self.drafter.forward_block(&self.ctx, &self.target.embed(&ids)?, pos);
+        let logits = self.target.lm_head_rows(&hidden[h..], b - 1);
+        Ok(self.drafter.select_sampled(anchor, &hidden[h..], &logits, sampling.temperature, sampling.seed, pos + 1))
     }
 }
 
@@ -234,6 +252,7 @@ pub fn generate_speculative_with(
     let mut acceptance = Acceptance::default();
     let mut taus = Vec::new();
     let mut idle = 0;
+    let rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
     let mut done = budget == 0 || sink.push(anchor)?;
     while !done {
         let pos = cache.len();
@@ -241,8 +260,14 @@ pub fn generate_speculative_with(
         idle = if b > 1 { 0 } else { idle + 1 };
         // Draft: one drafter pass over [anchor, MASK x (b-1)].
         let mut block_ids = vec![anchor];
+        let mut proposed = Vec::new();
         if b > 1 {
-            let drafts = proposer.draft(anchor, pos, b)?;
+            let drafts = if rejection {
+                proposed = proposer.propose(anchor, pos, b, &req.sampling)?;
+                proposed.iter().map(|p| p.token).collect()
+            } else {
+                proposer.draft(anchor, pos, b)?
+            };
             if drafts.len() != b - 1 || drafts.iter().any(|&d| d as usize >= vocab) {
                 return Err(Error::BadConfig(format!("the proposer returned {} drafts for a block of {b}", drafts.len())));
             }
@@ -254,7 +279,24 @@ pub fn generate_speculative_with(
         let mut acc = 0;
         let mut bonus = 0;
         for j in 0..b {
-            let t = sample(&out.logits[j * vocab..(j + 1) * vocab], &req.sampling, &history, pos + j + 1);
+            let row = &out.logits[j * vocab..(j + 1) * vocab];
+            if rejection && j + 1 < b {
+                // Rejection sampling against the proposal: the committed token has the
+                // target's distribution.
+                let p = distribution(row, &req.sampling, &history);
+                match verify(&p, &proposed[j], req.sampling.seed, (pos + j + 1) as u32) {
+                    Verdict::Accept => {
+                        acc += 1;
+                        history.push(block_ids[j + 1]);
+                        continue;
+                    }
+                    Verdict::Reject(t) => {
+                        bonus = t;
+                        break;
+                    }
+                }
+            }
+            let t = sample(row, &req.sampling, &history, pos + j + 1);
             if j + 1 < b && block_ids[j + 1] == t {
                 acc += 1;
                 history.push(t);

@@ -523,6 +523,9 @@ impl Speculative {
         let mut cfg = self.target.config.clone();
         cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
         let (_, budget) = prepare(req, &cfg)?;
+        if req.sampling.speculative_rejection && !req.sampling.is_greedy() {
+            return Err(GpuError::Unsupported("rejection-sampling verification runs on the CPU reference only so far".into()));
+        }
         let head = if req.sampling.is_greedy() { Head::Argmax } else { Head::Sample };
         self.target.set_sampling(&req.sampling)?;
         let t0 = clock();

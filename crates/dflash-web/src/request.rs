@@ -80,6 +80,7 @@ impl ChatRequest {
             min_p: self.min_p.unwrap_or(0.0),
             repetition_penalty: 1.0,
             seed: self.seed.unwrap_or(fallback_seed),
+            speculative_rejection: false,
         };
         sp.validate()?;
         Ok(sp)
