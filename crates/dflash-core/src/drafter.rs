@@ -735,20 +735,10 @@ impl CpuDrafter {
     /// slot taking its best-scoring candidate after the previous choice (ties: lowest
     /// candidate index). `hidden` holds the final rows of the slots after the anchor.
     pub fn select(&self, anchor: u32, hidden: &[f32], logits: &[f32]) -> Vec<u32> {
-        let s = self.selector.as_ref().expect("a DFlash2 drafter");
-        let slots = hidden.len() / self.config.hidden_size;
-        let cand = self.candidates(logits);
-        let hp = s.hidden_projection.apply(hidden, slots);
-        let rank = hp.len() / slots.max(1);
-        let mut pred = anchor;
-        let mut out = Vec::with_capacity(slots);
-        for l in 0..slots {
-            let scores = self.edge_scores(&cand, l, pred, &hp[l * rank..(l + 1) * rank]);
-            let best = argmax(&scores);
-            pred = cand.ids[l][best];
-            out.push(pred);
-        }
-        out
+        self.walk(anchor, hidden, logits, |_, ids, scores| {
+            let t = ids[argmax(scores)];
+            (t, t)
+        })
     }
 
     /// DFlash2's walk at temperature `t` > 0: each slot draws among its candidates from
@@ -756,6 +746,15 @@ impl CpuDrafter {
     /// position and the candidate token) and records that distribution as the proposal
     /// q for rejection sampling. `first_position`: the absolute position of slot 1.
     pub fn select_sampled(&self, anchor: u32, hidden: &[f32], logits: &[f32], t: f32, seed: u64, first_position: usize) -> Vec<crate::rejection::Proposed> {
+        self.walk(anchor, hidden, logits, |l, ids, scores| {
+            let pick = crate::rejection::gumbel_pick(ids, scores, t, seed, (first_position + l) as u32);
+            (pick.token, pick)
+        })
+    }
+
+    /// The walk from the anchor: slot by slot, `pick(slot, candidate ids, scores after
+    /// the previous choice)` chooses a token.
+    fn walk<T>(&self, anchor: u32, hidden: &[f32], logits: &[f32], mut pick: impl FnMut(usize, &[u32], &[f32]) -> (u32, T)) -> Vec<T> {
         let s = self.selector.as_ref().expect("a DFlash2 drafter");
         let slots = hidden.len() / self.config.hidden_size;
         let cand = self.candidates(logits);
@@ -765,9 +764,9 @@ impl CpuDrafter {
         let mut out = Vec::with_capacity(slots);
         for l in 0..slots {
             let scores = self.edge_scores(&cand, l, pred, &hp[l * rank..(l + 1) * rank]);
-            let pick = crate::rejection::gumbel_pick(&cand.ids[l], &scores, t, seed, (first_position + l) as u32);
-            pred = pick.token;
-            out.push(pick);
+            let (token, x) = pick(l, &cand.ids[l], &scores);
+            pred = token;
+            out.push(x);
         }
         out
     }
