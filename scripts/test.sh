@@ -37,13 +37,13 @@ scripts/fetch-models.sh all
 export DFLASH_REQUIRE_MODELS=1 DFLASH_REQUIRE_GPU=1
 cargo test --release --workspace --locked -- --test-threads 2
 
-echo "== GPU engine on SwiftShader within the browser's limits"
+echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
 # (fewer tokens and prompts: SwiftShader is about 3x slower than lavapipe here)
 VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json DFLASH_BROWSER_LIMITS=1 \
   DFLASH_QUICK=1 DFLASH_GPU_TOKENS=12 DFLASH_SPEC_TOKENS=6 \
   cargo test --release --locked -p dflash-gpu -- --test-threads 1
 
-echo "== the browser product (wasm in a Worker, npm package, demo) in headless Chromium"
+echo "== [$SECONDS s] the browser product (wasm in a Worker, npm package, demo) in headless Chromium"
 # The same engine built for wasm32: the core and the GPU engine must stay free of
 # native-only code.
 scripts/build-pkg.sh
@@ -51,3 +51,4 @@ scripts/build-pkg.sh
 for t in tests/e2e/*.test.mjs; do
   node --test "$t"
 done
+echo "== all tests passed in $SECONDS s"
