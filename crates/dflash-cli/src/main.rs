@@ -55,6 +55,9 @@ enum Cmd {
         mask_token_id: Option<u32>,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// A DFlash2 drafter (convolutions kernel 2, groups of 16, selector rank 64, top-16).
+        #[arg(long)]
+        dflash2: bool,
     },
 }
 
@@ -75,7 +78,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Tokenize { model, text } => tokenize(&model, &text),
         Cmd::Adapters => adapters(),
-        Cmd::MakeRandomDrafter { model, out, layers, block, mask_token_id, seed } => make_random_drafter(&model, &out, layers, block, mask_token_id, seed),
+        Cmd::MakeRandomDrafter { model, out, layers, block, mask_token_id, seed, dflash2 } => make_random_drafter(&model, &out, layers, block, mask_token_id, seed, dflash2),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -105,8 +108,8 @@ fn adapters() -> Result<(), CliError> {
     Ok(())
 }
 
-fn make_random_drafter(model: &PathBuf, out: &PathBuf, layers: usize, block: usize, mask: Option<u32>, seed: u64) -> Result<(), CliError> {
-    use dflash_core::testutil::{write_dir, write_drafter, DrafterSpec};
+fn make_random_drafter(model: &PathBuf, out: &PathBuf, layers: usize, block: usize, mask: Option<u32>, seed: u64, dflash2: bool) -> Result<(), CliError> {
+    use dflash_core::testutil::{write_dflash2_drafter, write_dir, write_drafter, Dflash2Spec, DrafterSpec};
     let (m, _) = load(model)?;
     let c = m.config();
     let spec = DrafterSpec {
@@ -119,7 +122,13 @@ fn make_random_drafter(model: &PathBuf, out: &PathBuf, layers: usize, block: usi
         mask_token_id: mask.unwrap_or(c.vocab_size as u32 - 1),
         seed,
     };
-    write_dir(out, &write_drafter(c, &spec)).map_err(|e| dflash_core::Error::Io { path: out.display().to_string(), source: e })?;
+    let files = if dflash2 {
+        let d = Dflash2Spec { conv_kernel_size: 2, conv_group_size: 16, selector_rank: 64, selector_top_k: 16, output_multiplier: None, final_logit_softcapping: None, input_embedding_scale: None };
+        write_dflash2_drafter(c, &spec, &d)
+    } else {
+        write_drafter(c, &spec)
+    };
+    write_dir(out, &files).map_err(|e| dflash_core::Error::Io { path: out.display().to_string(), source: e })?;
     println!("{}", out.display());
     Ok(())
 }

@@ -281,6 +281,7 @@ fn every_kernel_variant_compiles() {
             Kernel::new(Shader::Attention, "main"), Kernel::new(Shader::Argmax, "main"), Kernel::new(Shader::Copy, "main"),
             Kernel::new(Shader::Sample, "main"),
             Kernel::new(Shader::DFlash, "prepare"), Kernel::new(Shader::DFlash, "compose"), Kernel::new(Shader::DFlash, "accept"),
+            Kernel::new(Shader::DFlash2, "scale"), Kernel::new(Shader::DFlash2, "conv"), Kernel::new(Shader::DFlash2, "topk"), Kernel::new(Shader::DFlash2, "walk"),
         ];
         for e in ["swiglu", "add_bias", "copy_rows", "store_kv"] {
             ks.push(Kernel::new(Shader::Elementwise, e));
@@ -301,7 +302,7 @@ fn every_kernel_variant_compiles() {
         for k in &ks {
             ctx.pipelines.get(&ctx, k).unwrap_or_else(|e| panic!("{k:?}: {e}"));
         }
-        assert_eq!(Shader::ALL.len(), 10);
+        assert_eq!(Shader::ALL.len(), 11);
     }
 }
 
