@@ -55,6 +55,7 @@ async function send() {
   const block = $('block').value === 'auto' ? 'auto' : Number($('block').value);
   const t0 = performance.now();
   let n = 0;
+  let drafted = 0;
   let usage = null;
   let text = '';
   try {
@@ -67,12 +68,15 @@ async function send() {
       if (d) {
         const span = document.createElement('span');
         span.textContent = d;
-        if (c.dflash?.drafted) span.className = 'drafted';
+        if (c.dflash?.drafted) { span.className = 'drafted'; drafted++; }
         out.appendChild(span);
         text += d;
         n++;
         const s = (performance.now() - t0) / 1000;
-        $('stats').textContent = `${n} pieces, ${fmt(n / s)} pieces/s`;
+        // Live: every step ends with one token of the target's own (the first comes from
+        // the prefill), so tau is about pieces per non-drafted piece after the first.
+        const steps = n - drafted - 1;
+        $('stats').textContent = `${n} pieces, ${fmt(n / s)} pieces/s` + (dflash && steps > 0 ? `, tau ≈ ${fmt((n - 1) / steps)}, ${drafted} accepted drafts` : '');
       }
       if (c.usage) usage = c.usage;
     }
