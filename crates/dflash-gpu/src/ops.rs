@@ -187,6 +187,7 @@ pub struct ConvShape {
 
 /// DFlash2's grouped dynamic convolution over `n` block rows: `out (+)= conv(x)` with
 /// this side's base kernel and the rows' coefficients (`[n, 2, taps, groups]`).
+#[allow(clippy::too_many_arguments)]
 pub fn grouped_conv(ctx: &GpuContext, s: &ConvShape, x: &wgpu::Buffer, coef: &wgpu::Buffer, base: &wgpu::Buffer, out: &wgpu::Buffer, n: usize, accumulate: bool) -> Result<Dispatch> {
     let groups = s.hidden / s.group;
     let params = [n as u32, s.hidden as u32, s.taps as u32, s.group as u32, (2 * s.taps * groups) as u32, (s.side * s.taps * groups) as u32, (s.side * s.taps * s.hidden) as u32, accumulate as u32];
