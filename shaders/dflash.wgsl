@@ -60,3 +60,25 @@ fn accept() {
     state[0] = state[0] + acc + 1u;
     state[2] = bonus;
 }
+
+// `accept` for rejection-sampling verification: the drafts accepted up to the first
+// rejected row; the bonus is that row's residual draw, or, when every draft was
+// accepted, the target's own sample of the last row.
+@group(0) @binding(8) var<storage, read> verdict: array<u32>;
+
+@compute @workgroup_size(1)
+fn accept_rejection() {
+    var acc = 0u;
+    while (acc + 1u < p.block && verdict[2u * acc] == 1u) {
+        acc += 1u;
+    }
+    let bonus = select(out[acc], verdict[2u * acc + 1u], acc + 1u < p.block);
+    result[0] = acc;
+    for (var j = 1u; j <= acc; j++) {
+        result[j] = ids[j];
+    }
+    result[acc + 1u] = bonus;
+    ext_state[0] = state[0];
+    state[0] = state[0] + acc + 1u;
+    state[2] = bonus;
+}

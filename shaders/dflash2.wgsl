@@ -124,8 +124,9 @@ fn topk(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
     }
 }
 
-// The selector's greedy walk: a: slots, b: K, c: rank, d: first row of hp (the slot
-// after the anchor). Slot l scores its candidates after the previous choice (the anchor,
+// The selector's walk: a: slots, b: K, c: rank, d: first row of hp (the slot after the
+// anchor), e: 1 = sample at the sampler's temperature (rejection-sampling mode) else
+// greedy. Slot l scores its candidates after the previous choice (the anchor,
 // state[2], for the first): unary[c] + sum_r A[pred, r] * hp[l, r] * B[c, r], with the
 // CPU's dot order (8 partial sums, then the tail); takes the first best; writes
 // drafts[1 + l]. One workgroup; thread c scores candidate c.
@@ -139,6 +140,31 @@ fn topk(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
 
 var<workgroup> scores: array<f32, 256>;
 var<workgroup> chosen: u32;
+
+// The sampler's parameters (sample.wgsl's layout): temperature and seed of the walk
+// at T > 0 (p.e = 1: rejection-sampling mode).
+struct SampleParams {
+    len: u32,
+    stride: u32,
+    top_k: u32,
+    pos_offset: u32,
+    inv_temp: f32,
+    top_p: f32,
+    min_p: f32,
+    seed_lo: u32,
+    seed_hi: u32,
+    out_offset: u32,
+    pad0: u32,
+    pad1: u32,
+}
+@group(0) @binding(15) var<uniform> sp: SampleParams;
+@group(0) @binding(16) var<storage, read_write> q_vals: array<f32>;
+
+// Gumbel noise of candidate token c at a position (rejection::gumbel).
+fn gumbel(pos: u32, c: u32) -> f32 {
+    let u = (f32(rand_u32(sp.seed_lo, sp.seed_hi, pos, 16u + c) >> 8u) + 0.5) * (1.0 / 16777216.0);
+    return -log(-log(u));
+}
 
 @compute @workgroup_size(64)
 fn walk(@builtin(local_invocation_index) t: u32) {
@@ -172,7 +198,31 @@ fn walk(@builtin(local_invocation_index) t: u32) {
             scores[c] = sel_vals[l * k + c] + d;
         }
         workgroupBarrier();
-        if (t == 0u) {
+        if (t == 0u && p.e == 1u) {
+            // T > 0: Gumbel-max over scores / T, recording q = softmax(scores / T).
+            let pos = state[0] + 1u + l;
+            var m = -3.4e38;
+            for (var c = 0u; c < k; c++) {
+                m = max(m, scores[c] * sp.inv_temp);
+            }
+            var sum = 0.0;
+            for (var c = 0u; c < k; c++) {
+                sum += exp(scores[c] * sp.inv_temp - m);
+            }
+            var best = 0u;
+            var best_v = -3.4e38;
+            for (var c = 0u; c < k; c++) {
+                let z = scores[c] * sp.inv_temp;
+                q_vals[l * k + c] = exp(z - m) / sum;
+                let v = z + gumbel(pos, sel_ids[l * k + c]);
+                if (v > best_v) {
+                    best_v = v;
+                    best = c;
+                }
+            }
+            chosen = sel_ids[l * k + best];
+            drafts[1u + l] = chosen;
+        } else if (t == 0u) {
             var best = 0u;
             for (var c = 1u; c < k; c++) {
                 let v = scores[c];

@@ -37,22 +37,9 @@ var<workgroup> rf: array<f32, 64>;
 var<workgroup> ru: array<u32, 64>;
 var<workgroup> chunk_sum: array<f32, 64>;
 
-fn hash32(x0: u32) -> u32 {
-    var x = x0;
-    x ^= x >> 16u;
-    x *= 0x7feb352du;
-    x ^= x >> 15u;
-    x *= 0x846ca68bu;
-    x ^= x >> 16u;
-    return x;
-}
-
-// sampling::random_u32 of the CPU reference.
+// sampling::random_u32 of the CPU reference (random.wgsl).
 fn random_u32(pos: u32, stream: u32) -> u32 {
-    var h = hash32(p.seed_lo ^ 0x9e3779b9u);
-    h = hash32(h ^ p.seed_hi);
-    h = hash32(h ^ pos);
-    return hash32(h ^ (stream * 0x85ebca6bu));
+    return rand_u32(p.seed_lo, p.seed_hi, pos, stream);
 }
 
 // Order-preserving map of floats to u32 (NaN maps to 0: never kept).
@@ -110,15 +97,14 @@ fn max_f(t: u32, v: f32) -> f32 {
     return r;
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let row = wg.x;
-    let base = row * p.stride;
-    let n = p.len;
-    let chunk = (n + WG - 1u) / WG;
-    let lo_i = min(t * chunk, n);
-    let hi_i = min(lo_i + chunk, n);
+// The kept set of a row: max z and the key threshold (top-k, min-p, top-p). Called by
+// every thread of the workgroup (it reduces across it).
+struct Kept {
+    m: f32,
+    thr: u32,
+}
 
+fn kept_set(t: u32, base: u32, n: u32, lo_i: u32, hi_i: u32) -> Kept {
     var mx = -3.4e38;
     for (var i = lo_i; i < hi_i; i++) {
         let z = logits[base + i] * p.inv_temp;
@@ -184,21 +170,42 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
         }
         thr = lo;
     }
-    // Kept mass per contiguous chunk of ids, then the inverse CDF in id order.
+    return Kept(m, thr);
+}
+
+// Each thread's kept mass of its chunk of ids into chunk_sum; returns the row's total
+// (chunks added in order).
+fn kept_mass(t: u32, base: u32, lo_i: u32, hi_i: u32, k: Kept) -> f32 {
     var cs = 0.0;
     for (var i = lo_i; i < hi_i; i++) {
         let z = logits[base + i] * p.inv_temp;
-        if (key(z) >= thr) {
-            cs += exp(z - m);
+        if (key(z) >= k.thr) {
+            cs += exp(z - k.m);
         }
     }
     chunk_sum[t] = cs;
     workgroupBarrier();
+    var total = 0.0;
+    for (var c = 0u; c < WG; c++) {
+        total += chunk_sum[c];
+    }
+    return total;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let row = wg.x;
+    let base = row * p.stride;
+    let n = p.len;
+    let chunk = (n + WG - 1u) / WG;
+    let lo_i = min(t * chunk, n);
+    let hi_i = min(lo_i + chunk, n);
+
+    let k = kept_set(t, base, n, lo_i, hi_i);
+    let m = k.m;
+    let thr = k.thr;
+    let total = kept_mass(t, base, lo_i, hi_i, k);
     if (t == 0u) {
-        var total = 0.0;
-        for (var c = 0u; c < WG; c++) {
-            total += chunk_sum[c];
-        }
         let pos = state[0] + row + p.pos_offset;
         let u = f32(random_u32(pos, 0u) >> 8u) * (1.0 / 16777216.0) * total;
         var cum = 0.0;
@@ -230,5 +237,88 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
             chosen = last;
         }
         tokens[p.out_offset + row] = chosen;
+    }
+}
+
+// Rejection-sampling verification of a DFlash block (dflash_core::rejection::verify):
+// row j holds the target's logits for the token after ids[j], whose draft is ids[j + 1].
+// With p the kept distribution and q the proposal (QK candidates per row in q_ids /
+// q_vals; QK = 0: the draft was proposed with certainty), accept when
+// u(stream 1) * q(d) < p(d), else draw from max(0, p - q) (stream 2).
+// verdict[2j] = 1 accepted / 0 rejected, verdict[2j + 1] = the token.
+override QK: u32 = 0u;
+@group(0) @binding(4) var<storage, read> ids: array<u32>;
+@group(0) @binding(5) var<storage, read> q_ids: array<u32>;
+@group(0) @binding(6) var<storage, read> q_vals: array<f32>;
+@group(0) @binding(7) var<storage, read_write> verdict: array<u32>;
+
+fn q_of(j: u32, x: u32, d: u32) -> f32 {
+    if (QK == 0u) {
+        return select(0.0, 1.0, x == d);
+    }
+    var q = 0.0;
+    for (var c = 0u; c < QK; c++) {
+        if (q_ids[j * QK + c] == x) {
+            q += q_vals[j * QK + c];
+        }
+    }
+    return q;
+}
+
+@compute @workgroup_size(64)
+fn verify_rejection(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let row = wg.x;
+    let base = row * p.stride;
+    let n = p.len;
+    let chunk = (n + WG - 1u) / WG;
+    let lo_i = min(t * chunk, n);
+    let hi_i = min(lo_i + chunk, n);
+    let k = kept_set(t, base, n, lo_i, hi_i);
+    let total = kept_mass(t, base, lo_i, hi_i, k);
+    if (t == 0u) {
+        let pos = state[0] + row + p.pos_offset;
+        let d = ids[row + 1u];
+        let zd = logits[base + d] * p.inv_temp;
+        let pd = select(0.0, exp(zd - k.m) / total, key(zd) >= k.thr);
+        let qd = q_of(row, d, d);
+        let u = f32(random_u32(pos, 1u) >> 8u) * (1.0 / 16777216.0);
+        if (qd > 0.0 && u * qd < pd) {
+            verdict[2u * row] = 1u;
+            verdict[2u * row + 1u] = d;
+            return;
+        }
+        // The residual max(0, p - q), summed then inverted in id order.
+        var rt = 0.0;
+        for (var i = 0u; i < n; i++) {
+            let z = logits[base + i] * p.inv_temp;
+            let px = select(0.0, exp(z - k.m) / total, key(z) >= k.thr);
+            rt += max(px - q_of(row, i, d), 0.0);
+        }
+        let u2 = f32(random_u32(pos, 2u) >> 8u) * (1.0 / 16777216.0);
+        var chosen = 0u;
+        var cum = 0.0;
+        var last = 0u;
+        var found = false;
+        for (var i = 0u; i < n && !found; i++) {
+            let z = logits[base + i] * p.inv_temp;
+            let px = select(0.0, exp(z - k.m) / total, key(z) >= k.thr);
+            var r = px;
+            if (rt > 0.0) {
+                r = max(px - q_of(row, i, d), 0.0);
+            }
+            if (r > 0.0) {
+                cum += r;
+                last = i;
+                if (u2 * select(1.0, rt, rt > 0.0) < cum) {
+                    chosen = i;
+                    found = true;
+                }
+            }
+        }
+        if (!found) {
+            chosen = last;
+        }
+        verdict[2u * row] = 0u;
+        verdict[2u * row + 1u] = chosen;
     }
 }

@@ -68,8 +68,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     json: bool,
     /// With --drafter at T > 0: verify drafts by rejection sampling (the target's
-    /// distribution, more drafts accepted, not token for token plain sampling; CPU
-    /// reference only so far).
+    /// distribution, more drafts accepted, not token for token plain sampling).
     #[arg(long, requires = "drafter")]
     rejection_sampling: bool,
 }

@@ -68,12 +68,13 @@ pub fn gumbel(seed: u64, position: u32, c: u32) -> f32 {
 /// Gumbel-max trick, and returns it with the distribution it was drawn from
 /// (softmax(scores / t)).
 pub fn gumbel_pick(ids: &[u32], scores: &[f32], t: f32, seed: u64, position: u32) -> Proposed {
-    let z: Vec<f32> = scores.iter().map(|s| s / t).collect();
+    let inv_t = 1.0 / t; // as the GPU, which gets 1/T
+    let z: Vec<f32> = scores.iter().map(|s| s * inv_t).collect();
     let m = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let e: Vec<f32> = z.iter().map(|v| (v - m).exp()).collect();
     let sum: f32 = e.iter().sum();
     let mut best = 0;
-    let mut best_v = f32::NEG_INFINITY;
+    let mut best_v = f32::MIN;
     for (i, (&zi, &c)) in z.iter().zip(ids).enumerate() {
         let v = zi + gumbel(seed, position, c);
         if v > best_v {

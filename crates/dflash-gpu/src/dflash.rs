@@ -52,6 +52,8 @@ struct Dflash2Gpu {
     hp: wgpu::Buffer,
     cand_ids: wgpu::Buffer,
     cand_vals: wgpu::Buffer,
+    /// The walk's proposal distribution per slot (rejection sampling).
+    q_vals: wgpu::Buffer,
 }
 
 /// The drafter's weights, context cache and activations on the GPU.
@@ -75,6 +77,8 @@ pub struct GpuDrafter {
     ids: wgpu::Buffer,
     drafts: wgpu::Buffer,
     host_drafts: wgpu::Buffer,
+    /// Rejection sampling: per block row (accepted, token).
+    verdict: wgpu::Buffer,
     d2: Option<Dflash2Gpu>,
     pub n_bytes: u64,
 }
@@ -147,6 +151,7 @@ impl GpuDrafter {
                     hp: work_buffer(ctx, "d2.hp", n_rows * 4 * d.selector_rank as u64),
                     cand_ids: work_buffer(ctx, "d2.cand_ids", n_rows * 4 * k),
                     cand_vals: work_buffer(ctx, "d2.cand_vals", n_rows * 4 * k),
+                    q_vals: work_buffer(ctx, "d2.q_vals", n_rows * 4 * k),
                     config: d.clone(),
                 })
             }
@@ -181,6 +186,7 @@ impl GpuDrafter {
             ids: work_buffer(ctx, "d.ids", 64),
             drafts: work_buffer(ctx, "d.drafts", 64),
             host_drafts: work_buffer(ctx, "d.host", (host_draft_capacity.max(1) * 4) as u64),
+            verdict: work_buffer(ctx, "d.verdict", (MAX_ROWS * 2 * 4) as u64),
             d2,
             n_bytes,
             config: c.clone(),
@@ -212,7 +218,7 @@ impl GpuDrafter {
 
     /// The block pass: [anchor, MASK...] at positions state[0].., attending to the whole
     /// context and the block; the target's lm_head and argmax give the drafts.
-    fn draft_dispatches(&self, ctx: &GpuContext, t: &GpuModel, b: usize, host: bool) -> Result<Vec<Dispatch>> {
+    fn draft_dispatches(&self, ctx: &GpuContext, t: &GpuModel, b: usize, host: bool, sampled: bool) -> Result<Vec<Dispatch>> {
         let c = &self.config;
         let (h, kvd, eps) = (c.hidden_size, c.kv_dim(), c.rms_norm_eps);
         let st = &t.act.state;
@@ -280,8 +286,18 @@ impl GpuDrafter {
                     let dc = &s.config;
                     d.extend(ops::gemv(ctx, &s.hidden_projection, &self.xn, &s.hp, b, false)?);
                     d.push(ops::top_k(ctx, &t.act.logits, &s.cand_ids, &s.cand_vals, 1, b - 1, v, dc.selector_top_k, dc.output_multiplier, dc.final_logit_softcapping.unwrap_or(0.0))?);
-                    let wb = ops::WalkBuffers { ids: &s.cand_ids, vals: &s.cand_vals, hp: &s.hp, predecessor: &s.predecessor, successor: &s.successor, state: st, drafts: &self.drafts };
-                    d.push(ops::selector_walk(ctx, &wb, b - 1, dc.selector_top_k, dc.selector_rank, 1)?);
+                    let wb = ops::WalkBuffers {
+                        ids: &s.cand_ids,
+                        vals: &s.cand_vals,
+                        hp: &s.hp,
+                        predecessor: &s.predecessor,
+                        successor: &s.successor,
+                        state: st,
+                        drafts: &self.drafts,
+                        sample_params: &t.act.sample_params,
+                        q_vals: &s.q_vals,
+                    };
+                    d.push(ops::selector_walk(ctx, &wb, b - 1, dc.selector_top_k, dc.selector_rank, 1, sampled)?);
                 }
                 None => d.push(ops::argmax(ctx, &t.act.logits, &self.drafts, b, v, v)?),
             }
@@ -298,6 +314,7 @@ fn bookkeeping(ctx: &GpuContext, t: &GpuModel, dr: &GpuDrafter, entry: &'static 
     let bufs: Vec<(u32, &wgpu::Buffer)> = match entry {
         "prepare" => vec![(1, &a.state), (3, &dr.ids)],
         "compose" => vec![(1, &a.state), (3, &a.tokens), (4, &dr.drafts), (5, &dr.host_drafts)],
+        "accept_rejection" => vec![(1, &a.state), (2, &a.ext_state), (3, &a.tokens), (6, &a.out_tokens), (7, &a.result), (8, &dr.verdict)],
         _ => vec![(1, &a.state), (2, &a.ext_state), (3, &a.tokens), (6, &a.out_tokens), (7, &a.result)],
     };
     Dispatch::new(ctx, &k, Some(&params), &bufs, [1, 1, 1])
@@ -317,20 +334,22 @@ pub struct Speculative {
     pub target: GpuModel,
     pub drafter: GpuDrafter,
     /// Plans by (rows of taps to add to the drafter's context, block, head, host drafts).
-    plans: HashMap<(usize, usize, Head, bool), Vec<Dispatch>>,
+    plans: HashMap<(usize, usize, Head, bool, bool), Vec<Dispatch>>,
     ext_plans: HashMap<usize, Vec<Dispatch>>,
     /// Rows the last verify pass computed (its committed rows feed the next step's
     /// context extension); 0 right after a prefill, which extends the context itself.
     prev_block: usize,
     /// Drafts come from the host buffer (tests that force acceptance patterns).
     pub host_drafts: bool,
+    /// Verify by rejection sampling (set from the request's sampling parameters).
+    rejection: bool,
 }
 
 impl Speculative {
     pub fn new(target: GpuModel, w: &DrafterWeights) -> Result<Self> {
         let ctx = target.ctx.clone();
         let drafter = GpuDrafter::new(&ctx, w, &target, target.context + MAX_ROWS + 1)?;
-        Ok(Speculative { target, drafter, plans: HashMap::new(), ext_plans: HashMap::new(), prev_block: 0, host_drafts: false })
+        Ok(Speculative { target, drafter, plans: HashMap::new(), ext_plans: HashMap::new(), prev_block: 0, host_drafts: false, rejection: false })
     }
 
     /// Largest block this pair can verify.
@@ -402,12 +421,28 @@ impl Speculative {
         // The context grows by the rows the last step committed; the plan adds all the
         // rows that step verified: rows past the committed ones land at positions the
         // block overwrites or that are rewritten before any read.
-        let key = (self.prev_block, b, head, self.host_drafts);
+        let rejection = self.rejection && head == Head::Sample;
+        let key = (self.prev_block, b, head, self.host_drafts, rejection);
         if !self.plans.contains_key(&key) {
             let mut d = if self.prev_block > 0 { self.drafter.extend_dispatches(&ctx, &self.target, self.prev_block)? } else { Vec::new() };
-            d.extend(self.drafter.draft_dispatches(&ctx, &self.target, b, self.host_drafts)?);
+            d.extend(self.drafter.draft_dispatches(&ctx, &self.target, b, self.host_drafts, rejection)?);
             d.extend(self.target.build_plan(b, head)?);
-            d.push(bookkeeping(&ctx, &self.target, &self.drafter, "accept", b, self.host_drafts)?);
+            if rejection {
+                if b > 1 {
+                    let dr = &self.drafter;
+                    // DFlash2 proposes from its walk's q; DFlash drafts with certainty.
+                    let (q_ids, q_vals, qk) = match (&dr.d2, self.host_drafts) {
+                        (Some(s), false) => (&s.cand_ids, &s.q_vals, s.config.selector_top_k),
+                        _ => (&dr.drafts, &dr.host_drafts, 0),
+                    };
+                    let a = &self.target.act;
+                    let rb = ops::RejectionBuffers { sample_params: &a.sample_params, state: &a.state, logits: &a.logits, ids: &a.tokens, q_ids, q_vals, verdict: &dr.verdict };
+                    d.push(ops::verify_rejection(&ctx, &rb, b - 1, qk)?);
+                }
+                d.push(bookkeeping(&ctx, &self.target, &self.drafter, "accept_rejection", b, self.host_drafts)?);
+            } else {
+                d.push(bookkeeping(&ctx, &self.target, &self.drafter, "accept", b, self.host_drafts)?);
+            }
             self.plans.insert(key, d);
         }
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("dflash step") });
@@ -523,9 +558,7 @@ impl Speculative {
         let mut cfg = self.target.config.clone();
         cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
         let (_, budget) = prepare(req, &cfg)?;
-        if req.sampling.speculative_rejection && !req.sampling.is_greedy() {
-            return Err(GpuError::Unsupported("rejection-sampling verification runs on the CPU reference only so far".into()));
-        }
+        self.rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
         let head = if req.sampling.is_greedy() { Head::Argmax } else { Head::Sample };
         self.target.set_sampling(&req.sampling)?;
         let t0 = clock();

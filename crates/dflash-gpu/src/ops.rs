@@ -211,12 +211,37 @@ pub struct WalkBuffers<'a> {
     pub successor: &'a wgpu::Buffer,
     pub state: &'a wgpu::Buffer,
     pub drafts: &'a wgpu::Buffer,
+    /// The sampler's uniform (temperature, seed) and the proposal q it records.
+    pub sample_params: &'a wgpu::Buffer,
+    pub q_vals: &'a wgpu::Buffer,
 }
 
-/// The selector's greedy walk over `slots` slots of `k` candidates from the anchor
+/// The selector's walk over `slots` slots of `k` candidates from the anchor
 /// (`state[2]`): drafts `1..=slots`. `hp_first`: the row of `hp` of the first slot.
-pub fn selector_walk(ctx: &GpuContext, b: &WalkBuffers, slots: usize, k: usize, rank: usize, hp_first: usize) -> Result<Dispatch> {
-    let params = [slots as u32, k as u32, rank as u32, hp_first as u32, 0, 0, 0, 0];
-    let bufs = [(8, b.hp), (9, b.predecessor), (10, b.successor), (11, b.state), (12, b.drafts), (13, b.ids), (14, b.vals)];
+/// `sampled`: draw at the sampler's temperature and record q (rejection sampling).
+#[allow(clippy::too_many_arguments)]
+pub fn selector_walk(ctx: &GpuContext, b: &WalkBuffers, slots: usize, k: usize, rank: usize, hp_first: usize, sampled: bool) -> Result<Dispatch> {
+    let params = [slots as u32, k as u32, rank as u32, hp_first as u32, sampled as u32, 0, 0, 0];
+    let bufs = [(8, b.hp), (9, b.predecessor), (10, b.successor), (11, b.state), (12, b.drafts), (13, b.ids), (14, b.vals), (15, b.sample_params), (16, b.q_vals)];
     Dispatch::new(ctx, &Kernel::new(Shader::DFlash2, "walk"), Some(&params), &bufs, [1, 1, 1])
+}
+
+/// The buffers of rejection-sampling verification.
+pub struct RejectionBuffers<'a> {
+    pub sample_params: &'a wgpu::Buffer,
+    pub state: &'a wgpu::Buffer,
+    pub logits: &'a wgpu::Buffer,
+    /// The block's tokens: `[anchor, drafts...]`.
+    pub ids: &'a wgpu::Buffer,
+    /// The proposal per row: `qk` (token, q) pairs (unused when `qk` is 0: certain drafts).
+    pub q_ids: &'a wgpu::Buffer,
+    pub q_vals: &'a wgpu::Buffer,
+    pub verdict: &'a wgpu::Buffer,
+}
+
+/// Rejection-sampling verdicts of the `rows` drafted rows of a block (sample.wgsl).
+pub fn verify_rejection(ctx: &GpuContext, b: &RejectionBuffers, rows: usize, qk: usize) -> Result<Dispatch> {
+    let k = Kernel::new(Shader::Sample, "verify_rejection").with("QK", qk as f64);
+    let bufs = [(0, b.sample_params), (1, b.state), (2, b.logits), (4, b.ids), (5, b.q_ids), (6, b.q_vals), (7, b.verdict)];
+    Dispatch::new(ctx, &k, None, &bufs, [rows as u32, 1, 1])
 }

@@ -25,6 +25,7 @@ pub enum Shader {
 }
 
 const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
+const RANDOM: &str = include_str!("../../../shaders/random.wgsl");
 
 impl Shader {
     pub const ALL: [Shader; 11] = [
@@ -68,6 +69,10 @@ impl Shader {
         if matches!(self, Shader::Gemv | Shader::Embedding) {
             s.push('\n');
             s.push_str(QUANT);
+        }
+        if matches!(self, Shader::Sample | Shader::DFlash2) {
+            s.push('\n');
+            s.push_str(RANDOM);
         }
         s
     }

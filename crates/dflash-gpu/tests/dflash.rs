@@ -239,3 +239,34 @@ fn dflash2_speculation_equals_plain_decoding_on_the_gpu() {
         }
     }
 }
+
+/// Rejection-sampling verification on the GPU follows the CPU reference (whose output
+/// distribution is tested in dflash-core's tests/rejection.rs): with DFlash and DFlash2
+/// drafters, the same seeds give the same tokens (up to rare float near-ties in p, q or
+/// the kept mass, which are added in another order on the GPU).
+#[test]
+fn rejection_sampling_on_the_gpu_follows_the_cpu_reference() {
+    use dflash_core::speculative::generate_speculative_cpu;
+    let t = target();
+    let cpu_t = CpuModel::new(&t.weights);
+    for w in [drafter(&t, 21), dflash2_drafter(&t, 22)] {
+        let cpu_d = CpuDrafter::new(&w);
+        for ctx in contexts().into_iter().take(1) {
+            let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
+            let mut spec = Speculative::new(tm, &w).unwrap();
+            let (mut same, mut total, mut accepted) = (0, 0, 0);
+            for seed in 0..(if quick() { 4 } else { 12 }) {
+                let sp = SamplingParams { temperature: 1.0, top_k: 8, seed, speculative_rejection: true, ..Default::default() };
+                let p = &prompts()[seed as usize % prompts().len()];
+                let r = req(p, &sp);
+                let g = spec.generate(&t.tokenizer, &r, &BlockSize::Fixed(4), &|| 0.0, &mut |_| {}).unwrap();
+                let c = generate_speculative_cpu(&cpu_t, &cpu_d, &t.tokenizer, &r, &BlockSize::Fixed(4), &|| 0.0, &mut |_| {}).unwrap();
+                total += 1;
+                same += (g.result.tokens == c.result.tokens) as usize;
+                accepted += g.taus.iter().map(|x| x - 1).sum::<usize>();
+            }
+            eprintln!("{}: {same}/{total} sequences equal, {accepted} drafts accepted on the GPU", w.config.architecture);
+            assert!(same * 4 >= total * 3, "{same} of {total} equal");
+        }
+    }
+}
