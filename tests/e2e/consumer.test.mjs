@@ -34,6 +34,12 @@ try {
     last = c;
     n++;
   }
+  // Seeded sampling (the GPU sampler in the browser) is reproducible.
+  const sampled = [];
+  for (let i = 0; i < 2; i++) {
+    const r = await engine.chat.completions.create({ ...req, temperature: 0.8, top_p: 0.95, seed: 5 });
+    sampled.push(r.choices[0].message.content);
+  }
   await engine.unload();
   // The second load comes from Cache Storage, hash-checked; a wrong pinned hash is refused.
   const cached = await cachedFiles();
@@ -44,7 +50,7 @@ try {
   try { await createEngine({ model: { url: model, sha256: '00'.repeat(32) } }); } catch (e) { wrongHash = e.code; }
   await clearCache();
   const afterClear = await cachedFiles();
-  window.__result = { whole, streamed, last, n, first: engine.info, cached, info2, wrongHash, afterClear };
+  window.__result = { whole, streamed, last, n, first: engine.info, cached, info2, wrongHash, afterClear, sampled };
 } catch (e) { window.__result = { error: e.code + ': ' + e.message }; }
 </script>`);
   const expected = nativeGreedy(PROMPT, N);
@@ -68,6 +74,8 @@ try {
     assert.equal(r.last.object, 'chat.completion.chunk');
     assert.equal(r.last.usage.completion_tokens, expected.tokens);
     assert.ok(r.n >= 3);
+    assert.ok(r.sampled[0].length > 0);
+    assert.equal(r.sampled[0], r.sampled[1], 'the same seed gives the same sampled text');
     // Cache: the file's sha256, the second load from the cache, clearing.
     const sha = createHash('sha256').update(readFileSync(MODEL)).digest('hex');
     assert.equal(r.first.sha256, sha);
