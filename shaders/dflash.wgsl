@@ -50,7 +50,12 @@ fn accept() {
     while (acc + 1u < p.block && ids[acc + 1u] == out[acc]) {
         acc += 1u;
     }
-    let bonus = out[acc];
+    commit(acc, out[acc]);
+}
+
+// Commits the anchor and `acc` drafts: the result for the host, the drafter's next
+// context rows, the new length and anchor.
+fn commit(acc: u32, bonus: u32) {
     result[0] = acc;
     for (var j = 1u; j <= acc; j++) {
         result[j] = ids[j];
@@ -72,13 +77,5 @@ fn accept_rejection() {
     while (acc + 1u < p.block && verdict[2u * acc] == 1u) {
         acc += 1u;
     }
-    let bonus = select(out[acc], verdict[2u * acc + 1u], acc + 1u < p.block);
-    result[0] = acc;
-    for (var j = 1u; j <= acc; j++) {
-        result[j] = ids[j];
-    }
-    result[acc + 1u] = bonus;
-    ext_state[0] = state[0];
-    state[0] = state[0] + acc + 1u;
-    state[2] = bonus;
+    commit(acc, select(out[acc], verdict[2u * acc + 1u], acc + 1u < p.block));
 }

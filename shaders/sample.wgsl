@@ -265,6 +265,12 @@ fn q_of(j: u32, x: u32, d: u32) -> f32 {
     return q;
 }
 
+// p(i): the kept distribution of the row at `base`.
+fn p_of(base: u32, i: u32, k: Kept, total: f32) -> f32 {
+    let z = logits[base + i] * p.inv_temp;
+    return select(0.0, exp(z - k.m) / total, key(z) >= k.thr);
+}
+
 @compute @workgroup_size(64)
 fn verify_rejection(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let row = wg.x;
@@ -278,8 +284,7 @@ fn verify_rejection(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     if (t == 0u) {
         let pos = state[0] + row + p.pos_offset;
         let d = ids[row + 1u];
-        let zd = logits[base + d] * p.inv_temp;
-        let pd = select(0.0, exp(zd - k.m) / total, key(zd) >= k.thr);
+        let pd = p_of(base, d, k, total);
         let qd = q_of(row, d, d);
         let u = f32(random_u32(pos, 1u) >> 8u) * (1.0 / 16777216.0);
         if (qd > 0.0 && u * qd < pd) {
@@ -290,9 +295,7 @@ fn verify_rejection(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         // The residual max(0, p - q), summed then inverted in id order.
         var rt = 0.0;
         for (var i = 0u; i < n; i++) {
-            let z = logits[base + i] * p.inv_temp;
-            let px = select(0.0, exp(z - k.m) / total, key(z) >= k.thr);
-            rt += max(px - q_of(row, i, d), 0.0);
+            rt += max(p_of(base, i, k, total) - q_of(row, i, d), 0.0);
         }
         let u2 = f32(random_u32(pos, 2u) >> 8u) * (1.0 / 16777216.0);
         var chosen = 0u;
@@ -300,8 +303,7 @@ fn verify_rejection(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         var last = 0u;
         var found = false;
         for (var i = 0u; i < n && !found; i++) {
-            let z = logits[base + i] * p.inv_temp;
-            let px = select(0.0, exp(z - k.m) / total, key(z) >= k.thr);
+            let px = p_of(base, i, k, total);
             var r = px;
             if (rt > 0.0) {
                 r = max(px - q_of(row, i, d), 0.0);
