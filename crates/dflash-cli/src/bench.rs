@@ -35,7 +35,11 @@ pub struct BenchArgs {
     /// `prompt` (raw text); other fields (`id`, ...) are carried into the rows.
     #[arg(long)]
     prompts: Option<PathBuf>,
-    /// Only the first N prompts of --prompts.
+    /// Skip the first N prompts of --prompts (with --limit: run a slice, so that a long
+    /// sweep can be run and resumed in pieces).
+    #[arg(long, default_value_t = 0)]
+    skip: usize,
+    /// Only the first N prompts of --prompts (after --skip).
     #[arg(long)]
     limit: Option<usize>,
     /// Tokens per prompt in the DFlash benchmark.
@@ -142,6 +146,10 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
     let w = load_drafter_dir(a.drafter.as_ref().unwrap(), DrafterPrecision::Q8)?;
     let text = std::fs::read_to_string(a.prompts.as_ref().unwrap()).map_err(|e| CliError::Usage(format!("--prompts: {e}")))?;
     let mut rows_in = dflash_core::prompt_file::parse(&text, &m)?;
+    rows_in.drain(..a.skip.min(rows_in.len()));
+    if rows_in.is_empty() {
+        return Err(CliError::Usage("--prompts: no prompts left after --skip".into()));
+    }
     if let Some(n) = a.limit {
         rows_in.truncate(n);
     }
@@ -197,6 +205,14 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
                 o.insert("mean_tau".into(), s.mean_tau().into());
                 o.insert("acceptance_by_position".into(), serde_json::json!(s.acceptance.rates()));
                 o.insert("lossless".into(), lossless.into());
+                // Raw totals, so that slices of a sweep add up exactly.
+                o.insert("plain_decode_s".into(), p.decode_s.into());
+                o.insert("dflash_tokens".into(), st.into());
+                o.insert("dflash_decode_s".into(), s.result.decode_s.into());
+                o.insert("steps".into(), s.taus.len().into());
+                o.insert("tau_sum".into(), s.taus.iter().sum::<usize>().into());
+                o.insert("accepted_by_position".into(), serde_json::json!(s.acceptance.accepted));
+                o.insert("tried_by_position".into(), serde_json::json!(s.acceptance.tried));
             }
             run.rows.push(row);
         }
@@ -225,6 +241,13 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
             "mean_tau": mean_tau,
             "steps": run.taus.len(),
             "acceptance_by_position": run.acceptance.rates(),
+            "plain_tokens": plain_tokens,
+            "plain_decode_s": plain_s,
+            "dflash_tokens": run.tokens,
+            "dflash_decode_s": run.seconds,
+            "accepted_by_position": run.acceptance.accepted,
+            "tried_by_position": run.acceptance.tried,
+            "skip": a.skip,
             "lossless": run.lossless,
             "load_s": load_s,
             "rows": run.rows,

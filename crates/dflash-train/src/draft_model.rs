@@ -3,6 +3,11 @@
 //! followed by the block, the target's embedding and lm_head), with the training-time
 //! attention mask: each block sees the context strictly before its anchor, itself
 //! bidirectionally, and no other block.
+//!
+//! DFlash2 (`DFlash2DraftModel`) adds, as the engine's CPU reference runs it: the grouped
+//! dynamic depthwise convolution before and after each sublayer (its per-position kernel
+//! deltas projected from the sublayer's normed input) and the candidate selector, trained
+//! by a second cross-entropy over each slot's lm_head top-K (see [`SeqLoss`]).
 
 use crate::nn::{rms_norm, RopeTables};
 use crate::target::linear;
@@ -40,8 +45,41 @@ pub fn param_shapes(c: &DrafterConfig) -> Vec<(String, Vec<usize>)> {
             (p("mlp.up_proj.weight"), vec![ff, h]),
             (p("mlp.down_proj.weight"), vec![h, ff]),
         ]);
+        if let Some(d) = &c.dflash2 {
+            for conv in ["attention_conv", "mlp_conv"] {
+                v.push((p(&format!("{conv}.base_kernel")), vec![2, d.conv_kernel_size, h]));
+                v.push((p(&format!("{conv}.kernel_projection.weight")), vec![d.projection_rows(h), h]));
+            }
+        }
+    }
+    if let Some(d) = &c.dflash2 {
+        v.extend([
+            ("candidate_selector.hidden_projection.weight".to_string(), vec![d.selector_rank, h]),
+            ("candidate_selector.predecessor_codebook".into(), vec![c.vocab_size, d.selector_rank]),
+            ("candidate_selector.successor_codebook".into(), vec![c.vocab_size, d.selector_rank]),
+        ]);
     }
     v
+}
+
+/// DFlash2's tensors start so that the drafter computes exactly what the DFlash drafter
+/// with the same other weights does: each convolution the identity (base tap 0 = 1, no
+/// deltas) and the selector's bilinear term zero (successor codebook 0; the predecessor
+/// codebook and hidden projection random, so that the successor gets gradients).
+fn dflash2_init(name: &str, shape: &[usize]) -> Option<Vec<f32>> {
+    let n: usize = shape.iter().product();
+    if name.ends_with(".base_kernel") {
+        let (taps, h) = (shape[1], shape[2]);
+        let mut v = vec![0f32; n];
+        for side in 0..2 {
+            v[side * taps * h..side * taps * h + h].fill(1.0);
+        }
+        return Some(v);
+    }
+    if name.ends_with(".kernel_projection.weight") || name == "candidate_selector.successor_codebook" {
+        return Some(vec![0f32; n]);
+    }
+    None
 }
 
 impl DraftParams {
@@ -51,7 +89,9 @@ impl DraftParams {
         let mut rng = crate::prompts::Rng(seed);
         for (name, shape) in param_shapes(c) {
             let n: usize = shape.iter().product();
-            let t = if shape.len() == 1 {
+            let t = if let Some(v) = dflash2_init(&name, &shape) {
+                Tensor::from_vec(v, shape, dev)?
+            } else if shape.len() == 1 {
                 Tensor::ones(shape, DType::F32, dev)?
             } else {
                 // Box-Muller from the seeded generator: a run is reproducible.
@@ -76,6 +116,23 @@ impl DraftParams {
         Ok(DraftParams { vars })
     }
 
+    /// A new run's parameters started from another drafter's tensors (an exported DFlash
+    /// drafter for a DFlash2 run, say): every tensor `t` has is taken (shapes must
+    /// agree), the rest keep their initial values. Returns how many were taken.
+    pub fn take_from(&self, t: &BTreeMap<String, Tensor>) -> Result<usize> {
+        let mut n = 0;
+        for (name, var) in &self.vars {
+            if let Some(x) = t.get(name) {
+                if x.dims() != var.dims() {
+                    candle_core::bail!("{name}: shape {:?} in the initial drafter, {:?} in this one", x.dims(), var.dims());
+                }
+                var.set(&x.to_dtype(DType::F32)?.to_device(var.device())?)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     fn get(&self, n: &str) -> &Tensor {
         self.vars[n].as_tensor()
     }
@@ -98,11 +155,24 @@ pub struct SeqBatch<'a> {
 
 /// Loss pieces for one sequence: summed weighted NLL, summed weight, and per slot
 /// (1..B) the number of labelled positions and how many the argmax got right.
+///
+/// DFlash2 adds the selector's loss: for each labelled slot whose label is among the
+/// slot's lm_head top-K, the cross-entropy of the selector's scores over those K
+/// candidates after the true previous token (teacher forcing: the walk's predecessor
+/// when every earlier draft was right), weighted like the main loss. The candidates, their
+/// logits and the hidden row are taken as they are (no gradient into the drafter's body),
+/// so the selector learns to re-rank what the body proposes.
 pub struct SeqLoss {
     pub weighted_nll: Tensor,
     pub weight: f64,
     pub counts: Vec<usize>,
     pub correct: Vec<usize>,
+    /// DFlash2: the selector's summed weighted NLL and weight.
+    pub selector_nll: Option<Tensor>,
+    pub selector_weight: f64,
+    /// DFlash2, per slot: labels inside the top-K, and labels the selector picks.
+    pub in_top_k: Vec<usize>,
+    pub selector_correct: Vec<usize>,
 }
 
 pub struct DraftTrainer<'a> {
@@ -113,53 +183,91 @@ pub struct DraftTrainer<'a> {
     pub gamma: f64,
 }
 
+/// One side (0: before the sublayer, 1: after) of a DFlash2 grouped dynamic depthwise
+/// convolution over blocks `x` `[A, B, H]`: `out[a, i, c] = sum_t (base[side, t, c] +
+/// coef[a, i, (side * taps + t) * groups + c / group]) * x[a, i - t, c]`, the taps never
+/// reaching before a block's first row (as `dflash_core::drafter::grouped_conv`).
+pub fn grouped_conv(x: &Tensor, base: &Tensor, coef: &Tensor, side: usize, group: usize) -> Result<Tensor> {
+    let (a, b, h) = x.dims3()?;
+    let taps = base.dim(1)?;
+    let groups = h / group;
+    let mut out: Option<Tensor> = None;
+    for t in 0..taps.min(b) {
+        let shifted = if t == 0 { x.clone() } else { Tensor::cat(&[Tensor::zeros((a, t, h), x.dtype(), x.device())?, x.narrow(1, 0, b - t)?], 1)? };
+        let delta = coef.narrow(2, (side * taps + t) * groups, groups)?.unsqueeze(3)?.broadcast_as((a, b, groups, group))?.reshape((a, b, h))?;
+        let kernel = delta.broadcast_add(&base.get(side)?.get(t)?)?;
+        let term = (kernel * shifted)?;
+        out = Some(match out {
+            Some(o) => (o + term)?,
+            None => term,
+        });
+    }
+    out.ok_or_else(|| candle_core::Error::Msg("empty block".into()))
+}
+
 impl<'a> DraftTrainer<'a> {
     pub fn new(config: DrafterConfig, embed: &'a Tensor, lm_head: &'a Tensor, gamma: f64, max_pos: usize) -> Result<Self> {
         let rope = RopeTables::new(&config.rope_inv_freq(), config.head_dim, RopeStyle::Neox, max_pos, embed.device())?;
         Ok(DraftTrainer { config, embed, lm_head, rope, gamma })
     }
 
-    /// Loss of the blocks of one sequence.
-    pub fn sequence_loss(&self, p: &DraftParams, s: &SeqBatch) -> Result<SeqLoss> {
+    /// The drafter's final hidden rows (before the final norm) of the blocks
+    /// `[tokens[anchor], MASK...]` of one sequence, `[A, B, H]`: each block attends to the
+    /// context strictly before its anchor and to itself.
+    pub fn block_hidden(&self, p: &DraftParams, taps: &Tensor, tokens: &[u32], anchors: &[usize]) -> Result<Tensor> {
         let c = &self.config;
         let dev = self.embed.device();
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
         let rep = nh / nkv;
         let b = c.block_size;
-        let l = s.tokens.len();
-        let a = s.anchors.len();
+        let l = tokens.len();
+        let a = anchors.len();
         let eps = c.rms_norm_eps;
         let scale = 1.0 / (hd as f64).sqrt();
         // Context: hidden_norm(fc(taps)), positions 0..L.
-        let ctx = rms_norm(&linear(s.taps, p.get("fc.weight"))?, p.get("hidden_norm.weight"), eps)?; // [L, H]
+        let ctx = rms_norm(&linear(taps, p.get("fc.weight"))?, p.get("hidden_norm.weight"), eps)?; // [L, H]
         let ctx_pos = Tensor::from_vec((0..l as u32).collect::<Vec<_>>(), (1, l), dev)?;
         let (ccos, csin) = self.rope.gather(&ctx_pos)?;
         // Blocks: [anchor token, MASK...] at positions anchor..anchor+B.
         let mut btok = Vec::with_capacity(a * b);
         let mut bpos = Vec::with_capacity(a * b);
-        for &an in s.anchors {
+        for &an in anchors {
             for k in 0..b {
-                btok.push(if k == 0 { s.tokens[an] } else { c.mask_token_id });
+                btok.push(if k == 0 { tokens[an] } else { c.mask_token_id });
                 bpos.push((an + k) as u32);
             }
         }
         let btok = Tensor::from_vec(btok, a * b, dev)?;
         let (bcos, bsin) = self.rope.gather(&Tensor::from_vec(bpos, (a, b), dev)?)?;
         let mut x = self.embed.index_select(&btok, 0)?.reshape((a, b, h))?;
+        let d2 = c.dflash2.as_ref();
+        if let Some(d) = d2.filter(|d| d.input_embedding_scale != 1.0) {
+            x = (x * d.input_embedding_scale as f64)?;
+        }
         // Context keys visible to block i: positions < anchor_i; block keys all visible.
         let mut mask = Vec::with_capacity(a * l);
-        for &an in s.anchors {
+        for &an in anchors {
             mask.extend((0..l).map(|j| if j < an { 0f32 } else { f32::NEG_INFINITY }));
         }
         let ctx_mask = Tensor::from_vec(mask, (a, 1, 1, l), dev)?;
         for i in 0..c.num_layers {
             let w = |n: &str| p.get(&format!("layers.{i}.{n}"));
+            // DFlash2: a sublayer's convolution coefficients, from its normed input.
+            let coef = |conv: &str, hn: &Tensor| -> Result<Option<Tensor>> { d2.map(|_| linear(hn, w(&format!("{conv}.kernel_projection.weight")))).transpose() };
+            let conv = |conv: &str, x: Tensor, cf: &Option<Tensor>, side: usize| -> Result<Tensor> {
+                match (d2, cf) {
+                    (Some(d), Some(cf)) => grouped_conv(&x, w(&format!("{conv}.base_kernel")), cf, side, d.conv_group_size),
+                    _ => Ok(x),
+                }
+            };
             // Context K/V: [1, nkv, L, hd].
             let kc = linear(&ctx, w("self_attn.k_proj.weight"))?.reshape((1, l, nkv, hd))?.transpose(1, 2)?;
             let kc = self.rope.apply(&rms_norm(&kc, w("self_attn.k_norm.weight"), eps)?, &ccos, &csin)?;
             let vc = linear(&ctx, w("self_attn.v_proj.weight"))?.reshape((1, l, nkv, hd))?.transpose(1, 2)?;
             // Block Q/K/V: [A, heads, B, hd].
             let hn = rms_norm(&x, w("input_layernorm.weight"), eps)?;
+            let cf_att = coef("attention_conv", &hn)?;
+            let hn = conv("attention_conv", hn, &cf_att, 0)?;
             let q = linear(&hn, w("self_attn.q_proj.weight"))?.reshape((a, b, nh, hd))?.transpose(1, 2)?;
             let q = self.rope.apply(&rms_norm(&q, w("self_attn.q_norm.weight"), eps)?, &bcos, &bsin)?;
             let kb = linear(&hn, w("self_attn.k_proj.weight"))?.reshape((a, b, nkv, hd))?.transpose(1, 2)?;
@@ -178,59 +286,130 @@ impl<'a> DraftTrainer<'a> {
             let o_ctx = p_ctx.matmul(&vc.squeeze(0)?.contiguous()?)?.reshape((nkv, a, rep * b, hd))?.transpose(0, 1)?;
             let o_blk = probs.narrow(D::Minus1, l, b)?.contiguous()?.matmul(&vb)?;
             let att = (o_ctx + o_blk)?.reshape((a, nh, b, hd))?.transpose(1, 2)?.reshape((a, b, nh * hd))?;
-            x = (x + linear(&att, w("self_attn.o_proj.weight"))?)?;
+            let o = conv("attention_conv", linear(&att, w("self_attn.o_proj.weight"))?, &cf_att, 1)?;
+            x = (x + o)?;
             let hn = rms_norm(&x, w("post_attention_layernorm.weight"), eps)?;
+            let cf_mlp = coef("mlp_conv", &hn)?;
+            let hn = conv("mlp_conv", hn, &cf_mlp, 0)?;
             let act = (candle_nn::ops::silu(&linear(&hn, w("mlp.gate_proj.weight"))?)? * linear(&hn, w("mlp.up_proj.weight"))?)?;
-            x = (x + linear(&act, w("mlp.down_proj.weight"))?)?;
+            x = (x + conv("mlp_conv", linear(&act, w("mlp.down_proj.weight"))?, &cf_mlp, 1)?)?;
         }
+        Ok(x)
+    }
+
+    /// The final norm of `block_hidden`'s rows: what the lm_head and the selector read.
+    pub fn final_norm(&self, p: &DraftParams, x: &Tensor) -> Result<Tensor> {
+        rms_norm(x, p.get("norm.weight"), self.config.rms_norm_eps)
+    }
+
+    /// Loss of the blocks of one sequence.
+    pub fn sequence_loss(&self, p: &DraftParams, s: &SeqBatch) -> Result<SeqLoss> {
+        let c = &self.config;
+        let dev = self.embed.device();
+        let (h, b, l, a) = (c.hidden_size, c.block_size, s.tokens.len(), s.anchors.len());
+        let x = self.block_hidden(p, s.taps, s.tokens, s.anchors)?;
         // Labels: slot k (1..B) predicts the token at anchor + k, inside the sequence and
         // the loss region.
         let mut rows = Vec::new();
         let mut labels = Vec::new();
         let mut weights = Vec::new();
         let mut slots = Vec::new();
+        let mut preds = Vec::new();
         for (ai, &an) in s.anchors.iter().enumerate() {
             for k in 1..b {
                 let t = an + k;
                 if t < l && t >= s.loss_from {
                     rows.push((ai * b + k) as u32);
                     labels.push(s.tokens[t]);
+                    preds.push(s.tokens[t - 1]);
                     weights.push((-((k - 1) as f64) / self.gamma).exp() as f32);
                     slots.push(k);
                 }
             }
         }
-        let mut counts = vec![0usize; b];
-        let mut correct = vec![0usize; b];
+        let mut out = SeqLoss {
+            weighted_nll: Tensor::zeros((), DType::F32, dev)?,
+            weight: 0.0,
+            counts: vec![0; b],
+            correct: vec![0; b],
+            selector_nll: None,
+            selector_weight: 0.0,
+            in_top_k: vec![0; b],
+            selector_correct: vec![0; b],
+        };
         if rows.is_empty() {
-            return Ok(SeqLoss { weighted_nll: Tensor::zeros((), DType::F32, dev)?, weight: 0.0, counts, correct });
+            return Ok(out);
         }
         let n = rows.len();
         let hsel = x.reshape((a * b, h))?.index_select(&Tensor::from_vec(rows, n, dev)?, 0)?;
-        let normed = rms_norm(&hsel, p.get("norm.weight"), eps)?;
-        let (nll, pred) = if dev.is_cpu() {
+        let normed = self.final_norm(p, &hsel)?;
+        let top_k = c.dflash2.as_ref().map_or(0, |d| d.selector_top_k);
+        let (nll, pred, top) = if dev.is_cpu() {
             // The fused op: no gradient for the frozen lm_head, one pass over the logits.
-            let op = crate::head_loss::FrozenHeadNll::new(self.lm_head.clone(), labels.clone());
+            let op = crate::head_loss::FrozenHeadNll::new(self.lm_head.clone(), labels.clone()).with_top_k(top_k);
             let stats = op.stats.clone();
             let nll = normed.apply_op1(op)?;
-            let pred = std::mem::take(&mut stats.lock().expect("stats lock").argmax);
-            (nll, pred)
+            let mut st = stats.lock().expect("stats lock");
+            (nll, std::mem::take(&mut st.argmax), std::mem::take(&mut st.top))
         } else {
             // Other devices (CUDA): candle's own ops.
             let logits = linear(&normed, self.lm_head)?;
             let lab = Tensor::from_vec(labels.clone(), (n, 1), dev)?;
             let nll = candle_nn::ops::log_softmax(&logits, D::Minus1)?.gather(&lab, 1)?.squeeze(1)?.neg()?;
-            (nll, logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
+            let top = if top_k > 0 { logits.to_vec2::<f32>()?.iter().map(|r| dflash_core::drafter::top_k(r, top_k)).collect() } else { vec![] };
+            (nll, logits.argmax(D::Minus1)?.to_vec1::<u32>()?, top)
         };
-        let wsum: f64 = weights.iter().map(|&w| w as f64).sum();
-        let wt = Tensor::from_vec(weights, n, dev)?;
-        let weighted_nll = (nll * wt)?.sum_all()?;
+        out.weight = weights.iter().map(|&w| w as f64).sum();
+        let wt = Tensor::from_vec(weights.clone(), n, dev)?;
+        out.weighted_nll = (nll * wt)?.sum_all()?;
         for i in 0..n {
-            counts[slots[i]] += 1;
+            out.counts[slots[i]] += 1;
             if pred[i] == labels[i] {
-                correct[slots[i]] += 1;
+                out.correct[slots[i]] += 1;
             }
         }
-        Ok(SeqLoss { weighted_nll, weight: wsum, counts, correct })
+        if let Some(d) = &c.dflash2 {
+            // Rows whose label is a candidate; the selector's cross-entropy over the K.
+            let unary = |x: f32| {
+                let x = x * d.output_multiplier;
+                match d.final_logit_softcapping {
+                    Some(cap) => (x / cap).tanh() * cap,
+                    None => x,
+                }
+            };
+            let (mut keep, mut target, mut cand, mut un, mut pr, mut wk) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for i in 0..n {
+                if let Some(j) = top[i].iter().position(|t| t.0 == labels[i]) {
+                    out.in_top_k[slots[i]] += 1;
+                    keep.push(i as u32);
+                    target.push(j as u32);
+                    cand.extend(top[i].iter().map(|t| t.0));
+                    un.extend(top[i].iter().map(|t| unary(t.1)));
+                    pr.push(preds[i]);
+                    wk.push(weights[i]);
+                }
+            }
+            let m = keep.len();
+            if m > 0 {
+                let k = top_k.min(c.vocab_size);
+                let hp = linear(&normed.detach().index_select(&Tensor::from_vec(keep, m, dev)?, 0)?, p.get("candidate_selector.hidden_projection.weight"))?; // [m, rank]
+                let pa = p.get("candidate_selector.predecessor_codebook").index_select(&Tensor::from_vec(pr, m, dev)?, 0)?; // [m, rank]
+                let rank = hp.dim(1)?;
+                let sb = p.get("candidate_selector.successor_codebook").index_select(&Tensor::from_vec(cand, m * k, dev)?, 0)?.reshape((m, k, rank))?;
+                let scores = ((pa * hp)?.unsqueeze(1)?.broadcast_mul(&sb)?.sum(2)? + Tensor::from_vec(un, (m, k), dev)?)?; // [m, K]
+                let tg = Tensor::from_vec(target.clone(), (m, 1), dev)?;
+                let sel_nll = candle_nn::ops::log_softmax(&scores, D::Minus1)?.gather(&tg, 1)?.squeeze(1)?.neg()?;
+                out.selector_weight = wk.iter().map(|&w| w as f64).sum();
+                out.selector_nll = Some((sel_nll * Tensor::from_vec(wk, m, dev)?)?.sum_all()?);
+                let best = scores.argmax(D::Minus1)?.to_vec1::<u32>()?;
+                let kept_slots: Vec<usize> = (0..n).filter(|&i| top[i].iter().any(|t| t.0 == labels[i])).map(|i| slots[i]).collect();
+                for ((bst, tgt), slot) in best.iter().zip(&target).zip(kept_slots) {
+                    if bst == tgt {
+                        out.selector_correct[slot] += 1;
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 }

@@ -13,18 +13,27 @@ pub struct HeadStats {
     probs: Option<Vec<f32>>,
     /// Argmax of each row's logits.
     pub argmax: Vec<u32>,
+    /// With `with_top_k(k)`, k > 0: each row's k largest logits (id, logit), descending.
+    pub top: Vec<Vec<(u32, f32)>>,
 }
 
 pub struct FrozenHeadNll {
     /// `[vocab, hidden]`, f32, contiguous.
     lm_head: Tensor,
     labels: Vec<u32>,
+    top_k: usize,
     pub stats: Arc<Mutex<HeadStats>>,
 }
 
 impl FrozenHeadNll {
     pub fn new(lm_head: Tensor, labels: Vec<u32>) -> Self {
-        FrozenHeadNll { lm_head, labels, stats: Arc::new(Mutex::new(HeadStats::default())) }
+        FrozenHeadNll { lm_head, labels, top_k: 0, stats: Arc::new(Mutex::new(HeadStats::default())) }
+    }
+
+    /// Also keep each row's `k` largest logits (DFlash2's selector candidates).
+    pub fn with_top_k(mut self, k: usize) -> Self {
+        self.top_k = k;
+        self
     }
 }
 
@@ -60,7 +69,8 @@ impl CustomOp1 for FrozenHeadNll {
         }
         let mut nll = vec![0f32; n];
         let mut argmax = vec![0u32; n];
-        let out = Mutex::new((&mut nll, &mut argmax));
+        let mut top = vec![Vec::new(); if self.top_k > 0 { n } else { 0 }];
+        let out = Mutex::new((&mut nll, &mut argmax, &mut top));
         rows_in_parallel(&mut p, v, |r, row| {
             let (mut m, mut am) = (f32::NEG_INFINITY, 0usize);
             for (i, &z) in row.iter().enumerate() {
@@ -70,6 +80,7 @@ impl CustomOp1 for FrozenHeadNll {
                 }
             }
             let label_logit = row[self.labels[r] as usize];
+            let top_r = if self.top_k > 0 { dflash_core::drafter::top_k(row, self.top_k) } else { Vec::new() };
             let mut sum = 0f32;
             for z in row.iter_mut() {
                 *z = (*z - m).exp();
@@ -82,10 +93,14 @@ impl CustomOp1 for FrozenHeadNll {
             let mut o = out.lock().expect("stats lock");
             o.0[r] = m + sum.ln() - label_logit;
             o.1[r] = am as u32;
+            if self.top_k > 0 {
+                o.2[r] = top_r;
+            }
         });
         let mut st = self.stats.lock().expect("stats lock");
         st.probs = Some(p);
         st.argmax = argmax;
+        st.top = top;
         Ok((CpuStorage::F32(nll), Shape::from(n)))
     }
 

@@ -67,8 +67,28 @@ struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     holdout: usize,
     /// Start a new run's layers from the target's top layers instead of random ones.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "init_from")]
     init_from_target: bool,
+    /// Start a new run from an exported drafter (same layers, taps and mask token): to
+    /// train on, or to grow a DFlash drafter into a DFlash2 one (`--arch dflash2`).
+    #[arg(long)]
+    init_from: Option<PathBuf>,
+    /// `dflash` (DFlashDraftModel) or `dflash2` (DFlash2DraftModel: grouped dynamic
+    /// convolutions and the candidate selector).
+    #[arg(long, default_value = "dflash")]
+    arch: String,
+    /// DFlash2: causal taps of each dynamic convolution.
+    #[arg(long, default_value_t = 2)]
+    conv_kernel_size: usize,
+    /// DFlash2: channels sharing one kernel delta.
+    #[arg(long, default_value_t = 16)]
+    conv_group_size: usize,
+    /// DFlash2: rank of the selector's codebooks (each `[vocab, rank]`).
+    #[arg(long, default_value_t = 256)]
+    selector_rank: usize,
+    /// DFlash2: candidates per slot.
+    #[arg(long, default_value_t = 16)]
+    selector_top_k: usize,
     /// `cpu`, or `cuda` (a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -176,6 +196,16 @@ fn run_train(a: TrainArgs) -> Result<(), TrainError> {
         mask_token_id: mask,
         seed: a.seed,
         grad_clip: 1.0,
+        dflash2: match a.arch.as_str() {
+            "dflash" => None,
+            "dflash2" => Some(dflash_train::train::Dflash2Sizes {
+                conv_kernel_size: a.conv_kernel_size,
+                conv_group_size: a.conv_group_size,
+                selector_rank: a.selector_rank,
+                selector_top_k: a.selector_top_k,
+            }),
+            other => return Err(TrainError::Usage(format!("--arch {other}: dflash or dflash2"))),
+        },
     };
     eprintln!("{} samples, {} tokens; mask token {mask}", samples.len(), samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).sum::<usize>());
     let device = match a.device.as_str() {
@@ -184,7 +214,13 @@ fn run_train(a: TrainArgs) -> Result<(), TrainError> {
         other => return Err(TrainError::Usage(format!("--device {other}: cpu or cuda"))),
     };
     let target = Target::new(&model.weights, &device)?;
-    let s = dflash_train::train::train(&target, &samples, &a.out, &tc, a.init_from_target.then_some(&model.weights), false)?;
+    use dflash_train::train::Init;
+    let init = match (&a.init_from, a.init_from_target) {
+        (Some(d), _) => Init::Drafter(d),
+        (None, true) => Init::Target(&model.weights),
+        (None, false) => Init::Random,
+    };
+    let s = dflash_train::train::train(&target, &samples, &a.out, &tc, init, false)?;
     println!("{}", serde_json::to_string(&s).expect("json"));
     Ok(())
 }

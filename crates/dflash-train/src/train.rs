@@ -33,6 +33,29 @@ pub struct TrainConfig {
     pub mask_token_id: u32,
     pub seed: u64,
     pub grad_clip: f64,
+    /// Train a DFlash2 drafter (`DFlash2DraftModel`) with these sizes; None: DFlash.
+    #[serde(default)]
+    pub dflash2: Option<Dflash2Sizes>,
+}
+
+/// The sizes of a DFlash2 drafter's extras (the published release: 2, 16, 256, 16).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dflash2Sizes {
+    pub conv_kernel_size: usize,
+    pub conv_group_size: usize,
+    pub selector_rank: usize,
+    pub selector_top_k: usize,
+}
+
+/// Where a new run's weights start.
+pub enum Init<'a> {
+    /// Random matrices (normal(0, 0.02)), norms 1.
+    Random,
+    /// The drafter's layers from the target's top layers (`init_from_target`).
+    Target(&'a dflash_core::weights::ModelWeights),
+    /// An exported drafter's tensors (same layers, taps and mask token); a DFlash2 run
+    /// started from a DFlash drafter keeps the identity start of its extra tensors.
+    Drafter(&'a Path),
 }
 
 /// The loss decay the DFlash paper uses for its block sizes (7 at 16, 5 at 10, 4 at 8).
@@ -48,7 +71,7 @@ pub fn default_gamma(block: usize) -> f64 {
 /// widths, full attention, the default tap formula.
 pub fn drafter_config_json(t: &ModelConfig, layers: usize, block: usize, mask_token_id: u32) -> serde_json::Value {
     let ids = DrafterConfig::default_target_layer_ids(layers, t.num_layers);
-    serde_json::json!({
+    let v = serde_json::json!({
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         "hidden_size": t.hidden_size,
@@ -77,7 +100,26 @@ pub fn drafter_config_json(t: &ModelConfig, layers: usize, block: usize, mask_to
             "mask_token_id": mask_token_id,
             "target_layer_ids": ids,
         },
-    })
+    });
+    v
+}
+
+/// `drafter_config_json` for the run's architecture: DFlash2 sets `DFlash2DraftModel` and
+/// its `dflash_config` fields (scales 1, no soft-capping).
+pub fn run_config_json(t: &ModelConfig, tc: &TrainConfig) -> serde_json::Value {
+    let mut v = drafter_config_json(t, tc.layers, tc.block_size, tc.mask_token_id);
+    if let Some(d) = &tc.dflash2 {
+        v["architectures"] = serde_json::json!(["DFlash2DraftModel"]);
+        let dc = &mut v["dflash_config"];
+        dc["conv_kernel_size"] = d.conv_kernel_size.into();
+        dc["conv_group_size"] = d.conv_group_size.into();
+        dc["selector_rank"] = d.selector_rank.into();
+        dc["selector_top_k"] = d.selector_top_k.into();
+        dc["input_embedding_scale"] = 1.0.into();
+        dc["output_multiplier"] = 1.0.into();
+        dc["final_logit_softcapping"] = serde_json::Value::Null;
+    }
+    v
 }
 
 /// The mask token: a special token the chat never uses, by name, else the last id.
@@ -282,9 +324,29 @@ pub fn init_from_target(p: &DraftParams, w: &dflash_core::weights::ModelWeights,
     Ok(())
 }
 
+/// Starts a run's parameters from the exported drafter in `dir` (config.json +
+/// model.safetensors), which must have the same layers, taps and mask token.
+pub fn init_from_drafter(p: &DraftParams, dir: &Path, c: &DrafterConfig) -> Result<(), TrainError> {
+    let text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| TrainError::Io(format!("{}: {e}", dir.display())))?;
+    let other = DrafterConfig::from_json(&text)?;
+    if (other.num_layers, &other.target_layer_ids, other.mask_token_id, other.hidden_size) != (c.num_layers, &c.target_layer_ids, c.mask_token_id, c.hidden_size) {
+        return Err(TrainError::Usage(format!(
+            "--init-from {}: {} layers, taps {:?}, mask {}; this run: {} layers, taps {:?}, mask {}",
+            dir.display(), other.num_layers, other.target_layer_ids, other.mask_token_id, c.num_layers, c.target_layer_ids, c.mask_token_id
+        )));
+    }
+    let t = candle_core::safetensors::load(dir.join("model.safetensors"), p.vars["norm.weight"].device()).map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.display())))?;
+    let t: BTreeMap<String, Tensor> = t.into_iter().collect();
+    let n = p.take_from(&t).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    if n != t.len() {
+        return Err(TrainError::Checkpoint(format!("--init-from {}: {} of its {} tensors are not this drafter's", dir.display(), t.len() - n, t.len())));
+    }
+    Ok(())
+}
+
 /// Trains (or resumes) the drafter of run directory `dir` on `samples`. A new run starts
 /// from `init` (the target's weights) when given, else from random matrices.
-pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, init: Option<&dflash_core::weights::ModelWeights>, quiet: bool) -> Result<TrainSummary, TrainError> {
+pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, init: Init, quiet: bool) -> Result<TrainSummary, TrainError> {
     let run = RunDir(dir.to_path_buf());
     std::fs::create_dir_all(dir).map_err(io)?;
     let dev = target.device.clone();
@@ -293,11 +355,11 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         return Err(TrainError::Data("no training samples".into()));
     }
     // The drafter config is fixed at the first run; a resume must agree with it.
-    let dcfg_json = drafter_config_json(tcfg, tc.layers, tc.block_size, tc.mask_token_id);
+    let dcfg_json = run_config_json(tcfg, tc);
     if run.train_config().exists() {
         let prev: TrainConfig = serde_json::from_str(&std::fs::read_to_string(run.train_config()).map_err(io)?).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        if prev.layers != tc.layers || prev.block_size != tc.block_size || prev.mask_token_id != tc.mask_token_id {
-            return Err(TrainError::Checkpoint(format!("{} was started with {} layers, block {}, mask {}", dir.display(), prev.layers, prev.block_size, prev.mask_token_id)));
+        if prev.layers != tc.layers || prev.block_size != tc.block_size || prev.mask_token_id != tc.mask_token_id || prev.dflash2 != tc.dflash2 {
+            return Err(TrainError::Checkpoint(format!("{} was started with {} layers, block {}, mask {}, DFlash2 {:?}", dir.display(), prev.layers, prev.block_size, prev.mask_token_id, prev.dflash2)));
         }
     }
     std::fs::write(run.drafter_config(), serde_json::to_string_pretty(&dcfg_json).expect("json")).map_err(io)?;
@@ -315,8 +377,10 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         (p, st)
     } else {
         let p = DraftParams::init(&dcfg, &dev, tc.seed)?;
-        if let Some(w) = init {
-            init_from_target(&p, w, &dcfg)?;
+        match init {
+            Init::Random => {}
+            Init::Target(w) => init_from_target(&p, w, &dcfg)?,
+            Init::Drafter(d) => init_from_drafter(&p, d, &dcfg)?,
         }
         (p, State { step: 0, opt_step: 0, trained_tokens: 0, cpu_seconds: 0.0 })
     };
@@ -346,6 +410,10 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         let mut correct = vec![0usize; b];
         let mut tokens = 0u64;
         let mut taps_s = 0.0;
+        let mut sel_total: Option<Tensor> = None;
+        let mut sel_w = 0.0;
+        let mut in_top_k = vec![0usize; b];
+        let mut sel_correct = vec![0usize; b];
         for j in 0..tc.seqs_per_step {
             let idx = sample_index(tc.seed, samples.len(), step * tc.seqs_per_step + j);
             let s = &samples[idx];
@@ -372,6 +440,15 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
             for k in 0..b {
                 counts[k] += l.counts[k];
                 correct[k] += l.correct[k];
+                in_top_k[k] += l.in_top_k[k];
+                sel_correct[k] += l.selector_correct[k];
+            }
+            sel_w += l.selector_weight;
+            if let Some(sn) = l.selector_nll {
+                sel_total = Some(match sel_total {
+                    Some(t) => (t + sn)?,
+                    None => sn,
+                });
             }
             tokens += toks.len() as u64;
             total = Some(match total {
@@ -383,7 +460,17 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
             state.step += 1;
             continue;
         };
-        let loss = (total / wsum)?;
+        let main_loss = (total / wsum)?;
+        // DFlash2: the selector's mean cross-entropy is added (its gradient reaches only
+        // the selector's tensors).
+        let sel_loss = match sel_total.filter(|_| sel_w > 0.0) {
+            Some(t) => Some((t / sel_w)?),
+            None => None,
+        };
+        let loss = match &sel_loss {
+            Some(s) => (&main_loss + s)?,
+            None => main_loss.clone(),
+        };
         let fwd_s = t0.elapsed().as_secs_f64();
         let grads = loss.backward()?;
         // Clip the global gradient norm.
@@ -407,7 +494,7 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         state.step += 1;
         state.opt_step = opt.step_t;
         state.trained_tokens += tokens;
-        let loss_v = loss.to_scalar::<f32>()? as f64;
+        let loss_v = main_loss.to_scalar::<f32>()? as f64;
         let acc: Vec<f64> = (1..b).map(|k| if counts[k] > 0 { correct[k] as f64 / counts[k] as f64 } else { 0.0 }).collect();
         // Expected accepted drafts if slot accuracies were independent (a training-time proxy of tau - 1).
         let mut run_p = 1.0;
@@ -416,14 +503,39 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
             run_p
         }).sum();
         let dt = t0.elapsed().as_secs_f64();
-        let rec = serde_json::json!({
+        let mut rec = serde_json::json!({
             "step": state.step, "lr": lr, "loss": loss_v, "grad_norm": norm, "acc": acc, "tau_proxy": 1.0 + proxy,
             "labels": counts.iter().sum::<usize>(), "tokens": tokens, "step_s": dt, "taps_s": taps_s, "fwd_s": fwd_s,
             "cpu_s": cpu_before + cpu_seconds() - cpu0, "wall_s": t_start.elapsed().as_secs_f64(),
         });
+        if tc.dflash2.is_some() {
+            // Slot accuracy of the walk under teacher forcing (label in the top-K and
+            // ranked first by the selector), its tau proxy, and the top-K recall.
+            let sel_acc: Vec<f64> = (1..b).map(|k| if counts[k] > 0 { sel_correct[k] as f64 / counts[k] as f64 } else { 0.0 }).collect();
+            let recall: Vec<f64> = (1..b).map(|k| if counts[k] > 0 { in_top_k[k] as f64 / counts[k] as f64 } else { 0.0 }).collect();
+            let mut run_p = 1.0;
+            let sel_proxy: f64 = sel_acc.iter().map(|&a| {
+                run_p *= a;
+                run_p
+            }).sum();
+            rec["selector_loss"] = match &sel_loss {
+                Some(s) => (s.to_scalar::<f32>()? as f64).into(),
+                None => serde_json::Value::Null,
+            };
+            rec["selector_acc"] = serde_json::json!(sel_acc);
+            rec["top_k_recall"] = serde_json::json!(recall);
+            rec["selector_tau_proxy"] = (1.0 + sel_proxy).into();
+        }
         writeln!(log, "{rec}").map_err(io)?;
         prog.update(state.step as u64, format!("loss {loss_v:.3} acc1 {:.2} acc4 {:.2} tau~{:.2} {:.1}s/step", acc[0], acc.get(3).copied().unwrap_or(0.0), 1.0 + proxy, dt));
-        last = TrainSummary { step: state.step, loss: loss_v, acc, tau_proxy: 1.0 + proxy };
+        last = TrainSummary {
+            step: state.step,
+            loss: loss_v,
+            acc,
+            tau_proxy: 1.0 + proxy,
+            selector_loss: rec.get("selector_loss").and_then(|v| v.as_f64()),
+            selector_tau_proxy: rec.get("selector_tau_proxy").and_then(|v| v.as_f64()),
+        };
         if state.step % tc.checkpoint_every == 0 || state.step == tc.steps {
             state.cpu_seconds = cpu_before + cpu_seconds() - cpu0;
             save_checkpoint(&run, &params, &opt, &state)?;
@@ -439,4 +551,7 @@ pub struct TrainSummary {
     pub loss: f64,
     pub acc: Vec<f64>,
     pub tau_proxy: f64,
+    /// DFlash2 only.
+    pub selector_loss: Option<f64>,
+    pub selector_tau_proxy: Option<f64>,
 }

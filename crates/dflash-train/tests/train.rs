@@ -11,7 +11,7 @@ use dflash_core::testutil::{random_weights, tiny_drafter_target, write_dir, writ
 use dflash_train::data::{distill, read_samples, DataOptions};
 use dflash_train::eval::evaluate;
 use dflash_train::target::Target;
-use dflash_train::train::{train, TrainConfig};
+use dflash_train::train::{train, Init, TrainConfig};
 
 fn tmp(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("dflash-train-test-{}-{name}", std::process::id()));
@@ -58,10 +58,11 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
         mask_token_id: c.vocab_size as u32 - 1,
         seed: 3,
         grad_clip: 1.0,
+        dflash2: None,
     };
-    train(&target, &samples, &run, &tc, None, true).unwrap();
+    train(&target, &samples, &run, &tc, Init::Random, true).unwrap();
     tc.steps = 300;
-    let last = train(&target, &samples, &run, &tc, None, true).unwrap();
+    let last = train(&target, &samples, &run, &tc, Init::Random, true).unwrap();
     assert_eq!(last.step, 300);
     let log: Vec<serde_json::Value> = std::fs::read_to_string(run.join("train.log.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(log.len(), 300, "one log line per step across the resume");
@@ -70,7 +71,7 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
     assert!(end < 0.8 * first, "loss fell from {first} to only {end}");
     // A different block size in the same run directory is refused.
     let bad = TrainConfig { block_size: 4, ..tc.clone() };
-    assert!(train(&target, &samples, &run, &bad, None, true).is_err());
+    assert!(train(&target, &samples, &run, &bad, Init::Random, true).is_err());
 
     // Export, load in the engine, and compare with a random drafter of the same shape.
     let out = dir.join("exported");
