@@ -106,6 +106,57 @@ fn best_of(values: impl Iterator<Item = (usize, f64)>) -> Option<usize> {
     best
 }
 
+/// Auto mode's step costs, refined by the steps of the running generation: the costs
+/// measured before it (`BlockSize::Auto`'s) are a prior, noisy on a busy machine and
+/// blind to what the context length does to the step; every step's wall time updates a
+/// running mean for its block size (the first step of each size is skipped: it may
+/// compile), and the costs the policy then sees are the measured ones where a size has
+/// run, the prior ones scaled to the measured speed elsewhere.
+#[derive(Debug, Clone)]
+pub struct StepCosts {
+    prior: Vec<f64>,
+    seconds: Vec<f64>,
+    seen: Vec<u32>,
+}
+
+impl StepCosts {
+    /// Weight of the newest step in a size's running mean.
+    const ALPHA: f64 = 0.2;
+
+    /// Some for the auto policy, None for a fixed block.
+    pub fn new(policy: &BlockSize) -> Option<Self> {
+        match policy {
+            BlockSize::Auto { verify_cost } => Some(StepCosts { prior: verify_cost.clone(), seconds: vec![0.0; verify_cost.len()], seen: vec![0; verify_cost.len()] }),
+            BlockSize::Fixed(_) => None,
+        }
+    }
+
+    /// A step of `b` rows took `seconds` (steps without a clock, 0 s, are ignored).
+    pub fn record(&mut self, b: usize, seconds: f64) {
+        if b >= self.seen.len() || !(seconds > 0.0) || !seconds.is_finite() {
+            return;
+        }
+        self.seen[b] += 1;
+        match self.seen[b] {
+            1 => {}
+            2 => self.seconds[b] = seconds,
+            _ => self.seconds[b] += Self::ALPHA * (seconds - self.seconds[b]),
+        }
+    }
+
+    /// The policy with the current costs.
+    pub fn policy(&self) -> BlockSize {
+        let measured: Vec<usize> = (1..self.seen.len()).filter(|&b| self.seen[b] >= 2).collect();
+        if measured.is_empty() {
+            return BlockSize::Auto { verify_cost: self.prior.clone() };
+        }
+        // Seconds per unit of prior cost, over the sizes that have run.
+        let unit = measured.iter().map(|&b| self.seconds[b]).sum::<f64>() / measured.iter().map(|&b| self.prior[b]).sum::<f64>().max(1e-12);
+        let verify_cost = (0..self.prior.len()).map(|b| if self.seen[b] >= 2 { self.seconds[b] / unit.max(1e-12) } else { self.prior[b] }).collect();
+        BlockSize::Auto { verify_cost }
+    }
+}
+
 /// The block for the next step under `policy`. `idle` counts the steps since the last
 /// one that drafted: in auto mode a block of 1 (no drafting at all) is chosen while
 /// drafting does not pay for itself, with a probe every [`PROBE_EVERY`] steps.
@@ -252,12 +303,15 @@ pub fn generate_speculative_with(
     let mut acceptance = Acceptance::default();
     let mut taus = Vec::new();
     let mut idle = 0;
+    let mut costs = StepCosts::new(block);
     let rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
     let mut done = budget == 0 || sink.push(anchor)?;
     while !done {
         let pos = cache.len();
-        let b = choose_block(block, &acceptance, max_block, idle).min(context - pos).max(1);
+        let policy = costs.as_ref().map(StepCosts::policy);
+        let b = choose_block(policy.as_ref().unwrap_or(block), &acceptance, max_block, idle).min(context - pos).max(1);
         idle = if b > 1 { 0 } else { idle + 1 };
+        let t_step = clock();
         // Draft: one drafter pass over [anchor, MASK x (b-1)].
         let mut block_ids = vec![anchor];
         let mut proposed = Vec::new();
@@ -310,6 +364,9 @@ pub fn generate_speculative_with(
         // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
         cache.truncate(pos + acc + 1);
         proposer.commit(&out.taps[..(acc + 1) * tap_w]);
+        if let Some(c) = costs.as_mut() {
+            c.record(b, clock() - t_step);
+        }
         for &t in block_ids[1..=acc].iter().chain([&bonus]) {
             done = sink.push(t)?;
             if done {

@@ -243,3 +243,50 @@ fn auto_mode_stops_drafting_when_drafts_do_not_pay_and_probes() {
     assert!(choose_block(&free, &some, 16, 0) > 1);
     assert_eq!(choose_block(&BlockSize::Fixed(4), &bad, 16, 0), 4);
 }
+
+/// Auto mode's costs follow the running generation: a prior measured on a busy machine
+/// (blocks 4x dearer than they are) keeps the policy from drafting; once steps of one
+/// row and of a probe's block have run, their measured times replace the prior, the
+/// sizes not yet run are scaled to the measured speed, and the policy drafts. The first
+/// step of each size (it may compile) and clock-less steps (0 s) are not counted.
+#[test]
+fn auto_costs_are_refined_by_the_measured_steps() {
+    use dflash_core::speculative::{choose_block, Acceptance, StepCosts};
+    // Prior: b rows cost 1 + 1.2 (b - 1); truly they cost 1 + 0.1 (b - 1) seconds.
+    let prior = BlockSize::auto_linear(16, 1.2);
+    let truth = |b: usize| 1.0 + 0.1 * (b - 1) as f64;
+    let mut half = Acceptance::default();
+    for _ in 0..50 {
+        half.record_step(15, 1);
+    }
+    assert_eq!(choose_block(&prior, &half, 16, 0), 1, "the prior says drafting does not pay");
+    let mut c = StepCosts::new(&prior).unwrap();
+    assert_eq!(c.policy(), prior, "nothing measured yet");
+    c.record(1, 50.0); // a first step: skipped (compile)
+    c.record(1, 0.0); // no clock: ignored
+    assert_eq!(c.policy(), prior);
+    for _ in 0..4 {
+        c.record(1, truth(1));
+        c.record(4, truth(4));
+    }
+    c.record(4, 50.0); // the first of size 4 was a normal step; one outlier moves the mean by ALPHA only
+    let BlockSize::Auto { verify_cost } = c.policy() else { panic!() };
+    assert!((verify_cost[4] / verify_cost[1] - (0.8 * truth(4) + 0.2 * 50.0) / truth(1)).abs() < 1e-9);
+    for _ in 0..40 {
+        c.record(4, truth(4));
+    }
+    let BlockSize::Auto { verify_cost } = c.policy() else { panic!() };
+    assert!((verify_cost[4] / verify_cost[1] - truth(4)).abs() < 0.01, "measured: {}", verify_cost[4] / verify_cost[1]);
+    // Sizes not run keep the prior's cost at the measured speed: relative to the
+    // measured one-row step, below their prior ratio.
+    assert!(verify_cost[8] / verify_cost[1] < prior_cost(&prior, 8) / prior_cost(&prior, 1));
+    assert!(choose_block(&c.policy(), &half, 16, 0) > 1, "with the measured costs drafting pays");
+    assert!(StepCosts::new(&BlockSize::Fixed(4)).is_none());
+}
+
+fn prior_cost(p: &BlockSize, b: usize) -> f64 {
+    match p {
+        BlockSize::Auto { verify_cost } => verify_cost[b],
+        BlockSize::Fixed(_) => unreachable!(),
+    }
+}

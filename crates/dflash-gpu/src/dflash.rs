@@ -554,7 +554,7 @@ impl Speculative {
         on_piece: &mut dyn FnMut(&str, bool),
     ) -> Result<dflash_core::speculative::SpeculativeResult> {
         use dflash_core::generate::{prepare, TokenSink};
-        use dflash_core::speculative::{choose_block, Acceptance, SpeculativeResult};
+        use dflash_core::speculative::{choose_block, Acceptance, SpeculativeResult, StepCosts};
         let mut cfg = self.target.config.clone();
         cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
         let (_, budget) = prepare(req, &cfg)?;
@@ -569,12 +569,18 @@ impl Speculative {
         let mut sink = TokenSink::new(tok, &req.stop_strings, budget, &mut on_text);
         let (mut acceptance, mut taus) = (Acceptance::default(), Vec::new());
         let mut idle = 0;
+        let mut costs = StepCosts::new(block);
         let mut done = budget == 0 || sink.push(anchor)?;
         while !done {
             let room = self.target.context - self.target.len();
-            let b = choose_block(block, &acceptance, self.max_block(), idle).min(room).max(1);
+            let policy = costs.as_ref().map(StepCosts::policy);
+            let b = choose_block(policy.as_ref().unwrap_or(block), &acceptance, self.max_block(), idle).min(room).max(1);
             idle = if b > 1 { 0 } else { idle + 1 };
+            let t_step = clock();
             let r = self.step_async(b, head).await?;
+            if let Some(c) = costs.as_mut() {
+                c.record(b, clock() - t_step);
+            }
             acceptance.record_step(b - 1, r.accepted);
             taus.push(r.accepted + 1);
             for (i, &t) in r.tokens.iter().enumerate() {
