@@ -67,6 +67,9 @@ export interface ChatCompletionRequest {
   dflash?: boolean;
   /** Block size of DFlash: rows verified per step, or 'auto' (default). */
   block?: number | 'auto';
+  /** At temperature > 0: verify drafts by rejection sampling (the model's distribution,
+   *  more drafts accepted) instead of matching the plain sampler's tokens. Default false. */
+  rejection_sampling?: boolean;
 }
 
 export interface Usage {

@@ -125,6 +125,22 @@ fn smollm2_dflash_with_a_random_drafter_is_lossless() {
     });
 }
 
+/// A DFlash2 drafter (random convolutions, selector and codebooks) on the default model:
+/// the path its walk picks is verified as one chain, and the output is plain decoding's.
+#[test]
+fn smollm2_dflash2_with_a_random_drafter_is_lossless() {
+    use dflash_core::drafter::{DrafterPrecision, DrafterWeights};
+    use dflash_core::testutil::{write_dflash2_drafter, Dflash2Spec, DrafterSpec};
+    dflash_is_lossless_on_smollm2(|c| {
+        let spec = DrafterSpec { layers: 1, block_size: 16, target_layer_ids: None, block_in_dflash_config: true, layer_types: None, sliding_window: 0, mask_token_id: c.vocab_size as u32 - 1, seed: 3 };
+        let d = Dflash2Spec { conv_kernel_size: 2, conv_group_size: 16, selector_rank: 32, selector_top_k: 16, output_multiplier: None, final_logit_softcapping: None, input_embedding_scale: None };
+        let f = write_dflash2_drafter(c, &spec, &d);
+        let w = DrafterWeights::load(std::str::from_utf8(&f["config.json"]).unwrap(), vec![("model.safetensors", &f["model.safetensors"][..])], DrafterPrecision::Q8).unwrap();
+        assert!(w.config.dflash2.is_some());
+        w
+    });
+}
+
 /// The committed trained drafter: lossless too, and it gets drafts accepted (so the
 /// rollback of partly accepted blocks is exercised on the real model).
 #[test]

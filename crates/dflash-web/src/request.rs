@@ -54,6 +54,11 @@ pub struct ChatRequest {
     pub dflash: Option<bool>,
     #[serde(default)]
     pub block: Option<BlockArg>,
+    /// At T > 0, verify drafts by rejection sampling (accept with min(1, p/q), else draw
+    /// from max(0, p - q)): the output has the model's distribution and more drafts are
+    /// accepted, but it is not the plain sampler's token sequence for the seed.
+    #[serde(default)]
+    pub rejection_sampling: Option<bool>,
 }
 
 /// Tokens generated when the request does not say.
@@ -80,7 +85,7 @@ impl ChatRequest {
             min_p: self.min_p.unwrap_or(0.0),
             repetition_penalty: 1.0,
             seed: self.seed.unwrap_or(fallback_seed),
-            speculative_rejection: false,
+            speculative_rejection: self.rejection_sampling.unwrap_or(false),
         };
         sp.validate()?;
         Ok(sp)

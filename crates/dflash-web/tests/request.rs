@@ -30,6 +30,9 @@ fn a_request_becomes_the_engines_request_through_the_chat_template() {
     let g = r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 1024, 99).unwrap();
     assert_eq!((g.sampling.temperature, g.sampling.seed, g.max_new_tokens), (1.0, 99, 7));
     assert_eq!(g.stop_strings.len(), 2);
+    assert!(!g.sampling.speculative_rejection, "exact-match verification unless asked");
+    let r = ChatRequest::from_json(json!({"messages": msgs, "temperature": 0.7, "rejection_sampling": true})).unwrap();
+    assert!(r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 1024, 1).unwrap().sampling.speculative_rejection);
     // A prompt past the context: ContextOverflow (a long max_tokens is clipped to the context).
     let r = ChatRequest::from_json(json!({"messages": msgs, "max_tokens": 60})).unwrap();
     assert_eq!(code(r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 30, 0).unwrap_err()), "ContextOverflow");
