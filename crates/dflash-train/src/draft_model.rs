@@ -64,10 +64,23 @@ pub fn param_shapes(c: &DrafterConfig) -> Vec<(String, Vec<usize>)> {
 
 /// DFlash2's tensors start so that the drafter computes exactly what the DFlash drafter
 /// with the same other weights does: each convolution the identity (base tap 0 = 1, no
-/// deltas) and the selector's bilinear term zero (successor codebook 0; the predecessor
-/// codebook and hidden projection random, so that the successor gets gradients).
-fn dflash2_init(name: &str, shape: &[usize]) -> Option<Vec<f32>> {
+/// deltas) and the selector's bilinear term zero (successor codebook 0). The predecessor
+/// codebook (normal(0, 1)) and the hidden projection (normal(0, 1/sqrt(H)), on normed
+/// rows) are random at unit scale, so that `A[p] * P h` is O(1) per rank: the successor
+/// gets gradients, and an Adam step of size lr on it moves a score by about rank * lr
+/// (at the 0.02 scale of the other matrices it would take thousands of steps to matter).
+fn dflash2_init(name: &str, shape: &[usize], rng: &mut crate::prompts::Rng) -> Option<Vec<f32>> {
     let n: usize = shape.iter().product();
+    let normal = |rng: &mut crate::prompts::Rng, sd: f64| -> Vec<f32> {
+        let u = |r: &mut crate::prompts::Rng| ((r.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        (0..n).map(|_| (sd * (-2.0 * u(rng).ln()).sqrt() * (std::f64::consts::TAU * u(rng)).cos()) as f32).collect()
+    };
+    if name == "candidate_selector.predecessor_codebook" {
+        return Some(normal(rng, 1.0));
+    }
+    if name == "candidate_selector.hidden_projection.weight" {
+        return Some(normal(rng, 1.0 / (shape[1] as f64).sqrt()));
+    }
     if name.ends_with(".base_kernel") {
         let (taps, h) = (shape[1], shape[2]);
         let mut v = vec![0f32; n];
@@ -89,7 +102,7 @@ impl DraftParams {
         let mut rng = crate::prompts::Rng(seed);
         for (name, shape) in param_shapes(c) {
             let n: usize = shape.iter().product();
-            let t = if let Some(v) = dflash2_init(&name, &shape) {
+            let t = if let Some(v) = dflash2_init(&name, &shape, &mut rng) {
                 Tensor::from_vec(v, shape, dev)?
             } else if shape.len() == 1 {
                 Tensor::ones(shape, DType::F32, dev)?
