@@ -168,10 +168,20 @@ impl ModelConfig {
             return Err(Error::BadConfig("zero attention heads".into()));
         }
         let head_dim = c.head_dim.unwrap_or(c.hidden_size / heads);
-        let rope_theta = c.rope_theta.unwrap_or(10000.0);
-        let rope_dim = (head_dim as f64 * c.partial_rotary_factor.unwrap_or(1.0)) as usize;
+        // Transformers 5 writes RoPE as `rope_parameters` {rope_theta, rope_type, ...};
+        // older configs as top-level `rope_theta` and `rope_scaling`. Either is read; both
+        // with different values is an error rather than a guess.
+        let rp = c.rope_parameters.as_ref();
+        let rope_theta = match (c.rope_theta, rp.and_then(|r| r.rope_theta)) {
+            (Some(a), Some(b)) if a != b => return Err(Error::BadConfig(format!("rope_theta {a} at the top level but {b} in rope_parameters"))),
+            (a, b) => a.or(b).unwrap_or(10000.0),
+        };
+        let rope_dim = (head_dim as f64 * c.partial_rotary_factor.or(rp.and_then(|r| r.partial_rotary_factor)).unwrap_or(1.0)) as usize;
         let mut rope_freq_factors = Vec::new();
-        if let Some(rs) = &c.rope_scaling {
+        if c.rope_scaling.is_some() && rp.is_some_and(|r| r.scaling.rope_type.as_deref().is_some_and(|t| t != "default")) {
+            return Err(Error::BadConfig("both rope_scaling and a scaled rope_parameters".into()));
+        }
+        if let Some(rs) = c.rope_scaling.as_ref().or(rp.map(|r| &r.scaling)) {
             let kind = rs.rope_type.as_deref().or(rs.kind.as_deref()).unwrap_or("default");
             match kind {
                 "default" => {}
@@ -243,6 +253,15 @@ struct HfRopeScaling {
     original_max_position_embeddings: Option<f64>,
 }
 
+/// Transformers 5's `rope_parameters`: the theta beside the scaling fields.
+#[derive(Debug, Deserialize)]
+struct HfRopeParameters {
+    rope_theta: Option<f32>,
+    partial_rotary_factor: Option<f64>,
+    #[serde(flatten)]
+    scaling: HfRopeScaling,
+}
+
 #[derive(Debug, Deserialize)]
 struct HfConfig {
     model_type: Option<String>,
@@ -257,6 +276,7 @@ struct HfConfig {
     rms_norm_eps: Option<f32>,
     rope_theta: Option<f32>,
     rope_scaling: Option<HfRopeScaling>,
+    rope_parameters: Option<HfRopeParameters>,
     partial_rotary_factor: Option<f64>,
     max_position_embeddings: Option<usize>,
     attention_bias: Option<bool>,

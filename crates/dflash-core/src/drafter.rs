@@ -147,15 +147,16 @@ impl DrafterConfig {
             return Err(Error::NotADrafter("zero-sized drafter dimension".into()));
         }
         let head_dim = b.head_dim.unwrap_or(b.hidden_size / heads);
-        let rope_theta = b.rope_theta.unwrap_or(10000.0);
-        // Reuse the target config parser for rope scaling (llama3) and its checks.
-        let rope_freq_factors = match v.get("rope_scaling") {
-            Some(rs) if !rs.is_null() => {
-                let mut probe = v.clone();
-                probe["model_type"] = Json::String("qwen3".into());
-                ModelConfig::from_hf_json(&probe.to_string())?.rope_freq_factors
-            }
-            _ => vec![],
+        // RoPE through the target config parser: top-level `rope_theta`/`rope_scaling` or
+        // transformers 5's `rope_parameters`, llama3 scaling, and their checks.
+        let has = |k: &str| v.get(k).is_some_and(|x| !x.is_null());
+        let (rope_theta, rope_freq_factors) = if has("rope_scaling") || has("rope_parameters") {
+            let mut probe = v.clone();
+            probe["model_type"] = Json::String("qwen3".into());
+            let t = ModelConfig::from_hf_json(&probe.to_string())?;
+            (t.rope_theta, t.rope_freq_factors)
+        } else {
+            (b.rope_theta.unwrap_or(10000.0), vec![])
         };
         let dflash2 = if architecture == "DFlash2DraftModel" || get("conv_kernel_size").is_some() {
             let int = |k: &str| -> Result<usize> {

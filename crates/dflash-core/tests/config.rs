@@ -40,3 +40,28 @@ fn unknown_rope_scaling_and_bad_heads_are_errors() {
     assert!(matches!(ModelConfig::from_hf_json(&bad), Err(dflash_core::Error::BadConfig(_))));
     assert!(matches!(ModelConfig::from_hf_json("{"), Err(dflash_core::Error::BadConfig(_))));
 }
+
+/// Transformers 5 writes RoPE as `rope_parameters`: the same theta and llama3 scaling as
+/// the top-level fields; both forms with different thetas are refused.
+#[test]
+fn rope_parameters_of_transformers_5_are_read() {
+    let old = ModelConfig::from_hf_json(LLAMA31).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(LLAMA31).unwrap();
+    let mut rp = v["rope_scaling"].clone();
+    rp["rope_theta"] = v["rope_theta"].clone();
+    v["rope_parameters"] = rp;
+    let o = v.as_object_mut().unwrap();
+    o.remove("rope_theta");
+    o.remove("rope_scaling");
+    let new = ModelConfig::from_hf_json(&v.to_string()).unwrap();
+    assert_eq!((new.rope_theta, &new.rope_freq_factors), (old.rope_theta, &old.rope_freq_factors));
+    // Plain default RoPE at another theta.
+    let qwen = r#"{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300,
+        "rope_parameters": {"rope_theta": 10000000, "rope_type": "default"}}"#;
+    let q = ModelConfig::from_hf_json(qwen).unwrap();
+    assert_eq!(q.rope_theta, 1e7);
+    assert!(q.rope_freq_factors.is_empty());
+    let both = qwen.replace("\"vocab_size\": 300,", "\"vocab_size\": 300, \"rope_theta\": 1000000,");
+    assert!(matches!(ModelConfig::from_hf_json(&both), Err(dflash_core::Error::BadConfig(_))));
+}

@@ -61,6 +61,14 @@ fn dflash2_drafters_load_with_the_published_names() {
     assert_eq!((sel.predecessor.rows, sel.predecessor.cols), (t.config().vocab_size, 32));
     assert_eq!((sel.hidden_projection.rows, sel.hidden_projection.cols), (32, 64));
     w.config.validate_against(t.config()).unwrap();
+    // A transformers 5 config: `rope_parameters` instead of a top-level rope_theta.
+    let files = edit(&write_dflash2_drafter(t.config(), &spec(1), &s), |v| {
+        let o = v.as_object_mut().unwrap();
+        o.remove("rope_theta");
+        o.remove("rope_scaling");
+        o.insert("rope_parameters".into(), serde_json::json!({"rope_theta": 1000000, "rope_type": "default"}));
+    });
+    assert_eq!(load(&files).unwrap().config.rope_theta, 1e6);
     // Absent scalars take 1, 1 and no capping.
     let w = load(&write_dflash2_drafter(t.config(), &spec(1), &d2())).unwrap();
     let d = w.config.dflash2.unwrap();
