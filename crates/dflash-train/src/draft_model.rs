@@ -390,7 +390,7 @@ impl<'a> DraftTrainer<'a> {
                     None => x,
                 }
             };
-            let (mut keep, mut target, mut cand, mut un, mut pr, mut wk) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut keep, mut target, mut cand, mut un, mut pr, mut wk, mut kslot) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for i in 0..n {
                 if let Some(j) = top[i].iter().position(|t| t.0 == labels[i]) {
                     out.in_top_k[slots[i]] += 1;
@@ -400,6 +400,7 @@ impl<'a> DraftTrainer<'a> {
                     un.extend(top[i].iter().map(|t| unary(t.1)));
                     pr.push(preds[i]);
                     wk.push(weights[i]);
+                    kslot.push(slots[i]);
                 }
             }
             let m = keep.len();
@@ -415,8 +416,7 @@ impl<'a> DraftTrainer<'a> {
                 out.selector_weight = wk.iter().map(|&w| w as f64).sum();
                 out.selector_nll = Some((sel_nll * Tensor::from_vec(wk, m, dev)?)?.sum_all()?);
                 let best = scores.argmax(D::Minus1)?.to_vec1::<u32>()?;
-                let kept_slots: Vec<usize> = (0..n).filter(|&i| top[i].iter().any(|t| t.0 == labels[i])).map(|i| slots[i]).collect();
-                for ((bst, tgt), slot) in best.iter().zip(&target).zip(kept_slots) {
+                for ((bst, tgt), slot) in best.iter().zip(&target).zip(kslot) {
                     if bst == tgt {
                         out.selector_correct[slot] += 1;
                     }

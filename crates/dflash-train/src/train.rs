@@ -495,13 +495,9 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         state.opt_step = opt.step_t;
         state.trained_tokens += tokens;
         let loss_v = main_loss.to_scalar::<f32>()? as f64;
-        let acc: Vec<f64> = (1..b).map(|k| if counts[k] > 0 { correct[k] as f64 / counts[k] as f64 } else { 0.0 }).collect();
-        // Expected accepted drafts if slot accuracies were independent (a training-time proxy of tau - 1).
-        let mut run_p = 1.0;
-        let proxy: f64 = acc.iter().map(|&a| {
-            run_p *= a;
-            run_p
-        }).sum();
+        let per_slot = |hits: &[usize]| -> Vec<f64> { (1..b).map(|k| if counts[k] > 0 { hits[k] as f64 / counts[k] as f64 } else { 0.0 }).collect() };
+        let acc = per_slot(&correct);
+        let proxy = tau_proxy(&acc) - 1.0;
         let dt = t0.elapsed().as_secs_f64();
         let mut rec = serde_json::json!({
             "step": state.step, "lr": lr, "loss": loss_v, "grad_norm": norm, "acc": acc, "tau_proxy": 1.0 + proxy,
@@ -511,20 +507,14 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         if tc.dflash2.is_some() {
             // Slot accuracy of the walk under teacher forcing (label in the top-K and
             // ranked first by the selector), its tau proxy, and the top-K recall.
-            let sel_acc: Vec<f64> = (1..b).map(|k| if counts[k] > 0 { sel_correct[k] as f64 / counts[k] as f64 } else { 0.0 }).collect();
-            let recall: Vec<f64> = (1..b).map(|k| if counts[k] > 0 { in_top_k[k] as f64 / counts[k] as f64 } else { 0.0 }).collect();
-            let mut run_p = 1.0;
-            let sel_proxy: f64 = sel_acc.iter().map(|&a| {
-                run_p *= a;
-                run_p
-            }).sum();
+            let sel_acc = per_slot(&sel_correct);
             rec["selector_loss"] = match &sel_loss {
                 Some(s) => (s.to_scalar::<f32>()? as f64).into(),
                 None => serde_json::Value::Null,
             };
             rec["selector_acc"] = serde_json::json!(sel_acc);
-            rec["top_k_recall"] = serde_json::json!(recall);
-            rec["selector_tau_proxy"] = (1.0 + sel_proxy).into();
+            rec["top_k_recall"] = serde_json::json!(per_slot(&in_top_k));
+            rec["selector_tau_proxy"] = tau_proxy(&sel_acc).into();
         }
         writeln!(log, "{rec}").map_err(io)?;
         prog.update(state.step as u64, format!("loss {loss_v:.3} acc1 {:.2} acc4 {:.2} tau~{:.2} {:.1}s/step", acc[0], acc.get(3).copied().unwrap_or(0.0), 1.0 + proxy, dt));
@@ -543,6 +533,19 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
     }
     prog.finish();
     Ok(last)
+}
+
+/// 1 + expected accepted drafts if the slot accuracies were independent: a
+/// training-time proxy of tau.
+fn tau_proxy(acc: &[f64]) -> f64 {
+    let mut run_p = 1.0;
+    1.0 + acc
+        .iter()
+        .map(|&a| {
+            run_p *= a;
+            run_p
+        })
+        .sum::<f64>()
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
