@@ -497,10 +497,10 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         let loss_v = main_loss.to_scalar::<f32>()? as f64;
         let per_slot = |hits: &[usize]| -> Vec<f64> { (1..b).map(|k| if counts[k] > 0 { hits[k] as f64 / counts[k] as f64 } else { 0.0 }).collect() };
         let acc = per_slot(&correct);
-        let proxy = tau_proxy(&acc) - 1.0;
+        let proxy = tau_proxy(&acc);
         let dt = t0.elapsed().as_secs_f64();
         let mut rec = serde_json::json!({
-            "step": state.step, "lr": lr, "loss": loss_v, "grad_norm": norm, "acc": acc, "tau_proxy": 1.0 + proxy,
+            "step": state.step, "lr": lr, "loss": loss_v, "grad_norm": norm, "acc": acc, "tau_proxy": proxy,
             "labels": counts.iter().sum::<usize>(), "tokens": tokens, "step_s": dt, "taps_s": taps_s, "fwd_s": fwd_s,
             "cpu_s": cpu_before + cpu_seconds() - cpu0, "wall_s": t_start.elapsed().as_secs_f64(),
         });
@@ -517,12 +517,12 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
             rec["selector_tau_proxy"] = tau_proxy(&sel_acc).into();
         }
         writeln!(log, "{rec}").map_err(io)?;
-        prog.update(state.step as u64, format!("loss {loss_v:.3} acc1 {:.2} acc4 {:.2} tau~{:.2} {:.1}s/step", acc[0], acc.get(3).copied().unwrap_or(0.0), 1.0 + proxy, dt));
+        prog.update(state.step as u64, format!("loss {loss_v:.3} acc1 {:.2} acc4 {:.2} tau~{:.2} {:.1}s/step", acc[0], acc.get(3).copied().unwrap_or(0.0), proxy, dt));
         last = TrainSummary {
             step: state.step,
             loss: loss_v,
             acc,
-            tau_proxy: 1.0 + proxy,
+            tau_proxy: proxy,
             selector_loss: rec.get("selector_loss").and_then(|v| v.as_f64()),
             selector_tau_proxy: rec.get("selector_tau_proxy").and_then(|v| v.as_f64()),
         };
