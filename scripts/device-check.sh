@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The real-GPU checks, for a machine with a GPU but no Rust toolchain and no network
+# (the lent device machine of this workplace): prebuilt, stripped binaries are carried
+# in (`dflash` and the dflash-gpu test binaries, as `t_<name>`), the default model in
+# pieces when one transfer cannot hold it. Steps, each a separate call:
+#   scripts/device-check.sh stash DIR        move DIR's files (pieces, bins.tar.xz) to $DEV
+#   scripts/device-check.sh setup            unpack the binaries, list adapters, run the
+#                                            GPU tests on the synthetic models
+#   scripts/device-check.sh run SHA256       join the model's pieces, check its sha256, run
+#                                            the real-model GPU tests and the benchmarks
+# Everything is logged to $OUT (default ./device-out). Each step has a time limit and
+# the run goes on after a failure, so one call brings back everything that worked.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEV="${DEV:-/tmp/dflash-dev}"
+OUT="${OUT:-device-out}"
+mkdir -p "$DEV" "$OUT"; OUT=$(realpath "$OUT")
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" DFLASH_CACHE="$DEV/cache"
+BIN="$DEV/bin"
+# NVIDIA's Vulkan driver where the container mounts it outside the loader's search path.
+nv_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -n "${VK_DRIVER_FILES:-}" ] || [ ! -f "$nv_icd" ] || export VK_DRIVER_FILES="$nv_icd"
+log() { echo "== [$SECONDS s] $*" | tee -a "$OUT/log.txt"; }
+step() { # limit-seconds name command...
+  local limit=$1 name=$2; shift 2
+  log "$name: $*"
+  timeout "$limit" "$@" >>"$OUT/log.txt" 2>&1
+  local rc=$?
+  log "$name: rc=$rc"
+}
+
+# The test binaries read fixtures at the path of the checkout they were built in.
+built_in="${BUILT_IN:-/work/main}"
+if [ ! -e "$built_in/Cargo.toml" ]; then
+  mkdir -p "$(dirname "$built_in")" && ln -sfn "$PWD" "$built_in"
+fi
+
+case "${1:-}" in
+  stash)
+    mv "$2"/* "$DEV"/
+    ls -la "$DEV" | tee -a "$OUT/log.txt"
+    ;;
+  setup)
+    # The Vulkan loader, carried as Debian packages in .gl/ where the machine has none.
+    if ! ldconfig -p | grep -q libvulkan.so.1 && ls .gl/*.deb >/dev/null 2>&1; then
+      for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+    fi
+    if [ -f "$DEV/bins.tar.xz" ]; then
+      mkdir -p "$BIN" && tar xJf "$DEV/bins.tar.xz" -C "$BIN" --strip-components=1 && rm "$DEV/bins.tar.xz"
+    fi
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$OUT/log.txt" 2>&1
+    step 60 adapters "$BIN/dflash" adapters
+    export DFLASH_REQUIRE_GPU=1
+    for t in dflash_gpu ops engine dflash stream_load; do
+      (cd crates/dflash-gpu && step 90 "test $t" "$BIN/t_$t" --test-threads 8)
+    done
+    grep -E "^test result|panicked|FAILED" "$OUT/log.txt" | tail -20
+    ;;
+  run)
+    model="$DFLASH_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    mkdir -p "$(dirname "$model")"
+    if [ ! -f "$model" ]; then
+      cat "$DEV"/model.part* > "$model" && rm -f "$DEV"/model.part*
+    fi
+    if ! echo "$2  $model" | sha256sum -c --status; then
+      log "sha256 mismatch for $model"; ls -la "$DEV" "$(dirname "$model")" | tee -a "$OUT/log.txt"; exit 1
+    fi
+    export DFLASH_REQUIRE_GPU=1 DFLASH_REQUIRE_MODELS=1
+    (cd crates/dflash-gpu && step 150 "test real_models" "$BIN/t_real_models" --test-threads 4)
+    a=(--model "$model" --adapter "${ADAPTER:-NVIDIA}")
+    step 60 "bench plain" sh -c "\"$BIN/dflash\" bench ${a[*]} --prompt-tokens 512 --decode-tokens 128 --json > $OUT/bench-plain.json"
+    d=(--prompts fixtures/prompts/chat20.jsonl --max-new-tokens "${TOKENS:-64}" --block 2,4,8,16,auto --top-p 0.95 --seed 7 --json)
+    trained=drafters/smollm2-135m-instruct-dflash-b16
+    "$BIN/dflash" make-random-drafter --model "$model" --out "$DEV/random-drafter" --seed 1 >>"$OUT/log.txt" 2>&1
+    for drafter in trained random; do
+      path=$trained; [ $drafter = random ] && path="$DEV/random-drafter"
+      for t in 0 0.8; do
+        step 100 "bench $drafter T=$t" sh -c "\"$BIN/dflash\" bench ${a[*]} --drafter $path --temperature $t ${d[*]} > $OUT/bench-$drafter-T$t.jsonl"
+      done
+    done
+    grep -E "^test result|panicked|FAILED|rc=" "$OUT/log.txt" | tail -20
+    ;;
+  *) sed -n 2,12p "$0"; exit 2 ;;
+esac
