@@ -8,6 +8,9 @@
 #                                            GPU tests on the synthetic models
 #   scripts/device-check.sh run SHA256       join the model's pieces, check its sha256, run
 #                                            the real-model GPU tests and the benchmarks
+# Knobs: TESTS=0 skips the tests (and the plain benchmark); TOKENS (64), BLOCKS
+# (2,4,8,16,auto), DRAFTERS ("trained random"), TEMPS ("0 0.8") and BENCH_LIMIT (100 s
+# per benchmark) shape the DFlash benchmarks.
 # Everything is logged to $OUT (default ./device-out). Each step has a time limit and
 # the run goes on after a failure, so one call brings back everything that worked.
 set -uo pipefail
@@ -51,6 +54,7 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$OUT/log.txt" 2>&1
     step 60 adapters "$BIN/dflash" adapters
     export DFLASH_REQUIRE_GPU=1
+    [ "${TESTS:-1}" = 0 ] && exit 0
     for t in dflash_gpu ops engine dflash stream_load; do
       (cd crates/dflash-gpu && step 90 "test $t" "$BIN/t_$t" --test-threads 8)
     done
@@ -66,19 +70,19 @@ case "${1:-}" in
       log "sha256 mismatch for $model"; ls -la "$DEV" "$(dirname "$model")" | tee -a "$OUT/log.txt"; exit 1
     fi
     export DFLASH_REQUIRE_GPU=1 DFLASH_REQUIRE_MODELS=1
-    (cd crates/dflash-gpu && step 150 "test real_models" "$BIN/t_real_models" --test-threads 4)
     a=(--model "$model" --adapter "${ADAPTER:-NVIDIA}")
-    step 60 "bench plain" sh -c "\"$BIN/dflash\" bench ${a[*]} --prompt-tokens 512 --decode-tokens 128 --json > $OUT/bench-plain.json"
-    d=(--prompts fixtures/prompts/chat20.jsonl --max-new-tokens "${TOKENS:-64}" --block 2,4,8,16,auto --top-p 0.95 --seed 7 --json)
+    [ "${TESTS:-1}" = 0 ] || (cd crates/dflash-gpu && step 150 "test real_models" "$BIN/t_real_models" --test-threads 4)
+    [ "${TESTS:-1}" = 0 ] || step 60 "bench plain" sh -c "\"$BIN/dflash\" bench ${a[*]} --prompt-tokens 512 --decode-tokens 128 --json > $OUT/bench-plain.json"
+    d=(--prompts fixtures/prompts/chat20.jsonl --max-new-tokens "${TOKENS:-64}" --block "${BLOCKS:-2,4,8,16,auto}" --top-p 0.95 --seed 7 --json)
     trained=drafters/smollm2-135m-instruct-dflash-b16
     "$BIN/dflash" make-random-drafter --model "$model" --out "$DEV/random-drafter" --seed 1 >>"$OUT/log.txt" 2>&1
-    for drafter in trained random; do
+    for drafter in ${DRAFTERS:-trained random}; do
       path=$trained; [ $drafter = random ] && path="$DEV/random-drafter"
-      for t in 0 0.8; do
-        step 100 "bench $drafter T=$t" sh -c "\"$BIN/dflash\" bench ${a[*]} --drafter $path --temperature $t ${d[*]} > $OUT/bench-$drafter-T$t.jsonl"
+      for t in ${TEMPS:-0 0.8}; do
+        step "${BENCH_LIMIT:-100}" "bench $drafter T=$t" sh -c "\"$BIN/dflash\" bench ${a[*]} --drafter $path --temperature $t ${d[*]} > $OUT/bench-$drafter-T$t-n${TOKENS:-64}.jsonl"
       done
     done
     grep -E "^test result|panicked|FAILED|rc=" "$OUT/log.txt" | tail -20
     ;;
-  *) sed -n 2,12p "$0"; exit 2 ;;
+  *) sed -n '2,/^set -uo/{/^#/p}' "$0"; exit 2 ;;
 esac
