@@ -35,7 +35,7 @@ for drafter in "${drafters[@]}"; do
     if python3 - "$OUT" "$drafter" "$temp" <<'PY'
 import json, sys
 out, drafter, temp = sys.argv[1], sys.argv[2], float(sys.argv[3])
-done = any(r.get("drafter") == drafter and r.get("temperature") == temp for r in map(json.loads, filter(str.strip, open(out))))
+done = any(r.get("drafter") == drafter and abs(r.get("temperature", -1.0) - temp) < 1e-6 for r in map(json.loads, filter(str.strip, open(out))))
 sys.exit(0 if done else 1)
 PY
     then echo "done already: $drafter T=$temp"; continue; fi

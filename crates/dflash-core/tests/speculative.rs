@@ -179,6 +179,17 @@ fn each_drafter_target_mismatch_has_its_error() {
     check(&|c| c["num_target_layers"] = 12.into(), "num_target_layers");
     check(&|c| c["dflash_config"]["target_layer_ids"] = serde_json::json!([1, 6]), "target_layer_ids");
     check(&|c| c["dflash_config"]["mask_token_id"] = 5000.into(), "mask_token_id");
+    check(&|c| c["rope_theta"] = 0.into(), "rope settings");
+    // Fields that also change the tensors' shapes, checked on the config alone.
+    let validate = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let files = write_drafter(&tc, &spec(4));
+        let mut cfg: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
+        edit(&mut cfg);
+        DrafterConfig::from_json(&cfg.to_string()).unwrap().validate_against(&tc)
+    };
+    assert!(validate(&|_| {}).is_ok());
+    assert!(matches!(validate(&|c| c["hidden_size"] = 128.into()), Err(Error::DrafterMismatch { field: "hidden_size", .. })));
+    assert!(matches!(validate(&|c| c["head_dim"] = 512.into()), Err(Error::DrafterMismatch { field: "rope settings", .. })));
     // A hidden size that differs is caught by the tensor shapes first, or by validation.
     let mut files = write_drafter(&tc, &spec(4));
     let mut cfg: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
