@@ -2,7 +2,14 @@
 # The real-GPU checks, for a machine with a GPU but no Rust toolchain and no network
 # (the lent device machine of this workplace): prebuilt, stripped binaries are carried
 # in (`dflash` and the dflash-gpu test binaries, as `t_<name>`), the default model in
-# pieces when one transfer cannot hold it. Steps, each a separate call:
+# pieces when one transfer cannot hold it. Here, first:
+#   scripts/device-check.sh pack DIR         build and strip the binaries into DIR/p0/,
+#                                            cut the model into DIR/p1/, DIR/p2/, ... of
+#                                            at most $PIECE bytes (40 MB): one per transfer
+# (DIR inside the checkout and ignored by git, e.g. .device-pack, so that it can be
+# carried), then on the machine, each step a separate call carrying DIR/pN (and .gl/,
+# the Debian packages of the Vulkan loader, `apt-get download libvulkan1`, where the
+# machine has none):
 #   scripts/device-check.sh stash DIR        move DIR's files (pieces, bins.tar.xz) to $DEV
 #   scripts/device-check.sh setup            unpack the binaries, list adapters, run the
 #                                            GPU tests on the synthetic models
@@ -39,6 +46,19 @@ if [ ! -e "$built_in/Cargo.toml" ]; then
 fi
 
 case "${1:-}" in
+  pack)
+    dir=$2; model=$(scripts/fetch-models.sh smollm2)
+    cargo build --release --locked -p dflash-cli
+    tmp=$(mktemp -d); mkdir -p "$tmp/bin" "$dir/p0"
+    strip -o "$tmp/bin/dflash" target/release/dflash
+    cargo test --release --locked -p dflash-gpu --no-run --message-format=json \
+      | python3 -c 'import json, sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable")]' \
+      | while read -r exe; do n=$(basename "$exe"); strip -o "$tmp/bin/t_${n%-*}" "$exe"; done
+    tar cJf "$dir/p0/bins.tar.xz" -C "$tmp" bin && rm -rf "$tmp"
+    split -b "${PIECE:-40000000}" -d -a 2 "$model" "$dir/model.part"
+    i=1; for f in "$dir"/model.part*; do mkdir -p "$dir/p$i"; mv "$f" "$dir/p$i/"; i=$((i + 1)); done
+    ls -la "$dir"/p*; echo "sha256: $(sha256sum "$model" | cut -d' ' -f1)"
+    ;;
   stash)
     mv "$2"/* "$DEV"/
     ls -la "$DEV" | tee -a "$OUT/log.txt"
