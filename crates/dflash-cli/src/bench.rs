@@ -77,7 +77,14 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
     let (m, _) = load(&a.model)?;
     let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16)?.expect("gpu");
     let context = (a.prompt_tokens + a.decode_tokens + 16).min(m.config().max_position_embeddings);
-    let mut g = GpuModel::new(ctx.clone(), &m.weights, &GpuModelOptions { context, ..Default::default() })?;
+    let mut g = GpuModel::new(
+        ctx.clone(),
+        &m.weights,
+        &GpuModelOptions {
+            context,
+            ..Default::default()
+        },
+    )?;
     // Compile the plans before timing.
     g.prefill(&bench_prompt(&m, 17)?)?;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -144,29 +151,65 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
     let t_load = Instant::now();
     let (m, _) = load(&a.model)?;
     let w = load_drafter_dir(a.drafter.as_ref().unwrap(), DrafterPrecision::Q8)?;
-    let text = std::fs::read_to_string(a.prompts.as_ref().unwrap()).map_err(|e| CliError::Usage(format!("--prompts: {e}")))?;
+    let text = std::fs::read_to_string(a.prompts.as_ref().unwrap())
+        .map_err(|e| CliError::Usage(format!("--prompts: {e}")))?;
     let mut rows_in = dflash_core::prompt_file::parse(&text, &m)?;
     rows_in.drain(..a.skip.min(rows_in.len()));
     if rows_in.is_empty() {
-        return Err(CliError::Usage("--prompts: no prompts left after --skip".into()));
+        return Err(CliError::Usage(
+            "--prompts: no prompts left after --skip".into(),
+        ));
     }
     if let Some(n) = a.limit {
         rows_in.truncate(n);
     }
     let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16)?.expect("gpu");
     let context = a.context.min(m.config().max_position_embeddings);
-    let mut plain = GpuModel::new(ctx.clone(), &m.weights, &GpuModelOptions { context, ..Default::default() })?;
-    let target = GpuModel::new(ctx.clone(), &m.weights, &GpuModelOptions { context, taps: w.config.target_layer_ids.clone(), ..Default::default() })?;
+    let mut plain = GpuModel::new(
+        ctx.clone(),
+        &m.weights,
+        &GpuModelOptions {
+            context,
+            ..Default::default()
+        },
+    )?;
+    let target = GpuModel::new(
+        ctx.clone(),
+        &m.weights,
+        &GpuModelOptions {
+            context,
+            taps: w.config.target_layer_ids.clone(),
+            ..Default::default()
+        },
+    )?;
     let t0 = Instant::now();
     let clock = move || t0.elapsed().as_secs_f64();
     let mut spec = Speculative::new(target, &w)?;
     let blocks: Vec<String> = a.block.split(',').map(|b| b.trim().to_string()).collect();
-    let costs = if blocks.iter().any(|b| b == "auto") { Some(spec.measure_step_costs(16, &clock)?) } else { None };
-    let policies = blocks.iter().map(|b| crate::generate::block_policy(b, spec.max_block(), costs.clone())).collect::<Result<Vec<_>, _>>()?;
-    let sampling = SamplingParams { temperature: a.temperature, top_p: a.top_p, seed: a.seed, ..Default::default() };
+    let costs = if blocks.iter().any(|b| b == "auto") {
+        Some(spec.measure_step_costs(16, &clock)?)
+    } else {
+        None
+    };
+    let policies = blocks
+        .iter()
+        .map(|b| crate::generate::block_policy(b, spec.max_block(), costs.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        seed: a.seed,
+        ..Default::default()
+    };
     // Warm-up: compile every plan used below.
     if let Some((_, ids)) = rows_in.first() {
-        let req = GenerateRequest { prompt_ids: ids.clone(), max_new_tokens: 4, sampling: sampling.clone(), stop_strings: vec![], context };
+        let req = GenerateRequest {
+            prompt_ids: ids.clone(),
+            max_new_tokens: 4,
+            sampling: sampling.clone(),
+            stop_strings: vec![],
+            context,
+        };
         crate::generate::generate_gpu(&mut plain, &m, &req, &mut |_| {})?;
         for policy in &policies {
             spec.generate(&m.tokenizer, &req, policy, &clock, &mut |_| {})?;
@@ -176,7 +219,13 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
     let (mut plain_tokens, mut plain_s) = (0usize, 0f64);
     let mut runs: Vec<BlockRun> = blocks.iter().map(|_| BlockRun::default()).collect();
     for (v, ids) in &rows_in {
-        let req = GenerateRequest { prompt_ids: ids.clone(), max_new_tokens: a.max_new_tokens, sampling: sampling.clone(), stop_strings: vec![], context };
+        let req = GenerateRequest {
+            prompt_ids: ids.clone(),
+            max_new_tokens: a.max_new_tokens,
+            sampling: sampling.clone(),
+            stop_strings: vec![],
+            context,
+        };
         let p = crate::generate::generate_gpu(&mut plain, &m, &req, &mut |_| {})?;
         let pt = p.tokens.len();
         // Decode speed: tokens after the first over the decode time (prefill excluded).
@@ -203,7 +252,10 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
                 o.insert("dflash_tok_s".into(), s_tok_s.into());
                 o.insert("speedup".into(), (s_tok_s / p_tok_s.max(1e-9)).into());
                 o.insert("mean_tau".into(), s.mean_tau().into());
-                o.insert("acceptance_by_position".into(), serde_json::json!(s.acceptance.rates()));
+                o.insert(
+                    "acceptance_by_position".into(),
+                    serde_json::json!(s.acceptance.rates()),
+                );
                 o.insert("lossless".into(), lossless.into());
                 // Raw totals, so that slices of a sweep add up exactly.
                 o.insert("plain_decode_s".into(), p.decode_s.into());
@@ -211,8 +263,14 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
                 o.insert("dflash_decode_s".into(), s.result.decode_s.into());
                 o.insert("steps".into(), s.taus.len().into());
                 o.insert("tau_sum".into(), s.taus.iter().sum::<usize>().into());
-                o.insert("accepted_by_position".into(), serde_json::json!(s.acceptance.accepted));
-                o.insert("tried_by_position".into(), serde_json::json!(s.acceptance.tried));
+                o.insert(
+                    "accepted_by_position".into(),
+                    serde_json::json!(s.acceptance.accepted),
+                );
+                o.insert(
+                    "tried_by_position".into(),
+                    serde_json::json!(s.acceptance.tried),
+                );
             }
             run.rows.push(row);
         }
@@ -222,7 +280,11 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
     let mut out = Vec::new();
     for (block, run) in blocks.iter().zip(runs) {
         let dflash_tok_s = run.tokens as f64 / run.seconds.max(1e-9);
-        let mean_tau = if run.taus.is_empty() { 0.0 } else { run.taus.iter().sum::<usize>() as f64 / run.taus.len() as f64 };
+        let mean_tau = if run.taus.is_empty() {
+            0.0
+        } else {
+            run.taus.iter().sum::<usize>() as f64 / run.taus.len() as f64
+        };
         all_lossless &= run.lossless;
         let v = serde_json::json!({
             "model": a.model.display().to_string(),
@@ -263,11 +325,17 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
         out.push(v);
     }
     if a.json {
-        let v = if out.len() == 1 { out.pop().unwrap() } else { serde_json::Value::Array(out) };
+        let v = if out.len() == 1 {
+            out.pop().unwrap()
+        } else {
+            serde_json::Value::Array(out)
+        };
         println!("{}", serde_json::to_string_pretty(&v).unwrap());
     }
     if !all_lossless {
-        return Err(CliError::Usage("DFlash output differed from plain decoding".into()));
+        return Err(CliError::Usage(
+            "DFlash output differed from plain decoding".into(),
+        ));
     }
     Ok(())
 }
@@ -284,6 +352,13 @@ struct BlockRun {
 
 impl Default for BlockRun {
     fn default() -> Self {
-        BlockRun { tokens: 0, seconds: 0.0, acceptance: Default::default(), taus: Vec::new(), lossless: true, rows: Vec::new() }
+        BlockRun {
+            tokens: 0,
+            seconds: 0.0,
+            acceptance: Default::default(),
+            taus: Vec::new(),
+            lossless: true,
+            rows: Vec::new(),
+        }
     }
 }

@@ -2,10 +2,10 @@
 
 use crate::{load, CliError, Device};
 use dflash_core::cpu::CpuModel;
+use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
 use dflash_core::generate::{generate_cpu, FinishReason, GenerateRequest, GenerateResult};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
-use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
 use dflash_core::speculative::{generate_speculative_cpu, BlockSize, SpeculativeResult};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
@@ -75,7 +75,11 @@ pub struct GenerateArgs {
 
 /// `--block N|auto` for a device: auto uses the measured (GPU) or linear (CPU) cost of
 /// verifying b rows.
-pub fn block_policy(arg: &str, max_block: usize, row_costs: Option<Vec<f64>>) -> Result<BlockSize, CliError> {
+pub fn block_policy(
+    arg: &str,
+    max_block: usize,
+    row_costs: Option<Vec<f64>>,
+) -> Result<BlockSize, CliError> {
     if arg == "auto" {
         return Ok(match row_costs {
             Some(verify_cost) => BlockSize::Auto { verify_cost },
@@ -84,7 +88,9 @@ pub fn block_policy(arg: &str, max_block: usize, row_costs: Option<Vec<f64>>) ->
     }
     match arg.parse::<usize>() {
         Ok(b) if b >= 1 => Ok(BlockSize::Fixed(b.min(max_block))),
-        _ => Err(CliError::Usage(format!("--block takes a positive number or `auto`, not {arg:?}"))),
+        _ => Err(CliError::Usage(format!(
+            "--block takes a positive number or `auto`, not {arg:?}"
+        ))),
     }
 }
 
@@ -109,8 +115,16 @@ fn prompt_ids(m: &LoadedModel, a: &GenerateArgs) -> Result<Vec<u32>, CliError> {
 
 /// The GPU context, or None for the CPU device. Without --device, a missing adapter
 /// falls back to the CPU with a note.
-pub fn open_device(device: Option<Device>, adapter: &Option<String>, no_f16: bool) -> Result<Option<Rc<GpuContext>>, CliError> {
-    let opts = GpuOptions { adapter: adapter.clone(), no_f16, ..Default::default() };
+pub fn open_device(
+    device: Option<Device>,
+    adapter: &Option<String>,
+    no_f16: bool,
+) -> Result<Option<Rc<GpuContext>>, CliError> {
+    let opts = GpuOptions {
+        adapter: adapter.clone(),
+        no_f16,
+        ..Default::default()
+    };
     match device {
         Some(Device::Cpu) => Ok(None),
         Some(Device::Gpu) => Ok(Some(Rc::new(GpuContext::new(&opts)?))),
@@ -126,9 +140,19 @@ pub fn open_device(device: Option<Device>, adapter: &Option<String>, no_f16: boo
 
 /// Generation on the GPU engine (argmax or the GPU sampler; only token ids come back)
 /// with the same stop handling as the CPU loop.
-pub fn generate_gpu(g: &mut GpuModel, m: &LoadedModel, req: &GenerateRequest, on_text: &mut dyn FnMut(&str)) -> Result<GenerateResult, CliError> {
+pub fn generate_gpu(
+    g: &mut GpuModel,
+    m: &LoadedModel,
+    req: &GenerateRequest,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerateResult, CliError> {
     let t0 = Instant::now();
-    Ok(g.generate(&m.tokenizer, req, &move || t0.elapsed().as_secs_f64(), on_text)?)
+    Ok(g.generate(
+        &m.tokenizer,
+        req,
+        &move || t0.elapsed().as_secs_f64(),
+        on_text,
+    )?)
 }
 
 pub fn run(a: GenerateArgs) -> Result<(), CliError> {
@@ -144,7 +168,13 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         speculative_rejection: a.rejection_sampling,
     };
     sampling.validate()?;
-    let req = GenerateRequest { prompt_ids: ids, max_new_tokens: a.max_new_tokens, sampling, stop_strings: a.stop.clone(), context: a.context };
+    let req = GenerateRequest {
+        prompt_ids: ids,
+        max_new_tokens: a.max_new_tokens,
+        sampling,
+        stop_strings: a.stop.clone(),
+        context: a.context,
+    };
     let json = a.json;
     let mut out = std::io::stdout();
     let mut on_text = |s: &str| {
@@ -157,7 +187,11 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     let mut device_choice = a.device;
     if req.sampling.repetition_penalty != 1.0 {
         match device_choice {
-            Some(Device::Gpu) => return Err(CliError::Usage("the GPU sampler has no repetition penalty yet; use --device cpu".into())),
+            Some(Device::Gpu) => {
+                return Err(CliError::Usage(
+                    "the GPU sampler has no repetition penalty yet; use --device cpu".into(),
+                ))
+            }
             None => {
                 eprintln!("note: --repetition-penalty runs on the CPU reference engine");
                 device_choice = Some(Device::Cpu);
@@ -177,13 +211,28 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         Some(ctx) => {
             let adapter = ctx.summary.name.clone();
             let context = a.context.min(m.config().max_position_embeddings);
-            let taps = drafter.as_ref().map(|d| d.config.target_layer_ids.clone()).unwrap_or_default();
-            let mut g = GpuModel::new(ctx, &m.weights, &GpuModelOptions { context, taps, ..Default::default() })?;
+            let taps = drafter
+                .as_ref()
+                .map(|d| d.config.target_layer_ids.clone())
+                .unwrap_or_default();
+            let mut g = GpuModel::new(
+                ctx,
+                &m.weights,
+                &GpuModelOptions {
+                    context,
+                    taps,
+                    ..Default::default()
+                },
+            )?;
             let prep = t_prep.elapsed().as_secs_f64();
             let r = match &drafter {
                 Some(w) => {
                     let mut s = Speculative::new(g, w)?;
-                    let costs = if a.block == "auto" { Some(s.measure_step_costs(16, &clock)?) } else { None };
+                    let costs = if a.block == "auto" {
+                        Some(s.measure_step_costs(16, &clock)?)
+                    } else {
+                        None
+                    };
                     let policy = block_policy(&a.block, s.max_block(), costs)?;
                     let sr = s.generate(&m.tokenizer, &req, &policy, &clock, &mut on_text)?;
                     spec_stats = Some(dflash_json(&sr, &a.block));
@@ -200,7 +249,15 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
                 Some(w) => {
                     let d = CpuDrafter::new(w);
                     let policy = block_policy(&a.block, w.config.block_size, None)?;
-                    let sr = generate_speculative_cpu(&cpu, &d, &m.tokenizer, &req, &policy, &clock, &mut on_text)?;
+                    let sr = generate_speculative_cpu(
+                        &cpu,
+                        &d,
+                        &m.tokenizer,
+                        &req,
+                        &policy,
+                        &clock,
+                        &mut on_text,
+                    )?;
                     spec_stats = Some(dflash_json(&sr, &a.block));
                     sr.result
                 }

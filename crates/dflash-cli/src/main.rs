@@ -10,7 +10,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(name = "dflash", version, about = "dflash-web: fast LLM decoding with DFlash speculative decoding")]
+#[command(
+    name = "dflash",
+    version,
+    about = "dflash-web: fast LLM decoding with DFlash speculative decoding"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -78,7 +82,15 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Tokenize { model, text } => tokenize(&model, &text),
         Cmd::Adapters => adapters(),
-        Cmd::MakeRandomDrafter { model, out, layers, block, mask_token_id, seed, dflash2 } => make_random_drafter(&model, &out, layers, block, mask_token_id, seed, dflash2),
+        Cmd::MakeRandomDrafter {
+            model,
+            out,
+            layers,
+            block,
+            mask_token_id,
+            seed,
+            dflash2,
+        } => make_random_drafter(&model, &out, layers, block, mask_token_id, seed, dflash2),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -100,16 +112,30 @@ fn tokenize(model: &PathBuf, text: &str) -> Result<(), CliError> {
 }
 
 fn adapters() -> Result<(), CliError> {
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     for a in pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())) {
         let i = a.get_info();
-        println!("{} ({:?}, {:?}, {})", i.name, i.backend, i.device_type, i.driver);
+        println!(
+            "{} ({:?}, {:?}, {})",
+            i.name, i.backend, i.device_type, i.driver
+        );
     }
     Ok(())
 }
 
-fn make_random_drafter(model: &PathBuf, out: &PathBuf, layers: usize, block: usize, mask: Option<u32>, seed: u64, dflash2: bool) -> Result<(), CliError> {
-    use dflash_core::testutil::{write_dflash2_drafter, write_dir, write_drafter, Dflash2Spec, DrafterSpec};
+fn make_random_drafter(
+    model: &PathBuf,
+    out: &PathBuf,
+    layers: usize,
+    block: usize,
+    mask: Option<u32>,
+    seed: u64,
+    dflash2: bool,
+) -> Result<(), CliError> {
+    use dflash_core::testutil::{
+        write_dflash2_drafter, write_dir, write_drafter, Dflash2Spec, DrafterSpec,
+    };
     let (m, _) = load(model)?;
     let c = m.config();
     let spec = DrafterSpec {
@@ -123,12 +149,23 @@ fn make_random_drafter(model: &PathBuf, out: &PathBuf, layers: usize, block: usi
         seed,
     };
     let files = if dflash2 {
-        let d = Dflash2Spec { conv_kernel_size: 2, conv_group_size: 16, selector_rank: 64, selector_top_k: 16, output_multiplier: None, final_logit_softcapping: None, input_embedding_scale: None };
+        let d = Dflash2Spec {
+            conv_kernel_size: 2,
+            conv_group_size: 16,
+            selector_rank: 64,
+            selector_top_k: 16,
+            output_multiplier: None,
+            final_logit_softcapping: None,
+            input_embedding_scale: None,
+        };
         write_dflash2_drafter(c, &spec, &d)
     } else {
         write_drafter(c, &spec)
     };
-    write_dir(out, &files).map_err(|e| dflash_core::Error::Io { path: out.display().to_string(), source: e })?;
+    write_dir(out, &files).map_err(|e| dflash_core::Error::Io {
+        path: out.display().to_string(),
+        source: e,
+    })?;
     println!("{}", out.display());
     Ok(())
 }

@@ -13,7 +13,10 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Self {
-        Message { role: role.into(), content: content.into() }
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -43,14 +46,26 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", |fmt: String| -> String {
             // Templates use it for a "today" line; a fixed date keeps rendering deterministic.
-            fmt.replace("%Y", "2026").replace("%m", "01").replace("%d", "01").replace("%B", "January").replace("%b", "Jan")
+            fmt.replace("%Y", "2026")
+                .replace("%m", "01")
+                .replace("%d", "01")
+                .replace("%B", "January")
+                .replace("%b", "Jan")
         });
-        env.add_template_owned("chat", source.to_string()).map_err(|e| Error::ChatTemplate(format!("{e:#}")))?;
-        Ok(ChatTemplate { env, bos_token: bos_token.into(), eos_token: eos_token.into() })
+        env.add_template_owned("chat", source.to_string())
+            .map_err(|e| Error::ChatTemplate(format!("{e:#}")))?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        })
     }
 
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
-        let t = self.env.get_template("chat").map_err(|e| Error::ChatTemplate(e.to_string()))?;
+        let t = self
+            .env
+            .get_template("chat")
+            .map_err(|e| Error::ChatTemplate(e.to_string()))?;
         t.render(minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,

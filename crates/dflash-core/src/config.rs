@@ -78,20 +78,39 @@ impl ModelConfig {
 
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::BadConfig(m));
-        if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 || self.intermediate_size == 0 {
+        if self.hidden_size == 0
+            || self.num_layers == 0
+            || self.vocab_size == 0
+            || self.intermediate_size == 0
+        {
             return bad("zero-sized model dimension".into());
         }
-        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0 {
-            return bad(format!("{} heads cannot share {} KV heads", self.num_heads, self.num_kv_heads));
+        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0
+        {
+            return bad(format!(
+                "{} heads cannot share {} KV heads",
+                self.num_heads, self.num_kv_heads
+            ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
-            return bad(format!("head_dim {} / rope_dim {}", self.head_dim, self.rope_dim));
+        if self.head_dim == 0
+            || self.head_dim % 2 != 0
+            || self.rope_dim > self.head_dim
+            || self.rope_dim % 2 != 0
+        {
+            return bad(format!(
+                "head_dim {} / rope_dim {}",
+                self.head_dim, self.rope_dim
+            ));
         }
         if !(self.rms_norm_eps > 0.0) || !(self.rope_theta > 0.0) {
             return bad("rms_norm_eps and rope_theta must be positive".into());
         }
         if !self.rope_freq_factors.is_empty() && self.rope_freq_factors.len() != self.rope_dim / 2 {
-            return bad(format!("{} rope frequency factors for rope_dim {}", self.rope_freq_factors.len(), self.rope_dim));
+            return bad(format!(
+                "{} rope frequency factors for rope_dim {}",
+                self.rope_freq_factors.len(),
+                self.rope_dim
+            ));
         }
         // Guards against configs that would make us allocate absurd memory.
         let limits = [
@@ -101,7 +120,11 @@ impl ModelConfig {
             ("num_heads", self.num_heads, 1024),
             ("head_dim", self.head_dim, 1024),
             ("vocab_size", self.vocab_size, 1 << 22),
-            ("max_position_embeddings", self.max_position_embeddings, 1 << 24),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                1 << 24,
+            ),
         ];
         for (name, v, lim) in limits {
             if v > lim {
@@ -112,22 +135,34 @@ impl ModelConfig {
     }
 
     pub fn from_gguf(h: &GgufHeader) -> Result<Self> {
-        let arch_s = h.get_str("general.architecture").ok_or_else(|| Error::BadMetadata("general.architecture missing".into()))?;
+        let arch_s = h
+            .get_str("general.architecture")
+            .ok_or_else(|| Error::BadMetadata("general.architecture missing".into()))?;
         let arch = Arch::parse(arch_s)?;
         let key = |k: &str| format!("{arch_s}.{k}");
         let req = |k: &str| -> Result<u64> {
-            h.get_u64(&key(k)).ok_or_else(|| Error::BadMetadata(format!("{} missing or not an integer", key(k))))
+            h.get_u64(&key(k))
+                .ok_or_else(|| Error::BadMetadata(format!("{} missing or not an integer", key(k))))
         };
         let hidden = req("embedding_length")? as usize;
         let heads = req("attention.head_count")? as usize;
-        let kv_heads = h.get_u64(&key("attention.head_count_kv")).unwrap_or(heads as u64) as usize;
+        let kv_heads = h
+            .get_u64(&key("attention.head_count_kv"))
+            .unwrap_or(heads as u64) as usize;
         if heads == 0 {
             return Err(Error::BadConfig("zero attention heads".into()));
         }
-        let head_dim = h.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden / heads);
+        let head_dim = h
+            .get_u64(&key("attention.key_length"))
+            .map(|v| v as usize)
+            .unwrap_or(hidden / heads);
         let vocab = match h.get_u64(&key("vocab_size")) {
             Some(v) => v as usize,
-            None => h.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map(|a| a.len()).unwrap_or(0),
+            None => h
+                .get("tokenizer.ggml.tokens")
+                .and_then(|v| v.as_array())
+                .map(|a| a.len())
+                .unwrap_or(0),
         };
         let tie = h.tensor("output.weight").is_none();
         let rope_freq_factors = Vec::new(); // filled from `rope_freqs.weight` by the loader
@@ -140,10 +175,19 @@ impl ModelConfig {
             num_kv_heads: kv_heads,
             head_dim,
             vocab_size: vocab,
-            rms_norm_eps: h.get_f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f32,
+            rms_norm_eps: h
+                .get_f64(&key("attention.layer_norm_rms_epsilon"))
+                .unwrap_or(1e-5) as f32,
             rope_theta: h.get_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
-            rope_style: if arch == Arch::Llama { RopeStyle::Interleaved } else { RopeStyle::Neox },
-            rope_dim: h.get_u64(&key("rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim),
+            rope_style: if arch == Arch::Llama {
+                RopeStyle::Interleaved
+            } else {
+                RopeStyle::Neox
+            },
+            rope_dim: h
+                .get_u64(&key("rope.dimension_count"))
+                .map(|v| v as usize)
+                .unwrap_or(head_dim),
             rope_freq_factors,
             max_position_embeddings: h.get_u64(&key("context_length")).unwrap_or(4096) as usize,
             qkv_bias: h.tensor("blk.0.attn_q.bias").is_some(),
@@ -156,12 +200,15 @@ impl ModelConfig {
 
     /// From a Hugging Face `config.json`.
     pub fn from_hf_json(text: &str) -> Result<Self> {
-        let c: HfConfig = serde_json::from_str(text).map_err(|e| Error::BadConfig(format!("config.json: {e}")))?;
+        let c: HfConfig = serde_json::from_str(text)
+            .map_err(|e| Error::BadConfig(format!("config.json: {e}")))?;
         let arch_name = c
             .model_type
             .clone()
             .or_else(|| c.architectures.as_ref().and_then(|a| a.first().cloned()))
-            .ok_or_else(|| Error::BadConfig("config.json has neither model_type nor architectures".into()))?;
+            .ok_or_else(|| {
+                Error::BadConfig("config.json has neither model_type nor architectures".into())
+            })?;
         let arch = Arch::parse(&arch_name)?;
         let heads = c.num_attention_heads;
         if heads == 0 {
@@ -173,20 +220,44 @@ impl ModelConfig {
         // with different values is an error rather than a guess.
         let rp = c.rope_parameters.as_ref();
         let rope_theta = match (c.rope_theta, rp.and_then(|r| r.rope_theta)) {
-            (Some(a), Some(b)) if a != b => return Err(Error::BadConfig(format!("rope_theta {a} at the top level but {b} in rope_parameters"))),
+            (Some(a), Some(b)) if a != b => {
+                return Err(Error::BadConfig(format!(
+                    "rope_theta {a} at the top level but {b} in rope_parameters"
+                )))
+            }
             (a, b) => a.or(b).unwrap_or(10000.0),
         };
-        let rope_dim = (head_dim as f64 * c.partial_rotary_factor.or(rp.and_then(|r| r.partial_rotary_factor)).unwrap_or(1.0)) as usize;
+        let rope_dim = (head_dim as f64
+            * c.partial_rotary_factor
+                .or(rp.and_then(|r| r.partial_rotary_factor))
+                .unwrap_or(1.0)) as usize;
         let mut rope_freq_factors = Vec::new();
-        if c.rope_scaling.is_some() && rp.is_some_and(|r| r.scaling.rope_type.as_deref().is_some_and(|t| t != "default")) {
-            return Err(Error::BadConfig("both rope_scaling and a scaled rope_parameters".into()));
+        if c.rope_scaling.is_some()
+            && rp.is_some_and(|r| {
+                r.scaling
+                    .rope_type
+                    .as_deref()
+                    .is_some_and(|t| t != "default")
+            })
+        {
+            return Err(Error::BadConfig(
+                "both rope_scaling and a scaled rope_parameters".into(),
+            ));
         }
         if let Some(rs) = c.rope_scaling.as_ref().or(rp.map(|r| &r.scaling)) {
-            let kind = rs.rope_type.as_deref().or(rs.kind.as_deref()).unwrap_or("default");
+            let kind = rs
+                .rope_type
+                .as_deref()
+                .or(rs.kind.as_deref())
+                .unwrap_or("default");
             match kind {
                 "default" => {}
                 "llama3" => rope_freq_factors = llama3_freq_factors(rs, rope_theta, rope_dim)?,
-                other => return Err(Error::BadConfig(format!("rope_scaling type {other:?} is not supported"))),
+                other => {
+                    return Err(Error::BadConfig(format!(
+                        "rope_scaling type {other:?} is not supported"
+                    )))
+                }
             }
         }
         let cfg = ModelConfig {
@@ -215,13 +286,20 @@ impl ModelConfig {
 
 /// The llama3 rope scaling of transformers, expressed as per-frequency divisors.
 fn llama3_freq_factors(rs: &HfRopeScaling, theta: f32, dim: usize) -> Result<Vec<f32>> {
-    let need = |v: Option<f64>, n: &str| v.ok_or_else(|| Error::BadConfig(format!("llama3 rope_scaling needs {n}")));
+    let need = |v: Option<f64>, n: &str| {
+        v.ok_or_else(|| Error::BadConfig(format!("llama3 rope_scaling needs {n}")))
+    };
     let factor = need(rs.factor, "factor")?;
     let low = need(rs.low_freq_factor, "low_freq_factor")?;
     let high = need(rs.high_freq_factor, "high_freq_factor")?;
-    let old_ctx = need(rs.original_max_position_embeddings, "original_max_position_embeddings")?;
+    let old_ctx = need(
+        rs.original_max_position_embeddings,
+        "original_max_position_embeddings",
+    )?;
     if !(high > low) || !(factor > 0.0) {
-        return Err(Error::BadConfig("llama3 rope_scaling needs high_freq_factor > low_freq_factor, factor > 0".into()));
+        return Err(Error::BadConfig(
+            "llama3 rope_scaling needs high_freq_factor > low_freq_factor, factor > 0".into(),
+        ));
     }
     let low_wavelen = old_ctx / low;
     let high_wavelen = old_ctx / high;

@@ -91,16 +91,33 @@ impl DrafterConfig {
             return vec![n_target / 2];
         }
         let (lo, hi) = (1.0f64, n_target as f64 - 3.0);
-        (0..n_draft).map(|i| (lo + i as f64 * (hi - lo) / (n_draft - 1) as f64).round().max(0.0) as usize).collect()
+        (0..n_draft)
+            .map(|i| {
+                (lo + i as f64 * (hi - lo) / (n_draft - 1) as f64)
+                    .round()
+                    .max(0.0) as usize
+            })
+            .collect()
     }
 
     pub fn from_json(text: &str) -> Result<Self> {
-        let v: Json = serde_json::from_str(text).map_err(|e| Error::NotADrafter(format!("config.json: {e}")))?;
-        let archs: Vec<String> = v.get("architectures").and_then(|a| a.as_array()).map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect()).unwrap_or_default();
+        let v: Json = serde_json::from_str(text)
+            .map_err(|e| Error::NotADrafter(format!("config.json: {e}")))?;
+        let archs: Vec<String> = v
+            .get("architectures")
+            .and_then(|a| a.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
         let dcfg = v.get("dflash_config");
         let architecture = archs.iter().find(|a| a.starts_with("DFlash")).cloned();
         if architecture.is_none() && dcfg.is_none() {
-            return Err(Error::NotADrafter("config.json names no DFlash architecture and has no dflash_config".into()));
+            return Err(Error::NotADrafter(
+                "config.json names no DFlash architecture and has no dflash_config".into(),
+            ));
         }
         let architecture = architecture.unwrap_or_else(|| "DFlashDraftModel".into());
         #[derive(Deserialize)]
@@ -119,28 +136,56 @@ impl DrafterConfig {
             num_target_layers: Option<usize>,
             block_size: Option<usize>,
         }
-        let b: Base = serde_json::from_value(v.clone()).map_err(|e| Error::NotADrafter(format!("config.json: {e}")))?;
+        let b: Base = serde_json::from_value(v.clone())
+            .map_err(|e| Error::NotADrafter(format!("config.json: {e}")))?;
         let get = |k: &str| dcfg.and_then(|d| d.get(k)).or_else(|| v.get(k));
-        let block_size = get("block_size").and_then(|x| x.as_u64()).map(|x| x as usize).or(b.block_size)
-            .ok_or_else(|| Error::NotADrafter("block_size missing (top level or dflash_config)".into()))?;
-        let mask_token_id = get("mask_token_id").and_then(|x| x.as_u64())
-            .ok_or_else(|| Error::NotADrafter("dflash_config.mask_token_id missing".into()))? as u32;
-        let num_target_layers = b.num_target_layers.or_else(|| get("num_target_layers").and_then(|x| x.as_u64()).map(|x| x as usize))
+        let block_size = get("block_size")
+            .and_then(|x| x.as_u64())
+            .map(|x| x as usize)
+            .or(b.block_size)
+            .ok_or_else(|| {
+                Error::NotADrafter("block_size missing (top level or dflash_config)".into())
+            })?;
+        let mask_token_id = get("mask_token_id")
+            .and_then(|x| x.as_u64())
+            .ok_or_else(|| Error::NotADrafter("dflash_config.mask_token_id missing".into()))?
+            as u32;
+        let num_target_layers = b
+            .num_target_layers
+            .or_else(|| {
+                get("num_target_layers")
+                    .and_then(|x| x.as_u64())
+                    .map(|x| x as usize)
+            })
             .ok_or_else(|| Error::NotADrafter("num_target_layers missing".into()))?;
         let target_layer_ids = match get("target_layer_ids").and_then(|x| x.as_array()) {
-            Some(a) => a.iter().map(|x| x.as_u64().map(|u| u as usize).ok_or_else(|| Error::NotADrafter("target_layer_ids holds a non-integer".into()))).collect::<Result<Vec<_>>>()?,
+            Some(a) => a
+                .iter()
+                .map(|x| {
+                    x.as_u64().map(|u| u as usize).ok_or_else(|| {
+                        Error::NotADrafter("target_layer_ids holds a non-integer".into())
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?,
             None => Self::default_target_layer_ids(b.num_hidden_layers, num_target_layers),
         };
         let layer_kinds = match &b.layer_types {
-            Some(t) => t.iter().map(|k| match k.as_str() {
-                "full_attention" => Ok(LayerKind::Full),
-                "sliding_attention" => Ok(LayerKind::Sliding),
-                other => Err(Error::NotADrafter(format!("layer type {other:?}"))),
-            }).collect::<Result<Vec<_>>>()?,
+            Some(t) => t
+                .iter()
+                .map(|k| match k.as_str() {
+                    "full_attention" => Ok(LayerKind::Full),
+                    "sliding_attention" => Ok(LayerKind::Sliding),
+                    other => Err(Error::NotADrafter(format!("layer type {other:?}"))),
+                })
+                .collect::<Result<Vec<_>>>()?,
             None => vec![LayerKind::Full; b.num_hidden_layers],
         };
         if layer_kinds.len() != b.num_hidden_layers {
-            return Err(Error::NotADrafter(format!("{} layer_types for {} layers", layer_kinds.len(), b.num_hidden_layers)));
+            return Err(Error::NotADrafter(format!(
+                "{} layer_types for {} layers",
+                layer_kinds.len(),
+                b.num_hidden_layers
+            )));
         }
         let heads = b.num_attention_heads;
         if heads == 0 || b.hidden_size == 0 || block_size == 0 || target_layer_ids.is_empty() {
@@ -160,12 +205,23 @@ impl DrafterConfig {
         };
         let dflash2 = if architecture == "DFlash2DraftModel" || get("conv_kernel_size").is_some() {
             let int = |k: &str| -> Result<usize> {
-                get(k).and_then(|x| x.as_u64()).map(|x| x as usize).ok_or_else(|| Error::NotADrafter(format!("DFlash2 field {k} missing or not an integer")))
+                get(k)
+                    .and_then(|x| x.as_u64())
+                    .map(|x| x as usize)
+                    .ok_or_else(|| {
+                        Error::NotADrafter(format!("DFlash2 field {k} missing or not an integer"))
+                    })
             };
             let float = |k: &str, d: f32| -> Result<f32> {
                 match get(k) {
                     None | Some(Json::Null) => Ok(d),
-                    Some(x) => x.as_f64().map(|f| f as f32).filter(|f| f.is_finite()).ok_or_else(|| Error::NotADrafter(format!("DFlash2 field {k} is not a number"))),
+                    Some(x) => x
+                        .as_f64()
+                        .map(|f| f as f32)
+                        .filter(|f| f.is_finite())
+                        .ok_or_else(|| {
+                            Error::NotADrafter(format!("DFlash2 field {k} is not a number"))
+                        }),
                 }
             };
             let d = Dflash2Config {
@@ -175,19 +231,33 @@ impl DrafterConfig {
                 selector_top_k: int("selector_top_k")?,
                 input_embedding_scale: float("input_embedding_scale", 1.0)?,
                 output_multiplier: float("output_multiplier", 1.0)?,
-                final_logit_softcapping: Some(float("final_logit_softcapping", 0.0)?).filter(|&c| c > 0.0),
+                final_logit_softcapping: Some(float("final_logit_softcapping", 0.0)?)
+                    .filter(|&c| c > 0.0),
             };
-            if d.conv_kernel_size == 0 || d.selector_rank == 0 || d.selector_top_k == 0 || d.conv_group_size == 0 {
+            if d.conv_kernel_size == 0
+                || d.selector_rank == 0
+                || d.selector_top_k == 0
+                || d.conv_group_size == 0
+            {
                 return Err(Error::NotADrafter("DFlash2 sizes must be positive (conv_kernel_size, conv_group_size, selector_rank, selector_top_k)".into()));
             }
             if b.hidden_size % d.conv_group_size != 0 {
-                return Err(Error::NotADrafter(format!("conv_group_size {} does not divide hidden_size {}", d.conv_group_size, b.hidden_size)));
+                return Err(Error::NotADrafter(format!(
+                    "conv_group_size {} does not divide hidden_size {}",
+                    d.conv_group_size, b.hidden_size
+                )));
             }
             if d.conv_kernel_size > block_size {
-                return Err(Error::NotADrafter(format!("conv_kernel_size {} exceeds the block of {block_size}", d.conv_kernel_size)));
+                return Err(Error::NotADrafter(format!(
+                    "conv_kernel_size {} exceeds the block of {block_size}",
+                    d.conv_kernel_size
+                )));
             }
             if d.selector_top_k > b.vocab_size {
-                return Err(Error::NotADrafter(format!("selector_top_k {} exceeds the vocabulary of {}", d.selector_top_k, b.vocab_size)));
+                return Err(Error::NotADrafter(format!(
+                    "selector_top_k {} exceeds the vocabulary of {}",
+                    d.selector_top_k, b.vocab_size
+                )));
             }
             Some(d)
         } else {
@@ -214,34 +284,69 @@ impl DrafterConfig {
             architecture,
         };
         if cfg.num_kv_heads == 0 || cfg.num_heads % cfg.num_kv_heads != 0 || cfg.head_dim % 2 != 0 {
-            return Err(Error::NotADrafter(format!("{} heads over {} KV heads of {}", cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)));
+            return Err(Error::NotADrafter(format!(
+                "{} heads over {} KV heads of {}",
+                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+            )));
         }
         if cfg.layer_kinds.contains(&LayerKind::Sliding) && cfg.sliding_window == 0 {
-            return Err(Error::NotADrafter("sliding layers without sliding_window".into()));
+            return Err(Error::NotADrafter(
+                "sliding layers without sliding_window".into(),
+            ));
         }
         Ok(cfg)
     }
 
     /// Checks the drafter against its target: one typed error per mismatch.
     pub fn validate_against(&self, t: &ModelConfig) -> Result<()> {
-        let mismatch = |field: &'static str, d: String, t: String| Err(Error::DrafterMismatch { field, drafter: d, target: t });
+        let mismatch = |field: &'static str, d: String, t: String| {
+            Err(Error::DrafterMismatch {
+                field,
+                drafter: d,
+                target: t,
+            })
+        };
         if self.hidden_size != t.hidden_size {
-            return mismatch("hidden_size", self.hidden_size.to_string(), t.hidden_size.to_string());
+            return mismatch(
+                "hidden_size",
+                self.hidden_size.to_string(),
+                t.hidden_size.to_string(),
+            );
         }
         if self.vocab_size != t.vocab_size {
-            return mismatch("vocab_size", self.vocab_size.to_string(), t.vocab_size.to_string());
+            return mismatch(
+                "vocab_size",
+                self.vocab_size.to_string(),
+                t.vocab_size.to_string(),
+            );
         }
         if self.num_target_layers != t.num_layers {
-            return mismatch("num_target_layers", self.num_target_layers.to_string(), t.num_layers.to_string());
+            return mismatch(
+                "num_target_layers",
+                self.num_target_layers.to_string(),
+                t.num_layers.to_string(),
+            );
         }
         if let Some(&bad) = self.target_layer_ids.iter().find(|&&i| i >= t.num_layers) {
-            return mismatch("target_layer_ids", format!("{:?} (layer {bad})", self.target_layer_ids), format!("{} layers", t.num_layers));
+            return mismatch(
+                "target_layer_ids",
+                format!("{:?} (layer {bad})", self.target_layer_ids),
+                format!("{} layers", t.num_layers),
+            );
         }
         if self.mask_token_id as usize >= t.vocab_size {
-            return mismatch("mask_token_id", self.mask_token_id.to_string(), format!("a vocabulary of {}", t.vocab_size));
+            return mismatch(
+                "mask_token_id",
+                self.mask_token_id.to_string(),
+                format!("a vocabulary of {}", t.vocab_size),
+            );
         }
         if !(self.rope_theta > 0.0) || self.head_dim > 256 {
-            return mismatch("rope settings", format!("rope_theta {} head_dim {}", self.rope_theta, self.head_dim), "positive theta, head_dim <= 256".into());
+            return mismatch(
+                "rope settings",
+                format!("rope_theta {} head_dim {}", self.rope_theta, self.head_dim),
+                "positive theta, head_dim <= 256".into(),
+            );
         }
         Ok(())
     }
@@ -331,7 +436,11 @@ pub struct DrafterWeights {
 
 impl DrafterWeights {
     /// Loads a drafter from its config.json text and safetensors files.
-    pub fn load(config_json: &str, files: Vec<(&str, &[u8])>, precision: DrafterPrecision) -> Result<Self> {
+    pub fn load(
+        config_json: &str,
+        files: Vec<(&str, &[u8])>,
+        precision: DrafterPrecision,
+    ) -> Result<Self> {
         let c = DrafterConfig::from_json(config_json)?;
         let src = SafeTensorsSource::new(files, None)?;
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
@@ -346,17 +455,34 @@ impl DrafterWeights {
         let conv = |prefix: String, d: &Dflash2Config| -> Result<GroupedConv> {
             let name = format!("{prefix}.base_kernel");
             let want = vec![2, d.conv_kernel_size, h];
-            let shape = src.shape(&name).ok_or_else(|| Error::MissingTensor(name.clone()))?;
+            let shape = src
+                .shape(&name)
+                .ok_or_else(|| Error::MissingTensor(name.clone()))?;
             if shape != want {
-                return Err(Error::ShapeMismatch { tensor: name, expected: want, found: shape });
+                return Err(Error::ShapeMismatch {
+                    tensor: name,
+                    expected: want,
+                    found: shape,
+                });
             }
-            Ok(GroupedConv { base: src.vector(&name)?, projection: checked_matrix(&src, &format!("{prefix}.kernel_projection.weight"), d.projection_rows(h), h)? })
+            Ok(GroupedConv {
+                base: src.vector(&name)?,
+                projection: checked_matrix(
+                    &src,
+                    &format!("{prefix}.kernel_projection.weight"),
+                    d.projection_rows(h),
+                    h,
+                )?,
+            })
         };
         let mut layers = Vec::new();
         for i in 0..c.num_layers {
             let n = |s: &str| format!("layers.{i}.{s}");
             let convs = match &c.dflash2 {
-                Some(d) => Some(LayerConvs { attention: conv(n("attention_conv"), d)?, mlp: conv(n("mlp_conv"), d)? }),
+                Some(d) => Some(LayerConvs {
+                    attention: conv(n("attention_conv"), d)?,
+                    mlp: conv(n("mlp_conv"), d)?,
+                }),
                 None => None,
             };
             layers.push(DrafterLayer {
@@ -376,9 +502,24 @@ impl DrafterWeights {
         }
         let selector = match &c.dflash2 {
             Some(d) => Some(Selector {
-                hidden_projection: checked_matrix(&src, "candidate_selector.hidden_projection.weight", d.selector_rank, h)?,
-                predecessor: checked_matrix(&src, "candidate_selector.predecessor_codebook", c.vocab_size, d.selector_rank)?,
-                successor: checked_matrix(&src, "candidate_selector.successor_codebook", c.vocab_size, d.selector_rank)?,
+                hidden_projection: checked_matrix(
+                    &src,
+                    "candidate_selector.hidden_projection.weight",
+                    d.selector_rank,
+                    h,
+                )?,
+                predecessor: checked_matrix(
+                    &src,
+                    "candidate_selector.predecessor_codebook",
+                    c.vocab_size,
+                    d.selector_rank,
+                )?,
+                successor: checked_matrix(
+                    &src,
+                    "candidate_selector.successor_codebook",
+                    c.vocab_size,
+                    d.selector_rank,
+                )?,
             }),
             None => None,
         };
@@ -399,19 +540,33 @@ impl DrafterWeights {
 
 /// Loads a drafter folder from the file system.
 #[cfg(not(target_arch = "wasm32"))]
-pub fn load_drafter_dir(dir: &std::path::Path, precision: DrafterPrecision) -> Result<DrafterWeights> {
-    let io = |p: &std::path::Path, e| Error::Io { path: p.display().to_string(), source: e };
+pub fn load_drafter_dir(
+    dir: &std::path::Path,
+    precision: DrafterPrecision,
+) -> Result<DrafterWeights> {
+    let io = |p: &std::path::Path, e| Error::Io {
+        path: p.display().to_string(),
+        source: e,
+    };
     let cfg_path = dir.join("config.json");
     let cfg = std::fs::read_to_string(&cfg_path).map_err(|e| io(&cfg_path, e))?;
     let index = dir.join("model.safetensors.index.json");
-    let index_bytes = if index.exists() { Some(std::fs::read(&index).map_err(|e| io(&index, e))?) } else { None };
+    let index_bytes = if index.exists() {
+        Some(std::fs::read(&index).map_err(|e| io(&index, e))?)
+    } else {
+        None
+    };
     let names = crate::model_files::hf_weight_files(index_bytes.as_deref())?;
     let mut blobs = Vec::new();
     for n in &names {
         let p = dir.join(n);
         blobs.push((n.clone(), std::fs::read(&p).map_err(|e| io(&p, e))?));
     }
-    DrafterWeights::load(&cfg, blobs.iter().map(|(n, b)| (n.as_str(), &b[..])).collect(), precision)
+    DrafterWeights::load(
+        &cfg,
+        blobs.iter().map(|(n, b)| (n.as_str(), &b[..])).collect(),
+        precision,
+    )
 }
 
 use crate::cpu::model::Matrix as Mat;
@@ -449,7 +604,16 @@ struct CpuSelector {
 /// the taps never reaching before the block's first row. `base` is `[taps, H]` (one
 /// side of `base_kernel`), `delta` holds each row's `[taps, groups]` coefficients at
 /// `delta[i * stride + offset ..]`.
-pub fn grouped_conv(x: &[f32], h: usize, taps: usize, group: usize, base: &[f32], delta: &[f32], stride: usize, offset: usize) -> Vec<f32> {
+pub fn grouped_conv(
+    x: &[f32],
+    h: usize,
+    taps: usize,
+    group: usize,
+    base: &[f32],
+    delta: &[f32],
+    stride: usize,
+    offset: usize,
+) -> Vec<f32> {
     let b = x.len() / h;
     let groups = h / group;
     let mut out = vec![0f32; b * h];
@@ -511,7 +675,15 @@ impl DraftContext {
     }
 }
 
-fn head_norm_rope(x: &mut [f32], heads: usize, hd: usize, w: &[f32], eps: f32, pos: usize, inv: &[f32]) {
+fn head_norm_rope(
+    x: &mut [f32],
+    heads: usize,
+    hd: usize,
+    w: &[f32],
+    eps: f32,
+    pos: usize,
+    inv: &[f32],
+) {
     let mut tmp = vec![0f32; hd];
     for h in 0..heads {
         let head = &mut x[h * hd..(h + 1) * hd];
@@ -541,7 +713,10 @@ impl CpuDrafter {
                 w_down: Mat::from_quant(&l.w_down),
                 kind,
                 conv: l.conv.as_ref().map(|c| {
-                    let cpu = |g: &GroupedConv| CpuConv { base: g.base.clone(), projection: Mat::from_quant(&g.projection) };
+                    let cpu = |g: &GroupedConv| CpuConv {
+                        base: g.base.clone(),
+                        projection: Mat::from_quant(&g.projection),
+                    };
                     [cpu(&c.attention), cpu(&c.mlp)]
                 }),
             })
@@ -551,11 +726,23 @@ impl CpuDrafter {
             predecessor: s.predecessor.dequantize(),
             successor: s.successor.dequantize(),
         });
-        CpuDrafter { config: w.config.clone(), fc: Mat::from_quant(&w.fc), hidden_norm: w.hidden_norm.clone(), norm: w.norm.clone(), layers, inv_freq: w.config.rope_inv_freq(), selector }
+        CpuDrafter {
+            config: w.config.clone(),
+            fc: Mat::from_quant(&w.fc),
+            hidden_norm: w.hidden_norm.clone(),
+            norm: w.norm.clone(),
+            layers,
+            inv_freq: w.config.rope_inv_freq(),
+            selector,
+        }
     }
 
     pub fn new_context(&self) -> DraftContext {
-        DraftContext { k: vec![vec![]; self.layers.len()], v: vec![vec![]; self.layers.len()], len: 0 }
+        DraftContext {
+            k: vec![vec![]; self.layers.len()],
+            v: vec![vec![]; self.layers.len()],
+            len: 0,
+        }
     }
 
     /// Appends committed rows of taps (`[r, n_ids * H]`, positions `ctx.len..`) to the
@@ -571,13 +758,26 @@ impl CpuDrafter {
         let f = self.fc.apply(taps, r);
         let mut cn = vec![0f32; r * h];
         for i in 0..r {
-            rms_norm(&f[i * h..(i + 1) * h], &self.hidden_norm, c.rms_norm_eps, &mut cn[i * h..(i + 1) * h]);
+            rms_norm(
+                &f[i * h..(i + 1) * h],
+                &self.hidden_norm,
+                c.rms_norm_eps,
+                &mut cn[i * h..(i + 1) * h],
+            );
         }
         for (li, l) in self.layers.iter().enumerate() {
             let mut k = l.wk.apply(&cn, r);
             let v = l.wv.apply(&cn, r);
             for i in 0..r {
-                head_norm_rope(&mut k[i * c.kv_dim()..(i + 1) * c.kv_dim()], c.num_kv_heads, hd, &l.k_norm, c.rms_norm_eps, ctx.len + i, &self.inv_freq);
+                head_norm_rope(
+                    &mut k[i * c.kv_dim()..(i + 1) * c.kv_dim()],
+                    c.num_kv_heads,
+                    hd,
+                    &l.k_norm,
+                    c.rms_norm_eps,
+                    ctx.len + i,
+                    &self.inv_freq,
+                );
             }
             ctx.k[li].extend_from_slice(&k);
             ctx.v[li].extend_from_slice(&v);
@@ -587,7 +787,12 @@ impl CpuDrafter {
 
     /// The drafter's final hidden rows for `block_embeds` (`[B, H]`: the target's
     /// embeddings of `[anchor, MASK...]`) at positions `start..start+B`.
-    pub fn forward_block(&self, ctx: &DraftContext, block_embeds: &[f32], start: usize) -> Vec<f32> {
+    pub fn forward_block(
+        &self,
+        ctx: &DraftContext,
+        block_embeds: &[f32],
+        start: usize,
+    ) -> Vec<f32> {
         let c = &self.config;
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
@@ -598,15 +803,32 @@ impl CpuDrafter {
         }
         // DFlash2: one side of a layer's convolution, coefficients from `coef` rows.
         let conv = |cv: &CpuConv, x: &[f32], coef: &[f32], side: usize| -> Vec<f32> {
-            let d = c.dflash2.as_ref().expect("convolutions only in DFlash2 drafters");
+            let d = c
+                .dflash2
+                .as_ref()
+                .expect("convolutions only in DFlash2 drafters");
             let (taps, groups) = (d.conv_kernel_size, d.num_groups(h));
-            grouped_conv(x, h, taps, d.conv_group_size, &cv.base[side * taps * h..(side + 1) * taps * h], coef, 2 * taps * groups, side * taps * groups)
+            grouped_conv(
+                x,
+                h,
+                taps,
+                d.conv_group_size,
+                &cv.base[side * taps * h..(side + 1) * taps * h],
+                coef,
+                2 * taps * groups,
+                side * taps * groups,
+            )
         };
         let mut hn = vec![0f32; b * h];
         let scale = 1.0 / (hd as f32).sqrt();
         for (li, l) in self.layers.iter().enumerate() {
             for i in 0..b {
-                rms_norm(&x[i * h..(i + 1) * h], &l.input_norm, c.rms_norm_eps, &mut hn[i * h..(i + 1) * h]);
+                rms_norm(
+                    &x[i * h..(i + 1) * h],
+                    &l.input_norm,
+                    c.rms_norm_eps,
+                    &mut hn[i * h..(i + 1) * h],
+                );
             }
             let coef_att = l.conv.as_ref().map(|cv| cv[0].projection.apply(&hn, b));
             if let (Some(cv), Some(coef)) = (&l.conv, &coef_att) {
@@ -616,19 +838,49 @@ impl CpuDrafter {
             let mut k = l.wk.apply(&hn, b);
             let v = l.wv.apply(&hn, b);
             for i in 0..b {
-                head_norm_rope(&mut q[i * qd..(i + 1) * qd], nh, hd, &l.q_norm, c.rms_norm_eps, start + i, &self.inv_freq);
-                head_norm_rope(&mut k[i * kvd..(i + 1) * kvd], nkv, hd, &l.k_norm, c.rms_norm_eps, start + i, &self.inv_freq);
+                head_norm_rope(
+                    &mut q[i * qd..(i + 1) * qd],
+                    nh,
+                    hd,
+                    &l.q_norm,
+                    c.rms_norm_eps,
+                    start + i,
+                    &self.inv_freq,
+                );
+                head_norm_rope(
+                    &mut k[i * kvd..(i + 1) * kvd],
+                    nkv,
+                    hd,
+                    &l.k_norm,
+                    c.rms_norm_eps,
+                    start + i,
+                    &self.inv_freq,
+                );
             }
             // Keys: the context (the last `sliding_window` rows on sliding layers), then the block.
             let n_ctx = ctx.len;
-            let first = if l.kind == LayerKind::Sliding { n_ctx.saturating_sub(c.sliding_window) } else { 0 };
+            let first = if l.kind == LayerKind::Sliding {
+                n_ctx.saturating_sub(c.sliding_window)
+            } else {
+                0
+            };
             let (kc, vc) = (&ctx.k[li], &ctx.v[li]);
             let n_keys = n_ctx - first + b;
             let key = |j: usize, kh: usize| -> &[f32] {
-                if j < n_ctx - first { &kc[(first + j) * kvd + kh * hd..(first + j) * kvd + (kh + 1) * hd] } else { let jb = j - (n_ctx - first); &k[jb * kvd + kh * hd..jb * kvd + (kh + 1) * hd] }
+                if j < n_ctx - first {
+                    &kc[(first + j) * kvd + kh * hd..(first + j) * kvd + (kh + 1) * hd]
+                } else {
+                    let jb = j - (n_ctx - first);
+                    &k[jb * kvd + kh * hd..jb * kvd + (kh + 1) * hd]
+                }
             };
             let val = |j: usize, kh: usize| -> &[f32] {
-                if j < n_ctx - first { &vc[(first + j) * kvd + kh * hd..(first + j) * kvd + (kh + 1) * hd] } else { let jb = j - (n_ctx - first); &v[jb * kvd + kh * hd..jb * kvd + (kh + 1) * hd] }
+                if j < n_ctx - first {
+                    &vc[(first + j) * kvd + kh * hd..(first + j) * kvd + (kh + 1) * hd]
+                } else {
+                    let jb = j - (n_ctx - first);
+                    &v[jb * kvd + kh * hd..jb * kvd + (kh + 1) * hd]
+                }
             };
             let mut att = vec![0f32; b * qd];
             let mut scores = vec![0f32; n_keys];
@@ -656,7 +908,12 @@ impl CpuDrafter {
                 x[i] += o[i];
             }
             for i in 0..b {
-                rms_norm(&x[i * h..(i + 1) * h], &l.post_norm, c.rms_norm_eps, &mut hn[i * h..(i + 1) * h]);
+                rms_norm(
+                    &x[i * h..(i + 1) * h],
+                    &l.post_norm,
+                    c.rms_norm_eps,
+                    &mut hn[i * h..(i + 1) * h],
+                );
             }
             let coef_mlp = l.conv.as_ref().map(|cv| cv[1].projection.apply(&hn, b));
             if let (Some(cv), Some(coef)) = (&l.conv, &coef_mlp) {
@@ -675,7 +932,12 @@ impl CpuDrafter {
         }
         let mut out = vec![0f32; b * h];
         for i in 0..b {
-            rms_norm(&x[i * h..(i + 1) * h], &self.norm, c.rms_norm_eps, &mut out[i * h..(i + 1) * h]);
+            rms_norm(
+                &x[i * h..(i + 1) * h],
+                &self.norm,
+                c.rms_norm_eps,
+                &mut out[i * h..(i + 1) * h],
+            );
         }
         out
     }
@@ -728,7 +990,12 @@ impl CpuDrafter {
         cand.ids[l]
             .iter()
             .zip(&cand.unary[l])
-            .map(|(&c, &u)| u + dot(&ah, &s.successor[c as usize * rank..(c as usize + 1) * rank]))
+            .map(|(&c, &u)| {
+                u + dot(
+                    &ah,
+                    &s.successor[c as usize * rank..(c as usize + 1) * rank],
+                )
+            })
             .collect()
     }
 
@@ -746,16 +1013,31 @@ impl CpuDrafter {
     /// softmax(scores / t) by Gumbel-max (noise keyed by seed, the slot's absolute
     /// position and the candidate token) and records that distribution as the proposal
     /// q for rejection sampling. `first_position`: the absolute position of slot 1.
-    pub fn select_sampled(&self, anchor: u32, hidden: &[f32], logits: &[f32], t: f32, seed: u64, first_position: usize) -> Vec<crate::rejection::Proposed> {
+    pub fn select_sampled(
+        &self,
+        anchor: u32,
+        hidden: &[f32],
+        logits: &[f32],
+        t: f32,
+        seed: u64,
+        first_position: usize,
+    ) -> Vec<crate::rejection::Proposed> {
         self.walk(anchor, hidden, logits, |l, ids, scores| {
-            let pick = crate::rejection::gumbel_pick(ids, scores, t, seed, (first_position + l) as u32);
+            let pick =
+                crate::rejection::gumbel_pick(ids, scores, t, seed, (first_position + l) as u32);
             (pick.token, pick)
         })
     }
 
     /// The walk from the anchor: slot by slot, `pick(slot, candidate ids, scores after
     /// the previous choice)` chooses a token.
-    fn walk<T>(&self, anchor: u32, hidden: &[f32], logits: &[f32], mut pick: impl FnMut(usize, &[u32], &[f32]) -> (u32, T)) -> Vec<T> {
+    fn walk<T>(
+        &self,
+        anchor: u32,
+        hidden: &[f32],
+        logits: &[f32],
+        mut pick: impl FnMut(usize, &[u32], &[f32]) -> (u32, T),
+    ) -> Vec<T> {
         let s = self.selector.as_ref().expect("a DFlash2 drafter");
         let slots = hidden.len() / self.config.hidden_size;
         let cand = self.candidates(logits);

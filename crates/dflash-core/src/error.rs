@@ -5,15 +5,26 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum Error {
     #[error("I/O error on {path}: {source}")]
-    Io { path: String, #[source] source: std::io::Error },
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("file is truncated: needed {needed} bytes at offset {offset}, file has {len}")]
     Truncated { offset: u64, needed: u64, len: u64 },
     #[error("bad magic: expected {expected}, found {found:02x?}")]
-    BadMagic { expected: &'static str, found: Vec<u8> },
+    BadMagic {
+        expected: &'static str,
+        found: Vec<u8>,
+    },
     #[error("unsupported GGUF version {0} (supported: 2, 3)")]
     UnsupportedVersion(u32),
     #[error("header field {field} = {value} is larger than the file allows ({limit})")]
-    AbsurdSize { field: &'static str, value: u64, limit: u64 },
+    AbsurdSize {
+        field: &'static str,
+        value: u64,
+        limit: u64,
+    },
     #[error("invalid metadata: {0}")]
     BadMetadata(String),
     #[error("unknown tensor type id {type_id} for tensor {tensor}")]
@@ -21,13 +32,22 @@ pub enum Error {
     #[error("tensor type {dtype} of tensor {tensor} is not supported")]
     UnsupportedTensorType { tensor: String, dtype: String },
     #[error("tensor {tensor}: data [{start}, {end}) lies outside the file (size {file_len})")]
-    TensorOutOfBounds { tensor: String, start: u64, end: u64, file_len: u64 },
+    TensorOutOfBounds {
+        tensor: String,
+        start: u64,
+        end: u64,
+        file_len: u64,
+    },
     #[error("tensor {tensor}: bad layout: {reason}")]
     BadTensorLayout { tensor: String, reason: String },
     #[error("missing tensor {0}")]
     MissingTensor(String),
     #[error("tensor {tensor}: shape {found:?} does not match the config, expected {expected:?}")]
-    ShapeMismatch { tensor: String, expected: Vec<usize>, found: Vec<usize> },
+    ShapeMismatch {
+        tensor: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
     #[error("unsupported architecture {0:?} (supported: llama, qwen2, qwen3)")]
     UnsupportedArchitecture(String),
     #[error("invalid config: {0}")]
@@ -45,7 +65,11 @@ pub enum Error {
     #[error("unsupported quantization: {0}")]
     UnsupportedQuantization(String),
     #[error("prompt has {prompt_tokens} tokens; with {max_new_tokens} new tokens this exceeds the context of {context} tokens")]
-    ContextOverflow { prompt_tokens: usize, max_new_tokens: usize, context: usize },
+    ContextOverflow {
+        prompt_tokens: usize,
+        max_new_tokens: usize,
+        context: usize,
+    },
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("invalid sampling parameters: {0}")]
@@ -57,7 +81,11 @@ pub enum Error {
     #[error("not a DFlash drafter: {0}")]
     NotADrafter(String),
     #[error("the drafter does not match the target: {field} is {drafter} in the drafter but {target} in the target")]
-    DrafterMismatch { field: &'static str, drafter: String, target: String },
+    DrafterMismatch {
+        field: &'static str,
+        drafter: String,
+        target: String,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

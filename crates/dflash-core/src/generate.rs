@@ -44,12 +44,20 @@ pub struct StopMatcher {
 
 impl StopMatcher {
     pub fn new(stops: &[String]) -> Self {
-        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), ..Default::default() }
+        StopMatcher {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            ..Default::default()
+        }
     }
     /// Adds text; returns (text safe to emit, whether a stop string was found).
     pub fn push(&mut self, piece: &str) -> (String, bool) {
         self.text.push_str(piece);
-        if let Some(cut) = self.stops.iter().filter_map(|s| self.text.find(s.as_str())).min() {
+        if let Some(cut) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.text.find(s.as_str()))
+            .min()
+        {
             let out = self.text[self.emitted.min(cut)..cut].to_string();
             self.text.truncate(cut);
             self.emitted = cut;
@@ -65,7 +73,11 @@ impl StopMatcher {
             }
         }
         let safe = self.text.len() - hold;
-        let safe = if safe < self.emitted { self.emitted } else { safe };
+        let safe = if safe < self.emitted {
+            self.emitted
+        } else {
+            safe
+        };
         let out = self.text[self.emitted..safe].to_string();
         self.emitted = safe;
         (out, false)
@@ -87,7 +99,11 @@ pub fn token_budget(prompt_tokens: usize, max_new_tokens: usize, context: usize)
         return Err(Error::BadSampling("the prompt is empty".into()));
     }
     if prompt_tokens >= context {
-        return Err(Error::ContextOverflow { prompt_tokens, max_new_tokens, context });
+        return Err(Error::ContextOverflow {
+            prompt_tokens,
+            max_new_tokens,
+            context,
+        });
     }
     Ok(max_new_tokens.min(context - prompt_tokens))
 }
@@ -98,8 +114,15 @@ pub fn prepare(req: &GenerateRequest, cfg: &crate::config::ModelConfig) -> Resul
     req.sampling.validate()?;
     let context = req.context.min(cfg.max_position_embeddings).max(1);
     let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
-    if let Some(&bad) = req.prompt_ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-        return Err(Error::TokenOutOfRange { id: bad, vocab: cfg.vocab_size });
+    if let Some(&bad) = req
+        .prompt_ids
+        .iter()
+        .find(|&&t| t as usize >= cfg.vocab_size)
+    {
+        return Err(Error::TokenOutOfRange {
+            id: bad,
+            vocab: cfg.vocab_size,
+        });
     }
     Ok((context, budget))
 }
@@ -118,8 +141,21 @@ pub struct TokenSink<'a> {
 }
 
 impl<'a> TokenSink<'a> {
-    pub fn new(tok: &'a TextTokenizer, stop_strings: &[String], budget: usize, on_text: &'a mut dyn FnMut(&str)) -> Self {
-        TokenSink { tok, on_text, budget, tokens: Vec::new(), stream: StreamDecoder::default(), stops: StopMatcher::new(stop_strings), finish: FinishReason::Length }
+    pub fn new(
+        tok: &'a TextTokenizer,
+        stop_strings: &[String],
+        budget: usize,
+        on_text: &'a mut dyn FnMut(&str),
+    ) -> Self {
+        TokenSink {
+            tok,
+            on_text,
+            budget,
+            tokens: Vec::new(),
+            stream: StreamDecoder::default(),
+            stops: StopMatcher::new(stop_strings),
+            finish: FinishReason::Length,
+        }
     }
 
     /// Takes the next token; true when generation is over.
@@ -149,7 +185,14 @@ impl<'a> TokenSink<'a> {
         if !rest.is_empty() {
             (self.on_text)(&rest);
         }
-        GenerateResult { text: self.stops.text().to_string(), tokens: self.tokens, prompt_tokens, finish_reason: self.finish, prefill_s, decode_s }
+        GenerateResult {
+            text: self.stops.text().to_string(),
+            tokens: self.tokens,
+            prompt_tokens,
+            finish_reason: self.finish,
+            prefill_s,
+            decode_s,
+        }
     }
 }
 
@@ -165,7 +208,9 @@ pub fn generate_cpu(
     let (context, budget) = prepare(req, &model.config)?;
     let mut cache = model.new_cache(context);
     let t0 = clock();
-    let mut logits = model.forward(&req.prompt_ids, &mut cache, LogitRows::Last, &[])?.logits;
+    let mut logits = model
+        .forward(&req.prompt_ids, &mut cache, LogitRows::Last, &[])?
+        .logits;
     let t1 = clock();
     let mut history = req.prompt_ids.clone();
     let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
@@ -175,7 +220,9 @@ pub fn generate_cpu(
         if sink.push(next)? {
             break;
         }
-        logits = model.forward(&[next], &mut cache, LogitRows::Last, &[])?.logits;
+        logits = model
+            .forward(&[next], &mut cache, LogitRows::Last, &[])?
+            .logits;
     }
     let t2 = clock();
     Ok(sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1))

@@ -15,8 +15,8 @@ pub mod rejection;
 pub mod rng;
 pub mod sampling;
 pub mod speculative;
-pub mod tokenizer;
 pub mod testutil;
+pub mod tokenizer;
 pub mod weights;
 
 pub use error::{Error, Result};

@@ -26,7 +26,10 @@ impl LoadedModel {
     /// Token ids of a user message (after an optional system message) rendered through
     /// the model's own chat template, with the generation prompt added.
     pub fn chat_ids(&self, system: Option<&str>, user: &str) -> Result<Vec<u32>> {
-        let tpl = self.chat_template.as_ref().ok_or_else(|| Error::ChatTemplate("the model has no chat template".into()))?;
+        let tpl = self
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| Error::ChatTemplate("the model has no chat template".into()))?;
         let mut msgs = Vec::new();
         if let Some(s) = system {
             msgs.push(crate::chat::Message::new("system", s));
@@ -49,15 +52,23 @@ fn check_vocab(cfg: &ModelConfig, tok: &TextTokenizer) -> Result<()> {
 
 /// What a GGUF header alone gives: the config, the tokenizer and the chat template
 /// (`rope_freqs.weight`, a tensor, is the caller's to add to the config).
-pub fn gguf_meta(h: &crate::formats::gguf::GgufHeader) -> Result<(ModelConfig, TextTokenizer, Option<ChatTemplate>)> {
+pub fn gguf_meta(
+    h: &crate::formats::gguf::GgufHeader,
+) -> Result<(ModelConfig, TextTokenizer, Option<ChatTemplate>)> {
     let config = ModelConfig::from_gguf(h)?;
     let tokenizer = TextTokenizer::from_gguf(h)?;
     check_vocab(&config, &tokenizer)?;
     let token_str = |key: &str| {
-        h.get_u64(key).and_then(|i| tokenizer.id_to_token(i as u32)).unwrap_or_default()
+        h.get_u64(key)
+            .and_then(|i| tokenizer.id_to_token(i as u32))
+            .unwrap_or_default()
     };
     let chat_template = match h.get_str("tokenizer.chat_template") {
-        Some(t) => Some(ChatTemplate::new(t, &token_str("tokenizer.ggml.bos_token_id"), &token_str("tokenizer.ggml.eos_token_id"))?),
+        Some(t) => Some(ChatTemplate::new(
+            t,
+            &token_str("tokenizer.ggml.bos_token_id"),
+            &token_str("tokenizer.ggml.eos_token_id"),
+        )?),
         None => None,
     };
     Ok((config, tokenizer, chat_template))
@@ -72,7 +83,12 @@ pub fn load_gguf(bytes: &[u8]) -> Result<LoadedModel> {
         config.validate()?;
     }
     let weights = ModelWeights::load(config, &src, Naming::Gguf)?;
-    Ok(LoadedModel { weights, tokenizer, chat_template, format: "gguf" })
+    Ok(LoadedModel {
+        weights,
+        tokenizer,
+        chat_template,
+        format: "gguf",
+    })
 }
 
 /// The files of a Hugging Face model folder, by file name.
@@ -81,7 +97,9 @@ pub type HfFiles<'a> = BTreeMap<String, &'a [u8]>;
 fn json_file<'a>(files: &HfFiles<'a>, name: &str) -> Result<Option<serde_json::Value>> {
     match files.get(name) {
         None => Ok(None),
-        Some(b) => serde_json::from_slice(b).map(Some).map_err(|e| Error::BadConfig(format!("{name}: {e}"))),
+        Some(b) => serde_json::from_slice(b)
+            .map(Some)
+            .map_err(|e| Error::BadConfig(format!("{name}: {e}"))),
     }
 }
 
@@ -96,8 +114,14 @@ fn token_field(v: Option<&serde_json::Value>) -> Option<String> {
 
 fn ids_field(v: Option<&serde_json::Value>) -> Vec<u32> {
     match v {
-        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        Some(serde_json::Value::Number(n)) => {
+            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
+        }
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect(),
         _ => vec![],
     }
 }
@@ -108,9 +132,16 @@ pub fn hf_weight_files(index_json: Option<&[u8]>) -> Result<Vec<String>> {
     match index_json {
         None => Ok(vec!["model.safetensors".into()]),
         Some(b) => {
-            let v: serde_json::Value = serde_json::from_slice(b).map_err(|e| Error::BadConfig(format!("model.safetensors.index.json: {e}")))?;
-            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::BadConfig("index has no weight_map".into()))?;
-            let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+            let v: serde_json::Value = serde_json::from_slice(b)
+                .map_err(|e| Error::BadConfig(format!("model.safetensors.index.json: {e}")))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::BadConfig("index has no weight_map".into()))?;
+            let mut files: Vec<String> = map
+                .values()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect();
             files.sort();
             files.dedup();
             Ok(files)
@@ -120,18 +151,26 @@ pub fn hf_weight_files(index_json: Option<&[u8]>) -> Result<Vec<String>> {
 
 /// Loads a Hugging Face model from its files (config.json, safetensors, tokenizer files).
 pub fn load_hf(files: &HfFiles) -> Result<LoadedModel> {
-    let config_bytes = files.get("config.json").ok_or_else(|| Error::NotAModel("no config.json".into()))?;
-    let config_text = std::str::from_utf8(config_bytes).map_err(|_| Error::BadConfig("config.json is not UTF-8".into()))?;
+    let config_bytes = files
+        .get("config.json")
+        .ok_or_else(|| Error::NotAModel("no config.json".into()))?;
+    let config_text = std::str::from_utf8(config_bytes)
+        .map_err(|_| Error::BadConfig("config.json is not UTF-8".into()))?;
     let config = ModelConfig::from_hf_json(config_text)?;
     let int4 = int4_config(config_text)?;
-    let tok_json = files.get("tokenizer.json").ok_or_else(|| Error::MissingTokenizer("tokenizer.json not found".into()))?;
+    let tok_json = files
+        .get("tokenizer.json")
+        .ok_or_else(|| Error::MissingTokenizer("tokenizer.json not found".into()))?;
     let tok_cfg = json_file(files, "tokenizer_config.json")?.unwrap_or_default();
     let gen_cfg = json_file(files, "generation_config.json")?.unwrap_or_default();
     let cfg_json: serde_json::Value = serde_json::from_str(config_text).unwrap_or_default();
     let bos = token_field(tok_cfg.get("bos_token"));
     let eos = token_field(tok_cfg.get("eos_token"));
     let mut tokenizer = crate::tokenizer::TextTokenizer::from_hf(tok_json, None, vec![], false)?;
-    let bos_id = bos.as_deref().and_then(|b| tokenizer.token_to_id(b)).or_else(|| ids_field(gen_cfg.get("bos_token_id")).first().copied());
+    let bos_id = bos
+        .as_deref()
+        .and_then(|b| tokenizer.token_to_id(b))
+        .or_else(|| ids_field(gen_cfg.get("bos_token_id")).first().copied());
     let mut stop_ids = ids_field(gen_cfg.get("eos_token_id"));
     if stop_ids.is_empty() {
         stop_ids = ids_field(cfg_json.get("eos_token_id"));
@@ -143,7 +182,10 @@ pub fn load_hf(files: &HfFiles) -> Result<LoadedModel> {
     }
     tokenizer.bos_id = bos_id;
     tokenizer.stop_ids = stop_ids;
-    tokenizer.add_bos = tok_cfg.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
+    tokenizer.add_bos = tok_cfg
+        .get("add_bos_token")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
     check_vocab(&config, &tokenizer)?;
     let template_src = match files.get("chat_template.jinja") {
         Some(b) => Some(String::from_utf8_lossy(b).into_owned()),
@@ -157,39 +199,69 @@ pub fn load_hf(files: &HfFiles) -> Result<LoadedModel> {
         },
     };
     let chat_template = match template_src {
-        Some(t) => Some(ChatTemplate::new(&t, bos.as_deref().unwrap_or(""), eos.as_deref().unwrap_or(""))?),
+        Some(t) => Some(ChatTemplate::new(
+            &t,
+            bos.as_deref().unwrap_or(""),
+            eos.as_deref().unwrap_or(""),
+        )?),
         None => None,
     };
     let names = hf_weight_files(files.get("model.safetensors.index.json").copied())?;
     let mut st = Vec::new();
     for n in &names {
-        let b = files.get(n.as_str()).ok_or_else(|| Error::NotAModel(format!("weight file {n} not found")))?;
+        let b = files
+            .get(n.as_str())
+            .ok_or_else(|| Error::NotAModel(format!("weight file {n} not found")))?;
         st.push((n.as_str(), *b));
     }
     let src = SafeTensorsSource::new(st, int4)?;
     let weights = ModelWeights::load(config, &src, Naming::HuggingFace)?;
-    Ok(LoadedModel { weights, tokenizer, chat_template, format: "hf" })
+    Ok(LoadedModel {
+        weights,
+        tokenizer,
+        chat_template,
+        format: "hf",
+    })
 }
 
 /// Loads from the file system: a `.gguf` file or a Hugging Face folder.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn load_path(path: &std::path::Path) -> Result<LoadedModel> {
-    let io = |e: std::io::Error| Error::Io { path: path.display().to_string(), source: e };
+    let io = |e: std::io::Error| Error::Io {
+        path: path.display().to_string(),
+        source: e,
+    };
     let map = |p: &std::path::Path| -> Result<memmap2::Mmap> {
-        let f = std::fs::File::open(p).map_err(|e| Error::Io { path: p.display().to_string(), source: e })?;
+        let f = std::fs::File::open(p).map_err(|e| Error::Io {
+            path: p.display().to_string(),
+            source: e,
+        })?;
         // SAFETY: the model file is opened read-only; the map is dropped before return.
-        unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::Io { path: p.display().to_string(), source: e })
+        unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::Io {
+            path: p.display().to_string(),
+            source: e,
+        })
     };
     let meta = std::fs::metadata(path).map_err(io)?;
     if meta.is_dir() {
         let mut maps: Vec<(String, memmap2::Mmap)> = Vec::new();
-        for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja", "model.safetensors.index.json"] {
+        for name in [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "generation_config.json",
+            "chat_template.jinja",
+            "model.safetensors.index.json",
+        ] {
             let p = path.join(name);
             if p.exists() {
                 maps.push((name.into(), map(&p)?));
             }
         }
-        let index = maps.iter().find(|(n, _)| n == "model.safetensors.index.json").map(|(_, m)| m.to_vec());
+        let index = maps
+            .iter()
+            .find(|(n, _)| n == "model.safetensors.index.json")
+            .map(|(_, m)| m.to_vec());
         for n in hf_weight_files(index.as_deref())? {
             let p = path.join(&n);
             if p.exists() {
@@ -203,7 +275,10 @@ pub fn load_path(path: &std::path::Path) -> Result<LoadedModel> {
         if m.len() >= 4 && &m[..4] == crate::formats::gguf::GGUF_MAGIC {
             load_gguf(&m)
         } else {
-            Err(Error::BadMagic { expected: "GGUF", found: m[..m.len().min(4)].to_vec() })
+            Err(Error::BadMagic {
+                expected: "GGUF",
+                found: m[..m.len().min(4)].to_vec(),
+            })
         }
     }
 }

@@ -8,10 +8,20 @@ use crate::model_files::LoadedModel;
 /// Every non-empty line as (its JSON object, the prompt's token ids).
 pub fn parse(text: &str, m: &LoadedModel) -> Result<Vec<(serde_json::Value, Vec<u32>)>> {
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let bad = |reason: String| Error::PromptFile { line: i + 1, reason };
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let bad = |reason: String| Error::PromptFile {
+            line: i + 1,
+            reason,
+        };
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
-        let ids = match (v.get("chat").and_then(|c| c.as_str()), v.get("prompt").and_then(|c| c.as_str())) {
+        let ids = match (
+            v.get("chat").and_then(|c| c.as_str()),
+            v.get("prompt").and_then(|c| c.as_str()),
+        ) {
             (Some(c), _) => m.chat_ids(None, c)?,
             (None, Some(p)) => m.tokenizer.encode(p, true)?,
             _ => return Err(bad("needs `chat` or `prompt`".into())),

@@ -137,9 +137,17 @@ impl QuantMatrix {
 
     /// Repacks `rows x cols` elements of ggml type `t` (row-major, as GGUF stores a
     /// 2-D tensor with `ne0 = cols`).
-    pub fn from_ggml(name: &str, t: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<Self> {
-        let (format, group) = target_format(t)
-            .ok_or_else(|| Error::UnsupportedTensorType { tensor: name.into(), dtype: t.name() })?;
+    pub fn from_ggml(
+        name: &str,
+        t: GgmlType,
+        data: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        let (format, group) = target_format(t).ok_or_else(|| Error::UnsupportedTensorType {
+            tensor: name.into(),
+            dtype: t.name(),
+        })?;
         let (bs, bb) = t.block_size();
         let n = rows * cols;
         if cols % group != 0 || cols % bs != 0 {
@@ -149,7 +157,10 @@ impl QuantMatrix {
             });
         }
         if data.len() < n / bs * bb {
-            return Err(Error::BadTensorLayout { tensor: name.into(), reason: "data shorter than its shape".into() });
+            return Err(Error::BadTensorLayout {
+                tensor: name.into(),
+                reason: "data shorter than its shape".into(),
+            });
         }
         match t {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
@@ -175,7 +186,11 @@ impl QuantMatrix {
             let amax = g.iter().fold(0f32, |a, v| a.max(v.abs()));
             let scale = f16::from_f32(amax / 127.0).to_f32();
             for (qi, &v) in q.iter_mut().zip(g) {
-                *qi = if scale > 0.0 { (v / scale).round().clamp(-127.0, 127.0) as i32 } else { 0 };
+                *qi = if scale > 0.0 {
+                    (v / scale).round().clamp(-127.0, 127.0) as i32
+                } else {
+                    0
+                };
             }
             m.push_group(&q, scale, 0.0);
         }
@@ -193,7 +208,11 @@ impl QuantMatrix {
             let scale = f16::from_f32((hi - lo) / 15.0).to_f32();
             let min = f16::from_f32(lo).to_f32();
             for (qi, &v) in q.iter_mut().zip(g) {
-                *qi = if scale > 0.0 { ((v - min) / scale).round().clamp(0.0, 15.0) as i32 } else { 0 };
+                *qi = if scale > 0.0 {
+                    ((v - min) / scale).round().clamp(0.0, 15.0) as i32
+                } else {
+                    0
+                };
             }
             m.push_group(&q, scale, min);
         }

@@ -25,7 +25,10 @@ pub struct Proposed {
 impl Proposed {
     /// A draft proposed with certainty (an argmax drafter): q is one-hot.
     pub fn certain(token: u32) -> Self {
-        Proposed { token, q: vec![(token, 1.0)] }
+        Proposed {
+            token,
+            q: vec![(token, 1.0)],
+        }
     }
     fn q_of(&self, t: u32) -> f32 {
         self.q.iter().filter(|x| x.0 == t).map(|x| x.1).sum()
@@ -41,7 +44,10 @@ pub enum Verdict {
 
 /// The verdict on draft `d` at absolute `position`, `p` the target's distribution there.
 pub fn verify(p: &[f32], d: &Proposed, seed: u64, position: u32) -> Verdict {
-    let (pd, qd) = (p.get(d.token as usize).copied().unwrap_or(0.0), d.q_of(d.token));
+    let (pd, qd) = (
+        p.get(d.token as usize).copied().unwrap_or(0.0),
+        d.q_of(d.token),
+    );
     let u = random_uniform(seed, position, STREAM_ACCEPT);
     if qd > 0.0 && u * qd < pd {
         return Verdict::Accept;
@@ -55,12 +61,17 @@ pub fn verify(p: &[f32], d: &Proposed, seed: u64, position: u32) -> Verdict {
     let total: f32 = r.iter().sum();
     let u2 = random_uniform(seed, position, STREAM_RESIDUAL);
     // p == q leaves no residual (and rejection then has probability 0): draw from p.
-    Verdict::Reject(if total > 0.0 { inverse_cdf(&r, u2 * total) } else { inverse_cdf(p, u2 * p.iter().sum::<f32>()) })
+    Verdict::Reject(if total > 0.0 {
+        inverse_cdf(&r, u2 * total)
+    } else {
+        inverse_cdf(p, u2 * p.iter().sum::<f32>())
+    })
 }
 
 /// Gumbel noise for candidate token `c` at a position: `-ln(-ln(u))`, u in (0, 1).
 pub fn gumbel(seed: u64, position: u32, c: u32) -> f32 {
-    let u = ((random_u32(seed, position, STREAM_GUMBEL.wrapping_add(c)) >> 8) as f32 + 0.5) * (1.0 / 16_777_216.0);
+    let u = ((random_u32(seed, position, STREAM_GUMBEL.wrapping_add(c)) >> 8) as f32 + 0.5)
+        * (1.0 / 16_777_216.0);
     -(-u.ln()).ln()
 }
 
@@ -82,5 +93,8 @@ pub fn gumbel_pick(ids: &[u32], scores: &[f32], t: f32, seed: u64, position: u32
             best = i;
         }
     }
-    Proposed { token: ids[best], q: ids.iter().zip(&e).map(|(&c, &x)| (c, x / sum)).collect() }
+    Proposed {
+        token: ids[best],
+        q: ids.iter().zip(&e).map(|(&c, &x)| (c, x / sum)).collect(),
+    }
 }

@@ -31,7 +31,15 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, seed: 0, speculative_rejection: false }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+            speculative_rejection: false,
+        }
     }
 }
 
@@ -159,7 +167,11 @@ pub fn kept_weights(logits: &[f32], params: &SamplingParams, history: &[u32]) ->
     apply_repetition_penalty(&mut l, history, params.repetition_penalty);
     let inv_t = 1.0 / params.temperature;
     let z: Vec<f32> = l.iter().map(|v| v * inv_t).collect();
-    let m = z.iter().cloned().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    let m = z
+        .iter()
+        .cloned()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
     let n = z.len();
     let mut thr = 0u32;
     if params.top_k > 0 && params.top_k < n {
@@ -171,7 +183,11 @@ pub fn kept_weights(logits: &[f32], params: &SamplingParams, history: &[u32]) ->
         thr = thr.max(order_key(m + params.min_p.ln()));
     }
     if params.top_p < 1.0 {
-        let mut kept: Vec<(u32, f32)> = z.iter().filter(|&&v| order_key(v) >= thr).map(|&v| (order_key(v), (v - m).exp())).collect();
+        let mut kept: Vec<(u32, f32)> = z
+            .iter()
+            .filter(|&&v| order_key(v) >= thr)
+            .map(|&v| (order_key(v), (v - m).exp()))
+            .collect();
         let target = kept.iter().map(|k| k.1).sum::<f32>() * params.top_p;
         kept.sort_unstable_by(|a, b| b.0.cmp(&a.0));
         let mut cum = 0f32;
@@ -183,7 +199,16 @@ pub fn kept_weights(logits: &[f32], params: &SamplingParams, history: &[u32]) ->
             }
         }
     }
-    let w: Vec<f32> = z.iter().map(|&v| if order_key(v) >= thr { (v - m).exp() } else { 0.0 }).collect();
+    let w: Vec<f32> = z
+        .iter()
+        .map(|&v| {
+            if order_key(v) >= thr {
+                (v - m).exp()
+            } else {
+                0.0
+            }
+        })
+        .collect();
     let total = w.iter().sum();
     (w, total)
 }

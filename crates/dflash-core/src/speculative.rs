@@ -29,7 +29,11 @@ impl BlockSize {
     /// Relative step costs of a device where verifying b rows costs `1 + slope * (b - 1)`
     /// times one row (a GPU: slope near 0; the CPU reference: near 1).
     pub fn auto_linear(max_block: usize, slope: f64) -> Self {
-        BlockSize::Auto { verify_cost: (0..=max_block).map(|b| 1.0 + slope * (b.max(1) - 1) as f64).collect() }
+        BlockSize::Auto {
+            verify_cost: (0..=max_block)
+                .map(|b| 1.0 + slope * (b.max(1) - 1) as f64)
+                .collect(),
+        }
     }
 }
 
@@ -57,7 +61,11 @@ impl Acceptance {
     /// Conditional acceptance rate of slot j+1 given slot j was accepted, with a
     /// Beta(1, 1) prior.
     fn conditional(&self, j: usize) -> f64 {
-        let tried_here = if j == 0 { self.tried.first().copied().unwrap_or(0) } else { self.accepted.get(j - 1).copied().unwrap_or(0) };
+        let tried_here = if j == 0 {
+            self.tried.first().copied().unwrap_or(0)
+        } else {
+            self.accepted.get(j - 1).copied().unwrap_or(0)
+        };
         let acc = self.accepted.get(j).copied().unwrap_or(0);
         (acc as f64 + 1.0) / (tried_here as f64 + 2.0)
     }
@@ -72,7 +80,11 @@ impl Acceptance {
         }
     }
     pub fn rates(&self) -> Vec<f64> {
-        self.accepted.iter().zip(&self.tried).map(|(&a, &t)| if t == 0 { 0.0 } else { a as f64 / t as f64 }).collect()
+        self.accepted
+            .iter()
+            .zip(&self.tried)
+            .map(|(&a, &t)| if t == 0 { 0.0 } else { a as f64 / t as f64 })
+            .collect()
     }
 }
 
@@ -126,7 +138,11 @@ impl StepCosts {
     /// Some for the auto policy, None for a fixed block.
     pub fn new(policy: &BlockSize) -> Option<Self> {
         match policy {
-            BlockSize::Auto { verify_cost } => Some(StepCosts { prior: verify_cost.clone(), seconds: vec![0.0; verify_cost.len()], seen: vec![0; verify_cost.len()] }),
+            BlockSize::Auto { verify_cost } => Some(StepCosts {
+                prior: verify_cost.clone(),
+                seconds: vec![0.0; verify_cost.len()],
+                seen: vec![0; verify_cost.len()],
+            }),
             BlockSize::Fixed(_) => None,
         }
     }
@@ -146,13 +162,30 @@ impl StepCosts {
 
     /// The policy with the current costs.
     pub fn policy(&self) -> BlockSize {
-        let measured: Vec<usize> = (1..self.seen.len()).filter(|&b| self.seen[b] >= 2).collect();
+        let measured: Vec<usize> = (1..self.seen.len())
+            .filter(|&b| self.seen[b] >= 2)
+            .collect();
         if measured.is_empty() {
-            return BlockSize::Auto { verify_cost: self.prior.clone() };
+            return BlockSize::Auto {
+                verify_cost: self.prior.clone(),
+            };
         }
         // Seconds per unit of prior cost, over the sizes that have run.
-        let unit = measured.iter().map(|&b| self.seconds[b]).sum::<f64>() / measured.iter().map(|&b| self.prior[b]).sum::<f64>().max(1e-12);
-        let verify_cost = (0..self.prior.len()).map(|b| if self.seen[b] >= 2 { self.seconds[b] / unit.max(1e-12) } else { self.prior[b] }).collect();
+        let unit = measured.iter().map(|&b| self.seconds[b]).sum::<f64>()
+            / measured
+                .iter()
+                .map(|&b| self.prior[b])
+                .sum::<f64>()
+                .max(1e-12);
+        let verify_cost = (0..self.prior.len())
+            .map(|b| {
+                if self.seen[b] >= 2 {
+                    self.seconds[b] / unit.max(1e-12)
+                } else {
+                    self.prior[b]
+                }
+            })
+            .collect();
         BlockSize::Auto { verify_cost }
     }
 }
@@ -205,9 +238,19 @@ pub trait Proposer {
     fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> Result<Vec<u32>>;
     /// Drafts with the distributions they were drawn from, for rejection sampling at
     /// `sampling`'s temperature. Default: the drafts of `draft`, proposed with certainty.
-    fn propose(&mut self, anchor: u32, pos: usize, b: usize, sampling: &SamplingParams) -> Result<Vec<Proposed>> {
+    fn propose(
+        &mut self,
+        anchor: u32,
+        pos: usize,
+        b: usize,
+        sampling: &SamplingParams,
+    ) -> Result<Vec<Proposed>> {
         let _ = sampling;
-        Ok(self.draft(anchor, pos, b)?.into_iter().map(Proposed::certain).collect())
+        Ok(self
+            .draft(anchor, pos, b)?
+            .into_iter()
+            .map(Proposed::certain)
+            .collect())
     }
 }
 
@@ -222,7 +265,11 @@ pub struct DFlashCpu<'a> {
 impl<'a> DFlashCpu<'a> {
     pub fn new(drafter: &'a CpuDrafter, target: &'a CpuModel) -> Result<Self> {
         drafter.config.validate_against(&target.config)?;
-        Ok(DFlashCpu { drafter, target, ctx: drafter.new_context() })
+        Ok(DFlashCpu {
+            drafter,
+            target,
+            ctx: drafter.new_context(),
+        })
     }
 }
 
@@ -237,26 +284,58 @@ impl Proposer for DFlashCpu<'_> {
         self.drafter.extend_context(&mut self.ctx, taps);
     }
     fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> Result<Vec<u32>> {
-        let (h, vocab) = (self.target.config.hidden_size, self.target.config.vocab_size);
+        let (h, vocab) = (
+            self.target.config.hidden_size,
+            self.target.config.vocab_size,
+        );
         let mut ids = vec![anchor];
-        ids.extend(std::iter::repeat_n(self.drafter.config.mask_token_id, b - 1));
-        let hidden = self.drafter.forward_block(&self.ctx, &self.target.embed(&ids)?, pos);
+        ids.extend(std::iter::repeat_n(
+            self.drafter.config.mask_token_id,
+            b - 1,
+        ));
+        let hidden = self
+            .drafter
+            .forward_block(&self.ctx, &self.target.embed(&ids)?, pos);
         let logits = self.target.lm_head_rows(&hidden[h..], b - 1);
         if self.drafter.is_dflash2() {
             return Ok(self.drafter.select(anchor, &hidden[h..], &logits));
         }
-        Ok((0..b - 1).map(|j| argmax(&logits[j * vocab..(j + 1) * vocab]) as u32).collect())
+        Ok((0..b - 1)
+            .map(|j| argmax(&logits[j * vocab..(j + 1) * vocab]) as u32)
+            .collect())
     }
-    fn propose(&mut self, anchor: u32, pos: usize, b: usize, sampling: &SamplingParams) -> Result<Vec<Proposed>> {
+    fn propose(
+        &mut self,
+        anchor: u32,
+        pos: usize,
+        b: usize,
+        sampling: &SamplingParams,
+    ) -> Result<Vec<Proposed>> {
         if !self.drafter.is_dflash2() || sampling.is_greedy() {
-            return Ok(self.draft(anchor, pos, b)?.into_iter().map(Proposed::certain).collect());
+            return Ok(self
+                .draft(anchor, pos, b)?
+                .into_iter()
+                .map(Proposed::certain)
+                .collect());
         }
         let h = self.target.config.hidden_size;
         let mut ids = vec![anchor];
-        ids.extend(std::iter::repeat_n(self.drafter.config.mask_token_id, b - 1));
-        let hidden = self.drafter.forward_block(&self.ctx, &self.target.embed(&ids)?, pos);
+        ids.extend(std::iter::repeat_n(
+            self.drafter.config.mask_token_id,
+            b - 1,
+        ));
+        let hidden = self
+            .drafter
+            .forward_block(&self.ctx, &self.target.embed(&ids)?, pos);
         let logits = self.target.lm_head_rows(&hidden[h..], b - 1);
-        Ok(self.drafter.select_sampled(anchor, &hidden[h..], &logits, sampling.temperature, sampling.seed, pos + 1))
+        Ok(self.drafter.select_sampled(
+            anchor,
+            &hidden[h..],
+            &logits,
+            sampling.temperature,
+            sampling.seed,
+            pos + 1,
+        ))
     }
 }
 
@@ -309,7 +388,14 @@ pub fn generate_speculative_with(
     while !done {
         let pos = cache.len();
         let policy = costs.as_ref().map(StepCosts::policy);
-        let b = choose_block(policy.as_ref().unwrap_or(block), &acceptance, max_block, idle).min(context - pos).max(1);
+        let b = choose_block(
+            policy.as_ref().unwrap_or(block),
+            &acceptance,
+            max_block,
+            idle,
+        )
+        .min(context - pos)
+        .max(1);
         idle = if b > 1 { 0 } else { idle + 1 };
         let t_step = clock();
         // Draft: one drafter pass over [anchor, MASK x (b-1)].
@@ -323,7 +409,10 @@ pub fn generate_speculative_with(
                 proposer.draft(anchor, pos, b)?
             };
             if drafts.len() != b - 1 || drafts.iter().any(|&d| d as usize >= vocab) {
-                return Err(Error::BadConfig(format!("the proposer returned {} drafts for a block of {b}", drafts.len())));
+                return Err(Error::BadConfig(format!(
+                    "the proposer returned {} drafts for a block of {b}",
+                    drafts.len()
+                )));
             }
             block_ids.extend(drafts);
         }
@@ -376,5 +465,10 @@ pub fn generate_speculative_with(
         anchor = bonus;
     }
     let t2 = clock();
-    Ok(SpeculativeResult { result: sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1), steps: taus.len(), taus, acceptance })
+    Ok(SpeculativeResult {
+        result: sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1),
+        steps: taus.len(),
+        taus,
+        acceptance,
+    })
 }

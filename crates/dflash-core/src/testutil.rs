@@ -13,7 +13,10 @@ pub use crate::rng::Rng;
 
 /// GPT-2's byte-to-unicode table: the visible characters byte-level BPE uses.
 pub fn byte_to_unicode() -> Vec<char> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -45,7 +48,16 @@ pub fn tiny_vocab() -> TinyVocab {
     let b2u = byte_to_unicode();
     let mut tokens: Vec<String> = (0..256).map(|b| b2u[b].to_string()).collect();
     let sp = b2u[b' ' as usize];
-    let merges = [("h", "e"), (&*format!("{sp}"), "t"), (&*format!("{sp}t"), "he"), ("i", "n"), ("o", "r"), ("e", "r"), (&*format!("{sp}"), "a"), ("l", "l")];
+    let merges = [
+        ("h", "e"),
+        (&*format!("{sp}"), "t"),
+        (&*format!("{sp}t"), "he"),
+        ("i", "n"),
+        ("o", "r"),
+        ("e", "r"),
+        (&*format!("{sp}"), "a"),
+        ("l", "l"),
+    ];
     let mut merge_strs = Vec::new();
     for (a, b) in merges {
         tokens.push(format!("{a}{b}"));
@@ -63,7 +75,13 @@ pub fn tiny_vocab() -> TinyVocab {
     }
     let eos = tokens.iter().position(|t| t == "<|im_end|>").unwrap() as u32;
     let bos = tokens.iter().position(|t| t == "<|endoftext|>").unwrap() as u32;
-    TinyVocab { tokens, types, merges: merge_strs, eos, bos }
+    TinyVocab {
+        tokens,
+        types,
+        merges: merge_strs,
+        eos,
+        bos,
+    }
 }
 
 pub fn tiny_config(arch: Arch) -> ModelConfig {
@@ -78,7 +96,11 @@ pub fn tiny_config(arch: Arch) -> ModelConfig {
         vocab_size: tiny_vocab().tokens.len(),
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
-        rope_style: if arch == Arch::Llama { RopeStyle::Interleaved } else { RopeStyle::Neox },
+        rope_style: if arch == Arch::Llama {
+            RopeStyle::Interleaved
+        } else {
+            RopeStyle::Neox
+        },
         rope_dim: 16,
         rope_freq_factors: vec![],
         max_position_embeddings: 256,
@@ -93,7 +115,13 @@ pub fn tiny_config(arch: Arch) -> ModelConfig {
 pub fn random_weights(c: &ModelConfig, seed: u64) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
     let mut rng = Rng(seed);
     let mut w = BTreeMap::new();
-    let (h, q, kv, ff, v) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.vocab_size);
+    let (h, q, kv, ff, v) = (
+        c.hidden_size,
+        c.q_dim(),
+        c.kv_dim(),
+        c.intermediate_size,
+        c.vocab_size,
+    );
     let mut put = |name: String, shape: Vec<usize>, scale: f32, offset: f32, rng: &mut Rng| {
         let n = shape.iter().product();
         let vals = rng.vec(n, scale).into_iter().map(|x| x + offset).collect();
@@ -106,23 +134,89 @@ pub fn random_weights(c: &ModelConfig, seed: u64) -> BTreeMap<String, (Vec<usize
     }
     for i in 0..c.num_layers {
         let s = |x: usize| 1.0 / (x as f32).sqrt();
-        put(format!("blk.{i}.attn_norm.weight"), vec![h], 0.2, 1.0, &mut rng);
-        put(format!("blk.{i}.ffn_norm.weight"), vec![h], 0.2, 1.0, &mut rng);
-        put(format!("blk.{i}.attn_q.weight"), vec![q, h], 2.0 * s(h), 0.0, &mut rng);
-        put(format!("blk.{i}.attn_k.weight"), vec![kv, h], 2.0 * s(h), 0.0, &mut rng);
-        put(format!("blk.{i}.attn_v.weight"), vec![kv, h], s(h), 0.0, &mut rng);
-        put(format!("blk.{i}.attn_output.weight"), vec![h, q], s(q), 0.0, &mut rng);
-        put(format!("blk.{i}.ffn_gate.weight"), vec![ff, h], s(h), 0.0, &mut rng);
-        put(format!("blk.{i}.ffn_up.weight"), vec![ff, h], s(h), 0.0, &mut rng);
-        put(format!("blk.{i}.ffn_down.weight"), vec![h, ff], s(ff), 0.0, &mut rng);
+        put(
+            format!("blk.{i}.attn_norm.weight"),
+            vec![h],
+            0.2,
+            1.0,
+            &mut rng,
+        );
+        put(
+            format!("blk.{i}.ffn_norm.weight"),
+            vec![h],
+            0.2,
+            1.0,
+            &mut rng,
+        );
+        put(
+            format!("blk.{i}.attn_q.weight"),
+            vec![q, h],
+            2.0 * s(h),
+            0.0,
+            &mut rng,
+        );
+        put(
+            format!("blk.{i}.attn_k.weight"),
+            vec![kv, h],
+            2.0 * s(h),
+            0.0,
+            &mut rng,
+        );
+        put(
+            format!("blk.{i}.attn_v.weight"),
+            vec![kv, h],
+            s(h),
+            0.0,
+            &mut rng,
+        );
+        put(
+            format!("blk.{i}.attn_output.weight"),
+            vec![h, q],
+            s(q),
+            0.0,
+            &mut rng,
+        );
+        put(
+            format!("blk.{i}.ffn_gate.weight"),
+            vec![ff, h],
+            s(h),
+            0.0,
+            &mut rng,
+        );
+        put(
+            format!("blk.{i}.ffn_up.weight"),
+            vec![ff, h],
+            s(h),
+            0.0,
+            &mut rng,
+        );
+        put(
+            format!("blk.{i}.ffn_down.weight"),
+            vec![h, ff],
+            s(ff),
+            0.0,
+            &mut rng,
+        );
         if c.qkv_bias {
             put(format!("blk.{i}.attn_q.bias"), vec![q], 0.3, 0.0, &mut rng);
             put(format!("blk.{i}.attn_k.bias"), vec![kv], 0.3, 0.0, &mut rng);
             put(format!("blk.{i}.attn_v.bias"), vec![kv], 0.3, 0.0, &mut rng);
         }
         if c.qk_norm {
-            put(format!("blk.{i}.attn_q_norm.weight"), vec![c.head_dim], 0.2, 1.0, &mut rng);
-            put(format!("blk.{i}.attn_k_norm.weight"), vec![c.head_dim], 0.2, 1.0, &mut rng);
+            put(
+                format!("blk.{i}.attn_q_norm.weight"),
+                vec![c.head_dim],
+                0.2,
+                1.0,
+                &mut rng,
+            );
+            put(
+                format!("blk.{i}.attn_k_norm.weight"),
+                vec![c.head_dim],
+                0.2,
+                1.0,
+                &mut rng,
+            );
         }
     }
     w
@@ -179,29 +273,68 @@ pub fn gguf_metadata(c: &ModelConfig) -> Vec<(String, Value)> {
         (format!("{a}.attention.key_length"), u(c.head_dim)),
         (format!("{a}.rope.freq_base"), Value::F32(c.rope_theta)),
         (format!("{a}.rope.dimension_count"), u(c.rope_dim)),
-        (format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps)),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(c.rms_norm_eps),
+        ),
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         ("tokenizer.ggml.pre".into(), Value::String("smollm".into())),
-        ("tokenizer.ggml.tokens".into(), Value::Array(voc.tokens.iter().map(|t| Value::String(t.clone())).collect())),
-        ("tokenizer.ggml.token_type".into(), Value::Array(voc.types.iter().map(|&t| Value::I32(t)).collect())),
-        ("tokenizer.ggml.merges".into(), Value::Array(voc.merges.iter().map(|t| Value::String(t.clone())).collect())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(
+                voc.tokens
+                    .iter()
+                    .map(|t| Value::String(t.clone()))
+                    .collect(),
+            ),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(voc.types.iter().map(|&t| Value::I32(t)).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(
+                voc.merges
+                    .iter()
+                    .map(|t| Value::String(t.clone()))
+                    .collect(),
+            ),
+        ),
         ("tokenizer.ggml.bos_token_id".into(), Value::U32(voc.bos)),
         ("tokenizer.ggml.eos_token_id".into(), Value::U32(voc.eos)),
         ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
-        ("tokenizer.chat_template".into(), Value::String(CHATML_TEMPLATE.into())),
+        (
+            "tokenizer.chat_template".into(),
+            Value::String(CHATML_TEMPLATE.into()),
+        ),
     ]
 }
 
 /// Writes a tiny model as a GGUF file: 2-D weights in `matrix_type`, 1-D in F32.
-pub fn write_gguf(c: &ModelConfig, w: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, matrix_type: GgmlType) -> Vec<u8> {
+pub fn write_gguf(
+    c: &ModelConfig,
+    w: &BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    matrix_type: GgmlType,
+) -> Vec<u8> {
     let mut tensors = Vec::new();
     for (name, (shape, vals)) in w {
         let mut vals = vals.clone();
-        if c.arch == Arch::Llama && (name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight")) {
-            let heads = if name.ends_with("attn_q.weight") { c.num_heads } else { c.num_kv_heads };
+        if c.arch == Arch::Llama
+            && (name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight"))
+        {
+            let heads = if name.ends_with("attn_q.weight") {
+                c.num_heads
+            } else {
+                c.num_kv_heads
+            };
             vals = permute_qk(&vals, shape[0], shape[1], heads);
         }
-        let t = if shape.len() == 2 { matrix_type } else { GgmlType::F32 };
+        let t = if shape.len() == 2 {
+            matrix_type
+        } else {
+            GgmlType::F32
+        };
         tensors.push(writer::TensorData {
             name: name.clone(),
             dims: shape.iter().rev().map(|&d| d as u64).collect(),
@@ -229,8 +362,12 @@ fn hf_name(gguf: &str) -> String {
 /// The `tokenizer.json` of the tiny vocabulary.
 pub fn tiny_tokenizer_json() -> String {
     let voc = tiny_vocab();
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        voc.tokens.iter().enumerate().map(|(i, t)| (t.clone(), serde_json::json!(i))).collect();
+    let vocab: serde_json::Map<String, serde_json::Value> = voc
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), serde_json::json!(i)))
+        .collect();
     let added: Vec<serde_json::Value> = voc
         .tokens
         .iter()
@@ -252,7 +389,12 @@ pub fn tiny_tokenizer_json() -> String {
 
 /// The files of a tiny Hugging Face model folder. Weights in `dtype` (F32, F16 or
 /// BF16), split over `shards` safetensors files (with an index when more than one).
-pub fn write_hf(c: &ModelConfig, w: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, dtype: Dtype, shards: usize) -> BTreeMap<String, Vec<u8>> {
+pub fn write_hf(
+    c: &ModelConfig,
+    w: &BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    dtype: Dtype,
+    shards: usize,
+) -> BTreeMap<String, Vec<u8>> {
     let mut files = BTreeMap::new();
     let model_type = arch_name(c.arch);
     let voc = tiny_vocab();
@@ -270,13 +412,24 @@ pub fn write_hf(c: &ModelConfig, w: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, d
     files.insert("config.json".into(), config.to_string().into_bytes());
     files.insert("tokenizer.json".into(), tiny_tokenizer_json().into_bytes());
     let tok_cfg = serde_json::json!({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": false, "chat_template": CHATML_TEMPLATE});
-    files.insert("tokenizer_config.json".into(), tok_cfg.to_string().into_bytes());
-    files.insert("generation_config.json".into(), serde_json::json!({"eos_token_id": [voc.eos]}).to_string().into_bytes());
+    files.insert(
+        "tokenizer_config.json".into(),
+        tok_cfg.to_string().into_bytes(),
+    );
+    files.insert(
+        "generation_config.json".into(),
+        serde_json::json!({"eos_token_id": [voc.eos]})
+            .to_string()
+            .into_bytes(),
+    );
     let enc = |x: &[f32]| -> Vec<u8> {
         match dtype {
             Dtype::F32 => quantize::f32s(x),
             Dtype::F16 => quantize::f16s(x),
-            Dtype::BF16 => x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+            Dtype::BF16 => x
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
             d => panic!("test helper cannot write {d:?}"),
         }
     };
@@ -290,13 +443,23 @@ pub fn write_hf(c: &ModelConfig, w: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, d
         let mut map = serde_json::Map::new();
         for k in 0..shards {
             let fname = format!("model-{:05}-of-{:05}.safetensors", k + 1, shards);
-            let part: Vec<_> = all.iter().enumerate().filter(|(i, _)| i % shards == k).map(|(_, t)| t.clone()).collect();
+            let part: Vec<_> = all
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % shards == k)
+                .map(|(_, t)| t.clone())
+                .collect();
             for t in &part {
                 map.insert(t.0.clone(), serde_json::json!(fname));
             }
             files.insert(fname, write_safetensors(&part));
         }
-        files.insert("model.safetensors.index.json".into(), serde_json::json!({"metadata": {}, "weight_map": map}).to_string().into_bytes());
+        files.insert(
+            "model.safetensors.index.json".into(),
+            serde_json::json!({"metadata": {}, "weight_map": map})
+                .to_string()
+                .into_bytes(),
+        );
     }
     files
 }
@@ -334,15 +497,23 @@ pub fn write_drafter(t: &ModelConfig, s: &DrafterSpec) -> BTreeMap<String, Vec<u
     drafter_files(&cfg, &tensors)
 }
 
-fn drafter_files(cfg: &serde_json::Value, tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]) -> BTreeMap<String, Vec<u8>> {
+fn drafter_files(
+    cfg: &serde_json::Value,
+    tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
+) -> BTreeMap<String, Vec<u8>> {
     let mut files = BTreeMap::new();
-    files.insert("config.json".into(), serde_json::to_vec_pretty(cfg).unwrap());
+    files.insert(
+        "config.json".into(),
+        serde_json::to_vec_pretty(cfg).unwrap(),
+    );
     files.insert("model.safetensors".into(), write_safetensors(tensors));
     files
 }
 
 fn bf16_bytes(x: &[f32]) -> Vec<u8> {
-    x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect()
+    x.iter()
+        .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+        .collect()
 }
 
 /// DFlash2's extras for `write_dflash2_drafter`.
@@ -362,7 +533,11 @@ pub struct Dflash2Spec {
 /// `kernel_projection.weight` `[2 * taps * H / group, H]`) and the
 /// `candidate_selector` (`hidden_projection.weight` `[rank, H]`,
 /// `predecessor_codebook` / `successor_codebook` `[V, rank]`), the names vLLM loads.
-pub fn write_dflash2_drafter(t: &ModelConfig, s: &DrafterSpec, d: &Dflash2Spec) -> BTreeMap<String, Vec<u8>> {
+pub fn write_dflash2_drafter(
+    t: &ModelConfig,
+    s: &DrafterSpec,
+    d: &Dflash2Spec,
+) -> BTreeMap<String, Vec<u8>> {
     let (mut cfg, mut tensors) = drafter_parts(t, s);
     cfg["architectures"] = serde_json::json!(["DFlash2DraftModel"]);
     let dc = &mut cfg["dflash_config"];
@@ -370,7 +545,11 @@ pub fn write_dflash2_drafter(t: &ModelConfig, s: &DrafterSpec, d: &Dflash2Spec) 
     dc["conv_group_size"] = d.conv_group_size.into();
     dc["selector_rank"] = d.selector_rank.into();
     dc["selector_top_k"] = d.selector_top_k.into();
-    for (k, v) in [("output_multiplier", d.output_multiplier), ("final_logit_softcapping", d.final_logit_softcapping), ("input_embedding_scale", d.input_embedding_scale)] {
+    for (k, v) in [
+        ("output_multiplier", d.output_multiplier),
+        ("final_logit_softcapping", d.final_logit_softcapping),
+        ("input_embedding_scale", d.input_embedding_scale),
+    ] {
         if let Some(v) = v {
             dc[k] = serde_json::json!(v);
         }
@@ -384,13 +563,38 @@ pub fn write_dflash2_drafter(t: &ModelConfig, s: &DrafterSpec, d: &Dflash2Spec) 
     };
     for i in 0..s.layers {
         for conv in ["attention_conv", "mlp_conv"] {
-            put(format!("layers.{i}.{conv}.base_kernel"), vec![2, d.conv_kernel_size, h], 0.5, &mut rng);
-            put(format!("layers.{i}.{conv}.kernel_projection.weight"), vec![2 * d.conv_kernel_size * groups, h], 0.3 / (h as f32).sqrt(), &mut rng);
+            put(
+                format!("layers.{i}.{conv}.base_kernel"),
+                vec![2, d.conv_kernel_size, h],
+                0.5,
+                &mut rng,
+            );
+            put(
+                format!("layers.{i}.{conv}.kernel_projection.weight"),
+                vec![2 * d.conv_kernel_size * groups, h],
+                0.3 / (h as f32).sqrt(),
+                &mut rng,
+            );
         }
     }
-    put("candidate_selector.hidden_projection.weight".into(), vec![d.selector_rank, h], 1.0 / (h as f32).sqrt(), &mut rng);
-    put("candidate_selector.predecessor_codebook".into(), vec![t.vocab_size, d.selector_rank], 1.0, &mut rng);
-    put("candidate_selector.successor_codebook".into(), vec![t.vocab_size, d.selector_rank], 1.0, &mut rng);
+    put(
+        "candidate_selector.hidden_projection.weight".into(),
+        vec![d.selector_rank, h],
+        1.0 / (h as f32).sqrt(),
+        &mut rng,
+    );
+    put(
+        "candidate_selector.predecessor_codebook".into(),
+        vec![t.vocab_size, d.selector_rank],
+        1.0,
+        &mut rng,
+    );
+    put(
+        "candidate_selector.successor_codebook".into(),
+        vec![t.vocab_size, d.selector_rank],
+        1.0,
+        &mut rng,
+    );
     drafter_files(&cfg, &tensors)
 }
 
@@ -399,7 +603,10 @@ type Tensors = Vec<(String, Dtype, Vec<usize>, Vec<u8>)>;
 /// The DFlash drafter's config.json and tensors (bf16, z-lab names).
 fn drafter_parts(t: &ModelConfig, s: &DrafterSpec) -> (serde_json::Value, Tensors) {
     use crate::drafter::DrafterConfig;
-    let ids = s.target_layer_ids.clone().unwrap_or_else(|| DrafterConfig::default_target_layer_ids(s.layers, t.num_layers));
+    let ids = s
+        .target_layer_ids
+        .clone()
+        .unwrap_or_else(|| DrafterConfig::default_target_layer_ids(s.layers, t.num_layers));
     let (h, hd) = (t.hidden_size, t.head_dim);
     let (nh, nkv, ff) = (t.num_heads, t.num_kv_heads, t.intermediate_size);
     let mut cfg = serde_json::json!({
@@ -433,27 +640,72 @@ fn drafter_parts(t: &ModelConfig, s: &DrafterSpec) -> (serde_json::Value, Tensor
         tensors.push((name, Dtype::BF16, shape, bf16_bytes(&v)));
     };
     let sc = |x: usize| 1.0 / (x as f32).sqrt();
-    put("fc.weight".into(), vec![h, ids.len() * h], sc(ids.len() * h), 0.0, &mut rng);
+    put(
+        "fc.weight".into(),
+        vec![h, ids.len() * h],
+        sc(ids.len() * h),
+        0.0,
+        &mut rng,
+    );
     put("hidden_norm.weight".into(), vec![h], 0.1, 1.0, &mut rng);
     put("norm.weight".into(), vec![h], 0.1, 1.0, &mut rng);
     for i in 0..s.layers {
         let p = |n: &str| format!("layers.{i}.{n}");
         put(p("input_layernorm.weight"), vec![h], 0.1, 1.0, &mut rng);
-        put(p("post_attention_layernorm.weight"), vec![h], 0.1, 1.0, &mut rng);
-        put(p("self_attn.q_proj.weight"), vec![nh * hd, h], 2.0 * sc(h), 0.0, &mut rng);
-        put(p("self_attn.k_proj.weight"), vec![nkv * hd, h], 2.0 * sc(h), 0.0, &mut rng);
-        put(p("self_attn.v_proj.weight"), vec![nkv * hd, h], sc(h), 0.0, &mut rng);
-        put(p("self_attn.o_proj.weight"), vec![h, nh * hd], sc(nh * hd), 0.0, &mut rng);
+        put(
+            p("post_attention_layernorm.weight"),
+            vec![h],
+            0.1,
+            1.0,
+            &mut rng,
+        );
+        put(
+            p("self_attn.q_proj.weight"),
+            vec![nh * hd, h],
+            2.0 * sc(h),
+            0.0,
+            &mut rng,
+        );
+        put(
+            p("self_attn.k_proj.weight"),
+            vec![nkv * hd, h],
+            2.0 * sc(h),
+            0.0,
+            &mut rng,
+        );
+        put(
+            p("self_attn.v_proj.weight"),
+            vec![nkv * hd, h],
+            sc(h),
+            0.0,
+            &mut rng,
+        );
+        put(
+            p("self_attn.o_proj.weight"),
+            vec![h, nh * hd],
+            sc(nh * hd),
+            0.0,
+            &mut rng,
+        );
         put(p("self_attn.q_norm.weight"), vec![hd], 0.1, 1.0, &mut rng);
         put(p("self_attn.k_norm.weight"), vec![hd], 0.1, 1.0, &mut rng);
         put(p("mlp.gate_proj.weight"), vec![ff, h], sc(h), 0.0, &mut rng);
         put(p("mlp.up_proj.weight"), vec![ff, h], sc(h), 0.0, &mut rng);
-        put(p("mlp.down_proj.weight"), vec![h, ff], sc(ff), 0.0, &mut rng);
+        put(
+            p("mlp.down_proj.weight"),
+            vec![h, ff],
+            sc(ff),
+            0.0,
+            &mut rng,
+        );
     }
     (cfg, tensors)
 }
 
 /// A Qwen3-shaped tiny target with enough layers for the default tap formula.
 pub fn tiny_drafter_target() -> ModelConfig {
-    ModelConfig { num_layers: 6, ..tiny_config(Arch::Qwen3) }
+    ModelConfig {
+        num_layers: 6,
+        ..tiny_config(Arch::Qwen3)
+    }
 }

@@ -17,7 +17,10 @@ pub struct TextTokenizer {
 
 impl std::fmt::Debug for TextTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TextTokenizer").field("bos_id", &self.bos_id).field("stop_ids", &self.stop_ids).finish()
+        f.debug_struct("TextTokenizer")
+            .field("bos_id", &self.bos_id)
+            .field("stop_ids", &self.stop_ids)
+            .finish()
     }
 }
 
@@ -59,8 +62,16 @@ const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
 fn str_array<'a>(h: &'a GgufHeader, key: &str) -> Result<Vec<&'a str>> {
-    let arr = h.get(key).and_then(Value::as_array).ok_or_else(|| Error::MissingTokenizer(format!("{key} missing")))?;
-    arr.iter().map(|v| v.as_str().ok_or_else(|| Error::BadMetadata(format!("{key} holds a non-string")))).collect()
+    let arr = h
+        .get(key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| Error::MissingTokenizer(format!("{key} missing")))?;
+    arr.iter()
+        .map(|v| {
+            v.as_str()
+                .ok_or_else(|| Error::BadMetadata(format!("{key} holds a non-string")))
+        })
+        .collect()
 }
 
 fn added_tokens(tokens: &[&str], types: &[i64]) -> Vec<Json> {
@@ -79,27 +90,37 @@ fn added_tokens(tokens: &[&str], types: &[i64]) -> Vec<Json> {
 
 impl TextTokenizer {
     pub fn from_gguf(h: &GgufHeader) -> Result<Self> {
-        let model = h.get_str("tokenizer.ggml.model").ok_or_else(|| Error::MissingTokenizer("tokenizer.ggml.model missing".into()))?;
+        let model = h
+            .get_str("tokenizer.ggml.model")
+            .ok_or_else(|| Error::MissingTokenizer("tokenizer.ggml.model missing".into()))?;
         let tokens = str_array(h, "tokenizer.ggml.tokens")?;
         let types: Vec<i64> = match h.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
             Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(1.0) as i64).collect(),
             None => vec![TOKEN_TYPE_NORMAL; tokens.len()],
         };
         if types.len() != tokens.len() {
-            return Err(Error::BadMetadata("token_type and tokens differ in length".into()));
+            return Err(Error::BadMetadata(
+                "token_type and tokens differ in length".into(),
+            ));
         }
         let mut vocab = serde_json::Map::new();
         for (i, t) in tokens.iter().enumerate() {
             vocab.insert((*t).to_string(), json!(i));
         }
-        let id = |k: &str| h.get_u64(k).map(|v| v as u32).filter(|&v| (v as usize) < tokens.len());
+        let id = |k: &str| {
+            h.get_u64(k)
+                .map(|v| v as u32)
+                .filter(|&v| (v as usize) < tokens.len())
+        };
         let spec = match model {
             "gpt2" => {
                 let merges = str_array(h, "tokenizer.ggml.merges")?;
                 let merges: Vec<Json> = merges
                     .iter()
                     .map(|m| {
-                        let (a, b) = m.split_once(' ').ok_or_else(|| Error::BadMetadata(format!("merge {m:?} has no space")))?;
+                        let (a, b) = m.split_once(' ').ok_or_else(|| {
+                            Error::BadMetadata(format!("merge {m:?} has no space"))
+                        })?;
                         Ok(json!([a, b]))
                     })
                     .collect::<Result<_>>()?;
@@ -118,23 +139,39 @@ impl TextTokenizer {
                 })
             }
             "llama" => {
-                let scores: Vec<f32> = match h.get("tokenizer.ggml.scores").and_then(Value::as_array) {
-                    Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
-                    None => return Err(Error::MissingTokenizer("tokenizer.ggml.scores missing for a llama vocabulary".into())),
-                };
+                let scores: Vec<f32> =
+                    match h.get("tokenizer.ggml.scores").and_then(Value::as_array) {
+                        Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
+                        None => {
+                            return Err(Error::MissingTokenizer(
+                                "tokenizer.ggml.scores missing for a llama vocabulary".into(),
+                            ))
+                        }
+                    };
                 if scores.len() != tokens.len() {
-                    return Err(Error::BadMetadata("scores and tokens differ in length".into()));
+                    return Err(Error::BadMetadata(
+                        "scores and tokens differ in length".into(),
+                    ));
                 }
                 let merges = spm_merges(&tokens, &scores, &types);
-                let add_space = h.get("tokenizer.ggml.add_space_prefix").and_then(Value::as_bool).unwrap_or(true);
+                let add_space = h
+                    .get("tokenizer.ggml.add_space_prefix")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true);
                 let mut norm = vec![];
                 if add_space {
                     norm.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
                 }
-                norm.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
-                let unk = id("tokenizer.ggml.unknown_token_id").map(|i| tokens[i as usize].to_string());
-                let mut strip = vec![json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
-                                     json!({"type": "ByteFallback"}), json!({"type": "Fuse"})];
+                norm.push(
+                    json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}),
+                );
+                let unk =
+                    id("tokenizer.ggml.unknown_token_id").map(|i| tokens[i as usize].to_string());
+                let mut strip = vec![
+                    json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+                    json!({"type": "ByteFallback"}),
+                    json!({"type": "Fuse"}),
+                ];
                 if add_space {
                     strip.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
                 }
@@ -150,26 +187,54 @@ impl TextTokenizer {
                               "ignore_merges": false, "vocab": vocab, "merges": merges}
                 })
             }
-            other => return Err(Error::UnsupportedTokenizer(format!("GGUF tokenizer model {other:?} (supported: gpt2, llama)"))),
+            other => {
+                return Err(Error::UnsupportedTokenizer(format!(
+                    "GGUF tokenizer model {other:?} (supported: gpt2, llama)"
+                )))
+            }
         };
-        let inner = Tokenizer::from_bytes(serde_json::to_vec(&spec).unwrap()).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let inner = Tokenizer::from_bytes(serde_json::to_vec(&spec).unwrap())
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
         let mut stop_ids = Vec::new();
-        for k in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        for k in [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ] {
             if let Some(i) = id(k) {
                 if !stop_ids.contains(&i) {
                     stop_ids.push(i);
                 }
             }
         }
-        let add_bos = h.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(model == "llama");
-        Ok(TextTokenizer { inner, bos_id: id("tokenizer.ggml.bos_token_id"), stop_ids, add_bos })
+        let add_bos = h
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(model == "llama");
+        Ok(TextTokenizer {
+            inner,
+            bos_id: id("tokenizer.ggml.bos_token_id"),
+            stop_ids,
+            add_bos,
+        })
     }
 
     /// From a Hugging Face `tokenizer.json` plus the ids that `tokenizer_config.json` /
     /// `generation_config.json` name.
-    pub fn from_hf(tokenizer_json: &[u8], bos_id: Option<u32>, stop_ids: Vec<u32>, add_bos: bool) -> Result<Self> {
-        let inner = Tokenizer::from_bytes(tokenizer_json).map_err(|e| Error::Tokenizer(format!("tokenizer.json: {e}")))?;
-        Ok(TextTokenizer { inner, bos_id, stop_ids, add_bos })
+    pub fn from_hf(
+        tokenizer_json: &[u8],
+        bos_id: Option<u32>,
+        stop_ids: Vec<u32>,
+        add_bos: bool,
+    ) -> Result<Self> {
+        let inner = Tokenizer::from_bytes(tokenizer_json)
+            .map_err(|e| Error::Tokenizer(format!("tokenizer.json: {e}")))?;
+        Ok(TextTokenizer {
+            inner,
+            bos_id,
+            stop_ids,
+            add_bos,
+        })
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -187,7 +252,10 @@ impl TextTokenizer {
     /// Encodes text; special tokens written in the text (chat markup) are recognised.
     /// With `add_bos`, prepends BOS when the model asks for it.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode_fast(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if add_bos && self.add_bos {
             if let Some(b) = self.bos_id {
@@ -202,7 +270,9 @@ impl TextTokenizer {
 
     /// Decodes ids to text; special tokens are kept unless `skip_special`.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
-        self.inner.decode(ids, skip_special).map_err(|e| Error::Tokenizer(e.to_string()))
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 
     pub fn is_stop(&self, id: u32) -> bool {
@@ -214,7 +284,8 @@ impl TextTokenizer {
 /// the vocabulary, ranked by the merged piece's score (highest first), the order in
 /// which SentencePiece (and llama.cpp) apply them.
 fn spm_merges(tokens: &[&str], scores: &[f32], types: &[i64]) -> Vec<Json> {
-    let index: std::collections::HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+    let index: std::collections::HashMap<&str, usize> =
+        tokens.iter().enumerate().map(|(i, t)| (*t, i)).collect();
     let mut merges: Vec<(f32, usize, usize, usize)> = Vec::new();
     for (id, t) in tokens.iter().enumerate() {
         if types[id] != TOKEN_TYPE_NORMAL && types[id] != TOKEN_TYPE_USER_DEFINED {
@@ -228,7 +299,10 @@ fn spm_merges(tokens: &[&str], scores: &[f32], types: &[i64]) -> Vec<Json> {
         }
     }
     merges.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
-    merges.into_iter().map(|(_, _, a, b)| json!([tokens[a], tokens[b]])).collect()
+    merges
+        .into_iter()
+        .map(|(_, _, a, b)| json!([tokens[a], tokens[b]]))
+        .collect()
 }
 
 /// Turns a growing list of generated ids into text pieces, holding back bytes that do

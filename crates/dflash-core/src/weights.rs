@@ -18,19 +18,36 @@ pub trait TensorSource<M = QuantMatrix, V = Vec<f32>> {
 }
 
 /// A 2-D tensor whose shape must be `[rows, cols]`, repacked.
-pub fn checked_matrix<M, V>(src: &dyn TensorSource<M, V>, name: &str, rows: usize, cols: usize) -> Result<M> {
-    let shape = src.shape(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
+pub fn checked_matrix<M, V>(
+    src: &dyn TensorSource<M, V>,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<M> {
+    let shape = src
+        .shape(name)
+        .ok_or_else(|| Error::MissingTensor(name.into()))?;
     if shape != [rows, cols] {
-        return Err(Error::ShapeMismatch { tensor: name.into(), expected: vec![rows, cols], found: shape });
+        return Err(Error::ShapeMismatch {
+            tensor: name.into(),
+            expected: vec![rows, cols],
+            found: shape,
+        });
     }
     src.matrix(name)
 }
 
 /// A 1-D tensor whose length must be `len`, as f32.
 pub fn checked_vector<M, V>(src: &dyn TensorSource<M, V>, name: &str, len: usize) -> Result<V> {
-    let shape = src.shape(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
+    let shape = src
+        .shape(name)
+        .ok_or_else(|| Error::MissingTensor(name.into()))?;
     if shape != [len] {
-        return Err(Error::ShapeMismatch { tensor: name.into(), expected: vec![len], found: shape });
+        return Err(Error::ShapeMismatch {
+            tensor: name.into(),
+            expected: vec![len],
+            found: shape,
+        });
     }
     src.vector(name)
 }
@@ -120,7 +137,13 @@ impl<M, V> ModelWeights<M, V> {
     /// Loads and checks every tensor the config calls for.
     pub fn load(config: ModelConfig, src: &dyn TensorSource<M, V>, naming: Naming) -> Result<Self> {
         let c = &config;
-        let (h, q, kv, ff, v) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.vocab_size);
+        let (h, q, kv, ff, v) = (
+            c.hidden_size,
+            c.q_dim(),
+            c.kv_dim(),
+            c.intermediate_size,
+            c.vocab_size,
+        );
         let mat = |name: &str, rows: usize, cols: usize| checked_matrix(src, name, rows, cols);
         let vec = |name: &str, len: usize| checked_vector(src, name, len);
         let opt_vec = |name: String, len: usize, wanted: bool| -> Result<Option<V>> {
@@ -133,7 +156,11 @@ impl<M, V> ModelWeights<M, V> {
         let embed = mat(naming.global("embed"), v, h)?;
         let norm = vec(naming.global("norm"), h)?;
         let lm_name = naming.global("lm_head");
-        let lm_head = if src.shape(lm_name).is_some() { Some(mat(lm_name, v, h)?) } else { None };
+        let lm_head = if src.shape(lm_name).is_some() {
+            Some(mat(lm_name, v, h)?)
+        } else {
+            None
+        };
         if lm_head.is_none() && !c.tie_word_embeddings && matches!(naming, Naming::HuggingFace) {
             return Err(Error::MissingTensor(lm_name.into()));
         }
@@ -157,11 +184,21 @@ impl<M, V> ModelWeights<M, V> {
                 w_down: mat(&n("ffn_down.weight"), h, ff)?,
             });
         }
-        Ok(ModelWeights { config, embed, layers, norm, lm_head })
+        Ok(ModelWeights {
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+        })
     }
 
     /// The same weights with every tensor converted (uploaded, for instance).
-    pub fn try_map<M2, V2, E>(&self, mut mat: impl FnMut(&str, &M) -> std::result::Result<M2, E>, mut vec: impl FnMut(&str, &V) -> std::result::Result<V2, E>) -> std::result::Result<ModelWeights<M2, V2>, E> {
+    pub fn try_map<M2, V2, E>(
+        &self,
+        mut mat: impl FnMut(&str, &M) -> std::result::Result<M2, E>,
+        mut vec: impl FnMut(&str, &V) -> std::result::Result<V2, E>,
+    ) -> std::result::Result<ModelWeights<M2, V2>, E> {
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
             let mut opt = |name: &str, v: &Option<V>| v.as_ref().map(|v| vec(name, v)).transpose();
@@ -189,7 +226,11 @@ impl<M, V> ModelWeights<M, V> {
             embed: mat("embed", &self.embed)?,
             layers,
             norm: vec("norm", &self.norm)?,
-            lm_head: self.lm_head.as_ref().map(|m| mat("lm_head", m)).transpose()?,
+            lm_head: self
+                .lm_head
+                .as_ref()
+                .map(|m| mat("lm_head", m))
+                .transpose()?,
         })
     }
 }
@@ -199,10 +240,20 @@ impl ModelWeights {
     pub fn n_bytes(&self) -> usize {
         let v = |x: &Vec<f32>| x.len() * 4;
         let o = |x: &Option<Vec<f32>>| x.as_ref().map_or(0, |x| x.len() * 4);
-        let mut n = self.embed.n_bytes() + self.lm_head.as_ref().map_or(0, |m| m.n_bytes()) + v(&self.norm);
+        let mut n =
+            self.embed.n_bytes() + self.lm_head.as_ref().map_or(0, |m| m.n_bytes()) + v(&self.norm);
         for l in &self.layers {
-            n += v(&l.attn_norm) + v(&l.ffn_norm) + o(&l.bq) + o(&l.bk) + o(&l.bv) + o(&l.q_norm) + o(&l.k_norm);
-            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.n_bytes()).sum::<usize>();
+            n += v(&l.attn_norm)
+                + v(&l.ffn_norm)
+                + o(&l.bq)
+                + o(&l.bk)
+                + o(&l.bv)
+                + o(&l.q_norm)
+                + o(&l.k_norm);
+            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                .iter()
+                .map(|m| m.n_bytes())
+                .sum::<usize>();
         }
         n
     }

@@ -35,10 +35,19 @@ fn llama3_rope_scaling_becomes_frequency_divisors() {
 #[test]
 fn unknown_rope_scaling_and_bad_heads_are_errors() {
     let yarn = LLAMA31.replace("\"llama3\"", "\"yarn\"");
-    assert!(matches!(ModelConfig::from_hf_json(&yarn), Err(dflash_core::Error::BadConfig(_))));
+    assert!(matches!(
+        ModelConfig::from_hf_json(&yarn),
+        Err(dflash_core::Error::BadConfig(_))
+    ));
     let bad = LLAMA31.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5");
-    assert!(matches!(ModelConfig::from_hf_json(&bad), Err(dflash_core::Error::BadConfig(_))));
-    assert!(matches!(ModelConfig::from_hf_json("{"), Err(dflash_core::Error::BadConfig(_))));
+    assert!(matches!(
+        ModelConfig::from_hf_json(&bad),
+        Err(dflash_core::Error::BadConfig(_))
+    ));
+    assert!(matches!(
+        ModelConfig::from_hf_json("{"),
+        Err(dflash_core::Error::BadConfig(_))
+    ));
 }
 
 /// Transformers 5 writes RoPE as `rope_parameters`: the same theta and llama3 scaling as
@@ -54,7 +63,10 @@ fn rope_parameters_of_transformers_5_are_read() {
     o.remove("rope_theta");
     o.remove("rope_scaling");
     let new = ModelConfig::from_hf_json(&v.to_string()).unwrap();
-    assert_eq!((new.rope_theta, &new.rope_freq_factors), (old.rope_theta, &old.rope_freq_factors));
+    assert_eq!(
+        (new.rope_theta, &new.rope_freq_factors),
+        (old.rope_theta, &old.rope_freq_factors)
+    );
     // Plain default RoPE at another theta.
     let qwen = r#"{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300,
@@ -62,6 +74,12 @@ fn rope_parameters_of_transformers_5_are_read() {
     let q = ModelConfig::from_hf_json(qwen).unwrap();
     assert_eq!(q.rope_theta, 1e7);
     assert!(q.rope_freq_factors.is_empty());
-    let both = qwen.replace("\"vocab_size\": 300,", "\"vocab_size\": 300, \"rope_theta\": 1000000,");
-    assert!(matches!(ModelConfig::from_hf_json(&both), Err(dflash_core::Error::BadConfig(_))));
+    let both = qwen.replace(
+        "\"vocab_size\": 300,",
+        "\"vocab_size\": 300, \"rope_theta\": 1000000,",
+    );
+    assert!(matches!(
+        ModelConfig::from_hf_json(&both),
+        Err(dflash_core::Error::BadConfig(_))
+    ));
 }

@@ -11,7 +11,9 @@ use dflash_core::weights::ModelWeights;
 
 fn model(arch: Arch) -> ModelWeights {
     let c = tiny_config(arch);
-    load_gguf(&write_gguf(&c, &random_weights(&c, 21), GgmlType::Q8_0)).unwrap().weights
+    load_gguf(&write_gguf(&c, &random_weights(&c, 21), GgmlType::Q8_0))
+        .unwrap()
+        .weights
 }
 
 fn tokens(n: usize, vocab: usize) -> Vec<u32> {
@@ -27,19 +29,40 @@ fn logits_are_bit_identical_in_one_token_steps_chunks_and_one_pass() {
         let v = w.config.vocab_size;
         let toks = tokens(40, v);
         let mut c1 = cpu.new_cache(64);
-        let all = cpu.forward(&toks, &mut c1, LogitRows::All, &[]).unwrap().logits;
+        let all = cpu
+            .forward(&toks, &mut c1, LogitRows::All, &[])
+            .unwrap()
+            .logits;
         let mut c2 = cpu.new_cache(64);
         let mut steps = Vec::new();
         for t in &toks {
-            steps.extend(cpu.forward(&[*t], &mut c2, LogitRows::All, &[]).unwrap().logits);
+            steps.extend(
+                cpu.forward(&[*t], &mut c2, LogitRows::All, &[])
+                    .unwrap()
+                    .logits,
+            );
         }
         let mut c3 = cpu.new_cache(64);
         let mut chunks = Vec::new();
         for ch in toks.chunks(16) {
-            chunks.extend(cpu.forward(ch, &mut c3, LogitRows::All, &[]).unwrap().logits);
+            chunks.extend(
+                cpu.forward(ch, &mut c3, LogitRows::All, &[])
+                    .unwrap()
+                    .logits,
+            );
         }
-        assert!(all.iter().zip(&steps).all(|(a, b)| a.to_bits() == b.to_bits()), "{arch:?}: one pass vs one-token steps");
-        assert!(all.iter().zip(&chunks).all(|(a, b)| a.to_bits() == b.to_bits()), "{arch:?}: one pass vs 16-row chunks");
+        assert!(
+            all.iter()
+                .zip(&steps)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{arch:?}: one pass vs one-token steps"
+        );
+        assert!(
+            all.iter()
+                .zip(&chunks)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{arch:?}: one pass vs 16-row chunks"
+        );
         assert_eq!(all.len(), 40 * v);
     }
 }
@@ -52,13 +75,20 @@ fn taps_are_the_residual_stream_after_the_chosen_layers() {
     let toks = tokens(9, c.vocab_size);
     let last = c.num_layers - 1;
     let mut cache = cpu.new_cache(16);
-    let out = cpu.forward(&toks, &mut cache, LogitRows::All, &[last, 0]).unwrap();
+    let out = cpu
+        .forward(&toks, &mut cache, LogitRows::All, &[last, 0])
+        .unwrap();
     let h = c.hidden_size;
     assert_eq!(out.taps.len(), toks.len() * 2 * h);
     // The tap after the last layer, through the final norm and lm_head, gives the logits.
-    let last_rows: Vec<f32> = (0..toks.len()).flat_map(|r| out.taps[r * 2 * h..r * 2 * h + h].to_vec()).collect();
+    let last_rows: Vec<f32> = (0..toks.len())
+        .flat_map(|r| out.taps[r * 2 * h..r * 2 * h + h].to_vec())
+        .collect();
     let via_tap = cpu.logits_of(&last_rows, toks.len());
-    assert!(via_tap.iter().zip(&out.logits).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(via_tap
+        .iter()
+        .zip(&out.logits)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
     // The tap after layer 0 is the final residual of the same model cut to one layer.
     let mut one = w.clone();
     one.layers.truncate(1);
@@ -67,7 +97,11 @@ fn taps_are_the_residual_stream_after_the_chosen_layers() {
     let mut c1 = cpu1.new_cache(16);
     let l1 = cpu1.forward(&toks, &mut c1, LogitRows::All, &[0]).unwrap();
     for r in 0..toks.len() {
-        assert_eq!(&out.taps[r * 2 * h + h..(r + 1) * 2 * h], &l1.taps[r * h..(r + 1) * h], "row {r}");
+        assert_eq!(
+            &out.taps[r * 2 * h + h..(r + 1) * 2 * h],
+            &l1.taps[r * h..(r + 1) * h],
+            "row {r}"
+        );
     }
 }
 
@@ -81,10 +115,16 @@ fn kv_rollback_equals_never_having_seen_the_rejected_tokens() {
     cpu.forward(a, &mut cache, LogitRows::None, &[]).unwrap();
     cpu.forward(b, &mut cache, LogitRows::None, &[]).unwrap();
     cache.truncate(a.len());
-    let after = cpu.forward(c, &mut cache, LogitRows::All, &[]).unwrap().logits;
+    let after = cpu
+        .forward(c, &mut cache, LogitRows::All, &[])
+        .unwrap()
+        .logits;
     let mut fresh = cpu.new_cache(64);
     cpu.forward(a, &mut fresh, LogitRows::None, &[]).unwrap();
-    let want = cpu.forward(c, &mut fresh, LogitRows::All, &[]).unwrap().logits;
+    let want = cpu
+        .forward(c, &mut fresh, LogitRows::All, &[])
+        .unwrap()
+        .logits;
     assert_eq!(after, want);
 }
 
@@ -93,8 +133,12 @@ fn a_full_cache_is_an_error() {
     let w = model(Arch::Llama);
     let cpu = CpuModel::new(&w);
     let mut cache = cpu.new_cache(8);
-    let e = cpu.forward(&tokens(9, 100), &mut cache, LogitRows::Last, &[]).unwrap_err();
+    let e = cpu
+        .forward(&tokens(9, 100), &mut cache, LogitRows::Last, &[])
+        .unwrap_err();
     assert!(matches!(e, dflash_core::Error::ContextOverflow { .. }));
-    let e = cpu.forward(&tokens(2, 100), &mut cache, LogitRows::Last, &[99]).unwrap_err();
+    let e = cpu
+        .forward(&tokens(2, 100), &mut cache, LogitRows::Last, &[99])
+        .unwrap_err();
     assert!(matches!(e, dflash_core::Error::BadConfig(_)));
 }

@@ -29,7 +29,12 @@ fn chunked_stream_yields_every_tensor_like_the_whole_file() {
         for t in &got {
             let w = whole.tensor(&t.info.name).unwrap();
             assert_eq!(t.info.offset, w.offset);
-            assert_eq!(&t.bytes[..], &file[w.offset as usize..(w.offset + w.n_bytes) as usize], "{}", t.info.name);
+            assert_eq!(
+                &t.bytes[..],
+                &file[w.offset as usize..(w.offset + w.n_bytes) as usize],
+                "{}",
+                t.info.name
+            );
         }
     }
 }
@@ -53,7 +58,10 @@ fn cut_and_overlong_streams_are_errors() {
 fn the_header_is_parsed_from_a_prefix() {
     let c = tiny_config(Arch::Qwen3);
     let file = write_gguf(&c, &random_weights(&c, 5), GgmlType::F16);
-    assert!(file.len() > 3 * 4096, "the test needs a file longer than the first parse point");
+    assert!(
+        file.len() > 3 * 4096,
+        "the test needs a file longer than the first parse point"
+    );
     let mut s = GgufStream::new(file.len() as u64);
     let mut pos = 0;
     while s.header().is_none() {

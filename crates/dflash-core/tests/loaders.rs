@@ -6,7 +6,9 @@ use dflash_core::cpu::{CpuModel, LogitRows};
 use dflash_core::formats::ggml::GgmlType;
 use dflash_core::formats::gguf::{parse_header, writer, Value};
 use dflash_core::model_files::{load_gguf, load_hf, HfFiles, LoadedModel};
-use dflash_core::testutil::{gguf_metadata, random_weights, tiny_config, write_gguf, write_hf, Rng};
+use dflash_core::testutil::{
+    gguf_metadata, random_weights, tiny_config, write_gguf, write_hf, Rng,
+};
 use dflash_core::Error;
 use safetensors::Dtype;
 use std::collections::BTreeMap;
@@ -16,7 +18,9 @@ const PROMPT: [u32; 7] = [104, 101, 108, 108, 111, 32, 119];
 fn logits(m: &LoadedModel) -> Vec<f32> {
     let cpu = CpuModel::new(&m.weights);
     let mut cache = cpu.new_cache(32);
-    cpu.forward(&PROMPT, &mut cache, LogitRows::All, &[]).unwrap().logits
+    cpu.forward(&PROMPT, &mut cache, LogitRows::All, &[])
+        .unwrap()
+        .logits
 }
 
 fn hf(files: &BTreeMap<String, Vec<u8>>) -> dflash_core::Result<LoadedModel> {
@@ -26,7 +30,10 @@ fn hf(files: &BTreeMap<String, Vec<u8>>) -> dflash_core::Result<LoadedModel> {
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -72,7 +79,12 @@ fn gguf_quantized_matrix_types_load() {
     let c = tiny_config(Arch::Llama);
     let w = random_weights(&c, 10);
     let reference = logits(&load_gguf(&write_gguf(&c, &w, GgmlType::F32)).unwrap());
-    for t in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+    for t in [
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+    ] {
         let m = load_gguf(&write_gguf(&c, &w, t)).unwrap();
         let d = max_diff(&reference, &logits(&m));
         assert!(d < 3.0, "{t:?} is far from f32: {d}");
@@ -83,21 +95,50 @@ fn gguf_quantized_matrix_types_load() {
 fn tokenizer_and_chat_template_come_from_the_file() {
     let c = tiny_config(Arch::Qwen3);
     let w = random_weights(&c, 11);
-    for m in [load_gguf(&write_gguf(&c, &w, GgmlType::Q8_0)).unwrap(), hf(&write_hf(&c, &w, Dtype::F32, 1)).unwrap()] {
-        let text = m.chat_template.as_ref().unwrap().render(&[dflash_core::chat::Message::new("user", "say the hello")], true).unwrap();
+    for m in [
+        load_gguf(&write_gguf(&c, &w, GgmlType::Q8_0)).unwrap(),
+        hf(&write_hf(&c, &w, Dtype::F32, 1)).unwrap(),
+    ] {
+        let text = m
+            .chat_template
+            .as_ref()
+            .unwrap()
+            .render(
+                &[dflash_core::chat::Message::new("user", "say the hello")],
+                true,
+            )
+            .unwrap();
         assert_eq!(text, "<|im_start|>system\nYou are a tiny test model.<|im_end|>\n<|im_start|>user\nsay the hello<|im_end|>\n<|im_start|>assistant\n");
         let ids = m.tokenizer.encode(&text, true).unwrap();
         let im_start = m.tokenizer.token_to_id("<|im_start|>").unwrap();
-        assert_eq!(ids[0], im_start, "special tokens in the text are recognised");
-        assert!(ids.contains(&m.tokenizer.token_to_id("Ġthe").unwrap()), "merges apply");
+        assert_eq!(
+            ids[0], im_start,
+            "special tokens in the text are recognised"
+        );
+        assert!(
+            ids.contains(&m.tokenizer.token_to_id("Ġthe").unwrap()),
+            "merges apply"
+        );
         assert_eq!(m.tokenizer.decode(&ids, false).unwrap(), text);
-        assert!(m.tokenizer.is_stop(m.tokenizer.token_to_id("<|im_end|>").unwrap()));
+        assert!(m
+            .tokenizer
+            .is_stop(m.tokenizer.token_to_id("<|im_end|>").unwrap()));
     }
 }
 
 // ---------- GPTQ / AWQ packed int4 ----------
 
-fn pack_model_with_int4(method: &str) -> (BTreeMap<String, Vec<u8>>, Vec<i32>, Vec<f32>, Vec<i32>, usize, usize, usize) {
+fn pack_model_with_int4(
+    method: &str,
+) -> (
+    BTreeMap<String, Vec<u8>>,
+    Vec<i32>,
+    Vec<f32>,
+    Vec<i32>,
+    usize,
+    usize,
+    usize,
+) {
     let c = tiny_config(Arch::Qwen2);
     let w = random_weights(&c, 12);
     let mut files = write_hf(&c, &w, Dtype::F16, 1);
@@ -106,9 +147,11 @@ fn pack_model_with_int4(method: &str) -> (BTreeMap<String, Vec<u8>>, Vec<i32>, V
     let groups = inp / group;
     let mut rng = Rng(13);
     let q: Vec<i32> = (0..out * inp).map(|_| rng.below(16) as i32).collect(); // [out][in]
-    // GPTQ v1 stores zero - 1 in 4 bits, so its zeros are 1..=15.
+                                                                              // GPTQ v1 stores zero - 1 in 4 bits, so its zeros are 1..=15.
     let z: Vec<i32> = (0..out * groups).map(|_| if method == "gptq" { 1 + rng.below(15) } else { rng.below(16) } as i32).collect(); // [out][g]
-    let s: Vec<f32> = (0..out * groups).map(|_| half::f16::from_f32(0.01 + rng.uniform().abs() * 0.02).to_f32()).collect();
+    let s: Vec<f32> = (0..out * groups)
+        .map(|_| half::f16::from_f32(0.01 + rng.uniform().abs() * 0.02).to_f32())
+        .collect();
     let (qweight, qzeros, qshape) = if method == "gptq" {
         let mut qw = vec![0i32; inp / 8 * out];
         for o in 0..out {
@@ -119,7 +162,8 @@ fn pack_model_with_int4(method: &str) -> (BTreeMap<String, Vec<u8>>, Vec<i32>, V
         let mut qz = vec![0i32; groups * out / 8];
         for o in 0..out {
             for g in 0..groups {
-                qz[g * (out / 8) + o / 8] |= (z[o * groups + g] - 1) << (4 * (o % 8)); // stored minus one
+                qz[g * (out / 8) + o / 8] |= (z[o * groups + g] - 1) << (4 * (o % 8));
+                // stored minus one
             }
         }
         (qw, qz, vec![inp / 8, out])
@@ -159,12 +203,34 @@ fn pack_model_with_int4(method: &str) -> (BTreeMap<String, Vec<u8>>, Vec<i32>, V
     let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let p = "model.layers.0.self_attn.q_proj";
     tensors.push((format!("{p}.qweight"), Dtype::I32, qshape, i32b(&qweight)));
-    tensors.push((format!("{p}.qzeros"), Dtype::I32, vec![groups, out / 8], i32b(&qzeros)));
-    tensors.push((format!("{p}.scales"), Dtype::F16, vec![groups, out], dflash_core::formats::hf::f16_bytes(&scales)));
+    tensors.push((
+        format!("{p}.qzeros"),
+        Dtype::I32,
+        vec![groups, out / 8],
+        i32b(&qzeros),
+    ));
+    tensors.push((
+        format!("{p}.scales"),
+        Dtype::F16,
+        vec![groups, out],
+        dflash_core::formats::hf::f16_bytes(&scales),
+    ));
     if method == "gptq" {
-        tensors.push((format!("{p}.g_idx"), Dtype::I32, vec![inp], i32b(&(0..inp as i32).map(|i| i / group as i32).collect::<Vec<_>>())));
+        tensors.push((
+            format!("{p}.g_idx"),
+            Dtype::I32,
+            vec![inp],
+            i32b(
+                &(0..inp as i32)
+                    .map(|i| i / group as i32)
+                    .collect::<Vec<_>>(),
+            ),
+        ));
     }
-    files.insert("model.safetensors".into(), dflash_core::formats::hf::write_safetensors(&tensors));
+    files.insert(
+        "model.safetensors".into(),
+        dflash_core::formats::hf::write_safetensors(&tensors),
+    );
     let mut cfg: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
     cfg["quantization_config"] = serde_json::json!({"quant_method": method, "bits": 4, "group_size": group, "desc_act": false, "sym": false, "version": "gemm"});
     files.insert("config.json".into(), cfg.to_string().into_bytes());
@@ -187,7 +253,11 @@ fn gptq_and_awq_int4_layers_repack_to_q4() {
                 let want = (q[o * inp + i] as f32 - zz) * sc;
                 let err = (got[o * inp + i] - want).abs();
                 // min = -z*s is rounded to f16: error <= 2^-11 * |z * s|.
-                assert!(err <= 2f32.powi(-11) * (zz * sc).abs() + 1e-7, "{method} ({o},{i}): {} vs {want}", got[o * inp + i]);
+                assert!(
+                    err <= 2f32.powi(-11) * (zz * sc).abs() + 1e-7,
+                    "{method} ({o},{i}): {} vs {want}",
+                    got[o * inp + i]
+                );
                 worst = worst.max(err);
             }
         }
@@ -211,7 +281,10 @@ fn act_order_gptq_is_refused() {
             (n, t.dtype(), t.shape().to_vec(), data)
         })
         .collect();
-    files.insert("model.safetensors".into(), dflash_core::formats::hf::write_safetensors(&tensors));
+    files.insert(
+        "model.safetensors".into(),
+        dflash_core::formats::hf::write_safetensors(&tensors),
+    );
     assert!(matches!(hf(&files), Err(Error::UnsupportedQuantization(_))));
 }
 
@@ -230,7 +303,10 @@ fn truncated_gguf() {
     assert!(matches!(load_gguf(&f[..100]), Err(Error::Truncated { .. })));
     assert!(matches!(load_gguf(&f[..3]), Err(Error::BadMagic { .. })));
     let cut = (h.data_offset as usize + f.len()) / 2;
-    assert!(matches!(load_gguf(&f[..cut]), Err(Error::TensorOutOfBounds { .. })));
+    assert!(matches!(
+        load_gguf(&f[..cut]),
+        Err(Error::TensorOutOfBounds { .. })
+    ));
 }
 
 #[test]
@@ -248,7 +324,15 @@ fn bad_magic_and_version() {
 }
 
 fn one_tensor_file(dims: Vec<u64>, dtype: GgmlType, bytes: Vec<u8>) -> Vec<u8> {
-    writer::write(&[("general.architecture".into(), Value::String("llama".into()))], &[writer::TensorData { name: "t".into(), dims, dtype, bytes }])
+    writer::write(
+        &[("general.architecture".into(), Value::String("llama".into()))],
+        &[writer::TensorData {
+            name: "t".into(),
+            dims,
+            dtype,
+            bytes,
+        }],
+    )
 }
 
 #[test]
@@ -263,16 +347,25 @@ fn tensor_data_outside_the_file() {
     entry.extend_from_slice(&0u32.to_le_bytes());
     let pos = f.windows(entry.len()).position(|w| w == entry).unwrap() + entry.len();
     f[pos..pos + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
-    assert!(matches!(parse_header(&f, f.len() as u64), Err(Error::TensorOutOfBounds { .. })));
+    assert!(matches!(
+        parse_header(&f, f.len() as u64),
+        Err(Error::TensorOutOfBounds { .. })
+    ));
     // Dims whose product overflows are refused too.
     let f = one_tensor_file(vec![1 << 40, 1 << 40], GgmlType::F32, vec![0; 64]);
-    assert!(matches!(parse_header(&f, f.len() as u64), Err(Error::BadTensorLayout { .. } | Error::TensorOutOfBounds { .. })));
+    assert!(matches!(
+        parse_header(&f, f.len() as u64),
+        Err(Error::BadTensorLayout { .. } | Error::TensorOutOfBounds { .. })
+    ));
 }
 
 #[test]
 fn unknown_tensor_type() {
     let f = one_tensor_file(vec![32], GgmlType::Other(99), vec![0; 32]);
-    assert!(matches!(parse_header(&f, f.len() as u64), Err(Error::UnknownTensorType { type_id: 99, .. })));
+    assert!(matches!(
+        parse_header(&f, f.len() as u64),
+        Err(Error::UnknownTensorType { type_id: 99, .. })
+    ));
     // A known ggml type that we do not load (Q2_K) parses, and is refused at load.
     let c = tiny_config(Arch::Llama);
     let w = random_weights(&c, 1);
@@ -284,12 +377,23 @@ fn unknown_tensor_type() {
         tensors.push(writer::TensorData {
             name: name.clone(),
             dims: shape.iter().rev().map(|&d| d as u64).collect(),
-            dtype: if q2k { GgmlType::Other(10) } else { GgmlType::F32 },
-            bytes: if q2k { vec![0; vals.len()] } else { vals.iter().flat_map(|v| v.to_le_bytes()).collect() },
+            dtype: if q2k {
+                GgmlType::Other(10)
+            } else {
+                GgmlType::F32
+            },
+            bytes: if q2k {
+                vec![0; vals.len()]
+            } else {
+                vals.iter().flat_map(|v| v.to_le_bytes()).collect()
+            },
         });
     }
     let f = writer::write(&md, &tensors);
-    assert!(matches!(load_gguf(&f), Err(Error::UnsupportedTensorType { .. })));
+    assert!(matches!(
+        load_gguf(&f),
+        Err(Error::UnsupportedTensorType { .. })
+    ));
 }
 
 #[test]
@@ -299,11 +403,17 @@ fn absurd_header_sizes_are_refused_before_allocating() {
     f.extend_from_slice(&3u32.to_le_bytes());
     f.extend_from_slice(&0u64.to_le_bytes());
     f.extend_from_slice(&u64::MAX.to_le_bytes()); // kv count
-    assert!(matches!(parse_header(&f, f.len() as u64), Err(Error::AbsurdSize { .. })));
+    assert!(matches!(
+        parse_header(&f, f.len() as u64),
+        Err(Error::AbsurdSize { .. })
+    ));
     let mut g = f[..8].to_vec();
     g.extend_from_slice(&u64::MAX.to_le_bytes()); // tensor count
     g.extend_from_slice(&0u64.to_le_bytes());
-    assert!(matches!(parse_header(&g, g.len() as u64), Err(Error::AbsurdSize { .. })));
+    assert!(matches!(
+        parse_header(&g, g.len() as u64),
+        Err(Error::AbsurdSize { .. })
+    ));
     // A string that claims 2^60 bytes, and an array that claims 2^60 items.
     for (ty, tail) in [(8u32, vec![]), (9u32, 4u32.to_le_bytes().to_vec())] {
         let mut h = f[..8].to_vec();
@@ -315,7 +425,13 @@ fn absurd_header_sizes_are_refused_before_allocating() {
         h.extend_from_slice(&tail);
         h.extend_from_slice(&(1u64 << 60).to_le_bytes());
         h.extend_from_slice(&[0; 64]);
-        assert!(matches!(parse_header(&h, h.len() as u64), Err(Error::AbsurdSize { .. })), "type {ty}");
+        assert!(
+            matches!(
+                parse_header(&h, h.len() as u64),
+                Err(Error::AbsurdSize { .. })
+            ),
+            "type {ty}"
+        );
     }
     // A config asking for absurd dimensions.
     let c = tiny_config(Arch::Llama);
@@ -333,9 +449,19 @@ fn absurd_header_sizes_are_refused_before_allocating() {
 fn config_and_tensor_shape_mismatch() {
     let c = tiny_config(Arch::Qwen2);
     let mut w = random_weights(&c, 2);
-    w.insert("blk.1.ffn_up.weight".into(), (vec![c.intermediate_size, c.hidden_size - 32], vec![0.0; c.intermediate_size * (c.hidden_size - 32)]));
+    w.insert(
+        "blk.1.ffn_up.weight".into(),
+        (
+            vec![c.intermediate_size, c.hidden_size - 32],
+            vec![0.0; c.intermediate_size * (c.hidden_size - 32)],
+        ),
+    );
     match load_gguf(&write_gguf(&c, &w, GgmlType::F32)) {
-        Err(Error::ShapeMismatch { tensor, expected, found }) => {
+        Err(Error::ShapeMismatch {
+            tensor,
+            expected,
+            found,
+        }) => {
             assert_eq!(tensor, "blk.1.ffn_up.weight");
             assert_eq!(expected, vec![96, 64]);
             assert_eq!(found, vec![96, 32]);
@@ -346,7 +472,9 @@ fn config_and_tensor_shape_mismatch() {
     assert!(matches!(hf(&files), Err(Error::ShapeMismatch { .. })));
     let mut w = random_weights(&c, 2);
     w.remove("blk.2.attn_k.bias");
-    assert!(matches!(load_gguf(&write_gguf(&c, &w, GgmlType::F32)), Err(Error::MissingTensor(t)) if t == "blk.2.attn_k.bias"));
+    assert!(
+        matches!(load_gguf(&write_gguf(&c, &w, GgmlType::F32)), Err(Error::MissingTensor(t)) if t == "blk.2.attn_k.bias")
+    );
 }
 
 #[test]
@@ -361,7 +489,12 @@ fn missing_tokenizer() {
         let tensors: Vec<writer::TensorData> = h
             .tensors
             .iter()
-            .map(|t| writer::TensorData { name: t.name.clone(), dims: t.dims.clone(), dtype: t.dtype, bytes: full[t.offset as usize..(t.offset + t.n_bytes) as usize].to_vec() })
+            .map(|t| writer::TensorData {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                dtype: t.dtype,
+                bytes: full[t.offset as usize..(t.offset + t.n_bytes) as usize].to_vec(),
+            })
             .collect();
         writer::write(&md, &tensors)
     };
@@ -376,7 +509,10 @@ fn missing_tokenizer() {
             *v = Value::String("mystery".into());
         }
     }
-    assert!(matches!(load_gguf(&writer::write(&md, &[])), Err(Error::UnsupportedTokenizer(_))));
+    assert!(matches!(
+        load_gguf(&writer::write(&md, &[])),
+        Err(Error::UnsupportedTokenizer(_))
+    ));
 }
 
 #[test]
@@ -384,7 +520,9 @@ fn unsupported_architecture() {
     let c = tiny_config(Arch::Llama);
     let mut md = gguf_metadata(&c);
     md[0].1 = Value::String("gptneox".into());
-    assert!(matches!(load_gguf(&writer::write(&md, &[])), Err(Error::UnsupportedArchitecture(a)) if a == "gptneox"));
+    assert!(
+        matches!(load_gguf(&writer::write(&md, &[])), Err(Error::UnsupportedArchitecture(a)) if a == "gptneox")
+    );
     let mut files = write_hf(&c, &random_weights(&c, 1), Dtype::F32, 1);
     let mut cfg: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
     cfg["model_type"] = serde_json::json!("mamba");
@@ -406,10 +544,27 @@ fn prompt_longer_than_the_context() {
         context: 32,
     };
     let e = generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap_err();
-    assert!(matches!(e, Error::ContextOverflow { prompt_tokens: 40, context: 32, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::ContextOverflow {
+                prompt_tokens: 40,
+                context: 32,
+                ..
+            }
+        ),
+        "{e}"
+    );
     // A token id outside the vocabulary is an error too, not an index panic.
-    let req = GenerateRequest { prompt_ids: vec![1, 100_000], context: 32, ..req };
-    assert!(matches!(generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {}), Err(Error::TokenOutOfRange { .. })));
+    let req = GenerateRequest {
+        prompt_ids: vec![1, 100_000],
+        context: 32,
+        ..req
+    };
+    assert!(matches!(
+        generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {}),
+        Err(Error::TokenOutOfRange { .. })
+    ));
 }
 
 /// Random bytes and random corruptions of valid files: every outcome is Ok or a typed
@@ -424,7 +579,11 @@ fn random_bytes_never_panic_either_loader() {
     let mut count = |r: dflash_core::Result<LoadedModel>| {
         let k = match r {
             Ok(_) => "ok".to_string(),
-            Err(e) => format!("{e:?}").split(['(', ' ', '{']).next().unwrap().to_string(),
+            Err(e) => format!("{e:?}")
+                .split(['(', ' ', '{'])
+                .next()
+                .unwrap()
+                .to_string(),
         };
         *errors.entry(k).or_default() += 1;
     };
@@ -440,7 +599,11 @@ fn random_bytes_never_panic_either_loader() {
         // A valid file with a few bytes changed (header region mostly) or cut short.
         let mut f = valid_gguf.clone();
         for _ in 0..1 + rng.below(4) {
-            let at = if rng.below(4) == 0 { rng.below(f.len()) } else { rng.below(f.len().min(20_000)) };
+            let at = if rng.below(4) == 0 {
+                rng.below(f.len())
+            } else {
+                rng.below(f.len().min(20_000))
+            };
             f[at] = rng.next_u64() as u8;
         }
         if rng.below(3) == 0 {
@@ -462,5 +625,8 @@ fn random_bytes_never_panic_either_loader() {
         count(hf(&files));
     }
     eprintln!("outcomes: {errors:?}");
-    assert!(errors.len() > 3, "the corruptions should reach several different errors");
+    assert!(
+        errors.len() > 3,
+        "the corruptions should reach several different errors"
+    );
 }

@@ -14,7 +14,9 @@ use std::path::PathBuf;
 fn model_path(file: &str) -> Option<PathBuf> {
     let cache = std::env::var("DFLASH_CACHE")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/dflash"));
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/dflash")
+        });
     let p = cache.join("models").join(file);
     if p.exists() {
         return Some(p);
@@ -22,17 +24,26 @@ fn model_path(file: &str) -> Option<PathBuf> {
     if std::env::var("DFLASH_REQUIRE_MODELS").as_deref() == Ok("1") {
         panic!("{} is missing: run scripts/fetch-models.sh", p.display());
     }
-    eprintln!("skipping: {} not found (run scripts/fetch-models.sh)", p.display());
+    eprintln!(
+        "skipping: {} not found (run scripts/fetch-models.sh)",
+        p.display()
+    );
     None
 }
 
 fn fixture(name: &str) -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llamacpp").join(name);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/llamacpp")
+        .join(name);
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn check_tokenizer(m: &LoadedModel, fx: &Value) {
@@ -41,16 +52,29 @@ fn check_tokenizer(m: &LoadedModel, fx: &Value) {
         let want = ids(&case["ids"]);
         let got = m.tokenizer.encode(text, false).unwrap();
         assert_eq!(got, want, "token ids of {text:?}");
-        assert_eq!(m.tokenizer.decode(&got, false).unwrap(), text, "decode(encode(x)) of {text:?}");
+        assert_eq!(
+            m.tokenizer.decode(&got, false).unwrap(),
+            text,
+            "decode(encode(x)) of {text:?}"
+        );
     }
 }
 
 fn check_chat_template(m: &LoadedModel, fx: &Value) {
     let tpl = m.chat_template.as_ref().expect("chat template");
     for g in fx["greedy"].as_array().unwrap() {
-        let rendered = tpl.render(&[Message::new("user", g["chat"].as_str().unwrap())], true).unwrap();
-        assert_eq!(rendered, g["prompt"].as_str().unwrap(), "chat template rendering");
-        assert_eq!(m.tokenizer.encode(&rendered, true).unwrap(), ids(&g["prompt_ids"]));
+        let rendered = tpl
+            .render(&[Message::new("user", g["chat"].as_str().unwrap())], true)
+            .unwrap();
+        assert_eq!(
+            rendered,
+            g["prompt"].as_str().unwrap(),
+            "chat template rendering"
+        );
+        assert_eq!(
+            m.tokenizer.encode(&rendered, true).unwrap(),
+            ids(&g["prompt_ids"])
+        );
     }
 }
 
@@ -60,9 +84,15 @@ fn check_teacher_forced(m: &LoadedModel, cpu: &CpuModel, fx: &Value) {
     let tf = &fx["teacher_forced"];
     let all = ids(&tf["ids"]);
     let rows = tf["rows"].as_array().unwrap();
-    let n = std::env::var("DFLASH_TF_POSITIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(rows.len()).min(rows.len());
+    let n = std::env::var("DFLASH_TF_POSITIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(rows.len())
+        .min(rows.len());
     let mut cache = cpu.new_cache(n + 1);
-    let out = cpu.forward(&all[..n], &mut cache, LogitRows::All, &[]).unwrap();
+    let out = cpu
+        .forward(&all[..n], &mut cache, LogitRows::All, &[])
+        .unwrap();
     let v = m.config().vocab_size;
     let (mut agree, mut near_tie_misses) = (0, 0);
     for (i, row) in rows[..n].iter().enumerate() {
@@ -71,12 +101,19 @@ fn check_teacher_forced(m: &LoadedModel, cpu: &CpuModel, fx: &Value) {
             agree += 1;
         } else {
             let margin = row["margin"].as_f64().unwrap();
-            assert!(margin < 1.0, "position {i}: ours {ours}, llama.cpp {} with margin {margin}", row["top1"]);
+            assert!(
+                margin < 1.0,
+                "position {i}: ours {ours}, llama.cpp {} with margin {margin}",
+                row["top1"]
+            );
             near_tie_misses += 1;
         }
     }
     let rate = agree as f64 / n as f64;
-    eprintln!("teacher-forced top-1 agreement {agree}/{n} = {:.2}% ({near_tie_misses} near-tie misses)", rate * 100.0);
+    eprintln!(
+        "teacher-forced top-1 agreement {agree}/{n} = {:.2}% ({near_tie_misses} near-tie misses)",
+        rate * 100.0
+    );
     assert!(rate >= 0.98, "agreement {rate}");
 }
 
@@ -84,7 +121,12 @@ fn check_teacher_forced(m: &LoadedModel, cpu: &CpuModel, fx: &Value) {
 fn check_greedy(m: &LoadedModel, cpu: &CpuModel, fx: &Value) {
     for g in fx["greedy"].as_array().unwrap() {
         let want = ids(&g["tokens"]);
-        let margins: Vec<f64> = g["margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let margins: Vec<f64> = g["margins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
         let req = GenerateRequest {
             prompt_ids: ids(&g["prompt_ids"]),
             max_new_tokens: want.len(),
@@ -103,12 +145,21 @@ fn check_greedy(m: &LoadedModel, cpu: &CpuModel, fx: &Value) {
             match r.tokens.get(i) {
                 Some(&ours) if ours == w => matched += 1,
                 ours => {
-                    assert!(margins[i] < 1.0, "greedy token {i} for {:?}: ours {ours:?}, llama.cpp {w} (margin {})", g["chat"], margins[i]);
+                    assert!(
+                        margins[i] < 1.0,
+                        "greedy token {i} for {:?}: ours {ours:?}, llama.cpp {w} (margin {})",
+                        g["chat"],
+                        margins[i]
+                    );
                     break;
                 }
             }
         }
-        eprintln!("greedy {:?}: {matched}/{} tokens equal (a divergence only at a near-tie)", g["chat"].as_str().unwrap(), want.len());
+        eprintln!(
+            "greedy {:?}: {matched}/{} tokens equal (a divergence only at a near-tie)",
+            g["chat"].as_str().unwrap(),
+            want.len()
+        );
     }
 }
 

@@ -12,13 +12,23 @@ use dflash_core::model_files::load_gguf;
 use dflash_core::rejection::{verify, Proposed, Verdict};
 use dflash_core::sampling::{distribution, inverse_cdf, random_uniform, SamplingParams};
 use dflash_core::speculative::{generate_speculative_cpu, BlockSize};
-use dflash_core::testutil::{random_weights, tiny_drafter_target, write_dflash2_drafter, write_gguf, Dflash2Spec, DrafterSpec, Rng};
+use dflash_core::testutil::{
+    random_weights, tiny_drafter_target, write_dflash2_drafter, write_gguf, Dflash2Spec,
+    DrafterSpec, Rng,
+};
 
 fn erfc(x: f64) -> f64 {
     // Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), extended to x < 0.
     let t = 1.0 / (1.0 + 0.3275911 * x.abs());
-    let y = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))) * (-x * x).exp();
-    if x >= 0.0 { y } else { 2.0 - y }
+    let y = t
+        * (0.254829592
+            + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        * (-x * x).exp();
+    if x >= 0.0 {
+        y
+    } else {
+        2.0 - y
+    }
 }
 
 /// Chi-square statistic, degrees of freedom and upper-tail p-value of `counts` against
@@ -58,14 +68,31 @@ fn one_position_keeps_the_target_distribution() {
     for case in 0..3 {
         let p = softmax(&rng.vec(12, 2.0));
         // A proposal unlike p; case 2 proposes with certainty (an argmax drafter).
-        let q: Vec<f32> = if case == 2 { (0..12).map(|i| if i == 4 { 1.0 } else { 0.0 }).collect() } else { softmax(&rng.vec(12, 2.0)) };
-        let qs: Vec<(u32, f32)> = q.iter().enumerate().filter(|x| *x.1 > 0.0).map(|(i, &x)| (i as u32, x)).collect();
+        let q: Vec<f32> = if case == 2 {
+            (0..12).map(|i| if i == 4 { 1.0 } else { 0.0 }).collect()
+        } else {
+            softmax(&rng.vec(12, 2.0))
+        };
+        let qs: Vec<(u32, f32)> = q
+            .iter()
+            .enumerate()
+            .filter(|x| *x.1 > 0.0)
+            .map(|(i, &x)| (i as u32, x))
+            .collect();
         let (mut out, mut drafts) = (vec![0f64; 12], vec![0f64; 12]);
         let mut accepted = 0;
         for s in 0..n {
             let d = inverse_cdf(&q, random_uniform(s, 0, 7));
             drafts[d as usize] += 1.0;
-            let t = match verify(&p, &Proposed { token: d, q: qs.clone() }, s, 0) {
+            let t = match verify(
+                &p,
+                &Proposed {
+                    token: d,
+                    q: qs.clone(),
+                },
+                s,
+                0,
+            ) {
                 Verdict::Accept => {
                     accepted += 1;
                     d
@@ -76,13 +103,26 @@ fn one_position_keeps_the_target_distribution() {
         }
         let expected: Vec<f64> = p.iter().map(|&x| x as f64 * n as f64).collect();
         let (x2, df, pv) = chi_square(&out, &expected);
-        eprintln!("case {case}: chi2 {x2:.1} df {df} p {pv:.3}, accepted {:.3}", accepted as f64 / n as f64);
-        assert!(pv > 1e-3, "case {case}: the output is not distributed as p (chi2 {x2}, p {pv})");
+        eprintln!(
+            "case {case}: chi2 {x2:.1} df {df} p {pv:.3}, accepted {:.3}",
+            accepted as f64 / n as f64
+        );
+        assert!(
+            pv > 1e-3,
+            "case {case}: the output is not distributed as p (chi2 {x2}, p {pv})"
+        );
         let (_, _, pv_q) = chi_square(&drafts, &expected);
-        assert!(pv_q < 1e-6, "case {case}: the test should reject the drafts' distribution (p {pv_q})");
+        assert!(
+            pv_q < 1e-6,
+            "case {case}: the test should reject the drafts' distribution (p {pv_q})"
+        );
         // The acceptance rate is sum_x min(p, q).
         let want: f32 = p.iter().zip(&q).map(|(a, b)| a.min(*b)).sum();
-        assert!((accepted as f32 / n as f32 - want).abs() < 0.01, "acceptance {} vs {want}", accepted as f64 / n as f64);
+        assert!(
+            (accepted as f32 / n as f32 - want).abs() < 0.01,
+            "acceptance {} vs {want}",
+            accepted as f64 / n as f64
+        );
     }
 }
 
@@ -91,18 +131,48 @@ fn dflash2_speculative_sampling_keeps_the_target_distribution() {
     let c = tiny_drafter_target();
     let t = load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap();
     let cpu = CpuModel::new(&t.weights);
-    let spec = DrafterSpec { layers: 1, block_size: 4, target_layer_ids: None, block_in_dflash_config: true, layer_types: None, sliding_window: 0, mask_token_id: c.vocab_size as u32 - 1, seed: 3 };
-    let d2 = Dflash2Spec { conv_kernel_size: 2, conv_group_size: 16, selector_rank: 32, selector_top_k: 16, output_multiplier: None, final_logit_softcapping: None, input_embedding_scale: None };
+    let spec = DrafterSpec {
+        layers: 1,
+        block_size: 4,
+        target_layer_ids: None,
+        block_in_dflash_config: true,
+        layer_types: None,
+        sliding_window: 0,
+        mask_token_id: c.vocab_size as u32 - 1,
+        seed: 3,
+    };
+    let d2 = Dflash2Spec {
+        conv_kernel_size: 2,
+        conv_group_size: 16,
+        selector_rank: 32,
+        selector_top_k: 16,
+        output_multiplier: None,
+        final_logit_softcapping: None,
+        input_embedding_scale: None,
+    };
     let files = write_dflash2_drafter(&c, &spec, &d2);
-    let w = DrafterWeights::load(std::str::from_utf8(&files["config.json"]).unwrap(), vec![("model.safetensors", &files["model.safetensors"][..])], DrafterPrecision::Q8).unwrap();
+    let w = DrafterWeights::load(
+        std::str::from_utf8(&files["config.json"]).unwrap(),
+        vec![("model.safetensors", &files["model.safetensors"][..])],
+        DrafterPrecision::Q8,
+    )
+    .unwrap();
     let d = CpuDrafter::new(&w);
     let v = c.vocab_size;
     let prompt: Vec<u32> = vec![17, 99, 4, 250, 31];
     // top-k 6 keeps the joint support small (36 cells) so that every cell is tested.
-    let sp = |seed| SamplingParams { temperature: 1.0, top_k: 6, seed, speculative_rejection: true, ..Default::default() };
+    let sp = |seed| SamplingParams {
+        temperature: 1.0,
+        top_k: 6,
+        seed,
+        speculative_rejection: true,
+        ..Default::default()
+    };
     // Exact joint distribution of the first two new tokens: p(t1) p(t2 | t1).
     let mut cache = cpu.new_cache(16);
-    let out = cpu.forward(&prompt, &mut cache, LogitRows::Last, &[]).unwrap();
+    let out = cpu
+        .forward(&prompt, &mut cache, LogitRows::Last, &[])
+        .unwrap();
     let p1 = distribution(&out.logits, &sp(0), &prompt);
     let n = 10_000u64;
     let mut expected = vec![0f64; v * v];
@@ -122,8 +192,23 @@ fn dflash2_speculative_sampling_keeps_the_target_distribution() {
     let mut counts = vec![0f64; v * v];
     let (mut steps, mut accepted) = (0usize, 0usize);
     for s in 0..n {
-        let req = GenerateRequest { prompt_ids: prompt.clone(), max_new_tokens: 2, sampling: sp(s), stop_strings: vec![], context: 32 };
-        let r = generate_speculative_cpu(&cpu, &d, &t.tokenizer, &req, &BlockSize::Fixed(4), &|| 0.0, &mut |_| {}).unwrap();
+        let req = GenerateRequest {
+            prompt_ids: prompt.clone(),
+            max_new_tokens: 2,
+            sampling: sp(s),
+            stop_strings: vec![],
+            context: 32,
+        };
+        let r = generate_speculative_cpu(
+            &cpu,
+            &d,
+            &t.tokenizer,
+            &req,
+            &BlockSize::Fixed(4),
+            &|| 0.0,
+            &mut |_| {},
+        )
+        .unwrap();
         if r.result.tokens.len() == 2 {
             counts[r.result.tokens[0] as usize * v + r.result.tokens[1] as usize] += 1.0;
         }
@@ -136,6 +221,12 @@ fn dflash2_speculative_sampling_keeps_the_target_distribution() {
     let expected: Vec<f64> = expected.iter().map(|e| e * total / exp_total).collect();
     let (x2, df, pv) = chi_square(&counts, &expected);
     eprintln!("DFlash2 rejection sampling: chi2 {x2:.1} df {df} p {pv:.3}; {accepted} drafts accepted in {steps} steps");
-    assert!(accepted > 100, "the test should exercise accepted drafts too ({accepted})");
-    assert!(pv > 1e-3, "speculative samples are not distributed as the target's (chi2 {x2}, df {df}, p {pv})");
+    assert!(
+        accepted > 100,
+        "the test should exercise accepted drafts too ({accepted})"
+    );
+    assert!(
+        pv > 1e-3,
+        "speculative samples are not distributed as the target's (chi2 {x2}, df {df}, p {pv})"
+    );
 }

@@ -47,10 +47,20 @@ fn check(t: GgmlType, data: &[u8], tol: impl Fn(f32) -> f32) -> QuantMatrix {
 #[test]
 fn exact_types_repack_exactly() {
     let mut rng = Rng(1);
-    for t in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
+    for t in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ] {
         let data = random_blocks(t, &mut rng);
         let m = check(t, &data, |_| 0.0);
-        let want_bits = if matches!(t, GgmlType::Q4_0 | GgmlType::Q4_1) { 4 } else { 8 };
+        let want_bits = if matches!(t, GgmlType::Q4_0 | GgmlType::Q4_1) {
+            4
+        } else {
+            8
+        };
         assert_eq!(m.format.bits(), want_bits, "{t:?} goes to {want_bits} bits");
     }
 }
@@ -62,9 +72,11 @@ fn k_quants_repack_within_f16_rounding_of_the_scale() {
     // |error| <= 2^-11 * (max|q| * max scale + max min). Here d, dmin < 0.05 and the 6-bit
     // sc, m < 64 (Q6_K: 8-bit |sc| <= 128, no min).
     let ulp = 2f32.powi(-11);
-    for (t, max_q, scale_max, min_max) in
-        [(GgmlType::Q4K, 15.0, 0.05 * 63.0, 0.05 * 63.0), (GgmlType::Q5K, 31.0, 0.05 * 63.0, 0.05 * 63.0), (GgmlType::Q6K, 32.0, 0.05 * 128.0, 0.0)]
-    {
+    for (t, max_q, scale_max, min_max) in [
+        (GgmlType::Q4K, 15.0, 0.05 * 63.0, 0.05 * 63.0),
+        (GgmlType::Q5K, 31.0, 0.05 * 63.0, 0.05 * 63.0),
+        (GgmlType::Q6K, 32.0, 0.05 * 128.0, 0.0),
+    ] {
         let data = random_blocks(t, &mut rng);
         check(t, &data, |_| ulp * (max_q * scale_max + min_max) + 1e-6);
     }
@@ -78,9 +90,22 @@ fn float_types_quantize_to_8_bits_within_half_a_step() {
     let mut rng = Rng(3);
     let x = rng.vec(ROWS * COLS, 2.0);
     for (t, bytes) in [
-        (GgmlType::F32, x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()),
-        (GgmlType::F16, x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect()),
-        (GgmlType::BF16, x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect()),
+        (
+            GgmlType::F32,
+            x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+        ),
+        (
+            GgmlType::F16,
+            x.iter()
+                .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                .collect(),
+        ),
+        (
+            GgmlType::BF16,
+            x.iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+        ),
     ] {
         // absmax per group <= 2, step = absmax/127: half a step plus f16 rounding.
         let m = check(t, &bytes, |_| 2.0 / 127.0 * 0.5 * 1.01 + 1e-6);
@@ -103,7 +128,13 @@ fn group_layout_is_vector_aligned() {
 #[test]
 fn unsupported_type_and_bad_width_are_typed_errors() {
     let e = QuantMatrix::from_ggml("w", GgmlType::Other(10), &[0; 64], 1, 64).unwrap_err();
-    assert!(matches!(e, dflash_core::Error::UnsupportedTensorType { .. }), "{e}");
+    assert!(
+        matches!(e, dflash_core::Error::UnsupportedTensorType { .. }),
+        "{e}"
+    );
     let e = QuantMatrix::from_ggml("w", GgmlType::F32, &[0; 4 * 48], 1, 48).unwrap_err();
-    assert!(matches!(e, dflash_core::Error::BadTensorLayout { .. }), "{e}");
+    assert!(
+        matches!(e, dflash_core::Error::BadTensorLayout { .. }),
+        "{e}"
+    );
 }

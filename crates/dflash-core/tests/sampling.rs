@@ -4,7 +4,11 @@ use dflash_core::cpu::ops::softmax;
 use dflash_core::sampling::{random_uniform, sample, SamplingParams};
 
 fn params(t: f32) -> SamplingParams {
-    SamplingParams { temperature: t, seed: 1234, ..Default::default() }
+    SamplingParams {
+        temperature: t,
+        seed: 1234,
+        ..Default::default()
+    }
 }
 
 /// Empirical frequencies of `sample` over `n` positions.
@@ -59,11 +63,17 @@ fn top_k_top_p_and_min_p_restrict_the_candidates() {
     let mut p = params(1.0);
     p.top_k = 2;
     let f = frequencies(&logits, &p, 5000);
-    assert!(f[0] == 0.0 && f[3] == 0.0 && f[4] == 0.0 && f[1] > 0.4 && f[2] > 0.4, "{f:?}");
+    assert!(
+        f[0] == 0.0 && f[3] == 0.0 && f[4] == 0.0 && f[1] > 0.4 && f[2] > 0.4,
+        "{f:?}"
+    );
     let mut p = params(1.0);
     p.top_p = 0.5; // the top token alone has ~0.43: the two best are kept
     let f = frequencies(&logits, &p, 5000);
-    assert!(f[0] + f[3] + f[4] == 0.0 && f[1] > 0.0 && f[2] > 0.0, "{f:?}");
+    assert!(
+        f[0] + f[3] + f[4] == 0.0 && f[1] > 0.0 && f[2] > 0.0,
+        "{f:?}"
+    );
     let mut p = params(1.0);
     p.min_p = 0.5; // keeps tokens with p >= 0.5 * p_max: 2.0 and 1.9 (1.0 has 0.37 of p_max)
     let f = frequencies(&logits, &p, 5000);
@@ -85,21 +95,50 @@ fn repetition_penalty_lowers_seen_tokens() {
 #[test]
 fn a_position_draws_the_same_token_whatever_else_is_computed() {
     let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
-    let p = SamplingParams { temperature: 0.8, top_p: 0.95, seed: 9, ..Default::default() };
+    let p = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        seed: 9,
+        ..Default::default()
+    };
     let a: Vec<u32> = (0..64).map(|pos| sample(&logits, &p, &[], pos)).collect();
-    let b: Vec<u32> = (0..64).rev().map(|pos| sample(&logits, &p, &[], pos)).collect::<Vec<_>>().into_iter().rev().collect();
+    let b: Vec<u32> = (0..64)
+        .rev()
+        .map(|pos| sample(&logits, &p, &[], pos))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
     assert_eq!(a, b);
 }
 
 #[test]
 fn bad_parameters_are_typed_errors() {
     for p in [
-        SamplingParams { temperature: f32::NAN, ..Default::default() },
-        SamplingParams { temperature: -1.0, ..Default::default() },
-        SamplingParams { top_p: 0.0, ..Default::default() },
-        SamplingParams { min_p: 1.5, ..Default::default() },
-        SamplingParams { repetition_penalty: 0.0, ..Default::default() },
+        SamplingParams {
+            temperature: f32::NAN,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        },
+        SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        },
+        SamplingParams {
+            min_p: 1.5,
+            ..Default::default()
+        },
+        SamplingParams {
+            repetition_penalty: 0.0,
+            ..Default::default()
+        },
     ] {
-        assert!(matches!(p.validate(), Err(dflash_core::Error::BadSampling(_))), "{p:?}");
+        assert!(
+            matches!(p.validate(), Err(dflash_core::Error::BadSampling(_))),
+            "{p:?}"
+        );
     }
 }

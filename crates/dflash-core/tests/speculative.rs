@@ -3,13 +3,19 @@
 //! token for token (greedy and sampled), at every block size and in auto mode.
 
 use dflash_core::cpu::CpuModel;
-use dflash_core::drafter::{CpuDrafter, DrafterConfig, DrafterPrecision, DrafterWeights, LayerKind};
+use dflash_core::drafter::{
+    CpuDrafter, DrafterConfig, DrafterPrecision, DrafterWeights, LayerKind,
+};
 use dflash_core::formats::ggml::GgmlType;
 use dflash_core::generate::{generate_cpu, GenerateRequest};
 use dflash_core::model_files::{load_gguf, LoadedModel};
 use dflash_core::sampling::SamplingParams;
-use dflash_core::speculative::{generate_speculative_cpu, generate_speculative_with, BlockSize, Proposer};
-use dflash_core::testutil::{random_weights, tiny_drafter_target, write_drafter, write_gguf, DrafterSpec, Rng};
+use dflash_core::speculative::{
+    generate_speculative_cpu, generate_speculative_with, BlockSize, Proposer,
+};
+use dflash_core::testutil::{
+    random_weights, tiny_drafter_target, write_drafter, write_gguf, DrafterSpec, Rng,
+};
 use dflash_core::Error;
 use std::collections::BTreeMap;
 
@@ -34,28 +40,57 @@ fn spec(seed: u64) -> DrafterSpec {
 
 fn load(files: &BTreeMap<String, Vec<u8>>) -> dflash_core::Result<DrafterWeights> {
     let cfg = std::str::from_utf8(&files["config.json"]).unwrap();
-    DrafterWeights::load(cfg, vec![("model.safetensors", &files["model.safetensors"][..])], DrafterPrecision::Q8)
+    DrafterWeights::load(
+        cfg,
+        vec![("model.safetensors", &files["model.safetensors"][..])],
+        DrafterPrecision::Q8,
+    )
 }
 
 fn prompts() -> Vec<Vec<u32>> {
     let mut r = Rng(77);
-    (0..4).map(|i| (0..5 + 7 * i).map(|_| r.below(260) as u32).collect()).collect()
+    (0..4)
+        .map(|i| (0..5 + 7 * i).map(|_| r.below(260) as u32).collect())
+        .collect()
 }
 
 fn req(prompt: &[u32], sampling: SamplingParams) -> GenerateRequest {
-    GenerateRequest { prompt_ids: prompt.to_vec(), max_new_tokens: 40, sampling, stop_strings: vec![], context: 256 }
+    GenerateRequest {
+        prompt_ids: prompt.to_vec(),
+        max_new_tokens: 40,
+        sampling,
+        stop_strings: vec![],
+        context: 256,
+    }
 }
 
 fn samplings() -> Vec<SamplingParams> {
     vec![
         SamplingParams::default(),
-        SamplingParams { temperature: 0.8, top_p: 0.95, seed: 11, ..Default::default() },
-        SamplingParams { temperature: 1.0, seed: 12, ..Default::default() },
+        SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            seed: 11,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            seed: 12,
+            ..Default::default()
+        },
     ]
 }
 
 fn blocks() -> Vec<BlockSize> {
-    vec![BlockSize::Fixed(1), BlockSize::Fixed(2), BlockSize::Fixed(4), BlockSize::Fixed(8), BlockSize::Fixed(16), BlockSize::auto_linear(16, 1.0), BlockSize::auto_linear(16, 0.02)]
+    vec![
+        BlockSize::Fixed(1),
+        BlockSize::Fixed(2),
+        BlockSize::Fixed(4),
+        BlockSize::Fixed(8),
+        BlockSize::Fixed(16),
+        BlockSize::auto_linear(16, 1.0),
+        BlockSize::auto_linear(16, 0.02),
+    ]
 }
 
 #[test]
@@ -65,9 +100,25 @@ fn a_random_drafter_is_lossless_at_every_block_size() {
     let d = CpuDrafter::new(&load(&write_drafter(t.config(), &spec(5))).unwrap());
     for sp in samplings() {
         for p in prompts() {
-            let plain = generate_cpu(&cpu, &t.tokenizer, &req(&p, sp.clone()), &|| 0.0, &mut |_| {}).unwrap();
+            let plain = generate_cpu(
+                &cpu,
+                &t.tokenizer,
+                &req(&p, sp.clone()),
+                &|| 0.0,
+                &mut |_| {},
+            )
+            .unwrap();
             for b in blocks() {
-                let s = generate_speculative_cpu(&cpu, &d, &t.tokenizer, &req(&p, sp.clone()), &b, &|| 0.0, &mut |_| {}).unwrap();
+                let s = generate_speculative_cpu(
+                    &cpu,
+                    &d,
+                    &t.tokenizer,
+                    &req(&p, sp.clone()),
+                    &b,
+                    &|| 0.0,
+                    &mut |_| {},
+                )
+                .unwrap();
                 assert_eq!(s.result.tokens, plain.tokens, "{b:?} T={}", sp.temperature);
                 assert_eq!(s.result.text, plain.text);
                 assert_eq!(s.result.finish_reason, plain.finish_reason);
@@ -96,10 +147,16 @@ impl Proposer for Oracle {
     fn draft(&mut self, _anchor: u32, pos: usize, b: usize) -> dflash_core::Result<Vec<u32>> {
         let good = self.good[self.step % self.good.len()];
         self.step += 1;
-        Ok((1..b).map(|j| {
-            let truth = self.plain.get(pos + j).copied().unwrap_or(0);
-            if j <= good { truth } else { (truth + 1) % self.vocab }
-        }).collect())
+        Ok((1..b)
+            .map(|j| {
+                let truth = self.plain.get(pos + j).copied().unwrap_or(0);
+                if j <= good {
+                    truth
+                } else {
+                    (truth + 1) % self.vocab
+                }
+            })
+            .collect())
     }
 }
 
@@ -109,12 +166,37 @@ fn accepted_drafts_and_rollback_keep_the_output_equal_to_plain_decoding() {
     let cpu = CpuModel::new(&t.weights);
     for sp in samplings() {
         for p in prompts() {
-            let plain = generate_cpu(&cpu, &t.tokenizer, &req(&p, sp.clone()), &|| 0.0, &mut |_| {}).unwrap();
+            let plain = generate_cpu(
+                &cpu,
+                &t.tokenizer,
+                &req(&p, sp.clone()),
+                &|| 0.0,
+                &mut |_| {},
+            )
+            .unwrap();
             let mut seq = p.clone();
             seq.extend(&plain.tokens);
-            for b in [BlockSize::Fixed(8), BlockSize::Fixed(3), BlockSize::auto_linear(8, 0.1)] {
-                let mut o = Oracle { plain: seq.clone(), good: vec![7, 0, 3, 5, 1], step: 0, vocab: t.config().vocab_size as u32 };
-                let s = generate_speculative_with(&cpu, &mut o, &t.tokenizer, &req(&p, sp.clone()), &b, &|| 0.0, &mut |_| {}).unwrap();
+            for b in [
+                BlockSize::Fixed(8),
+                BlockSize::Fixed(3),
+                BlockSize::auto_linear(8, 0.1),
+            ] {
+                let mut o = Oracle {
+                    plain: seq.clone(),
+                    good: vec![7, 0, 3, 5, 1],
+                    step: 0,
+                    vocab: t.config().vocab_size as u32,
+                };
+                let s = generate_speculative_with(
+                    &cpu,
+                    &mut o,
+                    &t.tokenizer,
+                    &req(&p, sp.clone()),
+                    &b,
+                    &|| 0.0,
+                    &mut |_| {},
+                )
+                .unwrap();
                 assert_eq!(s.result.tokens, plain.tokens, "{b:?} T={}", sp.temperature);
                 if plain.tokens.len() == 40 && b == BlockSize::Fixed(8) {
                     assert!(s.mean_tau() > 2.5, "tau {}", s.mean_tau());
@@ -141,22 +223,49 @@ fn drafter_variants_load() {
     let w = load(&write_drafter(&t, &s)).unwrap();
     assert_eq!(w.config.n_taps(), 5);
     assert_eq!(w.fc.cols, 5 * t.hidden_size);
-    assert_eq!(w.config.layer_kinds, vec![LayerKind::Sliding, LayerKind::Full]);
+    assert_eq!(
+        w.config.layer_kinds,
+        vec![LayerKind::Sliding, LayerKind::Full]
+    );
     // The published Qwen3-8B drafter's default: 36 target layers, 5 draft layers.
-    assert_eq!(DrafterConfig::default_target_layer_ids(5, 36), vec![1, 9, 17, 25, 33]);
+    assert_eq!(
+        DrafterConfig::default_target_layer_ids(5, 36),
+        vec![1, 9, 17, 25, 33]
+    );
     assert_eq!(DrafterConfig::default_target_layer_ids(1, 36), vec![18]);
     // A sliding drafter is lossless too, with a context longer than its window.
     let tm = target();
     let cpu = CpuModel::new(&tm.weights);
     let d = CpuDrafter::new(&w);
     let p = &prompts()[3];
-    let plain = generate_cpu(&cpu, &tm.tokenizer, &req(p, SamplingParams::default()), &|| 0.0, &mut |_| {}).unwrap();
-    let sp = generate_speculative_cpu(&cpu, &d, &tm.tokenizer, &req(p, SamplingParams::default()), &BlockSize::Fixed(16), &|| 0.0, &mut |_| {}).unwrap();
+    let plain = generate_cpu(
+        &cpu,
+        &tm.tokenizer,
+        &req(p, SamplingParams::default()),
+        &|| 0.0,
+        &mut |_| {},
+    )
+    .unwrap();
+    let sp = generate_speculative_cpu(
+        &cpu,
+        &d,
+        &tm.tokenizer,
+        &req(p, SamplingParams::default()),
+        &BlockSize::Fixed(16),
+        &|| 0.0,
+        &mut |_| {},
+    )
+    .unwrap();
     assert_eq!(sp.result.tokens, plain.tokens);
     // 4-bit drafter weights at load.
     let files = write_drafter(&t, &spec(3));
     let cfg = std::str::from_utf8(&files["config.json"]).unwrap();
-    let q4 = DrafterWeights::load(cfg, vec![("model.safetensors", &files["model.safetensors"][..])], DrafterPrecision::Q4).unwrap();
+    let q4 = DrafterWeights::load(
+        cfg,
+        vec![("model.safetensors", &files["model.safetensors"][..])],
+        DrafterPrecision::Q4,
+    )
+    .unwrap();
     assert_eq!(q4.fc.format, dflash_core::quant::QFormat::Q4);
 }
 
@@ -177,19 +286,39 @@ fn each_drafter_target_mismatch_has_its_error() {
     };
     check(&|c| c["vocab_size"] = 999.into(), "vocab_size");
     check(&|c| c["num_target_layers"] = 12.into(), "num_target_layers");
-    check(&|c| c["dflash_config"]["target_layer_ids"] = serde_json::json!([1, 6]), "target_layer_ids");
-    check(&|c| c["dflash_config"]["mask_token_id"] = 5000.into(), "mask_token_id");
+    check(
+        &|c| c["dflash_config"]["target_layer_ids"] = serde_json::json!([1, 6]),
+        "target_layer_ids",
+    );
+    check(
+        &|c| c["dflash_config"]["mask_token_id"] = 5000.into(),
+        "mask_token_id",
+    );
     check(&|c| c["rope_theta"] = 0.into(), "rope settings");
     // Fields that also change the tensors' shapes, checked on the config alone.
     let validate = |edit: &dyn Fn(&mut serde_json::Value)| {
         let files = write_drafter(&tc, &spec(4));
         let mut cfg: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
         edit(&mut cfg);
-        DrafterConfig::from_json(&cfg.to_string()).unwrap().validate_against(&tc)
+        DrafterConfig::from_json(&cfg.to_string())
+            .unwrap()
+            .validate_against(&tc)
     };
     assert!(validate(&|_| {}).is_ok());
-    assert!(matches!(validate(&|c| c["hidden_size"] = 128.into()), Err(Error::DrafterMismatch { field: "hidden_size", .. })));
-    assert!(matches!(validate(&|c| c["head_dim"] = 512.into()), Err(Error::DrafterMismatch { field: "rope settings", .. })));
+    assert!(matches!(
+        validate(&|c| c["hidden_size"] = 128.into()),
+        Err(Error::DrafterMismatch {
+            field: "hidden_size",
+            ..
+        })
+    ));
+    assert!(matches!(
+        validate(&|c| c["head_dim"] = 512.into()),
+        Err(Error::DrafterMismatch {
+            field: "rope settings",
+            ..
+        })
+    ));
     // A hidden size that differs is caught by the tensor shapes first, or by validation.
     let mut files = write_drafter(&tc, &spec(4));
     let mut cfg: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
@@ -201,9 +330,15 @@ fn each_drafter_target_mismatch_has_its_error() {
     let mut cfg: serde_json::Value = serde_json::from_slice(&files["config.json"]).unwrap();
     cfg.as_object_mut().unwrap().remove("dflash_config");
     cfg["architectures"] = serde_json::json!(["Qwen3ForCausalLM"]);
-    assert!(matches!(DrafterConfig::from_json(&cfg.to_string()), Err(Error::NotADrafter(_))));
+    assert!(matches!(
+        DrafterConfig::from_json(&cfg.to_string()),
+        Err(Error::NotADrafter(_))
+    ));
     cfg["architectures"] = serde_json::json!(["DFlashDraftModel"]);
-    assert!(matches!(DrafterConfig::from_json(&cfg.to_string()), Err(Error::NotADrafter(_))));
+    assert!(matches!(
+        DrafterConfig::from_json(&cfg.to_string()),
+        Err(Error::NotADrafter(_))
+    ));
 }
 
 #[test]
@@ -214,7 +349,15 @@ fn context_rows_fed_one_at_a_time_equal_all_at_once() {
     let d = CpuDrafter::new(&w);
     let toks = &prompts()[2];
     let mut cache = cpu.new_cache(64);
-    let taps = cpu.forward(toks, &mut cache, dflash_core::cpu::LogitRows::None, &w.config.target_layer_ids).unwrap().taps;
+    let taps = cpu
+        .forward(
+            toks,
+            &mut cache,
+            dflash_core::cpu::LogitRows::None,
+            &w.config.target_layer_ids,
+        )
+        .unwrap()
+        .taps;
     let row = taps.len() / toks.len();
     let (mut a, mut b) = (d.new_context(), d.new_context());
     d.extend_context(&mut a, &taps);
@@ -223,7 +366,10 @@ fn context_rows_fed_one_at_a_time_equal_all_at_once() {
     }
     let mask = w.config.mask_token_id;
     let block = cpu.embed(&[3, mask, mask, mask]).unwrap();
-    assert_eq!(d.forward_block(&a, &block, toks.len()), d.forward_block(&b, &block, toks.len()));
+    assert_eq!(
+        d.forward_block(&a, &block, toks.len()),
+        d.forward_block(&b, &block, toks.len())
+    );
 }
 
 /// Auto mode drafts when the measured acceptance pays for the extra rows, stops drafting
@@ -244,7 +390,10 @@ fn auto_mode_stops_drafting_when_drafts_do_not_pay_and_probes() {
     for _ in 0..50 {
         good.record_step(15, 15);
     }
-    assert!(choose_block(&costs, &good, 16, 0) >= 8, "all drafts accepted: a long block");
+    assert!(
+        choose_block(&costs, &good, 16, 0) >= 8,
+        "all drafts accepted: a long block"
+    );
     // On a device where rows are free (a GPU), even a poor drafter is worth a block.
     let free = BlockSize::auto_linear(16, 0.0);
     let mut some = Acceptance::default();
@@ -270,7 +419,11 @@ fn auto_costs_are_refined_by_the_measured_steps() {
     for _ in 0..50 {
         half.record_step(15, 1);
     }
-    assert_eq!(choose_block(&prior, &half, 16, 0), 1, "the prior says drafting does not pay");
+    assert_eq!(
+        choose_block(&prior, &half, 16, 0),
+        1,
+        "the prior says drafting does not pay"
+    );
     let mut c = StepCosts::new(&prior).unwrap();
     assert_eq!(c.policy(), prior, "nothing measured yet");
     c.record(1, 50.0); // a first step: skipped (compile)
@@ -281,17 +434,30 @@ fn auto_costs_are_refined_by_the_measured_steps() {
         c.record(4, truth(4));
     }
     c.record(4, 50.0); // the first of size 4 was a normal step; one outlier moves the mean by ALPHA only
-    let BlockSize::Auto { verify_cost } = c.policy() else { panic!() };
-    assert!((verify_cost[4] / verify_cost[1] - (0.8 * truth(4) + 0.2 * 50.0) / truth(1)).abs() < 1e-9);
+    let BlockSize::Auto { verify_cost } = c.policy() else {
+        panic!()
+    };
+    assert!(
+        (verify_cost[4] / verify_cost[1] - (0.8 * truth(4) + 0.2 * 50.0) / truth(1)).abs() < 1e-9
+    );
     for _ in 0..40 {
         c.record(4, truth(4));
     }
-    let BlockSize::Auto { verify_cost } = c.policy() else { panic!() };
-    assert!((verify_cost[4] / verify_cost[1] - truth(4)).abs() < 0.01, "measured: {}", verify_cost[4] / verify_cost[1]);
+    let BlockSize::Auto { verify_cost } = c.policy() else {
+        panic!()
+    };
+    assert!(
+        (verify_cost[4] / verify_cost[1] - truth(4)).abs() < 0.01,
+        "measured: {}",
+        verify_cost[4] / verify_cost[1]
+    );
     // Sizes not run keep the prior's cost at the measured speed: relative to the
     // measured one-row step, below their prior ratio.
     assert!(verify_cost[8] / verify_cost[1] < prior_cost(&prior, 8) / prior_cost(&prior, 1));
-    assert!(choose_block(&c.policy(), &half, 16, 0) > 1, "with the measured costs drafting pays");
+    assert!(
+        choose_block(&c.policy(), &half, 16, 0) > 1,
+        "with the measured costs drafting pays"
+    );
     assert!(StepCosts::new(&BlockSize::Fixed(4)).is_none());
 }
 

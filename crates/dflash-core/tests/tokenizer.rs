@@ -16,9 +16,24 @@ fn spm_tokenizer() -> TextTokenizer {
         scores.push(0.0);
     }
     let pieces = [
-        ("\u{2581}", -1.0), ("h", -2.0), ("e", -2.0), ("l", -2.0), ("o", -2.0), ("w", -2.0), ("r", -2.0), ("d", -2.0),
-        ("he", -3.0), ("ll", -3.0), ("hell", -4.0), ("hello", -5.0), ("\u{2581}hello", -6.0), ("\u{2581}w", -3.5),
-        ("or", -3.0), ("\u{2581}wor", -4.5), ("ld", -3.2), ("\u{2581}world", -7.0),
+        ("\u{2581}", -1.0),
+        ("h", -2.0),
+        ("e", -2.0),
+        ("l", -2.0),
+        ("o", -2.0),
+        ("w", -2.0),
+        ("r", -2.0),
+        ("d", -2.0),
+        ("he", -3.0),
+        ("ll", -3.0),
+        ("hell", -4.0),
+        ("hello", -5.0),
+        ("\u{2581}hello", -6.0),
+        ("\u{2581}w", -3.5),
+        ("or", -3.0),
+        ("\u{2581}wor", -4.5),
+        ("ld", -3.2),
+        ("\u{2581}world", -7.0),
     ];
     for (p, s) in pieces {
         tokens.push(p.into());
@@ -26,11 +41,23 @@ fn spm_tokenizer() -> TextTokenizer {
         scores.push(s);
     }
     let md = vec![
-        ("general.architecture".to_string(), Value::String("llama".into())),
+        (
+            "general.architecture".to_string(),
+            Value::String("llama".into()),
+        ),
         ("tokenizer.ggml.model".into(), Value::String("llama".into())),
-        ("tokenizer.ggml.tokens".into(), Value::Array(tokens.iter().map(|t| Value::String(t.clone())).collect())),
-        ("tokenizer.ggml.scores".into(), Value::Array(scores.iter().map(|&s| Value::F32(s)).collect())),
-        ("tokenizer.ggml.token_type".into(), Value::Array(types.iter().map(|&t| Value::I32(t)).collect())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(tokens.iter().map(|t| Value::String(t.clone())).collect()),
+        ),
+        (
+            "tokenizer.ggml.scores".into(),
+            Value::Array(scores.iter().map(|&s| Value::F32(s)).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.iter().map(|&t| Value::I32(t)).collect()),
+        ),
         ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
         ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
         ("tokenizer.ggml.unknown_token_id".into(), Value::U32(0)),

@@ -7,10 +7,21 @@ use dflash_gpu::{ops, GpuContext, GpuOptions};
 use std::time::Instant;
 
 fn main() {
-    let a: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().unwrap()).collect();
-    let (rows, cols, n) = (a.first().copied().unwrap_or(4096), a.get(1).copied().unwrap_or(1024), a.get(2).copied().unwrap_or(1));
+    let a: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let (rows, cols, n) = (
+        a.first().copied().unwrap_or(4096),
+        a.get(1).copied().unwrap_or(1024),
+        a.get(2).copied().unwrap_or(1),
+    );
     let lanes: Option<usize> = std::env::var("LANES").ok().map(|s| s.parse().unwrap());
-    let ctx = GpuContext::new(&GpuOptions { tuning: lanes.map(|l| dflash_gpu::context::Tuning { gemv_lanes: l }), ..Default::default() }).unwrap();
+    let ctx = GpuContext::new(&GpuOptions {
+        tuning: lanes.map(|l| dflash_gpu::context::Tuning { gemv_lanes: l }),
+        ..Default::default()
+    })
+    .unwrap();
     let mut rng = Rng(1);
     let x = rng.vec(rows * cols, 1.0);
     let m = QuantMatrix::from_ggml("w", GgmlType::Q4_0, &quantize::q4_0(&x), rows, cols).unwrap();
@@ -20,7 +31,18 @@ fn main() {
     let d = ops::gemv(&ctx, &g, &xb, &yb, n, false).unwrap();
     let t0 = Instant::now();
     let now = move || t0.elapsed().as_secs_f64();
-    let gb = dflash_gpu::bench::measure(&ctx, &d.iter().collect::<Vec<_>>(), m.n_bytes() as u64, 4, 3, &now).unwrap();
+    let gb = dflash_gpu::bench::measure(
+        &ctx,
+        &d.iter().collect::<Vec<_>>(),
+        m.n_bytes() as u64,
+        4,
+        3,
+        &now,
+    )
+    .unwrap();
     let cp = dflash_gpu::bench::copy_gbps(&ctx, m.n_bytes() as u64, 4, 3, &now).unwrap();
-    println!("rows {rows} cols {cols} n {n}: gemv {gb:.3} GB/s, copy {cp:.3} GB/s, ratio {:.3}", gb / cp);
+    println!(
+        "rows {rows} cols {cols} n {n}: gemv {gb:.3} GB/s, copy {cp:.3} GB/s, ratio {:.3}",
+        gb / cp
+    );
 }

@@ -18,7 +18,14 @@ fn timed(ctx: &GpuContext, now: &dyn Fn() -> f64, f: impl FnOnce()) -> Result<f6
 
 /// GB/s of `dispatches` that read `bytes` per repetition, best of `trials` submissions of
 /// `reps` repetitions each (after one warm-up).
-pub fn measure(ctx: &GpuContext, dispatches: &[&Dispatch], bytes: u64, reps: usize, trials: usize, now: &dyn Fn() -> f64) -> Result<f64> {
+pub fn measure(
+    ctx: &GpuContext,
+    dispatches: &[&Dispatch],
+    bytes: u64,
+    reps: usize,
+    trials: usize,
+    now: &dyn Fn() -> f64,
+) -> Result<f64> {
     let run = || {
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         {
@@ -40,7 +47,13 @@ pub fn measure(ctx: &GpuContext, dispatches: &[&Dispatch], bytes: u64, reps: usi
 }
 
 /// GB/s of the copy kernel over `size` bytes (counting bytes read plus bytes written).
-pub fn copy_gbps(ctx: &GpuContext, size: u64, reps: usize, trials: usize, now: &dyn Fn() -> f64) -> Result<f64> {
+pub fn copy_gbps(
+    ctx: &GpuContext,
+    size: u64,
+    reps: usize,
+    trials: usize,
+    now: &dyn Fn() -> f64,
+) -> Result<f64> {
     let size = size.min(ctx.max_binding()) / 16 * 16;
     let src = work_buffer(ctx, "copy_src", size);
     let dst = work_buffer(ctx, "copy_dst", size);

@@ -86,7 +86,8 @@ pub const MIN_STORAGE_BUFFERS: u32 = 6;
 
 impl GpuContext {
     pub async fn new_async(opts: &GpuOptions) -> Result<Self> {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = match &opts.adapter {
             Some(want) => {
                 let want_l = want.to_lowercase();
@@ -94,7 +95,9 @@ impl GpuContext {
                 let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
                 all.into_iter()
                     .find(|a| a.get_info().name.to_lowercase().contains(&want_l))
-                    .ok_or_else(|| GpuError::NoAdapter(format!(" named {want:?} (have: {})", names.join(", "))))?
+                    .ok_or_else(|| {
+                        GpuError::NoAdapter(format!(" named {want:?} (have: {})", names.join(", ")))
+                    })?
             }
             None => instance
                 .request_adapter(&wgpu::RequestAdapterOptions {
@@ -168,7 +171,9 @@ impl GpuContext {
             name: info.name.clone(),
             backend: format!("{:?}", info.backend),
             device_type: format!("{:?}", info.device_type),
-            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_string(),
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size as u64,
@@ -177,8 +182,19 @@ impl GpuContext {
             max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
             max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
         };
-        let tuning = opts.tuning.unwrap_or_else(|| Tuning::for_adapter(info.device_type));
-        Ok(GpuContext { device, queue, summary, f16, pipelines: Default::default(), tuning, lost, uncaptured })
+        let tuning = opts
+            .tuning
+            .unwrap_or_else(|| Tuning::for_adapter(info.device_type));
+        Ok(GpuContext {
+            device,
+            queue,
+            summary,
+            f16,
+            pipelines: Default::default(),
+            tuning,
+            lost,
+            uncaptured,
+        })
     }
 
     #[cfg(not(target_arch = "wasm32"))]
@@ -188,7 +204,9 @@ impl GpuContext {
 
     /// The largest buffer a kernel may bind.
     pub fn max_binding(&self) -> u64 {
-        self.summary.max_storage_buffer_binding_size.min(self.summary.max_buffer_size)
+        self.summary
+            .max_storage_buffer_binding_size
+            .min(self.summary.max_buffer_size)
     }
 
     /// An error if the device was lost or an operation failed outside an error scope.
@@ -215,9 +233,19 @@ impl GpuContext {
 
     /// A buffer holding `bytes` (padded to 16): created empty, then written through the
     /// queue, which fails softly on a lost device where mapped creation would panic.
-    pub fn buffer_with(&self, label: &str, bytes: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
+    pub fn buffer_with(
+        &self,
+        label: &str,
+        bytes: &[u8],
+        usage: wgpu::BufferUsages,
+    ) -> wgpu::Buffer {
         let size = (bytes.len().max(16) as u64).div_ceil(16) * 16;
-        let b = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage: usage | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: usage | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let mut data = bytes.to_vec();
         data.resize(size as usize, 0);
         self.queue.write_buffer(&b, 0, &data);
@@ -287,7 +315,10 @@ impl GpuContext {
                 return Err(GpuError::Readback("map callback did not run".into()));
             }
         }
-        let bytes = staging.get_mapped_range(..).map_err(|e| GpuError::Readback(e.to_string()))?.to_vec();
+        let bytes = staging
+            .get_mapped_range(..)
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .to_vec();
         staging.unmap();
         Ok(bytes)
     }
@@ -306,7 +337,10 @@ struct MapFuture(Arc<Mutex<MapWait>>);
 
 impl std::future::Future for MapFuture {
     type Output = std::result::Result<(), wgpu::BufferAsyncError>;
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
         match g.result.take() {
             Some(r) => std::task::Poll::Ready(r),

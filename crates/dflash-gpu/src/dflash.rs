@@ -84,23 +84,43 @@ pub struct GpuDrafter {
 }
 
 impl GpuDrafter {
-    pub fn new(ctx: &GpuContext, w: &DrafterWeights, target: &GpuModel, host_draft_capacity: usize) -> Result<Self> {
+    pub fn new(
+        ctx: &GpuContext,
+        w: &DrafterWeights,
+        target: &GpuModel,
+        host_draft_capacity: usize,
+    ) -> Result<Self> {
         let c = &w.config;
         c.validate_against(&target.config)?;
         if let Some(d) = &c.dflash2 {
             if d.selector_top_k > 256 {
-                return Err(GpuError::LimitExceeded { what: "the selector's candidates per slot".into(), need: d.selector_top_k as u64, limit: 256, limit_name: "selector_top_k (dflash2.wgsl)" });
+                return Err(GpuError::LimitExceeded {
+                    what: "the selector's candidates per slot".into(),
+                    need: d.selector_top_k as u64,
+                    limit: 256,
+                    limit_name: "selector_top_k (dflash2.wgsl)",
+                });
             }
             let cb = (c.vocab_size * d.selector_rank * 4) as u64;
             if cb > ctx.max_binding() {
-                return Err(GpuError::LimitExceeded { what: "a selector codebook (f32)".into(), need: cb, limit: ctx.max_binding(), limit_name: "max_storage_buffer_binding_size" });
+                return Err(GpuError::LimitExceeded {
+                    what: "a selector codebook (f32)".into(),
+                    need: cb,
+                    limit: ctx.max_binding(),
+                    limit_name: "max_storage_buffer_binding_size",
+                });
             }
         }
         let cap = target.context + MAX_ROWS;
         let elt = if ctx.f16 { 2 } else { 4 };
         let kv_bytes = (cap * c.kv_dim() * elt) as u64;
         if kv_bytes > ctx.max_binding() {
-            return Err(GpuError::LimitExceeded { what: "the drafter's context cache of one layer".into(), need: kv_bytes, limit: ctx.max_binding(), limit_name: "max_storage_buffer_binding_size" });
+            return Err(GpuError::LimitExceeded {
+                what: "the drafter's context cache of one layer".into(),
+                need: kv_bytes,
+                limit: ctx.max_binding(),
+                limit_name: "max_storage_buffer_binding_size",
+            });
         }
         let mut n_bytes = w.fc.n_bytes() as u64;
         let mut layers = Vec::new();
@@ -122,13 +142,23 @@ impl GpuDrafter {
                 w_down: upload_matrix(ctx, "d.down", &l.w_down)?,
                 k_ctx: work_buffer(ctx, "d.k_ctx", kv_bytes),
                 v_ctx: work_buffer(ctx, "d.v_ctx", kv_bytes),
-                window: if *kind == LayerKind::Sliding { c.sliding_window } else { 0 },
+                window: if *kind == LayerKind::Sliding {
+                    c.sliding_window
+                } else {
+                    0
+                },
                 conv: match &l.conv {
                     Some(cv) => {
                         let up = |g: &dflash_core::drafter::GroupedConv| -> Result<GpuConv> {
-                            Ok(GpuConv { base: f32_buffer(ctx, "d2.base", &g.base), projection: upload_matrix(ctx, "d2.proj", &g.projection)? })
+                            Ok(GpuConv {
+                                base: f32_buffer(ctx, "d2.base", &g.base),
+                                projection: upload_matrix(ctx, "d2.proj", &g.projection)?,
+                            })
                         };
-                        n_bytes += (cv.attention.projection.n_bytes() + cv.mlp.projection.n_bytes() + 4 * (cv.attention.base.len() + cv.mlp.base.len())) as u64;
+                        n_bytes += (cv.attention.projection.n_bytes()
+                            + cv.mlp.projection.n_bytes()
+                            + 4 * (cv.attention.base.len() + cv.mlp.base.len()))
+                            as u64;
                         Some([up(&cv.attention)?, up(&cv.mlp)?])
                     }
                     None => None,
@@ -142,10 +172,18 @@ impl GpuDrafter {
                 n_bytes += (sel.hidden_projection.n_bytes() + 4 * (pred.len() + succ.len())) as u64;
                 let k = d.selector_top_k as u64;
                 Some(Dflash2Gpu {
-                    hidden_projection: upload_matrix(ctx, "d2.hidden_projection", &sel.hidden_projection)?,
+                    hidden_projection: upload_matrix(
+                        ctx,
+                        "d2.hidden_projection",
+                        &sel.hidden_projection,
+                    )?,
                     predecessor: f32_buffer(ctx, "d2.predecessor", &pred),
                     successor: f32_buffer(ctx, "d2.successor", &succ),
-                    coef: work_buffer(ctx, "d2.coef", n_rows * 4 * d.projection_rows(c.hidden_size) as u64),
+                    coef: work_buffer(
+                        ctx,
+                        "d2.coef",
+                        n_rows * 4 * d.projection_rows(c.hidden_size) as u64,
+                    ),
                     xc: work_buffer(ctx, "d2.xc", n_rows * 4 * c.hidden_size as u64),
                     o: work_buffer(ctx, "d2.o", n_rows * 4 * c.hidden_size as u64),
                     hp: work_buffer(ctx, "d2.hp", n_rows * 4 * d.selector_rank as u64),
@@ -166,7 +204,12 @@ impl GpuDrafter {
             }
         }
         let n = MAX_ROWS as u64 * 4;
-        let (h, qd, kvd, ff) = (c.hidden_size as u64, c.q_dim() as u64, c.kv_dim() as u64, c.intermediate_size as u64);
+        let (h, qd, kvd, ff) = (
+            c.hidden_size as u64,
+            c.q_dim() as u64,
+            c.kv_dim() as u64,
+            c.intermediate_size as u64,
+        );
         Ok(GpuDrafter {
             fc: upload_matrix(ctx, "d.fc", &w.fc)?,
             hidden_norm: f32_buffer(ctx, "d.hidden_norm", &w.hidden_norm),
@@ -194,7 +237,12 @@ impl GpuDrafter {
     }
 
     fn rope_shape(&self, heads: usize) -> ops::RopeShape {
-        ops::RopeShape { style: RopeStyle::Neox, heads, head_dim: self.config.head_dim, rope_dim: self.config.head_dim }
+        ops::RopeShape {
+            style: RopeStyle::Neox,
+            heads,
+            head_dim: self.config.head_dim,
+            rope_dim: self.config.head_dim,
+        }
     }
 
     /// Grows the context cache by `n` rows of the target's taps at positions
@@ -204,12 +252,34 @@ impl GpuDrafter {
         let (h, kvd, eps) = (c.hidden_size, c.kv_dim(), c.rms_norm_eps);
         let es = &t.act.ext_state;
         let mut d = ops::gemv(ctx, &self.fc, &t.act.taps, &self.xn, n, false)?;
-        d.push(ops::rmsnorm(ctx, eps, &self.hidden_norm, &self.xn, &self.c, n, h)?);
+        d.push(ops::rmsnorm(
+            ctx,
+            eps,
+            &self.hidden_norm,
+            &self.xn,
+            &self.c,
+            n,
+            h,
+        )?);
         for l in &self.layers {
             d.extend(ops::gemv(ctx, &l.wk, &self.c, &self.k, n, false)?);
             d.extend(ops::gemv(ctx, &l.wv, &self.c, &self.v, n, false)?);
-            d.push(ops::rmsnorm_inplace(ctx, eps, &l.k_norm, &self.k, n * c.num_kv_heads, c.head_dim)?);
-            d.push(ops::rope(ctx, &self.rope_shape(c.num_kv_heads), es, &self.rope_table, &self.k, n)?);
+            d.push(ops::rmsnorm_inplace(
+                ctx,
+                eps,
+                &l.k_norm,
+                &self.k,
+                n * c.num_kv_heads,
+                c.head_dim,
+            )?);
+            d.push(ops::rope(
+                ctx,
+                &self.rope_shape(c.num_kv_heads),
+                es,
+                &self.rope_table,
+                &self.k,
+                n,
+            )?);
             d.push(ops::store_kv(ctx, &self.k, es, &l.k_ctx, n, kvd)?);
             d.push(ops::store_kv(ctx, &self.v, es, &l.v_ctx, n, kvd)?);
         }
@@ -218,7 +288,14 @@ impl GpuDrafter {
 
     /// The block pass: [anchor, MASK...] at positions state[0].., attending to the whole
     /// context and the block; the target's lm_head and argmax give the drafts.
-    fn draft_dispatches(&self, ctx: &GpuContext, t: &GpuModel, b: usize, host: bool, sampled: bool) -> Result<Vec<Dispatch>> {
+    fn draft_dispatches(
+        &self,
+        ctx: &GpuContext,
+        t: &GpuModel,
+        b: usize,
+        host: bool,
+        sampled: bool,
+    ) -> Result<Vec<Dispatch>> {
         let c = &self.config;
         let (h, kvd, eps) = (c.hidden_size, c.kv_dim(), c.rms_norm_eps);
         let st = &t.act.state;
@@ -226,52 +303,177 @@ impl GpuDrafter {
         // A block of one row is the anchor alone: no drafts, no drafter pass.
         if !host && b > 1 {
             d.extend(ops::embedding(ctx, &t.embed, &self.ids, &self.x, b)?);
-            if let Some(s) = self.d2.as_ref().filter(|s| s.config.input_embedding_scale != 1.0) {
-                d.push(ops::scale(ctx, &self.x, b * h, s.config.input_embedding_scale)?);
+            if let Some(s) = self
+                .d2
+                .as_ref()
+                .filter(|s| s.config.input_embedding_scale != 1.0)
+            {
+                d.push(ops::scale(
+                    ctx,
+                    &self.x,
+                    b * h,
+                    s.config.input_embedding_scale,
+                )?);
             }
             // DFlash2: a sublayer's input convolved (side 0) into `xc`, its output
             // convolved (side 1) and added to the residual `x`.
-            let conv_shape = |side| self.d2.as_ref().map(|s| ops::ConvShape { hidden: h, taps: s.config.conv_kernel_size, group: s.config.conv_group_size, side });
+            let conv_shape = |side| {
+                self.d2.as_ref().map(|s| ops::ConvShape {
+                    hidden: h,
+                    taps: s.config.conv_kernel_size,
+                    group: s.config.conv_group_size,
+                    side,
+                })
+            };
             for l in &self.layers {
-                d.push(ops::rmsnorm(ctx, eps, &l.input_norm, &self.x, &self.xn, b, h)?);
+                d.push(ops::rmsnorm(
+                    ctx,
+                    eps,
+                    &l.input_norm,
+                    &self.x,
+                    &self.xn,
+                    b,
+                    h,
+                )?);
                 let mut input = &self.xn;
                 if let (Some(cv), Some(s), Some(sh)) = (&l.conv, &self.d2, conv_shape(0)) {
-                    d.extend(ops::gemv(ctx, &cv[0].projection, &self.xn, &s.coef, b, false)?);
-                    d.push(ops::grouped_conv(ctx, &sh, &self.xn, &s.coef, &cv[0].base, &s.xc, b, false)?);
+                    d.extend(ops::gemv(
+                        ctx,
+                        &cv[0].projection,
+                        &self.xn,
+                        &s.coef,
+                        b,
+                        false,
+                    )?);
+                    d.push(ops::grouped_conv(
+                        ctx,
+                        &sh,
+                        &self.xn,
+                        &s.coef,
+                        &cv[0].base,
+                        &s.xc,
+                        b,
+                        false,
+                    )?);
                     input = &s.xc;
                 }
                 d.extend(ops::gemv(ctx, &l.wq, input, &self.q, b, false)?);
                 d.extend(ops::gemv(ctx, &l.wk, input, &self.k, b, false)?);
                 d.extend(ops::gemv(ctx, &l.wv, input, &self.v, b, false)?);
-                d.push(ops::rmsnorm_inplace(ctx, eps, &l.q_norm, &self.q, b * c.num_heads, c.head_dim)?);
-                d.push(ops::rmsnorm_inplace(ctx, eps, &l.k_norm, &self.k, b * c.num_kv_heads, c.head_dim)?);
-                d.push(ops::rope(ctx, &self.rope_shape(c.num_heads), st, &self.rope_table, &self.q, b)?);
-                d.push(ops::rope(ctx, &self.rope_shape(c.num_kv_heads), st, &self.rope_table, &self.k, b)?);
+                d.push(ops::rmsnorm_inplace(
+                    ctx,
+                    eps,
+                    &l.q_norm,
+                    &self.q,
+                    b * c.num_heads,
+                    c.head_dim,
+                )?);
+                d.push(ops::rmsnorm_inplace(
+                    ctx,
+                    eps,
+                    &l.k_norm,
+                    &self.k,
+                    b * c.num_kv_heads,
+                    c.head_dim,
+                )?);
+                d.push(ops::rope(
+                    ctx,
+                    &self.rope_shape(c.num_heads),
+                    st,
+                    &self.rope_table,
+                    &self.q,
+                    b,
+                )?);
+                d.push(ops::rope(
+                    ctx,
+                    &self.rope_shape(c.num_kv_heads),
+                    st,
+                    &self.rope_table,
+                    &self.k,
+                    b,
+                )?);
                 d.push(ops::store_kv(ctx, &self.k, st, &l.k_ctx, b, kvd)?);
                 d.push(ops::store_kv(ctx, &self.v, st, &l.v_ctx, b, kvd)?);
-                let shape = ops::AttentionShape { n_heads: c.num_heads, n_kv_heads: c.num_kv_heads, head_dim: c.head_dim, window: l.window, causal: false };
-                d.push(ops::attention(ctx, &shape, st, &self.q, &l.k_ctx, &l.v_ctx, &self.att, b)?);
+                let shape = ops::AttentionShape {
+                    n_heads: c.num_heads,
+                    n_kv_heads: c.num_kv_heads,
+                    head_dim: c.head_dim,
+                    window: l.window,
+                    causal: false,
+                };
+                d.push(ops::attention(
+                    ctx, &shape, st, &self.q, &l.k_ctx, &l.v_ctx, &self.att, b,
+                )?);
                 match (&l.conv, &self.d2, conv_shape(1)) {
                     (Some(cv), Some(s), Some(sh)) => {
                         d.extend(ops::gemv(ctx, &l.wo, &self.att, &s.o, b, false)?);
-                        d.push(ops::grouped_conv(ctx, &sh, &s.o, &s.coef, &cv[0].base, &self.x, b, true)?);
+                        d.push(ops::grouped_conv(
+                            ctx,
+                            &sh,
+                            &s.o,
+                            &s.coef,
+                            &cv[0].base,
+                            &self.x,
+                            b,
+                            true,
+                        )?);
                     }
                     _ => d.extend(ops::gemv(ctx, &l.wo, &self.att, &self.x, b, true)?),
                 }
-                d.push(ops::rmsnorm(ctx, eps, &l.post_norm, &self.x, &self.xn, b, h)?);
+                d.push(ops::rmsnorm(
+                    ctx,
+                    eps,
+                    &l.post_norm,
+                    &self.x,
+                    &self.xn,
+                    b,
+                    h,
+                )?);
                 let mut input = &self.xn;
                 if let (Some(cv), Some(s), Some(sh)) = (&l.conv, &self.d2, conv_shape(0)) {
-                    d.extend(ops::gemv(ctx, &cv[1].projection, &self.xn, &s.coef, b, false)?);
-                    d.push(ops::grouped_conv(ctx, &sh, &self.xn, &s.coef, &cv[1].base, &s.xc, b, false)?);
+                    d.extend(ops::gemv(
+                        ctx,
+                        &cv[1].projection,
+                        &self.xn,
+                        &s.coef,
+                        b,
+                        false,
+                    )?);
+                    d.push(ops::grouped_conv(
+                        ctx,
+                        &sh,
+                        &self.xn,
+                        &s.coef,
+                        &cv[1].base,
+                        &s.xc,
+                        b,
+                        false,
+                    )?);
                     input = &s.xc;
                 }
                 d.extend(ops::gemv(ctx, &l.w_gate, input, &self.gate, b, false)?);
                 d.extend(ops::gemv(ctx, &l.w_up, input, &self.up, b, false)?);
-                d.push(ops::swiglu(ctx, &self.gate, &self.up, &self.ff, b, c.intermediate_size)?);
+                d.push(ops::swiglu(
+                    ctx,
+                    &self.gate,
+                    &self.up,
+                    &self.ff,
+                    b,
+                    c.intermediate_size,
+                )?);
                 match (&l.conv, &self.d2, conv_shape(1)) {
                     (Some(cv), Some(s), Some(sh)) => {
                         d.extend(ops::gemv(ctx, &l.w_down, &self.ff, &s.o, b, false)?);
-                        d.push(ops::grouped_conv(ctx, &sh, &s.o, &s.coef, &cv[1].base, &self.x, b, true)?);
+                        d.push(ops::grouped_conv(
+                            ctx,
+                            &sh,
+                            &s.o,
+                            &s.coef,
+                            &cv[1].base,
+                            &self.x,
+                            b,
+                            true,
+                        )?);
                     }
                     _ => d.extend(ops::gemv(ctx, &l.w_down, &self.ff, &self.x, b, true)?),
                 }
@@ -284,8 +486,26 @@ impl GpuDrafter {
                 // DFlash2: the top-K candidates of slots 1..b, then the selector's walk.
                 Some(s) => {
                     let dc = &s.config;
-                    d.extend(ops::gemv(ctx, &s.hidden_projection, &self.xn, &s.hp, b, false)?);
-                    d.push(ops::top_k(ctx, &t.act.logits, &s.cand_ids, &s.cand_vals, 1, b - 1, v, dc.selector_top_k, dc.output_multiplier, dc.final_logit_softcapping.unwrap_or(0.0))?);
+                    d.extend(ops::gemv(
+                        ctx,
+                        &s.hidden_projection,
+                        &self.xn,
+                        &s.hp,
+                        b,
+                        false,
+                    )?);
+                    d.push(ops::top_k(
+                        ctx,
+                        &t.act.logits,
+                        &s.cand_ids,
+                        &s.cand_vals,
+                        1,
+                        b - 1,
+                        v,
+                        dc.selector_top_k,
+                        dc.output_multiplier,
+                        dc.final_logit_softcapping.unwrap_or(0.0),
+                    )?);
                     let wb = ops::WalkBuffers {
                         ids: &s.cand_ids,
                         vals: &s.cand_vals,
@@ -297,7 +517,15 @@ impl GpuDrafter {
                         sample_params: &t.act.sample_params,
                         q_vals: &s.q_vals,
                     };
-                    d.push(ops::selector_walk(ctx, &wb, b - 1, dc.selector_top_k, dc.selector_rank, 1, sampled)?);
+                    d.push(ops::selector_walk(
+                        ctx,
+                        &wb,
+                        b - 1,
+                        dc.selector_top_k,
+                        dc.selector_rank,
+                        1,
+                        sampled,
+                    )?);
                 }
                 None => d.push(ops::argmax(ctx, &t.act.logits, &self.drafts, b, v, v)?),
             }
@@ -307,15 +535,40 @@ impl GpuDrafter {
     }
 }
 
-fn bookkeeping(ctx: &GpuContext, t: &GpuModel, dr: &GpuDrafter, entry: &'static str, b: usize, host: bool) -> Result<Dispatch> {
+fn bookkeeping(
+    ctx: &GpuContext,
+    t: &GpuModel,
+    dr: &GpuDrafter,
+    entry: &'static str,
+    b: usize,
+    host: bool,
+) -> Result<Dispatch> {
     let params = [b as u32, dr.config.mask_token_id, host as u32, 0];
     let a = &t.act;
     let k = Kernel::new(Shader::DFlash, entry);
     let bufs: Vec<(u32, &wgpu::Buffer)> = match entry {
         "prepare" => vec![(1, &a.state), (3, &dr.ids)],
-        "compose" => vec![(1, &a.state), (3, &a.tokens), (4, &dr.drafts), (5, &dr.host_drafts)],
-        "accept_rejection" => vec![(1, &a.state), (2, &a.ext_state), (3, &a.tokens), (6, &a.out_tokens), (7, &a.result), (8, &dr.verdict)],
-        _ => vec![(1, &a.state), (2, &a.ext_state), (3, &a.tokens), (6, &a.out_tokens), (7, &a.result)],
+        "compose" => vec![
+            (1, &a.state),
+            (3, &a.tokens),
+            (4, &dr.drafts),
+            (5, &dr.host_drafts),
+        ],
+        "accept_rejection" => vec![
+            (1, &a.state),
+            (2, &a.ext_state),
+            (3, &a.tokens),
+            (6, &a.out_tokens),
+            (7, &a.result),
+            (8, &dr.verdict),
+        ],
+        _ => vec![
+            (1, &a.state),
+            (2, &a.ext_state),
+            (3, &a.tokens),
+            (6, &a.out_tokens),
+            (7, &a.result),
+        ],
     };
     Dispatch::new(ctx, &k, Some(&params), &bufs, [1, 1, 1])
 }
@@ -349,7 +602,15 @@ impl Speculative {
     pub fn new(target: GpuModel, w: &DrafterWeights) -> Result<Self> {
         let ctx = target.ctx.clone();
         let drafter = GpuDrafter::new(&ctx, w, &target, target.context + MAX_ROWS + 1)?;
-        Ok(Speculative { target, drafter, plans: HashMap::new(), ext_plans: HashMap::new(), prev_block: 0, host_drafts: false, rejection: false })
+        Ok(Speculative {
+            target,
+            drafter,
+            plans: HashMap::new(),
+            ext_plans: HashMap::new(),
+            prev_block: 0,
+            host_drafts: false,
+            rejection: false,
+        })
     }
 
     /// Largest block this pair can verify.
@@ -360,7 +621,11 @@ impl Speculative {
     /// Writes the drafts the host wants proposed for each absolute position (tests).
     pub fn set_host_drafts(&mut self, by_position: &[u32]) {
         self.host_drafts = true;
-        self.target.ctx.queue.write_buffer(&self.drafter.host_drafts, 0, bytemuck::cast_slice(by_position));
+        self.target.ctx.queue.write_buffer(
+            &self.drafter.host_drafts,
+            0,
+            bytemuck::cast_slice(by_position),
+        );
     }
 
     /// Prefill of the target with taps, feeding every prompt row to the drafter's context;
@@ -373,7 +638,9 @@ impl Speculative {
     /// `prefill` for event-loop hosts.
     pub async fn prefill_async(&mut self, prompt: &[u32], head: Head) -> Result<u32> {
         if prompt.is_empty() {
-            return Err(GpuError::Core(dflash_core::Error::BadSampling("the prompt is empty".into())));
+            return Err(GpuError::Core(dflash_core::Error::BadSampling(
+                "the prompt is empty".into(),
+            )));
         }
         self.target.truncate(0);
         let ctx = self.target.ctx.clone();
@@ -382,10 +649,17 @@ impl Speculative {
         for (i, ch) in chunks.iter().enumerate() {
             let start = self.target.len() as u32;
             let last = i + 1 == chunks.len();
-            self.target.submit_pass(ch, if last { head } else { Head::None })?;
-            ctx.queue.write_buffer(&self.target.act.ext_state, 0, bytemuck::cast_slice(&[start, 0u32, 0, 0]));
+            self.target
+                .submit_pass(ch, if last { head } else { Head::None })?;
+            ctx.queue.write_buffer(
+                &self.target.act.ext_state,
+                0,
+                bytemuck::cast_slice(&[start, 0u32, 0, 0]),
+            );
             if !self.ext_plans.contains_key(&ch.len()) {
-                let p = self.drafter.extend_dispatches(&ctx, &self.target, ch.len())?;
+                let p = self
+                    .drafter
+                    .extend_dispatches(&ctx, &self.target, ch.len())?;
                 self.ext_plans.insert(ch.len(), p);
             }
             ops::submit(&ctx, &self.ext_plans[&ch.len()].iter().collect::<Vec<_>>());
@@ -395,8 +669,16 @@ impl Speculative {
             }
         }
         let pos = self.target.len() as u32;
-        ctx.queue.write_buffer(&self.target.act.state, 0, bytemuck::cast_slice(&[pos, 0, first, 0u32]));
-        ctx.queue.write_buffer(&self.target.act.ext_state, 0, bytemuck::cast_slice(&[pos, 0u32, 0, 0]));
+        ctx.queue.write_buffer(
+            &self.target.act.state,
+            0,
+            bytemuck::cast_slice(&[pos, 0, first, 0u32]),
+        );
+        ctx.queue.write_buffer(
+            &self.target.act.ext_state,
+            0,
+            bytemuck::cast_slice(&[pos, 0u32, 0, 0]),
+        );
         self.prev_block = 0;
         Ok(first)
     }
@@ -414,7 +696,11 @@ impl Speculative {
         let b = b.clamp(1, self.max_block());
         let pos = self.target.len();
         if pos + b > self.target.context {
-            return Err(GpuError::Core(dflash_core::Error::ContextOverflow { prompt_tokens: pos + b, max_new_tokens: 0, context: self.target.context }));
+            return Err(GpuError::Core(dflash_core::Error::ContextOverflow {
+                prompt_tokens: pos + b,
+                max_new_tokens: 0,
+                context: self.target.context,
+            }));
         }
         let ctx = self.target.ctx.clone();
         ctx.check_lost()?;
@@ -424,8 +710,19 @@ impl Speculative {
         let rejection = self.rejection && head == Head::Sample;
         let key = (self.prev_block, b, head, self.host_drafts, rejection);
         if !self.plans.contains_key(&key) {
-            let mut d = if self.prev_block > 0 { self.drafter.extend_dispatches(&ctx, &self.target, self.prev_block)? } else { Vec::new() };
-            d.extend(self.drafter.draft_dispatches(&ctx, &self.target, b, self.host_drafts, rejection)?);
+            let mut d = if self.prev_block > 0 {
+                self.drafter
+                    .extend_dispatches(&ctx, &self.target, self.prev_block)?
+            } else {
+                Vec::new()
+            };
+            d.extend(self.drafter.draft_dispatches(
+                &ctx,
+                &self.target,
+                b,
+                self.host_drafts,
+                rejection,
+            )?);
             d.extend(self.target.build_plan(b, head)?);
             if rejection {
                 if b > 1 {
@@ -436,33 +733,73 @@ impl Speculative {
                         _ => (&dr.drafts, &dr.host_drafts, 0),
                     };
                     let a = &self.target.act;
-                    let rb = ops::RejectionBuffers { sample_params: &a.sample_params, state: &a.state, logits: &a.logits, ids: &a.tokens, q_ids, q_vals, verdict: &dr.verdict };
+                    let rb = ops::RejectionBuffers {
+                        sample_params: &a.sample_params,
+                        state: &a.state,
+                        logits: &a.logits,
+                        ids: &a.tokens,
+                        q_ids,
+                        q_vals,
+                        verdict: &dr.verdict,
+                    };
                     d.push(ops::verify_rejection(&ctx, &rb, b - 1, qk)?);
                 }
-                d.push(bookkeeping(&ctx, &self.target, &self.drafter, "accept_rejection", b, self.host_drafts)?);
+                d.push(bookkeeping(
+                    &ctx,
+                    &self.target,
+                    &self.drafter,
+                    "accept_rejection",
+                    b,
+                    self.host_drafts,
+                )?);
             } else {
-                d.push(bookkeeping(&ctx, &self.target, &self.drafter, "accept", b, self.host_drafts)?);
+                d.push(bookkeeping(
+                    &ctx,
+                    &self.target,
+                    &self.drafter,
+                    "accept",
+                    b,
+                    self.host_drafts,
+                )?);
             }
             self.plans.insert(key, d);
         }
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("dflash step") });
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("dflash step"),
+            });
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("dflash step"), timestamp_writes: None });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("dflash step"),
+                timestamp_writes: None,
+            });
             for d in &self.plans[&key] {
                 d.encode(&mut pass);
             }
         }
-        enc.copy_buffer_to_buffer(&self.target.act.result, 0, &self.target.act.readback, 0, ((b + 1) * 4) as u64);
+        enc.copy_buffer_to_buffer(
+            &self.target.act.result,
+            0,
+            &self.target.act.readback,
+            0,
+            ((b + 1) * 4) as u64,
+        );
         ctx.queue.submit([enc.finish()]);
         let bytes = ctx.read_mapped_async(&self.target.act.readback).await?;
         let r: &[u32] = bytemuck::cast_slice(&bytes);
         let acc = r[0] as usize;
         if acc >= b {
-            return Err(GpuError::Readback(format!("accepted {acc} of a block of {b}")));
+            return Err(GpuError::Readback(format!(
+                "accepted {acc} of a block of {b}"
+            )));
         }
         self.target.len = pos + acc + 1;
         self.prev_block = b;
-        Ok(StepResult { accepted: acc, tokens: r[1..acc + 2].to_vec() })
+        Ok(StepResult {
+            accepted: acc,
+            tokens: r[1..acc + 2].to_vec(),
+        })
     }
 }
 
@@ -477,9 +814,17 @@ impl Speculative {
     }
 
     /// `measure_step_costs` for event-loop hosts.
-    pub async fn measure_step_costs_async(&mut self, max: usize, now: &dyn Fn() -> f64) -> Result<Vec<f64>> {
+    pub async fn measure_step_costs_async(
+        &mut self,
+        max: usize,
+        now: &dyn Fn() -> f64,
+    ) -> Result<Vec<f64>> {
         let max = max.clamp(1, self.max_block());
-        let probe: Vec<usize> = [1, 2, 4, 8, 16].into_iter().filter(|&b| b <= max).chain((max > 16).then_some(max)).collect();
+        let probe: Vec<usize> = [1, 2, 4, 8, 16]
+            .into_iter()
+            .filter(|&b| b <= max)
+            .chain((max > 16).then_some(max))
+            .collect();
         let host = self.host_drafts;
         self.host_drafts = false;
         let prompt = vec![0u32; 8];
@@ -506,14 +851,21 @@ impl Speculative {
     /// The drafts of the last block at slots 1..b (tests).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_drafts(&self, b: usize) -> Result<Vec<u32>> {
-        let bytes = self.target.ctx.read_back(&self.drafter.drafts, 0, (b * 4) as u64)?;
+        let bytes = self
+            .target
+            .ctx
+            .read_back(&self.drafter.drafts, 0, (b * 4) as u64)?;
         Ok(bytemuck::cast_slice::<u8, u32>(&bytes)[1..b].to_vec())
     }
 
     /// The drafter's final (normed) hidden rows of the last block (tests).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_draft_hidden(&self, b: usize) -> Result<Vec<f32>> {
-        let bytes = self.target.ctx.read_back(&self.drafter.xn, 0, (b * self.drafter.config.hidden_size * 4) as u64)?;
+        let bytes = self.target.ctx.read_back(
+            &self.drafter.xn,
+            0,
+            (b * self.drafter.config.hidden_size * 4) as u64,
+        )?;
         Ok(bytemuck::cast_slice(&bytes).to_vec())
     }
 
@@ -540,7 +892,8 @@ impl Speculative {
         clock: &dyn Fn() -> f64,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<dflash_core::speculative::SpeculativeResult> {
-        self.generate_pieces_async(tok, req, block, clock, &mut |s, _| on_text(s)).await
+        self.generate_pieces_async(tok, req, block, clock, &mut |s, _| on_text(s))
+            .await
     }
 
     /// `generate_async` whose text callback also says whether the piece's token was an
@@ -559,7 +912,11 @@ impl Speculative {
         cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
         let (_, budget) = prepare(req, &cfg)?;
         self.rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
-        let head = if req.sampling.is_greedy() { Head::Argmax } else { Head::Sample };
+        let head = if req.sampling.is_greedy() {
+            Head::Argmax
+        } else {
+            Head::Sample
+        };
         self.target.set_sampling(&req.sampling)?;
         let t0 = clock();
         let anchor = self.prefill_async(&req.prompt_ids, head).await?;
@@ -574,7 +931,14 @@ impl Speculative {
         while !done {
             let room = self.target.context - self.target.len();
             let policy = costs.as_ref().map(StepCosts::policy);
-            let b = choose_block(policy.as_ref().unwrap_or(block), &acceptance, self.max_block(), idle).min(room).max(1);
+            let b = choose_block(
+                policy.as_ref().unwrap_or(block),
+                &acceptance,
+                self.max_block(),
+                idle,
+            )
+            .min(room)
+            .max(1);
             idle = if b > 1 { 0 } else { idle + 1 };
             let t_step = clock();
             let r = self.step_async(b, head).await?;
@@ -592,7 +956,12 @@ impl Speculative {
             }
         }
         let t2 = clock();
-        Ok(SpeculativeResult { result: sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1), steps: taus.len(), taus, acceptance })
+        Ok(SpeculativeResult {
+            result: sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1),
+            steps: taus.len(),
+            taus,
+            acceptance,
+        })
     }
 }
 
@@ -602,11 +971,18 @@ pub fn interpolate_costs(times: &[(usize, f64)], max: usize) -> Vec<f64> {
     let base = times.first().map(|t| t.1).unwrap_or(1.0).max(1e-9);
     let mut costs = vec![1.0; max + 1];
     for b in 1..=max {
-        let hi = times.iter().position(|&(pb, _)| pb >= b).unwrap_or(times.len() - 1);
+        let hi = times
+            .iter()
+            .position(|&(pb, _)| pb >= b)
+            .unwrap_or(times.len() - 1);
         let lo = hi.saturating_sub(1);
         let (b0, t0) = times[lo];
         let (b1, t1) = times[hi];
-        let t = if b1 == b0 { t1 } else { t0 + (t1 - t0) * (b - b0) as f64 / (b1 - b0) as f64 };
+        let t = if b1 == b0 {
+            t1
+        } else {
+            t0 + (t1 - t0) * (b - b0) as f64 / (b1 - b0) as f64
+        };
         costs[b] = t / base;
     }
     costs

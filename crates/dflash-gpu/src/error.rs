@@ -9,9 +9,20 @@ pub enum GpuError {
     #[error("could not open the GPU device: {0}")]
     RequestDevice(String),
     #[error("{what} needs {need} bytes but the adapter allows {limit} ({limit_name})")]
-    LimitExceeded { what: String, need: u64, limit: u64, limit_name: &'static str },
+    LimitExceeded {
+        what: String,
+        need: u64,
+        limit: u64,
+        limit_name: &'static str,
+    },
     #[error("the model needs {need} bytes of GPU memory (weights {weights}, KV cache {kv_cache}, activations {activations}); the budget is {budget}")]
-    OverBudget { need: u64, weights: u64, kv_cache: u64, activations: u64, budget: u64 },
+    OverBudget {
+        need: u64,
+        weights: u64,
+        kv_cache: u64,
+        activations: u64,
+        budget: u64,
+    },
     #[error("the adapter does not meet a requirement: {0}")]
     Unsupported(String),
     #[error("out of GPU memory while allocating {0}")]

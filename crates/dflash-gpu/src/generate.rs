@@ -9,9 +9,19 @@ use dflash_core::tokenizer::TextTokenizer;
 
 impl GpuModel {
     /// Plain generation for event-loop hosts; `clock` gives seconds (the host's timer).
-    pub async fn generate_async(&mut self, tok: &TextTokenizer, req: &GenerateRequest, clock: &dyn Fn() -> f64, on_text: &mut dyn FnMut(&str)) -> Result<GenerateResult> {
+    pub async fn generate_async(
+        &mut self,
+        tok: &TextTokenizer,
+        req: &GenerateRequest,
+        clock: &dyn Fn() -> f64,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<GenerateResult> {
         let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, self.context)?;
-        let head = if req.sampling.is_greedy() { Head::Argmax } else { Head::Sample };
+        let head = if req.sampling.is_greedy() {
+            Head::Argmax
+        } else {
+            Head::Sample
+        };
         self.set_sampling(&req.sampling)?;
         let t0 = clock();
         let mut next = self.prefill_with_async(&req.prompt_ids, head).await?;
@@ -25,7 +35,13 @@ impl GpuModel {
 
     /// Plain generation, blocking (native hosts).
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn generate(&mut self, tok: &TextTokenizer, req: &GenerateRequest, clock: &dyn Fn() -> f64, on_text: &mut dyn FnMut(&str)) -> Result<GenerateResult> {
+    pub fn generate(
+        &mut self,
+        tok: &TextTokenizer,
+        req: &GenerateRequest,
+        clock: &dyn Fn() -> f64,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<GenerateResult> {
         pollster::block_on(self.generate_async(tok, req, clock, on_text))
     }
 }

@@ -6,13 +6,15 @@ use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::ops;
 use crate::pipelines::Dispatch;
-use std::rc::Rc;
-use crate::upload::{f32_buffer, rows_per_chunk, storage_buffer, upload_matrix, work_buffer, GpuMatrix};
+use crate::upload::{
+    f32_buffer, rows_per_chunk, storage_buffer, upload_matrix, work_buffer, GpuMatrix,
+};
 use dflash_core::config::ModelConfig;
 use dflash_core::cpu::ops::rope_cos_sin;
 use dflash_core::quant::QuantMatrix;
 use dflash_core::weights::ModelWeights;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 /// Rows one pass computes at most: the small-N GEMV keeps this many accumulators.
 pub const MAX_ROWS: usize = 16;
@@ -43,7 +45,11 @@ pub struct GpuModelOptions {
 
 impl Default for GpuModelOptions {
     fn default() -> Self {
-        GpuModelOptions { context: 4096, taps: vec![], memory_budget: None }
+        GpuModelOptions {
+            context: 4096,
+            taps: vec![],
+            memory_budget: None,
+        }
     }
 }
 
@@ -121,7 +127,11 @@ pub type GpuWeights = ModelWeights<GpuMatrix, wgpu::Buffer>;
 
 /// The memory plan, and a typed error if any buffer would exceed the adapter's limits.
 /// Nothing is allocated.
-pub fn plan_memory(ctx: &GpuContext, w: &ModelWeights, opts: &GpuModelOptions) -> Result<MemoryPlan> {
+pub fn plan_memory(
+    ctx: &GpuContext,
+    w: &ModelWeights,
+    opts: &GpuModelOptions,
+) -> Result<MemoryPlan> {
     let max = ctx.max_binding();
     let mut mats: Vec<&QuantMatrix> = vec![&w.embed];
     if let Some(l) = &w.lm_head {
@@ -138,27 +148,46 @@ pub fn plan_memory(ctx: &GpuContext, w: &ModelWeights, opts: &GpuModelOptions) -
 
 /// The KV cache and activations of a model with `weight_bytes` of weights, checked
 /// against the adapter's limits and the budget.
-pub fn plan_buffers(ctx: &GpuContext, c: &ModelConfig, weight_bytes: u64, opts: &GpuModelOptions) -> Result<MemoryPlan> {
+pub fn plan_buffers(
+    ctx: &GpuContext,
+    c: &ModelConfig,
+    weight_bytes: u64,
+    opts: &GpuModelOptions,
+) -> Result<MemoryPlan> {
     let max = ctx.max_binding();
     let check = |what: String, need: u64| -> Result<()> {
         if need > max {
-            return Err(GpuError::LimitExceeded { what, need, limit: max, limit_name: "max_storage_buffer_binding_size" });
+            return Err(GpuError::LimitExceeded {
+                what,
+                need,
+                limit: max,
+                limit_name: "max_storage_buffer_binding_size",
+            });
         }
         Ok(())
     };
     let kv_layer = kv_bytes(c, opts.context, ctx.f16);
-    check(format!("the KV cache of one layer ({} tokens)", opts.context), kv_layer)?;
+    check(
+        format!("the KV cache of one layer ({} tokens)", opts.context),
+        kv_layer,
+    )?;
     let rope = (opts.context * c.rope_dim / 2 * 8) as u64;
     check(format!("the RoPE table ({} tokens)", opts.context), rope)?;
     let n = MAX_ROWS as u64;
     let f = 4u64;
     let logits = n * c.vocab_size as u64 * f;
     check("the logits of 16 rows".into(), logits)?;
-    let activations = n * f * (2 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size) as u64
+    let activations = n
+        * f
+        * (2 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size) as u64
         + logits
         + n * f * (opts.taps.len() * c.hidden_size) as u64
         + rope;
-    let plan = MemoryPlan { weights: weight_bytes, kv_cache: kv_layer * 2 * c.num_layers as u64, activations };
+    let plan = MemoryPlan {
+        weights: weight_bytes,
+        kv_cache: kv_layer * 2 * c.num_layers as u64,
+        activations,
+    };
     if let Some(budget) = opts.memory_budget {
         if plan.total() > budget {
             return Err(GpuError::OverBudget {
@@ -179,8 +208,17 @@ pub fn gpu_weight_bytes(w: &GpuWeights) -> u64 {
     let o = |b: &Option<wgpu::Buffer>| b.as_ref().map_or(0, |b| b.size());
     let mut n = w.embed.n_bytes + w.lm_head.as_ref().map_or(0, |m| m.n_bytes) + v(&w.norm);
     for l in &w.layers {
-        n += v(&l.attn_norm) + v(&l.ffn_norm) + o(&l.bq) + o(&l.bk) + o(&l.bv) + o(&l.q_norm) + o(&l.k_norm);
-        n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.n_bytes).sum::<u64>();
+        n += v(&l.attn_norm)
+            + v(&l.ffn_norm)
+            + o(&l.bq)
+            + o(&l.bk)
+            + o(&l.bv)
+            + o(&l.q_norm)
+            + o(&l.k_norm);
+        n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+            .iter()
+            .map(|m| m.n_bytes)
+            .sum::<u64>();
     }
     n
 }
@@ -190,7 +228,10 @@ impl GpuModel {
         let opts = Self::checked_options(&w.config, opts)?;
         let memory = plan_memory(&ctx, w, &opts)?;
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let gw = w.try_map(|name, m| upload_matrix(&ctx, name, m), |name, v| Ok::<_, GpuError>(f32_buffer(&ctx, name, v)))?;
+        let gw = w.try_map(
+            |name, m| upload_matrix(&ctx, name, m),
+            |name, v| Ok::<_, GpuError>(f32_buffer(&ctx, name, v)),
+        )?;
         let model = Self::assemble(ctx, gw, &opts, memory)?;
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -203,7 +244,11 @@ impl GpuModel {
     }
 
     /// A model whose weights are already on the GPU (streamed in by `StreamLoader`).
-    pub fn from_gpu_weights(ctx: Rc<GpuContext>, w: GpuWeights, opts: &GpuModelOptions) -> Result<Self> {
+    pub fn from_gpu_weights(
+        ctx: Rc<GpuContext>,
+        w: GpuWeights,
+        opts: &GpuModelOptions,
+    ) -> Result<Self> {
         let opts = Self::checked_options(&w.config, opts)?;
         let memory = plan_buffers(&ctx, &w.config, gpu_weight_bytes(&w), &opts)?;
         let model = Self::assemble(ctx, w, &opts, memory)?;
@@ -213,17 +258,31 @@ impl GpuModel {
 
     fn checked_options(c: &ModelConfig, opts: &GpuModelOptions) -> Result<GpuModelOptions> {
         if let Some(&bad) = opts.taps.iter().find(|&&t| t >= c.num_layers) {
-            return Err(GpuError::Core(dflash_core::Error::BadConfig(format!("tap layer {bad} >= {} layers", c.num_layers))));
+            return Err(GpuError::Core(dflash_core::Error::BadConfig(format!(
+                "tap layer {bad} >= {} layers",
+                c.num_layers
+            ))));
         }
         if c.head_dim > 256 {
-            return Err(GpuError::Unsupported(format!("head_dim {} > 256", c.head_dim)));
+            return Err(GpuError::Unsupported(format!(
+                "head_dim {} > 256",
+                c.head_dim
+            )));
         }
         let context = opts.context.min(c.max_position_embeddings).max(1);
-        Ok(GpuModelOptions { context, ..opts.clone() })
+        Ok(GpuModelOptions {
+            context,
+            ..opts.clone()
+        })
     }
 
     /// KV cache, RoPE table and activations around uploaded weights.
-    fn assemble(ctx: Rc<GpuContext>, w: GpuWeights, opts: &GpuModelOptions, memory: MemoryPlan) -> Result<Self> {
+    fn assemble(
+        ctx: Rc<GpuContext>,
+        w: GpuWeights,
+        opts: &GpuModelOptions,
+        memory: MemoryPlan,
+    ) -> Result<Self> {
         let c = w.config.clone();
         let context = opts.context;
         let mut layers = Vec::with_capacity(c.num_layers);
@@ -279,8 +338,15 @@ impl GpuModel {
             ff: wb("ff", n * f * c.intermediate_size as u64),
             logits: wb("logits", n * f * c.vocab_size as u64),
             out_tokens: wb("out_tokens", n * 4),
-            sample_params: ctx.buffer_with("sample_params", &[0u8; 48], wgpu::BufferUsages::UNIFORM),
-            taps: wb("taps", n * f * (opts.taps.len().max(1) * c.hidden_size) as u64),
+            sample_params: ctx.buffer_with(
+                "sample_params",
+                &[0u8; 48],
+                wgpu::BufferUsages::UNIFORM,
+            ),
+            taps: wb(
+                "taps",
+                n * f * (opts.taps.len().max(1) * c.hidden_size) as u64,
+            ),
             readback: ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("readback"),
                 size: (n + 4) * 4,
@@ -326,10 +392,30 @@ impl GpuModel {
         let ctx: &GpuContext = &self.ctx;
         let c = &self.config;
         let a = &self.act;
-        let (h, qd, kvd, ff, eps) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.rms_norm_eps);
-        let rope_q = ops::RopeShape { style: c.rope_style, heads: c.num_heads, head_dim: c.head_dim, rope_dim: c.rope_dim };
-        let rope_k = ops::RopeShape { heads: c.num_kv_heads, ..rope_q };
-        let att = ops::AttentionShape { n_heads: c.num_heads, n_kv_heads: c.num_kv_heads, head_dim: c.head_dim, window: 0, causal: true };
+        let (h, qd, kvd, ff, eps) = (
+            c.hidden_size,
+            c.q_dim(),
+            c.kv_dim(),
+            c.intermediate_size,
+            c.rms_norm_eps,
+        );
+        let rope_q = ops::RopeShape {
+            style: c.rope_style,
+            heads: c.num_heads,
+            head_dim: c.head_dim,
+            rope_dim: c.rope_dim,
+        };
+        let rope_k = ops::RopeShape {
+            heads: c.num_kv_heads,
+            ..rope_q
+        };
+        let att = ops::AttentionShape {
+            n_heads: c.num_heads,
+            n_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            window: 0,
+            causal: true,
+        };
         let mut d = ops::embedding(ctx, &self.embed, &a.tokens, &a.x, n)?;
         for (li, l) in self.layers.iter().enumerate() {
             d.push(ops::rmsnorm(ctx, eps, &l.attn_norm, &a.x, &a.xn, n, h)?);
@@ -342,14 +428,44 @@ impl GpuModel {
                 d.push(ops::add_bias(ctx, bv, &a.v, n, kvd)?);
             }
             if let Some([qn, kn]) = &l.qk_norm {
-                d.push(ops::rmsnorm_inplace(ctx, eps, qn, &a.q, n * c.num_heads, c.head_dim)?);
-                d.push(ops::rmsnorm_inplace(ctx, eps, kn, &a.k, n * c.num_kv_heads, c.head_dim)?);
+                d.push(ops::rmsnorm_inplace(
+                    ctx,
+                    eps,
+                    qn,
+                    &a.q,
+                    n * c.num_heads,
+                    c.head_dim,
+                )?);
+                d.push(ops::rmsnorm_inplace(
+                    ctx,
+                    eps,
+                    kn,
+                    &a.k,
+                    n * c.num_kv_heads,
+                    c.head_dim,
+                )?);
             }
-            d.push(ops::rope(ctx, &rope_q, &a.state, &self.rope_table, &a.q, n)?);
-            d.push(ops::rope(ctx, &rope_k, &a.state, &self.rope_table, &a.k, n)?);
+            d.push(ops::rope(
+                ctx,
+                &rope_q,
+                &a.state,
+                &self.rope_table,
+                &a.q,
+                n,
+            )?);
+            d.push(ops::rope(
+                ctx,
+                &rope_k,
+                &a.state,
+                &self.rope_table,
+                &a.k,
+                n,
+            )?);
             d.push(ops::store_kv(ctx, &a.k, &a.state, &l.k_cache, n, kvd)?);
             d.push(ops::store_kv(ctx, &a.v, &a.state, &l.v_cache, n, kvd)?);
-            d.push(ops::attention(ctx, &att, &a.state, &a.q, &l.k_cache, &l.v_cache, &a.att, n)?);
+            d.push(ops::attention(
+                ctx, &att, &a.state, &a.q, &l.k_cache, &l.v_cache, &a.att, n,
+            )?);
             d.extend(ops::gemv(ctx, &l.wo, &a.att, &a.x, n, true)?);
             d.push(ops::rmsnorm(ctx, eps, &l.ffn_norm, &a.x, &a.xn, n, h)?);
             d.extend(ops::gemv(ctx, &l.w_gate, &a.xn, &a.gate, n, false)?);
@@ -357,7 +473,16 @@ impl GpuModel {
             d.push(ops::swiglu(ctx, &a.gate, &a.up, &a.ff, n, ff)?);
             d.extend(ops::gemv(ctx, &l.w_down, &a.ff, &a.x, n, true)?);
             for (ti, _) in self.taps.iter().enumerate().filter(|(_, &t)| t == li) {
-                d.push(ops::copy_rows(ctx, &a.x, &a.taps, &a.state, n, h, self.taps.len() * h, ti * h)?);
+                d.push(ops::copy_rows(
+                    ctx,
+                    &a.x,
+                    &a.taps,
+                    &a.state,
+                    n,
+                    h,
+                    self.taps.len() * h,
+                    ti * h,
+                )?);
             }
         }
         if head != Head::None {
@@ -365,7 +490,9 @@ impl GpuModel {
             let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
             d.extend(ops::gemv(ctx, lm, &a.xn, &a.logits, n, false)?);
             d.push(match head {
-                Head::Sample => ops::sample(ctx, &a.sample_params, &a.state, &a.logits, &a.out_tokens, n)?,
+                Head::Sample => {
+                    ops::sample(ctx, &a.sample_params, &a.state, &a.logits, &a.out_tokens, n)?
+                }
                 _ => ops::argmax(ctx, &a.logits, &a.out_tokens, n, c.vocab_size, c.vocab_size)?,
             });
         }
@@ -378,11 +505,18 @@ impl GpuModel {
         let n = tokens.len();
         assert!(n >= 1 && n <= MAX_ROWS);
         if self.len + n > self.context {
-            return Err(GpuError::Core(dflash_core::Error::ContextOverflow { prompt_tokens: self.len + n, max_new_tokens: 0, context: self.context }));
+            return Err(GpuError::Core(dflash_core::Error::ContextOverflow {
+                prompt_tokens: self.len + n,
+                max_new_tokens: 0,
+                context: self.context,
+            }));
         }
         let vocab = self.config.vocab_size;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(GpuError::Core(dflash_core::Error::TokenOutOfRange { id: bad, vocab }));
+            return Err(GpuError::Core(dflash_core::Error::TokenOutOfRange {
+                id: bad,
+                vocab,
+            }));
         }
         self.ctx.check_lost()?;
         if !self.plans.contains_key(&(n, head)) {
@@ -391,16 +525,34 @@ impl GpuModel {
         }
         let q = &self.ctx.queue;
         q.write_buffer(&self.act.tokens, 0, bytemuck::cast_slice(tokens));
-        q.write_buffer(&self.act.state, 0, bytemuck::cast_slice(&[self.len as u32, n as u32, 0, 0]));
-        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        q.write_buffer(
+            &self.act.state,
+            0,
+            bytemuck::cast_slice(&[self.len as u32, n as u32, 0, 0]),
+        );
+        let mut enc = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("step"),
+            });
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("step"),
+                timestamp_writes: None,
+            });
             for disp in &self.plans[&(n, head)] {
                 disp.encode(&mut pass);
             }
         }
         if head != Head::None {
-            enc.copy_buffer_to_buffer(&self.act.out_tokens, 0, &self.act.readback, 0, (n * 4) as u64);
+            enc.copy_buffer_to_buffer(
+                &self.act.out_tokens,
+                0,
+                &self.act.readback,
+                0,
+                (n * 4) as u64,
+            );
         }
         self.ctx.queue.submit([enc.finish()]);
         self.len += n;
@@ -419,10 +571,16 @@ impl GpuModel {
     pub fn set_sampling(&self, sp: &dflash_core::sampling::SamplingParams) -> Result<()> {
         sp.validate()?;
         if sp.repetition_penalty != 1.0 {
-            return Err(GpuError::Unsupported("repetition penalty on the GPU sampler".into()));
+            return Err(GpuError::Unsupported(
+                "repetition penalty on the GPU sampler".into(),
+            ));
         }
         let v = self.config.vocab_size;
-        self.ctx.queue.write_buffer(&self.act.sample_params, 0, bytemuck::cast_slice(&ops::sample_params(v, v, sp, 1)));
+        self.ctx.queue.write_buffer(
+            &self.act.sample_params,
+            0,
+            bytemuck::cast_slice(&ops::sample_params(v, v, sp, 1)),
+        );
         Ok(())
     }
 
@@ -457,7 +615,9 @@ impl GpuModel {
     pub async fn prefill_with_async(&mut self, tokens: &[u32], head: Head) -> Result<u32> {
         self.len = 0;
         if tokens.is_empty() {
-            return Err(GpuError::Core(dflash_core::Error::BadSampling("the prompt is empty".into())));
+            return Err(GpuError::Core(dflash_core::Error::BadSampling(
+                "the prompt is empty".into(),
+            )));
         }
         let chunks: Vec<&[u32]> = tokens.chunks(MAX_ROWS).collect();
         for ch in &chunks[..chunks.len() - 1] {
@@ -471,14 +631,20 @@ impl GpuModel {
     /// reads logits back).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_logits(&self, n: usize) -> Result<Vec<f32>> {
-        let bytes = self.ctx.read_back(&self.act.logits, 0, (n * self.config.vocab_size * 4) as u64)?;
+        let bytes =
+            self.ctx
+                .read_back(&self.act.logits, 0, (n * self.config.vocab_size * 4) as u64)?;
         Ok(bytemuck::cast_slice(&bytes).to_vec())
     }
 
     /// Tap rows of the last pass: `[n, taps.len() * hidden]`.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_taps(&self, n: usize) -> Result<Vec<f32>> {
-        let bytes = self.ctx.read_back(&self.act.taps, 0, (n * self.taps.len() * self.config.hidden_size * 4) as u64)?;
+        let bytes = self.ctx.read_back(
+            &self.act.taps,
+            0,
+            (n * self.taps.len() * self.config.hidden_size * 4) as u64,
+        )?;
         Ok(bytemuck::cast_slice(&bytes).to_vec())
     }
 
@@ -487,7 +653,10 @@ impl GpuModel {
         let mut n = self.lm_head.as_ref().unwrap_or(&self.embed).n_bytes;
         let c = &self.config;
         for l in &self.layers {
-            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.n_bytes).sum::<u64>();
+            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                .iter()
+                .map(|m| m.n_bytes)
+                .sum::<u64>();
             n += 2 * c.hidden_size as u64 * 4;
         }
         n
@@ -502,7 +671,15 @@ impl GpuModel {
         let mut d = Vec::new();
         let mut bytes = 0;
         for l in &self.layers {
-            for (m, x, y) in [(&l.wq, &a.xn, &a.q), (&l.wk, &a.xn, &a.k), (&l.wv, &a.xn, &a.v), (&l.wo, &a.att, &a.xn), (&l.w_gate, &a.xn, &a.gate), (&l.w_up, &a.xn, &a.up), (&l.w_down, &a.ff, &a.xn)] {
+            for (m, x, y) in [
+                (&l.wq, &a.xn, &a.q),
+                (&l.wk, &a.xn, &a.k),
+                (&l.wv, &a.xn, &a.v),
+                (&l.wo, &a.att, &a.xn),
+                (&l.w_gate, &a.xn, &a.gate),
+                (&l.w_up, &a.xn, &a.up),
+                (&l.w_down, &a.ff, &a.xn),
+            ] {
                 d.extend(ops::gemv(ctx, m, x, y, 1, false)?);
                 bytes += m.n_bytes;
             }
@@ -519,7 +696,10 @@ impl GpuModel {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn measure_row_costs(&mut self, max: usize, now: &dyn Fn() -> f64) -> Result<Vec<f64>> {
         let keep = self.len;
-        let probe = [1, 2, 4, 8, 16].into_iter().filter(|&b| b <= max.min(self.context)).collect::<Vec<_>>();
+        let probe = [1, 2, 4, 8, 16]
+            .into_iter()
+            .filter(|&b| b <= max.min(self.context))
+            .collect::<Vec<_>>();
         let mut times = Vec::new();
         for &b in &probe {
             let toks = vec![0u32; b];
@@ -540,7 +720,12 @@ impl GpuModel {
 
     /// Greedy generation: prefill then one-row steps; stops at a stop id.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn generate_greedy(&mut self, prompt: &[u32], max_new: usize, is_stop: &dyn Fn(u32) -> bool) -> Result<Vec<u32>> {
+    pub fn generate_greedy(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        is_stop: &dyn Fn(u32) -> bool,
+    ) -> Result<Vec<u32>> {
         self.truncate(0);
         let mut out = Vec::new();
         if max_new == 0 {

@@ -63,7 +63,11 @@ impl Shader {
     pub fn source(self, f16: bool) -> String {
         let mut s = String::new();
         if matches!(self, Shader::Attention | Shader::Elementwise) {
-            s.push_str(if f16 { "enable f16;\nalias kv_t = f16;\n" } else { "alias kv_t = f32;\n" });
+            s.push_str(if f16 {
+                "enable f16;\nalias kv_t = f16;\n"
+            } else {
+                "alias kv_t = f32;\n"
+            });
         }
         s.push_str(self.body());
         if matches!(self, Shader::Gemv | Shader::Embedding) {
@@ -88,14 +92,21 @@ pub struct Kernel {
 
 impl Kernel {
     pub fn new(shader: Shader, entry: &'static str) -> Self {
-        Kernel { shader, entry, constants: vec![] }
+        Kernel {
+            shader,
+            entry,
+            constants: vec![],
+        }
     }
     pub fn with(mut self, name: &'static str, v: f64) -> Self {
         self.constants.push((name, v));
         self
     }
     pub fn key(&self, f16: bool) -> String {
-        format!("{:?}/{}/{:?}/f16={f16}", self.shader, self.entry, self.constants)
+        format!(
+            "{:?}/{}/{:?}/f16={f16}",
+            self.shader, self.entry, self.constants
+        )
     }
 }
 
@@ -115,14 +126,19 @@ impl Pipelines {
         }
         let module = self.module(ctx, k.shader)?;
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let p = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&key),
-            layout: None,
-            module: &module,
-            entry_point: Some(k.entry),
-            compilation_options: wgpu::PipelineCompilationOptions { constants: &k.constants, ..Default::default() },
-            cache: None,
-        });
+        let p = ctx
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&key),
+                layout: None,
+                module: &module,
+                entry_point: Some(k.entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &k.constants,
+                    ..Default::default()
+                },
+                cache: None,
+            });
         check_scope(scope)?;
         let p = Rc::new(p);
         self.pipelines.borrow_mut().insert(key, p.clone());
@@ -134,10 +150,12 @@ impl Pipelines {
             return Ok(m.clone());
         }
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let m = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&format!("{s:?}")),
-            source: wgpu::ShaderSource::Wgsl(s.source(ctx.f16).into()),
-        });
+        let m = ctx
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&format!("{s:?}")),
+                source: wgpu::ShaderSource::Wgsl(s.source(ctx.f16).into()),
+            });
         check_scope(scope)?;
         let m = Rc::new(m);
         self.modules.borrow_mut().insert(s, m.clone());
@@ -187,14 +205,24 @@ impl Dispatch {
             while data.len() % 4 != 0 {
                 data.push(0);
             }
-            ctx.buffer_with("params", bytemuck::cast_slice(&data), wgpu::BufferUsages::UNIFORM)
+            ctx.buffer_with(
+                "params",
+                bytemuck::cast_slice(&data),
+                wgpu::BufferUsages::UNIFORM,
+            )
         });
         let mut entries: Vec<wgpu::BindGroupEntry> = Vec::new();
         if let Some(u) = &uniform {
-            entries.push(wgpu::BindGroupEntry { binding: 0, resource: u.as_entire_binding() });
+            entries.push(wgpu::BindGroupEntry {
+                binding: 0,
+                resource: u.as_entire_binding(),
+            });
         }
         for (b, buf) in bufs {
-            entries.push(wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() });
+            entries.push(wgpu::BindGroupEntry {
+                binding: *b,
+                resource: buf.as_entire_binding(),
+            });
         }
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -203,7 +231,12 @@ impl Dispatch {
             entries: &entries,
         });
         check_scope(scope)?;
-        Ok(Dispatch { pipeline, bind_group, groups, _uniform: uniform })
+        Ok(Dispatch {
+            pipeline,
+            bind_group,
+            groups,
+            _uniform: uniform,
+        })
     }
 
     pub fn encode(&self, pass: &mut wgpu::ComputePass) {

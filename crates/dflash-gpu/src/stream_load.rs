@@ -66,7 +66,10 @@ impl StreamLoader {
 
     /// Tensors uploaded so far, of how many (0 until the header has arrived).
     pub fn progress(&self) -> (usize, usize) {
-        (self.tensors_done, self.stream.header().map_or(0, |h| h.tensors.len()))
+        (
+            self.tensors_done,
+            self.stream.header().map_or(0, |h| h.tensors.len()),
+        )
     }
 
     /// The next bytes of the file: completes and uploads the tensors they finish.
@@ -87,21 +90,32 @@ impl StreamLoader {
         let info = &t.info;
         match info.dims.len() {
             2 => {
-                let m = QuantMatrix::from_ggml(&info.name, info.dtype, &t.bytes, info.dims[1] as usize, info.dims[0] as usize)?;
+                let m = QuantMatrix::from_ggml(
+                    &info.name,
+                    info.dtype,
+                    &t.bytes,
+                    info.dims[1] as usize,
+                    info.dims[0] as usize,
+                )?;
                 let g = upload_matrix(&self.ctx, &info.name, &m)?;
                 self.uploaded_bytes += g.n_bytes;
                 self.matrices.insert(info.name.clone(), g);
             }
             1 => {
                 if !info.dtype.is_supported() {
-                    return Err(Error::UnsupportedTensorType { tensor: info.name.clone(), dtype: info.dtype.name() }.into());
+                    return Err(Error::UnsupportedTensorType {
+                        tensor: info.name.clone(),
+                        dtype: info.dtype.name(),
+                    }
+                    .into());
                 }
                 let v = ggml::dequantize(info.dtype, &t.bytes, info.n_elements() as usize);
                 if info.name == "rope_freqs.weight" {
                     self.rope_freqs = Some(v);
                 } else {
                     self.uploaded_bytes += (v.len() * 4) as u64;
-                    self.vectors.insert(info.name.clone(), f32_buffer(&self.ctx, &info.name, &v));
+                    self.vectors
+                        .insert(info.name.clone(), f32_buffer(&self.ctx, &info.name, &v));
                 }
             }
             _ => {}
@@ -114,7 +128,9 @@ impl StreamLoader {
     /// shape; builds the model (KV cache and activations for `opts`).
     pub fn finish(self, opts: &GpuModelOptions) -> Result<StreamedModel> {
         self.stream.finish()?;
-        let (mut config, tokenizer, chat_template) = self.meta.ok_or_else(|| GpuError::Core(Error::BadMetadata("no GGUF header".into())))?;
+        let (mut config, tokenizer, chat_template) = self
+            .meta
+            .ok_or_else(|| GpuError::Core(Error::BadMetadata("no GGUF header".into())))?;
         if let Some(f) = self.rope_freqs {
             config.rope_freq_factors = f;
             config.validate()?;
@@ -126,7 +142,11 @@ impl StreamLoader {
         };
         let w: GpuWeights = ModelWeights::load(config, &src, Naming::Gguf)?;
         let model = GpuModel::from_gpu_weights(self.ctx.clone(), w, opts)?;
-        Ok(StreamedModel { model, tokenizer, chat_template })
+        Ok(StreamedModel {
+            model,
+            tokenizer,
+            chat_template,
+        })
     }
 }
 
@@ -143,9 +163,15 @@ impl TensorSource<GpuMatrix, wgpu::Buffer> for Uploaded<'_> {
         self.header.tensor(name).map(|t| t.shape())
     }
     fn matrix(&self, name: &str) -> dflash_core::Result<GpuMatrix> {
-        self.matrices.borrow_mut().remove(name).ok_or_else(|| Error::MissingTensor(name.into()))
+        self.matrices
+            .borrow_mut()
+            .remove(name)
+            .ok_or_else(|| Error::MissingTensor(name.into()))
     }
     fn vector(&self, name: &str) -> dflash_core::Result<wgpu::Buffer> {
-        self.vectors.borrow_mut().remove(name).ok_or_else(|| Error::MissingTensor(name.into()))
+        self.vectors
+            .borrow_mut()
+            .remove(name)
+            .ok_or_else(|| Error::MissingTensor(name.into()))
     }
 }

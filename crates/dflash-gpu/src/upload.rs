@@ -35,11 +35,19 @@ pub fn rows_per_chunk(m: &QuantMatrix, max_binding: u64) -> Result<usize> {
         });
     }
     // Keep chunks a multiple of 4 rows (one gemv workgroup) where possible.
-    Ok(if by_limit >= m.rows { m.rows } else { (by_limit / 4 * 4).max(1) })
+    Ok(if by_limit >= m.rows {
+        m.rows
+    } else {
+        (by_limit / 4 * 4).max(1)
+    })
 }
 
 pub fn storage_buffer(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-    ctx.buffer_with(label, bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC)
+    ctx.buffer_with(
+        label,
+        bytes,
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+    )
 }
 
 pub fn f32_buffer(ctx: &GpuContext, label: &str, v: &[f32]) -> wgpu::Buffer {
@@ -51,7 +59,9 @@ pub fn work_buffer(ctx: &GpuContext, label: &str, size: u64) -> wgpu::Buffer {
     ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size: size.max(16).div_ceil(16) * 16,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     })
 }
@@ -65,7 +75,12 @@ pub fn upload_matrix(ctx: &GpuContext, name: &str, m: &QuantMatrix) -> Result<Gp
 }
 
 /// Uploads in chunks of `per` rows (the last may be shorter).
-pub fn upload_matrix_chunked(ctx: &GpuContext, name: &str, m: &QuantMatrix, per: usize) -> Result<GpuMatrix> {
+pub fn upload_matrix_chunked(
+    ctx: &GpuContext,
+    name: &str,
+    m: &QuantMatrix,
+    per: usize,
+) -> Result<GpuMatrix> {
     let words_per_row = m.cols * m.format.bits() / 32;
     let gpr = m.groups_per_row();
     let mut chunks = Vec::new();
@@ -83,5 +98,12 @@ pub fn upload_matrix_chunked(ctx: &GpuContext, name: &str, m: &QuantMatrix, per:
         });
         row_lo += rows;
     }
-    Ok(GpuMatrix { format: m.format, group: m.group, rows: m.rows, cols: m.cols, chunks, n_bytes: m.n_bytes() as u64 })
+    Ok(GpuMatrix {
+        format: m.format,
+        group: m.group,
+        rows: m.rows,
+        cols: m.cols,
+        chunks,
+        n_bytes: m.n_bytes() as u64,
+    })
 }

@@ -11,7 +11,9 @@ use dflash_core::generate::GenerateRequest;
 use dflash_core::model_files::{load_gguf, LoadedModel};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::BlockSize;
-use dflash_core::testutil::{random_weights, tiny_drafter_target, write_drafter, write_gguf, DrafterSpec, Rng};
+use dflash_core::testutil::{
+    random_weights, tiny_drafter_target, write_drafter, write_gguf, DrafterSpec, Rng,
+};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::model::Head;
 use dflash_gpu::{GpuModel, GpuModelOptions};
@@ -33,7 +35,12 @@ fn drafter(t: &LoadedModel, seed: u64) -> DrafterWeights {
         seed,
     };
     let f = write_drafter(t.config(), &s);
-    DrafterWeights::load(std::str::from_utf8(&f["config.json"]).unwrap(), vec![("model.safetensors", &f["model.safetensors"][..])], DrafterPrecision::Q8).unwrap()
+    DrafterWeights::load(
+        std::str::from_utf8(&f["config.json"]).unwrap(),
+        vec![("model.safetensors", &f["model.safetensors"][..])],
+        DrafterPrecision::Q8,
+    )
+    .unwrap()
 }
 
 /// DFLASH_QUICK=1 (the SwiftShader pass of CI) runs one prompt and three block sizes.
@@ -43,16 +50,38 @@ fn quick() -> bool {
 
 fn prompts() -> Vec<Vec<u32>> {
     let mut r = Rng(88);
-    let all: Vec<Vec<u32>> = (0..3).map(|i| (0..6 + 11 * i).map(|_| r.below(260) as u32).collect()).collect();
-    if quick() { all[2..].to_vec() } else { all }
+    let all: Vec<Vec<u32>> = (0..3)
+        .map(|i| (0..6 + 11 * i).map(|_| r.below(260) as u32).collect())
+        .collect();
+    if quick() {
+        all[2..].to_vec()
+    } else {
+        all
+    }
 }
 
 fn req(p: &[u32], sp: &SamplingParams) -> GenerateRequest {
-    GenerateRequest { prompt_ids: p.to_vec(), max_new_tokens: 40, sampling: sp.clone(), stop_strings: vec![], context: 128 }
+    GenerateRequest {
+        prompt_ids: p.to_vec(),
+        max_new_tokens: 40,
+        sampling: sp.clone(),
+        stop_strings: vec![],
+        context: 128,
+    }
 }
 
-fn plain_gpu(g: &mut GpuModel, p: &[u32], sp: &SamplingParams, n: usize, is_stop: &dyn Fn(u32) -> bool) -> Vec<u32> {
-    let head = if sp.is_greedy() { Head::Argmax } else { Head::Sample };
+fn plain_gpu(
+    g: &mut GpuModel,
+    p: &[u32],
+    sp: &SamplingParams,
+    n: usize,
+    is_stop: &dyn Fn(u32) -> bool,
+) -> Vec<u32> {
+    let head = if sp.is_greedy() {
+        Head::Argmax
+    } else {
+        Head::Sample
+    };
     g.set_sampling(sp).unwrap();
     g.truncate(0);
     let mut next = g.prefill_with(p, head).unwrap();
@@ -72,21 +101,63 @@ fn speculative_equals_plain_on_the_gpu_at_every_block_size() {
     let t = target();
     let w = drafter(&t, 7);
     for ctx in contexts() {
-        let mut plain_model = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
+        let mut plain_model = GpuModel::new(
+            ctx.clone(),
+            &t.weights,
+            &GpuModelOptions {
+                context: 128,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let taps = w.config.target_layer_ids.clone();
-        let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps, ..Default::default() }).unwrap();
+        let tm = GpuModel::new(
+            ctx.clone(),
+            &t.weights,
+            &GpuModelOptions {
+                context: 128,
+                taps,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let mut spec = Speculative::new(tm, &w).unwrap();
-        for sp in [SamplingParams::default(), SamplingParams { temperature: 0.8, top_p: 0.95, seed: 3, ..Default::default() }] {
+        for sp in [
+            SamplingParams::default(),
+            SamplingParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                seed: 3,
+                ..Default::default()
+            },
+        ] {
             for p in prompts() {
                 let plain = plain_gpu(&mut plain_model, &p, &sp, 40, &|x| t.tokenizer.is_stop(x));
                 let blocks = if quick() {
-                    vec![BlockSize::Fixed(1), BlockSize::Fixed(4), BlockSize::Fixed(16)]
+                    vec![
+                        BlockSize::Fixed(1),
+                        BlockSize::Fixed(4),
+                        BlockSize::Fixed(16),
+                    ]
                 } else {
-                    vec![BlockSize::Fixed(1), BlockSize::Fixed(2), BlockSize::Fixed(4), BlockSize::Fixed(8), BlockSize::Fixed(16), BlockSize::auto_linear(16, 0.05)]
+                    vec![
+                        BlockSize::Fixed(1),
+                        BlockSize::Fixed(2),
+                        BlockSize::Fixed(4),
+                        BlockSize::Fixed(8),
+                        BlockSize::Fixed(16),
+                        BlockSize::auto_linear(16, 0.05),
+                    ]
                 };
                 for b in blocks {
-                    let r = spec.generate(&t.tokenizer, &req(&p, &sp), &b, &|| 0.0, &mut |_| {}).unwrap();
-                    assert_eq!(r.result.tokens, plain, "{b:?} T={} f16={}", sp.temperature, ctx.f16);
+                    let r = spec
+                        .generate(&t.tokenizer, &req(&p, &sp), &b, &|| 0.0, &mut |_| {})
+                        .unwrap();
+                    assert_eq!(
+                        r.result.tokens, plain,
+                        "{b:?} T={} f16={}",
+                        sp.temperature, ctx.f16
+                    );
                 }
             }
         }
@@ -98,21 +169,63 @@ fn forced_acceptance_and_rollback_stay_lossless() {
     let t = target();
     let w = drafter(&t, 8);
     for ctx in contexts() {
-        let mut plain_model = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
-        let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
+        let mut plain_model = GpuModel::new(
+            ctx.clone(),
+            &t.weights,
+            &GpuModelOptions {
+                context: 128,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let tm = GpuModel::new(
+            ctx.clone(),
+            &t.weights,
+            &GpuModelOptions {
+                context: 128,
+                taps: w.config.target_layer_ids.clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let mut spec = Speculative::new(tm, &w).unwrap();
-        for sp in [SamplingParams::default(), SamplingParams { temperature: 1.0, seed: 9, ..Default::default() }] {
+        for sp in [
+            SamplingParams::default(),
+            SamplingParams {
+                temperature: 1.0,
+                seed: 9,
+                ..Default::default()
+            },
+        ] {
             for p in prompts() {
                 let plain = plain_gpu(&mut plain_model, &p, &sp, 40, &|x| t.tokenizer.is_stop(x));
                 // Drafts: the true continuation, corrupted at every 5th position.
                 let mut seq = p.clone();
                 seq.extend(&plain);
-                let forced: Vec<u32> = (0..seq.len() + 64).map(|i| match seq.get(i) { Some(&x) if i % 5 != 0 => x, Some(&x) => (x + 1) % 200, None => 0 }).collect();
+                let forced: Vec<u32> = (0..seq.len() + 64)
+                    .map(|i| match seq.get(i) {
+                        Some(&x) if i % 5 != 0 => x,
+                        Some(&x) => (x + 1) % 200,
+                        None => 0,
+                    })
+                    .collect();
                 spec.set_host_drafts(&forced);
-                let r = spec.generate(&t.tokenizer, &req(&p, &sp), &BlockSize::Fixed(8), &|| 0.0, &mut |_| {}).unwrap();
+                let r = spec
+                    .generate(
+                        &t.tokenizer,
+                        &req(&p, &sp),
+                        &BlockSize::Fixed(8),
+                        &|| 0.0,
+                        &mut |_| {},
+                    )
+                    .unwrap();
                 assert_eq!(r.result.tokens, plain, "T={}", sp.temperature);
                 if plain.len() == 40 {
-                    assert!(r.mean_tau() > 2.0, "forced drafts should be accepted: tau {}", r.mean_tau());
+                    assert!(
+                        r.mean_tau() > 2.0,
+                        "forced drafts should be accepted: tau {}",
+                        r.mean_tau()
+                    );
                 }
                 spec.host_drafts = false;
             }
@@ -120,7 +233,10 @@ fn forced_acceptance_and_rollback_stay_lossless() {
         // Auto mode on this device's measured step costs, with and without good drafts.
         let costs = spec.measure_step_costs(8, &clock()).unwrap();
         assert_eq!(costs.len(), 9);
-        assert!(costs[1..].iter().all(|&c| c.is_finite() && c > 0.0), "{costs:?}");
+        assert!(
+            costs[1..].iter().all(|&c| c.is_finite() && c > 0.0),
+            "{costs:?}"
+        );
         let auto = BlockSize::Auto { verify_cost: costs };
         for p in prompts() {
             let sp = SamplingParams::default();
@@ -129,10 +245,14 @@ fn forced_acceptance_and_rollback_stay_lossless() {
             seq.extend(&plain);
             seq.extend([0; 64]);
             spec.set_host_drafts(&seq);
-            let r = spec.generate(&t.tokenizer, &req(&p, &sp), &auto, &|| 0.0, &mut |_| {}).unwrap();
+            let r = spec
+                .generate(&t.tokenizer, &req(&p, &sp), &auto, &|| 0.0, &mut |_| {})
+                .unwrap();
             assert_eq!(r.result.tokens, plain);
             spec.host_drafts = false;
-            let r = spec.generate(&t.tokenizer, &req(&p, &sp), &auto, &|| 0.0, &mut |_| {}).unwrap();
+            let r = spec
+                .generate(&t.tokenizer, &req(&p, &sp), &auto, &|| 0.0, &mut |_| {})
+                .unwrap();
             assert_eq!(r.result.tokens, plain);
         }
     }
@@ -154,7 +274,16 @@ fn the_drafter_forward_matches_the_cpu_reference() {
     for ctx in contexts() {
         let p = prompts().last().unwrap().clone();
         let p = &p;
-        let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
+        let tm = GpuModel::new(
+            ctx.clone(),
+            &t.weights,
+            &GpuModelOptions {
+                context: 128,
+                taps: w.config.target_layer_ids.clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let mut spec = Speculative::new(tm, &w).unwrap();
         let anchor = spec.prefill(p, Head::Argmax).unwrap();
         let b = 8;
@@ -162,14 +291,20 @@ fn the_drafter_forward_matches_the_cpu_reference() {
         let got = spec.read_draft_hidden(b).unwrap();
         // CPU: the same context (the prompt rows) and block.
         let mut cache = cpu_t.new_cache(128);
-        let out = cpu_t.forward(p, &mut cache, LogitRows::Last, &w.config.target_layer_ids).unwrap();
+        let out = cpu_t
+            .forward(p, &mut cache, LogitRows::Last, &w.config.target_layer_ids)
+            .unwrap();
         assert_eq!(cpu_t.argmax_last(&out.logits), anchor);
         let mut dctx = cpu_d.new_context();
         cpu_d.extend_context(&mut dctx, &out.taps);
         let mut ids = vec![anchor];
         ids.extend(std::iter::repeat_n(w.config.mask_token_id, b - 1));
         let want = cpu_d.forward_block(&dctx, &cpu_t.embed(&ids).unwrap(), p.len());
-        let max = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let max = want
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         eprintln!("drafter GPU vs CPU (f16={}): max error {max:e}", ctx.f16);
         assert!(max < if ctx.f16 { 1e-2 } else { 1e-3 }, "{max}");
     }
@@ -177,10 +312,32 @@ fn the_drafter_forward_matches_the_cpu_reference() {
 
 fn dflash2_drafter(t: &LoadedModel, seed: u64) -> DrafterWeights {
     use dflash_core::testutil::{write_dflash2_drafter, Dflash2Spec};
-    let s = DrafterSpec { layers: 2, block_size: 8, target_layer_ids: None, block_in_dflash_config: true, layer_types: None, sliding_window: 0, mask_token_id: t.config().vocab_size as u32 - 1, seed };
-    let d = Dflash2Spec { conv_kernel_size: 2, conv_group_size: 16, selector_rank: 32, selector_top_k: 8, output_multiplier: Some(0.8), final_logit_softcapping: Some(6.0), input_embedding_scale: Some(1.25) };
+    let s = DrafterSpec {
+        layers: 2,
+        block_size: 8,
+        target_layer_ids: None,
+        block_in_dflash_config: true,
+        layer_types: None,
+        sliding_window: 0,
+        mask_token_id: t.config().vocab_size as u32 - 1,
+        seed,
+    };
+    let d = Dflash2Spec {
+        conv_kernel_size: 2,
+        conv_group_size: 16,
+        selector_rank: 32,
+        selector_top_k: 8,
+        output_multiplier: Some(0.8),
+        final_logit_softcapping: Some(6.0),
+        input_embedding_scale: Some(1.25),
+    };
     let files = write_dflash2_drafter(t.config(), &s, &d);
-    DrafterWeights::load(std::str::from_utf8(&files["config.json"]).unwrap(), vec![("model.safetensors", &files["model.safetensors"][..])], DrafterPrecision::Q8).unwrap()
+    DrafterWeights::load(
+        std::str::from_utf8(&files["config.json"]).unwrap(),
+        vec![("model.safetensors", &files["model.safetensors"][..])],
+        DrafterPrecision::Q8,
+    )
+    .unwrap()
 }
 
 /// DFlash2 on the GPU: the block's hidden rows (convolutions around every sublayer,
@@ -195,7 +352,16 @@ fn the_dflash2_drafter_matches_the_cpu_reference() {
     let h = t.config().hidden_size;
     for ctx in contexts() {
         for p in prompts().into_iter().take(if quick() { 2 } else { 4 }) {
-            let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
+            let tm = GpuModel::new(
+                ctx.clone(),
+                &t.weights,
+                &GpuModelOptions {
+                    context: 128,
+                    taps: w.config.target_layer_ids.clone(),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
             let mut spec = Speculative::new(tm, &w).unwrap();
             let anchor = spec.prefill(&p, Head::Argmax).unwrap();
             let b = 8;
@@ -203,17 +369,28 @@ fn the_dflash2_drafter_matches_the_cpu_reference() {
             let got = spec.read_draft_hidden(b).unwrap();
             let drafts = spec.read_drafts(b).unwrap();
             let mut cache = cpu_t.new_cache(128);
-            let out = cpu_t.forward(&p, &mut cache, LogitRows::Last, &w.config.target_layer_ids).unwrap();
+            let out = cpu_t
+                .forward(&p, &mut cache, LogitRows::Last, &w.config.target_layer_ids)
+                .unwrap();
             let mut dctx = cpu_d.new_context();
             cpu_d.extend_context(&mut dctx, &out.taps);
             let mut ids = vec![anchor];
             ids.extend(std::iter::repeat_n(w.config.mask_token_id, b - 1));
             let want = cpu_d.forward_block(&dctx, &cpu_t.embed(&ids).unwrap(), p.len());
-            let max = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let max = want
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
             assert!(max < if ctx.f16 { 1e-2 } else { 1e-3 }, "hidden: {max}");
             // Drafts from the GPU's own hidden rows through the CPU selector: equal.
             let logits = cpu_t.lm_head_rows(&got[h..], b - 1);
-            assert_eq!(drafts, cpu_d.select(anchor, &got[h..], &logits), "f16={}", ctx.f16);
+            assert_eq!(
+                drafts,
+                cpu_d.select(anchor, &got[h..], &logits),
+                "f16={}",
+                ctx.f16
+            );
         }
     }
 }
@@ -223,16 +400,52 @@ fn dflash2_speculation_equals_plain_decoding_on_the_gpu() {
     let t = target();
     let w = dflash2_drafter(&t, 13);
     for ctx in contexts() {
-        let mut plain_model = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
-        let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
+        let mut plain_model = GpuModel::new(
+            ctx.clone(),
+            &t.weights,
+            &GpuModelOptions {
+                context: 128,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let tm = GpuModel::new(
+            ctx.clone(),
+            &t.weights,
+            &GpuModelOptions {
+                context: 128,
+                taps: w.config.target_layer_ids.clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let mut spec = Speculative::new(tm, &w).unwrap();
-        for sp in [SamplingParams::default(), SamplingParams { temperature: 0.8, top_p: 0.95, seed: 3, ..Default::default() }] {
+        for sp in [
+            SamplingParams::default(),
+            SamplingParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                seed: 3,
+                ..Default::default()
+            },
+        ] {
             // (SwiftShader in CI: one prompt, two block sizes)
             for p in prompts().into_iter().take(if quick() { 1 } else { 4 }) {
                 let plain = plain_gpu(&mut plain_model, &p, &sp, 40, &|x| t.tokenizer.is_stop(x));
-                let blocks = if quick() { vec![BlockSize::Fixed(5), BlockSize::Fixed(8)] } else { vec![BlockSize::Fixed(2), BlockSize::Fixed(5), BlockSize::Fixed(8), BlockSize::auto_linear(8, 0.05)] };
+                let blocks = if quick() {
+                    vec![BlockSize::Fixed(5), BlockSize::Fixed(8)]
+                } else {
+                    vec![
+                        BlockSize::Fixed(2),
+                        BlockSize::Fixed(5),
+                        BlockSize::Fixed(8),
+                        BlockSize::auto_linear(8, 0.05),
+                    ]
+                };
                 for b in blocks {
-                    let r = spec.generate(&t.tokenizer, &req(&p, &sp), &b, &|| 0.0, &mut |_| {}).unwrap();
+                    let r = spec
+                        .generate(&t.tokenizer, &req(&p, &sp), &b, &|| 0.0, &mut |_| {})
+                        .unwrap();
                     assert_eq!(r.result.tokens, plain, "{b:?} T={}", sp.temperature);
                 }
             }
@@ -252,20 +465,49 @@ fn rejection_sampling_on_the_gpu_follows_the_cpu_reference() {
     for w in [drafter(&t, 21), dflash2_drafter(&t, 22)] {
         let cpu_d = CpuDrafter::new(&w);
         for ctx in contexts().into_iter().take(1) {
-            let tm = GpuModel::new(ctx.clone(), &t.weights, &GpuModelOptions { context: 128, taps: w.config.target_layer_ids.clone(), ..Default::default() }).unwrap();
+            let tm = GpuModel::new(
+                ctx.clone(),
+                &t.weights,
+                &GpuModelOptions {
+                    context: 128,
+                    taps: w.config.target_layer_ids.clone(),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
             let mut spec = Speculative::new(tm, &w).unwrap();
             let (mut same, mut total, mut accepted) = (0, 0, 0);
             for seed in 0..(if quick() { 4 } else { 12 }) {
-                let sp = SamplingParams { temperature: 1.0, top_k: 8, seed, speculative_rejection: true, ..Default::default() };
+                let sp = SamplingParams {
+                    temperature: 1.0,
+                    top_k: 8,
+                    seed,
+                    speculative_rejection: true,
+                    ..Default::default()
+                };
                 let p = &prompts()[seed as usize % prompts().len()];
                 let r = req(p, &sp);
-                let g = spec.generate(&t.tokenizer, &r, &BlockSize::Fixed(4), &|| 0.0, &mut |_| {}).unwrap();
-                let c = generate_speculative_cpu(&cpu_t, &cpu_d, &t.tokenizer, &r, &BlockSize::Fixed(4), &|| 0.0, &mut |_| {}).unwrap();
+                let g = spec
+                    .generate(&t.tokenizer, &r, &BlockSize::Fixed(4), &|| 0.0, &mut |_| {})
+                    .unwrap();
+                let c = generate_speculative_cpu(
+                    &cpu_t,
+                    &cpu_d,
+                    &t.tokenizer,
+                    &r,
+                    &BlockSize::Fixed(4),
+                    &|| 0.0,
+                    &mut |_| {},
+                )
+                .unwrap();
                 total += 1;
                 same += (g.result.tokens == c.result.tokens) as usize;
                 accepted += g.taus.iter().map(|x| x - 1).sum::<usize>();
             }
-            eprintln!("{}: {same}/{total} sequences equal, {accepted} drafts accepted on the GPU", w.config.architecture);
+            eprintln!(
+                "{}: {same}/{total} sequences equal, {accepted} drafts accepted on the GPU",
+                w.config.architecture
+            );
             assert!(same * 4 >= total * 3, "{same} of {total} equal");
         }
     }

@@ -14,7 +14,9 @@ use common::gpu_context;
 
 fn tiny(arch: Arch, t: GgmlType, seed: u64) -> ModelWeights {
     let c = tiny_config(arch);
-    load_gguf(&write_gguf(&c, &random_weights(&c, seed), t)).unwrap().weights
+    load_gguf(&write_gguf(&c, &random_weights(&c, seed), t))
+        .unwrap()
+        .weights
 }
 
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -22,30 +24,55 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     (0..n).map(|_| r.below(vocab) as u32).collect()
 }
 
-
 #[test]
 fn logits_match_the_cpu_reference() {
     for ctx in common::contexts() {
-        for (arch, t) in [(Arch::Llama, GgmlType::Q4_0), (Arch::Qwen2, GgmlType::Q8_0), (Arch::Qwen3, GgmlType::Q4_1), (Arch::Llama, GgmlType::F16)] {
+        for (arch, t) in [
+            (Arch::Llama, GgmlType::Q4_0),
+            (Arch::Qwen2, GgmlType::Q8_0),
+            (Arch::Qwen3, GgmlType::Q4_1),
+            (Arch::Llama, GgmlType::F16),
+        ] {
             let f16 = ctx.f16;
             let w = tiny(arch, t, 31);
             let cpu = CpuModel::new(&w);
             let toks = tokens(12, w.config.vocab_size, 3);
             let mut cache = cpu.new_cache(64);
-            let want = cpu.forward(&toks, &mut cache, LogitRows::All, &[]).unwrap().logits;
-            let mut g = GpuModel::new(ctx.clone(), &w, &GpuModelOptions { context: 64, ..Default::default() }).unwrap();
+            let want = cpu
+                .forward(&toks, &mut cache, LogitRows::All, &[])
+                .unwrap()
+                .logits;
+            let mut g = GpuModel::new(
+                ctx.clone(),
+                &w,
+                &GpuModelOptions {
+                    context: 64,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
             let ids = g.step(&toks).unwrap();
             let got = g.read_logits(toks.len()).unwrap();
-            let max = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let max = want
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
             let scale = want.iter().map(|a| a.abs()).fold(0f32, f32::max);
-            eprintln!("{arch:?} {t:?} f16-kv={f16}: max |gpu - cpu| = {max:e} (logit scale {scale})");
+            eprintln!(
+                "{arch:?} {t:?} f16-kv={f16}: max |gpu - cpu| = {max:e} (logit scale {scale})"
+            );
             // f32 path: summation order only. f16 KV: plus f16 rounding of K and V.
             let tol = if f16 { 5e-3 } else { 5e-5 } * scale.max(1.0);
             assert!(max <= tol, "{arch:?} {t:?}: {max} > {tol}");
             let v = w.config.vocab_size;
             for r in 0..toks.len() {
                 let row = &got[r * v..(r + 1) * v];
-                assert_eq!(ids[r] as usize, dflash_core::cpu::ops::argmax(row), "GPU argmax of row {r}");
+                assert_eq!(
+                    ids[r] as usize,
+                    dflash_core::cpu::ops::argmax(row),
+                    "GPU argmax of row {r}"
+                );
             }
         }
     }
@@ -58,7 +85,15 @@ fn a_position_is_bit_identical_alone_in_a_16_row_pass_and_in_prefill() {
         let w = tiny(Arch::Qwen2, GgmlType::Q4_0, 32);
         let v = w.config.vocab_size;
         let toks = tokens(40, v, 4);
-        let mut g = GpuModel::new(ctx.clone(), &w, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
+        let mut g = GpuModel::new(
+            ctx.clone(),
+            &w,
+            &GpuModelOptions {
+                context: 128,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         // Positions 0..40 one row at a time.
         let mut single = Vec::new();
         for t in &toks {
@@ -78,16 +113,32 @@ fn a_position_is_bit_identical_alone_in_a_16_row_pass_and_in_prefill() {
         let prefill_last = g.read_logits(1).unwrap();
         assert_eq!(single.len(), 40 * v);
         let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same(&single, &multi), "one-row steps vs 16-row passes differ (no_f16={no_f16})");
-        assert!(same(&single[32 * v..33 * v], &prefill_last), "prefill differs");
+        assert!(
+            same(&single, &multi),
+            "one-row steps vs 16-row passes differ (no_f16={no_f16})"
+        );
+        assert!(
+            same(&single[32 * v..33 * v], &prefill_last),
+            "prefill differs"
+        );
     }
 }
 
 #[test]
 fn greedy_generation_equals_the_cpu_reference() {
-    let Some(ctx) = gpu_context(&GpuOptions { no_f16: true, ..Default::default() }) else { return };
+    let Some(ctx) = gpu_context(&GpuOptions {
+        no_f16: true,
+        ..Default::default()
+    }) else {
+        return;
+    };
     let w = tiny(Arch::Llama, GgmlType::Q8_0, 33);
-    let m = load_gguf(&write_gguf(&tiny_config(Arch::Llama), &random_weights(&tiny_config(Arch::Llama), 33), GgmlType::Q8_0)).unwrap();
+    let m = load_gguf(&write_gguf(
+        &tiny_config(Arch::Llama),
+        &random_weights(&tiny_config(Arch::Llama), 33),
+        GgmlType::Q8_0,
+    ))
+    .unwrap();
     let cpu = CpuModel::new(&w);
     let prompt = tokens(21, w.config.vocab_size, 5);
     let req = dflash_core::generate::GenerateRequest {
@@ -97,78 +148,190 @@ fn greedy_generation_equals_the_cpu_reference() {
         stop_strings: vec![],
         context: 128,
     };
-    let want = dflash_core::generate::generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap().tokens;
-    let mut g = GpuModel::new(ctx, &w, &GpuModelOptions { context: 128, ..Default::default() }).unwrap();
-    let got = g.generate_greedy(&prompt, 40, &|t| m.tokenizer.is_stop(t)).unwrap();
+    let want = dflash_core::generate::generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {})
+        .unwrap()
+        .tokens;
+    let mut g = GpuModel::new(
+        ctx,
+        &w,
+        &GpuModelOptions {
+            context: 128,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let got = g
+        .generate_greedy(&prompt, 40, &|t| m.tokenizer.is_stop(t))
+        .unwrap();
     assert_eq!(got, want);
 }
 
 #[test]
 fn taps_match_the_cpu_reference() {
-    let Some(ctx) = gpu_context(&GpuOptions { no_f16: true, ..Default::default() }) else { return };
+    let Some(ctx) = gpu_context(&GpuOptions {
+        no_f16: true,
+        ..Default::default()
+    }) else {
+        return;
+    };
     let w = tiny(Arch::Qwen3, GgmlType::Q8_0, 34);
     let cpu = CpuModel::new(&w);
     let toks = tokens(7, w.config.vocab_size, 6);
     let taps = vec![2, 0];
     let mut cache = cpu.new_cache(32);
-    let want = cpu.forward(&toks, &mut cache, LogitRows::None, &taps).unwrap().taps;
-    let mut g = GpuModel::new(ctx, &w, &GpuModelOptions { context: 32, taps, ..Default::default() }).unwrap();
+    let want = cpu
+        .forward(&toks, &mut cache, LogitRows::None, &taps)
+        .unwrap()
+        .taps;
+    let mut g = GpuModel::new(
+        ctx,
+        &w,
+        &GpuModelOptions {
+            context: 32,
+            taps,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     g.step(&toks).unwrap();
     let got = g.read_taps(toks.len()).unwrap();
-    let max = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let max = want
+        .iter()
+        .zip(&got)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
     assert!(max < 1e-3, "taps differ by {max}");
 }
 
 #[test]
 fn a_model_that_cannot_fit_is_refused_before_allocating() {
     use dflash_gpu::GpuError;
-    let Some(ctx) = gpu_context(&GpuOptions::default()) else { return };
+    let Some(ctx) = gpu_context(&GpuOptions::default()) else {
+        return;
+    };
     let w = tiny(Arch::Llama, GgmlType::Q8_0, 35);
     // A KV-cache layer larger than any binding the adapter allows.
     let huge = (ctx.max_binding() / (w.config.kv_dim() as u64 * 2) + 1) as usize;
     let mut big = w.clone();
     big.config.max_position_embeddings = huge * 2;
-    match GpuModel::new(ctx.clone(), &big, &GpuModelOptions { context: huge * 2, ..Default::default() }) {
-        Err(GpuError::LimitExceeded { limit_name, .. }) => assert_eq!(limit_name, "max_storage_buffer_binding_size"),
+    match GpuModel::new(
+        ctx.clone(),
+        &big,
+        &GpuModelOptions {
+            context: huge * 2,
+            ..Default::default()
+        },
+    ) {
+        Err(GpuError::LimitExceeded { limit_name, .. }) => {
+            assert_eq!(limit_name, "max_storage_buffer_binding_size")
+        }
         other => panic!("expected LimitExceeded, got {:?}", other.err()),
     }
     // A memory budget below the plan.
-    match GpuModel::new(ctx.clone(), &w, &GpuModelOptions { context: 64, memory_budget: Some(1 << 16), ..Default::default() }) {
-        Err(GpuError::OverBudget { need, weights, kv_cache, activations, budget }) => {
+    match GpuModel::new(
+        ctx.clone(),
+        &w,
+        &GpuModelOptions {
+            context: 64,
+            memory_budget: Some(1 << 16),
+            ..Default::default()
+        },
+    ) {
+        Err(GpuError::OverBudget {
+            need,
+            weights,
+            kv_cache,
+            activations,
+            budget,
+        }) => {
             assert_eq!(need, weights + kv_cache + activations);
             assert_eq!(budget, 1 << 16);
         }
         other => panic!("expected OverBudget, got {:?}", other.err()),
     }
     // The plan states the split before anything is allocated.
-    let plan = dflash_gpu::model::plan_memory(&ctx, &w, &GpuModelOptions { context: 64, ..Default::default() }).unwrap();
+    let plan = dflash_gpu::model::plan_memory(
+        &ctx,
+        &w,
+        &GpuModelOptions {
+            context: 64,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(plan.weights, w.n_bytes() as u64);
-    assert_eq!(plan.kv_cache, 64 * w.config.kv_dim() as u64 * if ctx.f16 { 2 } else { 4 } * 2 * w.config.num_layers as u64);
+    assert_eq!(
+        plan.kv_cache,
+        64 * w.config.kv_dim() as u64
+            * if ctx.f16 { 2 } else { 4 }
+            * 2
+            * w.config.num_layers as u64
+    );
 }
 
 #[test]
 fn bad_tokens_and_a_full_context_are_errors() {
     use dflash_gpu::GpuError;
-    let Some(ctx) = gpu_context(&GpuOptions::default()) else { return };
+    let Some(ctx) = gpu_context(&GpuOptions::default()) else {
+        return;
+    };
     let w = tiny(Arch::Qwen2, GgmlType::Q8_0, 36);
-    let mut g = GpuModel::new(ctx, &w, &GpuModelOptions { context: 20, ..Default::default() }).unwrap();
-    assert!(matches!(g.step(&[1, 99_999]), Err(GpuError::Core(dflash_core::Error::TokenOutOfRange { .. }))));
+    let mut g = GpuModel::new(
+        ctx,
+        &w,
+        &GpuModelOptions {
+            context: 20,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        g.step(&[1, 99_999]),
+        Err(GpuError::Core(dflash_core::Error::TokenOutOfRange { .. }))
+    ));
     g.prefill(&tokens(16, w.config.vocab_size, 7)).unwrap();
-    assert!(matches!(g.step(&tokens(5, w.config.vocab_size, 8)), Err(GpuError::Core(dflash_core::Error::ContextOverflow { .. }))));
+    assert!(matches!(
+        g.step(&tokens(5, w.config.vocab_size, 8)),
+        Err(GpuError::Core(dflash_core::Error::ContextOverflow { .. }))
+    ));
     assert_eq!(g.len(), 16, "a refused step changes nothing");
 }
 
 #[test]
 fn a_lost_device_is_an_error_not_a_hang() {
     use dflash_gpu::GpuError;
-    let Some(ctx) = gpu_context(&GpuOptions::default()) else { return };
+    let Some(ctx) = gpu_context(&GpuOptions::default()) else {
+        return;
+    };
     let w = tiny(Arch::Llama, GgmlType::Q4_0, 37);
-    let mut g = GpuModel::new(ctx.clone(), &w, &GpuModelOptions { context: 32, ..Default::default() }).unwrap();
+    let mut g = GpuModel::new(
+        ctx.clone(),
+        &w,
+        &GpuModelOptions {
+            context: 32,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     g.step(&[1, 2, 3]).unwrap();
     ctx.destroy_device();
     let r = g.step(&[4]);
-    assert!(matches!(r, Err(GpuError::DeviceLost(_))), "got {:?}", r.err());
+    assert!(
+        matches!(r, Err(GpuError::DeviceLost(_))),
+        "got {:?}",
+        r.err()
+    );
     // The same with a plan that was already built, and loading a model on the lost device.
     assert!(matches!(g.step(&[5, 6, 7]), Err(GpuError::DeviceLost(_))));
-    assert!(matches!(GpuModel::new(ctx, &w, &GpuModelOptions { context: 32, ..Default::default() }), Err(GpuError::DeviceLost(_))));
+    assert!(matches!(
+        GpuModel::new(
+            ctx,
+            &w,
+            &GpuModelOptions {
+                context: 32,
+                ..Default::default()
+            }
+        ),
+        Err(GpuError::DeviceLost(_))
+    ));
 }

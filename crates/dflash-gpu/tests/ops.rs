@@ -33,10 +33,22 @@ fn matrices(rng: &mut Rng, rows: usize, cols: usize) -> Vec<(&'static str, Quant
         b[208..210].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
     }
     vec![
-        ("q4 (Q4_0)", QuantMatrix::from_ggml("w", GgmlType::Q4_0, &quantize::q4_0(&x), rows, cols).unwrap()),
-        ("q4 (Q4_1)", QuantMatrix::from_ggml("w", GgmlType::Q4_1, &quantize::q4_1(&x), rows, cols).unwrap()),
-        ("q8 g32 (Q8_0)", QuantMatrix::from_ggml("w", GgmlType::Q8_0, &quantize::q8_0(&x), rows, cols).unwrap()),
-        ("q8 g16 (Q6_K)", QuantMatrix::from_ggml("w", GgmlType::Q6K, &q6k, rows, cols).unwrap()),
+        (
+            "q4 (Q4_0)",
+            QuantMatrix::from_ggml("w", GgmlType::Q4_0, &quantize::q4_0(&x), rows, cols).unwrap(),
+        ),
+        (
+            "q4 (Q4_1)",
+            QuantMatrix::from_ggml("w", GgmlType::Q4_1, &quantize::q4_1(&x), rows, cols).unwrap(),
+        ),
+        (
+            "q8 g32 (Q8_0)",
+            QuantMatrix::from_ggml("w", GgmlType::Q8_0, &quantize::q8_0(&x), rows, cols).unwrap(),
+        ),
+        (
+            "q8 g16 (Q6_K)",
+            QuantMatrix::from_ggml("w", GgmlType::Q6K, &q6k, rows, cols).unwrap(),
+        ),
     ]
 }
 
@@ -57,17 +69,29 @@ fn gemv_all_formats_and_row_counts() {
                 let yb = work_buffer(&ctx, "y", (n * rows * 4) as u64);
                 run(&ctx, &ops::gemv(&ctx, &g, &xb, &yb, n, false).unwrap());
                 let got = read_f32(&ctx, &yb, n * rows);
-                let absdot: Vec<f32> = (0..n * rows).map(|i| {
-                    let (r, o) = (i / rows, i % rows);
-                    (0..cols).map(|k| (x[r * cols + k] * wf[o * cols + k]).abs()).sum()
-                }).collect();
+                let absdot: Vec<f32> = (0..n * rows)
+                    .map(|i| {
+                        let (r, o) = (i / rows, i % rows);
+                        (0..cols)
+                            .map(|k| (x[r * cols + k] * wf[o * cols + k]).abs())
+                            .sum()
+                    })
+                    .collect();
                 for i in 0..n * rows {
-                    assert!((got[i] - want[i]).abs() <= 1e-5 * absdot[i] + 1e-6, "{name} n={n} elem {i}: {} vs {}", got[i], want[i]);
+                    assert!(
+                        (got[i] - want[i]).abs() <= 1e-5 * absdot[i] + 1e-6,
+                        "{name} n={n} elem {i}: {} vs {}",
+                        got[i],
+                        want[i]
+                    );
                 }
                 // Accumulate mode adds onto y.
                 run(&ctx, &ops::gemv(&ctx, &g, &xb, &yb, n, true).unwrap());
                 let twice = read_f32(&ctx, &yb, n * rows);
-                assert!(twice.iter().zip(&got).all(|(t, g)| (t - 2.0 * g).abs() <= 1e-6 * g.abs().max(1.0)));
+                assert!(twice
+                    .iter()
+                    .zip(&got)
+                    .all(|(t, g)| (t - 2.0 * g).abs() <= 1e-6 * g.abs().max(1.0)));
             }
         }
     }
@@ -91,7 +115,12 @@ fn gemv_rows_are_batch_invariant() {
                 let yr = work_buffer(&ctx, "yr", (rows * 4) as u64);
                 run(&ctx, &ops::gemv(&ctx, &g, &xr, &yr, 1, false).unwrap());
                 let one = read_f32(&ctx, &yr, rows);
-                assert!(one.iter().zip(&all[r * rows..(r + 1) * rows]).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} row {r}");
+                assert!(
+                    one.iter()
+                        .zip(&all[r * rows..(r + 1) * rows])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{name} row {r}"
+                );
             }
         }
     }
@@ -104,22 +133,32 @@ fn gemv_over_chunked_matrices() {
         let mut rng = Rng(3);
         let (rows, cols) = (100, 256);
         let x = rng.vec(rows * cols, 0.5);
-        let m = QuantMatrix::from_ggml("w", GgmlType::Q8_0, &quantize::q8_0(&x), rows, cols).unwrap();
+        let m =
+            QuantMatrix::from_ggml("w", GgmlType::Q8_0, &quantize::q8_0(&x), rows, cols).unwrap();
         let whole = upload_matrix(&ctx, "w", &m).unwrap();
         assert_eq!(whole.chunks.len(), 1);
         let chunked = dflash_gpu::upload::upload_matrix_chunked(&ctx, "w", &m, 24).unwrap();
         assert_eq!(chunked.chunks.len(), 5);
         let xin = rng.vec(3 * cols, 1.0);
         let xb = f32_buffer(&ctx, "x", &xin);
-        let (y1, y2) = (work_buffer(&ctx, "y1", (3 * rows * 4) as u64), work_buffer(&ctx, "y2", (3 * rows * 4) as u64));
+        let (y1, y2) = (
+            work_buffer(&ctx, "y1", (3 * rows * 4) as u64),
+            work_buffer(&ctx, "y2", (3 * rows * 4) as u64),
+        );
         run(&ctx, &ops::gemv(&ctx, &whole, &xb, &y1, 3, false).unwrap());
-        run(&ctx, &ops::gemv(&ctx, &chunked, &xb, &y2, 3, false).unwrap());
+        run(
+            &ctx,
+            &ops::gemv(&ctx, &chunked, &xb, &y2, 3, false).unwrap(),
+        );
         assert_eq!(read_f32(&ctx, &y1, 3 * rows), read_f32(&ctx, &y2, 3 * rows));
         // Embedding lookups across chunks too: exact (one dequantized value each).
         let toks: Vec<u32> = vec![0, 99, 50, 23, 24, 77];
         let tb = storage_buffer(&ctx, "t", bytemuck::cast_slice(&toks));
         let out = work_buffer(&ctx, "e", (toks.len() * cols * 4) as u64);
-        run(&ctx, &ops::embedding(&ctx, &chunked, &tb, &out, toks.len()).unwrap());
+        run(
+            &ctx,
+            &ops::embedding(&ctx, &chunked, &tb, &out, toks.len()).unwrap(),
+        );
         let got = read_f32(&ctx, &out, toks.len() * cols);
         let mut row = vec![0f32; cols];
         for (r, &t) in toks.iter().enumerate() {
@@ -139,23 +178,49 @@ fn rmsnorm_rows_and_inplace() {
         let w = rng.vec(len, 1.0);
         let mut want = vec![0f32; rows * len];
         for r in 0..rows {
-            cpu::rms_norm(&x[r * len..(r + 1) * len], &w, 1e-5, &mut want[r * len..(r + 1) * len]);
+            cpu::rms_norm(
+                &x[r * len..(r + 1) * len],
+                &w,
+                1e-5,
+                &mut want[r * len..(r + 1) * len],
+            );
         }
         let (xb, wb) = (f32_buffer(&ctx, "x", &x), f32_buffer(&ctx, "w", &w));
         let out = work_buffer(&ctx, "o", (rows * len * 4) as u64);
-        run(&ctx, &[ops::rmsnorm(&ctx, 1e-5, &wb, &xb, &out, rows, len).unwrap()]);
+        run(
+            &ctx,
+            &[ops::rmsnorm(&ctx, 1e-5, &wb, &xb, &out, rows, len).unwrap()],
+        );
         let got = read_f32(&ctx, &out, rows * len);
         assert!(max_abs_diff(&got, &want) <= 1e-5 * want.iter().fold(0f32, |a, v| a.max(v.abs())));
         let hd = 64;
         let w2 = rng.vec(hd, 1.0);
         let mut want2 = vec![0f32; rows * len];
         for r in 0..rows * len / hd {
-            cpu::rms_norm(&x[r * hd..(r + 1) * hd], &w2, 1e-6, &mut want2[r * hd..(r + 1) * hd]);
+            cpu::rms_norm(
+                &x[r * hd..(r + 1) * hd],
+                &w2,
+                1e-6,
+                &mut want2[r * hd..(r + 1) * hd],
+            );
         }
         let buf = f32_buffer(&ctx, "b", &x);
-        run(&ctx, &[ops::rmsnorm_inplace(&ctx, 1e-6, &f32_buffer(&ctx, "w2", &w2), &buf, rows * len / hd, hd).unwrap()]);
+        run(
+            &ctx,
+            &[ops::rmsnorm_inplace(
+                &ctx,
+                1e-6,
+                &f32_buffer(&ctx, "w2", &w2),
+                &buf,
+                rows * len / hd,
+                hd,
+            )
+            .unwrap()],
+        );
         let got2 = read_f32(&ctx, &buf, rows * len);
-        assert!(max_abs_diff(&got2, &want2) <= 1e-5 * want2.iter().fold(0f32, |a, v| a.max(v.abs())));
+        assert!(
+            max_abs_diff(&got2, &want2) <= 1e-5 * want2.iter().fold(0f32, |a, v| a.max(v.abs()))
+        );
     }
 }
 
@@ -166,7 +231,9 @@ fn rope_both_styles() {
     for ctx in contexts() {
         let mut rng = Rng(5);
         let (n, heads, hd) = (3, 4, 64);
-        let inv: Vec<f32> = (0..hd / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / hd as f32)).collect();
+        let inv: Vec<f32> = (0..hd / 2)
+            .map(|i| 10000f32.powf(-2.0 * i as f32 / hd as f32))
+            .collect();
         let pos0 = 1000;
         let mut table = Vec::new();
         for p in 0..pos0 + n {
@@ -186,10 +253,22 @@ fn rope_both_styles() {
                 }
             }
             let buf = f32_buffer(&ctx, "q", &x);
-            let shape = ops::RopeShape { style, heads, head_dim: hd, rope_dim: hd };
-            run(&ctx, &[ops::rope(&ctx, &shape, &state(&ctx, pos0 as u32), &tb, &buf, n).unwrap()]);
+            let shape = ops::RopeShape {
+                style,
+                heads,
+                head_dim: hd,
+                rope_dim: hd,
+            };
+            run(
+                &ctx,
+                &[ops::rope(&ctx, &shape, &state(&ctx, pos0 as u32), &tb, &buf, n).unwrap()],
+            );
             let got = read_f32(&ctx, &buf, x.len());
-            assert!(max_abs_diff(&got, &want) <= 1e-6, "{style:?}: {}", max_abs_diff(&got, &want));
+            assert!(
+                max_abs_diff(&got, &want) <= 1e-6,
+                "{style:?}: {}",
+                max_abs_diff(&got, &want)
+            );
         }
     }
 }
@@ -209,21 +288,67 @@ fn attention_matches_the_reference() {
         let q = rng.vec(n * nh * hd, 1.0);
         let mut want = vec![0f32; n * nh * hd];
         for r in 0..n {
-            cpu::attention_row(&q[r * nh * hd..(r + 1) * nh * hd], &k, &v, start + r, nh, nkv, hd, &mut want[r * nh * hd..(r + 1) * nh * hd]);
+            cpu::attention_row(
+                &q[r * nh * hd..(r + 1) * nh * hd],
+                &k,
+                &v,
+                start + r,
+                nh,
+                nkv,
+                hd,
+                &mut want[r * nh * hd..(r + 1) * nh * hd],
+            );
         }
         // Fill the caches through store_kv (f32 or f16 per the context).
         let elt = if ctx.f16 { 2 } else { 4 };
-        let (kc, vc) = (work_buffer(&ctx, "kc", (total * kvd * elt) as u64), work_buffer(&ctx, "vc", (total * kvd * elt) as u64));
+        let (kc, vc) = (
+            work_buffer(&ctx, "kc", (total * kvd * elt) as u64),
+            work_buffer(&ctx, "vc", (total * kvd * elt) as u64),
+        );
         let st0 = state(&ctx, 0);
         let (kb, vb) = (f32_buffer(&ctx, "k", &k), f32_buffer(&ctx, "v", &v));
-        run(&ctx, &[ops::store_kv(&ctx, &kb, &st0, &kc, total, kvd).unwrap(), ops::store_kv(&ctx, &vb, &st0, &vc, total, kvd).unwrap()]);
+        run(
+            &ctx,
+            &[
+                ops::store_kv(&ctx, &kb, &st0, &kc, total, kvd).unwrap(),
+                ops::store_kv(&ctx, &vb, &st0, &vc, total, kvd).unwrap(),
+            ],
+        );
         let out = work_buffer(&ctx, "out", (n * nh * hd * 4) as u64);
-        let shape = ops::AttentionShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd, window: 0, causal: true };
-        run(&ctx, &[ops::attention(&ctx, &shape, &state(&ctx, start as u32), &f32_buffer(&ctx, "q", &q), &kc, &vc, &out, n).unwrap()]);
+        let shape = ops::AttentionShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            window: 0,
+            causal: true,
+        };
+        run(
+            &ctx,
+            &[ops::attention(
+                &ctx,
+                &shape,
+                &state(&ctx, start as u32),
+                &f32_buffer(&ctx, "q", &q),
+                &kc,
+                &vc,
+                &out,
+                n,
+            )
+            .unwrap()],
+        );
         let got = read_f32(&ctx, &out, want.len());
         let tol = if ctx.f16 { 2e-3 } else { 2e-5 };
-        eprintln!("attention f16={}: max error {:e}", ctx.f16, max_abs_diff(&got, &want));
-        assert!(max_abs_diff(&got, &want) <= tol, "f16={}: {}", ctx.f16, max_abs_diff(&got, &want));
+        eprintln!(
+            "attention f16={}: max error {:e}",
+            ctx.f16,
+            max_abs_diff(&got, &want)
+        );
+        assert!(
+            max_abs_diff(&got, &want) <= tol,
+            "f16={}: {}",
+            ctx.f16,
+            max_abs_diff(&got, &want)
+        );
     }
 }
 
@@ -233,16 +358,34 @@ fn swiglu_and_bias() {
     for ctx in contexts() {
         let mut rng = Rng(7);
         let (n, len) = (3, 300);
-        let (g, u, b) = (rng.vec(n * len, 4.0), rng.vec(n * len, 2.0), rng.vec(len, 1.0));
+        let (g, u, b) = (
+            rng.vec(n * len, 4.0),
+            rng.vec(n * len, 2.0),
+            rng.vec(len, 1.0),
+        );
         let want: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| cpu::silu(g) * u).collect();
         let out = work_buffer(&ctx, "o", (n * len * 4) as u64);
-        run(&ctx, &[ops::swiglu(&ctx, &f32_buffer(&ctx, "g", &g), &f32_buffer(&ctx, "u", &u), &out, n, len).unwrap()]);
+        run(
+            &ctx,
+            &[ops::swiglu(
+                &ctx,
+                &f32_buffer(&ctx, "g", &g),
+                &f32_buffer(&ctx, "u", &u),
+                &out,
+                n,
+                len,
+            )
+            .unwrap()],
+        );
         let got = read_f32(&ctx, &out, n * len);
         for (a, b) in got.iter().zip(&want) {
             assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0));
         }
         let buf = f32_buffer(&ctx, "x", &u);
-        run(&ctx, &[ops::add_bias(&ctx, &f32_buffer(&ctx, "b", &b), &buf, n, len).unwrap()]);
+        run(
+            &ctx,
+            &[ops::add_bias(&ctx, &f32_buffer(&ctx, "b", &b), &buf, n, len).unwrap()],
+        );
         let got = read_f32(&ctx, &buf, n * len);
         for i in 0..n * len {
             assert_eq!(got[i], u[i] + b[i % len]);
@@ -277,11 +420,19 @@ fn every_kernel_variant_compiles() {
     use dflash_gpu::pipelines::{Kernel, Shader};
     for ctx in contexts() {
         let mut ks = vec![
-            Kernel::new(Shader::RmsNorm, "main"), Kernel::new(Shader::RmsNorm, "main_inplace"),
-            Kernel::new(Shader::Attention, "main"), Kernel::new(Shader::Argmax, "main"), Kernel::new(Shader::Copy, "main"),
+            Kernel::new(Shader::RmsNorm, "main"),
+            Kernel::new(Shader::RmsNorm, "main_inplace"),
+            Kernel::new(Shader::Attention, "main"),
+            Kernel::new(Shader::Argmax, "main"),
+            Kernel::new(Shader::Copy, "main"),
             Kernel::new(Shader::Sample, "main"),
-            Kernel::new(Shader::DFlash, "prepare"), Kernel::new(Shader::DFlash, "compose"), Kernel::new(Shader::DFlash, "accept"),
-            Kernel::new(Shader::DFlash2, "scale"), Kernel::new(Shader::DFlash2, "conv"), Kernel::new(Shader::DFlash2, "topk"), Kernel::new(Shader::DFlash2, "walk"),
+            Kernel::new(Shader::DFlash, "prepare"),
+            Kernel::new(Shader::DFlash, "compose"),
+            Kernel::new(Shader::DFlash, "accept"),
+            Kernel::new(Shader::DFlash2, "scale"),
+            Kernel::new(Shader::DFlash2, "conv"),
+            Kernel::new(Shader::DFlash2, "topk"),
+            Kernel::new(Shader::DFlash2, "walk"),
         ];
         for e in ["swiglu", "add_bias", "copy_rows", "store_kv"] {
             ks.push(Kernel::new(Shader::Elementwise, e));
@@ -293,14 +444,27 @@ fn every_kernel_variant_compiles() {
             for acc in [0.0, 1.0] {
                 for n in 1..=16 {
                     for lanes in [1.0, 16.0] {
-                        ks.push(Kernel::new(Shader::Gemv, "main").with("FORMAT", f).with("GROUP", g).with("ACCUMULATE", acc).with("N_ROWS", n as f64).with("LANES", lanes));
+                        ks.push(
+                            Kernel::new(Shader::Gemv, "main")
+                                .with("FORMAT", f)
+                                .with("GROUP", g)
+                                .with("ACCUMULATE", acc)
+                                .with("N_ROWS", n as f64)
+                                .with("LANES", lanes),
+                        );
                     }
                 }
             }
-            ks.push(Kernel::new(Shader::Embedding, "main").with("FORMAT", f).with("GROUP", g));
+            ks.push(
+                Kernel::new(Shader::Embedding, "main")
+                    .with("FORMAT", f)
+                    .with("GROUP", g),
+            );
         }
         for k in &ks {
-            ctx.pipelines.get(&ctx, k).unwrap_or_else(|e| panic!("{k:?}: {e}"));
+            ctx.pipelines
+                .get(&ctx, k)
+                .unwrap_or_else(|e| panic!("{k:?}: {e}"));
         }
         assert_eq!(Shader::ALL.len(), 11);
     }
@@ -322,17 +486,47 @@ fn sampler_matches_the_cpu_rule() {
         let tb = work_buffer(&ctx, "t", (rows * 4) as u64);
         let pb = ctx.buffer_with("p", &[0u8; 48], wgpu::BufferUsages::UNIFORM);
         for sp in [
-            SamplingParams { temperature: 1.0, seed: 1, ..Default::default() },
-            SamplingParams { temperature: 0.7, top_k: 40, seed: 2, ..Default::default() },
-            SamplingParams { temperature: 0.8, top_p: 0.9, seed: 3, ..Default::default() },
-            SamplingParams { temperature: 1.2, min_p: 0.05, top_p: 0.95, top_k: 100, seed: 4, ..Default::default() },
+            SamplingParams {
+                temperature: 1.0,
+                seed: 1,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 0.7,
+                top_k: 40,
+                seed: 2,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 0.8,
+                top_p: 0.9,
+                seed: 3,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 1.2,
+                min_p: 0.05,
+                top_p: 0.95,
+                top_k: 100,
+                seed: 4,
+                ..Default::default()
+            },
         ] {
             let (mut same, mut total) = (0, 0);
             for start in (0..2000).step_by(rows) {
-                ctx.queue.write_buffer(&pb, 0, bytemuck::cast_slice(&ops::sample_params(vocab, vocab, &sp, 1)));
+                ctx.queue.write_buffer(
+                    &pb,
+                    0,
+                    bytemuck::cast_slice(&ops::sample_params(vocab, vocab, &sp, 1)),
+                );
                 let st = state(&ctx, start as u32);
-                run(&ctx, &[ops::sample(&ctx, &pb, &st, &lb, &tb, rows).unwrap()]);
-                let got: Vec<u32> = bytemuck::cast_slice(&ctx.read_back(&tb, 0, (rows * 4) as u64).unwrap()).to_vec();
+                run(
+                    &ctx,
+                    &[ops::sample(&ctx, &pb, &st, &lb, &tb, rows).unwrap()],
+                );
+                let got: Vec<u32> =
+                    bytemuck::cast_slice(&ctx.read_back(&tb, 0, (rows * 4) as u64).unwrap())
+                        .to_vec();
                 for r in 0..rows {
                     let want = sample(&logits[r * vocab..(r + 1) * vocab], &sp, &[], start + r + 1);
                     total += 1;

@@ -14,12 +14,23 @@ use dflash_core::testutil::{random_weights, tiny_config, write_gguf, Rng};
 use dflash_core::Error;
 use dflash_gpu::{GpuError, GpuModel, GpuModelOptions, StreamLoader};
 
-fn stream(ctx: &std::rc::Rc<dflash_gpu::GpuContext>, file: &[u8], max_chunk: usize, seed: u64) -> Result<StreamLoader, GpuError> {
+fn stream(
+    ctx: &std::rc::Rc<dflash_gpu::GpuContext>,
+    file: &[u8],
+    max_chunk: usize,
+    seed: u64,
+) -> Result<StreamLoader, GpuError> {
     stream_part(ctx, file, file.len(), max_chunk, seed)
 }
 
 /// The first `upto` bytes of `file` arrive, of the whole length announced.
-fn stream_part(ctx: &std::rc::Rc<dflash_gpu::GpuContext>, file: &[u8], upto: usize, max_chunk: usize, seed: u64) -> Result<StreamLoader, GpuError> {
+fn stream_part(
+    ctx: &std::rc::Rc<dflash_gpu::GpuContext>,
+    file: &[u8],
+    upto: usize,
+    max_chunk: usize,
+    seed: u64,
+) -> Result<StreamLoader, GpuError> {
     let mut l = StreamLoader::new(ctx.clone(), file.len() as u64);
     let file = &file[..upto];
     let mut rng = Rng(seed);
@@ -34,11 +45,19 @@ fn stream_part(ctx: &std::rc::Rc<dflash_gpu::GpuContext>, file: &[u8], upto: usi
 
 #[test]
 fn a_streamed_model_generates_what_the_whole_file_generates() {
-    for (arch, t) in [(Arch::Llama, GgmlType::Q4_1), (Arch::Qwen3, GgmlType::Q8_0), (Arch::Qwen2, GgmlType::Q4_0)] {
+    for (arch, t) in [
+        (Arch::Llama, GgmlType::Q4_1),
+        (Arch::Qwen3, GgmlType::Q8_0),
+        (Arch::Qwen2, GgmlType::Q4_0),
+    ] {
         let c = tiny_config(arch);
         let file = write_gguf(&c, &random_weights(&c, 21), t);
         let m = load_gguf(&file).unwrap();
-        let opts = GpuModelOptions { context: 64, taps: vec![0, c.num_layers - 1], ..Default::default() };
+        let opts = GpuModelOptions {
+            context: 64,
+            taps: vec![0, c.num_layers - 1],
+            ..Default::default()
+        };
         for ctx in contexts() {
             let mut whole = GpuModel::new(ctx.clone(), &m.weights, &opts).unwrap();
             let l = stream(&ctx, &file, 5000, 3).unwrap();
@@ -46,10 +65,29 @@ fn a_streamed_model_generates_what_the_whole_file_generates() {
             let mut s = l.finish(&opts).unwrap();
             assert_eq!(s.model.memory, whole.memory, "{arch:?}");
             assert_eq!(s.tokenizer.vocab_size(), m.tokenizer.vocab_size());
-            for sp in [SamplingParams::default(), SamplingParams { temperature: 0.9, top_p: 0.9, seed: 5, ..Default::default() }] {
-                let req = GenerateRequest { prompt_ids: vec![1, 5, 9, 3, 7], max_new_tokens: 12, sampling: sp, stop_strings: vec![], context: 64 };
-                let a = whole.generate(&m.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap();
-                let b = s.model.generate(&s.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap();
+            for sp in [
+                SamplingParams::default(),
+                SamplingParams {
+                    temperature: 0.9,
+                    top_p: 0.9,
+                    seed: 5,
+                    ..Default::default()
+                },
+            ] {
+                let req = GenerateRequest {
+                    prompt_ids: vec![1, 5, 9, 3, 7],
+                    max_new_tokens: 12,
+                    sampling: sp,
+                    stop_strings: vec![],
+                    context: 64,
+                };
+                let a = whole
+                    .generate(&m.tokenizer, &req, &|| 0.0, &mut |_| {})
+                    .unwrap();
+                let b = s
+                    .model
+                    .generate(&s.tokenizer, &req, &|| 0.0, &mut |_| {})
+                    .unwrap();
                 assert_eq!(a.tokens, b.tokens, "{arch:?} {t:?}");
                 assert_eq!(a.text, b.text);
             }
@@ -61,28 +99,53 @@ fn a_streamed_model_generates_what_the_whole_file_generates() {
 fn cut_corrupt_and_misshapen_streams_are_typed_errors() {
     let c = tiny_config(Arch::Llama);
     let file = write_gguf(&c, &random_weights(&c, 22), GgmlType::Q8_0);
-    let opts = GpuModelOptions { context: 32, ..Default::default() };
+    let opts = GpuModelOptions {
+        context: 32,
+        ..Default::default()
+    };
     for ctx in contexts().into_iter().take(1) {
         // Cut: every byte but the last 100 arrives.
         // A file whose announced size does not hold its tensors: refused at the header.
-        assert!(matches!(stream(&ctx, &file[..file.len() - 100], 4096, 1).err(), Some(GpuError::Core(Error::TensorOutOfBounds { .. }))));
+        assert!(matches!(
+            stream(&ctx, &file[..file.len() - 100], 4096, 1).err(),
+            Some(GpuError::Core(Error::TensorOutOfBounds { .. }))
+        ));
         let l = stream_part(&ctx, &file, file.len() - 100, 4096, 1);
         let l = l.unwrap_or_else(|e| panic!("a cut stream is only known at the end: {e}"));
-        assert!(matches!(l.finish(&opts), Err(GpuError::Core(Error::Truncated { .. }))));
+        assert!(matches!(
+            l.finish(&opts),
+            Err(GpuError::Core(Error::Truncated { .. }))
+        ));
         // Corrupt magic: refused as soon as the header is parsed, before the weights.
         let mut bad = file.clone();
         bad[0] = b'X';
         let mut l = StreamLoader::new(ctx.clone(), bad.len() as u64);
         let e = bad.chunks(4096).try_for_each(|ch| l.push(ch)).unwrap_err();
-        assert!(matches!(e, GpuError::Core(Error::BadMagic { .. }) | GpuError::Core(Error::BadMetadata(_))), "{e}");
+        assert!(
+            matches!(
+                e,
+                GpuError::Core(Error::BadMagic { .. }) | GpuError::Core(Error::BadMetadata(_))
+            ),
+            "{e}"
+        );
         // A matrix of the wrong shape: the model of another config.
         let mut c2 = c.clone();
         c2.intermediate_size += 32;
         let mut w = random_weights(&c, 22);
         let other = random_weights(&c2, 22);
-        w.insert("blk.0.ffn_up.weight".into(), other["blk.0.ffn_up.weight"].clone());
+        w.insert(
+            "blk.0.ffn_up.weight".into(),
+            other["blk.0.ffn_up.weight"].clone(),
+        );
         let f2 = write_gguf(&c, &w, GgmlType::Q8_0);
-        let e = stream(&ctx, &f2, 4096, 2).unwrap().finish(&opts).err().expect("a misshapen tensor is refused");
-        assert!(matches!(e, GpuError::Core(Error::ShapeMismatch { .. })), "{e}");
+        let e = stream(&ctx, &f2, 4096, 2)
+            .unwrap()
+            .finish(&opts)
+            .err()
+            .expect("a misshapen tensor is refused");
+        assert!(
+            matches!(e, GpuError::Core(Error::ShapeMismatch { .. })),
+            "{e}"
+        );
     }
 }

@@ -28,8 +28,12 @@ impl Sample {
 }
 
 pub fn read_samples(path: &Path) -> Result<Vec<Sample>, TrainError> {
-    let f = std::fs::File::open(path).map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
-    let lines: Vec<String> = std::io::BufReader::new(f).lines().collect::<Result<_, _>>().map_err(|e| TrainError::Io(e.to_string()))?;
+    let f = std::fs::File::open(path)
+        .map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
+    let lines: Vec<String> = std::io::BufReader::new(f)
+        .lines()
+        .collect::<Result<_, _>>()
+        .map_err(|e| TrainError::Io(e.to_string()))?;
     let mut out = Vec::new();
     for (i, line) in lines.iter().enumerate() {
         if line.trim().is_empty() {
@@ -40,7 +44,13 @@ pub fn read_samples(path: &Path) -> Result<Vec<Sample>, TrainError> {
             // A line cut by an interruption of `data` can only be the last one (`data`
             // drops it when it resumes); anything else is corrupt.
             Err(_) if i + 1 == lines.len() && !line.ends_with('}') => {}
-            Err(e) => return Err(TrainError::Data(format!("{} line {}: {e}", path.display(), i + 1))),
+            Err(e) => {
+                return Err(TrainError::Data(format!(
+                    "{} line {}: {e}",
+                    path.display(),
+                    i + 1
+                )))
+            }
         }
     }
     Ok(out)
@@ -54,7 +64,14 @@ pub struct DataOptions {
 
 /// Answers the prompts not yet in `out`, `opts.batch` at a time (sorted by length so a
 /// batch pads little), appending each batch's lines.
-pub fn distill(model: &LoadedModel, target: &Target, prompts: &[Prompt], out: &Path, opts: &DataOptions, progress: &indicatif::ProgressBar) -> Result<usize, TrainError> {
+pub fn distill(
+    model: &LoadedModel,
+    target: &Target,
+    prompts: &[Prompt],
+    out: &Path,
+    opts: &DataOptions,
+    progress: &indicatif::ProgressBar,
+) -> Result<usize, TrainError> {
     // Drop a last line cut by an interruption, then skip what is done.
     let mut done = HashSet::new();
     if out.exists() {
@@ -83,16 +100,31 @@ pub fn distill(model: &LoadedModel, target: &Target, prompts: &[Prompt], out: &P
     }
     progress.set_length((done.len() + todo.len()) as u64);
     progress.set_position(done.len() as u64);
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(out).map_err(|e| TrainError::Io(e.to_string()))?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out)
+        .map_err(|e| TrainError::Io(e.to_string()))?;
     let mut written = 0;
     // Batches in prompt order (so an interrupted run has a prefix of the mix), each
     // sorted by length inside.
     for chunk in todo.chunks(opts.batch.max(1)) {
         let ids: Vec<Vec<u32>> = chunk.iter().map(|(_, i)| i.clone()).collect();
-        let answers = target.generate_greedy(&ids, opts.max_new_tokens, &|t| model.tokenizer.is_stop(t))?;
+        let answers =
+            target.generate_greedy(&ids, opts.max_new_tokens, &|t| model.tokenizer.is_stop(t))?;
         for ((p, ids), resp) in chunk.iter().zip(answers) {
-            let s = Sample { id: p.id.clone(), source: p.source.to_string(), prompt_ids: ids.clone(), response_ids: resp };
-            writeln!(f, "{}", serde_json::to_string(&s).expect("sample serializes")).map_err(|e| TrainError::Io(e.to_string()))?;
+            let s = Sample {
+                id: p.id.clone(),
+                source: p.source.to_string(),
+                prompt_ids: ids.clone(),
+                response_ids: resp,
+            };
+            writeln!(
+                f,
+                "{}",
+                serde_json::to_string(&s).expect("sample serializes")
+            )
+            .map_err(|e| TrainError::Io(e.to_string()))?;
             written += 1;
         }
         f.flush().map_err(|e| TrainError::Io(e.to_string()))?;

@@ -47,16 +47,31 @@ pub fn param_shapes(c: &DrafterConfig) -> Vec<(String, Vec<usize>)> {
         ]);
         if let Some(d) = &c.dflash2 {
             for conv in ["attention_conv", "mlp_conv"] {
-                v.push((p(&format!("{conv}.base_kernel")), vec![2, d.conv_kernel_size, h]));
-                v.push((p(&format!("{conv}.kernel_projection.weight")), vec![d.projection_rows(h), h]));
+                v.push((
+                    p(&format!("{conv}.base_kernel")),
+                    vec![2, d.conv_kernel_size, h],
+                ));
+                v.push((
+                    p(&format!("{conv}.kernel_projection.weight")),
+                    vec![d.projection_rows(h), h],
+                ));
             }
         }
     }
     if let Some(d) = &c.dflash2 {
         v.extend([
-            ("candidate_selector.hidden_projection.weight".to_string(), vec![d.selector_rank, h]),
-            ("candidate_selector.predecessor_codebook".into(), vec![c.vocab_size, d.selector_rank]),
-            ("candidate_selector.successor_codebook".into(), vec![c.vocab_size, d.selector_rank]),
+            (
+                "candidate_selector.hidden_projection.weight".to_string(),
+                vec![d.selector_rank, h],
+            ),
+            (
+                "candidate_selector.predecessor_codebook".into(),
+                vec![c.vocab_size, d.selector_rank],
+            ),
+            (
+                "candidate_selector.successor_codebook".into(),
+                vec![c.vocab_size, d.selector_rank],
+            ),
         ]);
     }
     v
@@ -72,8 +87,13 @@ pub fn param_shapes(c: &DrafterConfig) -> Vec<(String, Vec<usize>)> {
 fn dflash2_init(name: &str, shape: &[usize], rng: &mut crate::prompts::Rng) -> Option<Vec<f32>> {
     let n: usize = shape.iter().product();
     let normal = |rng: &mut crate::prompts::Rng, sd: f64| -> Vec<f32> {
-        let u = |r: &mut crate::prompts::Rng| ((r.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-        (0..n).map(|_| (sd * (-2.0 * u(rng).ln()).sqrt() * (std::f64::consts::TAU * u(rng)).cos()) as f32).collect()
+        let u =
+            |r: &mut crate::prompts::Rng| ((r.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        (0..n)
+            .map(|_| {
+                (sd * (-2.0 * u(rng).ln()).sqrt() * (std::f64::consts::TAU * u(rng)).cos()) as f32
+            })
+            .collect()
     };
     if name == "candidate_selector.predecessor_codebook" {
         return Some(normal(rng, 1.0));
@@ -89,7 +109,9 @@ fn dflash2_init(name: &str, shape: &[usize], rng: &mut crate::prompts::Rng) -> O
         }
         return Some(v);
     }
-    if name.ends_with(".kernel_projection.weight") || name == "candidate_selector.successor_codebook" {
+    if name.ends_with(".kernel_projection.weight")
+        || name == "candidate_selector.successor_codebook"
+    {
         return Some(vec![0f32; n]);
     }
     None
@@ -108,8 +130,17 @@ impl DraftParams {
                 Tensor::ones(shape, DType::F32, dev)?
             } else {
                 // Box-Muller from the seeded generator: a run is reproducible.
-                let u = |r: &mut crate::prompts::Rng| ((r.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-                let v: Vec<f32> = (0..n).map(|_| (0.02 * (-2.0 * u(&mut rng).ln()).sqrt() * (std::f64::consts::TAU * u(&mut rng)).cos()) as f32).collect();
+                let u = |r: &mut crate::prompts::Rng| {
+                    ((r.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+                };
+                let v: Vec<f32> = (0..n)
+                    .map(|_| {
+                        (0.02
+                            * (-2.0 * u(&mut rng).ln()).sqrt()
+                            * (std::f64::consts::TAU * u(&mut rng)).cos())
+                            as f32
+                    })
+                    .collect();
                 Tensor::from_vec(v, shape, dev)?
             };
             vars.insert(name, Var::from_tensor(&t)?);
@@ -120,7 +151,9 @@ impl DraftParams {
     pub fn from_tensors(c: &DrafterConfig, mut t: BTreeMap<String, Tensor>) -> Result<Self> {
         let mut vars = BTreeMap::new();
         for (name, shape) in param_shapes(c) {
-            let x = t.remove(&name).ok_or_else(|| candle_core::Error::Msg(format!("checkpoint lacks {name}")))?;
+            let x = t
+                .remove(&name)
+                .ok_or_else(|| candle_core::Error::Msg(format!("checkpoint lacks {name}")))?;
             if x.dims() != shape.as_slice() {
                 candle_core::bail!("{name}: shape {:?}, expected {shape:?}", x.dims());
             }
@@ -137,7 +170,11 @@ impl DraftParams {
         for (name, var) in &self.vars {
             if let Some(x) = t.get(name) {
                 if x.dims() != var.dims() {
-                    candle_core::bail!("{name}: shape {:?} in the initial drafter, {:?} in this one", x.dims(), var.dims());
+                    candle_core::bail!(
+                        "{name}: shape {:?} in the initial drafter, {:?} in this one",
+                        x.dims(),
+                        var.dims()
+                    );
                 }
                 var.set(&x.to_dtype(DType::F32)?.to_device(var.device())?)?;
                 n += 1;
@@ -200,14 +237,34 @@ pub struct DraftTrainer<'a> {
 /// convolution over blocks `x` `[A, B, H]`: `out[a, i, c] = sum_t (base[side, t, c] +
 /// coef[a, i, (side * taps + t) * groups + c / group]) * x[a, i - t, c]`, the taps never
 /// reaching before a block's first row (as `dflash_core::drafter::grouped_conv`).
-pub fn grouped_conv(x: &Tensor, base: &Tensor, coef: &Tensor, side: usize, group: usize) -> Result<Tensor> {
+pub fn grouped_conv(
+    x: &Tensor,
+    base: &Tensor,
+    coef: &Tensor,
+    side: usize,
+    group: usize,
+) -> Result<Tensor> {
     let (a, b, h) = x.dims3()?;
     let taps = base.dim(1)?;
     let groups = h / group;
     let mut out: Option<Tensor> = None;
     for t in 0..taps.min(b) {
-        let shifted = if t == 0 { x.clone() } else { Tensor::cat(&[Tensor::zeros((a, t, h), x.dtype(), x.device())?, x.narrow(1, 0, b - t)?], 1)? };
-        let delta = coef.narrow(2, (side * taps + t) * groups, groups)?.unsqueeze(3)?.broadcast_as((a, b, groups, group))?.reshape((a, b, h))?;
+        let shifted = if t == 0 {
+            x.clone()
+        } else {
+            Tensor::cat(
+                &[
+                    Tensor::zeros((a, t, h), x.dtype(), x.device())?,
+                    x.narrow(1, 0, b - t)?,
+                ],
+                1,
+            )?
+        };
+        let delta = coef
+            .narrow(2, (side * taps + t) * groups, groups)?
+            .unsqueeze(3)?
+            .broadcast_as((a, b, groups, group))?
+            .reshape((a, b, h))?;
         let kernel = delta.broadcast_add(&base.get(side)?.get(t)?)?;
         let term = (kernel * shifted)?;
         out = Some(match out {
@@ -219,15 +276,39 @@ pub fn grouped_conv(x: &Tensor, base: &Tensor, coef: &Tensor, side: usize, group
 }
 
 impl<'a> DraftTrainer<'a> {
-    pub fn new(config: DrafterConfig, embed: &'a Tensor, lm_head: &'a Tensor, gamma: f64, max_pos: usize) -> Result<Self> {
-        let rope = RopeTables::new(&config.rope_inv_freq(), config.head_dim, RopeStyle::Neox, max_pos, embed.device())?;
-        Ok(DraftTrainer { config, embed, lm_head, rope, gamma })
+    pub fn new(
+        config: DrafterConfig,
+        embed: &'a Tensor,
+        lm_head: &'a Tensor,
+        gamma: f64,
+        max_pos: usize,
+    ) -> Result<Self> {
+        let rope = RopeTables::new(
+            &config.rope_inv_freq(),
+            config.head_dim,
+            RopeStyle::Neox,
+            max_pos,
+            embed.device(),
+        )?;
+        Ok(DraftTrainer {
+            config,
+            embed,
+            lm_head,
+            rope,
+            gamma,
+        })
     }
 
     /// The drafter's final hidden rows (before the final norm) of the blocks
     /// `[tokens[anchor], MASK...]` of one sequence, `[A, B, H]`: each block attends to the
     /// context strictly before its anchor and to itself.
-    pub fn block_hidden(&self, p: &DraftParams, taps: &Tensor, tokens: &[u32], anchors: &[usize]) -> Result<Tensor> {
+    pub fn block_hidden(
+        &self,
+        p: &DraftParams,
+        taps: &Tensor,
+        tokens: &[u32],
+        anchors: &[usize],
+    ) -> Result<Tensor> {
         let c = &self.config;
         let dev = self.embed.device();
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
@@ -238,7 +319,11 @@ impl<'a> DraftTrainer<'a> {
         let eps = c.rms_norm_eps;
         let scale = 1.0 / (hd as f64).sqrt();
         // Context: hidden_norm(fc(taps)), positions 0..L.
-        let ctx = rms_norm(&linear(taps, p.get("fc.weight"))?, p.get("hidden_norm.weight"), eps)?; // [L, H]
+        let ctx = rms_norm(
+            &linear(taps, p.get("fc.weight"))?,
+            p.get("hidden_norm.weight"),
+            eps,
+        )?; // [L, H]
         let ctx_pos = Tensor::from_vec((0..l as u32).collect::<Vec<_>>(), (1, l), dev)?;
         let (ccos, csin) = self.rope.gather(&ctx_pos)?;
         // Blocks: [anchor token, MASK...] at positions anchor..anchor+B.
@@ -266,46 +351,107 @@ impl<'a> DraftTrainer<'a> {
         for i in 0..c.num_layers {
             let w = |n: &str| p.get(&format!("layers.{i}.{n}"));
             // DFlash2: a sublayer's convolution coefficients, from its normed input.
-            let coef = |conv: &str, hn: &Tensor| -> Result<Option<Tensor>> { d2.map(|_| linear(hn, w(&format!("{conv}.kernel_projection.weight")))).transpose() };
-            let conv = |conv: &str, x: Tensor, cf: &Option<Tensor>, side: usize| -> Result<Tensor> {
-                match (d2, cf) {
-                    (Some(d), Some(cf)) => grouped_conv(&x, w(&format!("{conv}.base_kernel")), cf, side, d.conv_group_size),
-                    _ => Ok(x),
-                }
+            let coef = |conv: &str, hn: &Tensor| -> Result<Option<Tensor>> {
+                d2.map(|_| linear(hn, w(&format!("{conv}.kernel_projection.weight"))))
+                    .transpose()
             };
+            let conv =
+                |conv: &str, x: Tensor, cf: &Option<Tensor>, side: usize| -> Result<Tensor> {
+                    match (d2, cf) {
+                        (Some(d), Some(cf)) => grouped_conv(
+                            &x,
+                            w(&format!("{conv}.base_kernel")),
+                            cf,
+                            side,
+                            d.conv_group_size,
+                        ),
+                        _ => Ok(x),
+                    }
+                };
             // Context K/V: [1, nkv, L, hd].
-            let kc = linear(&ctx, w("self_attn.k_proj.weight"))?.reshape((1, l, nkv, hd))?.transpose(1, 2)?;
-            let kc = self.rope.apply(&rms_norm(&kc, w("self_attn.k_norm.weight"), eps)?, &ccos, &csin)?;
-            let vc = linear(&ctx, w("self_attn.v_proj.weight"))?.reshape((1, l, nkv, hd))?.transpose(1, 2)?;
+            let kc = linear(&ctx, w("self_attn.k_proj.weight"))?
+                .reshape((1, l, nkv, hd))?
+                .transpose(1, 2)?;
+            let kc = self.rope.apply(
+                &rms_norm(&kc, w("self_attn.k_norm.weight"), eps)?,
+                &ccos,
+                &csin,
+            )?;
+            let vc = linear(&ctx, w("self_attn.v_proj.weight"))?
+                .reshape((1, l, nkv, hd))?
+                .transpose(1, 2)?;
             // Block Q/K/V: [A, heads, B, hd].
             let hn = rms_norm(&x, w("input_layernorm.weight"), eps)?;
             let cf_att = coef("attention_conv", &hn)?;
             let hn = conv("attention_conv", hn, &cf_att, 0)?;
-            let q = linear(&hn, w("self_attn.q_proj.weight"))?.reshape((a, b, nh, hd))?.transpose(1, 2)?;
-            let q = self.rope.apply(&rms_norm(&q, w("self_attn.q_norm.weight"), eps)?, &bcos, &bsin)?;
-            let kb = linear(&hn, w("self_attn.k_proj.weight"))?.reshape((a, b, nkv, hd))?.transpose(1, 2)?;
-            let kb = self.rope.apply(&rms_norm(&kb, w("self_attn.k_norm.weight"), eps)?, &bcos, &bsin)?;
-            let vb = linear(&hn, w("self_attn.v_proj.weight"))?.reshape((a, b, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+            let q = linear(&hn, w("self_attn.q_proj.weight"))?
+                .reshape((a, b, nh, hd))?
+                .transpose(1, 2)?;
+            let q = self.rope.apply(
+                &rms_norm(&q, w("self_attn.q_norm.weight"), eps)?,
+                &bcos,
+                &bsin,
+            )?;
+            let kb = linear(&hn, w("self_attn.k_proj.weight"))?
+                .reshape((a, b, nkv, hd))?
+                .transpose(1, 2)?;
+            let kb = self.rope.apply(
+                &rms_norm(&kb, w("self_attn.k_norm.weight"), eps)?,
+                &bcos,
+                &bsin,
+            )?;
+            let vb = linear(&hn, w("self_attn.v_proj.weight"))?
+                .reshape((a, b, nkv, hd))?
+                .transpose(1, 2)?
+                .contiguous()?;
             // Queries grouped by KV head: [A, nkv, rep*B, hd].
             let qg = q.contiguous()?.reshape((a, nkv, rep * b, hd))?;
             // Scores against the context: [nkv, A*rep*B, hd] x [nkv, hd, L].
-            let qc = qg.transpose(0, 1)?.contiguous()?.reshape((nkv, a * rep * b, hd))?;
+            let qc = qg
+                .transpose(0, 1)?
+                .contiguous()?
+                .reshape((nkv, a * rep * b, hd))?;
             let kc2 = kc.squeeze(0)?.contiguous()?; // [nkv, L, hd]
-            let s_ctx = qc.matmul(&kc2.t()?.contiguous()?)?.reshape((nkv, a, rep * b, l))?.transpose(0, 1)?; // [A, nkv, rep*B, L]
+            let s_ctx = qc
+                .matmul(&kc2.t()?.contiguous()?)?
+                .reshape((nkv, a, rep * b, l))?
+                .transpose(0, 1)?; // [A, nkv, rep*B, L]
             let s_blk = qg.matmul(&kb.t()?.contiguous()?)?; // [A, nkv, rep*B, B]
-            let scores = (Tensor::cat(&[s_ctx.broadcast_add(&ctx_mask)?, s_blk], D::Minus1)? * scale)?;
+            let scores =
+                (Tensor::cat(&[s_ctx.broadcast_add(&ctx_mask)?, s_blk], D::Minus1)? * scale)?;
             let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
-            let p_ctx = probs.narrow(D::Minus1, 0, l)?.transpose(0, 1)?.contiguous()?.reshape((nkv, a * rep * b, l))?;
-            let o_ctx = p_ctx.matmul(&vc.squeeze(0)?.contiguous()?)?.reshape((nkv, a, rep * b, hd))?.transpose(0, 1)?;
+            let p_ctx = probs
+                .narrow(D::Minus1, 0, l)?
+                .transpose(0, 1)?
+                .contiguous()?
+                .reshape((nkv, a * rep * b, l))?;
+            let o_ctx = p_ctx
+                .matmul(&vc.squeeze(0)?.contiguous()?)?
+                .reshape((nkv, a, rep * b, hd))?
+                .transpose(0, 1)?;
             let o_blk = probs.narrow(D::Minus1, l, b)?.contiguous()?.matmul(&vb)?;
-            let att = (o_ctx + o_blk)?.reshape((a, nh, b, hd))?.transpose(1, 2)?.reshape((a, b, nh * hd))?;
-            let o = conv("attention_conv", linear(&att, w("self_attn.o_proj.weight"))?, &cf_att, 1)?;
+            let att = (o_ctx + o_blk)?
+                .reshape((a, nh, b, hd))?
+                .transpose(1, 2)?
+                .reshape((a, b, nh * hd))?;
+            let o = conv(
+                "attention_conv",
+                linear(&att, w("self_attn.o_proj.weight"))?,
+                &cf_att,
+                1,
+            )?;
             x = (x + o)?;
             let hn = rms_norm(&x, w("post_attention_layernorm.weight"), eps)?;
             let cf_mlp = coef("mlp_conv", &hn)?;
             let hn = conv("mlp_conv", hn, &cf_mlp, 0)?;
-            let act = (candle_nn::ops::silu(&linear(&hn, w("mlp.gate_proj.weight"))?)? * linear(&hn, w("mlp.up_proj.weight"))?)?;
-            x = (x + conv("mlp_conv", linear(&act, w("mlp.down_proj.weight"))?, &cf_mlp, 1)?)?;
+            let act = (candle_nn::ops::silu(&linear(&hn, w("mlp.gate_proj.weight"))?)?
+                * linear(&hn, w("mlp.up_proj.weight"))?)?;
+            x = (x + conv(
+                "mlp_conv",
+                linear(&act, w("mlp.down_proj.weight"))?,
+                &cf_mlp,
+                1,
+            )?)?;
         }
         Ok(x)
     }
@@ -354,22 +500,40 @@ impl<'a> DraftTrainer<'a> {
             return Ok(out);
         }
         let n = rows.len();
-        let hsel = x.reshape((a * b, h))?.index_select(&Tensor::from_vec(rows, n, dev)?, 0)?;
+        let hsel = x
+            .reshape((a * b, h))?
+            .index_select(&Tensor::from_vec(rows, n, dev)?, 0)?;
         let normed = self.final_norm(p, &hsel)?;
         let top_k = c.dflash2.as_ref().map_or(0, |d| d.selector_top_k);
         let (nll, pred, top) = if dev.is_cpu() {
             // The fused op: no gradient for the frozen lm_head, one pass over the logits.
-            let op = crate::head_loss::FrozenHeadNll::new(self.lm_head.clone(), labels.clone()).with_top_k(top_k);
+            let op = crate::head_loss::FrozenHeadNll::new(self.lm_head.clone(), labels.clone())
+                .with_top_k(top_k);
             let stats = op.stats.clone();
             let nll = normed.apply_op1(op)?;
             let mut st = stats.lock().expect("stats lock");
-            (nll, std::mem::take(&mut st.argmax), std::mem::take(&mut st.top))
+            (
+                nll,
+                std::mem::take(&mut st.argmax),
+                std::mem::take(&mut st.top),
+            )
         } else {
             // Other devices (CUDA): candle's own ops.
             let logits = linear(&normed, self.lm_head)?;
             let lab = Tensor::from_vec(labels.clone(), (n, 1), dev)?;
-            let nll = candle_nn::ops::log_softmax(&logits, D::Minus1)?.gather(&lab, 1)?.squeeze(1)?.neg()?;
-            let top = if top_k > 0 { logits.to_vec2::<f32>()?.iter().map(|r| dflash_core::drafter::top_k(r, top_k)).collect() } else { vec![] };
+            let nll = candle_nn::ops::log_softmax(&logits, D::Minus1)?
+                .gather(&lab, 1)?
+                .squeeze(1)?
+                .neg()?;
+            let top = if top_k > 0 {
+                logits
+                    .to_vec2::<f32>()?
+                    .iter()
+                    .map(|r| dflash_core::drafter::top_k(r, top_k))
+                    .collect()
+            } else {
+                vec![]
+            };
             (nll, logits.argmax(D::Minus1)?.to_vec1::<u32>()?, top)
         };
         out.weight = weights.iter().map(|&w| w as f64).sum();
@@ -390,7 +554,15 @@ impl<'a> DraftTrainer<'a> {
                     None => x,
                 }
             };
-            let (mut keep, mut target, mut cand, mut un, mut pr, mut wk, mut kslot) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut keep, mut target, mut cand, mut un, mut pr, mut wk, mut kslot) = (
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+                Vec::new(),
+            );
             for i in 0..n {
                 if let Some(j) = top[i].iter().position(|t| t.0 == labels[i]) {
                     out.in_top_k[slots[i]] += 1;
@@ -406,13 +578,27 @@ impl<'a> DraftTrainer<'a> {
             let m = keep.len();
             if m > 0 {
                 let k = top_k.min(c.vocab_size);
-                let hp = linear(&normed.detach().index_select(&Tensor::from_vec(keep, m, dev)?, 0)?, p.get("candidate_selector.hidden_projection.weight"))?; // [m, rank]
-                let pa = p.get("candidate_selector.predecessor_codebook").index_select(&Tensor::from_vec(pr, m, dev)?, 0)?; // [m, rank]
+                let hp = linear(
+                    &normed
+                        .detach()
+                        .index_select(&Tensor::from_vec(keep, m, dev)?, 0)?,
+                    p.get("candidate_selector.hidden_projection.weight"),
+                )?; // [m, rank]
+                let pa = p
+                    .get("candidate_selector.predecessor_codebook")
+                    .index_select(&Tensor::from_vec(pr, m, dev)?, 0)?; // [m, rank]
                 let rank = hp.dim(1)?;
-                let sb = p.get("candidate_selector.successor_codebook").index_select(&Tensor::from_vec(cand, m * k, dev)?, 0)?.reshape((m, k, rank))?;
-                let scores = ((pa * hp)?.unsqueeze(1)?.broadcast_mul(&sb)?.sum(2)? + Tensor::from_vec(un, (m, k), dev)?)?; // [m, K]
+                let sb = p
+                    .get("candidate_selector.successor_codebook")
+                    .index_select(&Tensor::from_vec(cand, m * k, dev)?, 0)?
+                    .reshape((m, k, rank))?;
+                let scores = ((pa * hp)?.unsqueeze(1)?.broadcast_mul(&sb)?.sum(2)?
+                    + Tensor::from_vec(un, (m, k), dev)?)?; // [m, K]
                 let tg = Tensor::from_vec(target.clone(), (m, 1), dev)?;
-                let sel_nll = candle_nn::ops::log_softmax(&scores, D::Minus1)?.gather(&tg, 1)?.squeeze(1)?.neg()?;
+                let sel_nll = candle_nn::ops::log_softmax(&scores, D::Minus1)?
+                    .gather(&tg, 1)?
+                    .squeeze(1)?
+                    .neg()?;
                 out.selector_weight = wk.iter().map(|&w| w as f64).sum();
                 out.selector_nll = Some((sel_nll * Tensor::from_vec(wk, m, dev)?)?.sum_all()?);
                 let best = scores.argmax(D::Minus1)?.to_vec1::<u32>()?;

@@ -33,24 +33,68 @@ pub struct EvalReport {
 }
 
 /// The prompts of a JSON-lines file (see `dflash_core::prompt_file`) as (id, token ids).
-pub fn read_prompts(path: &std::path::Path, m: &LoadedModel) -> Result<Vec<(String, Vec<u32>)>, TrainError> {
-    let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
-    Ok(dflash_core::prompt_file::parse(&text, m)?.into_iter().enumerate().map(|(i, (v, ids))| (dflash_core::prompt_file::id_of(&v, i), ids)).collect())
+pub fn read_prompts(
+    path: &std::path::Path,
+    m: &LoadedModel,
+) -> Result<Vec<(String, Vec<u32>)>, TrainError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
+    Ok(dflash_core::prompt_file::parse(&text, m)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, (v, ids))| (dflash_core::prompt_file::id_of(&v, i), ids))
+        .collect())
 }
 
-pub fn evaluate(m: &LoadedModel, target: &CpuModel, drafter: &CpuDrafter, prompts: &[(String, Vec<u32>)], block: usize, max_new_tokens: usize, check_plain: bool, mut on_row: impl FnMut(&EvalRow)) -> Result<EvalReport, TrainError> {
+pub fn evaluate(
+    m: &LoadedModel,
+    target: &CpuModel,
+    drafter: &CpuDrafter,
+    prompts: &[(String, Vec<u32>)],
+    block: usize,
+    max_new_tokens: usize,
+    check_plain: bool,
+    mut on_row: impl FnMut(&EvalRow),
+) -> Result<EvalReport, TrainError> {
     let mut acc = Acceptance::default();
     let (mut taus, mut steps) = (0usize, 0usize);
     let mut rows = Vec::new();
     let clock = || 0.0;
     for (id, ids) in prompts {
-        let req = GenerateRequest { prompt_ids: ids.clone(), max_new_tokens, sampling: SamplingParams::default(), stop_strings: vec![], context: ids.len() + max_new_tokens + block + 1 };
-        let r = generate_speculative_cpu(target, drafter, &m.tokenizer, &req, &BlockSize::Fixed(block), &clock, &mut |_| {})?;
-        let lossless = if check_plain { Some(generate_cpu(target, &m.tokenizer, &req, &clock, &mut |_| {})?.tokens == r.result.tokens) } else { None };
+        let req = GenerateRequest {
+            prompt_ids: ids.clone(),
+            max_new_tokens,
+            sampling: SamplingParams::default(),
+            stop_strings: vec![],
+            context: ids.len() + max_new_tokens + block + 1,
+        };
+        let r = generate_speculative_cpu(
+            target,
+            drafter,
+            &m.tokenizer,
+            &req,
+            &BlockSize::Fixed(block),
+            &clock,
+            &mut |_| {},
+        )?;
+        let lossless = if check_plain {
+            Some(
+                generate_cpu(target, &m.tokenizer, &req, &clock, &mut |_| {})?.tokens
+                    == r.result.tokens,
+            )
+        } else {
+            None
+        };
         acc.add(&r.acceptance);
         taus += r.taus.iter().sum::<usize>();
         steps += r.steps;
-        let row = EvalRow { id: id.clone(), tokens: r.result.tokens.len(), steps: r.steps, tau: r.mean_tau(), lossless };
+        let row = EvalRow {
+            id: id.clone(),
+            tokens: r.result.tokens.len(),
+            steps: r.steps,
+            tau: r.mean_tau(),
+            lossless,
+        };
         on_row(&row);
         rows.push(row);
     }
@@ -58,7 +102,11 @@ pub fn evaluate(m: &LoadedModel, target: &CpuModel, drafter: &CpuDrafter, prompt
         prompts: prompts.len(),
         block,
         max_new_tokens,
-        mean_tau: if steps > 0 { taus as f64 / steps as f64 } else { 0.0 },
+        mean_tau: if steps > 0 {
+            taus as f64 / steps as f64
+        } else {
+            0.0
+        },
         acceptance_by_position: acc.rates(),
         rows,
     })

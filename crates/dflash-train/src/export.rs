@@ -13,23 +13,36 @@ use std::path::Path;
 /// Writes the drafter of run `run_dir` (its last checkpoint) to `out`.
 pub fn export(run_dir: &Path, out: &Path) -> Result<(), TrainError> {
     let run = RunDir(run_dir.to_path_buf());
-    let cfg_text = std::fs::read_to_string(run.drafter_config()).map_err(|e| TrainError::Io(format!("{}: {e}", run.drafter_config().display())))?;
+    let cfg_text = std::fs::read_to_string(run.drafter_config())
+        .map_err(|e| TrainError::Io(format!("{}: {e}", run.drafter_config().display())))?;
     let cfg = DrafterConfig::from_json(&cfg_text)?;
     let (params, _, _) = load_params(&run, &cfg, &Device::Cpu)?;
     let mut bytes: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, shape) in param_shapes(&cfg) {
         let t = params.vars[&name].as_tensor().to_dtype(DType::BF16)?;
         let v: Vec<half::bf16> = t.flatten_all()?.to_vec1()?;
-        bytes.push((name, shape, v.iter().flat_map(|x| x.to_le_bytes()).collect()));
+        bytes.push((
+            name,
+            shape,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ));
     }
     let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
         .iter()
-        .map(|(n, s, b)| Ok((n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b).map_err(|e| TrainError::Checkpoint(e.to_string()))?)))
+        .map(|(n, s, b)| {
+            Ok((
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b)
+                    .map_err(|e| TrainError::Checkpoint(e.to_string()))?,
+            ))
+        })
         .collect::<Result<_, TrainError>>()?;
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let data = safetensors::serialize(views, Some(meta)).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    let data = safetensors::serialize(views, Some(meta))
+        .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
     std::fs::create_dir_all(out).map_err(|e| TrainError::Io(e.to_string()))?;
     std::fs::write(out.join("config.json"), cfg_text).map_err(|e| TrainError::Io(e.to_string()))?;
-    std::fs::write(out.join("model.safetensors"), data).map_err(|e| TrainError::Io(e.to_string()))?;
+    std::fs::write(out.join("model.safetensors"), data)
+        .map_err(|e| TrainError::Io(e.to_string()))?;
     Ok(())
 }

@@ -27,7 +27,12 @@ pub struct FrozenHeadNll {
 
 impl FrozenHeadNll {
     pub fn new(lm_head: Tensor, labels: Vec<u32>) -> Self {
-        FrozenHeadNll { lm_head, labels, top_k: 0, stats: Arc::new(Mutex::new(HeadStats::default())) }
+        FrozenHeadNll {
+            lm_head,
+            labels,
+            top_k: 0,
+            stats: Arc::new(Mutex::new(HeadStats::default())),
+        }
     }
 
     /// Also keep each row's `k` largest logits (DFlash2's selector candidates).
@@ -38,7 +43,10 @@ impl FrozenHeadNll {
 }
 
 fn rows_in_parallel(data: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(16);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(16);
     let rows = data.len() / width;
     let per = rows.div_ceil(threads.max(1)).max(1);
     std::thread::scope(|s| {
@@ -60,12 +68,17 @@ impl CustomOp1 for FrozenHeadNll {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let (n, h) = layout.shape().dims2()?;
-        let Some((a, b)) = layout.contiguous_offsets() else { candle_core::bail!("frozen-head-nll: hidden rows must be contiguous") };
+        let Some((a, b)) = layout.contiguous_offsets() else {
+            candle_core::bail!("frozen-head-nll: hidden rows must be contiguous")
+        };
         let x = Tensor::from_slice(&storage.as_slice::<f32>()?[a..b], (n, h), &Device::Cpu)?;
         let mut p: Vec<f32> = x.matmul(&self.lm_head.t()?)?.flatten_all()?.to_vec1()?;
         let v = self.lm_head.dim(0)?;
         if self.labels.len() != n || self.labels.iter().any(|&l| l as usize >= v) {
-            candle_core::bail!("frozen-head-nll: {} labels for {n} rows of a {v} vocabulary", self.labels.len());
+            candle_core::bail!(
+                "frozen-head-nll: {} labels for {n} rows of a {v} vocabulary",
+                self.labels.len()
+            );
         }
         let mut nll = vec![0f32; n];
         let mut argmax = vec![0u32; n];
@@ -80,7 +93,11 @@ impl CustomOp1 for FrozenHeadNll {
                 }
             }
             let label_logit = row[self.labels[r] as usize];
-            let top_r = if self.top_k > 0 { dflash_core::drafter::top_k(row, self.top_k) } else { Vec::new() };
+            let top_r = if self.top_k > 0 {
+                dflash_core::drafter::top_k(row, self.top_k)
+            } else {
+                Vec::new()
+            };
             let mut sum = 0f32;
             for z in row.iter_mut() {
                 *z = (*z - m).exp();
@@ -108,7 +125,15 @@ impl CustomOp1 for FrozenHeadNll {
         let (n, _) = arg.dims2()?;
         let v = self.lm_head.dim(0)?;
         let g: Vec<f32> = grad_res.flatten_all()?.to_vec1()?;
-        let mut p = self.stats.lock().expect("stats lock").probs.take().ok_or_else(|| candle_core::Error::Msg("frozen-head-nll: backward without forward".into()))?;
+        let mut p = self
+            .stats
+            .lock()
+            .expect("stats lock")
+            .probs
+            .take()
+            .ok_or_else(|| {
+                candle_core::Error::Msg("frozen-head-nll: backward without forward".into())
+            })?;
         // d nll / d logits = softmax - onehot(label), times the row's upstream gradient.
         rows_in_parallel(&mut p, v, |r, row| {
             row[self.labels[r] as usize] -= 1.0;

@@ -6,7 +6,10 @@ use dflash_train::TrainError;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "dflash-train", about = "Train DFlash drafters for dflash-web targets")]
+#[command(
+    name = "dflash-train",
+    about = "Train DFlash drafters for dflash-web targets"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -155,7 +158,12 @@ struct DataArgs {
 
 fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
     let b = indicatif::ProgressBar::new(len);
-    b.set_style(indicatif::ProgressStyle::with_template(&format!("{what} {{bar:30}} {{pos}}/{{len}} {{elapsed}} eta {{eta}} {{msg}}")).expect("template"));
+    b.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{what} {{bar:30}} {{pos}}/{{len}} {{elapsed}} eta {{eta}} {{msg}}"
+        ))
+        .expect("template"),
+    );
     b
 }
 
@@ -166,7 +174,11 @@ fn run_data(a: DataArgs) -> Result<(), TrainError> {
     all.truncate(a.prompts);
     let target = Target::new(&model.weights, &candle_core::Device::Cpu)?;
     let b = bar(all.len() as u64, "distill");
-    let opts = DataOptions { batch: a.batch, max_new_tokens: a.max_new_tokens, max_prompt_tokens: a.max_prompt_tokens };
+    let opts = DataOptions {
+        batch: a.batch,
+        max_new_tokens: a.max_new_tokens,
+        max_prompt_tokens: a.max_prompt_tokens,
+    };
     let n = distill(&model, &target, &all, &a.out, &opts, &b)?;
     b.finish();
     eprintln!("{n} new samples in {}", a.out.display());
@@ -177,14 +189,22 @@ fn run_train(a: TrainArgs) -> Result<(), TrainError> {
     let model = dflash_core::model_files::load_path(&a.model)?;
     let mut samples = dflash_train::data::read_samples(&a.data)?;
     if a.holdout >= samples.len() {
-        return Err(TrainError::Usage(format!("--holdout {} leaves no training sample of {}", a.holdout, samples.len())));
+        return Err(TrainError::Usage(format!(
+            "--holdout {} leaves no training sample of {}",
+            a.holdout,
+            samples.len()
+        )));
     }
     samples.truncate(samples.len() - a.holdout);
-    let mask = a.mask_token.unwrap_or_else(|| dflash_train::train::pick_mask_token(&model.tokenizer, model.config().vocab_size));
+    let mask = a.mask_token.unwrap_or_else(|| {
+        dflash_train::train::pick_mask_token(&model.tokenizer, model.config().vocab_size)
+    });
     let tc = dflash_train::train::TrainConfig {
         layers: a.layers,
         block_size: a.block,
-        gamma: a.gamma.unwrap_or_else(|| dflash_train::train::default_gamma(a.block)),
+        gamma: a
+            .gamma
+            .unwrap_or_else(|| dflash_train::train::default_gamma(a.block)),
         lr: a.lr,
         warmup_frac: a.warmup,
         weight_decay: a.weight_decay,
@@ -204,10 +224,21 @@ fn run_train(a: TrainArgs) -> Result<(), TrainError> {
                 selector_rank: a.selector_rank,
                 selector_top_k: a.selector_top_k,
             }),
-            other => return Err(TrainError::Usage(format!("--arch {other}: dflash or dflash2"))),
+            other => {
+                return Err(TrainError::Usage(format!(
+                    "--arch {other}: dflash or dflash2"
+                )))
+            }
         },
     };
-    eprintln!("{} samples, {} tokens; mask token {mask}", samples.len(), samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).sum::<usize>());
+    eprintln!(
+        "{} samples, {} tokens; mask token {mask}",
+        samples.len(),
+        samples
+            .iter()
+            .map(|s| s.prompt_ids.len() + s.response_ids.len())
+            .sum::<usize>()
+    );
     let device = match a.device.as_str() {
         "cpu" => candle_core::Device::Cpu,
         "cuda" => candle_core::Device::new_cuda(0)?,
@@ -243,10 +274,19 @@ fn run_eval(a: EvalArgs) -> Result<(), TrainError> {
         prompts.truncate(n);
     }
     let b = bar(prompts.len() as u64, "eval");
-    let rep = dflash_train::eval::evaluate(&model, &target, &drafter, &prompts, a.block.min(dw.config.block_size), a.max_new_tokens, a.check_plain, |r| {
-        b.inc(1);
-        b.set_message(format!("{} tau {:.2}", r.id, r.tau));
-    })?;
+    let rep = dflash_train::eval::evaluate(
+        &model,
+        &target,
+        &drafter,
+        &prompts,
+        a.block.min(dw.config.block_size),
+        a.max_new_tokens,
+        a.check_plain,
+        |r| {
+            b.inc(1);
+            b.set_message(format!("{} tau {:.2}", r.id, r.tau));
+        },
+    )?;
     b.finish();
     let text = serde_json::to_string_pretty(&rep).expect("json");
     if let Some(p) = &a.json_out {
@@ -254,7 +294,9 @@ fn run_eval(a: EvalArgs) -> Result<(), TrainError> {
     }
     println!("{text}");
     if a.check_plain && rep.rows.iter().any(|r| r.lossless == Some(false)) {
-        return Err(TrainError::Data("speculative output differs from plain decoding".into()));
+        return Err(TrainError::Data(
+            "speculative output differs from plain decoding".into(),
+        ));
     }
     Ok(())
 }

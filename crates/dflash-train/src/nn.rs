@@ -7,7 +7,8 @@ use dflash_core::config::RopeStyle;
 /// `x * rsqrt(mean(x^2) + eps) * w` over the last dimension.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    x.broadcast_mul(&(ms + eps as f64)?.sqrt()?.recip()?)?.broadcast_mul(w)
+    x.broadcast_mul(&(ms + eps as f64)?.sqrt()?.recip()?)?
+        .broadcast_mul(w)
 }
 
 /// cos/sin of `pos * inv_freq` for every position up to a maximum.
@@ -19,7 +20,13 @@ pub struct RopeTables {
 }
 
 impl RopeTables {
-    pub fn new(inv_freq: &[f32], rope_dim: usize, style: RopeStyle, max_pos: usize, dev: &Device) -> Result<Self> {
+    pub fn new(
+        inv_freq: &[f32],
+        rope_dim: usize,
+        style: RopeStyle,
+        max_pos: usize,
+        dev: &Device,
+    ) -> Result<Self> {
         let half = inv_freq.len();
         let mut cos = Vec::with_capacity(max_pos * half);
         let mut sin = Vec::with_capacity(max_pos * half);
@@ -52,7 +59,11 @@ impl RopeTables {
         let hd = x.dim(D::Minus1)?;
         let rd = self.rope_dim;
         let half = rd / 2;
-        let xr = if rd < hd { x.narrow(D::Minus1, 0, rd)? } else { x.clone() };
+        let xr = if rd < hd {
+            x.narrow(D::Minus1, 0, rd)?
+        } else {
+            x.clone()
+        };
         let rotated = match self.style {
             RopeStyle::Neox => {
                 let a = xr.narrow(D::Minus1, 0, half)?;

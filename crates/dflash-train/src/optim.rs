@@ -18,16 +18,34 @@ pub struct AdamW {
 
 impl AdamW {
     pub fn new(lr: f64, weight_decay: f64) -> Self {
-        AdamW { lr, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay, step_t: 0, m: BTreeMap::new(), v: BTreeMap::new() }
+        AdamW {
+            lr,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay,
+            step_t: 0,
+            m: BTreeMap::new(),
+            v: BTreeMap::new(),
+        }
     }
 
     /// One update of every parameter that has a gradient. Norm weights (1-D) are not decayed.
-    pub fn step(&mut self, params: &[(&String, &Var)], grads: &candle_core::backprop::GradStore) -> Result<()> {
+    pub fn step(
+        &mut self,
+        params: &[(&String, &Var)],
+        grads: &candle_core::backprop::GradStore,
+    ) -> Result<()> {
         self.step_t += 1;
         let t = self.step_t as i32;
-        let (c1, c2) = (1.0 / (1.0 - self.beta1.powi(t)), 1.0 / (1.0 - self.beta2.powi(t)));
+        let (c1, c2) = (
+            1.0 / (1.0 - self.beta1.powi(t)),
+            1.0 / (1.0 - self.beta2.powi(t)),
+        );
         for (name, var) in params {
-            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            let Some(g) = grads.get(var.as_tensor()) else {
+                continue;
+            };
             let m0 = match self.m.get(*name) {
                 Some(m) => m.clone(),
                 None => g.zeros_like()?,
@@ -39,7 +57,11 @@ impl AdamW {
             let m = ((m0 * self.beta1)? + (g * (1.0 - self.beta1))?)?;
             let v = ((v0 * self.beta2)? + (g.sqr()? * (1.0 - self.beta2))?)?;
             let update = ((&m * c1)? / ((&v * c2)?.sqrt()? + self.eps)?)?;
-            let decay = if var.rank() > 1 { self.weight_decay } else { 0.0 };
+            let decay = if var.rank() > 1 {
+                self.weight_decay
+            } else {
+                0.0
+            };
             let theta = ((var.as_tensor() * (1.0 - self.lr * decay))? - (update * self.lr)?)?;
             var.set(&theta)?;
             self.m.insert((*name).clone(), m);

@@ -16,13 +16,19 @@ pub struct Prompt {
 pub use dflash_core::rng::Rng;
 
 fn py_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
     let mut entries: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
     entries.sort();
     for p in entries {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if p.is_dir() {
-            if !matches!(name, "test" | "tests" | "idle_test" | "site-packages" | "dist-packages" | "__pycache__") && !name.starts_with('.') {
+            if !matches!(
+                name,
+                "test" | "tests" | "idle_test" | "site-packages" | "dist-packages" | "__pycache__"
+            ) && !name.starts_with('.')
+            {
                 py_files(&p, out);
             }
         } else if name.ends_with(".py") {
@@ -52,7 +58,10 @@ pub fn functions_in(src: &str) -> Vec<PyFunction> {
             i += 1;
             continue;
         }
-        let name: String = t[4..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        let name: String = t[4..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
         // The signature may span lines; it ends at a line ending with ':'.
         let mut sig = vec![t.to_string()];
         let mut j = i;
@@ -61,7 +70,13 @@ pub fn functions_in(src: &str) -> Vec<PyFunction> {
             sig.push(lines[j].trim().to_string());
         }
         let body = lines.get(j + 1).map(|s| s.trim()).unwrap_or("");
-        let quote = if body.starts_with("\"\"\"") { "\"\"\"" } else if body.starts_with("'''") { "'''" } else { "" };
+        let quote = if body.starts_with("\"\"\"") {
+            "\"\"\""
+        } else if body.starts_with("'''") {
+            "'''"
+        } else {
+            ""
+        };
         i = j + 1;
         if quote.is_empty() || name.starts_with('_') || name.is_empty() {
             continue;
@@ -79,18 +94,39 @@ pub fn functions_in(src: &str) -> Vec<PyFunction> {
             continue;
         }
         let doc = doc.join("\n").replace(quote, "").trim().to_string();
-        let sig = sig.join(" ").replace("self, ", "").replace("(self)", "()").replace("def ", "");
-        if doc.len() < 30 || doc.len() > 700 || sig.len() > 160 || doc.contains(">>>") && doc.len() > 500 {
+        let sig = sig
+            .join(" ")
+            .replace("self, ", "")
+            .replace("(self)", "()")
+            .replace("def ", "");
+        if doc.len() < 30
+            || doc.len() > 700
+            || sig.len() > 160
+            || doc.contains(">>>") && doc.len() > 500
+        {
             continue;
         }
-        out.push(PyFunction { name, signature: sig.trim_end_matches(':').to_string(), doc });
+        out.push(PyFunction {
+            name,
+            signature: sig.trim_end_matches(':').to_string(),
+            doc,
+        });
         i = k + 1;
     }
     out
 }
 
 fn indent_doc(doc: &str) -> String {
-    doc.lines().map(|l| if l.is_empty() { String::new() } else { format!("    {l}") }).collect::<Vec<_>>().join("\n")
+    doc.lines()
+        .map(|l| {
+            if l.is_empty() {
+                String::new()
+            } else {
+                format!("    {l}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Coding requests from the standard library's docstrings, and module questions.
@@ -101,24 +137,45 @@ pub fn stdlib_prompts(stdlib: &Path) -> (Vec<Prompt>, Vec<Prompt>) {
     let mut modules = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for f in &files {
-        let rel = f.strip_prefix(stdlib).unwrap_or(f).to_string_lossy().replace('/', ".").trim_end_matches(".py").replace(".__init__", "");
+        let rel = f
+            .strip_prefix(stdlib)
+            .unwrap_or(f)
+            .to_string_lossy()
+            .replace('/', ".")
+            .trim_end_matches(".py")
+            .replace(".__init__", "");
         if !rel.split('.').any(|p| p.starts_with('_')) && seen.insert(rel.clone()) {
             modules.push(rel.clone());
         }
-        let Ok(src) = std::fs::read_to_string(f) else { continue };
+        let Ok(src) = std::fs::read_to_string(f) else {
+            continue;
+        };
         for (n, func) in functions_in(&src).into_iter().enumerate() {
             let key = format!("{rel}.{}", func.name);
             if !seen.insert(key.clone()) {
                 continue;
             }
-            let first_para = func.doc.split("\n\n").next().unwrap_or("").replace('\n', " ");
-            let stub = format!("def {}:\n    \"\"\"{}\n    \"\"\"\n", func.signature, indent_doc(&func.doc).trim_start());
+            let first_para = func
+                .doc
+                .split("\n\n")
+                .next()
+                .unwrap_or("")
+                .replace('\n', " ");
+            let stub = format!(
+                "def {}:\n    \"\"\"{}\n    \"\"\"\n",
+                func.signature,
+                indent_doc(&func.doc).trim_start()
+            );
             let text = match (code.len() + n) % 4 {
                 0 | 1 => format!("Complete the following Python function:\n```python\n{stub}```"),
                 2 => format!("Write a Python function `{}` that does the following: {first_para}", func.signature),
                 _ => format!("Implement this function in Python and explain briefly how it works:\n```python\n{stub}```"),
             };
-            code.push(Prompt { id: format!("py:{key}"), source: "stdlib-code", text });
+            code.push(Prompt {
+                id: format!("py:{key}"),
+                source: "stdlib-code",
+                text,
+            });
         }
     }
     let forms = [
@@ -129,21 +186,52 @@ pub fn stdlib_prompts(stdlib: &Path) -> (Vec<Prompt>, Vec<Prompt>) {
     let questions = modules
         .iter()
         .enumerate()
-        .map(|(i, m)| Prompt { id: format!("mod:{m}:{}", i % 3), source: "stdlib-module", text: forms[i % 3].replace("{}", m) })
+        .map(|(i, m)| Prompt {
+            id: format!("mod:{m}:{}", i % 3),
+            source: "stdlib-module",
+            text: forms[i % 3].replace("{}", m),
+        })
         .collect();
     (code, questions)
 }
 
-const NAMES: &[&str] = &["Ava", "Ben", "Chloe", "Daniel", "Emma", "Farid", "Grace", "Hiro", "Isla", "Jonas", "Kemi", "Liam", "Maya", "Noah", "Olga", "Priya", "Quinn", "Rosa", "Sam", "Tariq"];
-const ITEMS: &[&str] = &["apples", "marbles", "books", "stickers", "pencils", "cookies", "coins", "stamps", "shells", "cards"];
+const NAMES: &[&str] = &[
+    "Ava", "Ben", "Chloe", "Daniel", "Emma", "Farid", "Grace", "Hiro", "Isla", "Jonas", "Kemi",
+    "Liam", "Maya", "Noah", "Olga", "Priya", "Quinn", "Rosa", "Sam", "Tariq",
+];
+const ITEMS: &[&str] = &[
+    "apples", "marbles", "books", "stickers", "pencils", "cookies", "coins", "stamps", "shells",
+    "cards",
+];
 const TOPICS: &[&str] = &[
-    "the ocean", "a rainy afternoon", "learning to code", "a mountain village", "friendship", "the night sky", "autumn leaves",
-    "a busy train station", "an old library", "a robot that learns to paint", "the first day of school", "a lighthouse keeper",
-    "coffee", "the importance of sleep", "recycling", "a city park", "time management", "a lost umbrella", "bees", "winter mornings",
+    "the ocean",
+    "a rainy afternoon",
+    "learning to code",
+    "a mountain village",
+    "friendship",
+    "the night sky",
+    "autumn leaves",
+    "a busy train station",
+    "an old library",
+    "a robot that learns to paint",
+    "the first day of school",
+    "a lighthouse keeper",
+    "coffee",
+    "the importance of sleep",
+    "recycling",
+    "a city park",
+    "time management",
+    "a lost umbrella",
+    "bees",
+    "winter mornings",
 ];
 const FORMS: &[&str] = &[
-    "Write a short poem about {}.", "Write a short story about {}.", "Write a friendly email to a colleague about {}.",
-    "Give five practical tips about {}.", "Write a one-paragraph summary about {}.", "Describe {} in three sentences.",
+    "Write a short poem about {}.",
+    "Write a short story about {}.",
+    "Write a friendly email to a colleague about {}.",
+    "Give five practical tips about {}.",
+    "Write a one-paragraph summary about {}.",
+    "Describe {} in three sentences.",
 ];
 
 /// Templated arithmetic word problems (numbers drawn from a seeded generator).
@@ -171,7 +259,11 @@ pub fn writing_prompts() -> Vec<Prompt> {
     let mut out = Vec::new();
     for (fi, f) in FORMS.iter().enumerate() {
         for (ti, t) in TOPICS.iter().enumerate() {
-            out.push(Prompt { id: format!("write:{fi}:{ti}"), source: "writing", text: f.replace("{}", t) });
+            out.push(Prompt {
+                id: format!("write:{fi}:{ti}"),
+                source: "writing",
+                text: f.replace("{}", t),
+            });
         }
     }
     out
@@ -191,7 +283,12 @@ pub fn build(stdlib: Option<&Path>, seed: u64) -> Vec<Prompt> {
     r.shuffle(&mut modules);
     r.shuffle(&mut math);
     r.shuffle(&mut writing);
-    let mut pools = [code.into_iter(), modules.into_iter(), math.into_iter(), writing.into_iter()];
+    let mut pools = [
+        code.into_iter(),
+        modules.into_iter(),
+        math.into_iter(),
+        writing.into_iter(),
+    ];
     // Per 10 prompts: 5 code, 2 module, 2 math, 1 writing; exhausted pools are skipped.
     let pattern = [0, 2, 0, 1, 0, 3, 0, 2, 0, 1];
     let mut out = Vec::new();
@@ -211,7 +308,13 @@ pub fn build(stdlib: Option<&Path>, seed: u64) -> Vec<Prompt> {
 
 /// The Python standard library directory of `python3` on this machine, if any.
 pub fn find_stdlib() -> Option<PathBuf> {
-    let out = std::process::Command::new("python3").args(["-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"]).output().ok()?;
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['stdlib'])",
+        ])
+        .output()
+        .ok()?;
     let p = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
     p.is_dir().then_some(p)
 }

@@ -88,17 +88,29 @@ fn add_bias(x: Tensor, b: &Option<Tensor>) -> Result<Tensor> {
 
 /// Grouped-query attention: `q` `[S, nh, T, hd]`, `k`/`v` `[S, nkv, K, hd]`, additive
 /// `mask` `[S, 1, T, K]` (0 or -inf). Returns `[S, T, nh * hd]`.
-pub fn gqa_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
+pub fn gqa_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
     let (s, nh, t, hd) = q.dims4()?;
     let nkv = k.dim(1)?;
     let rep = nh / nkv;
     // Heads are kv-major (head h uses kv head h / rep), so grouping them keeps K/V unrepeated.
     let qg = q.reshape((s, nkv, rep * t, hd))?;
     let scores = (qg.matmul(&k.t()?.contiguous()?)? * scale)?;
-    let mask = if rep > 1 { mask.repeat((1, 1, rep, 1))? } else { mask.clone() };
+    let mask = if rep > 1 {
+        mask.repeat((1, 1, rep, 1))?
+    } else {
+        mask.clone()
+    };
     let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
     let o = p.matmul(&v.contiguous()?)?; // [S, nkv, rep*T, hd]
-    o.reshape((s, nh, t, hd))?.transpose(1, 2)?.reshape((s, t, nh * hd))
+    o.reshape((s, nh, t, hd))?
+        .transpose(1, 2)?
+        .reshape((s, t, nh * hd))
 }
 
 /// Per-layer keys and values of a batch of sequences that share slot indices (prompts
@@ -149,25 +161,43 @@ impl Target {
             lm_head,
             layers,
             norm: vector(&w.norm, device)?,
-            rope: RopeTables::new(&c.rope_inv_freq(), c.rope_dim, c.rope_style, c.max_position_embeddings.clamp(1, 1 << 17), device)?,
+            rope: RopeTables::new(
+                &c.rope_inv_freq(),
+                c.rope_dim,
+                c.rope_style,
+                c.max_position_embeddings.clamp(1, 1 << 17),
+                device,
+            )?,
         })
     }
 
     pub fn new_cache(&self, pads: Vec<usize>) -> BatchCache {
         let n = self.layers.len();
-        BatchCache { k: vec![None; n], v: vec![None; n], pads, len: 0 }
+        BatchCache {
+            k: vec![None; n],
+            v: vec![None; n],
+            pads,
+            len: 0,
+        }
     }
 
     /// Embedding rows of `tokens` (`[S, T]` u32) as `[S, T, H]`.
     pub fn embed_tokens(&self, tokens: &Tensor) -> Result<Tensor> {
         let (s, t) = tokens.dims2()?;
-        self.embed.index_select(&tokens.flatten_all()?, 0)?.reshape((s, t, self.config.hidden_size))
+        self.embed
+            .index_select(&tokens.flatten_all()?, 0)?
+            .reshape((s, t, self.config.hidden_size))
     }
 
     /// Runs `tokens` (`[S, T]`) at slots `cache.len..` of every sequence; returns the
     /// final hidden rows `[S, T, H]` (before the final norm) and the taps
     /// `[S, T, taps.len() * H]` (the residual stream after each tapped layer).
-    pub fn forward(&self, tokens: &Tensor, cache: &mut BatchCache, taps: &[usize]) -> Result<(Tensor, Option<Tensor>)> {
+    pub fn forward(
+        &self,
+        tokens: &Tensor,
+        cache: &mut BatchCache,
+        taps: &[usize],
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let c = &self.config;
         let dev = &self.device;
         let (s, t) = tokens.dims2()?;
@@ -195,9 +225,15 @@ impl Target {
         let mut tapped: Vec<Option<Tensor>> = vec![None; taps.len()];
         for (li, l) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &l.attn_norm, c.rms_norm_eps)?;
-            let q = add_bias(linear_t(&h, &l.wq)?, &l.bq)?.reshape((s, t, nh, hd))?.transpose(1, 2)?;
-            let k = add_bias(linear_t(&h, &l.wk)?, &l.bk)?.reshape((s, t, nkv, hd))?.transpose(1, 2)?;
-            let v = add_bias(linear_t(&h, &l.wv)?, &l.bv)?.reshape((s, t, nkv, hd))?.transpose(1, 2)?;
+            let q = add_bias(linear_t(&h, &l.wq)?, &l.bq)?
+                .reshape((s, t, nh, hd))?
+                .transpose(1, 2)?;
+            let k = add_bias(linear_t(&h, &l.wk)?, &l.bk)?
+                .reshape((s, t, nkv, hd))?
+                .transpose(1, 2)?;
+            let v = add_bias(linear_t(&h, &l.wv)?, &l.bv)?
+                .reshape((s, t, nkv, hd))?
+                .transpose(1, 2)?;
             let q = match &l.q_norm {
                 Some(w) => rms_norm(&q, w, c.rms_norm_eps)?,
                 None => q,
@@ -229,7 +265,10 @@ impl Target {
         let taps = if taps.is_empty() {
             None
         } else {
-            let parts: Vec<Tensor> = tapped.into_iter().map(|t| t.expect("tap layer below num_layers")).collect();
+            let parts: Vec<Tensor> = tapped
+                .into_iter()
+                .map(|t| t.expect("tap layer below num_layers"))
+                .collect();
             Some(Tensor::cat(&parts, D::Minus1)?)
         };
         Ok((x, taps))
@@ -237,7 +276,10 @@ impl Target {
 
     /// Final norm and lm_head of hidden rows of any leading shape.
     pub fn logits(&self, x: &Tensor) -> Result<Tensor> {
-        linear(&rms_norm(x, &self.norm, self.config.rms_norm_eps)?, &self.lm_head)
+        linear(
+            &rms_norm(x, &self.norm, self.config.rms_norm_eps)?,
+            &self.lm_head,
+        )
     }
 
     /// Taps of one whole sequence: `[n, taps.len() * H]`.
@@ -250,7 +292,12 @@ impl Target {
 
     /// Greedy continuations of a batch of prompts, each stopping at a stop id (kept) or
     /// after `max_new` tokens.
-    pub fn generate_greedy(&self, prompts: &[Vec<u32>], max_new: usize, is_stop: &dyn Fn(u32) -> bool) -> Result<Vec<Vec<u32>>> {
+    pub fn generate_greedy(
+        &self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        is_stop: &dyn Fn(u32) -> bool,
+    ) -> Result<Vec<Vec<u32>>> {
         let s = prompts.len();
         let lp = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
         let pads: Vec<usize> = prompts.iter().map(|p| lp - p.len()).collect();
@@ -266,7 +313,12 @@ impl Target {
         for _ in 0..max_new {
             let (x, _) = self.forward(&input, &mut cache, &[])?;
             let last = x.i((.., x.dim(1)? - 1..))?;
-            let next: Vec<u32> = self.logits(&last)?.squeeze(1)?.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1()?;
+            let next: Vec<u32> = self
+                .logits(&last)?
+                .squeeze(1)?
+                .argmax(D::Minus1)?
+                .to_dtype(DType::U32)?
+                .to_vec1()?;
             for i in 0..s {
                 if !done[i] {
                     out[i].push(next[i]);

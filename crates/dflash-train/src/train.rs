@@ -69,7 +69,12 @@ pub fn default_gamma(block: usize) -> f64 {
 
 /// The z-lab config of a drafter with `layers` layers for target `t`: the target's
 /// widths, full attention, the default tap formula.
-pub fn drafter_config_json(t: &ModelConfig, layers: usize, block: usize, mask_token_id: u32) -> serde_json::Value {
+pub fn drafter_config_json(
+    t: &ModelConfig,
+    layers: usize,
+    block: usize,
+    mask_token_id: u32,
+) -> serde_json::Value {
     let ids = DrafterConfig::default_target_layer_ids(layers, t.num_layers);
     let v = serde_json::json!({
         "architectures": ["DFlashDraftModel"],
@@ -124,7 +129,15 @@ pub fn run_config_json(t: &ModelConfig, tc: &TrainConfig) -> serde_json::Value {
 
 /// The mask token: a special token the chat never uses, by name, else the last id.
 pub fn pick_mask_token(tok: &dflash_core::tokenizer::TextTokenizer, vocab: usize) -> u32 {
-    for name in ["<|mask|>", "<|MASK|>", "<mask>", "<empty_output>", "<jupyter_script>", "<|fim_pad|>", "<reponame>"] {
+    for name in [
+        "<|mask|>",
+        "<|MASK|>",
+        "<mask>",
+        "<empty_output>",
+        "<jupyter_script>",
+        "<|fim_pad|>",
+        "<reponame>",
+    ] {
         if let Some(id) = tok.token_to_id(name) {
             return id;
         }
@@ -167,7 +180,12 @@ fn io<E: std::fmt::Display>(e: E) -> TrainError {
 
 /// Writes params and optimizer moments, then the step, each by rename (an interrupted
 /// write leaves the previous checkpoint whole).
-fn save_checkpoint(dir: &RunDir, p: &DraftParams, opt: &AdamW, state: &State) -> Result<(), TrainError> {
+fn save_checkpoint(
+    dir: &RunDir,
+    p: &DraftParams,
+    opt: &AdamW,
+    state: &State,
+) -> Result<(), TrainError> {
     let mut t: std::collections::HashMap<String, Tensor> = std::collections::HashMap::new();
     for (n, v) in &p.vars {
         t.insert(format!("param.{n}"), v.as_tensor().clone());
@@ -182,14 +200,30 @@ fn save_checkpoint(dir: &RunDir, p: &DraftParams, opt: &AdamW, state: &State) ->
     candle_core::safetensors::save(&t, &tmp)?;
     std::fs::rename(&tmp, dir.checkpoint()).map_err(io)?;
     let tmp = dir.0.join("checkpoint.json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(state).expect("state serializes")).map_err(io)?;
+    std::fs::write(
+        &tmp,
+        serde_json::to_string_pretty(state).expect("state serializes"),
+    )
+    .map_err(io)?;
     std::fs::rename(&tmp, dir.state()).map_err(io)?;
     Ok(())
 }
 
 /// Parameters (and moments) of the last checkpoint.
-pub fn load_params(dir: &RunDir, cfg: &DrafterConfig, dev: &Device) -> Result<(DraftParams, BTreeMap<String, Tensor>, BTreeMap<String, Tensor>), TrainError> {
-    let all = candle_core::safetensors::load(dir.checkpoint(), dev).map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.checkpoint().display())))?;
+pub fn load_params(
+    dir: &RunDir,
+    cfg: &DrafterConfig,
+    dev: &Device,
+) -> Result<
+    (
+        DraftParams,
+        BTreeMap<String, Tensor>,
+        BTreeMap<String, Tensor>,
+    ),
+    TrainError,
+> {
+    let all = candle_core::safetensors::load(dir.checkpoint(), dev)
+        .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.checkpoint().display())))?;
     let (mut p, mut m, mut v) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     for (k, t) in all {
         if let Some(n) = k.strip_prefix("param.") {
@@ -200,7 +234,8 @@ pub fn load_params(dir: &RunDir, cfg: &DrafterConfig, dev: &Device) -> Result<(D
             v.insert(n.to_string(), t);
         }
     }
-    let params = DraftParams::from_tensors(cfg, p).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    let params =
+        DraftParams::from_tensors(cfg, p).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
     Ok((params, m, v))
 }
 
@@ -234,8 +269,17 @@ impl Progress {
     pub fn new(len: u64, what: &str) -> Self {
         use std::io::IsTerminal;
         let bar = indicatif::ProgressBar::new(len);
-        bar.set_style(indicatif::ProgressStyle::with_template(&format!("{what} {{bar:30}} {{pos}}/{{len}} {{elapsed}} eta {{eta}} {{msg}}")).expect("template"));
-        Progress { bar, tty: std::io::stderr().is_terminal(), last: std::time::Instant::now() }
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(&format!(
+                "{what} {{bar:30}} {{pos}}/{{len}} {{elapsed}} eta {{eta}} {{msg}}"
+            ))
+            .expect("template"),
+        );
+        Progress {
+            bar,
+            tty: std::io::stderr().is_terminal(),
+            last: std::time::Instant::now(),
+        }
     }
     pub fn bar(&self) -> &indicatif::ProgressBar {
         &self.bar
@@ -256,8 +300,15 @@ impl Progress {
 
 fn cpu_seconds() -> f64 {
     // utime + stime of this process, from /proc (Linux); 0 elsewhere.
-    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
-    let f: Vec<&str> = s.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let f: Vec<&str> = s
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
     let tick = 100.0;
     let p = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
     (p(11) + p(12)) / tick
@@ -266,10 +317,29 @@ fn cpu_seconds() -> f64 {
 /// Starts the drafter's layers as copies of the target's top layers (Q/K rows put in
 /// the neox order the drafter rotates in), `fc` as the identity on the last tap and
 /// `norm` as the target's final norm, instead of random matrices.
-pub fn init_from_target(p: &DraftParams, w: &dflash_core::weights::ModelWeights, c: &DrafterConfig) -> Result<(), TrainError> {
+pub fn init_from_target(
+    p: &DraftParams,
+    w: &dflash_core::weights::ModelWeights,
+    c: &DrafterConfig,
+) -> Result<(), TrainError> {
     let t = &w.config;
-    if (t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim, t.intermediate_size) != (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size) || c.num_layers > t.num_layers {
-        return Err(TrainError::Usage("--init-from-target needs the drafter to have the target's widths".into()));
+    if (
+        t.hidden_size,
+        t.num_heads,
+        t.num_kv_heads,
+        t.head_dim,
+        t.intermediate_size,
+    ) != (
+        c.hidden_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.intermediate_size,
+    ) || c.num_layers > t.num_layers
+    {
+        return Err(TrainError::Usage(
+            "--init-from-target needs the drafter to have the target's widths".into(),
+        ));
     }
     let dev = p.vars["norm.weight"].device().clone();
     let set = |name: &str, v: Vec<f32>| -> Result<(), TrainError> {
@@ -327,26 +397,55 @@ pub fn init_from_target(p: &DraftParams, w: &dflash_core::weights::ModelWeights,
 /// Starts a run's parameters from the exported drafter in `dir` (config.json +
 /// model.safetensors), which must have the same layers, taps and mask token.
 pub fn init_from_drafter(p: &DraftParams, dir: &Path, c: &DrafterConfig) -> Result<(), TrainError> {
-    let text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| TrainError::Io(format!("{}: {e}", dir.display())))?;
+    let text = std::fs::read_to_string(dir.join("config.json"))
+        .map_err(|e| TrainError::Io(format!("{}: {e}", dir.display())))?;
     let other = DrafterConfig::from_json(&text)?;
-    if (other.num_layers, &other.target_layer_ids, other.mask_token_id, other.hidden_size) != (c.num_layers, &c.target_layer_ids, c.mask_token_id, c.hidden_size) {
+    if (
+        other.num_layers,
+        &other.target_layer_ids,
+        other.mask_token_id,
+        other.hidden_size,
+    ) != (
+        c.num_layers,
+        &c.target_layer_ids,
+        c.mask_token_id,
+        c.hidden_size,
+    ) {
         return Err(TrainError::Usage(format!(
             "--init-from {}: {} layers, taps {:?}, mask {}; this run: {} layers, taps {:?}, mask {}",
             dir.display(), other.num_layers, other.target_layer_ids, other.mask_token_id, c.num_layers, c.target_layer_ids, c.mask_token_id
         )));
     }
-    let t = candle_core::safetensors::load(dir.join("model.safetensors"), p.vars["norm.weight"].device()).map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.display())))?;
+    let t = candle_core::safetensors::load(
+        dir.join("model.safetensors"),
+        p.vars["norm.weight"].device(),
+    )
+    .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.display())))?;
     let t: BTreeMap<String, Tensor> = t.into_iter().collect();
-    let n = p.take_from(&t).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    let n = p
+        .take_from(&t)
+        .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
     if n != t.len() {
-        return Err(TrainError::Checkpoint(format!("--init-from {}: {} of its {} tensors are not this drafter's", dir.display(), t.len() - n, t.len())));
+        return Err(TrainError::Checkpoint(format!(
+            "--init-from {}: {} of its {} tensors are not this drafter's",
+            dir.display(),
+            t.len() - n,
+            t.len()
+        )));
     }
     Ok(())
 }
 
 /// Trains (or resumes) the drafter of run directory `dir` on `samples`. A new run starts
 /// from `init` (the target's weights) when given, else from random matrices.
-pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, init: Init, quiet: bool) -> Result<TrainSummary, TrainError> {
+pub fn train(
+    target: &Target,
+    samples: &[Sample],
+    dir: &Path,
+    tc: &TrainConfig,
+    init: Init,
+    quiet: bool,
+) -> Result<TrainSummary, TrainError> {
     let run = RunDir(dir.to_path_buf());
     std::fs::create_dir_all(dir).map_err(io)?;
     let dev = target.device.clone();
@@ -357,19 +456,41 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
     // The drafter config is fixed at the first run; a resume must agree with it.
     let dcfg_json = run_config_json(tcfg, tc);
     if run.train_config().exists() {
-        let prev: TrainConfig = serde_json::from_str(&std::fs::read_to_string(run.train_config()).map_err(io)?).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        if prev.layers != tc.layers || prev.block_size != tc.block_size || prev.mask_token_id != tc.mask_token_id || prev.dflash2 != tc.dflash2 {
-            return Err(TrainError::Checkpoint(format!("{} was started with {} layers, block {}, mask {}, DFlash2 {:?}", dir.display(), prev.layers, prev.block_size, prev.mask_token_id, prev.dflash2)));
+        let prev: TrainConfig =
+            serde_json::from_str(&std::fs::read_to_string(run.train_config()).map_err(io)?)
+                .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        if prev.layers != tc.layers
+            || prev.block_size != tc.block_size
+            || prev.mask_token_id != tc.mask_token_id
+            || prev.dflash2 != tc.dflash2
+        {
+            return Err(TrainError::Checkpoint(format!(
+                "{} was started with {} layers, block {}, mask {}, DFlash2 {:?}",
+                dir.display(),
+                prev.layers,
+                prev.block_size,
+                prev.mask_token_id,
+                prev.dflash2
+            )));
         }
     }
-    std::fs::write(run.drafter_config(), serde_json::to_string_pretty(&dcfg_json).expect("json")).map_err(io)?;
-    std::fs::write(run.train_config(), serde_json::to_string_pretty(tc).expect("json")).map_err(io)?;
+    std::fs::write(
+        run.drafter_config(),
+        serde_json::to_string_pretty(&dcfg_json).expect("json"),
+    )
+    .map_err(io)?;
+    std::fs::write(
+        run.train_config(),
+        serde_json::to_string_pretty(tc).expect("json"),
+    )
+    .map_err(io)?;
     let dcfg = DrafterConfig::from_json(&dcfg_json.to_string())?;
     dcfg.validate_against(tcfg)?;
 
     let mut opt = AdamW::new(tc.lr, tc.weight_decay);
     let (params, mut state) = if run.checkpoint().exists() && run.state().exists() {
-        let st: State = serde_json::from_str(&std::fs::read_to_string(run.state()).map_err(io)?).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        let st: State = serde_json::from_str(&std::fs::read_to_string(run.state()).map_err(io)?)
+            .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
         let (p, m, v) = load_params(&run, &dcfg, &dev)?;
         opt.m = m;
         opt.v = v;
@@ -382,14 +503,33 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
             Init::Target(w) => init_from_target(&p, w, &dcfg)?,
             Init::Drafter(d) => init_from_drafter(&p, d, &dcfg)?,
         }
-        (p, State { step: 0, opt_step: 0, trained_tokens: 0, cpu_seconds: 0.0 })
+        (
+            p,
+            State {
+                step: 0,
+                opt_step: 0,
+                trained_tokens: 0,
+                cpu_seconds: 0.0,
+            },
+        )
     };
-    let trainer = DraftTrainer::new(dcfg.clone(), &target.embed, &target.lm_head, tc.gamma, tc.max_seq_len + tc.block_size + 1)?;
+    let trainer = DraftTrainer::new(
+        dcfg.clone(),
+        &target.embed,
+        &target.lm_head,
+        tc.gamma,
+        tc.max_seq_len + tc.block_size + 1,
+    )?;
     let warmup = ((tc.steps as f64 * tc.warmup_frac).round() as usize).max(1);
-    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(run.log()).map_err(io)?;
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(run.log())
+        .map_err(io)?;
     let mut prog = Progress::new(tc.steps as u64, "train");
     if quiet {
-        prog.bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        prog.bar
+            .set_draw_target(indicatif::ProgressDrawTarget::hidden());
         prog.tty = true;
     }
     let cpu0 = cpu_seconds();
@@ -420,7 +560,8 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
             let mut toks = s.tokens();
             toks.truncate(tc.max_seq_len);
             let mut rng = Rng(tc.seed ^ ((step as u64) << 20) ^ j as u64);
-            let anchors = pick_anchors(&mut rng, s.prompt_ids.len(), toks.len(), tc.anchors_per_seq);
+            let anchors =
+                pick_anchors(&mut rng, s.prompt_ids.len(), toks.len(), tc.anchors_per_seq);
             if anchors.is_empty() {
                 continue;
             }
@@ -435,7 +576,15 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
                 }
             };
             taps_s += tt.elapsed().as_secs_f64();
-            let l = trainer.sequence_loss(&params, &SeqBatch { taps: &taps, tokens: &toks, anchors: &anchors, loss_from: s.prompt_ids.len() })?;
+            let l = trainer.sequence_loss(
+                &params,
+                &SeqBatch {
+                    taps: &taps,
+                    tokens: &toks,
+                    anchors: &anchors,
+                    loss_from: s.prompt_ids.len(),
+                },
+            )?;
             wsum += l.weight;
             for k in 0..b {
                 counts[k] += l.counts[k];
@@ -495,7 +644,17 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
         state.opt_step = opt.step_t;
         state.trained_tokens += tokens;
         let loss_v = main_loss.to_scalar::<f32>()? as f64;
-        let per_slot = |hits: &[usize]| -> Vec<f64> { (1..b).map(|k| if counts[k] > 0 { hits[k] as f64 / counts[k] as f64 } else { 0.0 }).collect() };
+        let per_slot = |hits: &[usize]| -> Vec<f64> {
+            (1..b)
+                .map(|k| {
+                    if counts[k] > 0 {
+                        hits[k] as f64 / counts[k] as f64
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        };
         let acc = per_slot(&correct);
         let proxy = tau_proxy(&acc);
         let dt = t0.elapsed().as_secs_f64();
@@ -517,7 +676,16 @@ pub fn train(target: &Target, samples: &[Sample], dir: &Path, tc: &TrainConfig, 
             rec["selector_tau_proxy"] = tau_proxy(&sel_acc).into();
         }
         writeln!(log, "{rec}").map_err(io)?;
-        prog.update(state.step as u64, format!("loss {loss_v:.3} acc1 {:.2} acc4 {:.2} tau~{:.2} {:.1}s/step", acc[0], acc.get(3).copied().unwrap_or(0.0), proxy, dt));
+        prog.update(
+            state.step as u64,
+            format!(
+                "loss {loss_v:.3} acc1 {:.2} acc4 {:.2} tau~{:.2} {:.1}s/step",
+                acc[0],
+                acc.get(3).copied().unwrap_or(0.0),
+                proxy,
+                dt
+            ),
+        );
         last = TrainSummary {
             step: state.step,
             loss: loss_v,

@@ -11,7 +11,10 @@ use dflash_train::target::Target;
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -22,7 +25,10 @@ fn candle_target_matches_cpu_reference() {
         let cpu = CpuModel::new(&m.weights);
         let tgt = Target::new(&m.weights, &Device::Cpu).unwrap();
         let taps = [0usize, c.num_layers - 1];
-        let seqs: Vec<Vec<u32>> = vec![(0..11).map(|i| (i * 7 + 3) % c.vocab_size as u32).collect(), (0..6).map(|i| (i * 5 + 1) % c.vocab_size as u32).collect()];
+        let seqs: Vec<Vec<u32>> = vec![
+            (0..11).map(|i| (i * 7 + 3) % c.vocab_size as u32).collect(),
+            (0..6).map(|i| (i * 5 + 1) % c.vocab_size as u32).collect(),
+        ];
         let mut want = Vec::new();
         for s in &seqs {
             let mut cache = cpu.new_cache(64);
@@ -31,7 +37,13 @@ fn candle_target_matches_cpu_reference() {
             let t = Tensor::from_slice(s, (1, s.len()), &Device::Cpu).unwrap();
             let mut bc = tgt.new_cache(vec![0]);
             let (x, tp) = tgt.forward(&t, &mut bc, &taps).unwrap();
-            let logits: Vec<f32> = tgt.logits(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let logits: Vec<f32> = tgt
+                .logits(&x)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
             let d = max_diff(&logits, &out.logits);
             assert!(d < 1e-3, "{arch:?}: logits differ by {d}");
             let tv: Vec<f32> = tp.unwrap().flatten_all().unwrap().to_vec1().unwrap();
@@ -46,8 +58,17 @@ fn candle_target_matches_cpu_reference() {
         let t = Tensor::from_vec(toks, (2, lp), &Device::Cpu).unwrap();
         let mut bc = tgt.new_cache(vec![0, lp - seqs[1].len()]);
         let (x, _) = tgt.forward(&t, &mut bc, &[]).unwrap();
-        let l1: Vec<f32> = tgt.logits(&x.i((1, lp - seqs[1].len()..)).unwrap()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        assert!(max_diff(&l1, &want[1].logits) < 1e-3, "{arch:?}: padded row differs");
+        let l1: Vec<f32> = tgt
+            .logits(&x.i((1, lp - seqs[1].len()..)).unwrap())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(
+            max_diff(&l1, &want[1].logits) < 1e-3,
+            "{arch:?}: padded row differs"
+        );
         // Greedy generation of the batch equals the CPU reference's greedy tokens.
         let gen = tgt.generate_greedy(&seqs, 5, &|_| false).unwrap();
         for (s, g) in seqs.iter().zip(&gen) {

@@ -7,7 +7,9 @@ use dflash_core::cpu::CpuModel;
 use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
 use dflash_core::formats::ggml::GgmlType;
 use dflash_core::model_files::load_gguf;
-use dflash_core::testutil::{random_weights, tiny_drafter_target, write_dir, write_drafter, write_gguf, DrafterSpec};
+use dflash_core::testutil::{
+    random_weights, tiny_drafter_target, write_dir, write_drafter, write_gguf, DrafterSpec,
+};
 use dflash_train::data::{distill, read_samples, DataOptions};
 use dflash_train::eval::evaluate;
 use dflash_train::target::Target;
@@ -30,13 +32,23 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
     let mut prompts = dflash_train::prompts::writing_prompts();
     prompts.truncate(24);
     let data = dir.join("data.jsonl");
-    let opts = DataOptions { batch: 8, max_new_tokens: 40, max_prompt_tokens: 160 };
+    let opts = DataOptions {
+        batch: 8,
+        max_new_tokens: 40,
+        max_prompt_tokens: 160,
+    };
     let bar = indicatif::ProgressBar::hidden();
-    assert_eq!(distill(&m, &target, &prompts[..16], &data, &opts, &bar).unwrap(), 16);
+    assert_eq!(
+        distill(&m, &target, &prompts[..16], &data, &opts, &bar).unwrap(),
+        16
+    );
     // A cut last line is dropped and the rest resumes.
     let text = std::fs::read_to_string(&data).unwrap();
     std::fs::write(&data, &text[..text.len() - 10]).unwrap();
-    assert_eq!(distill(&m, &target, &prompts, &data, &opts, &bar).unwrap(), 9);
+    assert_eq!(
+        distill(&m, &target, &prompts, &data, &opts, &bar).unwrap(),
+        9
+    );
     let samples = read_samples(&data).unwrap();
     assert_eq!(samples.len(), 24);
     assert!(samples.iter().all(|s| !s.response_ids.is_empty()));
@@ -64,33 +76,93 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
     tc.steps = 300;
     let last = train(&target, &samples, &run, &tc, Init::Random, true).unwrap();
     assert_eq!(last.step, 300);
-    let log: Vec<serde_json::Value> = std::fs::read_to_string(run.join("train.log.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let log: Vec<serde_json::Value> = std::fs::read_to_string(run.join("train.log.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(log.len(), 300, "one log line per step across the resume");
-    let mean = |xs: &[serde_json::Value]| xs.iter().map(|r| r["loss"].as_f64().unwrap()).sum::<f64>() / xs.len() as f64;
+    let mean = |xs: &[serde_json::Value]| {
+        xs.iter().map(|r| r["loss"].as_f64().unwrap()).sum::<f64>() / xs.len() as f64
+    };
     let (first, end) = (mean(&log[..5]), mean(&log[295..]));
     assert!(end < 0.8 * first, "loss fell from {first} to only {end}");
     // A different block size in the same run directory is refused.
-    let bad = TrainConfig { block_size: 4, ..tc.clone() };
+    let bad = TrainConfig {
+        block_size: 4,
+        ..tc.clone()
+    };
     assert!(train(&target, &samples, &run, &bad, Init::Random, true).is_err());
 
     // Export, load in the engine, and compare with a random drafter of the same shape.
     let out = dir.join("exported");
     dflash_train::export::export(&run, &out).unwrap();
-    let cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["architectures"][0], "DFlashDraftModel");
-    assert_eq!(cfg["dflash_config"]["target_layer_ids"], serde_json::json!([3]));
+    assert_eq!(
+        cfg["dflash_config"]["target_layer_ids"],
+        serde_json::json!([3])
+    );
     let trained = load_drafter_dir(&out, DrafterPrecision::Q8).unwrap();
     let rand_dir = dir.join("random");
-    let spec = DrafterSpec { layers: 1, block_size: 8, target_layer_ids: None, block_in_dflash_config: true, layer_types: None, sliding_window: 0, mask_token_id: c.vocab_size as u32 - 1, seed: 9 };
+    let spec = DrafterSpec {
+        layers: 1,
+        block_size: 8,
+        target_layer_ids: None,
+        block_in_dflash_config: true,
+        layer_types: None,
+        sliding_window: 0,
+        mask_token_id: c.vocab_size as u32 - 1,
+        seed: 9,
+    };
     write_dir(&rand_dir, &write_drafter(&c, &spec)).unwrap();
     let random = load_drafter_dir(&rand_dir, DrafterPrecision::Q8).unwrap();
     let cpu = CpuModel::new(&m.weights);
-    let eval_prompts: Vec<(String, Vec<u32>)> = samples.iter().take(8).map(|s| (s.id.clone(), s.prompt_ids.clone())).collect();
-    let t = evaluate(&m, &cpu, &CpuDrafter::new(&trained), &eval_prompts, 8, 32, true, |_| {}).unwrap();
-    let r = evaluate(&m, &cpu, &CpuDrafter::new(&random), &eval_prompts, 8, 32, true, |_| {}).unwrap();
-    assert!(t.rows.iter().chain(&r.rows).all(|row| row.lossless == Some(true)), "speculative output differs from plain");
-    eprintln!("tau trained {:.2} vs random {:.2}; acceptance {:?}", t.mean_tau, r.mean_tau, t.acceptance_by_position);
-    assert!(t.mean_tau > r.mean_tau + 1.0, "trained tau {} vs random {}", t.mean_tau, r.mean_tau);
+    let eval_prompts: Vec<(String, Vec<u32>)> = samples
+        .iter()
+        .take(8)
+        .map(|s| (s.id.clone(), s.prompt_ids.clone()))
+        .collect();
+    let t = evaluate(
+        &m,
+        &cpu,
+        &CpuDrafter::new(&trained),
+        &eval_prompts,
+        8,
+        32,
+        true,
+        |_| {},
+    )
+    .unwrap();
+    let r = evaluate(
+        &m,
+        &cpu,
+        &CpuDrafter::new(&random),
+        &eval_prompts,
+        8,
+        32,
+        true,
+        |_| {},
+    )
+    .unwrap();
+    assert!(
+        t.rows
+            .iter()
+            .chain(&r.rows)
+            .all(|row| row.lossless == Some(true)),
+        "speculative output differs from plain"
+    );
+    eprintln!(
+        "tau trained {:.2} vs random {:.2}; acceptance {:?}",
+        t.mean_tau, r.mean_tau, t.acceptance_by_position
+    );
+    assert!(
+        t.mean_tau > r.mean_tau + 1.0,
+        "trained tau {} vs random {}",
+        t.mean_tau,
+        r.mean_tau
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -106,15 +178,32 @@ fn init_from_target_copies_the_top_layers_in_neox_order() {
     let m = load_gguf(&write_gguf(&c, &w, GgmlType::F32)).unwrap();
     let cfg = dflash_train::train::drafter_config_json(&c, 1, 4, 5);
     let dc = DrafterConfig::from_json(&cfg.to_string()).unwrap();
-    let p = dflash_train::draft_model::DraftParams::init(&dc, &candle_core::Device::Cpu, 1).unwrap();
+    let p =
+        dflash_train::draft_model::DraftParams::init(&dc, &candle_core::Device::Cpu, 1).unwrap();
     dflash_train::train::init_from_target(&p, &m.weights, &dc).unwrap();
     let top = c.num_layers - 1;
-    let get = |n: &str| p.vars[n].as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let get = |n: &str| {
+        p.vars[n]
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
     // Equal up to the q8 repacking of the loader (a wrong row order is off by ~0.2).
     let close = |a: Vec<f32>, b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 5e-3);
-    assert!(close(get("layers.0.self_attn.q_proj.weight"), &w[&format!("blk.{top}.attn_q.weight")].1));
-    assert!(close(get("layers.0.self_attn.k_proj.weight"), &w[&format!("blk.{top}.attn_k.weight")].1));
-    assert!(close(get("layers.0.mlp.down_proj.weight"), &w[&format!("blk.{top}.ffn_down.weight")].1));
+    assert!(close(
+        get("layers.0.self_attn.q_proj.weight"),
+        &w[&format!("blk.{top}.attn_q.weight")].1
+    ));
+    assert!(close(
+        get("layers.0.self_attn.k_proj.weight"),
+        &w[&format!("blk.{top}.attn_k.weight")].1
+    ));
+    assert!(close(
+        get("layers.0.mlp.down_proj.weight"),
+        &w[&format!("blk.{top}.ffn_down.weight")].1
+    ));
     // fc selects the last tap.
     let fc = get("fc.weight");
     let h = c.hidden_size;

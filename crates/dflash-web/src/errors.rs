@@ -19,7 +19,10 @@ fn core_code(e: &CoreError) -> &'static str {
     match e {
         CoreError::DrafterMismatch { .. } | CoreError::NotADrafter(_) => "DrafterMismatch",
         CoreError::ContextOverflow { .. } => "ContextOverflow",
-        CoreError::BadSampling(_) | CoreError::TokenOutOfRange { .. } | CoreError::PromptFile { .. } | CoreError::ChatTemplate(_) => "BadRequest",
+        CoreError::BadSampling(_)
+        | CoreError::TokenOutOfRange { .. }
+        | CoreError::PromptFile { .. }
+        | CoreError::ChatTemplate(_) => "BadRequest",
         CoreError::Io { .. } => "NetworkError",
         _ => "BadModelFile",
     }
@@ -47,13 +50,51 @@ mod tests {
     fn each_failure_has_its_code() {
         let core = |e| error_code(&GpuError::Core(e));
         assert_eq!(error_code(&GpuError::NoAdapter(String::new())), "NoWebGPU");
-        assert_eq!(error_code(&GpuError::OutOfMemory("x".into())), "OutOfMemory");
+        assert_eq!(
+            error_code(&GpuError::OutOfMemory("x".into())),
+            "OutOfMemory"
+        );
         assert_eq!(error_code(&GpuError::DeviceLost("x".into())), "DeviceLost");
-        assert_eq!(error_code(&GpuError::LimitExceeded { what: "x".into(), need: 2, limit: 1, limit_name: "y" }), "LimitsExceeded");
-        assert_eq!(core(CoreError::DrafterMismatch { field: "hidden_size", drafter: "1".into(), target: "2".into() }), "DrafterMismatch");
-        assert_eq!(core(CoreError::ContextOverflow { prompt_tokens: 9, max_new_tokens: 1, context: 8 }), "ContextOverflow");
-        assert_eq!(core(CoreError::BadMagic { expected: "GGUF", found: vec![0] }), "BadModelFile");
-        assert_eq!(core(CoreError::Truncated { offset: 0, needed: 1, len: 0 }), "BadModelFile");
+        assert_eq!(
+            error_code(&GpuError::LimitExceeded {
+                what: "x".into(),
+                need: 2,
+                limit: 1,
+                limit_name: "y"
+            }),
+            "LimitsExceeded"
+        );
+        assert_eq!(
+            core(CoreError::DrafterMismatch {
+                field: "hidden_size",
+                drafter: "1".into(),
+                target: "2".into()
+            }),
+            "DrafterMismatch"
+        );
+        assert_eq!(
+            core(CoreError::ContextOverflow {
+                prompt_tokens: 9,
+                max_new_tokens: 1,
+                context: 8
+            }),
+            "ContextOverflow"
+        );
+        assert_eq!(
+            core(CoreError::BadMagic {
+                expected: "GGUF",
+                found: vec![0]
+            }),
+            "BadModelFile"
+        );
+        assert_eq!(
+            core(CoreError::Truncated {
+                offset: 0,
+                needed: 1,
+                len: 0
+            }),
+            "BadModelFile"
+        );
         assert_eq!(core(CoreError::BadSampling("x".into())), "BadRequest");
     }
 }

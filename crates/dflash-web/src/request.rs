@@ -66,12 +66,22 @@ pub const DEFAULT_MAX_TOKENS: usize = 256;
 
 impl ChatRequest {
     pub fn from_json(v: serde_json::Value) -> Result<Self, Error> {
-        let r: ChatRequest = serde_json::from_value(v).map_err(|e| Error::BadSampling(format!("bad request: {e}")))?;
+        let r: ChatRequest = serde_json::from_value(v)
+            .map_err(|e| Error::BadSampling(format!("bad request: {e}")))?;
         if r.messages.is_empty() {
-            return Err(Error::BadSampling("bad request: `messages` is empty".into()));
+            return Err(Error::BadSampling(
+                "bad request: `messages` is empty".into(),
+            ));
         }
-        if let Some(m) = r.messages.iter().find(|m| !["system", "user", "assistant"].contains(&m.role.as_str())) {
-            return Err(Error::BadSampling(format!("bad request: unknown role {:?}", m.role)));
+        if let Some(m) = r
+            .messages
+            .iter()
+            .find(|m| !["system", "user", "assistant"].contains(&m.role.as_str()))
+        {
+            return Err(Error::BadSampling(format!(
+                "bad request: unknown role {:?}",
+                m.role
+            )));
         }
         Ok(r)
     }
@@ -100,12 +110,25 @@ impl ChatRequest {
     }
 
     /// The prompt through the model's own chat template, and the engine's request.
-    pub fn to_generate(&self, tok: &TextTokenizer, tpl: Option<&ChatTemplate>, context: usize, fallback_seed: u64) -> Result<GenerateRequest, Error> {
-        let tpl = tpl.ok_or_else(|| Error::ChatTemplate("the model has no chat template".into()))?;
+    pub fn to_generate(
+        &self,
+        tok: &TextTokenizer,
+        tpl: Option<&ChatTemplate>,
+        context: usize,
+        fallback_seed: u64,
+    ) -> Result<GenerateRequest, Error> {
+        let tpl =
+            tpl.ok_or_else(|| Error::ChatTemplate("the model has no chat template".into()))?;
         let text = tpl.render(&self.messages, true)?;
         let prompt_ids = tok.encode(&text, true)?;
         let max_new_tokens = self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-        let req = GenerateRequest { prompt_ids, max_new_tokens, sampling: self.sampling(fallback_seed)?, stop_strings: self.stop_strings(), context };
+        let req = GenerateRequest {
+            prompt_ids,
+            max_new_tokens,
+            sampling: self.sampling(fallback_seed)?,
+            stop_strings: self.stop_strings(),
+            context,
+        };
         dflash_core::generate::token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
         Ok(req)
     }

@@ -8,7 +8,9 @@ use crate::request::{finish_reason, usage, BlockArg, ChatRequest};
 use dflash_core::drafter::{DrafterPrecision, DrafterWeights};
 use dflash_core::speculative::BlockSize;
 use dflash_gpu::dflash::Speculative;
-use dflash_gpu::{GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader, StreamedModel};
+use dflash_gpu::{
+    GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader, StreamedModel,
+};
 use sha2::{Digest, Sha256};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -27,7 +29,8 @@ fn gpu_err(e: GpuError) -> JsValue {
 }
 
 fn to_js_value(v: &serde_json::Value) -> JsValue {
-    v.serialize(&serde_wasm_bindgen::Serializer::json_compatible()).unwrap_or(JsValue::NULL)
+    v.serialize(&serde_wasm_bindgen::Serializer::json_compatible())
+        .unwrap_or(JsValue::NULL)
 }
 
 use serde::Serialize;
@@ -46,9 +49,16 @@ impl Loader {
     /// Opens the WebGPU device (code `NoWebGPU` when there is none) and a loader for a
     /// GGUF file of `total` bytes.
     pub async fn open(total: f64) -> Result<Loader, JsValue> {
-        let ctx = GpuContext::new_async(&GpuOptions::default()).await.map_err(gpu_err)?;
+        let ctx = GpuContext::new_async(&GpuOptions::default())
+            .await
+            .map_err(gpu_err)?;
         let ctx = Rc::new(ctx);
-        Ok(Loader { model: StreamLoader::new(ctx.clone(), total as u64), ctx, sha: Sha256::new(), drafter: None })
+        Ok(Loader {
+            model: StreamLoader::new(ctx.clone(), total as u64),
+            ctx,
+            sha: Sha256::new(),
+            drafter: None,
+        })
     }
 
     /// The next bytes of the model file.
@@ -64,7 +74,12 @@ impl Loader {
 
     /// Hex sha256 of the bytes received so far.
     pub fn sha256(&self) -> String {
-        self.sha.clone().finalize().iter().map(|b| format!("{b:02x}")).collect()
+        self.sha
+            .clone()
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 
     /// The adapter and its limits.
@@ -76,7 +91,14 @@ impl Loader {
     /// are small; they are parsed whole). Checked against the target at `finish`.
     #[wasm_bindgen(js_name = setDrafter)]
     pub fn set_drafter(&mut self, config_json: &str, safetensors: &[u8]) -> Result<(), JsValue> {
-        self.drafter = Some(DrafterWeights::load(config_json, vec![("model.safetensors", safetensors)], DrafterPrecision::Q8).map_err(core_err)?);
+        self.drafter = Some(
+            DrafterWeights::load(
+                config_json,
+                vec![("model.safetensors", safetensors)],
+                DrafterPrecision::Q8,
+            )
+            .map_err(core_err)?,
+        );
         Ok(())
     }
 
@@ -84,11 +106,29 @@ impl Loader {
     /// (and the drafter, validated against it).
     pub fn finish(self, context: u32) -> Result<Engine, JsValue> {
         let sha256 = self.sha256();
-        let taps = self.drafter.as_ref().map(|d| d.config.target_layer_ids.clone()).unwrap_or_default();
-        let StreamedModel { model, tokenizer, chat_template } = self.model.finish(&GpuModelOptions { context: context as usize, taps, ..Default::default() }).map_err(gpu_err)?;
+        let taps = self
+            .drafter
+            .as_ref()
+            .map(|d| d.config.target_layer_ids.clone())
+            .unwrap_or_default();
+        let StreamedModel {
+            model,
+            tokenizer,
+            chat_template,
+        } = self
+            .model
+            .finish(&GpuModelOptions {
+                context: context as usize,
+                taps,
+                ..Default::default()
+            })
+            .map_err(gpu_err)?;
         let context = model.context;
         let (runner, drafter) = match &self.drafter {
-            Some(w) => (Runner::Spec(Box::new(Speculative::new(model, w).map_err(gpu_err)?)), Some(w.config.clone())),
+            Some(w) => (
+                Runner::Spec(Box::new(Speculative::new(model, w).map_err(gpu_err)?)),
+                Some(w.config.clone()),
+            ),
             None => (Runner::Plain(model), None),
         };
         let info = serde_json::json!({
@@ -99,14 +139,27 @@ impl Loader {
             })),
             "sha256": sha256,
         });
-        Ok(Engine { inner: Rc::new(RefCell::new(Some(Inner { runner, tokenizer, chat_template, context, costs: None }))), info })
+        Ok(Engine {
+            inner: Rc::new(RefCell::new(Some(Inner {
+                runner,
+                tokenizer,
+                chat_template,
+                context,
+                costs: None,
+            }))),
+            info,
+        })
     }
 }
 
 fn adapter_json(ctx: &GpuContext) -> serde_json::Value {
     let s = &ctx.summary;
     // Browsers may hide the adapter's name (privacy): say what kind it is instead.
-    let name = if s.name.is_empty() { format!("{} adapter", s.device_type) } else { s.name.clone() };
+    let name = if s.name.is_empty() {
+        format!("{} adapter", s.device_type)
+    } else {
+        s.name.clone()
+    };
     serde_json::json!({
         "name": name, "backend": s.backend, "device_type": s.device_type, "driver": s.driver,
         "shader_f16": s.shader_f16, "kv_cache_f16": ctx.f16,
@@ -149,30 +202,69 @@ impl Engine {
     pub fn chat(&self, request: JsValue, on_piece: Option<js_sys::Function>) -> js_sys::Promise {
         let inner = self.inner.clone();
         wasm_bindgen_futures::future_to_promise(async move {
-            let v: serde_json::Value = serde_wasm_bindgen::from_value(request).map_err(|e| js_error("BadRequest", &format!("bad request: {e}")))?;
+            let v: serde_json::Value = serde_wasm_bindgen::from_value(request)
+                .map_err(|e| js_error("BadRequest", &format!("bad request: {e}")))?;
             let req = ChatRequest::from_json(v).map_err(core_err)?;
-            let mut guard = inner.try_borrow_mut().map_err(|_| js_error("Busy", "the engine is answering another request"))?;
-            let inner = guard.as_mut().ok_or_else(|| js_error("Unloaded", "the engine was unloaded"))?;
+            let mut guard = inner
+                .try_borrow_mut()
+                .map_err(|_| js_error("Busy", "the engine is answering another request"))?;
+            let inner = guard
+                .as_mut()
+                .ok_or_else(|| js_error("Unloaded", "the engine was unloaded"))?;
             let seed = (js_sys::Math::random() * 9007199254740992.0) as u64;
-            let gen = req.to_generate(&inner.tokenizer, inner.chat_template.as_ref(), inner.context, seed).map_err(core_err)?;
+            let gen = req
+                .to_generate(
+                    &inner.tokenizer,
+                    inner.chat_template.as_ref(),
+                    inner.context,
+                    seed,
+                )
+                .map_err(core_err)?;
             let mut on_piece = |s: &str, drafted: bool| {
                 if let Some(f) = &on_piece {
-                    let _ = f.call2(&JsValue::NULL, &JsValue::from_str(s), &JsValue::from_bool(drafted));
+                    let _ = f.call2(
+                        &JsValue::NULL,
+                        &JsValue::from_str(s),
+                        &JsValue::from_bool(drafted),
+                    );
                 }
             };
             let out = match &mut inner.runner {
                 Runner::Spec(spec) if req.dflash != Some(false) => {
                     let (policy, label) = match &req.block {
                         Some(BlockArg::Rows(n)) => (BlockSize::Fixed(*n), n.to_string()),
-                        Some(BlockArg::Named(s)) if s != "auto" => return Err(js_error("BadRequest", &format!("block must be a number or \"auto\", not {s:?}"))),
+                        Some(BlockArg::Named(s)) if s != "auto" => {
+                            return Err(js_error(
+                                "BadRequest",
+                                &format!("block must be a number or \"auto\", not {s:?}"),
+                            ))
+                        }
                         _ => {
                             if inner.costs.is_none() {
-                                inner.costs = Some(spec.measure_step_costs_async(16, &now_s).await.map_err(gpu_err)?);
+                                inner.costs = Some(
+                                    spec.measure_step_costs_async(16, &now_s)
+                                        .await
+                                        .map_err(gpu_err)?,
+                                );
                             }
-                            (BlockSize::Auto { verify_cost: inner.costs.clone().unwrap_or_default() }, "auto".to_string())
+                            (
+                                BlockSize::Auto {
+                                    verify_cost: inner.costs.clone().unwrap_or_default(),
+                                },
+                                "auto".to_string(),
+                            )
                         }
                     };
-                    let r = spec.generate_pieces_async(&inner.tokenizer, &gen, &policy, &now_s, &mut on_piece).await.map_err(gpu_err)?;
+                    let r = spec
+                        .generate_pieces_async(
+                            &inner.tokenizer,
+                            &gen,
+                            &policy,
+                            &now_s,
+                            &mut on_piece,
+                        )
+                        .await
+                        .map_err(gpu_err)?;
                     serde_json::json!({ "text": r.result.text, "finish_reason": finish_reason(&r.result), "usage": usage(&r.result, Some((&r, &label))) })
                 }
                 runner => {
@@ -180,7 +272,10 @@ impl Engine {
                         Runner::Spec(spec) => &mut spec.target,
                         Runner::Plain(m) => m,
                     };
-                    let r = model.generate_async(&inner.tokenizer, &gen, &now_s, &mut |s| on_piece(s, false)).await.map_err(gpu_err)?;
+                    let r = model
+                        .generate_async(&inner.tokenizer, &gen, &now_s, &mut |s| on_piece(s, false))
+                        .await
+                        .map_err(gpu_err)?;
                     serde_json::json!({ "text": r.text, "finish_reason": finish_reason(&r), "usage": usage(&r, None) })
                 }
             };
@@ -190,7 +285,10 @@ impl Engine {
 
     /// Frees the model's GPU buffers; later requests fail with code `Unloaded`.
     pub fn unload(&self) -> Result<(), JsValue> {
-        let mut g = self.inner.try_borrow_mut().map_err(|_| js_error("Busy", "the engine is answering a request"))?;
+        let mut g = self
+            .inner
+            .try_borrow_mut()
+            .map_err(|_| js_error("Busy", "the engine is answering a request"))?;
         *g = None;
         Ok(())
     }

@@ -18,26 +18,70 @@ fn code(e: Error) -> &'static str {
 fn a_request_becomes_the_engines_request_through_the_chat_template() {
     let c = tiny_config(Arch::Qwen2);
     let m = load_gguf(&write_gguf(&c, &random_weights(&c, 1), GgmlType::Q8_0)).unwrap();
-    let msgs = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]);
+    let msgs =
+        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]);
     let r = ChatRequest::from_json(json!({"messages": msgs, "stop": "\n\n", "seed": 5, "temperature": 0, "stream": true, "model": "x"})).unwrap();
-    let g = r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 64, 99).unwrap();
-    let want = m.tokenizer.encode(&m.chat_template.as_ref().unwrap().render(&r.messages, true).unwrap(), true).unwrap();
+    let g = r
+        .to_generate(&m.tokenizer, m.chat_template.as_ref(), 64, 99)
+        .unwrap();
+    let want = m
+        .tokenizer
+        .encode(
+            &m.chat_template
+                .as_ref()
+                .unwrap()
+                .render(&r.messages, true)
+                .unwrap(),
+            true,
+        )
+        .unwrap();
     assert_eq!(g.prompt_ids, want);
     assert_eq!(g.stop_strings, vec!["\n\n".to_string()]);
-    assert_eq!((g.sampling.temperature, g.sampling.seed, g.max_new_tokens), (0.0, 5, DEFAULT_MAX_TOKENS));
+    assert_eq!(
+        (g.sampling.temperature, g.sampling.seed, g.max_new_tokens),
+        (0.0, 5, DEFAULT_MAX_TOKENS)
+    );
     // OpenAI's defaults: temperature 1; the host's seed when none is given.
-    let r = ChatRequest::from_json(json!({"messages": msgs, "max_completion_tokens": 7, "stop": ["a", "b"]})).unwrap();
-    let g = r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 1024, 99).unwrap();
-    assert_eq!((g.sampling.temperature, g.sampling.seed, g.max_new_tokens), (1.0, 99, 7));
+    let r = ChatRequest::from_json(
+        json!({"messages": msgs, "max_completion_tokens": 7, "stop": ["a", "b"]}),
+    )
+    .unwrap();
+    let g = r
+        .to_generate(&m.tokenizer, m.chat_template.as_ref(), 1024, 99)
+        .unwrap();
+    assert_eq!(
+        (g.sampling.temperature, g.sampling.seed, g.max_new_tokens),
+        (1.0, 99, 7)
+    );
     assert_eq!(g.stop_strings.len(), 2);
-    assert!(!g.sampling.speculative_rejection, "exact-match verification unless asked");
-    let r = ChatRequest::from_json(json!({"messages": msgs, "temperature": 0.7, "rejection_sampling": true})).unwrap();
-    assert!(r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 1024, 1).unwrap().sampling.speculative_rejection);
+    assert!(
+        !g.sampling.speculative_rejection,
+        "exact-match verification unless asked"
+    );
+    let r = ChatRequest::from_json(
+        json!({"messages": msgs, "temperature": 0.7, "rejection_sampling": true}),
+    )
+    .unwrap();
+    assert!(
+        r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 1024, 1)
+            .unwrap()
+            .sampling
+            .speculative_rejection
+    );
     // A prompt past the context: ContextOverflow (a long max_tokens is clipped to the context).
     let r = ChatRequest::from_json(json!({"messages": msgs, "max_tokens": 60})).unwrap();
-    assert_eq!(code(r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 30, 0).unwrap_err()), "ContextOverflow");
+    assert_eq!(
+        code(
+            r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 30, 0)
+                .unwrap_err()
+        ),
+        "ContextOverflow"
+    );
     // No chat template in the model: a typed error, not a guess.
-    assert_eq!(code(r.to_generate(&m.tokenizer, None, 4096, 0).unwrap_err()), "BadRequest");
+    assert_eq!(
+        code(r.to_generate(&m.tokenizer, None, 4096, 0).unwrap_err()),
+        "BadRequest"
+    );
 }
 
 #[test]
@@ -53,7 +97,10 @@ fn bad_requests_are_typed_errors() {
         let e = ChatRequest::from_json(bad.clone()).unwrap_err();
         assert_eq!(code(e), "BadRequest", "{bad}");
     }
-    for bad in [json!({"messages": ok, "temperature": -1}), json!({"messages": ok, "top_p": 0})] {
+    for bad in [
+        json!({"messages": ok, "temperature": -1}),
+        json!({"messages": ok, "top_p": 0}),
+    ] {
         let r = ChatRequest::from_json(bad).unwrap();
         assert_eq!(code(r.sampling(0).unwrap_err()), "BadRequest");
     }

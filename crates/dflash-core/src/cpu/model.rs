@@ -17,7 +17,11 @@ pub(crate) struct Matrix {
 
 impl Matrix {
     pub(crate) fn from_quant(m: &QuantMatrix) -> Self {
-        Matrix { w: m.dequantize(), rows: m.rows, cols: m.cols }
+        Matrix {
+            w: m.dequantize(),
+            rows: m.rows,
+            cols: m.cols,
+        }
     }
     pub(crate) fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
         matmul_t(x, &self.w, n, self.cols, self.rows)
@@ -64,8 +68,12 @@ impl KvCache {
     pub fn new(config: &ModelConfig, capacity: usize) -> Self {
         let kv_dim = config.kv_dim();
         KvCache {
-            k: (0..config.num_layers).map(|_| Vec::with_capacity(capacity.min(4096) * kv_dim)).collect(),
-            v: (0..config.num_layers).map(|_| Vec::with_capacity(capacity.min(4096) * kv_dim)).collect(),
+            k: (0..config.num_layers)
+                .map(|_| Vec::with_capacity(capacity.min(4096) * kv_dim))
+                .collect(),
+            v: (0..config.num_layers)
+                .map(|_| Vec::with_capacity(capacity.min(4096) * kv_dim))
+                .collect(),
             len: 0,
             capacity,
             kv_dim,
@@ -151,7 +159,10 @@ impl CpuModel {
         let mut x = Vec::with_capacity(tokens.len() * h);
         for &t in tokens {
             if t as usize >= self.embed.rows {
-                return Err(Error::TokenOutOfRange { id: t, vocab: self.embed.rows });
+                return Err(Error::TokenOutOfRange {
+                    id: t,
+                    vocab: self.embed.rows,
+                });
             }
             x.extend_from_slice(&self.embed.w[t as usize * h..(t as usize + 1) * h]);
         }
@@ -168,25 +179,49 @@ impl CpuModel {
         let h = self.config.hidden_size;
         let mut normed = vec![0f32; n * h];
         for r in 0..n {
-            rms_norm(&x[r * h..(r + 1) * h], &self.norm, self.config.rms_norm_eps, &mut normed[r * h..(r + 1) * h]);
+            rms_norm(
+                &x[r * h..(r + 1) * h],
+                &self.norm,
+                self.config.rms_norm_eps,
+                &mut normed[r * h..(r + 1) * h],
+            );
         }
-        self.lm_head.as_ref().unwrap_or(&self.embed).apply(&normed, n)
+        self.lm_head
+            .as_ref()
+            .unwrap_or(&self.embed)
+            .apply(&normed, n)
     }
 
     /// Runs `tokens` at positions `cache.len()..`, appends their K/V to the cache and
     /// returns logits for the rows asked for and the residual stream after the layers
     /// in `taps` (0-based decoder layer ids).
-    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, rows: LogitRows, taps: &[usize]) -> Result<ForwardOutput> {
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        rows: LogitRows,
+        taps: &[usize],
+    ) -> Result<ForwardOutput> {
         let c = &self.config;
         let n = tokens.len();
         if n == 0 {
-            return Ok(ForwardOutput { logits: vec![], taps: vec![] });
+            return Ok(ForwardOutput {
+                logits: vec![],
+                taps: vec![],
+            });
         }
         if cache.len + n > cache.capacity {
-            return Err(Error::ContextOverflow { prompt_tokens: cache.len + n, max_new_tokens: 0, context: cache.capacity });
+            return Err(Error::ContextOverflow {
+                prompt_tokens: cache.len + n,
+                max_new_tokens: 0,
+                context: cache.capacity,
+            });
         }
         if let Some(&bad) = taps.iter().find(|&&t| t >= c.num_layers) {
-            return Err(Error::BadConfig(format!("tap layer {bad} >= {} layers", c.num_layers)));
+            return Err(Error::BadConfig(format!(
+                "tap layer {bad} >= {} layers",
+                c.num_layers
+            )));
         }
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
@@ -196,12 +231,21 @@ impl CpuModel {
         let mut normed = vec![0f32; n * h];
         for (li, l) in self.layers.iter().enumerate() {
             for r in 0..n {
-                rms_norm(&x[r * h..(r + 1) * h], &l.attn_norm, c.rms_norm_eps, &mut normed[r * h..(r + 1) * h]);
+                rms_norm(
+                    &x[r * h..(r + 1) * h],
+                    &l.attn_norm,
+                    c.rms_norm_eps,
+                    &mut normed[r * h..(r + 1) * h],
+                );
             }
             let mut q = l.wq.apply(&normed, n);
             let mut k = l.wk.apply(&normed, n);
             let mut v = l.wv.apply(&normed, n);
-            for (m, b, d) in [(&mut q, &l.bq, qd), (&mut k, &l.bk, kvd), (&mut v, &l.bv, kvd)] {
+            for (m, b, d) in [
+                (&mut q, &l.bq, qd),
+                (&mut k, &l.bk, kvd),
+                (&mut v, &l.bv, kvd),
+            ] {
                 if let Some(b) = b {
                     for r in 0..n {
                         for i in 0..d {
@@ -213,7 +257,9 @@ impl CpuModel {
             let mut tmp = vec![0f32; hd];
             for r in 0..n {
                 let pos = start + r;
-                for (m, heads, d, norm) in [(&mut q, nh, qd, &l.q_norm), (&mut k, nkv, kvd, &l.k_norm)] {
+                for (m, heads, d, norm) in
+                    [(&mut q, nh, qd, &l.q_norm), (&mut k, nkv, kvd, &l.k_norm)]
+                {
                     for hh in 0..heads {
                         let head = &mut m[r * d + hh * hd..r * d + (hh + 1) * hd];
                         if let Some(w) = norm {
@@ -237,7 +283,12 @@ impl CpuModel {
                 x[i] += o[i];
             }
             for r in 0..n {
-                rms_norm(&x[r * h..(r + 1) * h], &l.ffn_norm, c.rms_norm_eps, &mut normed[r * h..(r + 1) * h]);
+                rms_norm(
+                    &x[r * h..(r + 1) * h],
+                    &l.ffn_norm,
+                    c.rms_norm_eps,
+                    &mut normed[r * h..(r + 1) * h],
+                );
             }
             let g = l.w_gate.apply(&normed, n);
             let u = l.w_up.apply(&normed, n);
@@ -259,7 +310,10 @@ impl CpuModel {
             LogitRows::Last => self.logits_of(&x[(n - 1) * h..], 1),
             LogitRows::None => vec![],
         };
-        Ok(ForwardOutput { logits, taps: tap_out })
+        Ok(ForwardOutput {
+            logits,
+            taps: tap_out,
+        })
     }
 
     /// Greedy next token of the last row of a forward output.

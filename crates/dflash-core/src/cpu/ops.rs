@@ -26,7 +26,10 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 fn n_threads() -> usize {
     #[cfg(not(target_arch = "wasm32"))]
     {
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(16)
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(16)
     }
     #[cfg(target_arch = "wasm32")]
     {
@@ -61,7 +64,10 @@ pub fn matmul_t(x: &[f32], w: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> 
                 })
             })
             .collect();
-        parts = handles.into_iter().map(|h| h.join().expect("matmul thread")).collect();
+        parts = handles
+            .into_iter()
+            .map(|h| h.join().expect("matmul thread"))
+            .collect();
     });
     for (t, part) in parts.iter().enumerate() {
         let lo = (t * band).min(m);
@@ -74,7 +80,16 @@ pub fn matmul_t(x: &[f32], w: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> 
 }
 
 #[allow(clippy::too_many_arguments)]
-fn matmul_block(x: &[f32], w: &[f32], n: usize, k: usize, lo: usize, hi: usize, stride: usize, out: &mut [f32]) {
+fn matmul_block(
+    x: &[f32],
+    w: &[f32],
+    n: usize,
+    k: usize,
+    lo: usize,
+    hi: usize,
+    stride: usize,
+    out: &mut [f32],
+) {
     for o in lo..hi {
         let wr = &w[o * k..(o + 1) * k];
         for r in 0..n {
@@ -148,7 +163,16 @@ pub fn argmax(x: &[f32]) -> usize {
 /// cached keys/values of positions `0..=pos` (rows of `kv_dim` floats). `q` holds
 /// `n_heads * head_dim` values; the result goes to `out` (same size).
 #[allow(clippy::too_many_arguments)]
-pub fn attention_row(q: &[f32], kc: &[f32], vc: &[f32], pos: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize, out: &mut [f32]) {
+pub fn attention_row(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    pos: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    out: &mut [f32],
+) {
     let kv_dim = n_kv_heads * head_dim;
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
@@ -158,7 +182,10 @@ pub fn attention_row(q: &[f32], kc: &[f32], vc: &[f32], pos: usize, n_heads: usi
         let kh = h / group;
         let qh = &q[h * head_dim..(h + 1) * head_dim];
         for (j, s) in scores.iter_mut().enumerate() {
-            *s = dot(qh, &kc[j * kv_dim + kh * head_dim..j * kv_dim + (kh + 1) * head_dim]) * scale;
+            *s = dot(
+                qh,
+                &kc[j * kv_dim + kh * head_dim..j * kv_dim + (kh + 1) * head_dim],
+            ) * scale;
         }
         softmax(&mut scores);
         let o = &mut out[h * head_dim..(h + 1) * head_dim];

@@ -104,7 +104,10 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
     }
 }
 
@@ -113,11 +116,26 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 pub fn dequantize(t: GgmlType, data: &[u8], n: usize) -> Vec<f32> {
     let mut y = Vec::with_capacity(n);
     let (bs, bb) = t.block_size();
-    assert!(n % bs == 0 && data.len() >= n / bs * bb, "dequantize: bad sizes");
+    assert!(
+        n % bs == 0 && data.len() >= n / bs * bb,
+        "dequantize: bad sizes"
+    );
     match t {
-        GgmlType::F32 => y.extend(data[..n * 4].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()))),
-        GgmlType::F16 => y.extend(data[..n * 2].chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())),
-        GgmlType::BF16 => y.extend(data[..n * 2].chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())),
+        GgmlType::F32 => y.extend(
+            data[..n * 4]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap())),
+        ),
+        GgmlType::F16 => y.extend(
+            data[..n * 2]
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
+        ),
+        GgmlType::BF16 => y.extend(
+            data[..n * 2]
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+        ),
         _ => {
             for b in data[..n / bs * bb].chunks_exact(bb) {
                 dequantize_block(t, b, &mut y);
@@ -150,7 +168,11 @@ fn dequantize_block(t: GgmlType, b: &[u8], y: &mut Vec<f32>) {
             y.extend_from_slice(&out);
         }
         GgmlType::Q5_0 | GgmlType::Q5_1 => {
-            let (d, m, off) = if t == GgmlType::Q5_0 { (h(b, 0), 0.0, 2) } else { (h(b, 0), h(b, 2), 4) };
+            let (d, m, off) = if t == GgmlType::Q5_0 {
+                (h(b, 0), 0.0, 2)
+            } else {
+                (h(b, 0), h(b, 2), 4)
+            };
             let qh = u32::from_le_bytes(b[off..off + 4].try_into().unwrap());
             let qs = &b[off + 4..off + 20];
             let mut out = [0f32; 32];
@@ -176,7 +198,11 @@ fn dequantize_block(t: GgmlType, b: &[u8], y: &mut Vec<f32>) {
         GgmlType::Q4K | GgmlType::Q5K => {
             let (d, dmin) = (h(b, 0), h(b, 2));
             let scales = &b[4..16];
-            let (qh, ql) = if t == GgmlType::Q5K { (&b[16..48], &b[48..176]) } else { (&b[0..0], &b[16..144]) };
+            let (qh, ql) = if t == GgmlType::Q5K {
+                (&b[16..48], &b[48..176])
+            } else {
+                (&b[0..0], &b[16..144])
+            };
             let mut is = 0;
             let (mut u1, mut u2) = (1u8, 2u8);
             for j in 0..QK_K / 64 {
@@ -186,11 +212,19 @@ fn dequantize_block(t: GgmlType, b: &[u8], y: &mut Vec<f32>) {
                 let (sc, m) = scale_min_k4(is + 1, scales);
                 let (d2, m2) = (d * sc as f32, dmin * m as f32);
                 for l in 0..32 {
-                    let hi = if t == GgmlType::Q5K && qh[l] & u1 != 0 { 16 } else { 0 };
+                    let hi = if t == GgmlType::Q5K && qh[l] & u1 != 0 {
+                        16
+                    } else {
+                        0
+                    };
                     y.push(d1 * ((q[l] & 0xF) + hi) as f32 - m1);
                 }
                 for l in 0..32 {
-                    let hi = if t == GgmlType::Q5K && qh[l] & u2 != 0 { 16 } else { 0 };
+                    let hi = if t == GgmlType::Q5K && qh[l] & u2 != 0 {
+                        16
+                    } else {
+                        0
+                    };
                     y.push(d2 * ((q[l] >> 4) + hi) as f32 - m2);
                 }
                 is += 2;
@@ -241,12 +275,20 @@ pub fn for_each_group(t: GgmlType, data: &[u8], n: usize, mut f: impl FnMut(Sour
     for b in data[..n / bs * bb].chunks_exact(bb) {
         match t {
             GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                let (d, m, off) = if t == GgmlType::Q4_0 { (h(b, 0), -8.0 * h(b, 0), 2) } else { (h(b, 0), h(b, 2), 4) };
+                let (d, m, off) = if t == GgmlType::Q4_0 {
+                    (h(b, 0), -8.0 * h(b, 0), 2)
+                } else {
+                    (h(b, 0), h(b, 2), 4)
+                };
                 for j in 0..16 {
                     q[j] = (b[off + j] & 0xF) as i32;
                     q[j + 16] = (b[off + j] >> 4) as i32;
                 }
-                f(SourceGroup { q: &q, scale: d, min: m });
+                f(SourceGroup {
+                    q: &q,
+                    scale: d,
+                    min: m,
+                });
             }
             GgmlType::Q5_0 | GgmlType::Q5_1 => {
                 let off = if t == GgmlType::Q5_0 { 2 } else { 4 };
@@ -258,28 +300,52 @@ pub fn for_each_group(t: GgmlType, data: &[u8], n: usize, mut f: impl FnMut(Sour
                     q[j + 16] = ((qs >> 4) as u32 | ((qh >> (j + 12)) & 0x10)) as i32 - bias;
                 }
                 let m = if t == GgmlType::Q5_0 { 0.0 } else { h(b, 2) };
-                f(SourceGroup { q: &q, scale: h(b, 0), min: m });
+                f(SourceGroup {
+                    q: &q,
+                    scale: h(b, 0),
+                    min: m,
+                });
             }
             GgmlType::Q8_0 => {
                 for j in 0..32 {
                     q[j] = b[2 + j] as i8 as i32;
                 }
-                f(SourceGroup { q: &q, scale: h(b, 0), min: 0.0 });
+                f(SourceGroup {
+                    q: &q,
+                    scale: h(b, 0),
+                    min: 0.0,
+                });
             }
             GgmlType::Q4K | GgmlType::Q5K => {
                 let (d, dmin) = (h(b, 0), h(b, 2));
                 let scales = &b[4..16];
-                let (qh, ql) = if t == GgmlType::Q5K { (&b[16..48], &b[48..176]) } else { (&b[0..0], &b[16..144]) };
+                let (qh, ql) = if t == GgmlType::Q5K {
+                    (&b[16..48], &b[48..176])
+                } else {
+                    (&b[0..0], &b[16..144])
+                };
                 for j in 0..4 {
                     for half in 0..2 {
                         let (sc, m) = scale_min_k4(2 * j + half, scales);
                         let bit = 1u8 << (2 * j + half);
                         for l in 0..32 {
-                            let nib = if half == 0 { ql[j * 32 + l] & 0xF } else { ql[j * 32 + l] >> 4 };
-                            let hi = if t == GgmlType::Q5K && qh[l] & bit != 0 { 16 } else { 0 };
+                            let nib = if half == 0 {
+                                ql[j * 32 + l] & 0xF
+                            } else {
+                                ql[j * 32 + l] >> 4
+                            };
+                            let hi = if t == GgmlType::Q5K && qh[l] & bit != 0 {
+                                16
+                            } else {
+                                0
+                            };
                             q[l] = (nib + hi) as i32;
                         }
-                        f(SourceGroup { q: &q, scale: d * sc as f32, min: -(dmin * m as f32) });
+                        f(SourceGroup {
+                            q: &q,
+                            scale: d * sc as f32,
+                            min: -(dmin * m as f32),
+                        });
                     }
                 }
             }
@@ -291,15 +357,21 @@ pub fn for_each_group(t: GgmlType, data: &[u8], n: usize, mut f: impl FnMut(Sour
                     for l in 0..32 {
                         let o = n * 128;
                         vals[o + l] = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
-                        vals[o + l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                        vals[o + l + 32] =
+                            ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
                         vals[o + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-                        vals[o + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                        vals[o + l + 96] =
+                            ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
                     }
                 }
                 // Sub-block s of 16 elements uses scale index s (see the `is` walk above).
                 for s in 0..16 {
                     let sc = b[192 + s] as i8;
-                    f(SourceGroup { q: &vals[s * 16..s * 16 + 16], scale: d * sc as f32, min: 0.0 });
+                    f(SourceGroup {
+                        q: &vals[s * 16..s * 16 + 16],
+                        scale: d * sc as f32,
+                        min: 0.0,
+                    });
                 }
             }
             _ => unreachable!("for_each_group on a float or unsupported type"),
@@ -318,7 +390,10 @@ pub mod quantize {
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
             out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-            out.extend(g.iter().map(|v| ((v * id).round() as i32).clamp(-128, 127) as i8 as u8));
+            out.extend(
+                g.iter()
+                    .map(|v| ((v * id).round() as i32).clamp(-128, 127) as i8 as u8),
+            );
         }
         out
     }
@@ -364,7 +439,9 @@ pub mod quantize {
     }
 
     pub fn f16s(x: &[f32]) -> Vec<u8> {
-        x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect()
+        x.iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect()
     }
 
     pub fn f32s(x: &[f32]) -> Vec<u8> {

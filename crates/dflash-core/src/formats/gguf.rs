@@ -144,7 +144,11 @@ impl<'a> Reader<'a> {
                 self.pos = end as usize;
                 Ok(s)
             }
-            _ => Err(Error::Truncated { offset: self.pos as u64, needed: n, len: self.file_len }),
+            _ => Err(Error::Truncated {
+                offset: self.pos as u64,
+                needed: n,
+                len: self.file_len,
+            }),
         }
     }
     fn remaining(&self) -> u64 {
@@ -166,9 +170,17 @@ impl<'a> Reader<'a> {
     /// the file was cut short, an implausible one a corrupt header.
     fn too_big(&self, field: &'static str, value: u64, plausible: u64) -> Error {
         if value <= plausible {
-            Error::Truncated { offset: self.pos as u64, needed: value, len: self.file_len }
+            Error::Truncated {
+                offset: self.pos as u64,
+                needed: value,
+                len: self.file_len,
+            }
         } else {
-            Error::AbsurdSize { field, value, limit: self.remaining() }
+            Error::AbsurdSize {
+                field,
+                value,
+                limit: self.remaining(),
+            }
         }
     }
 
@@ -178,7 +190,8 @@ impl<'a> Reader<'a> {
             return Err(self.too_big(field, len, PLAUSIBLE_BYTES));
         }
         let bytes = self.take(len)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| Error::BadMetadata(format!("{field} is not valid UTF-8")))
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| Error::BadMetadata(format!("{field} is not valid UTF-8")))
     }
 
     fn value(&mut self, type_id: u32, depth: u32) -> Result<Value> {
@@ -202,8 +215,9 @@ impl<'a> Reader<'a> {
                 }
                 let item_type = self.u32()?;
                 let count = self.u64()?;
-                let min_item = min_value_size(item_type)
-                    .ok_or_else(|| Error::BadMetadata(format!("unknown array item type {item_type}")))?;
+                let min_item = min_value_size(item_type).ok_or_else(|| {
+                    Error::BadMetadata(format!("unknown array item type {item_type}"))
+                })?;
                 let limit = self.remaining() / min_item;
                 if count > limit {
                     return Err(self.too_big("array length", count, PLAUSIBLE_BYTES / min_item));
@@ -239,10 +253,20 @@ fn min_value_size(type_id: u32) -> Option<u64> {
 /// file, or a prefix long enough for the header). `file_len` is the size of the whole
 /// file: every tensor must lie inside it.
 pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
-    let mut r = Reader { buf, pos: 0, file_len };
-    let magic = r.take(4).map_err(|_| Error::BadMagic { expected: "GGUF", found: buf[..buf.len().min(4)].to_vec() })?;
+    let mut r = Reader {
+        buf,
+        pos: 0,
+        file_len,
+    };
+    let magic = r.take(4).map_err(|_| Error::BadMagic {
+        expected: "GGUF",
+        found: buf[..buf.len().min(4)].to_vec(),
+    })?;
     if magic != GGUF_MAGIC {
-        return Err(Error::BadMagic { expected: "GGUF", found: magic.to_vec() });
+        return Err(Error::BadMagic {
+            expected: "GGUF",
+            found: magic.to_vec(),
+        });
     }
     let version = r.u32()?;
     if version != 2 && version != 3 {
@@ -271,7 +295,11 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
         None => DEFAULT_ALIGNMENT,
         Some(v) => match v.as_u64() {
             Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a,
-            _ => return Err(Error::BadMetadata(format!("general.alignment {v:?} is not a power of two"))),
+            _ => {
+                return Err(Error::BadMetadata(format!(
+                    "general.alignment {v:?} is not a power of two"
+                )))
+            }
         },
     };
     let mut raw = Vec::with_capacity(tensor_count as usize);
@@ -279,7 +307,10 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
         let name = r.string("tensor name length")?;
         let n_dims = r.u32()?;
         if n_dims == 0 || n_dims > MAX_DIMS {
-            return Err(Error::BadTensorLayout { tensor: name, reason: format!("{n_dims} dimensions") });
+            return Err(Error::BadTensorLayout {
+                tensor: name,
+                reason: format!("{n_dims} dimensions"),
+            });
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
@@ -292,28 +323,48 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
     let data_offset = align_up(r.pos as u64, alignment);
     let mut tensors = Vec::with_capacity(raw.len());
     for (name, dims, type_id, offset) in raw {
-        let dtype = GgmlType::from_id(type_id).ok_or(Error::UnknownTensorType { tensor: name.clone(), type_id })?;
+        let dtype = GgmlType::from_id(type_id).ok_or(Error::UnknownTensorType {
+            tensor: name.clone(),
+            type_id,
+        })?;
         let n_el = dims
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d))
             .filter(|&n| n > 0)
-            .ok_or_else(|| Error::BadTensorLayout { tensor: name.clone(), reason: format!("dims {dims:?}") })?;
+            .ok_or_else(|| Error::BadTensorLayout {
+                tensor: name.clone(),
+                reason: format!("dims {dims:?}"),
+            })?;
         let (block, bytes) = dtype.block_size();
         if dims[0] % block as u64 != 0 {
             return Err(Error::BadTensorLayout {
                 tensor: name,
-                reason: format!("row length {} is not a multiple of the {} block {}", dims[0], dtype.name(), block),
+                reason: format!(
+                    "row length {} is not a multiple of the {} block {}",
+                    dims[0],
+                    dtype.name(),
+                    block
+                ),
             });
         }
         let n_bytes = n_el / block as u64 * bytes as u64;
         if offset % alignment != 0 {
-            return Err(Error::BadTensorLayout { tensor: name, reason: format!("offset {offset} is not aligned to {alignment}") });
+            return Err(Error::BadTensorLayout {
+                tensor: name,
+                reason: format!("offset {offset} is not aligned to {alignment}"),
+            });
         }
         let start = data_offset.checked_add(offset);
         let end = start.and_then(|s| s.checked_add(n_bytes));
         match (start, end) {
             (Some(s), Some(e)) if e <= file_len => {
-                tensors.push(TensorInfo { name, dims, dtype, offset: s, n_bytes });
+                tensors.push(TensorInfo {
+                    name,
+                    dims,
+                    dtype,
+                    offset: s,
+                    n_bytes,
+                });
             }
             _ => {
                 return Err(Error::TensorOutOfBounds {
@@ -325,7 +376,13 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
             }
         }
     }
-    Ok(GgufHeader { version, metadata, tensors, alignment, data_offset })
+    Ok(GgufHeader {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+    })
 }
 
 fn align_up(x: u64, a: u64) -> u64 {

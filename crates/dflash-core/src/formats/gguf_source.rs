@@ -18,7 +18,9 @@ impl<'a> GgufSource<'a> {
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.header.tensor(name).ok_or_else(|| Error::MissingTensor(name.into()))
+        self.header
+            .tensor(name)
+            .ok_or_else(|| Error::MissingTensor(name.into()))
     }
 
     fn bytes(&self, t: &TensorInfo) -> Result<&'a [u8]> {
@@ -40,16 +42,32 @@ impl TensorSource for GgufSource<'_> {
     fn matrix(&self, name: &str) -> Result<QuantMatrix> {
         let t = self.info(name)?;
         if t.dims.len() != 2 {
-            return Err(Error::BadTensorLayout { tensor: name.into(), reason: format!("expected 2 dims, found {:?}", t.dims) });
+            return Err(Error::BadTensorLayout {
+                tensor: name.into(),
+                reason: format!("expected 2 dims, found {:?}", t.dims),
+            });
         }
-        QuantMatrix::from_ggml(name, t.dtype, self.bytes(t)?, t.dims[1] as usize, t.dims[0] as usize)
+        QuantMatrix::from_ggml(
+            name,
+            t.dtype,
+            self.bytes(t)?,
+            t.dims[1] as usize,
+            t.dims[0] as usize,
+        )
     }
 
     fn vector(&self, name: &str) -> Result<Vec<f32>> {
         let t = self.info(name)?;
         if !t.dtype.is_supported() {
-            return Err(Error::UnsupportedTensorType { tensor: name.into(), dtype: t.dtype.name() });
+            return Err(Error::UnsupportedTensorType {
+                tensor: name.into(),
+                dtype: t.dtype.name(),
+            });
         }
-        Ok(ggml::dequantize(t.dtype, self.bytes(t)?, t.n_elements() as usize))
+        Ok(ggml::dequantize(
+            t.dtype,
+            self.bytes(t)?,
+            t.n_elements() as usize,
+        ))
     }
 }

@@ -30,7 +30,16 @@ pub struct StreamTensor {
 impl GgufStream {
     /// A stream over a file of `total` bytes (Content-Length or `File.size`).
     pub fn new(total: u64) -> Self {
-        GgufStream { total, buf: Vec::new(), base: 0, received: 0, header: None, order: Vec::new(), next: 0, parse_at: 4096 }
+        GgufStream {
+            total,
+            buf: Vec::new(),
+            base: 0,
+            received: 0,
+            header: None,
+            order: Vec::new(),
+            next: 0,
+            parse_at: 4096,
+        }
     }
 
     pub fn header(&self) -> Option<&GgufHeader> {
@@ -46,7 +55,10 @@ impl GgufStream {
     pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<StreamTensor>> {
         self.received += chunk.len() as u64;
         if self.received > self.total {
-            return Err(Error::BadMetadata(format!("the stream is longer than the {} bytes announced", self.total)));
+            return Err(Error::BadMetadata(format!(
+                "the stream is longer than the {} bytes announced",
+                self.total
+            )));
         }
         self.buf.extend_from_slice(chunk);
         if self.header.is_none() {
@@ -77,7 +89,10 @@ impl GgufStream {
                 break;
             }
             let s = (t.offset - self.base) as usize;
-            done.push(StreamTensor { info: t.clone(), bytes: self.buf[s..s + t.n_bytes as usize].to_vec() });
+            done.push(StreamTensor {
+                info: t.clone(),
+                bytes: self.buf[s..s + t.n_bytes as usize].to_vec(),
+            });
             self.next += 1;
             // Drop everything before the end of this tensor (tensors never overlap).
             let cut = (end - self.base) as usize;
@@ -90,7 +105,11 @@ impl GgufStream {
     /// Checks that the whole file arrived and every tensor was handed out.
     pub fn finish(&self) -> Result<()> {
         if self.received < self.total || self.header.is_none() || self.next < self.order.len() {
-            return Err(Error::Truncated { offset: self.received, needed: self.total.saturating_sub(self.received), len: self.total });
+            return Err(Error::Truncated {
+                offset: self.received,
+                needed: self.total.saturating_sub(self.received),
+                len: self.total,
+            });
         }
         Ok(())
     }

@@ -28,10 +28,16 @@ pub fn gpu_context(opts: &GpuOptions) -> Option<Rc<GpuContext>> {
 /// lanes per row, so that both kernel shapes run whatever the adapter.
 pub fn contexts() -> Vec<Rc<GpuContext>> {
     let mut v = Vec::new();
-    if let Some(c) = gpu_context(&GpuOptions { no_f16: true, ..Default::default() }) {
+    if let Some(c) = gpu_context(&GpuOptions {
+        no_f16: true,
+        ..Default::default()
+    }) {
         v.push(c);
     }
-    if let Some(c) = gpu_context(&GpuOptions { tuning: Some(Tuning { gemv_lanes: 16 }), ..Default::default() }) {
+    if let Some(c) = gpu_context(&GpuOptions {
+        tuning: Some(Tuning { gemv_lanes: 16 }),
+        ..Default::default()
+    }) {
         v.push(c);
     }
     v
@@ -39,5 +45,8 @@ pub fn contexts() -> Vec<Rc<GpuContext>> {
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
