@@ -16,3 +16,22 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         dst[i] = src[i];
     }
 }
+
+// The per-dispatch cost: one invocation that depends on the previous dispatch's write.
+@compute @workgroup_size(1)
+fn touch() {
+    dst[0] = dst[0] + vec4<u32>(1u);
+}
+
+// A read-only stream: every vec4 of src read once; a write only on an impossible value,
+// so the loads stay.
+@compute @workgroup_size(64)
+fn stream(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * p.wg_x * 64u;
+    if (i < p.n) {
+        let v = src[i];
+        if (v.x == 0xfffffff1u && v.y == 0xfffffff2u) {
+            dst[0] = v;
+        }
+    }
+}

@@ -60,6 +60,11 @@ pub struct BenchArgs {
     context: usize,
     #[arg(long)]
     json: bool,
+    /// Time every dispatch of a one-row and a 16-row step on the GPU (timestamps where
+    /// the adapter has them) and print them per op family and shape, with the host's
+    /// encode/submit/map times and the calibration kernels.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// A prompt of `n` real tokens: a paragraph of English repeated.
@@ -75,7 +80,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
     }
     let t_load = Instant::now();
     let (m, _) = load(&a.model)?;
-    let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16)?.expect("gpu");
+    let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16, true)?.expect("gpu");
     let context = (a.prompt_tokens + a.decode_tokens + 16).min(m.config().max_position_embeddings);
     let mut g = GpuModel::new(
         ctx.clone(),
@@ -103,9 +108,20 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
     let now = move || t_start.elapsed().as_secs_f64();
     let gemv_gbps = g.gemv_gbps(a.reps, 3, &now)?;
     let wbytes = g.weight_bytes_per_token();
-    let copy_gbps = dflash_gpu::bench::copy_gbps(&ctx, wbytes.max(1 << 20), a.reps, 3, &now)?;
+    let copy_gbps = dflash_gpu::profile::copy_gbps(&ctx, (4 * wbytes).max(64 << 20), &now)?;
+    let profile = if a.profile {
+        Some(crate::profile::profile(
+            &ctx,
+            &mut g,
+            None,
+            a.prompt_tokens,
+            &now,
+        )?)
+    } else {
+        None
+    };
     let s = &ctx.summary;
-    let v = serde_json::json!({
+    let mut v = serde_json::json!({
         "model": a.model.display().to_string(),
         "prompt_tokens": a.prompt_tokens,
         "decode_tokens": a.decode_tokens,
@@ -131,6 +147,12 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             "total": g.memory.total(),
         },
     });
+    if let Some(p) = profile {
+        if !a.json {
+            crate::profile::print(&p);
+        }
+        v["profile"] = p;
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v).unwrap());
     } else {
@@ -163,7 +185,7 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
     if let Some(n) = a.limit {
         rows_in.truncate(n);
     }
-    let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16)?.expect("gpu");
+    let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16, a.profile)?.expect("gpu");
     let context = a.context.min(m.config().max_position_embeddings);
     let mut plain = GpuModel::new(
         ctx.clone(),
@@ -276,6 +298,19 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
         }
     }
     let plain_tok_s = plain_tokens as f64 / plain_s.max(1e-9);
+    let profile = match (a.profile, rows_in.first()) {
+        (true, Some((_, ids))) => {
+            plain.truncate(0);
+            plain.prefill(ids)?;
+            spec.prefill(ids, dflash_gpu::model::Head::Argmax)?;
+            let p = crate::profile::profile(&ctx, &mut plain, Some(&mut spec), ids.len(), &clock)?;
+            if !a.json {
+                crate::profile::print(&p);
+            }
+            Some(p)
+        }
+        _ => None,
+    };
     let mut all_lossless = true;
     let mut out = Vec::new();
     for (block, run) in blocks.iter().zip(runs) {
@@ -286,7 +321,7 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
             run.taus.iter().sum::<usize>() as f64 / run.taus.len() as f64
         };
         all_lossless &= run.lossless;
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "model": a.model.display().to_string(),
             "drafter": a.drafter.as_ref().unwrap().display().to_string(),
             "adapter": ctx.summary.name,
@@ -321,6 +356,9 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
                 dflash_tok_s / plain_tok_s.max(1e-9),
                 run.lossless
             );
+        }
+        if let Some(p) = &profile {
+            v["profile"] = p.clone();
         }
         out.push(v);
     }

@@ -119,10 +119,12 @@ pub fn open_device(
     device: Option<Device>,
     adapter: &Option<String>,
     no_f16: bool,
+    profile: bool,
 ) -> Result<Option<Rc<GpuContext>>, CliError> {
     let opts = GpuOptions {
         adapter: adapter.clone(),
         no_f16,
+        profile,
         ..Default::default()
     };
     match device {
@@ -199,7 +201,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
             Some(Device::Cpu) => {}
         }
     }
-    let gpu = open_device(device_choice, &a.adapter, a.no_f16)?;
+    let gpu = open_device(device_choice, &a.adapter, a.no_f16, false)?;
     let drafter = match &a.drafter {
         Some(p) => Some(load_drafter_dir(p, DrafterPrecision::Q8)?),
         None => None,

@@ -3,6 +3,7 @@
 
 mod bench;
 mod generate;
+mod profile;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dflash_core::model_files::{load_path, LoadedModel};

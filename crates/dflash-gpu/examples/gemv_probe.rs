@@ -2,8 +2,8 @@
 use dflash_core::formats::ggml::{quantize, GgmlType};
 use dflash_core::quant::QuantMatrix;
 use dflash_core::testutil::Rng;
-use dflash_gpu::upload::{f32_buffer, upload_matrix, work_buffer};
-use dflash_gpu::{ops, GpuContext, GpuOptions};
+use dflash_gpu::upload::upload_matrix;
+use dflash_gpu::{GpuContext, GpuOptions};
 use std::time::Instant;
 
 fn main() {
@@ -26,23 +26,12 @@ fn main() {
     let x = rng.vec(rows * cols, 1.0);
     let m = QuantMatrix::from_ggml("w", GgmlType::Q4_0, &quantize::q4_0(&x), rows, cols).unwrap();
     let g = upload_matrix(&ctx, "w", &m).unwrap();
-    let xb = f32_buffer(&ctx, "x", &rng.vec(16 * cols, 1.0));
-    let yb = work_buffer(&ctx, "y", (16 * rows * 4) as u64);
-    let d = ops::gemv(&ctx, &g, &xb, &yb, n, false).unwrap();
     let t0 = Instant::now();
     let now = move || t0.elapsed().as_secs_f64();
-    let gb = dflash_gpu::bench::measure(
-        &ctx,
-        &d.iter().collect::<Vec<_>>(),
-        m.n_bytes() as u64,
-        4,
-        3,
-        &now,
-    )
-    .unwrap();
-    let cp = dflash_gpu::bench::copy_gbps(&ctx, m.n_bytes() as u64, 4, 3, &now).unwrap();
+    let (us, gb) = dflash_gpu::profile::gemv_shape(&ctx, &g, n, &now).unwrap();
+    let cp = dflash_gpu::profile::copy_gbps(&ctx, 4 * m.n_bytes() as u64, &now).unwrap();
     println!(
-        "rows {rows} cols {cols} n {n}: gemv {gb:.3} GB/s, copy {cp:.3} GB/s, ratio {:.3}",
+        "rows {rows} cols {cols} n {n}: gemv {us:.1} us, {gb:.3} GB/s, copy {cp:.3} GB/s, ratio {:.3}",
         gb / cp
     );
 }

@@ -15,6 +15,19 @@ pub struct GpuOptions {
     /// Run within the limits a browser's WebGPU grants (see `browser_limits`), so that a
     /// native run finds what the browser build would.
     pub browser_limits: bool,
+    /// Ask for GPU timestamp queries where the adapter has them (`dflash bench --profile`).
+    pub profile: bool,
+}
+
+/// How the profiler can time dispatches on this device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timestamps {
+    /// No timestamp queries: host clock around submissions.
+    None,
+    /// Timestamps at the beginning and end of compute passes (WebGPU's `timestamp-query`).
+    Passes,
+    /// Timestamps between dispatches inside one pass (native only).
+    InsidePasses,
 }
 
 /// The limits Chromium's WebGPU grants on its CPU fallback adapter (SwiftShader) and on
@@ -75,6 +88,8 @@ pub struct GpuContext {
     /// Compiled pipelines, shared by every model on this device.
     pub pipelines: crate::pipelines::Pipelines,
     pub tuning: Tuning,
+    /// Timestamp queries granted (only when `GpuOptions::profile` asked for them).
+    pub timestamps: Timestamps,
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<GpuError>>>,
 }
@@ -137,6 +152,17 @@ impl GpuContext {
         if features.contains(wgpu::Features::SUBGROUP) {
             required_features |= wgpu::Features::SUBGROUP;
         }
+        let mut timestamps = Timestamps::None;
+        if opts.profile && features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            required_features |= wgpu::Features::TIMESTAMP_QUERY;
+            timestamps = Timestamps::Passes;
+            let inside = wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+                | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+            if features.contains(inside) {
+                required_features |= inside;
+                timestamps = Timestamps::InsidePasses;
+            }
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("dflash"),
@@ -192,6 +218,7 @@ impl GpuContext {
             f16,
             pipelines: Default::default(),
             tuning,
+            timestamps,
             lost,
             uncaptured,
         })

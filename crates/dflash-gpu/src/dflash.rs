@@ -583,11 +583,15 @@ pub struct StepResult {
 }
 
 /// Target and drafter on one device, with the step plans per (block, head).
+/// A step plan's key: (rows of taps the context grows by, block, head, host drafts,
+/// rejection sampling).
+type StepKey = (usize, usize, Head, bool, bool);
+
 pub struct Speculative {
     pub target: GpuModel,
     pub drafter: GpuDrafter,
     /// Plans by (rows of taps to add to the drafter's context, block, head, host drafts).
-    plans: HashMap<(usize, usize, Head, bool, bool), Vec<Dispatch>>,
+    plans: HashMap<StepKey, Vec<Dispatch>>,
     ext_plans: HashMap<usize, Vec<Dispatch>>,
     /// Rows the last verify pass computed (its committed rows feed the next step's
     /// context extension); 0 right after a prefill, which extends the context itself.
@@ -683,33 +687,12 @@ impl Speculative {
         Ok(first)
     }
 
-    /// One step with a block of `b` rows (1 = plain decoding through the same loop):
-    /// extend the drafter's context with the rows committed last step, draft, verify,
-    /// accept, roll back, all in one submission; reads back (accepted, tokens).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn step(&mut self, b: usize, head: Head) -> Result<StepResult> {
-        pollster::block_on(self.step_async(b, head))
-    }
-
-    /// `step` for event-loop hosts.
-    pub async fn step_async(&mut self, b: usize, head: Head) -> Result<StepResult> {
-        let b = b.clamp(1, self.max_block());
-        let pos = self.target.len();
-        if pos + b > self.target.context {
-            return Err(GpuError::Core(dflash_core::Error::ContextOverflow {
-                prompt_tokens: pos + b,
-                max_new_tokens: 0,
-                context: self.target.context,
-            }));
-        }
-        let ctx = self.target.ctx.clone();
-        ctx.check_lost()?;
-        // The context grows by the rows the last step committed; the plan adds all the
-        // rows that step verified: rows past the committed ones land at positions the
-        // block overwrites or that are rewritten before any read.
+    /// The plan of a step of `b` rows after the current previous block, built once.
+    fn ensure_plan(&mut self, b: usize, head: Head) -> Result<StepKey> {
         let rejection = self.rejection && head == Head::Sample;
         let key = (self.prev_block, b, head, self.host_drafts, rejection);
         if !self.plans.contains_key(&key) {
+            let ctx = self.target.ctx.clone();
             let mut d = if self.prev_block > 0 {
                 self.drafter
                     .extend_dispatches(&ctx, &self.target, self.prev_block)?
@@ -764,6 +747,75 @@ impl Speculative {
             }
             self.plans.insert(key, d);
         }
+        Ok(key)
+    }
+
+    /// Every dispatch of a step of `b` rows (after a step of `b` rows) timed on the GPU:
+    /// the profiler's DFlash step. Call it after a prefill; the state the step changes is
+    /// put back before each run, and afterwards, so the generation is not moved.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn profile_step(
+        &mut self,
+        b: usize,
+        runs: usize,
+        now: &dyn Fn() -> f64,
+    ) -> Result<crate::profile::PlanProfile> {
+        let ctx = self.target.ctx.clone();
+        let b = b.clamp(1, self.max_block());
+        let keep = self.prev_block;
+        self.prev_block = b;
+        let key = self.ensure_plan(b, Head::Argmax);
+        self.prev_block = keep;
+        let key = key?;
+        let a = &self.target.act;
+        let saved: Vec<wgpu::Buffer> = [&a.state, &a.ext_state]
+            .iter()
+            .map(|buf| crate::upload::work_buffer(&ctx, "profile snapshot", buf.size()))
+            .collect();
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&a.state, 0, &saved[0], 0, a.state.size());
+        enc.copy_buffer_to_buffer(&a.ext_state, 0, &saved[1], 0, a.ext_state.size());
+        ctx.queue.submit([enc.finish()]);
+        let restore = [
+            (&saved[0], &a.state, a.state.size()),
+            (&saved[1], &a.ext_state, a.ext_state.size()),
+        ];
+        let plan: Vec<&Dispatch> = self.plans[&key].iter().collect();
+        let keys = self.target.len() + b;
+        let name = format!("DFlash step, block {b}");
+        let r = crate::profile::profile_plan(&ctx, &name, &plan, &restore, keys, runs, now);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&saved[0], 0, &a.state, 0, a.state.size());
+        enc.copy_buffer_to_buffer(&saved[1], 0, &a.ext_state, 0, a.ext_state.size());
+        ctx.queue.submit([enc.finish()]);
+        r
+    }
+
+    /// One step with a block of `b` rows (1 = plain decoding through the same loop):
+    /// extend the drafter's context with the rows committed last step, draft, verify,
+    /// accept, roll back, all in one submission; reads back (accepted, tokens).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn step(&mut self, b: usize, head: Head) -> Result<StepResult> {
+        pollster::block_on(self.step_async(b, head))
+    }
+
+    /// `step` for event-loop hosts.
+    pub async fn step_async(&mut self, b: usize, head: Head) -> Result<StepResult> {
+        let b = b.clamp(1, self.max_block());
+        let pos = self.target.len();
+        if pos + b > self.target.context {
+            return Err(GpuError::Core(dflash_core::Error::ContextOverflow {
+                prompt_tokens: pos + b,
+                max_new_tokens: 0,
+                context: self.target.context,
+            }));
+        }
+        let ctx = self.target.ctx.clone();
+        ctx.check_lost()?;
+        // The context grows by the rows the last step committed; the plan adds all the
+        // rows that step verified: rows past the committed ones land at positions the
+        // block overwrites or that are rewritten before any read.
+        let key = self.ensure_plan(b, head)?;
         let mut enc = ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {

@@ -2,8 +2,6 @@
 //! The same Rust and the same WGSL (`shaders/`) on every Vulkan / Metal / DX12 device,
 //! on lavapipe in CI and on the browser's WebGPU.
 
-#[cfg(not(target_arch = "wasm32"))]
-pub mod bench;
 pub mod context;
 pub mod dflash;
 pub mod error;
@@ -11,6 +9,8 @@ pub mod generate;
 pub mod model;
 pub mod ops;
 pub mod pipelines;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod profile;
 pub mod stream_load;
 pub mod upload;
 

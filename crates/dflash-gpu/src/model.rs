@@ -502,6 +502,15 @@ impl GpuModel {
     /// Encodes and submits one pass over `tokens` (at most 16) at positions
     /// `len..len+n`. Nothing is read back.
     pub(crate) fn submit_pass(&mut self, tokens: &[u32], head: Head) -> Result<()> {
+        self.prepare_pass(tokens, head)?;
+        let cb = self.encode_pass(tokens.len(), head);
+        self.ctx.queue.submit([cb]);
+        self.len += tokens.len();
+        Ok(())
+    }
+
+    /// Checks a pass over `tokens`, builds its plan once, writes the tokens and state.
+    fn prepare_pass(&mut self, tokens: &[u32], head: Head) -> Result<()> {
         let n = tokens.len();
         assert!(n >= 1 && n <= MAX_ROWS);
         if self.len + n > self.context {
@@ -530,6 +539,12 @@ impl GpuModel {
             0,
             bytemuck::cast_slice(&[self.len as u32, n as u32, 0, 0]),
         );
+        Ok(())
+    }
+
+    /// The command buffer of a prepared pass of `n` rows (and the copy of its tokens to
+    /// the read-back buffer when it has a head).
+    fn encode_pass(&self, n: usize, head: Head) -> wgpu::CommandBuffer {
         let mut enc = self
             .ctx
             .device
@@ -554,9 +569,84 @@ impl GpuModel {
                 (n * 4) as u64,
             );
         }
-        self.ctx.queue.submit([enc.finish()]);
-        self.len += n;
-        Ok(())
+        enc.finish()
+    }
+
+    /// Every dispatch of a pass of `n` rows at position `pos` timed on the GPU (the
+    /// profiler); the committed length is left as it was.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn profile_pass(
+        &mut self,
+        n: usize,
+        head: Head,
+        pos: usize,
+        runs: usize,
+        now: &dyn Fn() -> f64,
+    ) -> Result<crate::profile::PlanProfile> {
+        let keep = self.len;
+        self.len = pos.min(self.context.saturating_sub(n));
+        let r = self.prepare_pass(&vec![0; n], head);
+        let keys = self.len + n;
+        self.len = keep;
+        r?;
+        let plan: Vec<&Dispatch> = self.plans[&(n, head)].iter().collect();
+        let name = format!("{n}-row pass at {pos}");
+        crate::profile::profile_plan(&self.ctx, &name, &plan, &[], keys, runs, now)
+    }
+
+    /// Host times of ordinary one-row steps at the current length (the median of
+    /// `steps`): encoding, submission, and waiting for the mapped token.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn host_times(
+        &mut self,
+        steps: usize,
+        now: &dyn Fn() -> f64,
+    ) -> Result<crate::profile::HostTimes> {
+        let mut t = (Vec::new(), Vec::new(), Vec::new());
+        let mut token = 0;
+        for _ in 0..steps.max(1) {
+            self.prepare_pass(&[token], Head::Argmax)?;
+            let t0 = now();
+            let cb = self.encode_pass(1, Head::Argmax);
+            let t1 = now();
+            self.ctx.queue.submit([cb]);
+            let t2 = now();
+            let bytes = self.ctx.read_mapped(&self.act.readback)?;
+            let t3 = now();
+            self.len += 1;
+            token = bytemuck::cast_slice::<u8, u32>(&bytes)[0];
+            t.0.push(t1 - t0);
+            t.1.push(t2 - t1);
+            t.2.push(t3 - t2);
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        Ok(crate::profile::HostTimes {
+            encode: med(&mut t.0),
+            submit: med(&mut t.1),
+            map: med(&mut t.2),
+        })
+    }
+
+    /// Every weight matrix the decode step reads, once per distinct matrix.
+    pub fn weight_matrices(&self) -> Vec<&GpuMatrix> {
+        let mut v = Vec::new();
+        for l in &self.layers {
+            v.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        }
+        v.push(self.lm_head.as_ref().unwrap_or(&self.embed));
+        v
+    }
+
+    /// Dispatches in the plan of a pass of `n` rows with `head`.
+    pub fn plan_len(&mut self, n: usize, head: Head) -> Result<usize> {
+        if !self.plans.contains_key(&(n, head)) {
+            let plan = self.build_plan(n, head)?;
+            self.plans.insert((n, head), plan);
+        }
+        Ok(self.plans[&(n, head)].len())
     }
 
     /// One step over up to 16 tokens; returns the greedy next token of every row.
@@ -663,13 +753,13 @@ impl GpuModel {
     }
 
     /// GB/s of the one-row GEMV over every weight matrix of the model (the decode
-    /// traffic), `reps` repetitions per submission.
+    /// traffic: weights, x and y, counted as the copy kernel counts its bytes), `reps`
+    /// repetitions per pass, GPU timestamps where the adapter has them.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn gemv_gbps(&self, reps: usize, trials: usize, now: &dyn Fn() -> f64) -> Result<f64> {
         let ctx: &GpuContext = &self.ctx;
         let a = &self.act;
         let mut d = Vec::new();
-        let mut bytes = 0;
         for l in &self.layers {
             for (m, x, y) in [
                 (&l.wq, &a.xn, &a.q),
@@ -681,13 +771,11 @@ impl GpuModel {
                 (&l.w_down, &a.ff, &a.xn),
             ] {
                 d.extend(ops::gemv(ctx, m, x, y, 1, false)?);
-                bytes += m.n_bytes;
             }
         }
         let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
         d.extend(ops::gemv(ctx, lm, &a.xn, &a.logits, 1, false)?);
-        bytes += lm.n_bytes;
-        crate::bench::measure(ctx, &d.iter().collect::<Vec<_>>(), bytes, reps, trials, now)
+        crate::profile::gbps(ctx, &d.iter().collect::<Vec<_>>(), reps, trials, now)
     }
 
     /// Measured cost of a pass over b rows relative to one row, for b in 0..=max (index 0

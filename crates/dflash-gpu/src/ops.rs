@@ -9,6 +9,12 @@ use crate::upload::GpuMatrix;
 use dflash_core::config::RopeStyle;
 use dflash_core::quant::QFormat;
 
+/// A matrix shape as the profiler names it: `rows x cols format n=rows_of_x`.
+pub fn shape_name(rows: usize, cols: usize, f: QFormat, n: usize) -> String {
+    let f = if f == QFormat::Q4 { "q4" } else { "q8" };
+    format!("{rows}x{cols} {f} n={n}")
+}
+
 fn format_id(f: QFormat) -> f64 {
     if f == QFormat::Q4 {
         0.0
@@ -45,13 +51,16 @@ pub fn gemv(
                 m.rows as u32,
                 gx,
             ];
-            Dispatch::new(
+            let weights = ch.qs.size() + ch.scales.size() + ch.mins.size();
+            let io = 4 * n as u64 * (m.cols + ch.rows * (1 + accumulate as usize)) as u64;
+            Ok(Dispatch::new(
                 ctx,
                 &k,
                 Some(&params),
                 &[(1, x), (2, &ch.qs), (3, &ch.scales), (4, &ch.mins), (5, y)],
                 [gx, gy, 1],
-            )
+            )?
+            .shaped(shape_name(ch.rows, m.cols, m.format, n), weights + io))
         })
         .collect()
 }
@@ -89,6 +98,10 @@ pub fn embedding(
                 ],
                 [(m.cols as u32).div_ceil(64), n as u32, 1],
             )
+            .map(|d| {
+                let row = (m.cols * m.format.bits() / 8 + 4 * m.cols) as u64;
+                d.shaped(format!("{}x{} n={n}", ch.rows, m.cols), n as u64 * row)
+            })
         })
         .collect()
 }
@@ -104,13 +117,14 @@ pub fn rmsnorm(
     len: usize,
 ) -> Result<Dispatch> {
     let params = [len as u32, eps.to_bits()];
-    Dispatch::new(
+    Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::RmsNorm, "main"),
         Some(&params),
         &[(1, w), (2, x), (3, out)],
         [rows as u32, 1, 1],
-    )
+    )?
+    .shaped(format!("{rows}x{len}"), 4 * (len + 2 * rows * len) as u64))
 }
 
 /// RMSNorm in place (per-head q/k norms).
@@ -123,13 +137,15 @@ pub fn rmsnorm_inplace(
     len: usize,
 ) -> Result<Dispatch> {
     let params = [len as u32, eps.to_bits()];
-    Dispatch::new(
+    Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::RmsNorm, "main_inplace"),
         Some(&params),
         &[(1, w), (4, buf)],
         [rows as u32, 1, 1],
-    )
+    )?
+    .family("rmsnorm_inplace")
+    .shaped(format!("{rows}x{len}"), 4 * (len + 2 * rows * len) as u64))
 }
 
 pub struct RopeShape {
@@ -163,13 +179,17 @@ pub fn rope(
         0,
     ];
     let total = (s.heads * s.rope_dim / 2) as u32;
-    Dispatch::new(
+    Ok(Dispatch::new(
         ctx,
         &k,
         Some(&params),
         &[(1, state), (2, table), (3, buf)],
         [total.div_ceil(64), n as u32, 1],
-    )
+    )?
+    .shaped(
+        format!("{}x{} n={n}", s.heads, s.head_dim),
+        (n * (s.heads * s.rope_dim * 8 + s.rope_dim * 4)) as u64,
+    ))
 }
 
 pub struct AttentionShape {
@@ -210,13 +230,19 @@ pub fn attention(
         0,
         0,
     ];
-    Dispatch::new(
+    let mut d = Dispatch::new(
         ctx,
         &Kernel::new(Shader::Attention, "main"),
         Some(&params),
         &[(1, state), (2, q), (3, kc), (4, vc), (5, out)],
         [s.n_heads as u32, n as u32, 1],
-    )
+    )?
+    .shaped(
+        format!("{}/{}x{} n={n}", s.n_heads, s.n_kv_heads, s.head_dim),
+        (8 * n * s.n_heads * s.head_dim) as u64,
+    );
+    d.label.bytes_per_key = (2 * kv_dim * if ctx.f16 { 2 } else { 4 }) as u64;
+    Ok(d)
 }
 
 /// `out = silu(gate) * up` over `n` rows of `len`.
@@ -305,13 +331,16 @@ fn elementwise(
     bufs: &[(u32, &wgpu::Buffer)],
 ) -> Result<Dispatch> {
     let (rows, len) = (params[0], params[1]);
-    Dispatch::new(
+    // Each element read once per input and written once.
+    let bytes = 4 * (rows * len) as u64 * bufs.len().min(3) as u64;
+    Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::Elementwise, entry),
         Some(&params),
         bufs,
         [len.div_ceil(64), rows, 1],
-    )
+    )?
+    .shaped(format!("{rows}x{len}"), bytes))
 }
 
 /// `tokens[out_offset + r] = argmax(logits[r, ..len])` for `rows` rows of `stride`.
@@ -324,13 +353,14 @@ pub fn argmax(
     stride: usize,
 ) -> Result<Dispatch> {
     let params = [len as u32, stride as u32, 0, 0];
-    Dispatch::new(
+    Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::Argmax, "main"),
         Some(&params),
         &[(1, logits), (2, tokens)],
         [rows as u32, 1, 1],
-    )
+    )?
+    .shaped(format!("{rows}x{len}"), 4 * (rows * len) as u64))
 }
 
 /// The uniform of the sampler: 12 words (see shaders/sample.wgsl).
@@ -367,13 +397,14 @@ pub fn sample(
     tokens: &wgpu::Buffer,
     rows: usize,
 ) -> Result<Dispatch> {
-    Dispatch::new(
+    Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::Sample, "main"),
         None,
         &[(0, params), (1, state), (2, logits), (3, tokens)],
         [rows as u32, 1, 1],
-    )
+    )?
+    .shaped(format!("{rows} rows"), 0))
 }
 
 /// `dst = src` for `n_vec4` 16-byte words: the bandwidth roofline.
@@ -384,13 +415,14 @@ pub fn copy(
     n_vec4: usize,
 ) -> Result<Dispatch> {
     let (gx, gy) = grid((n_vec4 as u32).div_ceil(64));
-    Dispatch::new(
+    Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::Copy, "main"),
         Some(&[n_vec4 as u32, gx]),
         &[(1, src), (2, dst)],
         [gx, gy, 1],
-    )
+    )?
+    .shaped(format!("{} MiB", n_vec4 * 16 >> 20), 32 * n_vec4 as u64))
 }
 
 /// Encodes `dispatches` in one compute pass and submits them.

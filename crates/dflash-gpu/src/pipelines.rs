@@ -180,11 +180,24 @@ fn check_scope(scope: wgpu::ErrorScopeGuard) -> Result<()> {
     Ok(())
 }
 
+/// What a dispatch is, for the profiler: its op family, its shape in words, and the
+/// bytes it is modelled to move (read + written, each unique byte once).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OpLabel {
+    pub family: String,
+    pub shape: String,
+    pub bytes: u64,
+    /// Bytes moved per visible key (attention: the K and V rows), added by the profiler
+    /// at the position it runs.
+    pub bytes_per_key: u64,
+}
+
 /// A recorded dispatch: pipeline, bind group (built once) and workgroup counts.
 pub struct Dispatch {
     pub pipeline: Rc<wgpu::ComputePipeline>,
     pub bind_group: wgpu::BindGroup,
     pub groups: [u32; 3],
+    pub label: OpLabel,
     /// Kept alive with the bind group.
     pub _uniform: Option<wgpu::Buffer>,
 }
@@ -231,12 +244,34 @@ impl Dispatch {
             entries: &entries,
         });
         check_scope(scope)?;
+        let family = if k.entry == "main" {
+            format!("{:?}", k.shader).to_lowercase()
+        } else {
+            k.entry.to_string()
+        };
         Ok(Dispatch {
             pipeline,
             bind_group,
             groups,
+            label: OpLabel {
+                family,
+                ..Default::default()
+            },
             _uniform: uniform,
         })
+    }
+
+    /// The same dispatch with its shape and modelled bytes stated.
+    pub fn shaped(mut self, shape: impl Into<String>, bytes: u64) -> Self {
+        self.label.shape = shape.into();
+        self.label.bytes = bytes;
+        self
+    }
+
+    /// The same dispatch under another op family name.
+    pub fn family(mut self, family: impl Into<String>) -> Self {
+        self.label.family = family.into();
+        self
     }
 
     pub fn encode(&self, pass: &mut wgpu::ComputePass) {

@@ -1,0 +1,164 @@
+//! `dflash bench --profile`: where a step's time goes on this adapter. Every dispatch of
+//! a one-row decode step and of a 16-row step (the DFlash step with `--drafter`, else the
+//! target's 16-row verify pass) timed on the GPU, summed per op family and shape; the
+//! host's encode / submit / map times; and the calibration kernels (dispatch cost, copy,
+//! read-only stream, each GEMV shape at 1 and 16 rows).
+
+use crate::CliError;
+use dflash_gpu::dflash::Speculative;
+use dflash_gpu::model::Head;
+use dflash_gpu::profile::{self, PlanProfile};
+use dflash_gpu::{GpuContext, GpuModel};
+use serde_json::{json, Value};
+
+/// Timed runs per dispatch (the median is kept).
+const RUNS: usize = 5;
+
+/// Bytes the copy and stream calibrations move: several times a GPU's L2; smaller on
+/// CPU adapters, whose "GPU memory" is the host's.
+fn calibration_bytes(ctx: &GpuContext) -> u64 {
+    if ctx.summary.device_type == "Cpu" {
+        64 << 20
+    } else {
+        256 << 20
+    }
+}
+
+/// The one-row and the 16-row profile, the host times and the calibration of `g`, whose
+/// KV cache holds at least `pos` positions of a real prompt. `spec`: a DFlash pair whose
+/// block step is profiled instead of the target's 16-row pass.
+pub fn profile(
+    ctx: &GpuContext,
+    g: &mut GpuModel,
+    spec: Option<&mut Speculative>,
+    pos: usize,
+    now: &dyn Fn() -> f64,
+) -> Result<Value, CliError> {
+    let one = g.profile_pass(1, Head::Argmax, pos, RUNS, now)?;
+    let sixteen = match spec {
+        Some(s) => s.profile_step(16, RUNS, now)?,
+        None => g.profile_pass(16, Head::Argmax, pos, RUNS, now)?,
+    };
+    let host = g.host_times(5, now)?;
+    let cal = profile::calibrate(ctx, &g.weight_matrices(), calibration_bytes(ctx), now)?;
+    let layers = g.config.num_layers;
+    Ok(json!({
+        "timing": format!("{:?}", ctx.timestamps),
+        "dispatches_per_decode_step": one.dispatches.len(),
+        "dispatches_aim": 6 * layers + 4,
+        "layers": layers,
+        "one_row_step": one.to_json(),
+        "sixteen_row_step": sixteen.to_json(),
+        "step_cost_16_over_1": sixteen.total_seconds() / one.total_seconds().max(1e-12),
+        "families": families(&one, &sixteen),
+        "host_ms": {
+            "encode": host.encode * 1e3,
+            "submit": host.submit * 1e3,
+            "map": host.map * 1e3,
+        },
+        "calibration": cal.to_json(),
+    }))
+}
+
+/// Per op family: count, µs and share of the one-row and of the 16-row step.
+fn families(one: &PlanProfile, sixteen: &PlanProfile) -> Vec<Value> {
+    let (t1, t16) = (
+        one.total_seconds().max(1e-12),
+        sixteen.total_seconds().max(1e-12),
+    );
+    let a = profile::family_totals(one);
+    let b = profile::family_totals(sixteen);
+    let mut names: Vec<&String> = a.iter().map(|r| &r.0).collect();
+    names.extend(
+        b.iter()
+            .map(|r| &r.0)
+            .filter(|n| !a.iter().any(|r| &r.0 == *n)),
+    );
+    names
+        .into_iter()
+        .map(|name| {
+            let get = |v: &[(String, usize, f64)]| {
+                v.iter()
+                    .find(|r| &r.0 == name)
+                    .map_or((0, 0.0), |r| (r.1, r.2))
+            };
+            let (c1, s1) = get(&a);
+            let (c16, s16) = get(&b);
+            json!({
+                "family": name,
+                "count_1": c1, "us_1": s1 * 1e6, "share_1": s1 / t1,
+                "count_16": c16, "us_16": s16 * 1e6, "share_16": s16 / t16,
+            })
+        })
+        .collect()
+}
+
+/// The profile as tables on stdout.
+pub fn print(v: &Value) {
+    let f = |x: &Value| x.as_f64().unwrap_or(0.0);
+    let one = &v["one_row_step"];
+    let six = &v["sixteen_row_step"];
+    println!(
+        "profile ({} timing): one-row step {:.1} us in {} dispatches (aim <= {}), {} {:.1} us in {} dispatches ({:.2} one-row steps)",
+        v["timing"].as_str().unwrap_or(""),
+        f(&one["total_us"]),
+        one["dispatches"],
+        v["dispatches_aim"],
+        six["name"].as_str().unwrap_or(""),
+        f(&six["total_us"]),
+        six["dispatches"],
+        f(&v["step_cost_16_over_1"]),
+    );
+    println!(
+        "{:<22} {:>6} {:>10} {:>7} {:>6} {:>10} {:>7}",
+        "family", "n(1)", "us(1)", "%(1)", "n(16)", "us(16)", "%(16)"
+    );
+    for r in v["families"].as_array().into_iter().flatten() {
+        println!(
+            "{:<22} {:>6} {:>10.1} {:>6.1}% {:>6} {:>10.1} {:>6.1}%",
+            r["family"].as_str().unwrap_or(""),
+            r["count_1"],
+            f(&r["us_1"]),
+            100.0 * f(&r["share_1"]),
+            r["count_16"],
+            f(&r["us_16"]),
+            100.0 * f(&r["share_16"]),
+        );
+    }
+    println!("one-row step by shape:");
+    for r in one["by_shape"].as_array().into_iter().flatten() {
+        println!(
+            "  {:<18} {:<28} {:>4} x {:>8.1} us = {:>9.1} us {:>5.1}% {:>8.2} GB/s",
+            r["family"].as_str().unwrap_or(""),
+            r["shape"].as_str().unwrap_or(""),
+            r["count"],
+            f(&r["mean_us"]),
+            f(&r["total_us"]),
+            100.0 * f(&r["share"]),
+            f(&r["gbps"]),
+        );
+    }
+    let h = &v["host_ms"];
+    println!(
+        "host per step: encode {:.3} ms, submit {:.3} ms, map {:.3} ms",
+        f(&h["encode"]),
+        f(&h["submit"]),
+        f(&h["map"])
+    );
+    let c = &v["calibration"];
+    println!(
+        "calibration: {:.2} us per dispatch; copy {:.2} GB/s; read-only stream {:.2} GB/s",
+        f(&c["dispatch_us"]),
+        f(&c["copy_gbps"]),
+        f(&c["stream_gbps"])
+    );
+    for r in c["gemv"].as_array().into_iter().flatten() {
+        println!(
+            "  gemv {:<28} {:>9.1} us {:>8.2} GB/s ({:.3} of copy)",
+            r["shape"].as_str().unwrap_or(""),
+            f(&r["us"]),
+            f(&r["gbps"]),
+            f(&r["copy_ratio"]),
+        );
+    }
+}
