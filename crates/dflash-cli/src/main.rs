@@ -99,13 +99,13 @@ fn main() {
     }
 }
 
-pub fn load(path: &PathBuf) -> Result<(LoadedModel, f64), CliError> {
+pub fn load(path: &std::path::Path) -> Result<(LoadedModel, f64), CliError> {
     let t = Instant::now();
     let m = load_path(path)?;
     Ok((m, t.elapsed().as_secs_f64()))
 }
 
-fn tokenize(model: &PathBuf, text: &str) -> Result<(), CliError> {
+fn tokenize(model: &std::path::Path, text: &str) -> Result<(), CliError> {
     let (m, _) = load(model)?;
     let ids = m.tokenizer.encode(text, true)?;
     println!("{}", serde_json::to_string(&ids).unwrap());
@@ -126,8 +126,8 @@ fn adapters() -> Result<(), CliError> {
 }
 
 fn make_random_drafter(
-    model: &PathBuf,
-    out: &PathBuf,
+    model: &std::path::Path,
+    out: &std::path::Path,
     layers: usize,
     block: usize,
     mask: Option<u32>,

@@ -85,7 +85,9 @@ impl ModelConfig {
         {
             return bad("zero-sized model dimension".into());
         }
-        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0
+        if self.num_heads == 0
+            || self.num_kv_heads == 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
         {
             return bad(format!(
                 "{} heads cannot share {} KV heads",
@@ -93,9 +95,9 @@ impl ModelConfig {
             ));
         }
         if self.head_dim == 0
-            || self.head_dim % 2 != 0
+            || !self.head_dim.is_multiple_of(2)
             || self.rope_dim > self.head_dim
-            || self.rope_dim % 2 != 0
+            || !self.rope_dim.is_multiple_of(2)
         {
             return bad(format!(
                 "head_dim {} / rope_dim {}",

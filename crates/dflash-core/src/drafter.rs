@@ -241,7 +241,7 @@ impl DrafterConfig {
             {
                 return Err(Error::NotADrafter("DFlash2 sizes must be positive (conv_kernel_size, conv_group_size, selector_rank, selector_top_k)".into()));
             }
-            if b.hidden_size % d.conv_group_size != 0 {
+            if !b.hidden_size.is_multiple_of(d.conv_group_size) {
                 return Err(Error::NotADrafter(format!(
                     "conv_group_size {} does not divide hidden_size {}",
                     d.conv_group_size, b.hidden_size
@@ -283,7 +283,10 @@ impl DrafterConfig {
             target_layer_ids,
             architecture,
         };
-        if cfg.num_kv_heads == 0 || cfg.num_heads % cfg.num_kv_heads != 0 || cfg.head_dim % 2 != 0 {
+        if cfg.num_kv_heads == 0
+            || !cfg.num_heads.is_multiple_of(cfg.num_kv_heads)
+            || !cfg.head_dim.is_multiple_of(2)
+        {
             return Err(Error::NotADrafter(format!(
                 "{} heads over {} KV heads of {}",
                 cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -604,6 +607,7 @@ struct CpuSelector {
 /// the taps never reaching before the block's first row. `base` is `[taps, H]` (one
 /// side of `base_kernel`), `delta` holds each row's `[taps, groups]` coefficients at
 /// `delta[i * stride + offset ..]`.
+#[allow(clippy::too_many_arguments)]
 pub fn grouped_conv(
     x: &[f32],
     h: usize,

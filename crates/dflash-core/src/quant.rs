@@ -150,7 +150,7 @@ impl QuantMatrix {
         })?;
         let (bs, bb) = t.block_size();
         let n = rows * cols;
-        if cols % group != 0 || cols % bs != 0 {
+        if !cols.is_multiple_of(group) || !cols.is_multiple_of(bs) {
             return Err(Error::BadTensorLayout {
                 tensor: name.into(),
                 reason: format!("{cols} columns are not a multiple of the group size {group}"),

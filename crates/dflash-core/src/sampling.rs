@@ -189,7 +189,7 @@ pub fn kept_weights(logits: &[f32], params: &SamplingParams, history: &[u32]) ->
             .map(|&v| (order_key(v), (v - m).exp()))
             .collect();
         let target = kept.iter().map(|k| k.1).sum::<f32>() * params.top_p;
-        kept.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        kept.sort_unstable_by_key(|a| std::cmp::Reverse(a.0));
         let mut cum = 0f32;
         for (k, e) in kept {
             cum += e;

@@ -97,6 +97,7 @@ fn block_values(verify_cost: &[f64], acc: &Acceptance, max_block: usize) -> Vec<
     let mut out = Vec::new();
     let mut expected = 1.0; // tokens per step with b rows: 1 + sum of prefix products
     let mut prefix = 1.0;
+    #[allow(clippy::needless_range_loop)] // b is also the block size
     for b in 1..=max_block.min(verify_cost.len().saturating_sub(1)) {
         if b > 1 {
             prefix *= acc.conditional(b - 2);

@@ -69,7 +69,7 @@ pub fn tiny_vocab() -> TinyVocab {
         types.push(3);
     }
     // Pad to a multiple of 8 with unused tokens so the vocabulary has a round size.
-    while tokens.len() % 8 != 0 {
+    while !tokens.len().is_multiple_of(8) {
         tokens.push(format!("<unused{}>", tokens.len()));
         types.push(5);
     }

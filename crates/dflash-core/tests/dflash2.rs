@@ -136,11 +136,14 @@ fn dflash2_drafters_load_with_the_published_names() {
     );
 }
 
+/// A broken drafter folder and the check its error must pass.
+type Case<'a> = (&'a str, BTreeMap<String, Vec<u8>>, fn(&Error) -> bool);
+
 #[test]
 fn inconsistent_dflash2_fields_and_shapes_are_typed_errors() {
     let t = target();
     let files = write_dflash2_drafter(t.config(), &spec(2), &d2());
-    let cases: Vec<(&str, BTreeMap<String, Vec<u8>>, fn(&Error) -> bool)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "group not dividing hidden",
             edit(&files, |v| {

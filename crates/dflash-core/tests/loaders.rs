@@ -128,9 +128,8 @@ fn tokenizer_and_chat_template_come_from_the_file() {
 
 // ---------- GPTQ / AWQ packed int4 ----------
 
-fn pack_model_with_int4(
-    method: &str,
-) -> (
+/// Files, then the packed layer's q, scales, zeros and its rows, cols and group size.
+type PackedModel = (
     BTreeMap<String, Vec<u8>>,
     Vec<i32>,
     Vec<f32>,
@@ -138,7 +137,9 @@ fn pack_model_with_int4(
     usize,
     usize,
     usize,
-) {
+);
+
+fn pack_model_with_int4(method: &str) -> PackedModel {
     let c = tiny_config(Arch::Qwen2);
     let w = random_weights(&c, 12);
     let mut files = write_hf(&c, &w, Dtype::F16, 1);

@@ -1022,6 +1022,7 @@ impl Speculative {
 pub fn interpolate_costs(times: &[(usize, f64)], max: usize) -> Vec<f64> {
     let base = times.first().map(|t| t.1).unwrap_or(1.0).max(1e-9);
     let mut costs = vec![1.0; max + 1];
+    #[allow(clippy::needless_range_loop)] // b is also the block size
     for b in 1..=max {
         let hi = times
             .iter()

@@ -512,7 +512,7 @@ impl GpuModel {
     /// Checks a pass over `tokens`, builds its plan once, writes the tokens and state.
     fn prepare_pass(&mut self, tokens: &[u32], head: Head) -> Result<()> {
         let n = tokens.len();
-        assert!(n >= 1 && n <= MAX_ROWS);
+        assert!((1..=MAX_ROWS).contains(&n));
         if self.len + n > self.context {
             return Err(GpuError::Core(dflash_core::Error::ContextOverflow {
                 prompt_tokens: self.len + n,

@@ -422,7 +422,7 @@ pub fn copy(
         &[(1, src), (2, dst)],
         [gx, gy, 1],
     )?
-    .shaped(format!("{} MiB", n_vec4 * 16 >> 20), 32 * n_vec4 as u64))
+    .shaped(format!("{} MiB", (n_vec4 * 16) >> 20), 32 * n_vec4 as u64))
 }
 
 /// Encodes `dispatches` in one compute pass and submits them.

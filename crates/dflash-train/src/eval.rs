@@ -46,6 +46,7 @@ pub fn read_prompts(
         .collect())
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     m: &LoadedModel,
     target: &CpuModel,

@@ -209,19 +209,15 @@ fn save_checkpoint(
     Ok(())
 }
 
+/// Named tensors (Adam's first or second moments).
+pub type Moments = BTreeMap<String, Tensor>;
+
 /// Parameters (and moments) of the last checkpoint.
 pub fn load_params(
     dir: &RunDir,
     cfg: &DrafterConfig,
     dev: &Device,
-) -> Result<
-    (
-        DraftParams,
-        BTreeMap<String, Tensor>,
-        BTreeMap<String, Tensor>,
-    ),
-    TrainError,
-> {
+) -> Result<(DraftParams, Moments, Moments), TrainError> {
     let all = candle_core::safetensors::load(dir.checkpoint(), dev)
         .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.checkpoint().display())))?;
     let (mut p, mut m, mut v) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());

@@ -117,7 +117,7 @@ pub fn dequantize(t: GgmlType, data: &[u8], n: usize) -> Vec<f32> {
     let mut y = Vec::with_capacity(n);
     let (bs, bb) = t.block_size();
     assert!(
-        n % bs == 0 && data.len() >= n / bs * bb,
+        n.is_multiple_of(bs) && data.len() >= n / bs * bb,
         "dequantize: bad sizes"
     );
     match t {

@@ -241,10 +241,10 @@ fn min_value_size(type_id: u32) -> Option<u64> {
     Some(match type_id {
         0 | 1 | 7 => 1,
         2 | 3 => 2,
-        4 | 5 | 6 => 4,
+        4..=6 => 4,
         8 => 8,
         9 => 12,
-        10 | 11 | 12 => 8,
+        10..=12 => 8,
         _ => return None,
     })
 }
