@@ -129,7 +129,7 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
     for (var i = 0u; i < MAX_DIM_PER_THREAD; i++) {
         let d = t + i * WG;
         if (d < p.head_dim) {
-            out[qbase + d] = acc[i] / l;
+            out[r * p.n_heads * p.head_dim + h * p.head_dim + d] = acc[i] / l;
         }
     }
 }

@@ -67,14 +67,35 @@ pub struct AdapterSummary {
 pub struct Tuning {
     /// Threads sharing one GEMV output row (power of two, 1..=64).
     pub gemv_lanes: usize,
+    /// RMSNorm fused into the prologue of the GEMV that follows it. Every workgroup
+    /// then computes the row's norm: cheap on GPUs; on CPU adapters it is either
+    /// barriers (which make a kernel coroutines there) or 64 threads repeating the same
+    /// sums, both slower than the separate one-workgroup kernel.
+    pub fuse_norm: bool,
 }
 
 impl Tuning {
     pub fn for_adapter(device_type: wgpu::DeviceType) -> Self {
         match device_type {
             // CPU adapters (lavapipe, SwiftShader): barriers are dear, one thread per row.
-            wgpu::DeviceType::Cpu => Tuning { gemv_lanes: 1 },
-            _ => Tuning { gemv_lanes: 16 },
+            wgpu::DeviceType::Cpu => Tuning::cpu(),
+            _ => Tuning::gpu(),
+        }
+    }
+
+    /// The knobs of a GPU.
+    pub fn gpu() -> Self {
+        Tuning {
+            gemv_lanes: 16,
+            fuse_norm: true,
+        }
+    }
+
+    /// The knobs of a CPU adapter.
+    pub fn cpu() -> Self {
+        Tuning {
+            gemv_lanes: 1,
+            fuse_norm: false,
         }
     }
 }
@@ -90,6 +111,9 @@ pub struct GpuContext {
     pub tuning: Tuning,
     /// Timestamp queries granted (only when `GpuOptions::profile` asked for them).
     pub timestamps: Timestamps,
+    /// A small read-only storage buffer bound where a kernel variant leaves a binding
+    /// unused (its layout still names it).
+    pub unused: wgpu::Buffer,
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<GpuError>>>,
 }
@@ -193,6 +217,12 @@ impl GpuContext {
                 }
             }
         }));
+        let unused = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused binding"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         let summary = AdapterSummary {
             name: info.name.clone(),
             backend: format!("{:?}", info.backend),
@@ -219,6 +249,7 @@ impl GpuContext {
             pipelines: Default::default(),
             tuning,
             timestamps,
+            unused,
             lost,
             uncaptured,
         })

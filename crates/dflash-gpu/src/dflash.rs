@@ -400,6 +400,7 @@ impl GpuDrafter {
                     head_dim: c.head_dim,
                     window: l.window,
                     causal: false,
+                    q_stride: 0,
                 };
                 d.push(ops::attention(
                     ctx, &shape, st, &self.q, &l.k_ctx, &l.v_ctx, &self.att, b,

@@ -53,20 +53,69 @@ impl Default for GpuModelOptions {
     }
 }
 
+/// The feed-forward's gate and up projections: stacked (`[gate; up]`, one GEMV with the
+/// SwiGLU in its epilogue) where they can share buffers, else apart.
+enum GateUp {
+    Stacked(GpuMatrix),
+    Apart { gate: GpuMatrix, up: GpuMatrix },
+}
+
 struct GpuLayer {
     attn_norm: wgpu::Buffer,
     ffn_norm: wgpu::Buffer,
-    wq: GpuMatrix,
-    wk: GpuMatrix,
-    wv: GpuMatrix,
+    /// q, k and v rows with their biases: one stacked matrix where the three can share
+    /// buffers (one GEMV), else the three in order.
+    qkv: Vec<(GpuMatrix, Option<wgpu::Buffer>)>,
     wo: GpuMatrix,
-    w_gate: GpuMatrix,
-    w_up: GpuMatrix,
+    gate_up: GateUp,
     w_down: GpuMatrix,
-    bias: Option<[wgpu::Buffer; 3]>,
     qk_norm: Option<[wgpu::Buffer; 2]>,
     k_cache: wgpu::Buffer,
     v_cache: wgpu::Buffer,
+}
+
+impl GpuLayer {
+    fn matrices(&self) -> Vec<&GpuMatrix> {
+        let mut v: Vec<&GpuMatrix> = self.qkv.iter().map(|p| &p.0).collect();
+        v.push(&self.wo);
+        match &self.gate_up {
+            GateUp::Stacked(m) => v.push(m),
+            GateUp::Apart { gate, up } => v.extend([gate, up]),
+        }
+        v.push(&self.w_down);
+        v
+    }
+}
+
+/// q, k and v (and their biases) stacked where they can share buffers.
+fn stack_qkv(
+    ctx: &GpuContext,
+    i: usize,
+    w: [GpuMatrix; 3],
+    b: [Option<wgpu::Buffer>; 3],
+) -> Vec<(GpuMatrix, Option<wgpu::Buffer>)> {
+    let name = format!("qkv.{i}");
+    match crate::upload::concat_rows(ctx, &name, &[&w[0], &w[1], &w[2]]) {
+        Some(m) => {
+            let bias = match &b {
+                [Some(q), Some(k), Some(v)] => Some(crate::upload::concat_f32(
+                    ctx,
+                    &name,
+                    &[(q, w[0].rows), (k, w[1].rows), (v, w[2].rows)],
+                )),
+                _ => None,
+            };
+            vec![(m, bias)]
+        }
+        None => w.into_iter().zip(b).collect(),
+    }
+}
+
+fn stack_gate_up(ctx: &GpuContext, i: usize, gate: GpuMatrix, up: GpuMatrix) -> GateUp {
+    match crate::upload::concat_rows(ctx, &format!("gate_up.{i}"), &[&gate, &up]) {
+        Some(m) => GateUp::Stacked(m),
+        None => GateUp::Apart { gate, up },
+    }
 }
 
 pub(crate) struct Activations {
@@ -75,15 +124,17 @@ pub(crate) struct Activations {
     pub(crate) ext_state: wgpu::Buffer,
     pub(crate) result: wgpu::Buffer,
     pub(crate) x: wgpu::Buffer,
+    /// RMSNorm(x) where the adapter does not fuse the norm into the next GEMV.
     pub(crate) xn: wgpu::Buffer,
-    pub(crate) q: wgpu::Buffer,
-    pub(crate) k: wgpu::Buffer,
-    pub(crate) v: wgpu::Buffer,
+    /// q, k and v of each row: `[16, q_dim + 2 kv_dim]`.
+    pub(crate) qkv: wgpu::Buffer,
     pub(crate) att: wgpu::Buffer,
     pub(crate) gate: wgpu::Buffer,
     pub(crate) up: wgpu::Buffer,
     pub(crate) ff: wgpu::Buffer,
     pub(crate) logits: wgpu::Buffer,
+    /// The greedy head's workgroup partials: `[16, argmax_parts]` (value, index).
+    pub(crate) best: wgpu::Buffer,
     pub(crate) out_tokens: wgpu::Buffer,
     pub(crate) sample_params: wgpu::Buffer,
     pub(crate) taps: wgpu::Buffer,
@@ -177,9 +228,11 @@ pub fn plan_buffers(
     let f = 4u64;
     let logits = n * c.vocab_size as u64 * f;
     check("the logits of 16 rows".into(), logits)?;
+    // x, xn, qkv, att, gate, up, ff; the greedy head's partials (one per row at most).
     let activations = n
         * f
         * (2 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size) as u64
+        + 2 * logits
         + logits
         + n * f * (opts.taps.len() * c.hidden_size) as u64
         + rope;
@@ -291,17 +344,10 @@ impl GpuModel {
             layers.push(GpuLayer {
                 attn_norm: l.attn_norm,
                 ffn_norm: l.ffn_norm,
-                wq: l.wq,
-                wk: l.wk,
-                wv: l.wv,
+                qkv: stack_qkv(&ctx, i, [l.wq, l.wk, l.wv], [l.bq, l.bk, l.bv]),
                 wo: l.wo,
-                w_gate: l.w_gate,
-                w_up: l.w_up,
+                gate_up: stack_gate_up(&ctx, i, l.w_gate, l.w_up),
                 w_down: l.w_down,
-                bias: match (l.bq, l.bk, l.bv) {
-                    (Some(q), Some(k), Some(v)) => Some([q, k, v]),
-                    _ => None,
-                },
                 qk_norm: match (l.q_norm, l.k_norm) {
                     (Some(q), Some(k)) => Some([q, k]),
                     _ => None,
@@ -329,14 +375,13 @@ impl GpuModel {
             result: wb("result", (n + 4) * 4),
             x: wb("x", n * f * c.hidden_size as u64),
             xn: wb("xn", n * f * c.hidden_size as u64),
-            q: wb("q", n * f * c.q_dim() as u64),
-            k: wb("k", n * f * c.kv_dim() as u64),
-            v: wb("v", n * f * c.kv_dim() as u64),
+            qkv: wb("qkv", n * f * (c.q_dim() + 2 * c.kv_dim()) as u64),
             att: wb("att", n * f * c.q_dim() as u64),
             gate: wb("gate", n * f * c.intermediate_size as u64),
             up: wb("up", n * f * c.intermediate_size as u64),
             ff: wb("ff", n * f * c.intermediate_size as u64),
             logits: wb("logits", n * f * c.vocab_size as u64),
+            best: wb("best", n * 8 * c.vocab_size as u64),
             out_tokens: wb("out_tokens", n * 4),
             sample_params: ctx.buffer_with(
                 "sample_params",
@@ -390,89 +435,14 @@ impl GpuModel {
 
     pub(crate) fn build_plan(&self, n: usize, head: Head) -> Result<Vec<Dispatch>> {
         let ctx: &GpuContext = &self.ctx;
-        let c = &self.config;
         let a = &self.act;
-        let (h, qd, kvd, ff, eps) = (
-            c.hidden_size,
-            c.q_dim(),
-            c.kv_dim(),
-            c.intermediate_size,
-            c.rms_norm_eps,
-        );
-        let rope_q = ops::RopeShape {
-            style: c.rope_style,
-            heads: c.num_heads,
-            head_dim: c.head_dim,
-            rope_dim: c.rope_dim,
-        };
-        let rope_k = ops::RopeShape {
-            heads: c.num_kv_heads,
-            ..rope_q
-        };
-        let att = ops::AttentionShape {
-            n_heads: c.num_heads,
-            n_kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            window: 0,
-            causal: true,
-        };
         let mut d = ops::embedding(ctx, &self.embed, &a.tokens, &a.x, n)?;
         for (li, l) in self.layers.iter().enumerate() {
-            d.push(ops::rmsnorm(ctx, eps, &l.attn_norm, &a.x, &a.xn, n, h)?);
-            d.extend(ops::gemv(ctx, &l.wq, &a.xn, &a.q, n, false)?);
-            d.extend(ops::gemv(ctx, &l.wk, &a.xn, &a.k, n, false)?);
-            d.extend(ops::gemv(ctx, &l.wv, &a.xn, &a.v, n, false)?);
-            if let Some([bq, bk, bv]) = &l.bias {
-                d.push(ops::add_bias(ctx, bq, &a.q, n, qd)?);
-                d.push(ops::add_bias(ctx, bk, &a.k, n, kvd)?);
-                d.push(ops::add_bias(ctx, bv, &a.v, n, kvd)?);
-            }
-            if let Some([qn, kn]) = &l.qk_norm {
-                d.push(ops::rmsnorm_inplace(
-                    ctx,
-                    eps,
-                    qn,
-                    &a.q,
-                    n * c.num_heads,
-                    c.head_dim,
-                )?);
-                d.push(ops::rmsnorm_inplace(
-                    ctx,
-                    eps,
-                    kn,
-                    &a.k,
-                    n * c.num_kv_heads,
-                    c.head_dim,
-                )?);
-            }
-            d.push(ops::rope(
-                ctx,
-                &rope_q,
-                &a.state,
-                &self.rope_table,
-                &a.q,
-                n,
-            )?);
-            d.push(ops::rope(
-                ctx,
-                &rope_k,
-                &a.state,
-                &self.rope_table,
-                &a.k,
-                n,
-            )?);
-            d.push(ops::store_kv(ctx, &a.k, &a.state, &l.k_cache, n, kvd)?);
-            d.push(ops::store_kv(ctx, &a.v, &a.state, &l.v_cache, n, kvd)?);
-            d.push(ops::attention(
-                ctx, &att, &a.state, &a.q, &l.k_cache, &l.v_cache, &a.att, n,
-            )?);
-            d.extend(ops::gemv(ctx, &l.wo, &a.att, &a.x, n, true)?);
-            d.push(ops::rmsnorm(ctx, eps, &l.ffn_norm, &a.x, &a.xn, n, h)?);
-            d.extend(ops::gemv(ctx, &l.w_gate, &a.xn, &a.gate, n, false)?);
-            d.extend(ops::gemv(ctx, &l.w_up, &a.xn, &a.up, n, false)?);
-            d.push(ops::swiglu(ctx, &a.gate, &a.up, &a.ff, n, ff)?);
-            d.extend(ops::gemv(ctx, &l.w_down, &a.ff, &a.x, n, true)?);
+            self.attention_block(&mut d, l, n)?;
+            self.mlp_block(&mut d, l, n)?;
             for (ti, _) in self.taps.iter().enumerate().filter(|(_, &t)| t == li) {
+                let h = self.config.hidden_size;
+                let stride = self.taps.len() * h;
                 d.push(ops::copy_rows(
                     ctx,
                     &a.x,
@@ -480,23 +450,145 @@ impl GpuModel {
                     &a.state,
                     n,
                     h,
-                    self.taps.len() * h,
+                    stride,
                     ti * h,
                 )?);
             }
         }
         if head != Head::None {
-            d.push(ops::rmsnorm(ctx, eps, &self.out_norm, &a.x, &a.xn, n, h)?);
-            let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
-            d.extend(ops::gemv(ctx, lm, &a.xn, &a.logits, n, false)?);
-            d.push(match head {
-                Head::Sample => {
-                    ops::sample(ctx, &a.sample_params, &a.state, &a.logits, &a.out_tokens, n)?
-                }
-                _ => ops::argmax(ctx, &a.logits, &a.out_tokens, n, c.vocab_size, c.vocab_size)?,
-            });
+            self.head(&mut d, n, head)?;
         }
         Ok(d)
+    }
+
+    /// The input of a GEMV that follows an RMSNorm by `w`: x, with the norm fused into
+    /// the GEMV, where the adapter fuses it (`Tuning::fuse_norm`); else xn, written by
+    /// the separate kernel pushed here.
+    fn norm_input<'a>(
+        &'a self,
+        d: &mut Vec<Dispatch>,
+        w: &'a wgpu::Buffer,
+        n: usize,
+    ) -> Result<ops::GemvFusion<'a>> {
+        let (c, a) = (&self.config, &self.act);
+        if self.ctx.tuning.fuse_norm {
+            return Ok(ops::GemvFusion {
+                norm: Some((w, c.rms_norm_eps)),
+                ..Default::default()
+            });
+        }
+        let (eps, h) = (c.rms_norm_eps, c.hidden_size);
+        d.push(ops::rmsnorm(&self.ctx, eps, w, &a.x, &a.xn, n, h)?);
+        Ok(ops::GemvFusion::default())
+    }
+
+    /// The buffer a GEMV after `norm_input` reads.
+    fn normed<'a>(&'a self, f: &ops::GemvFusion) -> &'a wgpu::Buffer {
+        if f.norm.is_some() {
+            &self.act.x
+        } else {
+            &self.act.xn
+        }
+    }
+
+    /// RMSNorm + QKV (one GEMV with the norm in its prologue and the bias in its
+    /// epilogue), per-head norms + RoPE + KV store, attention, o_proj + residual.
+    fn attention_block(&self, d: &mut Vec<Dispatch>, l: &GpuLayer, n: usize) -> Result<()> {
+        let (ctx, c, a) = (&*self.ctx, &self.config, &self.act);
+        let row = c.q_dim() + 2 * c.kv_dim();
+        let norm = self.norm_input(d, &l.attn_norm, n)?;
+        let x = self.normed(&norm);
+        let mut col = 0;
+        for (m, bias) in &l.qkv {
+            let f = ops::GemvFusion {
+                bias: bias.as_ref(),
+                out_offset: col,
+                out_stride: row,
+                ..norm
+            };
+            d.extend(ops::gemv_fused(ctx, m, x, &a.qkv, n, &f)?);
+            col += m.rows;
+        }
+        let shape = ops::QkvShape {
+            style: c.rope_style,
+            n_heads: c.num_heads,
+            n_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            rope_dim: c.rope_dim,
+            eps: c.rms_norm_eps,
+        };
+        let bufs = ops::QkvBuffers {
+            state: &a.state,
+            table: &self.rope_table,
+            qkv: &a.qkv,
+            qk_norm: l.qk_norm.as_ref().map(|[q, k]| [q, k]),
+            k_cache: &l.k_cache,
+            v_cache: &l.v_cache,
+        };
+        d.push(ops::qkv_rope_store(ctx, &shape, &bufs, n)?);
+        let att = ops::AttentionShape {
+            n_heads: c.num_heads,
+            n_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            window: 0,
+            causal: true,
+            q_stride: row,
+        };
+        d.push(ops::attention(
+            ctx, &att, &a.state, &a.qkv, &l.k_cache, &l.v_cache, &a.att, n,
+        )?);
+        d.extend(ops::gemv(ctx, &l.wo, &a.att, &a.x, n, true)?);
+        Ok(())
+    }
+
+    /// RMSNorm + gate/up + SwiGLU (one GEMV where the two are stacked), down + residual.
+    fn mlp_block(&self, d: &mut Vec<Dispatch>, l: &GpuLayer, n: usize) -> Result<()> {
+        let (ctx, c, a) = (&*self.ctx, &self.config, &self.act);
+        let norm = self.norm_input(d, &l.ffn_norm, n)?;
+        let x = self.normed(&norm);
+        match &l.gate_up {
+            GateUp::Stacked(m) => {
+                let f = ops::GemvFusion { pair: true, ..norm };
+                d.extend(ops::gemv_fused(ctx, m, x, &a.ff, n, &f)?);
+            }
+            GateUp::Apart { gate, up } => {
+                d.extend(ops::gemv_fused(ctx, gate, x, &a.gate, n, &norm)?);
+                d.extend(ops::gemv_fused(ctx, up, x, &a.up, n, &norm)?);
+                let ff = c.intermediate_size;
+                d.push(ops::swiglu(ctx, &a.gate, &a.up, &a.ff, n, ff)?);
+            }
+        }
+        d.extend(ops::gemv(ctx, &l.w_down, &a.ff, &a.x, n, true)?);
+        Ok(())
+    }
+
+    /// Final RMSNorm + lm_head (one GEMV), then the greedy head's reduction (its first
+    /// half is the lm_head's epilogue) or the sampler.
+    fn head(&self, d: &mut Vec<Dispatch>, n: usize, head: Head) -> Result<()> {
+        let (ctx, a) = (&*self.ctx, &self.act);
+        let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let norm = self.norm_input(d, &self.out_norm, n)?;
+        let x = self.normed(&norm);
+        if head == Head::Sample {
+            d.extend(ops::gemv_fused(ctx, lm, x, &a.logits, n, &norm)?);
+            d.push(ops::sample(
+                ctx,
+                &a.sample_params,
+                &a.state,
+                &a.logits,
+                &a.out_tokens,
+                n,
+            )?);
+            return Ok(());
+        }
+        let f = ops::GemvFusion {
+            argmax: Some(&a.best),
+            ..norm
+        };
+        d.extend(ops::gemv_fused(ctx, lm, x, &a.logits, n, &f)?);
+        let parts = ops::argmax_parts(ctx, lm);
+        d.push(ops::argmax_reduce(ctx, &a.best, &a.out_tokens, n, parts)?);
+        Ok(())
     }
 
     /// Encodes and submits one pass over `tokens` (at most 16) at positions
@@ -630,12 +722,10 @@ impl GpuModel {
         })
     }
 
-    /// Every weight matrix the decode step reads, once per distinct matrix.
+    /// Every weight matrix the decode step reads (q/k/v and gate/up stacked where the
+    /// engine stacks them).
     pub fn weight_matrices(&self) -> Vec<&GpuMatrix> {
-        let mut v = Vec::new();
-        for l in &self.layers {
-            v.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
-        }
+        let mut v: Vec<&GpuMatrix> = self.layers.iter().flat_map(|l| l.matrices()).collect();
         v.push(self.lm_head.as_ref().unwrap_or(&self.embed));
         v
     }
@@ -740,16 +830,13 @@ impl GpuModel {
 
     /// Bytes of weights one decode step reads: every layer matrix, the norms and lm_head.
     pub fn weight_bytes_per_token(&self) -> u64 {
-        let mut n = self.lm_head.as_ref().unwrap_or(&self.embed).n_bytes;
-        let c = &self.config;
-        for l in &self.layers {
-            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                .iter()
-                .map(|m| m.n_bytes)
-                .sum::<u64>();
-            n += 2 * c.hidden_size as u64 * 4;
-        }
-        n
+        let lm = self.lm_head.as_ref().unwrap_or(&self.embed).n_bytes;
+        let norms = 2 * self.config.hidden_size as u64 * 4;
+        lm + self
+            .layers
+            .iter()
+            .map(|l| l.matrices().iter().map(|m| m.n_bytes).sum::<u64>() + norms)
+            .sum::<u64>()
     }
 
     /// GB/s of the one-row GEMV over every weight matrix of the model (the decode
@@ -758,23 +845,15 @@ impl GpuModel {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn gemv_gbps(&self, reps: usize, trials: usize, now: &dyn Fn() -> f64) -> Result<f64> {
         let ctx: &GpuContext = &self.ctx;
-        let a = &self.act;
+        let mats = self.weight_matrices();
+        let cols = mats.iter().map(|m| m.cols).max().unwrap_or(1);
+        let rows = mats.iter().map(|m| m.rows).max().unwrap_or(1);
+        let x = work_buffer(ctx, "gemv_x", 4 * cols as u64);
+        let y = work_buffer(ctx, "gemv_y", 4 * rows as u64);
         let mut d = Vec::new();
-        for l in &self.layers {
-            for (m, x, y) in [
-                (&l.wq, &a.xn, &a.q),
-                (&l.wk, &a.xn, &a.k),
-                (&l.wv, &a.xn, &a.v),
-                (&l.wo, &a.att, &a.xn),
-                (&l.w_gate, &a.xn, &a.gate),
-                (&l.w_up, &a.xn, &a.up),
-                (&l.w_down, &a.ff, &a.xn),
-            ] {
-                d.extend(ops::gemv(ctx, m, x, y, 1, false)?);
-            }
+        for m in mats {
+            d.extend(ops::gemv(ctx, m, &x, &y, 1, false)?);
         }
-        let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
-        d.extend(ops::gemv(ctx, lm, &a.xn, &a.logits, 1, false)?);
         crate::profile::gbps(ctx, &d.iter().collect::<Vec<_>>(), reps, trials, now)
     }
 

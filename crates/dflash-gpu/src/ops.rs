@@ -32,37 +32,254 @@ pub fn gemv(
     n: usize,
     accumulate: bool,
 ) -> Result<Vec<Dispatch>> {
-    let k = Kernel::new(Shader::Gemv, "main")
+    let fused = GemvFusion {
+        accumulate,
+        ..Default::default()
+    };
+    gemv_fused(ctx, m, x, y, n, &fused)
+}
+
+/// What a GEMV does around its product (shaders/gemv.wgsl): each the same arithmetic as
+/// the separate kernel it replaces.
+#[derive(Default, Clone, Copy)]
+pub struct GemvFusion<'a> {
+    /// `y += result` (residual adds).
+    pub accumulate: bool,
+    /// RMSNorm of x by these weights and eps, in the prologue.
+    pub norm: Option<(&'a wgpu::Buffer, f32)>,
+    /// `y = result + bias[o]`.
+    pub bias: Option<&'a wgpu::Buffer>,
+    /// SwiGLU of the matrix's two row halves (`[gate; up]`): y has half its rows.
+    pub pair: bool,
+    /// Each workgroup's best (value, index) per row into this buffer, `argmax_parts`
+    /// per row (the greedy head; `argmax_reduce` finishes it).
+    pub argmax: Option<&'a wgpu::Buffer>,
+    /// First column of this matrix's rows in y, and y's row length (0: the rows).
+    pub out_offset: usize,
+    pub out_stride: usize,
+}
+
+/// The uniform of gemv.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct GemvParams {
+    pub n_rows: u32,
+    pub k: u32,
+    pub m: u32,
+    pub out_offset: u32,
+    pub out_stride: u32,
+    pub wg_x: u32,
+    pub eps: f32,
+    pub bias_offset: u32,
+    pub pair_rows: u32,
+    pub part_offset: u32,
+    pub n_parts: u32,
+    pub pad: u32,
+}
+
+/// Output rows one GEMV workgroup covers on this adapter.
+pub fn gemv_rows_per_workgroup(ctx: &GpuContext) -> usize {
+    64 / ctx.tuning.gemv_lanes
+}
+
+/// Output rows behind one partial of the fused greedy head: a workgroup's, or one row
+/// where a thread owns a row (LANES = 1: no barrier on CPU adapters).
+fn argmax_rows_per_part(ctx: &GpuContext) -> usize {
+    if ctx.tuning.gemv_lanes == 1 {
+        1
+    } else {
+        gemv_rows_per_workgroup(ctx)
+    }
+}
+
+/// Partials per row of the fused greedy head over `m`.
+pub fn argmax_parts(ctx: &GpuContext, m: &GpuMatrix) -> usize {
+    let per = argmax_rows_per_part(ctx);
+    m.chunks.iter().map(|c| c.rows.div_ceil(per)).sum()
+}
+
+/// `y[r, o] (+)= W x[r]` with the fusions of `f`, one dispatch per chunk of W.
+pub fn gemv_fused(
+    ctx: &GpuContext,
+    m: &GpuMatrix,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: usize,
+    f: &GemvFusion,
+) -> Result<Vec<Dispatch>> {
+    if f.pair && (m.chunks.len() != 1 || !m.rows.is_multiple_of(2)) {
+        return Err(crate::error::GpuError::Unsupported(
+            "a paired GEMV over a matrix split into chunks".into(),
+        ));
+    }
+    let entry = if f.argmax.is_some() {
+        "main_argmax"
+    } else {
+        "main"
+    };
+    let k = Kernel::new(Shader::Gemv, entry)
         .with("FORMAT", format_id(m.format))
         .with("GROUP", m.group as f64)
-        .with("ACCUMULATE", if accumulate { 1.0 } else { 0.0 })
+        .with("ACCUMULATE", f.accumulate as u8 as f64)
         .with("N_ROWS", n as f64)
-        .with("LANES", ctx.tuning.gemv_lanes as f64);
-    let rows_per_wg = 64 / ctx.tuning.gemv_lanes;
-    m.chunks
-        .iter()
-        .map(|ch| {
-            let (gx, gy) = grid(ch.rows.div_ceil(rows_per_wg) as u32);
-            let params = [
-                n as u32,
-                m.cols as u32,
-                ch.rows as u32,
-                ch.row_lo as u32,
-                m.rows as u32,
-                gx,
-            ];
-            let weights = ch.qs.size() + ch.scales.size() + ch.mins.size();
-            let io = 4 * n as u64 * (m.cols + ch.rows * (1 + accumulate as usize)) as u64;
-            Ok(Dispatch::new(
-                ctx,
-                &k,
-                Some(&params),
-                &[(1, x), (2, &ch.qs), (3, &ch.scales), (4, &ch.mins), (5, y)],
-                [gx, gy, 1],
-            )?
-            .shaped(shape_name(ch.rows, m.cols, m.format, n), weights + io))
-        })
-        .collect()
+        .with("LANES", ctx.tuning.gemv_lanes as f64)
+        .with("NORM", f.norm.is_some() as u8 as f64)
+        .with("BIAS", f.bias.is_some() as u8 as f64)
+        .with("PAIR", f.pair as u8 as f64);
+    let per = gemv_rows_per_workgroup(ctx);
+    let out_rows = if f.pair { m.rows / 2 } else { m.rows };
+    let n_parts = argmax_parts(ctx, m);
+    let mut part_offset = 0;
+    let mut out = Vec::new();
+    for ch in &m.chunks {
+        let rows = if f.pair { ch.rows / 2 } else { ch.rows };
+        let (gx, gy) = grid(rows.div_ceil(per) as u32);
+        let params = GemvParams {
+            n_rows: n as u32,
+            k: m.cols as u32,
+            m: rows as u32,
+            out_offset: (f.out_offset + ch.row_lo) as u32,
+            out_stride: if f.out_stride > 0 {
+                f.out_stride
+            } else {
+                out_rows
+            } as u32,
+            wg_x: gx,
+            eps: f.norm.map_or(0.0, |(_, e)| e),
+            bias_offset: ch.row_lo as u32,
+            pair_rows: if f.pair { rows as u32 } else { 0 },
+            part_offset: part_offset as u32,
+            n_parts: n_parts as u32,
+            pad: 0,
+        };
+        part_offset += rows.div_ceil(argmax_rows_per_part(ctx));
+        let mut bufs = vec![
+            (1, x),
+            (2, &ch.qs),
+            (3, &ch.scales),
+            (4, &ch.mins),
+            (5, y),
+            (6, f.norm.map_or(&ctx.unused, |(w, _)| w)),
+            (7, f.bias.unwrap_or(&ctx.unused)),
+        ];
+        if let Some(b) = f.argmax {
+            bufs.push((8, b));
+        }
+        let weights = ch.qs.size() + ch.scales.size() + ch.mins.size();
+        let io = 4 * n as u64 * (m.cols + rows * (1 + f.accumulate as usize)) as u64;
+        let params = bytemuck::cast_slice(std::slice::from_ref(&params));
+        out.push(
+            Dispatch::new(ctx, &k, Some(params), &bufs, [gx, gy, 1])?
+                .shaped(shape_name(ch.rows, m.cols, m.format, n), weights + io),
+        );
+    }
+    Ok(out)
+}
+
+/// `tokens[r]` = the best of row r's `parts` workgroup partials (the fused greedy head).
+pub fn argmax_reduce(
+    ctx: &GpuContext,
+    best: &wgpu::Buffer,
+    tokens: &wgpu::Buffer,
+    rows: usize,
+    parts: usize,
+) -> Result<Dispatch> {
+    let params = [parts as u32, parts as u32, 0, 0];
+    Ok(Dispatch::new(
+        ctx,
+        &Kernel::new(Shader::Argmax, "reduce"),
+        Some(&params),
+        &[(2, tokens), (3, best)],
+        [rows as u32, 1, 1],
+    )?
+    .family("argmax_reduce")
+    .shaped(format!("{rows}x{parts}"), 8 * (rows * parts) as u64))
+}
+
+/// The heads of one QKV row: query heads, then key/value heads.
+pub struct QkvShape {
+    pub style: RopeStyle,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    /// Epsilon of the per-head RMSNorms (qwen3), where the layer has them.
+    pub eps: f32,
+}
+
+/// The uniform of qkv.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct QkvParams {
+    pub n_rows: u32,
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub rope_dim: u32,
+    pub row_stride: u32,
+    pub eps: f32,
+    pub pad: u32,
+}
+
+/// The buffers of `qkv_rope_store`.
+pub struct QkvBuffers<'a> {
+    pub state: &'a wgpu::Buffer,
+    pub table: &'a wgpu::Buffer,
+    /// `[n, (n_heads + 2 n_kv_heads) head_dim]`: q, k, v of each row.
+    pub qkv: &'a wgpu::Buffer,
+    pub qk_norm: Option<[&'a wgpu::Buffer; 2]>,
+    pub k_cache: &'a wgpu::Buffer,
+    pub v_cache: &'a wgpu::Buffer,
+}
+
+/// Per-head norms (where given) and RoPE of q and k of `n` rows at positions
+/// `state[0] + row`; q in place, k and v into the KV cache.
+pub fn qkv_rope_store(
+    ctx: &GpuContext,
+    s: &QkvShape,
+    b: &QkvBuffers,
+    n: usize,
+) -> Result<Dispatch> {
+    let style = (s.style != RopeStyle::Interleaved) as u8 as f64;
+    let k = Kernel::new(Shader::Qkv, "main")
+        .with("STYLE", style)
+        .with("QK_NORM", b.qk_norm.is_some() as u8 as f64);
+    let row = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim;
+    let params = QkvParams {
+        n_rows: n as u32,
+        n_heads: s.n_heads as u32,
+        n_kv_heads: s.n_kv_heads as u32,
+        head_dim: s.head_dim as u32,
+        rope_dim: s.rope_dim as u32,
+        row_stride: row as u32,
+        eps: s.eps,
+        pad: 0,
+    };
+    let [qn, kn] = b.qk_norm.unwrap_or([&ctx.unused, &ctx.unused]);
+    let bufs = [
+        (1, b.state),
+        (2, b.table),
+        (3, b.qkv),
+        (4, qn),
+        (5, kn),
+        (6, b.k_cache),
+        (7, b.v_cache),
+    ];
+    let kv_elt = if ctx.f16 { 2 } else { 4 };
+    let bytes = n * (4 * row + 4 * (s.n_heads + s.n_kv_heads) * s.head_dim)
+        + n * 2 * s.n_kv_heads * s.head_dim * kv_elt;
+    let params = bytemuck::cast_slice(std::slice::from_ref(&params));
+    Ok(Dispatch::new(
+        ctx,
+        &k,
+        Some(params),
+        &bufs,
+        [(s.n_heads + s.n_kv_heads) as u32, n as u32, 1],
+    )?
+    .shaped(
+        format!("{}+{}x{} n={n}", s.n_heads, s.n_kv_heads, s.head_dim),
+        bytes as u64,
+    ))
 }
 
 /// `out[r] = table[tokens[r]]`, dequantized; one dispatch per chunk of the table.
@@ -200,6 +417,8 @@ pub struct AttentionShape {
     pub window: usize,
     /// Causal (the target) or a block attending to all of [context | block] (the drafter).
     pub causal: bool,
+    /// Floats per query row (0: n_heads * head_dim).
+    pub q_stride: usize,
 }
 
 /// Causal attention of `n` query rows (positions `state[0] + row`) over a KV cache.
@@ -222,7 +441,11 @@ pub fn attention(
         (s.n_heads / s.n_kv_heads) as u32,
         s.head_dim as u32,
         kv_dim as u32,
-        (s.n_heads * s.head_dim) as u32,
+        if s.q_stride > 0 {
+            s.q_stride
+        } else {
+            s.n_heads * s.head_dim
+        } as u32,
         scale.to_bits(),
         s.window as u32,
         s.causal as u32,

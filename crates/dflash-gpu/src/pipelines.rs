@@ -16,6 +16,7 @@ pub enum Shader {
     RmsNorm,
     Rope,
     Attention,
+    Qkv,
     Elementwise,
     Argmax,
     Sample,
@@ -28,7 +29,8 @@ const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
 const RANDOM: &str = include_str!("../../../shaders/random.wgsl");
 
 impl Shader {
-    pub const ALL: [Shader; 11] = [
+    pub const ALL: [Shader; 12] = [
+        Shader::Qkv,
         Shader::DFlash,
         Shader::DFlash2,
         Shader::Gemv,
@@ -49,6 +51,7 @@ impl Shader {
             Shader::RmsNorm => include_str!("../../../shaders/rmsnorm.wgsl"),
             Shader::Rope => include_str!("../../../shaders/rope.wgsl"),
             Shader::Attention => include_str!("../../../shaders/attention.wgsl"),
+            Shader::Qkv => include_str!("../../../shaders/qkv.wgsl"),
             Shader::Elementwise => include_str!("../../../shaders/elementwise.wgsl"),
             Shader::Argmax => include_str!("../../../shaders/argmax.wgsl"),
             Shader::Sample => include_str!("../../../shaders/sample.wgsl"),
@@ -62,7 +65,7 @@ impl Shader {
     /// shared quantized-weight helpers where used) and the op's file.
     pub fn source(self, f16: bool) -> String {
         let mut s = String::new();
-        if matches!(self, Shader::Attention | Shader::Elementwise) {
+        if matches!(self, Shader::Attention | Shader::Elementwise | Shader::Qkv) {
             s.push_str(if f16 {
                 "enable f16;\nalias kv_t = f16;\n"
             } else {

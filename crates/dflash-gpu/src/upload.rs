@@ -107,3 +107,83 @@ pub fn upload_matrix_chunked(
         n_bytes: m.n_bytes() as u64,
     })
 }
+
+/// Bytes of a matrix's value words and of its f16 scale (or min) array.
+fn part_bytes(m: &GpuMatrix) -> (u64, u64) {
+    let words = m.cols * m.format.bits() / 32;
+    let groups = m.rows * (m.cols / m.group);
+    ((m.rows * words * 4) as u64, (groups * 2) as u64)
+}
+
+/// A zeroed storage buffer that copies can fill (and read from).
+fn copy_target(ctx: &GpuContext, label: &str, size: u64) -> wgpu::Buffer {
+    work_buffer(ctx, label, size)
+}
+
+/// The rows of `parts` stacked into one matrix by copies on the GPU (no host round
+/// trip, so streamed weights stack too), or None where they cannot share one set of
+/// buffers: other formats, groups or widths, a part split into chunks, a scale array
+/// that does not end on a 4-byte boundary, or a result over the binding limit.
+pub fn concat_rows(ctx: &GpuContext, label: &str, parts: &[&GpuMatrix]) -> Option<GpuMatrix> {
+    let first = parts.first()?;
+    let same = |m: &&GpuMatrix| {
+        m.chunks.len() == 1
+            && m.format == first.format
+            && m.group == first.group
+            && m.cols == first.cols
+    };
+    if !parts.iter().all(same) {
+        return None;
+    }
+    let sizes: Vec<(u64, u64)> = parts.iter().map(|m| part_bytes(m)).collect();
+    if sizes[..sizes.len() - 1].iter().any(|s| s.1 % 4 != 0) {
+        return None;
+    }
+    let (qs_total, sc_total) = sizes.iter().fold((0, 0), |(a, b), s| (a + s.0, b + s.1));
+    if qs_total > ctx.max_binding() {
+        return None;
+    }
+    let qs = copy_target(ctx, label, qs_total);
+    let scales = copy_target(ctx, label, sc_total);
+    let mins = copy_target(ctx, label, sc_total);
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let (mut at_q, mut at_s) = (0, 0);
+    for (m, (nq, ns)) in parts.iter().zip(&sizes) {
+        let ch = &m.chunks[0];
+        enc.copy_buffer_to_buffer(&ch.qs, 0, &qs, at_q, *nq);
+        enc.copy_buffer_to_buffer(&ch.scales, 0, &scales, at_s, ns.div_ceil(4) * 4);
+        enc.copy_buffer_to_buffer(&ch.mins, 0, &mins, at_s, ns.div_ceil(4) * 4);
+        at_q += nq;
+        at_s += ns;
+    }
+    ctx.queue.submit([enc.finish()]);
+    let rows = parts.iter().map(|m| m.rows).sum();
+    Some(GpuMatrix {
+        format: first.format,
+        group: first.group,
+        rows,
+        cols: first.cols,
+        chunks: vec![MatrixChunk {
+            row_lo: 0,
+            rows,
+            qs,
+            scales,
+            mins,
+        }],
+        n_bytes: parts.iter().map(|m| m.n_bytes).sum(),
+    })
+}
+
+/// f32 vectors (buffer, length) concatenated by copies on the GPU.
+pub fn concat_f32(ctx: &GpuContext, label: &str, parts: &[(&wgpu::Buffer, usize)]) -> wgpu::Buffer {
+    let total: usize = parts.iter().map(|p| p.1).sum();
+    let out = copy_target(ctx, label, 4 * total as u64);
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let mut at = 0;
+    for (b, len) in parts {
+        enc.copy_buffer_to_buffer(b, 0, &out, 4 * at as u64, 4 * *len as u64);
+        at += len;
+    }
+    ctx.queue.submit([enc.finish()]);
+    out
+}

@@ -321,6 +321,7 @@ fn attention_matches_the_reference() {
             head_dim: hd,
             window: 0,
             causal: true,
+            q_stride: 0,
         };
         run(
             &ctx,
@@ -439,7 +440,15 @@ fn every_kernel_variant_compiles() {
         }
         for style in [0.0, 1.0] {
             ks.push(Kernel::new(Shader::Rope, "main").with("STYLE", style));
+            for norm in [0.0, 1.0] {
+                ks.push(
+                    Kernel::new(Shader::Qkv, "main")
+                        .with("STYLE", style)
+                        .with("QK_NORM", norm),
+                );
+            }
         }
+        ks.push(Kernel::new(Shader::Argmax, "reduce"));
         for (f, g) in [(0.0, 32.0), (1.0, 32.0), (1.0, 16.0)] {
             for acc in [0.0, 1.0] {
                 for n in 1..=16 {
@@ -455,6 +464,25 @@ fn every_kernel_variant_compiles() {
                     }
                 }
             }
+            // The fused variants the plans use, at the row counts of decode and verify.
+            for (entry, norm, bias, pair) in [
+                ("main", 1.0, 0.0, 0.0),
+                ("main", 1.0, 1.0, 0.0),
+                ("main", 1.0, 0.0, 1.0),
+                ("main_argmax", 1.0, 0.0, 0.0),
+            ] {
+                for n in [1.0, 16.0] {
+                    ks.push(
+                        Kernel::new(Shader::Gemv, entry)
+                            .with("FORMAT", f)
+                            .with("GROUP", g)
+                            .with("N_ROWS", n)
+                            .with("NORM", norm)
+                            .with("BIAS", bias)
+                            .with("PAIR", pair),
+                    );
+                }
+            }
             ks.push(
                 Kernel::new(Shader::Embedding, "main")
                     .with("FORMAT", f)
@@ -466,7 +494,7 @@ fn every_kernel_variant_compiles() {
                 .get(&ctx, k)
                 .unwrap_or_else(|e| panic!("{k:?}: {e}"));
         }
-        assert_eq!(Shader::ALL.len(), 11);
+        assert_eq!(Shader::ALL.len(), 12);
     }
 }
 

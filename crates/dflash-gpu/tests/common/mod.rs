@@ -35,7 +35,7 @@ pub fn contexts() -> Vec<Rc<GpuContext>> {
         v.push(c);
     }
     if let Some(c) = gpu_context(&GpuOptions {
-        tuning: Some(Tuning { gemv_lanes: 16 }),
+        tuning: Some(Tuning::gpu()),
         ..Default::default()
     }) {
         v.push(c);

@@ -1,0 +1,236 @@
+//! The fused kernels against the separate kernels they replace: the same arithmetic, so
+//! the same bits (RMSNorm in the GEMV prologue, bias and SwiGLU in its epilogue, the
+//! greedy head in the lm_head's epilogue; per-head norms, RoPE and the KV store in one
+//! kernel after the QKV GEMV), for every weight format and several row counts.
+
+mod common;
+use common::contexts;
+use dflash_core::config::RopeStyle;
+use dflash_core::formats::ggml::{quantize, GgmlType};
+use dflash_core::quant::QuantMatrix;
+use dflash_core::testutil::Rng;
+use dflash_gpu::ops::{self, GemvFusion};
+use dflash_gpu::pipelines::Dispatch;
+use dflash_gpu::upload::{concat_rows, f32_buffer, storage_buffer, upload_matrix, work_buffer};
+use dflash_gpu::GpuContext;
+
+fn read_u32(ctx: &GpuContext, b: &wgpu::Buffer, n: usize) -> Vec<u32> {
+    bytemuck::cast_slice(&ctx.read_back(b, 0, (n * 4) as u64).unwrap()).to_vec()
+}
+
+fn run(ctx: &GpuContext, d: &[Dispatch]) {
+    ops::submit(ctx, &d.iter().collect::<Vec<_>>());
+    ctx.wait().unwrap();
+}
+
+fn matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> QuantMatrix {
+    let x = rng.vec(rows * cols, 0.5);
+    let bytes = match ty {
+        GgmlType::Q4_1 => quantize::q4_1(&x),
+        GgmlType::Q8_0 => quantize::q8_0(&x),
+        _ => quantize::q4_0(&x),
+    };
+    QuantMatrix::from_ggml("w", ty, &bytes, rows, cols).unwrap()
+}
+
+/// One q4 and one q8 source (each kernel variant costs CPU adapters seconds to compile).
+const TYPES: [GgmlType; 2] = [GgmlType::Q4_1, GgmlType::Q8_0];
+
+#[test]
+fn norm_and_bias_fused_into_the_gemv_give_the_same_bits() {
+    for ctx in contexts() {
+        let mut rng = Rng(7);
+        let (rows, cols, eps) = (72, 192, 1e-5);
+        for ty in TYPES {
+            let m = upload_matrix(&ctx, "w", &matrix(&mut rng, ty, rows, cols)).unwrap();
+            let w = f32_buffer(&ctx, "norm", &rng.vec(cols, 1.0));
+            let bias = f32_buffer(&ctx, "bias", &rng.vec(rows, 1.0));
+            for n in [1, 16] {
+                let x = f32_buffer(&ctx, "x", &rng.vec(n * cols, 2.0));
+                let xn = work_buffer(&ctx, "xn", (n * cols * 4) as u64);
+                let (y1, y2) = (
+                    work_buffer(&ctx, "y1", (n * rows * 4) as u64),
+                    work_buffer(&ctx, "y2", (n * rows * 4) as u64),
+                );
+                let mut d = vec![ops::rmsnorm(&ctx, eps, &w, &x, &xn, n, cols).unwrap()];
+                d.extend(ops::gemv(&ctx, &m, &xn, &y1, n, false).unwrap());
+                d.push(ops::add_bias(&ctx, &bias, &y1, n, rows).unwrap());
+                let f = GemvFusion {
+                    norm: Some((&w, eps)),
+                    bias: Some(&bias),
+                    ..Default::default()
+                };
+                d.extend(ops::gemv_fused(&ctx, &m, &x, &y2, n, &f).unwrap());
+                run(&ctx, &d);
+                assert_eq!(
+                    read_u32(&ctx, &y1, n * rows),
+                    read_u32(&ctx, &y2, n * rows),
+                    "{ty:?} n={n} lanes={}",
+                    ctx.tuning.gemv_lanes
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn stacked_gate_up_with_swiglu_gives_the_same_bits() {
+    for ctx in contexts() {
+        let mut rng = Rng(8);
+        let (ff, cols, eps) = (96, 128, 1e-6);
+        for ty in [GgmlType::Q4_1] {
+            let gate = upload_matrix(&ctx, "g", &matrix(&mut rng, ty, ff, cols)).unwrap();
+            let up = upload_matrix(&ctx, "u", &matrix(&mut rng, ty, ff, cols)).unwrap();
+            let both = concat_rows(&ctx, "gu", &[&gate, &up]).expect("same formats stack");
+            let w = f32_buffer(&ctx, "norm", &rng.vec(cols, 1.0));
+            for n in [1, 16] {
+                let x = f32_buffer(&ctx, "x", &rng.vec(n * cols, 2.0));
+                let b = |name| work_buffer(&ctx, name, (n * ff * 4) as u64);
+                let (g, u, y1, y2) = (b("g"), b("u"), b("y1"), b("y2"));
+                let norm = GemvFusion {
+                    norm: Some((&w, eps)),
+                    ..Default::default()
+                };
+                let mut d = ops::gemv_fused(&ctx, &gate, &x, &g, n, &norm).unwrap();
+                d.extend(ops::gemv_fused(&ctx, &up, &x, &u, n, &norm).unwrap());
+                d.push(ops::swiglu(&ctx, &g, &u, &y1, n, ff).unwrap());
+                let f = GemvFusion { pair: true, ..norm };
+                d.extend(ops::gemv_fused(&ctx, &both, &x, &y2, n, &f).unwrap());
+                run(&ctx, &d);
+                assert_eq!(
+                    read_u32(&ctx, &y1, n * ff),
+                    read_u32(&ctx, &y2, n * ff),
+                    "{ty:?} n={n}"
+                );
+            }
+        }
+    }
+}
+
+/// The greedy head fused into the lm_head (workgroup partials, then a reduction) picks
+/// the argmax kernel's token, over a matrix split into chunks, with ties and NaN.
+#[test]
+fn the_fused_greedy_head_picks_the_argmax_token() {
+    for ctx in contexts() {
+        let mut rng = Rng(9);
+        let (rows, cols) = (300, 64);
+        let q = matrix(&mut rng, GgmlType::Q8_0, rows, cols);
+        for per in [rows, 100] {
+            let m = dflash_gpu::upload::upload_matrix_chunked(&ctx, "lm", &q, per).unwrap();
+            for n in [1, 16] {
+                let mut xs = rng.vec(n * cols, 1.0);
+                if n > 1 {
+                    xs[cols..2 * cols].fill(0.0); // row 1: every logit ties at 0
+                }
+                let x = f32_buffer(&ctx, "x", &xs);
+                let logits = work_buffer(&ctx, "logits", (n * rows * 4) as u64);
+                let parts = ops::argmax_parts(&ctx, &m);
+                let best = work_buffer(&ctx, "best", (n * parts * 8) as u64);
+                let (t1, t2) = (work_buffer(&ctx, "t1", 64), work_buffer(&ctx, "t2", 64));
+                let mut d = ops::gemv(&ctx, &m, &x, &logits, n, false).unwrap();
+                d.push(ops::argmax(&ctx, &logits, &t1, n, rows, rows).unwrap());
+                let f = GemvFusion {
+                    argmax: Some(&best),
+                    ..Default::default()
+                };
+                d.extend(ops::gemv_fused(&ctx, &m, &x, &logits, n, &f).unwrap());
+                d.push(ops::argmax_reduce(&ctx, &best, &t2, n, parts).unwrap());
+                run(&ctx, &d);
+                let (a, b) = (read_u32(&ctx, &t1, n), read_u32(&ctx, &t2, n));
+                assert_eq!(a, b, "chunks of {per} rows, n={n}");
+                if n > 1 {
+                    assert_eq!(b[1], 0, "a tie goes to the lowest index");
+                }
+            }
+        }
+    }
+}
+
+/// One kernel after the QKV GEMV (per-head norms, RoPE, KV store) writes the bits that
+/// the separate norm, RoPE and store kernels write.
+#[test]
+fn qkv_rope_store_gives_the_bits_of_the_separate_kernels() {
+    for ctx in contexts() {
+        let mut rng = Rng(10);
+        let (nh, nkv, hd, pos) = (4, 2, 32, 5u32);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let row = qd + 2 * kvd;
+        let table: Vec<f32> = (0..64 * hd / 2)
+            .flat_map(|i| {
+                let a = i as f32 * 0.01;
+                [a.cos(), a.sin()]
+            })
+            .collect();
+        let table = f32_buffer(&ctx, "table", &table);
+        let st = storage_buffer(&ctx, "state", bytemuck::cast_slice(&[pos, 0, 0, 0]));
+        let (qn, kn) = (
+            f32_buffer(&ctx, "qn", &rng.vec(hd, 1.0)),
+            f32_buffer(&ctx, "kn", &rng.vec(hd, 1.0)),
+        );
+        for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
+            for norm in [false, true] {
+                for n in [1, 16] {
+                    let vals = rng.vec(n * row, 1.0);
+                    let part = |lo: usize, len: usize| -> Vec<f32> {
+                        (0..n)
+                            .flat_map(|r| vals[r * row + lo..r * row + lo + len].to_vec())
+                            .collect()
+                    };
+                    let (q, k, v) = (
+                        f32_buffer(&ctx, "q", &part(0, qd)),
+                        f32_buffer(&ctx, "k", &part(qd, kvd)),
+                        f32_buffer(&ctx, "v", &part(qd + kvd, kvd)),
+                    );
+                    let qkv = f32_buffer(&ctx, "qkv", &vals);
+                    let cache = |name| work_buffer(&ctx, name, (64 * kvd * 4) as u64);
+                    let (kc1, vc1, kc2, vc2) = (cache("k1"), cache("v1"), cache("k2"), cache("v2"));
+                    let rope = |heads| ops::RopeShape {
+                        style,
+                        heads,
+                        head_dim: hd,
+                        rope_dim: hd,
+                    };
+                    let mut d = Vec::new();
+                    if norm {
+                        d.push(ops::rmsnorm_inplace(&ctx, 1e-6, &qn, &q, n * nh, hd).unwrap());
+                        d.push(ops::rmsnorm_inplace(&ctx, 1e-6, &kn, &k, n * nkv, hd).unwrap());
+                    }
+                    d.push(ops::rope(&ctx, &rope(nh), &st, &table, &q, n).unwrap());
+                    d.push(ops::rope(&ctx, &rope(nkv), &st, &table, &k, n).unwrap());
+                    d.push(ops::store_kv(&ctx, &k, &st, &kc1, n, kvd).unwrap());
+                    d.push(ops::store_kv(&ctx, &v, &st, &vc1, n, kvd).unwrap());
+                    let shape = ops::QkvShape {
+                        style,
+                        n_heads: nh,
+                        n_kv_heads: nkv,
+                        head_dim: hd,
+                        rope_dim: hd,
+                        eps: 1e-6,
+                    };
+                    let bufs = ops::QkvBuffers {
+                        state: &st,
+                        table: &table,
+                        qkv: &qkv,
+                        qk_norm: norm.then_some([&qn, &kn]),
+                        k_cache: &kc2,
+                        v_cache: &vc2,
+                    };
+                    d.push(ops::qkv_rope_store(&ctx, &shape, &bufs, n).unwrap());
+                    run(&ctx, &d);
+                    let got = read_u32(&ctx, &qkv, n * row);
+                    let want_q = read_u32(&ctx, &q, n * qd);
+                    for r in 0..n {
+                        assert_eq!(
+                            &got[r * row..r * row + qd],
+                            &want_q[r * qd..(r + 1) * qd],
+                            "q, {style:?} norm={norm} n={n} row {r}"
+                        );
+                    }
+                    let c = 64 * kvd / if ctx.f16 { 2 } else { 1 };
+                    assert_eq!(read_u32(&ctx, &kc1, c), read_u32(&ctx, &kc2, c), "k cache");
+                    assert_eq!(read_u32(&ctx, &vc1, c), read_u32(&ctx, &vc2, c), "v cache");
+                }
+            }
+        }
+    }
+}
