@@ -1,19 +1,38 @@
 //! `dflash bench`: prefill and decode speed on the GPU engine, the bandwidth the decode
 //! GEMV reaches, and in the same run the bandwidth of a plain copy kernel on the same
-//! adapter (the roofline), with the ratio between them.
+//! adapter (the roofline), with the ratio between them. `--synthetic NAME` benches a
+//! model of a real shape with random weights made on the device (no file, no
+//! tokenizer: random token ids); `--accept-profile` simulates DFlash acceptance.
 
 use crate::generate::open_device;
 use crate::{load, CliError, Device};
-use dflash_gpu::{GpuModel, GpuModelOptions};
-use std::path::PathBuf;
+use dflash_core::model_files::LoadedModel;
+use dflash_core::rng::Rng;
+use dflash_core::sampling::SamplingParams;
+use dflash_core::speculative::{AcceptProfile, Acceptance, BlockSize};
+use dflash_core::synthetic::SyntheticSpec;
+use dflash_gpu::dflash::Speculative;
+use dflash_gpu::model::{Head, MAX_ROWS};
+use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// A .gguf file or a Hugging Face model folder.
+    #[arg(
+        long,
+        required_unless_present = "synthetic",
+        conflicts_with = "synthetic"
+    )]
+    model: Option<PathBuf>,
+    /// Instead of --model: a model of this real shape with random Q4_K_M-like weights
+    /// made on the device (smollm2-135m, qwen3-0.6b, qwen3-4b, qwen3-8b, llama-3.1-8b,
+    /// qwen2.5-32b; test-tiny). No tokenizer: prompts are random token ids.
     #[arg(long)]
-    model: PathBuf,
-    /// Prompt length for the prefill measurement.
+    synthetic: Option<String>,
+    /// Prompt length for the prefill measurement (with --synthetic and --drafter: the
+    /// length of each random prompt).
     #[arg(long, default_value_t = 128)]
     prompt_tokens: usize,
     /// Tokens to decode for the decode measurement.
@@ -28,9 +47,20 @@ pub struct BenchArgs {
     /// Keep the KV cache in f32 even where the adapter has shader-f16.
     #[arg(long)]
     no_f16: bool,
-    /// A DFlash drafter: benchmark plain against DFlash decoding on --prompts.
-    #[arg(long, requires = "prompts")]
+    /// A DFlash drafter: benchmark plain against DFlash decoding on --prompts. With
+    /// --synthetic: `synthetic`, a random drafter of the z-lab shape for that target.
+    #[arg(long)]
     drafter: Option<PathBuf>,
+    /// Simulated acceptance for the DFlash run: P1,P2,... the probability that draft
+    /// slot i is right given the slots before it were (slots past the list: wrong). The
+    /// engine replays the plain run's tokens as drafts and does the real step.
+    #[arg(long, allow_hyphen_values = true)]
+    accept_profile: Option<String>,
+    /// Refuse to allocate (a typed error, before anything is allocated) when the planned
+    /// GPU memory exceeds this: bytes, or with a K/M/G/T suffix (powers of 1024). With
+    /// --synthetic on a CPU adapter the default is the host's MemAvailable.
+    #[arg(long, value_parser = parse_bytes)]
+    memory_budget: Option<u64>,
     /// JSON lines, each with `chat` (a user message, through the chat template) or
     /// `prompt` (raw text); other fields (`id`, ...) are carried into the rows.
     #[arg(long)]
@@ -39,7 +69,8 @@ pub struct BenchArgs {
     /// sweep can be run and resumed in pieces).
     #[arg(long, default_value_t = 0)]
     skip: usize,
-    /// Only the first N prompts of --prompts (after --skip).
+    /// Only the first N prompts of --prompts (after --skip); with --synthetic, the number
+    /// of random prompts (default 1).
     #[arg(long)]
     limit: Option<usize>,
     /// Tokens per prompt in the DFlash benchmark.
@@ -53,6 +84,7 @@ pub struct BenchArgs {
     temperature: f32,
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Seed of the sampler, and of the synthetic weights, prompts and simulated drafts.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Context length for the DFlash benchmark.
@@ -67,6 +99,159 @@ pub struct BenchArgs {
     profile: bool,
 }
 
+/// `--memory-budget`: bytes, or a number with a K/M/G/T suffix (powers of 1024).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mul) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("{s:?}: the suffix must be K, M, G or T")),
+            };
+            (&t[..i], 1u64 << shift)
+        }
+        _ => (t, 1),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of bytes"))?;
+    if !(v >= 0.0) || !(v * mul as f64).is_finite() || v * mul as f64 > u64::MAX as f64 {
+        return Err(format!("{s:?} is not a number of bytes"));
+    }
+    Ok((v * mul as f64) as u64)
+}
+
+/// The memory budget and where it came from: the flag; with --synthetic on a CPU adapter
+/// (whose memory is the host's) the host's MemAvailable; otherwise none.
+fn memory_budget(a: &BenchArgs, ctx: &GpuContext) -> (Option<u64>, serde_json::Value) {
+    if let Some(b) = a.memory_budget {
+        return (
+            Some(b),
+            serde_json::json!({"bytes": b, "source": "--memory-budget"}),
+        );
+    }
+    if a.synthetic.is_some() && ctx.summary.device_type == "Cpu" {
+        if let Some(b) = mem_available() {
+            return (
+                Some(b),
+                serde_json::json!({"bytes": b, "source": "MemAvailable (CPU adapter)"}),
+            );
+        }
+    }
+    (None, serde_json::Value::Null)
+}
+
+/// The host's available memory (Linux: /proc/meminfo), in bytes.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// `n` random token ids below `vocab`.
+fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = Rng(seed ^ 0x1D5_1D5);
+    (0..n).map(|_| rng.below(vocab) as u32).collect()
+}
+
+/// What a synthetic run benches, for the JSON.
+fn synthetic_json(s: &SyntheticSpec, with_drafter: bool) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "name": s.name,
+        "weights": "random, made on the device",
+        "formats": "as a Q4_K_M GGUF repacked: q4/32 (Q4_K) layers; attn_v and ffn_down q8/16 (Q6_K) on llama.cpp's use_more_bits layers; q8/16 (Q6_K) output (or tied embedding); rows not a multiple of 256 fall back to q8/32 (Q5_0/Q8_0)",
+        "config": s.config,
+        "weight_bytes": s.target_weight_bytes(),
+    });
+    if with_drafter {
+        let d = &s.drafter;
+        v["drafter"] = serde_json::json!({
+            "layers": d.num_layers,
+            "block_size": d.block_size,
+            "target_layer_ids": d.target_layer_ids,
+            "mask_token_id": d.mask_token_id,
+            "formats": "q8/32 (a bf16 checkpoint as the bench loads it)",
+            "weight_bytes": s.drafter_weight_bytes(),
+        });
+    }
+    v
+}
+
+pub fn run(a: BenchArgs) -> Result<(), CliError> {
+    // Every usage check before anything is loaded or allocated.
+    let profile = match &a.accept_profile {
+        Some(_) if a.drafter.is_none() => return Err(CliError::Usage(
+            "--accept-profile needs --drafter (a drafter folder, or `synthetic` with --synthetic)"
+                .into(),
+        )),
+        Some(p) => Some(AcceptProfile::parse(p, usize::MAX).map_err(CliError::Usage)?),
+        None => None,
+    };
+    let synthetic = match &a.synthetic {
+        Some(n) => Some(dflash_core::synthetic::spec(n).ok_or_else(|| {
+            CliError::Usage(format!(
+                "--synthetic: unknown shape {n:?} (known: {})",
+                dflash_core::synthetic::NAMES.join(", ")
+            ))
+        })?),
+        None => None,
+    };
+    if synthetic.is_some() {
+        if a.prompts.is_some() {
+            return Err(CliError::Usage(
+                "--prompts needs a tokenizer; --synthetic decodes random token ids".into(),
+            ));
+        }
+        if a.drafter
+            .as_deref()
+            .is_some_and(|d| d != Path::new("synthetic"))
+        {
+            return Err(CliError::Usage(
+                "with --synthetic, --drafter takes `synthetic` (a random drafter of the z-lab shape for that target)".into(),
+            ));
+        }
+    } else if a.drafter.as_deref() == Some(Path::new("synthetic")) {
+        return Err(CliError::Usage(
+            "--drafter synthetic needs --synthetic NAME".into(),
+        ));
+    } else if a.drafter.is_some() && a.prompts.is_none() {
+        return Err(CliError::Usage("--drafter needs --prompts".into()));
+    }
+    if let (Some(p), Some(s)) = (&profile, &synthetic) {
+        check_profile_len(p, s.drafter.block_size)?;
+    }
+    if a.drafter.is_some() {
+        return run_dflash(a, synthetic, profile);
+    }
+    run_plain(a, synthetic)
+}
+
+/// At most one entry per draft slot of the drafter's block.
+fn check_profile_len(p: &AcceptProfile, block_size: usize) -> Result<(), CliError> {
+    let slots = block_size.clamp(1, MAX_ROWS) - 1;
+    if p.0.len() > slots {
+        return Err(CliError::Usage(format!(
+            "--accept-profile: {} entries, but a block of {} has {slots} draft slots",
+            p.0.len(),
+            block_size.clamp(1, MAX_ROWS)
+        )));
+    }
+    Ok(())
+}
+
+/// `--model`'s path, or `synthetic:NAME`.
+fn model_label(a: &BenchArgs) -> String {
+    match (&a.synthetic, &a.model) {
+        (Some(n), _) => format!("synthetic:{n}"),
+        (None, Some(p)) => p.display().to_string(),
+        (None, None) => String::new(),
+    }
+}
+
 /// A prompt of `n` real tokens: a paragraph of English repeated.
 fn bench_prompt(m: &dflash_core::model_files::LoadedModel, n: usize) -> Result<Vec<u32>, CliError> {
     let text = "The history of computing is a story of machines that learned to remember, to calculate and finally to speak. ";
@@ -74,26 +259,42 @@ fn bench_prompt(m: &dflash_core::model_files::LoadedModel, n: usize) -> Result<V
     Ok(one.iter().cycle().take(n).copied().collect())
 }
 
-pub fn run(a: BenchArgs) -> Result<(), CliError> {
-    if a.drafter.is_some() {
-        return run_dflash(a);
-    }
+fn run_plain(a: BenchArgs, synthetic: Option<SyntheticSpec>) -> Result<(), CliError> {
     let t_load = Instant::now();
-    let (m, _) = load(&a.model)?;
+    let loaded = match &a.model {
+        Some(path) if synthetic.is_none() => Some(load(path)?.0),
+        _ => None,
+    };
     let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16, true)?.expect("gpu");
-    let context = (a.prompt_tokens + a.decode_tokens + 16).min(m.config().max_position_embeddings);
-    let mut g = GpuModel::new(
-        ctx.clone(),
-        &m.weights,
-        &GpuModelOptions {
-            context,
-            ..Default::default()
-        },
-    )?;
+    let config = match (&loaded, &synthetic) {
+        (Some(m), _) => m.config().clone(),
+        (None, Some(s)) => s.config.clone(),
+        (None, None) => unreachable!("clap requires --model or --synthetic"),
+    };
+    let context = (a.prompt_tokens + a.decode_tokens + 16).min(config.max_position_embeddings);
+    let (budget, budget_json) = memory_budget(&a, &ctx);
+    let opts = GpuModelOptions {
+        context,
+        memory_budget: budget,
+        ..Default::default()
+    };
+    let mut g = match (&loaded, &synthetic) {
+        (Some(m), _) => GpuModel::new(ctx.clone(), &m.weights, &opts)?,
+        (None, Some(s)) => {
+            dflash_gpu::synthetic::plan(&ctx, s, context, false, budget)?;
+            let (w, _) = dflash_gpu::synthetic::build(&ctx, s, a.seed, false)?;
+            GpuModel::from_gpu_weights(ctx.clone(), w, &opts)?
+        }
+        (None, None) => unreachable!(),
+    };
+    let prompt_of = |n: usize| match &loaded {
+        Some(m) => bench_prompt(m, n),
+        None => Ok(random_ids(n, config.vocab_size, a.seed)),
+    };
     // Compile the plans before timing.
-    g.prefill(&bench_prompt(&m, 17)?)?;
+    g.prefill(&prompt_of(17)?)?;
     let load_s = t_load.elapsed().as_secs_f64();
-    let prompt = bench_prompt(&m, a.prompt_tokens)?;
+    let prompt = prompt_of(a.prompt_tokens)?;
     g.truncate(0);
     let t0 = Instant::now();
     let mut next = g.prefill(&prompt)?;
@@ -122,7 +323,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
     };
     let s = &ctx.summary;
     let mut v = serde_json::json!({
-        "model": a.model.display().to_string(),
+        "model": model_label(&a),
         "prompt_tokens": a.prompt_tokens,
         "decode_tokens": a.decode_tokens,
         "prefill_tok_s": a.prompt_tokens as f64 / prefill_s,
@@ -147,6 +348,10 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             "total": g.memory.total(),
         },
     });
+    v["memory_budget"] = budget_json;
+    if let Some(s) = &synthetic {
+        v["synthetic"] = synthetic_json(s, false);
+    }
     if let Some(p) = profile {
         if !a.json {
             crate::profile::print(&p);
@@ -164,49 +369,233 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Plain and DFlash decoding of the same prompts in the same run, on the same adapter.
-fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
+/// The sampler's head for `sampling`.
+fn head_of(sampling: &SamplingParams) -> Head {
+    if sampling.is_greedy() {
+        Head::Argmax
+    } else {
+        Head::Sample
+    }
+}
+
+/// Plain decoding of `n` tokens by token id (no tokenizer, no stop tokens): the tokens
+/// and the decode time after the first token (prefill excluded).
+fn plain_ids(
+    g: &mut GpuModel,
+    prompt: &[u32],
+    n: usize,
+    sampling: &SamplingParams,
+) -> Result<(Vec<u32>, f64), CliError> {
+    let n = dflash_core::generate::token_budget(prompt.len(), n, g.context)?;
+    let head = head_of(sampling);
+    g.set_sampling(sampling)?;
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return Ok((out, 0.0));
+    }
+    let mut next = g.prefill_with(prompt, head)?;
+    let t0 = Instant::now();
+    out.push(next);
+    while out.len() < n {
+        next = g.step_with(&[next], head)?[0];
+        out.push(next);
+    }
+    Ok((out, t0.elapsed().as_secs_f64()))
+}
+
+/// Simulated acceptance: the profile, the plain run's tokens (the truth the drafts
+/// replay), and the generator of right/wrong.
+struct Sim<'a> {
+    profile: &'a AcceptProfile,
+    plain: &'a [u32],
+    rng: &'a mut Rng,
+}
+
+/// A DFlash run's tokens and statistics.
+struct IdsRun {
+    tokens: Vec<u32>,
+    decode_s: f64,
+    taus: Vec<usize>,
+    acceptance: Acceptance,
+}
+
+impl IdsRun {
+    fn mean_tau(&self) -> f64 {
+        if self.taus.is_empty() {
+            0.0
+        } else {
+            self.taus.iter().sum::<usize>() as f64 / self.taus.len() as f64
+        }
+    }
+}
+
+/// DFlash decoding of `n` tokens by token id, through the engine's own steps (context
+/// extension, draft pass, verification, acceptance, rollback) and the same block choice
+/// as `Speculative::generate`. With `sim`, before each step the host writes the block's
+/// drafts (`set_host_drafts_at`, by absolute position): slot i is the plain run's token
+/// with the profile's probability given slots < i were right, a wrong token otherwise;
+/// the drafter's pass still runs, its drafts unused.
+fn dflash_ids(
+    spec: &mut Speculative,
+    prompt: &[u32],
+    n: usize,
+    policy: &BlockSize,
+    sampling: &SamplingParams,
+    mut sim: Option<Sim<'_>>,
+    clock: &dyn Fn() -> f64,
+) -> Result<IdsRun, CliError> {
+    use dflash_core::speculative::{choose_block, StepCosts};
+    let n = dflash_core::generate::token_budget(prompt.len(), n, spec.target.context)?;
+    let head = head_of(sampling);
+    spec.target.set_sampling(sampling)?;
+    spec.host_drafts = false;
+    spec.simulate = sim.is_some();
+    let vocab = spec.target.config.vocab_size;
+    let (mut acceptance, mut taus) = (Acceptance::default(), Vec::new());
+    let mut tokens = Vec::with_capacity(n + MAX_ROWS);
+    let mut costs = StepCosts::new(policy);
+    let mut idle = 0;
+    let run = (|| {
+        if n == 0 {
+            return Ok(0.0);
+        }
+        tokens.push(spec.prefill(prompt, head)?);
+        let t1 = clock();
+        while tokens.len() < n {
+            let room = spec.target.context - spec.target.len();
+            let current = costs.as_ref().map(StepCosts::policy);
+            let b = choose_block(
+                current.as_ref().unwrap_or(policy),
+                &acceptance,
+                spec.max_block(),
+                idle,
+            )
+            .min(room)
+            .max(1);
+            idle = if b > 1 { 0 } else { idle + 1 };
+            if let Some(s) = sim.as_mut() {
+                // The block starts at the anchor's position; slot i is position start + i,
+                // whose plain token is plain[start + i - prompt.len()].
+                let start = spec.target.len();
+                let truth: Vec<Option<u32>> = (1..b)
+                    .map(|i| s.plain.get(start + i - prompt.len()).copied())
+                    .collect();
+                let drafts = s.profile.drafts(&truth, vocab, s.rng);
+                spec.set_host_drafts_at(start + 1, &drafts);
+            }
+            let t_step = clock();
+            let r = spec.step(b, head)?;
+            if let Some(c) = costs.as_mut() {
+                c.record(b, clock() - t_step);
+            }
+            acceptance.record_step(b - 1, r.accepted);
+            taus.push(r.accepted + 1);
+            tokens.extend(&r.tokens);
+        }
+        Ok::<_, CliError>(clock() - t1)
+    })();
+    spec.host_drafts = false;
+    spec.simulate = false;
+    let decode_s = run?;
+    tokens.truncate(n);
+    Ok(IdsRun {
+        tokens,
+        decode_s,
+        taus,
+        acceptance,
+    })
+}
+
+/// Plain and DFlash decoding of the same prompts in the same run, on the same adapter:
+/// a loaded model with a drafter folder and --prompts, or a synthetic pair on random
+/// prompts; acceptance measured, or simulated with --accept-profile.
+fn run_dflash(
+    a: BenchArgs,
+    synthetic: Option<SyntheticSpec>,
+    accept: Option<AcceptProfile>,
+) -> Result<(), CliError> {
     use dflash_core::drafter::{load_drafter_dir, DrafterPrecision};
     use dflash_core::generate::GenerateRequest;
-    use dflash_core::sampling::SamplingParams;
-    use dflash_gpu::dflash::Speculative;
     let t_load = Instant::now();
-    let (m, _) = load(&a.model)?;
-    let w = load_drafter_dir(a.drafter.as_ref().unwrap(), DrafterPrecision::Q8)?;
-    let text = std::fs::read_to_string(a.prompts.as_ref().unwrap())
-        .map_err(|e| CliError::Usage(format!("--prompts: {e}")))?;
-    let mut rows_in = dflash_core::prompt_file::parse(&text, &m)?;
-    rows_in.drain(..a.skip.min(rows_in.len()));
-    if rows_in.is_empty() {
-        return Err(CliError::Usage(
-            "--prompts: no prompts left after --skip".into(),
-        ));
+    // The host side first (model, drafter, prompts, every check); then the device.
+    let (loaded, drafter_w): (Option<LoadedModel>, _) = match &synthetic {
+        None => (
+            Some(load(a.model.as_ref().expect("clap requires --model"))?.0),
+            Some(load_drafter_dir(
+                a.drafter.as_ref().unwrap(),
+                DrafterPrecision::Q8,
+            )?),
+        ),
+        Some(_) => (None, None),
+    };
+    if let (Some(p), Some(w)) = (&accept, &drafter_w) {
+        check_profile_len(p, w.config.block_size)?;
     }
+    let config = match (&loaded, &synthetic) {
+        (Some(m), _) => m.config().clone(),
+        (None, Some(s)) => s.config.clone(),
+        (None, None) => unreachable!(),
+    };
+    let mut rows_in: Vec<(serde_json::Value, Vec<u32>)> = match &loaded {
+        Some(m) => {
+            let text = std::fs::read_to_string(a.prompts.as_ref().unwrap())
+                .map_err(|e| CliError::Usage(format!("--prompts: {e}")))?;
+            let mut rows = dflash_core::prompt_file::parse(&text, m)?;
+            rows.drain(..a.skip.min(rows.len()));
+            if rows.is_empty() {
+                return Err(CliError::Usage(
+                    "--prompts: no prompts left after --skip".into(),
+                ));
+            }
+            rows
+        }
+        None => (0..a.limit.unwrap_or(1).max(1))
+            .map(|i| {
+                let ids = random_ids(a.prompt_tokens, config.vocab_size, a.seed + i as u64);
+                (serde_json::json!({ "id": i }), ids)
+            })
+            .collect(),
+    };
     if let Some(n) = a.limit {
-        rows_in.truncate(n);
+        rows_in.truncate(n.max(1));
     }
     let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16, a.profile)?.expect("gpu");
-    let context = a.context.min(m.config().max_position_embeddings);
-    let mut plain = GpuModel::new(
-        ctx.clone(),
-        &m.weights,
-        &GpuModelOptions {
-            context,
-            ..Default::default()
-        },
-    )?;
-    let target = GpuModel::new(
-        ctx.clone(),
-        &m.weights,
-        &GpuModelOptions {
-            context,
-            taps: w.config.target_layer_ids.clone(),
-            ..Default::default()
-        },
-    )?;
+    let context = a.context.min(config.max_position_embeddings);
+    let (budget, budget_json) = memory_budget(&a, &ctx);
+    let opts = GpuModelOptions {
+        context,
+        memory_budget: budget,
+        ..Default::default()
+    };
+    let (mut plain, mut spec) = match (&loaded, &synthetic, &drafter_w) {
+        (Some(m), _, Some(w)) => {
+            let taps = GpuModelOptions {
+                taps: w.config.target_layer_ids.clone(),
+                ..opts.clone()
+            };
+            // The plain model shares the target's weight buffers.
+            let target = GpuModel::new(ctx.clone(), &m.weights, &taps)?;
+            let plain = target.sharing_weights(&opts)?;
+            (plain, Speculative::new(target, w)?)
+        }
+        (None, Some(s), _) => {
+            // Checked whole (both models' KV caches, the drafter) before any allocation;
+            // the plain model and the target share the weight buffers.
+            dflash_gpu::synthetic::plan(&ctx, s, context, true, budget)?;
+            let (w, d) = dflash_gpu::synthetic::build(&ctx, s, a.seed, true)?;
+            let taps = GpuModelOptions {
+                taps: s.drafter.target_layer_ids.clone(),
+                ..opts.clone()
+            };
+            let target = GpuModel::from_gpu_weights(ctx.clone(), w, &taps)?;
+            let plain = target.sharing_weights(&opts)?;
+            let d = d.expect("built with the drafter");
+            (plain, Speculative::from_gpu_drafter(target, &s.drafter, d)?)
+        }
+        _ => unreachable!(),
+    };
     let t0 = Instant::now();
     let clock = move || t0.elapsed().as_secs_f64();
-    let mut spec = Speculative::new(target, &w)?;
     let blocks: Vec<String> = a.block.split(',').map(|b| b.trim().to_string()).collect();
     let costs = if blocks.iter().any(|b| b == "auto") {
         Some(spec.measure_step_costs(16, &clock)?)
@@ -223,45 +612,83 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
         seed: a.seed,
         ..Default::default()
     };
+    let request = |ids: &[u32], max_new_tokens| GenerateRequest {
+        prompt_ids: ids.to_vec(),
+        max_new_tokens,
+        sampling: sampling.clone(),
+        stop_strings: vec![],
+        context,
+    };
+    // The plain run: through the tokenizer's stop handling when there is one.
+    let run_plain = |plain: &mut GpuModel, ids: &[u32], n| -> Result<(Vec<u32>, f64), CliError> {
+        match &loaded {
+            Some(m) => {
+                let p = crate::generate::generate_gpu(plain, m, &request(ids, n), &mut |_| {})?;
+                Ok((p.tokens, p.decode_s))
+            }
+            None => plain_ids(plain, ids, n, &sampling),
+        }
+    };
+    // The DFlash run of up to `n` tokens: measured acceptance (a loaded model runs
+    // `Speculative::generate`, a synthetic one the same loop by token id), or simulated
+    // (the plain run's `p` replayed: as many tokens as it has).
+    let run_spec = |spec: &mut Speculative,
+                    ids: &[u32],
+                    n: usize,
+                    p: &[u32],
+                    policy: &BlockSize,
+                    rng: &mut Rng|
+     -> Result<IdsRun, CliError> {
+        match (&accept, &loaded) {
+            (None, Some(m)) => {
+                let s =
+                    spec.generate(&m.tokenizer, &request(ids, n), policy, &clock, &mut |_| {})?;
+                Ok(IdsRun {
+                    tokens: s.result.tokens,
+                    decode_s: s.result.decode_s,
+                    taus: s.taus,
+                    acceptance: s.acceptance,
+                })
+            }
+            (profile, _) => {
+                let sim = profile.as_ref().map(|profile| Sim {
+                    profile,
+                    plain: p,
+                    rng,
+                });
+                let n = if sim.is_some() { p.len() } else { n };
+                dflash_ids(spec, ids, n, policy, &sampling, sim, &clock)
+            }
+        }
+    };
     // Warm-up: compile every plan used below.
     if let Some((_, ids)) = rows_in.first() {
-        let req = GenerateRequest {
-            prompt_ids: ids.clone(),
-            max_new_tokens: 4,
-            sampling: sampling.clone(),
-            stop_strings: vec![],
-            context,
-        };
-        crate::generate::generate_gpu(&mut plain, &m, &req, &mut |_| {})?;
+        let (p, _) = run_plain(&mut plain, ids, 4)?;
         for policy in &policies {
-            spec.generate(&m.tokenizer, &req, policy, &clock, &mut |_| {})?;
+            run_spec(&mut spec, ids, 4, &p, policy, &mut Rng(a.seed))?;
         }
     }
     let load_s = t_load.elapsed().as_secs_f64();
     let (mut plain_tokens, mut plain_s) = (0usize, 0f64);
     let mut runs: Vec<BlockRun> = blocks.iter().map(|_| BlockRun::default()).collect();
+    let mut rngs: Vec<Rng> = (0..blocks.len())
+        .map(|i| Rng(a.seed.wrapping_add(1 + i as u64)))
+        .collect();
     for (v, ids) in &rows_in {
-        let req = GenerateRequest {
-            prompt_ids: ids.clone(),
-            max_new_tokens: a.max_new_tokens,
-            sampling: sampling.clone(),
-            stop_strings: vec![],
-            context,
-        };
-        let p = crate::generate::generate_gpu(&mut plain, &m, &req, &mut |_| {})?;
-        let pt = p.tokens.len();
+        let (p_ids, p_decode_s) = run_plain(&mut plain, ids, a.max_new_tokens)?;
+        let pt = p_ids.len();
         // Decode speed: tokens after the first over the decode time (prefill excluded).
-        let p_tok_s = pt.saturating_sub(1) as f64 / p.decode_s.max(1e-9);
+        let p_tok_s = pt.saturating_sub(1) as f64 / p_decode_s.max(1e-9);
         plain_tokens += pt.saturating_sub(1);
-        plain_s += p.decode_s;
-        for (policy, run) in policies.iter().zip(&mut runs) {
-            let s = spec.generate(&m.tokenizer, &req, policy, &clock, &mut |_| {})?;
-            let lossless = p.tokens == s.result.tokens;
+        plain_s += p_decode_s;
+        for ((policy, run), rng) in policies.iter().zip(&mut runs).zip(&mut rngs) {
+            let s = run_spec(&mut spec, ids, a.max_new_tokens, &p_ids, policy, rng)?;
+            let lossless = p_ids == s.tokens;
             run.lossless &= lossless;
-            let st = s.result.tokens.len();
-            let s_tok_s = st.saturating_sub(1) as f64 / s.result.decode_s.max(1e-9);
+            let st = s.tokens.len();
+            let s_tok_s = st.saturating_sub(1) as f64 / s.decode_s.max(1e-9);
             run.tokens += st.saturating_sub(1);
-            run.seconds += s.result.decode_s;
+            run.seconds += s.decode_s;
             run.acceptance.add(&s.acceptance);
             run.taus.extend(&s.taus);
             let mut row = v.clone();
@@ -280,9 +707,9 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
                 );
                 o.insert("lossless".into(), lossless.into());
                 // Raw totals, so that slices of a sweep add up exactly.
-                o.insert("plain_decode_s".into(), p.decode_s.into());
+                o.insert("plain_decode_s".into(), p_decode_s.into());
                 o.insert("dflash_tokens".into(), st.into());
-                o.insert("dflash_decode_s".into(), s.result.decode_s.into());
+                o.insert("dflash_decode_s".into(), s.decode_s.into());
                 o.insert("steps".into(), s.taus.len().into());
                 o.insert("tau_sum".into(), s.taus.iter().sum::<usize>().into());
                 o.insert(
@@ -322,8 +749,10 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
         };
         all_lossless &= run.lossless;
         let mut v = serde_json::json!({
-            "model": a.model.display().to_string(),
+            "model": model_label(&a),
             "drafter": a.drafter.as_ref().unwrap().display().to_string(),
+            "acceptance": if accept.is_some() { "simulated" } else { "measured" },
+            "accept_profile": accept.as_ref().map(|p| p.0.clone()),
             "adapter": ctx.summary.name,
             "block": block,
             "step_costs": if block == "auto" { costs.clone() } else { None },
@@ -351,11 +780,16 @@ fn run_dflash(a: BenchArgs) -> Result<(), CliError> {
         });
         if !a.json {
             println!(
-                "{} block {block}: plain {plain_tok_s:.2} tok/s, DFlash {dflash_tok_s:.2} tok/s ({:.2}x), mean tau {mean_tau:.2}, lossless {}",
+                "{} block {block}: plain {plain_tok_s:.2} tok/s, DFlash {dflash_tok_s:.2} tok/s ({:.2}x), mean tau {mean_tau:.2}{}, lossless {}",
                 ctx.summary.name,
                 dflash_tok_s / plain_tok_s.max(1e-9),
+                if accept.is_some() { " (simulated acceptance)" } else { "" },
                 run.lossless
             );
+        }
+        v["memory_budget"] = budget_json.clone();
+        if let Some(s) = &synthetic {
+            v["synthetic"] = synthetic_json(s, true);
         }
         if let Some(p) = &profile {
             v["profile"] = p.clone();

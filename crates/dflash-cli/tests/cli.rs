@@ -367,5 +367,156 @@ fn dflash_generate_and_bench_are_lossless_on_a_tiny_model() {
         }
         assert!(v["acceptance_by_position"].is_array());
         assert_eq!(v["rows"][1]["id"], "y");
+        assert_eq!(v["acceptance"], "measured");
+        // Simulated acceptance on the real pair: the plain tokens replayed as drafts.
+        let out = dflash(&[
+            "bench",
+            "--model",
+            m,
+            "--drafter",
+            d.to_str().unwrap(),
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--max-new-tokens",
+            "12",
+            "--block",
+            "4",
+            "--accept-profile",
+            "1,1,1",
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["lossless"], true);
+        assert_eq!(v["acceptance"], "simulated");
+        assert!(v["mean_tau"].as_f64().unwrap() > 1.0);
     }
+}
+
+/// `dflash bench` run by the test, its JSON when it succeeded.
+fn bench_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = dflash(&all);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A failed command's stderr (exit status 1: a typed error, not a panic).
+fn usage_error(args: &[&str]) -> String {
+    let out = dflash(args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    assert!(
+        err.starts_with("error: ") && !err.contains("panicked"),
+        "{err}"
+    );
+    err
+}
+
+#[test]
+fn synthetic_bench_decodes_and_refuses_what_does_not_fit() {
+    if !have_gpu() {
+        return;
+    }
+    let v = bench_json(&[
+        "--synthetic",
+        "test-tiny",
+        "--prompt-tokens",
+        "20",
+        "--decode-tokens",
+        "4",
+        "--reps",
+        "1",
+    ]);
+    assert_eq!(v["model"], "synthetic:test-tiny");
+    assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        v["gpu_memory_bytes"]["weights"],
+        v["synthetic"]["weight_bytes"]
+    );
+    // 20 GB of weights against a 1 GiB budget: refused by the plan, in no time.
+    let t = std::time::Instant::now();
+    let err = usage_error(&[
+        "bench",
+        "--synthetic",
+        "qwen2.5-32b",
+        "--drafter",
+        "synthetic",
+        "--memory-budget",
+        "1G",
+    ]);
+    assert!(err.contains("the budget is 1073741824"), "{err}");
+    assert!(t.elapsed().as_secs_f64() < 30.0);
+    let err = usage_error(&["bench", "--synthetic", "gpt-9"]);
+    assert!(err.contains("qwen3-8b"), "{err}");
+}
+
+#[test]
+fn accept_profile_bad_values_are_usage_errors() {
+    let tiny = [
+        "bench",
+        "--synthetic",
+        "test-tiny",
+        "--drafter",
+        "synthetic",
+    ];
+    for (bad, says) in [
+        ("1.5", "outside [0, 1]"),
+        ("-0.1", "outside [0, 1]"),
+        ("0.5,x", "not a number"),
+        ("0.5,,1", "not a number"),
+        ("nan", "outside [0, 1]"),
+        ("1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "15 draft slots"),
+    ] {
+        let mut args = tiny.to_vec();
+        args.extend(["--accept-profile", bad]);
+        let err = usage_error(&args);
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+    let err = usage_error(&["bench", "--synthetic", "test-tiny", "--accept-profile", "1"]);
+    assert!(err.contains("needs --drafter"), "{err}");
+    let err = usage_error(&["bench", "--synthetic", "test-tiny", "--drafter", "some/dir"]);
+    assert!(err.contains("`synthetic`"), "{err}");
+}
+
+#[test]
+fn accept_profile_sets_tau_on_a_synthetic_pair() {
+    if !have_gpu() {
+        return;
+    }
+    let run = |profile: &str| {
+        bench_json(&[
+            "--synthetic",
+            "test-tiny",
+            "--drafter",
+            "synthetic",
+            "--prompt-tokens",
+            "16",
+            "--max-new-tokens",
+            "24",
+            "--block",
+            "8",
+            "--accept-profile",
+            profile,
+        ])
+    };
+    let v = run("1,1,1");
+    assert_eq!(v["acceptance"], "simulated");
+    assert_eq!(v["accept_profile"], serde_json::json!([1.0, 1.0, 1.0]));
+    assert_eq!(v["lossless"], true);
+    assert!(v["mean_tau"].as_f64().unwrap() > 3.0, "{}", v["mean_tau"]);
+    assert_eq!(v["accepted_by_position"][3], 0);
+    let v = run("0");
+    assert_eq!(v["lossless"], true);
+    assert_eq!(v["mean_tau"].as_f64().unwrap(), 1.0);
 }

@@ -15,6 +15,7 @@ pub mod rejection;
 pub mod rng;
 pub mod sampling;
 pub mod speculative;
+pub mod synthetic;
 pub mod testutil;
 pub mod tokenizer;
 pub mod weights;

@@ -83,15 +83,54 @@ pub struct GpuDrafter {
     pub n_bytes: u64,
 }
 
+/// A DFlash drafter's weights already on the GPU (made on the device, for instance the
+/// random drafters of `dflash bench --synthetic`). DFlash only: no DFlash2 extras.
+pub struct GpuDrafterWeights {
+    /// `[H, n_ids * H]`.
+    pub fc: GpuMatrix,
+    pub hidden_norm: wgpu::Buffer,
+    pub norm: wgpu::Buffer,
+    pub layers: Vec<GpuDrafterLayerWeights>,
+}
+
+pub struct GpuDrafterLayerWeights {
+    pub input_norm: wgpu::Buffer,
+    pub post_norm: wgpu::Buffer,
+    pub q_norm: wgpu::Buffer,
+    pub k_norm: wgpu::Buffer,
+    pub wq: GpuMatrix,
+    pub wk: GpuMatrix,
+    pub wv: GpuMatrix,
+    pub wo: GpuMatrix,
+    pub w_gate: GpuMatrix,
+    pub w_up: GpuMatrix,
+    pub w_down: GpuMatrix,
+}
+
+/// GPU memory a drafter takes beside its weights (DFlash2's selector buffers aside).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrafterPlan {
+    /// The context K/V cache of every layer.
+    pub context_cache: u64,
+    /// Block activations, the RoPE table and the host drafts.
+    pub activations: u64,
+}
+
+/// Host drafts the drafter of a target keeps room for (one per absolute position).
+fn host_draft_capacity(target: &GpuModel) -> usize {
+    target.context + MAX_ROWS + 1
+}
+
 impl GpuDrafter {
-    pub fn new(
+    /// Checks a drafter against its target (context `target_context`) and the adapter's
+    /// limits, and sizes what it allocates beside its weights. Nothing is allocated.
+    pub fn plan(
         ctx: &GpuContext,
-        w: &DrafterWeights,
-        target: &GpuModel,
-        host_draft_capacity: usize,
-    ) -> Result<Self> {
-        let c = &w.config;
-        c.validate_against(&target.config)?;
+        c: &dflash_core::drafter::DrafterConfig,
+        target: &dflash_core::config::ModelConfig,
+        target_context: usize,
+    ) -> Result<DrafterPlan> {
+        c.validate_against(target)?;
         if let Some(d) = &c.dflash2 {
             if d.selector_top_k > 256 {
                 return Err(GpuError::LimitExceeded {
@@ -111,9 +150,9 @@ impl GpuDrafter {
                 });
             }
         }
-        let cap = target.context + MAX_ROWS;
+        let cap = (target_context + MAX_ROWS) as u64;
         let elt = if ctx.f16 { 2 } else { 4 };
-        let kv_bytes = (cap * c.kv_dim() * elt) as u64;
+        let kv_bytes = cap * (c.kv_dim() * elt) as u64;
         if kv_bytes > ctx.max_binding() {
             return Err(GpuError::LimitExceeded {
                 what: "the drafter's context cache of one layer".into(),
@@ -122,13 +161,30 @@ impl GpuDrafter {
                 limit_name: "max_storage_buffer_binding_size",
             });
         }
+        let n = MAX_ROWS as u64 * 4;
+        let rows = 3 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size;
+        Ok(DrafterPlan {
+            context_cache: 2 * c.num_layers as u64 * kv_bytes,
+            activations: n * rows as u64 + cap * (c.head_dim / 2 * 8) as u64 + (cap + 1) * 4 + 256,
+        })
+    }
+
+    pub fn new(
+        ctx: &GpuContext,
+        w: &DrafterWeights,
+        target: &GpuModel,
+        host_draft_capacity: usize,
+    ) -> Result<Self> {
+        let c = &w.config;
+        Self::plan(ctx, c, &target.config, target.context)?;
         let mut n_bytes = w.fc.n_bytes() as u64;
         let mut layers = Vec::new();
-        for (l, kind) in w.layers.iter().zip(&c.layer_kinds) {
+        let mut convs = Vec::new();
+        for l in &w.layers {
             for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
                 n_bytes += m.n_bytes() as u64;
             }
-            layers.push(DraftLayer {
+            layers.push(GpuDrafterLayerWeights {
                 input_norm: f32_buffer(ctx, "d.input_norm", &l.input_norm),
                 post_norm: f32_buffer(ctx, "d.post_norm", &l.post_norm),
                 q_norm: f32_buffer(ctx, "d.q_norm", &l.q_norm),
@@ -140,29 +196,22 @@ impl GpuDrafter {
                 w_gate: upload_matrix(ctx, "d.gate", &l.w_gate)?,
                 w_up: upload_matrix(ctx, "d.up", &l.w_up)?,
                 w_down: upload_matrix(ctx, "d.down", &l.w_down)?,
-                k_ctx: work_buffer(ctx, "d.k_ctx", kv_bytes),
-                v_ctx: work_buffer(ctx, "d.v_ctx", kv_bytes),
-                window: if *kind == LayerKind::Sliding {
-                    c.sliding_window
-                } else {
-                    0
-                },
-                conv: match &l.conv {
-                    Some(cv) => {
-                        let up = |g: &dflash_core::drafter::GroupedConv| -> Result<GpuConv> {
-                            Ok(GpuConv {
-                                base: f32_buffer(ctx, "d2.base", &g.base),
-                                projection: upload_matrix(ctx, "d2.proj", &g.projection)?,
-                            })
-                        };
-                        n_bytes += (cv.attention.projection.n_bytes()
-                            + cv.mlp.projection.n_bytes()
-                            + 4 * (cv.attention.base.len() + cv.mlp.base.len()))
-                            as u64;
-                        Some([up(&cv.attention)?, up(&cv.mlp)?])
-                    }
-                    None => None,
-                },
+            });
+            convs.push(match &l.conv {
+                Some(cv) => {
+                    let up = |g: &dflash_core::drafter::GroupedConv| -> Result<GpuConv> {
+                        Ok(GpuConv {
+                            base: f32_buffer(ctx, "d2.base", &g.base),
+                            projection: upload_matrix(ctx, "d2.proj", &g.projection)?,
+                        })
+                    };
+                    n_bytes += (cv.attention.projection.n_bytes()
+                        + cv.mlp.projection.n_bytes()
+                        + 4 * (cv.attention.base.len() + cv.mlp.base.len()))
+                        as u64;
+                    Some([up(&cv.attention)?, up(&cv.mlp)?])
+                }
+                None => None,
             });
         }
         let n_rows = MAX_ROWS as u64;
@@ -195,6 +244,106 @@ impl GpuDrafter {
             }
             _ => None,
         };
+        let gw = GpuDrafterWeights {
+            fc: upload_matrix(ctx, "d.fc", &w.fc)?,
+            hidden_norm: f32_buffer(ctx, "d.hidden_norm", &w.hidden_norm),
+            norm: f32_buffer(ctx, "d.norm", &w.norm),
+            layers,
+        };
+        Ok(Self::assemble(
+            ctx,
+            c,
+            gw,
+            convs,
+            d2,
+            n_bytes,
+            target,
+            host_draft_capacity,
+        ))
+    }
+
+    /// A drafter whose weights are already on the GPU (checked against the target first).
+    pub fn from_gpu_weights(
+        ctx: &GpuContext,
+        c: &dflash_core::drafter::DrafterConfig,
+        w: GpuDrafterWeights,
+        target: &GpuModel,
+        host_draft_capacity: usize,
+    ) -> Result<Self> {
+        Self::plan(ctx, c, &target.config, target.context)?;
+        if c.dflash2.is_some() {
+            return Err(GpuError::Unsupported(
+                "DFlash2 drafters from GPU weights".into(),
+            ));
+        }
+        if w.layers.len() != c.num_layers {
+            return Err(GpuError::Core(dflash_core::Error::BadConfig(format!(
+                "{} drafter layers for a config of {}",
+                w.layers.len(),
+                c.num_layers
+            ))));
+        }
+        let mut n_bytes = w.fc.n_bytes;
+        for l in &w.layers {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                n_bytes += m.n_bytes;
+            }
+        }
+        let convs = (0..c.num_layers).map(|_| None).collect();
+        Ok(Self::assemble(
+            ctx,
+            c,
+            w,
+            convs,
+            None,
+            n_bytes,
+            target,
+            host_draft_capacity,
+        ))
+    }
+
+    /// Context caches, RoPE table and activations around the weights.
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        ctx: &GpuContext,
+        c: &dflash_core::drafter::DrafterConfig,
+        w: GpuDrafterWeights,
+        convs: Vec<Option<[GpuConv; 2]>>,
+        d2: Option<Dflash2Gpu>,
+        n_bytes: u64,
+        target: &GpuModel,
+        host_draft_capacity: usize,
+    ) -> Self {
+        let cap = target.context + MAX_ROWS;
+        let elt = if ctx.f16 { 2 } else { 4 };
+        let kv_bytes = (cap * c.kv_dim() * elt) as u64;
+        let layers = w
+            .layers
+            .into_iter()
+            .zip(convs)
+            .zip(&c.layer_kinds)
+            .map(|((l, conv), kind)| DraftLayer {
+                input_norm: l.input_norm,
+                post_norm: l.post_norm,
+                q_norm: l.q_norm,
+                k_norm: l.k_norm,
+                wq: l.wq,
+                wk: l.wk,
+                wv: l.wv,
+                wo: l.wo,
+                w_gate: l.w_gate,
+                w_up: l.w_up,
+                w_down: l.w_down,
+                k_ctx: work_buffer(ctx, "d.k_ctx", kv_bytes),
+                v_ctx: work_buffer(ctx, "d.v_ctx", kv_bytes),
+                window: if *kind == LayerKind::Sliding {
+                    c.sliding_window
+                } else {
+                    0
+                },
+                conv,
+            })
+            .collect();
         let inv = c.rope_inv_freq();
         let mut table = Vec::with_capacity(cap * inv.len() * 2);
         for pos in 0..cap {
@@ -210,10 +359,10 @@ impl GpuDrafter {
             c.kv_dim() as u64,
             c.intermediate_size as u64,
         );
-        Ok(GpuDrafter {
-            fc: upload_matrix(ctx, "d.fc", &w.fc)?,
-            hidden_norm: f32_buffer(ctx, "d.hidden_norm", &w.hidden_norm),
-            norm: f32_buffer(ctx, "d.norm", &w.norm),
+        GpuDrafter {
+            fc: w.fc,
+            hidden_norm: w.hidden_norm,
+            norm: w.norm,
             layers,
             rope_table: f32_buffer(ctx, "d.rope", &table),
             c: work_buffer(ctx, "d.c", n * h),
@@ -233,7 +382,7 @@ impl GpuDrafter {
             d2,
             n_bytes,
             config: c.clone(),
-        })
+        }
     }
 
     fn rope_shape(&self, heads: usize) -> ops::RopeShape {
@@ -287,13 +436,17 @@ impl GpuDrafter {
     }
 
     /// The block pass: [anchor, MASK...] at positions state[0].., attending to the whole
-    /// context and the block; the target's lm_head and argmax give the drafts.
+    /// context and the block; the target's lm_head and argmax give the drafts. With
+    /// `host` drafts the pass is skipped unless `pass` (simulated acceptance: the pass
+    /// runs and its drafts are replaced by the host's).
+    #[allow(clippy::too_many_arguments)]
     fn draft_dispatches(
         &self,
         ctx: &GpuContext,
         t: &GpuModel,
         b: usize,
         host: bool,
+        pass: bool,
         sampled: bool,
     ) -> Result<Vec<Dispatch>> {
         let c = &self.config;
@@ -301,7 +454,7 @@ impl GpuDrafter {
         let st = &t.act.state;
         let mut d = vec![bookkeeping(ctx, t, self, "prepare", b, host)?];
         // A block of one row is the anchor alone: no drafts, no drafter pass.
-        if !host && b > 1 {
+        if (!host || pass) && b > 1 {
             d.extend(ops::embedding(ctx, &t.embed, &self.ids, &self.x, b)?);
             if let Some(s) = self
                 .d2
@@ -585,8 +738,8 @@ pub struct StepResult {
 
 /// Target and drafter on one device, with the step plans per (block, head).
 /// A step plan's key: (rows of taps the context grows by, block, head, host drafts,
-/// rejection sampling).
-type StepKey = (usize, usize, Head, bool, bool);
+/// drafter pass despite host drafts, rejection sampling).
+type StepKey = (usize, usize, Head, bool, bool, bool);
 
 pub struct Speculative {
     pub target: GpuModel,
@@ -599,6 +752,10 @@ pub struct Speculative {
     prev_block: usize,
     /// Drafts come from the host buffer (tests that force acceptance patterns).
     pub host_drafts: bool,
+    /// With host drafts, the drafter's block pass still runs (its drafts unused): a step
+    /// does and costs what a real step does while acceptance follows the host's drafts
+    /// (`dflash bench --accept-profile`).
+    pub simulate: bool,
     /// Verify by rejection sampling (set from the request's sampling parameters).
     rejection: bool,
 }
@@ -606,16 +763,33 @@ pub struct Speculative {
 impl Speculative {
     pub fn new(target: GpuModel, w: &DrafterWeights) -> Result<Self> {
         let ctx = target.ctx.clone();
-        let drafter = GpuDrafter::new(&ctx, w, &target, target.context + MAX_ROWS + 1)?;
-        Ok(Speculative {
+        let drafter = GpuDrafter::new(&ctx, w, &target, host_draft_capacity(&target))?;
+        Ok(Self::with_drafter(target, drafter))
+    }
+
+    /// A pair whose drafter's weights are already on the GPU.
+    pub fn from_gpu_drafter(
+        target: GpuModel,
+        config: &dflash_core::drafter::DrafterConfig,
+        w: GpuDrafterWeights,
+    ) -> Result<Self> {
+        let ctx = target.ctx.clone();
+        let drafter =
+            GpuDrafter::from_gpu_weights(&ctx, config, w, &target, host_draft_capacity(&target))?;
+        Ok(Self::with_drafter(target, drafter))
+    }
+
+    fn with_drafter(target: GpuModel, drafter: GpuDrafter) -> Self {
+        Speculative {
             target,
             drafter,
             plans: HashMap::new(),
             ext_plans: HashMap::new(),
             prev_block: 0,
             host_drafts: false,
+            simulate: false,
             rejection: false,
-        })
+        }
     }
 
     /// Largest block this pair can verify.
@@ -625,12 +799,22 @@ impl Speculative {
 
     /// Writes the drafts the host wants proposed for each absolute position (tests).
     pub fn set_host_drafts(&mut self, by_position: &[u32]) {
+        self.set_host_drafts_at(0, by_position);
+    }
+
+    /// Writes host drafts for the absolute positions `start..start + drafts.len()` (the
+    /// others keep theirs); positions past the buffer (context + 17) are dropped.
+    pub fn set_host_drafts_at(&mut self, start: usize, drafts: &[u32]) {
         self.host_drafts = true;
-        self.target.ctx.queue.write_buffer(
-            &self.drafter.host_drafts,
-            0,
-            bytemuck::cast_slice(by_position),
-        );
+        let cap = host_draft_capacity(&self.target);
+        let n = drafts.len().min(cap.saturating_sub(start));
+        if n > 0 {
+            self.target.ctx.queue.write_buffer(
+                &self.drafter.host_drafts,
+                (start * 4) as u64,
+                bytemuck::cast_slice(&drafts[..n]),
+            );
+        }
     }
 
     /// Prefill of the target with taps, feeding every prompt row to the drafter's context;
@@ -691,7 +875,8 @@ impl Speculative {
     /// The plan of a step of `b` rows after the current previous block, built once.
     fn ensure_plan(&mut self, b: usize, head: Head) -> Result<StepKey> {
         let rejection = self.rejection && head == Head::Sample;
-        let key = (self.prev_block, b, head, self.host_drafts, rejection);
+        let pass = self.host_drafts && self.simulate;
+        let key = (self.prev_block, b, head, self.host_drafts, pass, rejection);
         if !self.plans.contains_key(&key) {
             let ctx = self.target.ctx.clone();
             let mut d = if self.prev_block > 0 {
@@ -705,6 +890,7 @@ impl Speculative {
                 &self.target,
                 b,
                 self.host_drafts,
+                pass,
                 rejection,
             )?);
             d.extend(self.target.build_plan(b, head)?);

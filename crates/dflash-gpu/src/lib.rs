@@ -12,6 +12,7 @@ pub mod pipelines;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod profile;
 pub mod stream_load;
+pub mod synthetic;
 pub mod upload;
 
 pub use context::{GpuContext, GpuOptions};

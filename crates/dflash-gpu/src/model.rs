@@ -55,6 +55,7 @@ impl Default for GpuModelOptions {
 
 /// The feed-forward's gate and up projections: stacked (`[gate; up]`, one GEMV with the
 /// SwiGLU in its epilogue) where they can share buffers, else apart.
+#[derive(Clone)]
 enum GateUp {
     Stacked(GpuMatrix),
     Apart { gate: GpuMatrix, up: GpuMatrix },
@@ -337,10 +338,9 @@ impl GpuModel {
         memory: MemoryPlan,
     ) -> Result<Self> {
         let c = w.config.clone();
-        let context = opts.context;
+        let kvb = kv_bytes(&c, opts.context, ctx.f16);
         let mut layers = Vec::with_capacity(c.num_layers);
         for (i, l) in w.layers.into_iter().enumerate() {
-            let kvb = kv_bytes(&c, context, ctx.f16);
             layers.push(GpuLayer {
                 attn_norm: l.attn_norm,
                 ffn_norm: l.ffn_norm,
@@ -356,6 +356,55 @@ impl GpuModel {
                 v_cache: work_buffer(&ctx, &format!("v_cache.{i}"), kvb),
             });
         }
+        let head = (w.embed, w.lm_head, w.norm);
+        Self::around_layers(ctx, c, head, layers, opts, memory)
+    }
+
+    /// A second model over this one's weight buffers (shared, not copied: the stacked
+    /// matrices too), with its own KV cache, activations, taps and plans; its memory
+    /// plan counts no weights.
+    pub fn sharing_weights(&self, opts: &GpuModelOptions) -> Result<Self> {
+        let opts = Self::checked_options(&self.config, opts)?;
+        let memory = plan_buffers(&self.ctx, &self.config, 0, &opts)?;
+        let kvb = kv_bytes(&self.config, opts.context, self.ctx.f16);
+        let layers = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| GpuLayer {
+                attn_norm: l.attn_norm.clone(),
+                ffn_norm: l.ffn_norm.clone(),
+                qkv: l.qkv.clone(),
+                wo: l.wo.clone(),
+                gate_up: l.gate_up.clone(),
+                w_down: l.w_down.clone(),
+                qk_norm: l.qk_norm.clone(),
+                k_cache: work_buffer(&self.ctx, &format!("k_cache.{i}"), kvb),
+                v_cache: work_buffer(&self.ctx, &format!("v_cache.{i}"), kvb),
+            })
+            .collect();
+        let head = (
+            self.embed.clone(),
+            self.lm_head.clone(),
+            self.out_norm.clone(),
+        );
+        let config = self.config.clone();
+        let model = Self::around_layers(self.ctx.clone(), config, head, layers, &opts, memory)?;
+        model.ctx.check_lost()?;
+        Ok(model)
+    }
+
+    /// The RoPE table, activations and state around a model's layers and head
+    /// (embedding, lm_head, final norm).
+    fn around_layers(
+        ctx: Rc<GpuContext>,
+        c: ModelConfig,
+        head: (GpuMatrix, Option<GpuMatrix>, wgpu::Buffer),
+        layers: Vec<GpuLayer>,
+        opts: &GpuModelOptions,
+        memory: MemoryPlan,
+    ) -> Result<Self> {
+        let context = opts.context;
         let inv = c.rope_inv_freq();
         let mut table = Vec::with_capacity(context * inv.len() * 2);
         for pos in 0..context {
@@ -400,9 +449,9 @@ impl GpuModel {
             }),
         };
         Ok(GpuModel {
-            embed: w.embed,
-            lm_head: w.lm_head,
-            out_norm: w.norm,
+            embed: head.0,
+            lm_head: head.1,
+            out_norm: head.2,
             rope_table: storage_buffer(&ctx, "rope_table", bytemuck::cast_slice(&table)),
             layers,
             act,

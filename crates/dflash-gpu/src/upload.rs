@@ -5,6 +5,8 @@ use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use dflash_core::quant::{QFormat, QuantMatrix};
 
+/// Buffers are reference-counted handles: a clone shares the same GPU memory.
+#[derive(Clone)]
 pub struct MatrixChunk {
     pub row_lo: usize,
     pub rows: usize,
@@ -13,6 +15,7 @@ pub struct MatrixChunk {
     pub mins: wgpu::Buffer,
 }
 
+#[derive(Clone)]
 pub struct GpuMatrix {
     pub format: QFormat,
     pub group: usize,
@@ -24,19 +27,29 @@ pub struct GpuMatrix {
 
 /// Rows per chunk such that every buffer of the chunk fits `max_binding` bytes.
 pub fn rows_per_chunk(m: &QuantMatrix, max_binding: u64) -> Result<usize> {
-    let row_bytes = (m.cols * m.format.bits() / 8) as u64;
+    rows_per_chunk_of(m.rows, m.cols, m.format, max_binding)
+}
+
+/// `rows_per_chunk` of a `rows x cols` matrix in `format`, from its shape alone.
+pub fn rows_per_chunk_of(
+    rows: usize,
+    cols: usize,
+    format: QFormat,
+    max_binding: u64,
+) -> Result<usize> {
+    let row_bytes = (cols * format.bits() / 8) as u64;
     let by_limit = (max_binding / row_bytes.max(1)) as usize;
     if by_limit == 0 {
         return Err(GpuError::LimitExceeded {
-            what: format!("one row of a {}x{} matrix", m.rows, m.cols),
+            what: format!("one row of a {rows}x{cols} matrix"),
             need: row_bytes,
             limit: max_binding,
             limit_name: "max_storage_buffer_binding_size",
         });
     }
     // Keep chunks a multiple of 4 rows (one gemv workgroup) where possible.
-    Ok(if by_limit >= m.rows {
-        m.rows
+    Ok(if by_limit >= rows {
+        rows
     } else {
         (by_limit / 4 * 4).max(1)
     })

@@ -164,6 +164,17 @@ fn greedy_generation_equals_the_cpu_reference() {
         .generate_greedy(&prompt, 40, &|t| m.tokenizer.is_stop(t))
         .unwrap();
     assert_eq!(got, want);
+    // A second model over the same weight buffers (its own KV cache) decodes the same,
+    // and the first is untouched by it.
+    let opts = GpuModelOptions {
+        context: 64,
+        ..Default::default()
+    };
+    let mut shared = g.sharing_weights(&opts).unwrap();
+    assert_eq!(shared.memory.weights, 0);
+    let stop = |t| m.tokenizer.is_stop(t);
+    assert_eq!(shared.generate_greedy(&prompt, 40, &stop).unwrap(), want);
+    assert_eq!(g.generate_greedy(&prompt, 40, &stop).unwrap(), want);
 }
 
 #[test]

@@ -1,0 +1,483 @@
+//! Named shapes of real models for benchmarks without weights (`dflash bench
+//! --synthetic NAME`): the target's hyper-parameters, the weight format of every matrix
+//! as a Q4_K_M GGUF stores it (after our repacking), and a drafter of the z-lab shape for
+//! that target. The weights themselves are random and made on the device.
+
+use crate::config::{Arch, ModelConfig, RopeStyle};
+use crate::drafter::{DrafterConfig, LayerKind};
+use crate::quant::QFormat;
+
+/// Every named shape (`test-tiny` is a small shape for tests).
+pub const NAMES: &[&str] = &[
+    "smollm2-135m",
+    "qwen3-0.6b",
+    "qwen3-4b",
+    "qwen3-8b",
+    "llama-3.1-8b",
+    "qwen2.5-32b",
+    "test-tiny",
+];
+
+/// A named target shape and its drafter.
+#[derive(Debug, Clone)]
+pub struct SyntheticSpec {
+    pub name: &'static str,
+    pub config: ModelConfig,
+    pub drafter: DrafterConfig,
+}
+
+/// One weight matrix of a synthetic model: `[rows, cols]` in format `format` with groups
+/// of `group` along `cols`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatrixShape {
+    pub rows: usize,
+    pub cols: usize,
+    pub format: QFormat,
+    pub group: usize,
+}
+
+impl MatrixShape {
+    /// Bytes on the GPU: values, one f16 scale and one f16 min per group.
+    pub fn n_bytes(&self) -> u64 {
+        let n = (self.rows * self.cols) as u64;
+        n * self.format.bits() as u64 / 8 + 4 * n / self.group as u64
+    }
+}
+
+/// The matrices of one target layer.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerShapes {
+    pub wq: MatrixShape,
+    pub wk: MatrixShape,
+    pub wv: MatrixShape,
+    pub wo: MatrixShape,
+    pub w_gate: MatrixShape,
+    pub w_up: MatrixShape,
+    pub w_down: MatrixShape,
+}
+
+impl LayerShapes {
+    pub fn all(&self) -> [MatrixShape; 7] {
+        [
+            self.wq,
+            self.wk,
+            self.wv,
+            self.wo,
+            self.w_gate,
+            self.w_up,
+            self.w_down,
+        ]
+    }
+}
+
+/// A ggml type of a Q4_K_M file, as our loader repacks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ggml {
+    Q4K,
+    Q6K,
+}
+
+/// llama.cpp's `use_more_bits`: the layers where Q4_K_M keeps attn_v and ffn_down in
+/// Q6_K (the first and last eighth, and every third layer between).
+fn use_more_bits(i: usize, n: usize) -> bool {
+    let lo = n / 8;
+    i < lo || i >= 7 * n / 8 || (i - lo) % 3 == 2
+}
+
+/// The repacked format of a Q4_K_M tensor with `cols` columns: Q4_K -> q4 (groups of
+/// 32), Q6_K -> q8 (groups of 16); a row that is not a whole number of 256-element
+/// super-blocks falls back as llama.cpp does (Q4_K -> Q5_0, Q6_K -> Q8_0: q8, groups of
+/// 32).
+fn shape(rows: usize, cols: usize, t: Ggml) -> MatrixShape {
+    let (format, group) = match (t, cols.is_multiple_of(256)) {
+        (Ggml::Q4K, true) => (QFormat::Q4, 32),
+        (Ggml::Q6K, true) => (QFormat::Q8, 16),
+        (_, false) => (QFormat::Q8, 32),
+    };
+    MatrixShape {
+        rows,
+        cols,
+        format,
+        group,
+    }
+}
+
+impl SyntheticSpec {
+    /// The embedding `[vocab, hidden]`: Q6_K when it is also the output (tied), else Q4_K.
+    pub fn embed(&self) -> MatrixShape {
+        let c = &self.config;
+        let t = if c.tie_word_embeddings {
+            Ggml::Q6K
+        } else {
+            Ggml::Q4K
+        };
+        shape(c.vocab_size, c.hidden_size, t)
+    }
+
+    /// The untied output matrix (Q6_K in Q4_K_M), None when tied.
+    pub fn lm_head(&self) -> Option<MatrixShape> {
+        let c = &self.config;
+        (!c.tie_word_embeddings).then(|| shape(c.vocab_size, c.hidden_size, Ggml::Q6K))
+    }
+
+    /// Layer `i`'s matrices: Q4_K, except attn_v and ffn_down in Q6_K on the layers of
+    /// `use_more_bits`.
+    pub fn layer(&self, i: usize) -> LayerShapes {
+        let c = &self.config;
+        let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let more = if use_more_bits(i, c.num_layers) {
+            Ggml::Q6K
+        } else {
+            Ggml::Q4K
+        };
+        LayerShapes {
+            wq: shape(q, h, Ggml::Q4K),
+            wk: shape(kv, h, Ggml::Q4K),
+            wv: shape(kv, h, more),
+            wo: shape(h, q, Ggml::Q4K),
+            w_gate: shape(ff, h, Ggml::Q4K),
+            w_up: shape(ff, h, Ggml::Q4K),
+            w_down: shape(h, ff, more),
+        }
+    }
+
+    /// Every matrix of the target (embedding, output, layers).
+    pub fn target_matrices(&self) -> Vec<MatrixShape> {
+        let mut v = vec![self.embed()];
+        v.extend(self.lm_head());
+        for i in 0..self.config.num_layers {
+            v.extend(self.layer(i).all());
+        }
+        v
+    }
+
+    /// Bytes of the target's weights on the GPU (matrices, norms, biases).
+    pub fn target_weight_bytes(&self) -> u64 {
+        let c = &self.config;
+        let per_layer_vectors = 2 * c.hidden_size
+            + if c.qkv_bias {
+                c.q_dim() + 2 * c.kv_dim()
+            } else {
+                0
+            }
+            + if c.qk_norm { 2 * c.head_dim } else { 0 };
+        let vectors = c.hidden_size + c.num_layers * per_layer_vectors;
+        self.target_matrices()
+            .iter()
+            .map(MatrixShape::n_bytes)
+            .sum::<u64>()
+            + 4 * vectors as u64
+    }
+
+    /// The drafter's matrices as the bench loads a bf16 z-lab checkpoint: q8, groups of
+    /// 32. `fc` first, then per layer q, k, v, o, gate, up, down.
+    pub fn drafter_matrices(&self) -> Vec<MatrixShape> {
+        let d = &self.drafter;
+        let q8 = |rows, cols| MatrixShape {
+            rows,
+            cols,
+            format: QFormat::Q8,
+            group: 32,
+        };
+        let (h, q, kv, ff) = (d.hidden_size, d.q_dim(), d.kv_dim(), d.intermediate_size);
+        let mut v = vec![q8(h, d.n_taps() * h)];
+        for _ in 0..d.num_layers {
+            v.extend([
+                q8(q, h),
+                q8(kv, h),
+                q8(kv, h),
+                q8(h, q),
+                q8(ff, h),
+                q8(ff, h),
+                q8(h, ff),
+            ]);
+        }
+        v
+    }
+
+    /// Bytes of the drafter's weights on the GPU (matrices and norms).
+    pub fn drafter_weight_bytes(&self) -> u64 {
+        let d = &self.drafter;
+        let vectors = 2 * d.hidden_size + d.num_layers * (2 * d.hidden_size + 2 * d.head_dim);
+        self.drafter_matrices()
+            .iter()
+            .map(MatrixShape::n_bytes)
+            .sum::<u64>()
+            + 4 * vectors as u64
+    }
+}
+
+/// Hyper-parameters of a target, as its Hugging Face config states them.
+struct Target {
+    arch: Arch,
+    hidden: usize,
+    intermediate: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    vocab: usize,
+    eps: f32,
+    theta: f32,
+    max_pos: usize,
+    tied: bool,
+    /// llama3 rope scaling (factor, low, high, original context).
+    llama3: Option<(f64, f64, f64, f64)>,
+}
+
+/// The drafter for a target: layers, mask token id.
+struct Drafter {
+    layers: usize,
+    mask: u32,
+}
+
+fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
+    let name = *NAMES.iter().find(|&&n| n == name)?;
+    let qwen3 = |hidden, intermediate, layers, heads, kv_heads, tied| Target {
+        arch: Arch::Qwen3,
+        hidden,
+        intermediate,
+        layers,
+        heads,
+        kv_heads,
+        head_dim: 128,
+        vocab: 151936,
+        eps: 1e-6,
+        theta: 1e6,
+        max_pos: 40960,
+        tied,
+        llama3: None,
+    };
+    // Qwen3 drafters' mask token: `<|MASK|>`-style id past the Qwen3 specials (z-lab).
+    let qwen_mask = 151669;
+    let (t, d) = match name {
+        // SmolLM2-135M(-Instruct); the drafter is the shape of the committed
+        // drafters/smollm2-135m-instruct-dflash-b16 (3 layers, mask 16).
+        "smollm2-135m" => (
+            Target {
+                arch: Arch::Llama,
+                hidden: 576,
+                intermediate: 1536,
+                layers: 30,
+                heads: 9,
+                kv_heads: 3,
+                head_dim: 64,
+                vocab: 49152,
+                eps: 1e-5,
+                theta: 100000.0,
+                max_pos: 8192,
+                tied: true,
+                llama3: None,
+            },
+            Drafter {
+                layers: 3,
+                mask: 16,
+            },
+        ),
+        "qwen3-0.6b" => (
+            qwen3(1024, 3072, 28, 16, 8, true),
+            Drafter {
+                layers: 1,
+                mask: qwen_mask,
+            },
+        ),
+        "qwen3-4b" => (
+            qwen3(2560, 9728, 36, 32, 8, true),
+            Drafter {
+                layers: 5,
+                mask: qwen_mask,
+            },
+        ),
+        "qwen3-8b" => (
+            qwen3(4096, 12288, 36, 32, 8, false),
+            Drafter {
+                layers: 5,
+                mask: qwen_mask,
+            },
+        ),
+        // Llama-3.1-8B(-Instruct); the drafter's mask is the first reserved special
+        // token, <|reserved_special_token_0|>.
+        "llama-3.1-8b" => (
+            Target {
+                arch: Arch::Llama,
+                hidden: 4096,
+                intermediate: 14336,
+                layers: 32,
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                vocab: 128256,
+                eps: 1e-5,
+                theta: 500000.0,
+                max_pos: 131072,
+                tied: false,
+                llama3: Some((8.0, 1.0, 4.0, 8192.0)),
+            },
+            Drafter {
+                layers: 5,
+                mask: 128002,
+            },
+        ),
+        "qwen2.5-32b" => (
+            Target {
+                arch: Arch::Qwen2,
+                hidden: 5120,
+                intermediate: 27648,
+                layers: 64,
+                heads: 40,
+                kv_heads: 8,
+                head_dim: 128,
+                vocab: 152064,
+                eps: 1e-6,
+                theta: 1e6,
+                max_pos: 32768,
+                tied: false,
+                llama3: None,
+            },
+            Drafter {
+                layers: 5,
+                mask: qwen_mask,
+            },
+        ),
+        // Small enough for tests on a CPU device; Q4_K-sized rows so both formats run.
+        "test-tiny" => (
+            Target {
+                arch: Arch::Qwen3,
+                hidden: 256,
+                intermediate: 512,
+                layers: 4,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 64,
+                vocab: 512,
+                eps: 1e-6,
+                theta: 1e6,
+                max_pos: 4096,
+                tied: false,
+                llama3: None,
+            },
+            Drafter {
+                layers: 1,
+                mask: 511,
+            },
+        ),
+        _ => return None,
+    };
+    Some((name, t, d))
+}
+
+/// The named shape, or None for an unknown name (see [`NAMES`]).
+pub fn spec(name: &str) -> Option<SyntheticSpec> {
+    let (name, t, d) = named(name)?;
+    let mut json = serde_json::json!({
+        "model_type": match t.arch { Arch::Llama => "llama", Arch::Qwen2 => "qwen2", Arch::Qwen3 => "qwen3" },
+        "hidden_size": t.hidden,
+        "intermediate_size": t.intermediate,
+        "num_hidden_layers": t.layers,
+        "num_attention_heads": t.heads,
+        "num_key_value_heads": t.kv_heads,
+        "head_dim": t.head_dim,
+        "vocab_size": t.vocab,
+        "rms_norm_eps": t.eps,
+        "rope_theta": t.theta,
+        "max_position_embeddings": t.max_pos,
+        "tie_word_embeddings": t.tied,
+    });
+    if let Some((factor, low, high, orig)) = t.llama3 {
+        json["rope_scaling"] = serde_json::json!({
+            "rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+            "high_freq_factor": high, "original_max_position_embeddings": orig,
+        });
+    }
+    // Through the config parser, as a checkpoint's config.json would be read.
+    let mut config = ModelConfig::from_hf_json(&json.to_string()).expect("a valid named shape");
+    if t.arch == Arch::Llama {
+        // As a GGUF file of a llama model is read (the converter permutes Q/K).
+        config.rope_style = RopeStyle::Interleaved;
+    }
+    let drafter = DrafterConfig {
+        hidden_size: config.hidden_size,
+        intermediate_size: config.intermediate_size,
+        num_layers: d.layers,
+        num_heads: config.num_heads,
+        num_kv_heads: config.num_kv_heads,
+        head_dim: config.head_dim,
+        rms_norm_eps: config.rms_norm_eps,
+        rope_theta: config.rope_theta,
+        rope_freq_factors: config.rope_freq_factors.clone(),
+        vocab_size: config.vocab_size,
+        layer_kinds: vec![LayerKind::Full; d.layers],
+        sliding_window: 0,
+        num_target_layers: config.num_layers,
+        block_size: 16,
+        mask_token_id: d.mask,
+        target_layer_ids: DrafterConfig::default_target_layer_ids(d.layers, config.num_layers),
+        architecture: "DFlashDraftModel".into(),
+        dflash2: None,
+    };
+    Some(SyntheticSpec {
+        name,
+        config,
+        drafter,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_named_shape_is_valid_and_sized_like_its_gguf() {
+        for &n in NAMES {
+            let s = spec(n).unwrap();
+            s.config.validate().unwrap();
+            s.drafter.validate_against(&s.config).unwrap();
+            for m in s.target_matrices().iter().chain(&s.drafter_matrices()) {
+                assert!(m.cols.is_multiple_of(m.group), "{n}: {m:?}");
+            }
+        }
+        assert!(spec("gpt-5").is_none());
+        // Weights in GB: the Q4_K_M files' sizes (about 5.0, 4.9, 19.9 GB) grown by repacking:
+        // Q4_K's 4.5 bits per weight become q4/32's 5 (an f16 scale and min per 32),
+        // Q6_K's 6.56 q8/16's 10.
+        let gb = |n: &str| spec(n).unwrap().target_weight_bytes() as f64 / 1e9;
+        for (n, lo, hi) in [
+            ("smollm2-135m", 0.1, 0.2),
+            ("qwen3-8b", 5.5, 6.5),
+            ("llama-3.1-8b", 5.5, 6.5),
+            ("qwen2.5-32b", 22.0, 25.0),
+        ] {
+            assert!((lo..hi).contains(&gb(n)), "{n}: {} GB", gb(n));
+        }
+        let q8 = spec("qwen3-8b").unwrap();
+        assert_eq!(q8.drafter.target_layer_ids, [1, 9, 17, 25, 33]);
+        assert_eq!(q8.drafter.num_layers, 5);
+        assert_eq!(
+            spec("smollm2-135m").unwrap().drafter.target_layer_ids,
+            [1, 14, 27]
+        );
+        let l = spec("llama-3.1-8b").unwrap();
+        assert_eq!(l.config.rope_freq_factors.len(), 64);
+        assert!(spec("qwen2.5-32b").unwrap().config.qkv_bias);
+        assert!(spec("qwen3-4b").unwrap().config.qk_norm);
+        assert!(spec("qwen3-4b").unwrap().lm_head().is_none());
+    }
+
+    #[test]
+    fn q4_k_m_keeps_more_bits_where_llama_cpp_does() {
+        let s = spec("qwen3-8b").unwrap();
+        let more: Vec<usize> = (0..36)
+            .filter(|&i| s.layer(i).wv.format == QFormat::Q8)
+            .collect();
+        assert_eq!(
+            more,
+            [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 31, 32, 33, 34, 35]
+        );
+        assert_eq!(s.layer(4).w_gate.format, QFormat::Q4);
+        assert_eq!(s.lm_head().unwrap().group, 16);
+        // 576 columns are not whole Q4_K super-blocks: Q5_0 / Q8_0, q8 with groups of 32.
+        let sm = spec("smollm2-135m").unwrap();
+        assert_eq!(sm.layer(4).wq.format, QFormat::Q8);
+        assert_eq!(sm.layer(4).w_down.format, QFormat::Q4);
+    }
+}

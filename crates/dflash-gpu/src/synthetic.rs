@@ -1,0 +1,341 @@
+//! Models of a real shape with random weights made directly on the device (`dflash bench
+//! --synthetic NAME`): the same repacked q4/q8 buffers, chunked by the same
+//! `rows_per_chunk`, and the same `GpuModel` plan as a loaded model, so that a bench on
+//! them measures what the real model would cost. Nothing is written to disk and the host
+//! never holds more than one 4 MiB piece of a matrix.
+//!
+//! Values: every group's scale is `s = (0.75 .. 1.25) / (sigma_q * sqrt(cols))` and its
+//! min centres the group's integer values on zero, so that each matrix maps an input of
+//! unit RMS to an output of about unit RMS (q4: s ~ 0.003-0.009 over 576-5120 columns)
+//! and activations stay finite through every layer; norm weights are 1 +- 0.1, biases
+//! +-0.1.
+
+use crate::context::GpuContext;
+use crate::dflash::{DrafterPlan, GpuDrafter, GpuDrafterLayerWeights, GpuDrafterWeights};
+use crate::error::{GpuError, Result};
+use crate::model::{plan_buffers, GpuModelOptions, GpuWeights, MemoryPlan};
+use crate::upload::{f32_buffer, rows_per_chunk_of, GpuMatrix, MatrixChunk};
+use dflash_core::quant::QFormat;
+use dflash_core::rng::Rng;
+use dflash_core::synthetic::{MatrixShape, SyntheticSpec};
+use dflash_core::weights::{LayerWeights, ModelWeights};
+use half::f16;
+
+/// Bytes the host fills and hands to the queue at a time.
+const PIECE: usize = 4 << 20;
+/// Bytes written between two waits for the queue (bounds its staging memory).
+const FLUSH: usize = 64 << 20;
+
+/// Everything a synthetic bench allocates, checked against the adapter's limits and the
+/// budget before anything is allocated: the plain model; with a drafter also the target
+/// with taps (its own KV cache and activations, the plain model's weight buffers) and
+/// the drafter (weights, context cache, activations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyntheticPlan {
+    pub plain: MemoryPlan,
+    pub target: Option<MemoryPlan>,
+    pub drafter_weights: u64,
+    pub drafter: Option<DrafterPlan>,
+}
+
+impl SyntheticPlan {
+    /// The sum, split like a model's plan.
+    pub fn total(&self) -> MemoryPlan {
+        let t = self.target.unwrap_or(MemoryPlan {
+            weights: 0,
+            kv_cache: 0,
+            activations: 0,
+        });
+        let d = self.drafter.unwrap_or(DrafterPlan {
+            context_cache: 0,
+            activations: 0,
+        });
+        MemoryPlan {
+            weights: self.plain.weights + self.drafter_weights,
+            kv_cache: self.plain.kv_cache + t.kv_cache + d.context_cache,
+            activations: self.plain.activations + t.activations + d.activations,
+        }
+    }
+}
+
+/// The plan of `spec` at `context` tokens (with its drafter when `with_drafter`):
+/// `LimitExceeded` when a buffer would not fit the adapter, `OverBudget` when the total
+/// exceeds `budget`. Allocates nothing.
+pub fn plan(
+    ctx: &GpuContext,
+    spec: &SyntheticSpec,
+    context: usize,
+    with_drafter: bool,
+    budget: Option<u64>,
+) -> Result<SyntheticPlan> {
+    let c = &spec.config;
+    let max = ctx.max_binding();
+    let mut matrices = spec.target_matrices();
+    if with_drafter {
+        matrices.extend(spec.drafter_matrices());
+    }
+    for m in &matrices {
+        rows_per_chunk_of(m.rows, m.cols, m.format, max)?;
+    }
+    let context = context.min(c.max_position_embeddings).max(1);
+    let opts = GpuModelOptions {
+        context,
+        taps: vec![],
+        memory_budget: None,
+    };
+    let plain = plan_buffers(ctx, c, spec.target_weight_bytes(), &opts)?;
+    let (target, drafter, drafter_weights) = if with_drafter {
+        let taps = GpuModelOptions {
+            taps: spec.drafter.target_layer_ids.clone(),
+            ..opts
+        };
+        let t = plan_buffers(ctx, c, 0, &taps)?;
+        let d = GpuDrafter::plan(ctx, &spec.drafter, c, context)?;
+        (Some(t), Some(d), spec.drafter_weight_bytes())
+    } else {
+        (None, None, 0)
+    };
+    let p = SyntheticPlan {
+        plain,
+        target,
+        drafter_weights,
+        drafter,
+    };
+    let total = p.total();
+    if let Some(budget) = budget {
+        if total.total() > budget {
+            return Err(GpuError::OverBudget {
+                need: total.total(),
+                weights: total.weights,
+                kv_cache: total.kv_cache,
+                activations: total.activations,
+                budget,
+            });
+        }
+    }
+    Ok(p)
+}
+
+/// The target's weights (and the drafter's when `with_drafter`), random, on the device.
+/// Call [`plan`] first: this allocates.
+pub fn build(
+    ctx: &GpuContext,
+    spec: &SyntheticSpec,
+    seed: u64,
+    with_drafter: bool,
+) -> Result<(GpuWeights, Option<GpuDrafterWeights>)> {
+    let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let mut filler = Filler::new(ctx, seed);
+    let r = (|| {
+        let w = target_weights(&mut filler, spec)?;
+        let d = if with_drafter {
+            Some(drafter_weights(&mut filler, spec)?)
+        } else {
+            None
+        };
+        Ok::<_, GpuError>((w, d))
+    })();
+    ctx.queue.submit([]);
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(GpuError::OutOfMemory(format!("synthetic weights: {e}")));
+    }
+    #[cfg(target_arch = "wasm32")]
+    drop(scope);
+    ctx.check_lost()?;
+    r
+}
+
+fn target_weights(f: &mut Filler, spec: &SyntheticSpec) -> Result<GpuWeights> {
+    let c = &spec.config;
+    let (h, q, kv) = (c.hidden_size, c.q_dim(), c.kv_dim());
+    let embed = f.matrix("token_embd", &spec.embed())?;
+    let lm_head = match spec.lm_head() {
+        Some(m) => Some(f.matrix("output", &m)?),
+        None => None,
+    };
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for i in 0..c.num_layers {
+        let s = spec.layer(i);
+        let n = |w: &str| format!("blk.{i}.{w}");
+        let bias = |f: &mut Filler, w: &str, len| c.qkv_bias.then(|| f.vector(&n(w), len, 0.0));
+        let norm = |f: &mut Filler, w: &str| c.qk_norm.then(|| f.vector(&n(w), c.head_dim, 1.0));
+        layers.push(LayerWeights {
+            attn_norm: f.vector(&n("attn_norm"), h, 1.0),
+            wq: f.matrix(&n("attn_q"), &s.wq)?,
+            wk: f.matrix(&n("attn_k"), &s.wk)?,
+            wv: f.matrix(&n("attn_v"), &s.wv)?,
+            wo: f.matrix(&n("attn_output"), &s.wo)?,
+            bq: bias(f, "attn_q.bias", q),
+            bk: bias(f, "attn_k.bias", kv),
+            bv: bias(f, "attn_v.bias", kv),
+            q_norm: norm(f, "attn_q_norm"),
+            k_norm: norm(f, "attn_k_norm"),
+            ffn_norm: f.vector(&n("ffn_norm"), h, 1.0),
+            w_gate: f.matrix(&n("ffn_gate"), &s.w_gate)?,
+            w_up: f.matrix(&n("ffn_up"), &s.w_up)?,
+            w_down: f.matrix(&n("ffn_down"), &s.w_down)?,
+        });
+    }
+    Ok(ModelWeights {
+        config: c.clone(),
+        embed,
+        layers,
+        norm: f.vector("output_norm", h, 1.0),
+        lm_head,
+    })
+}
+
+fn drafter_weights(f: &mut Filler, spec: &SyntheticSpec) -> Result<GpuDrafterWeights> {
+    let d = &spec.drafter;
+    let (h, hd) = (d.hidden_size, d.head_dim);
+    let shapes = spec.drafter_matrices();
+    let fc = f.matrix("d.fc", &shapes[0])?;
+    let mut layers = Vec::with_capacity(d.num_layers);
+    for (i, s) in shapes[1..].chunks_exact(7).enumerate() {
+        let n = |w: &str| format!("d.layers.{i}.{w}");
+        layers.push(GpuDrafterLayerWeights {
+            input_norm: f.vector(&n("input_layernorm"), h, 1.0),
+            post_norm: f.vector(&n("post_attention_layernorm"), h, 1.0),
+            q_norm: f.vector(&n("q_norm"), hd, 1.0),
+            k_norm: f.vector(&n("k_norm"), hd, 1.0),
+            wq: f.matrix(&n("q_proj"), &s[0])?,
+            wk: f.matrix(&n("k_proj"), &s[1])?,
+            wv: f.matrix(&n("v_proj"), &s[2])?,
+            wo: f.matrix(&n("o_proj"), &s[3])?,
+            w_gate: f.matrix(&n("gate_proj"), &s[4])?,
+            w_up: f.matrix(&n("up_proj"), &s[5])?,
+            w_down: f.matrix(&n("down_proj"), &s[6])?,
+        });
+    }
+    Ok(GpuDrafterWeights {
+        fc,
+        hidden_norm: f.vector("d.hidden_norm", h, 1.0),
+        norm: f.vector("d.norm", h, 1.0),
+        layers,
+    })
+}
+
+/// Fills buffers piece by piece from a seeded generator, waiting for the queue every
+/// [`FLUSH`] bytes so that its staging memory stays bounded.
+struct Filler<'a> {
+    ctx: &'a GpuContext,
+    rng: Rng,
+    scratch: Vec<u8>,
+    pending: usize,
+}
+
+impl<'a> Filler<'a> {
+    fn new(ctx: &'a GpuContext, seed: u64) -> Self {
+        Filler {
+            ctx,
+            rng: Rng(seed ^ 0x5EED_5EED_5EED_5EED),
+            scratch: Vec::with_capacity(PIECE),
+            pending: 0,
+        }
+    }
+
+    fn buffer(&self, label: &str, len: usize) -> wgpu::Buffer {
+        self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (len.max(16) as u64).div_ceil(16) * 16,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Writes the scratch piece at `offset` (padded to 4 bytes) and flushes when due.
+    fn write(&mut self, buf: &wgpu::Buffer, offset: usize) {
+        while !self.scratch.len().is_multiple_of(4) {
+            self.scratch.push(0);
+        }
+        self.ctx
+            .queue
+            .write_buffer(buf, offset as u64, &self.scratch);
+        self.pending += self.scratch.len();
+        if self.pending >= FLUSH {
+            self.ctx.queue.submit([]);
+            let _ = self.ctx.device.poll(wgpu::PollType::wait_indefinitely());
+            self.pending = 0;
+        }
+    }
+
+    fn vector(&mut self, label: &str, len: usize, centre: f32) -> wgpu::Buffer {
+        let v: Vec<f32> = (0..len)
+            .map(|_| centre + 0.1 * self.rng.uniform())
+            .collect();
+        f32_buffer(self.ctx, label, &v)
+    }
+
+    /// A random matrix in the repacked layout, chunked as `upload_matrix` chunks.
+    fn matrix(&mut self, label: &str, m: &MatrixShape) -> Result<GpuMatrix> {
+        let per = rows_per_chunk_of(m.rows, m.cols, m.format, self.ctx.max_binding())?;
+        // Standard deviation and mean of uniform integers: q4 0..=15, q8 -128..=127.
+        let (sigma, mean) = match m.format {
+            QFormat::Q4 => (4.610, 7.5f32),
+            QFormat::Q8 => (73.90, -0.5f32),
+        };
+        let base = 1.0 / (sigma * (m.cols as f32).sqrt());
+        let gpr = m.cols / m.group;
+        let mut chunks = Vec::new();
+        let mut row_lo = 0;
+        while row_lo < m.rows {
+            let rows = per.min(m.rows - row_lo);
+            let qs_len = rows * m.cols * m.format.bits() / 8;
+            let groups = rows * gpr;
+            let qs = self.buffer(label, qs_len);
+            let scales = self.buffer(label, groups * 2);
+            let mins = self.buffer(label, groups * 2);
+            let mut off = 0;
+            while off < qs_len {
+                let n = PIECE.min(qs_len - off);
+                self.scratch.clear();
+                while self.scratch.len() < n {
+                    self.scratch
+                        .extend_from_slice(&self.rng.next_u64().to_le_bytes());
+                }
+                self.scratch.truncate(n);
+                self.write(&qs, off);
+                off += n;
+            }
+            let per_piece = PIECE / 2;
+            let mut g = 0;
+            let mut min_piece = Vec::with_capacity(per_piece.min(groups) * 2);
+            while g < groups {
+                let n = per_piece.min(groups - g);
+                self.scratch.clear();
+                min_piece.clear();
+                for _ in 0..n {
+                    let s = base * (1.0 + 0.25 * self.rng.uniform());
+                    let s16 = f16::from_f32(s);
+                    let min = f16::from_f32(-mean * s16.to_f32());
+                    self.scratch.extend_from_slice(&s16.to_le_bytes());
+                    min_piece.extend_from_slice(&min.to_le_bytes());
+                }
+                self.write(&scales, 2 * g);
+                std::mem::swap(&mut self.scratch, &mut min_piece);
+                self.write(&mins, 2 * g);
+                std::mem::swap(&mut self.scratch, &mut min_piece);
+                g += n;
+            }
+            chunks.push(MatrixChunk {
+                row_lo,
+                rows,
+                qs,
+                scales,
+                mins,
+            });
+            row_lo += rows;
+        }
+        Ok(GpuMatrix {
+            format: m.format,
+            group: m.group,
+            rows: m.rows,
+            cols: m.cols,
+            chunks,
+            n_bytes: m.n_bytes(),
+        })
+    }
+}
