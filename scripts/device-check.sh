@@ -15,9 +15,16 @@
 #                                            GPU tests on the synthetic models
 #   scripts/device-check.sh run SHA256       join the model's pieces, check its sha256, run
 #                                            the real-model GPU tests and the benchmarks
+#   scripts/device-check.sh profile         the engine profile (no model file needed for
+#                                            the synthetic shapes): `dflash bench --profile`
+#                                            of SmolLM2 at 64 and 512 prompt tokens, of its
+#                                            DFlash step, and of the synthetic qwen3-8b and
+#                                            qwen2.5-32b pairs, with qwen3-8b's DFlash run
+#                                            at the published acceptance (--accept-profile)
 # Knobs: TESTS=0 skips the tests (and the plain benchmark); TOKENS (64), BLOCKS
 # (2,4,8,16,auto), DRAFTERS ("trained random"), TEMPS ("0 0.8") and BENCH_LIMIT (100 s
-# per benchmark) shape the DFlash benchmarks.
+# per benchmark) shape the DFlash benchmarks; SHAPES ("qwen3-8b qwen2.5-32b") the
+# synthetic profiles.
 # Everything is logged to $OUT (default ./device-out). Each step has a time limit and
 # the run goes on after a failure, so one call brings back everything that worked.
 set -uo pipefail
@@ -75,7 +82,7 @@ case "${1:-}" in
     step 60 adapters "$BIN/dflash" adapters
     export DFLASH_REQUIRE_GPU=1
     [ "${TESTS:-1}" = 0 ] && exit 0
-    for t in dflash_gpu ops engine dflash stream_load; do
+    for t in dflash_gpu ops fused engine dflash stream_load synthetic; do
       (cd crates/dflash-gpu && step 90 "test $t" "$BIN/t_$t" --test-threads 8)
     done
     grep -E "^test result|panicked|FAILED" "$OUT/log.txt" | tail -20
@@ -103,6 +110,26 @@ case "${1:-}" in
       done
     done
     grep -E "^test result|panicked|FAILED|rc=" "$OUT/log.txt" | tail -20
+    ;;
+  profile)
+    # Everything here prints JSON under $OUT; the synthetic shapes need no model file.
+    model="$DFLASH_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    a=(--adapter "${ADAPTER:-NVIDIA}" --profile --json)
+    if [ -f "$model" ]; then
+      for p in 64 512; do
+        step 60 "profile smollm2 p$p" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --prompt-tokens $p --decode-tokens 64 > $OUT/profile-smollm2-p$p.json"
+      done
+      step 90 "profile smollm2 dflash" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --drafter drafters/smollm2-135m-instruct-dflash-b16 --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $OUT/profile-smollm2-dflash.json"
+    fi
+    # Conditional per-slot acceptance with mean tau 6.5 at block 16 (z-lab's published
+    # DFlash figure for Qwen3-8B on HumanEval; the per-slot shape is ours).
+    accept=0.96,0.93,0.90,0.87,0.84,0.80,0.76,0.72,0.68,0.64,0.60,0.56,0.52,0.48,0.44
+    for shape in ${SHAPES:-qwen3-8b qwen2.5-32b}; do
+      step 120 "profile $shape" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-$shape.json"
+      step 120 "profile $shape dflash" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --drafter synthetic --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $OUT/profile-$shape-dflash.json"
+    done
+    step 90 "long context qwen3-8b" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b --adapter \"${ADAPTER:-NVIDIA}\" --json --prompt-tokens 4096 --decode-tokens 32 > $OUT/bench-qwen3-8b-p4096.json"
+    grep -E "rc=" "$OUT/log.txt" | tail -20
     ;;
   *) sed -n '2,/^set -uo/{/^#/p}' "$0"; exit 2 ;;
 esac
