@@ -97,6 +97,10 @@ pub struct BenchArgs {
     /// encode/submit/map times and the calibration kernels.
     #[arg(long)]
     profile: bool,
+    /// The kernel knobs: this adapter's own (default), or those of a GPU or of a CPU
+    /// adapter (to run the GPU plan on lavapipe, or the CPU plan on a GPU).
+    #[arg(long, value_enum)]
+    tuning: Option<TuningChoice>,
 }
 
 /// `--memory-budget`: bytes, or a number with a K/M/G/T suffix (powers of 1024).
@@ -252,6 +256,27 @@ fn model_label(a: &BenchArgs) -> String {
     }
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum TuningChoice {
+    Gpu,
+    Cpu,
+}
+
+/// The device options of a bench: timestamps where asked, the knobs of `--tuning`.
+fn gpu_options(a: &BenchArgs, timestamps: bool) -> dflash_gpu::GpuOptions {
+    use dflash_gpu::context::Tuning;
+    dflash_gpu::GpuOptions {
+        adapter: a.adapter.clone(),
+        no_f16: a.no_f16,
+        profile: timestamps,
+        tuning: a.tuning.map(|t| match t {
+            TuningChoice::Gpu => Tuning::gpu(),
+            TuningChoice::Cpu => Tuning::cpu(),
+        }),
+        ..Default::default()
+    }
+}
+
 /// A prompt of `n` real tokens: a paragraph of English repeated.
 fn bench_prompt(m: &dflash_core::model_files::LoadedModel, n: usize) -> Result<Vec<u32>, CliError> {
     let text = "The history of computing is a story of machines that learned to remember, to calculate and finally to speak. ";
@@ -265,7 +290,7 @@ fn run_plain(a: BenchArgs, synthetic: Option<SyntheticSpec>) -> Result<(), CliEr
         Some(path) if synthetic.is_none() => Some(load(path)?.0),
         _ => None,
     };
-    let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16, true)?.expect("gpu");
+    let ctx = open_device(Some(Device::Gpu), &gpu_options(&a, true))?.expect("gpu");
     let config = match (&loaded, &synthetic) {
         (Some(m), _) => m.config().clone(),
         (None, Some(s)) => s.config.clone(),
@@ -559,7 +584,7 @@ fn run_dflash(
     if let Some(n) = a.limit {
         rows_in.truncate(n.max(1));
     }
-    let ctx = open_device(Some(Device::Gpu), &a.adapter, a.no_f16, a.profile)?.expect("gpu");
+    let ctx = open_device(Some(Device::Gpu), &gpu_options(&a, a.profile))?.expect("gpu");
     let context = a.context.min(config.max_position_embeddings);
     let (budget, budget_json) = memory_budget(&a, &ctx);
     let opts = GpuModelOptions {

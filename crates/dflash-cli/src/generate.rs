@@ -117,20 +117,12 @@ fn prompt_ids(m: &LoadedModel, a: &GenerateArgs) -> Result<Vec<u32>, CliError> {
 /// falls back to the CPU with a note.
 pub fn open_device(
     device: Option<Device>,
-    adapter: &Option<String>,
-    no_f16: bool,
-    profile: bool,
+    opts: &GpuOptions,
 ) -> Result<Option<Rc<GpuContext>>, CliError> {
-    let opts = GpuOptions {
-        adapter: adapter.clone(),
-        no_f16,
-        profile,
-        ..Default::default()
-    };
     match device {
         Some(Device::Cpu) => Ok(None),
-        Some(Device::Gpu) => Ok(Some(Rc::new(GpuContext::new(&opts)?))),
-        None => match GpuContext::new(&opts) {
+        Some(Device::Gpu) => Ok(Some(Rc::new(GpuContext::new(opts)?))),
+        None => match GpuContext::new(opts) {
             Ok(c) => Ok(Some(Rc::new(c))),
             Err(e) => {
                 eprintln!("note: no GPU adapter ({e}); using the CPU reference engine");
@@ -201,7 +193,12 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
             Some(Device::Cpu) => {}
         }
     }
-    let gpu = open_device(device_choice, &a.adapter, a.no_f16, false)?;
+    let opts = GpuOptions {
+        adapter: a.adapter.clone(),
+        no_f16: a.no_f16,
+        ..Default::default()
+    };
+    let gpu = open_device(device_choice, &opts)?;
     let drafter = match &a.drafter {
         Some(p) => Some(load_drafter_dir(p, DrafterPrecision::Q8)?),
         None => None,
