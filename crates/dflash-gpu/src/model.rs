@@ -760,14 +760,11 @@ impl GpuModel {
             t.1.push(t2 - t1);
             t.2.push(t3 - t2);
         }
-        let med = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
+        use crate::profile::median;
         Ok(crate::profile::HostTimes {
-            encode: med(&mut t.0),
-            submit: med(&mut t.1),
-            map: med(&mut t.2),
+            encode: median(&mut t.0),
+            submit: median(&mut t.1),
+            map: median(&mut t.2),
         })
     }
 
@@ -777,15 +774,6 @@ impl GpuModel {
         let mut v: Vec<&GpuMatrix> = self.layers.iter().flat_map(|l| l.matrices()).collect();
         v.push(self.lm_head.as_ref().unwrap_or(&self.embed));
         v
-    }
-
-    /// Dispatches in the plan of a pass of `n` rows with `head`.
-    pub fn plan_len(&mut self, n: usize, head: Head) -> Result<usize> {
-        if !self.plans.contains_key(&(n, head)) {
-            let plan = self.build_plan(n, head)?;
-            self.plans.insert((n, head), plan);
-        }
-        Ok(self.plans[&(n, head)].len())
     }
 
     /// One step over up to 16 tokens; returns the greedy next token of every row.

@@ -170,7 +170,8 @@ fn run_once(
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The median of `v` (sorted in place).
+pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

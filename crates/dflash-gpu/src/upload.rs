@@ -128,11 +128,6 @@ fn part_bytes(m: &GpuMatrix) -> (u64, u64) {
     ((m.rows * words * 4) as u64, (groups * 2) as u64)
 }
 
-/// A zeroed storage buffer that copies can fill (and read from).
-fn copy_target(ctx: &GpuContext, label: &str, size: u64) -> wgpu::Buffer {
-    work_buffer(ctx, label, size)
-}
-
 /// The rows of `parts` stacked into one matrix by copies on the GPU (no host round
 /// trip, so streamed weights stack too), or None where they cannot share one set of
 /// buffers: other formats, groups or widths, a part split into chunks, a scale array
@@ -156,9 +151,9 @@ pub fn concat_rows(ctx: &GpuContext, label: &str, parts: &[&GpuMatrix]) -> Optio
     if qs_total > ctx.max_binding() {
         return None;
     }
-    let qs = copy_target(ctx, label, qs_total);
-    let scales = copy_target(ctx, label, sc_total);
-    let mins = copy_target(ctx, label, sc_total);
+    let qs = work_buffer(ctx, label, qs_total);
+    let scales = work_buffer(ctx, label, sc_total);
+    let mins = work_buffer(ctx, label, sc_total);
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     let (mut at_q, mut at_s) = (0, 0);
     for (m, (nq, ns)) in parts.iter().zip(&sizes) {
@@ -190,7 +185,7 @@ pub fn concat_rows(ctx: &GpuContext, label: &str, parts: &[&GpuMatrix]) -> Optio
 /// f32 vectors (buffer, length) concatenated by copies on the GPU.
 pub fn concat_f32(ctx: &GpuContext, label: &str, parts: &[(&wgpu::Buffer, usize)]) -> wgpu::Buffer {
     let total: usize = parts.iter().map(|p| p.1).sum();
-    let out = copy_target(ctx, label, 4 * total as u64);
+    let out = work_buffer(ctx, label, 4 * total as u64);
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     let mut at = 0;
     for (b, len) in parts {
