@@ -88,9 +88,27 @@ impl Acceptance {
     }
 }
 
-/// In auto mode, after this many steps without drafts, one step drafts anyway so that the
-/// acceptance rates keep being measured (they may rise again later in the text).
+/// In auto mode, after at least this many steps without drafts, one step drafts anyway so
+/// that the acceptance rates keep being measured (they may rise again later in the text).
 pub const PROBE_EVERY: usize = 16;
+
+/// The share of decode time auto mode may spend on probes: a probe of a block that costs
+/// `c` one-row steps waits `(c - 1) / PROBE_BUDGET` idle steps (at least [`PROBE_EVERY`]),
+/// so where rows are dear (a CPU adapter: 2 rows cost 2.1 steps) probes are rare and a
+/// drafter that cannot pay costs at most this share; where rows are nearly free (a GPU)
+/// they come every [`PROBE_EVERY`] steps.
+pub const PROBE_BUDGET: f64 = 0.02;
+
+/// Idle steps before a probe of block `b` under `verify_cost` (see [`PROBE_BUDGET`]).
+pub fn probe_interval(verify_cost: &[f64], b: usize) -> usize {
+    let extra = verify_cost.get(b).copied().unwrap_or(f64::INFINITY) - 1.0;
+    let steps = (extra.max(0.0) / PROBE_BUDGET).ceil();
+    if steps.is_finite() {
+        (steps as usize).max(PROBE_EVERY)
+    } else {
+        usize::MAX
+    }
+}
 
 /// Expected committed tokens per unit of cost of a step with `b` rows (b = 1: no drafts).
 fn block_values(verify_cost: &[f64], acc: &Acceptance, max_block: usize) -> Vec<(usize, f64)> {
@@ -193,7 +211,7 @@ impl StepCosts {
 
 /// The block for the next step under `policy`. `idle` counts the steps since the last
 /// one that drafted: in auto mode a block of 1 (no drafting at all) is chosen while
-/// drafting does not pay for itself, with a probe every [`PROBE_EVERY`] steps.
+/// drafting does not pay for itself, with a probe after [`probe_interval`] idle steps.
 pub fn choose_block(policy: &BlockSize, acc: &Acceptance, max_block: usize, idle: usize) -> usize {
     match policy {
         BlockSize::Fixed(b) => (*b).clamp(1, max_block),
@@ -201,7 +219,10 @@ pub fn choose_block(policy: &BlockSize, acc: &Acceptance, max_block: usize, idle
             let values = block_values(verify_cost, acc, max_block);
             let best = best_of(values.iter().copied()).unwrap_or(1);
             if best == 1 && idle >= PROBE_EVERY {
-                return best_of(values.into_iter().filter(|&(b, _)| b > 1)).unwrap_or(1);
+                let probe = best_of(values.into_iter().filter(|&(b, _)| b > 1)).unwrap_or(1);
+                if probe > 1 && idle >= probe_interval(verify_cost, probe) {
+                    return probe;
+                }
             }
             best
         }

@@ -404,6 +404,30 @@ fn auto_mode_stops_drafting_when_drafts_do_not_pay_and_probes() {
     assert_eq!(choose_block(&BlockSize::Fixed(4), &bad, 16, 0), 4);
 }
 
+/// Where rows are dear (lavapipe: a block of 2 costs 2.15 one-row steps) a probe waits
+/// until its extra cost is at most PROBE_BUDGET of the idle steps before it, so a
+/// drafter that cannot pay slows decoding by at most that share.
+#[test]
+fn auto_mode_probes_within_its_budget_where_rows_are_dear() {
+    use dflash_core::speculative::{choose_block, probe_interval, Acceptance, PROBE_BUDGET};
+    let dear = BlockSize::auto_linear(16, 1.15);
+    let BlockSize::Auto { verify_cost } = &dear else {
+        unreachable!()
+    };
+    let wait = probe_interval(verify_cost, 2);
+    assert_eq!(wait, 58, "1.15 extra steps at 2%");
+    assert!((verify_cost[2] - 1.0) / wait as f64 <= PROBE_BUDGET + 1e-12);
+    let bad = Acceptance::default();
+    assert_eq!(choose_block(&dear, &bad, 16, wait - 1), 1);
+    assert_eq!(
+        choose_block(&dear, &bad, 16, wait),
+        2,
+        "the probe: the cheapest block"
+    );
+    // A cost table without the probe's block never probes.
+    assert_eq!(probe_interval(&[1.0, 1.0], 2), usize::MAX);
+}
+
 /// Auto mode's costs follow the running generation: a prior measured on a busy machine
 /// (blocks 4x dearer than they are) keeps the policy from drafting; once steps of one
 /// row and of a probe's block have run, their measured times replace the prior, the

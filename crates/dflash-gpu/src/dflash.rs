@@ -2,12 +2,16 @@
 //! block pass, the target's verification, acceptance and rollback, all in one
 //! submission per step; the host reads back (accepted length, tokens).
 
+use crate::blocks::{
+    self, stack_qkv, ConvBuffers, ConvWeights, GateUp, LayerBuffers, LayerShape, LayerWeights,
+    StackedQkv,
+};
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::model::{GpuModel, Head, MAX_ROWS};
 use crate::ops;
 use crate::pipelines::{Dispatch, Kernel, Shader};
-use crate::upload::{f32_buffer, upload_matrix, work_buffer, GpuMatrix};
+use crate::upload::{concat_rows, f32_buffer, upload_matrix, work_buffer, GpuMatrix};
 use dflash_core::config::RopeStyle;
 use dflash_core::cpu::ops::rope_cos_sin;
 use dflash_core::drafter::{DrafterWeights, LayerKind};
@@ -16,14 +20,13 @@ use std::collections::HashMap;
 struct DraftLayer {
     input_norm: wgpu::Buffer,
     post_norm: wgpu::Buffer,
-    q_norm: wgpu::Buffer,
-    k_norm: wgpu::Buffer,
-    wq: GpuMatrix,
-    wk: GpuMatrix,
-    wv: GpuMatrix,
+    /// The per-head norms of q and k.
+    qk_norm: [wgpu::Buffer; 2],
+    qkv: StackedQkv,
+    /// `[wk; wv]` stacked (one GEMV of the context rows), else the two in order.
+    context_kv: Vec<GpuMatrix>,
     wo: GpuMatrix,
-    w_gate: GpuMatrix,
-    w_up: GpuMatrix,
+    gate_up: GateUp,
     w_down: GpuMatrix,
     k_ctx: wgpu::Buffer,
     v_ctx: wgpu::Buffer,
@@ -64,12 +67,12 @@ pub struct GpuDrafter {
     norm: wgpu::Buffer,
     layers: Vec<DraftLayer>,
     rope_table: wgpu::Buffer,
+    /// The context rows' projection `fc(taps)`, before its norm.
     c: wgpu::Buffer,
     x: wgpu::Buffer,
     xn: wgpu::Buffer,
-    q: wgpu::Buffer,
-    k: wgpu::Buffer,
-    v: wgpu::Buffer,
+    /// q, k, v of each block row `[16, q_dim + 2 kv_dim]`; k, v of each context row.
+    qkv: wgpu::Buffer,
     att: wgpu::Buffer,
     gate: wgpu::Buffer,
     up: wgpu::Buffer,
@@ -325,14 +328,14 @@ impl GpuDrafter {
             .map(|((l, conv), kind)| DraftLayer {
                 input_norm: l.input_norm,
                 post_norm: l.post_norm,
-                q_norm: l.q_norm,
-                k_norm: l.k_norm,
-                wq: l.wq,
-                wk: l.wk,
-                wv: l.wv,
+                qk_norm: [l.q_norm, l.k_norm],
+                context_kv: match concat_rows(ctx, "d.context_kv", &[&l.wk, &l.wv]) {
+                    Some(m) => vec![m],
+                    None => vec![l.wk.clone(), l.wv.clone()],
+                },
+                qkv: stack_qkv(ctx, "d.qkv", [l.wq, l.wk, l.wv], [None, None, None]),
                 wo: l.wo,
-                w_gate: l.w_gate,
-                w_up: l.w_up,
+                gate_up: GateUp::new(ctx, "d.gate_up", l.w_gate, l.w_up),
                 w_down: l.w_down,
                 k_ctx: work_buffer(ctx, "d.k_ctx", kv_bytes),
                 v_ctx: work_buffer(ctx, "d.v_ctx", kv_bytes),
@@ -343,7 +346,14 @@ impl GpuDrafter {
                 },
                 conv,
             })
-            .collect();
+            .collect::<Vec<DraftLayer>>();
+        // The context's stacked [wk; wv] copies weights the block pass also holds.
+        let n_bytes = n_bytes
+            + layers
+                .iter()
+                .filter(|l| l.context_kv.len() == 1)
+                .map(|l| l.context_kv[0].n_bytes)
+                .sum::<u64>();
         let inv = c.rope_inv_freq();
         let mut table = Vec::with_capacity(cap * inv.len() * 2);
         for pos in 0..cap {
@@ -368,9 +378,7 @@ impl GpuDrafter {
             c: work_buffer(ctx, "d.c", n * h),
             x: work_buffer(ctx, "d.x", n * h),
             xn: work_buffer(ctx, "d.xn", n * h),
-            q: work_buffer(ctx, "d.q", n * qd),
-            k: work_buffer(ctx, "d.k", n * kvd),
-            v: work_buffer(ctx, "d.v", n * kvd),
+            qkv: work_buffer(ctx, "d.qkv", n * (qd + 2 * kvd)),
             att: work_buffer(ctx, "d.att", n * qd),
             gate: work_buffer(ctx, "d.gate", n * ff),
             up: work_buffer(ctx, "d.up", n * ff),
@@ -385,54 +393,122 @@ impl GpuDrafter {
         }
     }
 
-    fn rope_shape(&self, heads: usize) -> ops::RopeShape {
-        ops::RopeShape {
+    /// Grows the context cache by `n` rows of the target's taps at positions
+    /// `ext_state[0]..`: `c = hidden_norm(fc(taps))`, per layer one GEMV of `[wk; wv]`,
+    /// then `k_norm` + RoPE of k and the store of k and v (qkv.wgsl without query heads).
+    fn extend_dispatches(&self, ctx: &GpuContext, t: &GpuModel, n: usize) -> Result<Vec<Dispatch>> {
+        let c = &self.config;
+        let mut d = ops::gemv(ctx, &self.fc, &t.act.taps, &self.c, n, false)?;
+        let (norm, x) = blocks::norm_input(
+            ctx,
+            &mut d,
+            (&self.hidden_norm, c.rms_norm_eps),
+            (&self.c, &self.xn),
+            n,
+            c.hidden_size,
+        )?;
+        let row = 2 * c.kv_dim();
+        let shape = ops::QkvShape {
+            n_heads: 0,
+            ..self.qkv_shape()
+        };
+        for l in &self.layers {
+            let mut col = 0;
+            for m in &l.context_kv {
+                let f = ops::GemvFusion {
+                    out_offset: col,
+                    out_stride: row,
+                    ..norm
+                };
+                d.extend(ops::gemv_fused(ctx, m, x, &self.qkv, n, &f)?);
+                col += m.rows;
+            }
+            let bufs = ops::QkvBuffers {
+                state: &t.act.ext_state,
+                table: &self.rope_table,
+                qkv: &self.qkv,
+                qk_norm: Some([&l.qk_norm[0], &l.qk_norm[1]]),
+                k_cache: &l.k_ctx,
+                v_cache: &l.v_ctx,
+            };
+            d.push(ops::qkv_rope_store(ctx, &shape, &bufs, n)?);
+        }
+        Ok(d)
+    }
+
+    fn qkv_shape(&self) -> ops::QkvShape {
+        let c = &self.config;
+        ops::QkvShape {
             style: RopeStyle::Neox,
-            heads,
-            head_dim: self.config.head_dim,
-            rope_dim: self.config.head_dim,
+            n_heads: c.num_heads,
+            n_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            rope_dim: c.head_dim,
+            eps: c.rms_norm_eps,
         }
     }
 
-    /// Grows the context cache by `n` rows of the target's taps at positions
-    /// `ext_state[0]..`: `c = hidden_norm(fc(taps))`, per layer `k_norm(c Wk)` + RoPE, `c Wv`.
-    fn extend_dispatches(&self, ctx: &GpuContext, t: &GpuModel, n: usize) -> Result<Vec<Dispatch>> {
-        let c = &self.config;
-        let (h, kvd, eps) = (c.hidden_size, c.kv_dim(), c.rms_norm_eps);
-        let es = &t.act.ext_state;
-        let mut d = ops::gemv(ctx, &self.fc, &t.act.taps, &self.xn, n, false)?;
-        d.push(ops::rmsnorm(
-            ctx,
-            eps,
-            &self.hidden_norm,
-            &self.xn,
-            &self.c,
-            n,
-            h,
-        )?);
-        for l in &self.layers {
-            d.extend(ops::gemv(ctx, &l.wk, &self.c, &self.k, n, false)?);
-            d.extend(ops::gemv(ctx, &l.wv, &self.c, &self.v, n, false)?);
-            d.push(ops::rmsnorm_inplace(
-                ctx,
-                eps,
-                &l.k_norm,
-                &self.k,
-                n * c.num_kv_heads,
-                c.head_dim,
-            )?);
-            d.push(ops::rope(
-                ctx,
-                &self.rope_shape(c.num_kv_heads),
-                es,
-                &self.rope_table,
-                &self.k,
-                n,
-            )?);
-            d.push(ops::store_kv(ctx, &self.k, es, &l.k_ctx, n, kvd)?);
-            d.push(ops::store_kv(ctx, &self.v, es, &l.v_ctx, n, kvd)?);
+    /// The sizes of the block pass's layers: every row sees the whole context and block.
+    fn layer_shape(&self) -> LayerShape {
+        let (c, q) = (&self.config, self.qkv_shape());
+        LayerShape {
+            hidden: c.hidden_size,
+            n_heads: q.n_heads,
+            n_kv_heads: q.n_kv_heads,
+            head_dim: q.head_dim,
+            intermediate: c.intermediate_size,
+            rope_style: q.style,
+            rope_dim: q.rope_dim,
+            eps: q.eps,
+            causal: false,
         }
-        Ok(d)
+    }
+
+    fn layer_buffers<'a>(&'a self, state: &'a wgpu::Buffer) -> LayerBuffers<'a> {
+        LayerBuffers {
+            state,
+            rope_table: &self.rope_table,
+            x: &self.x,
+            xn: &self.xn,
+            qkv: &self.qkv,
+            att: &self.att,
+            gate: &self.gate,
+            up: &self.up,
+            ff: &self.ff,
+            conv: self.d2.as_ref().map(|s| ConvBuffers {
+                coef: &s.coef,
+                xc: &s.xc,
+                o: &s.o,
+            }),
+        }
+    }
+
+    fn layer_weights<'a>(&'a self, l: &'a DraftLayer) -> LayerWeights<'a> {
+        let conv = match (&l.conv, &self.d2) {
+            (Some([a, m]), Some(s)) => {
+                let w = |g: &'a GpuConv| ConvWeights {
+                    projection: &g.projection,
+                    base: &g.base,
+                    taps: s.config.conv_kernel_size,
+                    group: s.config.conv_group_size,
+                };
+                Some([w(a), w(m)])
+            }
+            _ => None,
+        };
+        LayerWeights {
+            attn_norm: &l.input_norm,
+            ffn_norm: &l.post_norm,
+            qkv: &l.qkv,
+            qk_norm: Some([&l.qk_norm[0], &l.qk_norm[1]]),
+            wo: &l.wo,
+            gate_up: &l.gate_up,
+            w_down: &l.w_down,
+            k_cache: &l.k_ctx,
+            v_cache: &l.v_ctx,
+            window: l.window,
+            conv,
+        }
     }
 
     /// The block pass: [anchor, MASK...] at positions state[0].., attending to the whole
@@ -450,7 +526,7 @@ impl GpuDrafter {
         sampled: bool,
     ) -> Result<Vec<Dispatch>> {
         let c = &self.config;
-        let (h, kvd, eps) = (c.hidden_size, c.kv_dim(), c.rms_norm_eps);
+        let (h, eps) = (c.hidden_size, c.rms_norm_eps);
         let st = &t.act.state;
         let mut d = vec![bookkeeping(ctx, t, self, "prepare", b, host)?];
         // A block of one row is the anchor alone: no drafts, no drafter pass.
@@ -468,169 +544,11 @@ impl GpuDrafter {
                     s.config.input_embedding_scale,
                 )?);
             }
-            // DFlash2: a sublayer's input convolved (side 0) into `xc`, its output
-            // convolved (side 1) and added to the residual `x`.
-            let conv_shape = |side| {
-                self.d2.as_ref().map(|s| ops::ConvShape {
-                    hidden: h,
-                    taps: s.config.conv_kernel_size,
-                    group: s.config.conv_group_size,
-                    side,
-                })
-            };
+            let (shape, bufs) = (self.layer_shape(), self.layer_buffers(st));
             for l in &self.layers {
-                d.push(ops::rmsnorm(
-                    ctx,
-                    eps,
-                    &l.input_norm,
-                    &self.x,
-                    &self.xn,
-                    b,
-                    h,
-                )?);
-                let mut input = &self.xn;
-                if let (Some(cv), Some(s), Some(sh)) = (&l.conv, &self.d2, conv_shape(0)) {
-                    d.extend(ops::gemv(
-                        ctx,
-                        &cv[0].projection,
-                        &self.xn,
-                        &s.coef,
-                        b,
-                        false,
-                    )?);
-                    d.push(ops::grouped_conv(
-                        ctx,
-                        &sh,
-                        &self.xn,
-                        &s.coef,
-                        &cv[0].base,
-                        &s.xc,
-                        b,
-                        false,
-                    )?);
-                    input = &s.xc;
-                }
-                d.extend(ops::gemv(ctx, &l.wq, input, &self.q, b, false)?);
-                d.extend(ops::gemv(ctx, &l.wk, input, &self.k, b, false)?);
-                d.extend(ops::gemv(ctx, &l.wv, input, &self.v, b, false)?);
-                d.push(ops::rmsnorm_inplace(
-                    ctx,
-                    eps,
-                    &l.q_norm,
-                    &self.q,
-                    b * c.num_heads,
-                    c.head_dim,
-                )?);
-                d.push(ops::rmsnorm_inplace(
-                    ctx,
-                    eps,
-                    &l.k_norm,
-                    &self.k,
-                    b * c.num_kv_heads,
-                    c.head_dim,
-                )?);
-                d.push(ops::rope(
-                    ctx,
-                    &self.rope_shape(c.num_heads),
-                    st,
-                    &self.rope_table,
-                    &self.q,
-                    b,
-                )?);
-                d.push(ops::rope(
-                    ctx,
-                    &self.rope_shape(c.num_kv_heads),
-                    st,
-                    &self.rope_table,
-                    &self.k,
-                    b,
-                )?);
-                d.push(ops::store_kv(ctx, &self.k, st, &l.k_ctx, b, kvd)?);
-                d.push(ops::store_kv(ctx, &self.v, st, &l.v_ctx, b, kvd)?);
-                let shape = ops::AttentionShape {
-                    n_heads: c.num_heads,
-                    n_kv_heads: c.num_kv_heads,
-                    head_dim: c.head_dim,
-                    window: l.window,
-                    causal: false,
-                    q_stride: 0,
-                };
-                d.push(ops::attention(
-                    ctx, &shape, st, &self.q, &l.k_ctx, &l.v_ctx, &self.att, b,
-                )?);
-                match (&l.conv, &self.d2, conv_shape(1)) {
-                    (Some(cv), Some(s), Some(sh)) => {
-                        d.extend(ops::gemv(ctx, &l.wo, &self.att, &s.o, b, false)?);
-                        d.push(ops::grouped_conv(
-                            ctx,
-                            &sh,
-                            &s.o,
-                            &s.coef,
-                            &cv[0].base,
-                            &self.x,
-                            b,
-                            true,
-                        )?);
-                    }
-                    _ => d.extend(ops::gemv(ctx, &l.wo, &self.att, &self.x, b, true)?),
-                }
-                d.push(ops::rmsnorm(
-                    ctx,
-                    eps,
-                    &l.post_norm,
-                    &self.x,
-                    &self.xn,
-                    b,
-                    h,
-                )?);
-                let mut input = &self.xn;
-                if let (Some(cv), Some(s), Some(sh)) = (&l.conv, &self.d2, conv_shape(0)) {
-                    d.extend(ops::gemv(
-                        ctx,
-                        &cv[1].projection,
-                        &self.xn,
-                        &s.coef,
-                        b,
-                        false,
-                    )?);
-                    d.push(ops::grouped_conv(
-                        ctx,
-                        &sh,
-                        &self.xn,
-                        &s.coef,
-                        &cv[1].base,
-                        &s.xc,
-                        b,
-                        false,
-                    )?);
-                    input = &s.xc;
-                }
-                d.extend(ops::gemv(ctx, &l.w_gate, input, &self.gate, b, false)?);
-                d.extend(ops::gemv(ctx, &l.w_up, input, &self.up, b, false)?);
-                d.push(ops::swiglu(
-                    ctx,
-                    &self.gate,
-                    &self.up,
-                    &self.ff,
-                    b,
-                    c.intermediate_size,
-                )?);
-                match (&l.conv, &self.d2, conv_shape(1)) {
-                    (Some(cv), Some(s), Some(sh)) => {
-                        d.extend(ops::gemv(ctx, &l.w_down, &self.ff, &s.o, b, false)?);
-                        d.push(ops::grouped_conv(
-                            ctx,
-                            &sh,
-                            &s.o,
-                            &s.coef,
-                            &cv[1].base,
-                            &self.x,
-                            b,
-                            true,
-                        )?);
-                    }
-                    _ => d.extend(ops::gemv(ctx, &l.w_down, &self.ff, &self.x, b, true)?),
-                }
+                let w = self.layer_weights(l);
+                blocks::attention_block(ctx, &mut d, &shape, &w, &bufs, b)?;
+                blocks::mlp_block(ctx, &mut d, &shape, &w, &bufs, b)?;
             }
             d.push(ops::rmsnorm(ctx, eps, &self.norm, &self.x, &self.xn, b, h)?);
             let lm = t.lm_head.as_ref().unwrap_or(&t.embed);

@@ -2,6 +2,7 @@
 //! The same Rust and the same WGSL (`shaders/`) on every Vulkan / Metal / DX12 device,
 //! on lavapipe in CI and on the browser's WebGPU.
 
+pub(crate) mod blocks;
 pub mod context;
 pub mod dflash;
 pub mod error;

@@ -2,6 +2,7 @@
 //! preallocated for the context, one recorded plan of dispatches per row count (1..16),
 //! one submission per step, and only token ids read back.
 
+use crate::blocks::{self, stack_qkv, GateUp, LayerBuffers, LayerShape, LayerWeights, StackedQkv};
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::ops;
@@ -53,20 +54,10 @@ impl Default for GpuModelOptions {
     }
 }
 
-/// The feed-forward's gate and up projections: stacked (`[gate; up]`, one GEMV with the
-/// SwiGLU in its epilogue) where they can share buffers, else apart.
-#[derive(Clone)]
-enum GateUp {
-    Stacked(GpuMatrix),
-    Apart { gate: GpuMatrix, up: GpuMatrix },
-}
-
 struct GpuLayer {
     attn_norm: wgpu::Buffer,
     ffn_norm: wgpu::Buffer,
-    /// q, k and v rows with their biases: one stacked matrix where the three can share
-    /// buffers (one GEMV), else the three in order.
-    qkv: Vec<(GpuMatrix, Option<wgpu::Buffer>)>,
+    qkv: StackedQkv,
     wo: GpuMatrix,
     gate_up: GateUp,
     w_down: GpuMatrix,
@@ -79,43 +70,25 @@ impl GpuLayer {
     fn matrices(&self) -> Vec<&GpuMatrix> {
         let mut v: Vec<&GpuMatrix> = self.qkv.iter().map(|p| &p.0).collect();
         v.push(&self.wo);
-        match &self.gate_up {
-            GateUp::Stacked(m) => v.push(m),
-            GateUp::Apart { gate, up } => v.extend([gate, up]),
-        }
+        v.extend(self.gate_up.matrices());
         v.push(&self.w_down);
         v
     }
-}
 
-/// q, k and v (and their biases) stacked where they can share buffers.
-fn stack_qkv(
-    ctx: &GpuContext,
-    i: usize,
-    w: [GpuMatrix; 3],
-    b: [Option<wgpu::Buffer>; 3],
-) -> Vec<(GpuMatrix, Option<wgpu::Buffer>)> {
-    let name = format!("qkv.{i}");
-    match crate::upload::concat_rows(ctx, &name, &[&w[0], &w[1], &w[2]]) {
-        Some(m) => {
-            let bias = match &b {
-                [Some(q), Some(k), Some(v)] => Some(crate::upload::concat_f32(
-                    ctx,
-                    &name,
-                    &[(q, w[0].rows), (k, w[1].rows), (v, w[2].rows)],
-                )),
-                _ => None,
-            };
-            vec![(m, bias)]
+    fn weights(&self) -> LayerWeights<'_> {
+        LayerWeights {
+            attn_norm: &self.attn_norm,
+            ffn_norm: &self.ffn_norm,
+            qkv: &self.qkv,
+            qk_norm: self.qk_norm.as_ref().map(|[q, k]| [q, k]),
+            wo: &self.wo,
+            gate_up: &self.gate_up,
+            w_down: &self.w_down,
+            k_cache: &self.k_cache,
+            v_cache: &self.v_cache,
+            window: 0,
+            conv: None,
         }
-        None => w.into_iter().zip(b).collect(),
-    }
-}
-
-fn stack_gate_up(ctx: &GpuContext, i: usize, gate: GpuMatrix, up: GpuMatrix) -> GateUp {
-    match crate::upload::concat_rows(ctx, &format!("gate_up.{i}"), &[&gate, &up]) {
-        Some(m) => GateUp::Stacked(m),
-        None => GateUp::Apart { gate, up },
     }
 }
 
@@ -344,9 +317,14 @@ impl GpuModel {
             layers.push(GpuLayer {
                 attn_norm: l.attn_norm,
                 ffn_norm: l.ffn_norm,
-                qkv: stack_qkv(&ctx, i, [l.wq, l.wk, l.wv], [l.bq, l.bk, l.bv]),
+                qkv: stack_qkv(
+                    &ctx,
+                    &format!("qkv.{i}"),
+                    [l.wq, l.wk, l.wv],
+                    [l.bq, l.bk, l.bv],
+                ),
                 wo: l.wo,
-                gate_up: stack_gate_up(&ctx, i, l.w_gate, l.w_up),
+                gate_up: GateUp::new(&ctx, &format!("gate_up.{i}"), l.w_gate, l.w_up),
                 w_down: l.w_down,
                 qk_norm: match (l.q_norm, l.k_norm) {
                     (Some(q), Some(k)) => Some([q, k]),
@@ -486,9 +464,11 @@ impl GpuModel {
         let ctx: &GpuContext = &self.ctx;
         let a = &self.act;
         let mut d = ops::embedding(ctx, &self.embed, &a.tokens, &a.x, n)?;
+        let (shape, bufs) = (self.layer_shape(), self.layer_buffers());
         for (li, l) in self.layers.iter().enumerate() {
-            self.attention_block(&mut d, l, n)?;
-            self.mlp_block(&mut d, l, n)?;
+            let w = l.weights();
+            blocks::attention_block(ctx, &mut d, &shape, &w, &bufs, n)?;
+            blocks::mlp_block(ctx, &mut d, &shape, &w, &bufs, n)?;
             for (ti, _) in self.taps.iter().enumerate().filter(|(_, &t)| t == li) {
                 let h = self.config.hidden_size;
                 let stride = self.taps.len() * h;
@@ -510,105 +490,36 @@ impl GpuModel {
         Ok(d)
     }
 
-    /// The input of a GEMV that follows an RMSNorm by `w`: x, with the norm fused into
-    /// the GEMV, where the adapter fuses it (`Tuning::fuse_norm`); else xn, written by
-    /// the separate kernel pushed here.
-    fn norm_input<'a>(
-        &'a self,
-        d: &mut Vec<Dispatch>,
-        w: &'a wgpu::Buffer,
-        n: usize,
-    ) -> Result<ops::GemvFusion<'a>> {
-        let (c, a) = (&self.config, &self.act);
-        if self.ctx.tuning.fuse_norm {
-            return Ok(ops::GemvFusion {
-                norm: Some((w, c.rms_norm_eps)),
-                ..Default::default()
-            });
-        }
-        let (eps, h) = (c.rms_norm_eps, c.hidden_size);
-        d.push(ops::rmsnorm(&self.ctx, eps, w, &a.x, &a.xn, n, h)?);
-        Ok(ops::GemvFusion::default())
-    }
-
-    /// The buffer a GEMV after `norm_input` reads.
-    fn normed<'a>(&'a self, f: &ops::GemvFusion) -> &'a wgpu::Buffer {
-        if f.norm.is_some() {
-            &self.act.x
-        } else {
-            &self.act.xn
-        }
-    }
-
-    /// RMSNorm + QKV (one GEMV with the norm in its prologue and the bias in its
-    /// epilogue), per-head norms + RoPE + KV store, attention, o_proj + residual.
-    fn attention_block(&self, d: &mut Vec<Dispatch>, l: &GpuLayer, n: usize) -> Result<()> {
-        let (ctx, c, a) = (&*self.ctx, &self.config, &self.act);
-        let row = c.q_dim() + 2 * c.kv_dim();
-        let norm = self.norm_input(d, &l.attn_norm, n)?;
-        let x = self.normed(&norm);
-        let mut col = 0;
-        for (m, bias) in &l.qkv {
-            let f = ops::GemvFusion {
-                bias: bias.as_ref(),
-                out_offset: col,
-                out_stride: row,
-                ..norm
-            };
-            d.extend(ops::gemv_fused(ctx, m, x, &a.qkv, n, &f)?);
-            col += m.rows;
-        }
-        let shape = ops::QkvShape {
-            style: c.rope_style,
+    /// The sizes of every layer's dispatches.
+    fn layer_shape(&self) -> LayerShape {
+        let c = &self.config;
+        LayerShape {
+            hidden: c.hidden_size,
             n_heads: c.num_heads,
             n_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
+            intermediate: c.intermediate_size,
+            rope_style: c.rope_style,
             rope_dim: c.rope_dim,
             eps: c.rms_norm_eps,
-        };
-        let bufs = ops::QkvBuffers {
-            state: &a.state,
-            table: &self.rope_table,
-            qkv: &a.qkv,
-            qk_norm: l.qk_norm.as_ref().map(|[q, k]| [q, k]),
-            k_cache: &l.k_cache,
-            v_cache: &l.v_cache,
-        };
-        d.push(ops::qkv_rope_store(ctx, &shape, &bufs, n)?);
-        let att = ops::AttentionShape {
-            n_heads: c.num_heads,
-            n_kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            window: 0,
             causal: true,
-            q_stride: row,
-        };
-        d.push(ops::attention(
-            ctx, &att, &a.state, &a.qkv, &l.k_cache, &l.v_cache, &a.att, n,
-        )?);
-        d.extend(ops::gemv(ctx, &l.wo, &a.att, &a.x, n, true)?);
-        Ok(())
+        }
     }
 
-    /// RMSNorm + gate/up + SwiGLU (one GEMV where the two are stacked), down + residual.
-    fn mlp_block(&self, d: &mut Vec<Dispatch>, l: &GpuLayer, n: usize) -> Result<()> {
-        let (ctx, c, a) = (&*self.ctx, &self.config, &self.act);
-        let norm = self.norm_input(d, &l.ffn_norm, n)?;
-        let x = self.normed(&norm);
-        match &l.gate_up {
-            GateUp::Stacked(m) => {
-                let f = ops::GemvFusion { pair: true, ..norm };
-                d.extend(ops::gemv_fused(ctx, m, x, &a.ff, n, &f)?);
-            }
-            GateUp::Apart { gate, up } => {
-                d.extend(ops::gemv_fused(ctx, gate, x, &a.gate, n, &norm)?);
-                d.extend(ops::gemv_fused(ctx, up, x, &a.up, n, &norm)?);
-                let ff = c.intermediate_size;
-                d.push(ops::swiglu(ctx, &a.gate, &a.up, &a.ff, n, ff)?);
-            }
+    fn layer_buffers(&self) -> LayerBuffers<'_> {
+        let a = &self.act;
+        LayerBuffers {
+            state: &a.state,
+            rope_table: &self.rope_table,
+            x: &a.x,
+            xn: &a.xn,
+            qkv: &a.qkv,
+            att: &a.att,
+            gate: &a.gate,
+            up: &a.up,
+            ff: &a.ff,
+            conv: None,
         }
-        d.extend(ops::gemv(ctx, &l.w_down, &a.ff, &a.x, n, true)?);
-        Ok(())
     }
 
     /// Final RMSNorm + lm_head (one GEMV), then the greedy head's reduction (its first
@@ -616,8 +527,15 @@ impl GpuModel {
     fn head(&self, d: &mut Vec<Dispatch>, n: usize, head: Head) -> Result<()> {
         let (ctx, a) = (&*self.ctx, &self.act);
         let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let norm = self.norm_input(d, &self.out_norm, n)?;
-        let x = self.normed(&norm);
+        let c = &self.config;
+        let (norm, x) = blocks::norm_input(
+            ctx,
+            d,
+            (&self.out_norm, c.rms_norm_eps),
+            (&a.x, &a.xn),
+            n,
+            c.hidden_size,
+        )?;
         if head == Head::Sample {
             d.extend(ops::gemv_fused(ctx, lm, x, &a.logits, n, &norm)?);
             d.push(ops::sample(

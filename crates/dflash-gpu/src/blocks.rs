@@ -1,0 +1,296 @@
+//! The transformer layer's dispatches, written once for the target model and the DFlash
+//! drafter: an attention block (RMSNorm + stacked QKV GEMV, per-head norms + RoPE + KV
+//! store, attention, o_proj + residual) and an MLP block (RMSNorm + stacked gate/up with
+//! SwiGLU, down + residual). The norm goes into the following GEMV where the adapter
+//! fuses it (`Tuning::fuse_norm`); DFlash2's convolutions around a sublayer keep it apart.
+
+use crate::context::GpuContext;
+use crate::error::Result;
+use crate::ops;
+use crate::pipelines::Dispatch;
+use crate::upload::{concat_f32, concat_rows, GpuMatrix};
+use dflash_core::config::RopeStyle;
+
+/// The feed-forward's gate and up projections: stacked (`[gate; up]`, one GEMV with the
+/// SwiGLU in its epilogue) where they can share buffers, else apart.
+#[derive(Clone)]
+pub(crate) enum GateUp {
+    Stacked(GpuMatrix),
+    Apart { gate: GpuMatrix, up: GpuMatrix },
+}
+
+impl GateUp {
+    pub(crate) fn new(ctx: &GpuContext, label: &str, gate: GpuMatrix, up: GpuMatrix) -> Self {
+        match concat_rows(ctx, label, &[&gate, &up]) {
+            Some(m) => GateUp::Stacked(m),
+            None => GateUp::Apart { gate, up },
+        }
+    }
+
+    pub(crate) fn matrices(&self) -> Vec<&GpuMatrix> {
+        match self {
+            GateUp::Stacked(m) => vec![m],
+            GateUp::Apart { gate, up } => vec![gate, up],
+        }
+    }
+}
+
+/// q, k and v rows with their biases: one stacked matrix where the three can share
+/// buffers (one GEMV), else the three in order.
+pub(crate) type StackedQkv = Vec<(GpuMatrix, Option<wgpu::Buffer>)>;
+
+/// q, k and v (and their biases) stacked where they can share buffers.
+pub(crate) fn stack_qkv(
+    ctx: &GpuContext,
+    label: &str,
+    w: [GpuMatrix; 3],
+    b: [Option<wgpu::Buffer>; 3],
+) -> StackedQkv {
+    match concat_rows(ctx, label, &[&w[0], &w[1], &w[2]]) {
+        Some(m) => {
+            let bias = match &b {
+                [Some(q), Some(k), Some(v)] => Some(concat_f32(
+                    ctx,
+                    label,
+                    &[(q, w[0].rows), (k, w[1].rows), (v, w[2].rows)],
+                )),
+                _ => None,
+            };
+            vec![(m, bias)]
+        }
+        None => w.into_iter().zip(b).collect(),
+    }
+}
+
+/// The sizes a layer's dispatches are built from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LayerShape {
+    pub hidden: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub rope_style: RopeStyle,
+    pub rope_dim: usize,
+    pub eps: f32,
+    /// Causal attention (the target), or every row over the whole context and block
+    /// (the drafter's block pass).
+    pub causal: bool,
+}
+
+impl LayerShape {
+    fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+    fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+}
+
+/// DFlash2's convolution of one sublayer: the kernel projection and base kernel.
+pub(crate) struct ConvWeights<'a> {
+    pub projection: &'a GpuMatrix,
+    pub base: &'a wgpu::Buffer,
+    /// Kernel taps and channel group size.
+    pub taps: usize,
+    pub group: usize,
+}
+
+/// One layer's weights and KV cache as the block builders take them.
+pub(crate) struct LayerWeights<'a> {
+    pub attn_norm: &'a wgpu::Buffer,
+    pub ffn_norm: &'a wgpu::Buffer,
+    pub qkv: &'a [(GpuMatrix, Option<wgpu::Buffer>)],
+    pub qk_norm: Option<[&'a wgpu::Buffer; 2]>,
+    pub wo: &'a GpuMatrix,
+    pub gate_up: &'a GateUp,
+    pub w_down: &'a GpuMatrix,
+    pub k_cache: &'a wgpu::Buffer,
+    pub v_cache: &'a wgpu::Buffer,
+    /// Keys visible before a query (0: all).
+    pub window: usize,
+    /// DFlash2: the attention and MLP sublayers' convolutions.
+    pub conv: Option<[ConvWeights<'a>; 2]>,
+}
+
+/// DFlash2's work buffers: the convolution coefficients of the current sublayer, its
+/// convolved input and its output before the second convolution.
+pub(crate) struct ConvBuffers<'a> {
+    pub coef: &'a wgpu::Buffer,
+    pub xc: &'a wgpu::Buffer,
+    pub o: &'a wgpu::Buffer,
+}
+
+/// The activations a layer reads and writes (each `[16, width]`).
+pub(crate) struct LayerBuffers<'a> {
+    /// Positions: `state[0]` is the first row's.
+    pub state: &'a wgpu::Buffer,
+    pub rope_table: &'a wgpu::Buffer,
+    /// The residual stream.
+    pub x: &'a wgpu::Buffer,
+    /// RMSNorm(x) where the norm is not fused.
+    pub xn: &'a wgpu::Buffer,
+    /// q, k, v of each row: `[16, q_dim + 2 kv_dim]`.
+    pub qkv: &'a wgpu::Buffer,
+    pub att: &'a wgpu::Buffer,
+    pub gate: &'a wgpu::Buffer,
+    pub up: &'a wgpu::Buffer,
+    pub ff: &'a wgpu::Buffer,
+    pub conv: Option<ConvBuffers<'a>>,
+}
+
+/// Pushes RMSNorm(x) by `w` where the adapter does not fuse it into the next GEMV, and
+/// returns that GEMV's fusion and input: x with the norm in its prologue, else xn.
+pub(crate) fn norm_input<'a>(
+    ctx: &GpuContext,
+    d: &mut Vec<Dispatch>,
+    (w, eps): (&'a wgpu::Buffer, f32),
+    (x, xn): (&'a wgpu::Buffer, &'a wgpu::Buffer),
+    n: usize,
+    hidden: usize,
+) -> Result<(ops::GemvFusion<'a>, &'a wgpu::Buffer)> {
+    if ctx.tuning.fuse_norm {
+        let f = ops::GemvFusion {
+            norm: Some((w, eps)),
+            ..Default::default()
+        };
+        return Ok((f, x));
+    }
+    d.push(ops::rmsnorm(ctx, eps, w, x, xn, n, hidden)?);
+    Ok((ops::GemvFusion::default(), xn))
+}
+
+/// A sublayer's input: the fused or separate norm, then DFlash2's convolution (side 0)
+/// where the layer has one (the norm apart, the GEMV reading the convolved rows).
+fn sublayer_input<'a>(
+    ctx: &GpuContext,
+    d: &mut Vec<Dispatch>,
+    s: &LayerShape,
+    norm: &'a wgpu::Buffer,
+    conv: Option<&ConvWeights<'a>>,
+    b: &LayerBuffers<'a>,
+    n: usize,
+) -> Result<(ops::GemvFusion<'a>, &'a wgpu::Buffer)> {
+    let (Some(cv), Some(cb)) = (conv, &b.conv) else {
+        return norm_input(ctx, d, (norm, s.eps), (b.x, b.xn), n, s.hidden);
+    };
+    d.push(ops::rmsnorm(ctx, s.eps, norm, b.x, b.xn, n, s.hidden)?);
+    d.extend(ops::gemv(ctx, cv.projection, b.xn, cb.coef, n, false)?);
+    let shape = conv_shape(s, cv, 0);
+    d.push(ops::grouped_conv(
+        ctx, &shape, b.xn, cb.coef, cv.base, cb.xc, n, false,
+    )?);
+    Ok((ops::GemvFusion::default(), cb.xc))
+}
+
+/// A sublayer's output projection `m` of `input` added to the residual: directly, or
+/// through DFlash2's convolution (side 1) where the layer has one.
+fn sublayer_output(
+    ctx: &GpuContext,
+    d: &mut Vec<Dispatch>,
+    s: &LayerShape,
+    (m, input): (&GpuMatrix, &wgpu::Buffer),
+    conv: Option<&ConvWeights>,
+    b: &LayerBuffers,
+    n: usize,
+) -> Result<()> {
+    let (Some(cv), Some(cb)) = (conv, &b.conv) else {
+        d.extend(ops::gemv(ctx, m, input, b.x, n, true)?);
+        return Ok(());
+    };
+    d.extend(ops::gemv(ctx, m, input, cb.o, n, false)?);
+    let shape = conv_shape(s, cv, 1);
+    d.push(ops::grouped_conv(
+        ctx, &shape, cb.o, cb.coef, cv.base, b.x, n, true,
+    )?);
+    Ok(())
+}
+
+fn conv_shape(s: &LayerShape, cv: &ConvWeights, side: usize) -> ops::ConvShape {
+    ops::ConvShape {
+        hidden: s.hidden,
+        taps: cv.taps,
+        group: cv.group,
+        side,
+    }
+}
+
+/// RMSNorm + QKV (one GEMV where q, k, v are stacked, the bias in its epilogue),
+/// per-head norms + RoPE + KV store, attention, o_proj + residual.
+pub(crate) fn attention_block(
+    ctx: &GpuContext,
+    d: &mut Vec<Dispatch>,
+    s: &LayerShape,
+    w: &LayerWeights,
+    b: &LayerBuffers,
+    n: usize,
+) -> Result<()> {
+    let row = s.q_dim() + 2 * s.kv_dim();
+    let conv = w.conv.as_ref().map(|c| &c[0]);
+    let (norm, x) = sublayer_input(ctx, d, s, w.attn_norm, conv, b, n)?;
+    let mut col = 0;
+    for (m, bias) in w.qkv {
+        let f = ops::GemvFusion {
+            bias: bias.as_ref(),
+            out_offset: col,
+            out_stride: row,
+            ..norm
+        };
+        d.extend(ops::gemv_fused(ctx, m, x, b.qkv, n, &f)?);
+        col += m.rows;
+    }
+    let shape = ops::QkvShape {
+        style: s.rope_style,
+        n_heads: s.n_heads,
+        n_kv_heads: s.n_kv_heads,
+        head_dim: s.head_dim,
+        rope_dim: s.rope_dim,
+        eps: s.eps,
+    };
+    let bufs = ops::QkvBuffers {
+        state: b.state,
+        table: b.rope_table,
+        qkv: b.qkv,
+        qk_norm: w.qk_norm,
+        k_cache: w.k_cache,
+        v_cache: w.v_cache,
+    };
+    d.push(ops::qkv_rope_store(ctx, &shape, &bufs, n)?);
+    let att = ops::AttentionShape {
+        n_heads: s.n_heads,
+        n_kv_heads: s.n_kv_heads,
+        head_dim: s.head_dim,
+        window: w.window,
+        causal: s.causal,
+        q_stride: row,
+    };
+    d.push(ops::attention(
+        ctx, &att, b.state, b.qkv, w.k_cache, w.v_cache, b.att, n,
+    )?);
+    sublayer_output(ctx, d, s, (w.wo, b.att), conv, b, n)
+}
+
+/// RMSNorm + gate/up + SwiGLU (one GEMV where the two are stacked), down + residual.
+pub(crate) fn mlp_block(
+    ctx: &GpuContext,
+    d: &mut Vec<Dispatch>,
+    s: &LayerShape,
+    w: &LayerWeights,
+    b: &LayerBuffers,
+    n: usize,
+) -> Result<()> {
+    let conv = w.conv.as_ref().map(|c| &c[1]);
+    let (norm, x) = sublayer_input(ctx, d, s, w.ffn_norm, conv, b, n)?;
+    match w.gate_up {
+        GateUp::Stacked(m) => {
+            let f = ops::GemvFusion { pair: true, ..norm };
+            d.extend(ops::gemv_fused(ctx, m, x, b.ff, n, &f)?);
+        }
+        GateUp::Apart { gate, up } => {
+            d.extend(ops::gemv_fused(ctx, gate, x, b.gate, n, &norm)?);
+            d.extend(ops::gemv_fused(ctx, up, x, b.up, n, &norm)?);
+            d.push(ops::swiglu(ctx, b.gate, b.up, b.ff, n, s.intermediate)?);
+        }
+    }
+    sublayer_output(ctx, d, s, (w.w_down, b.ff), conv, b, n)
+}
