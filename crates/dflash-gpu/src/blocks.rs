@@ -76,6 +76,8 @@ pub(crate) struct LayerShape {
     /// Causal attention (the target), or every row over the whole context and block
     /// (the drafter's block pass).
     pub causal: bool,
+    /// Positions the KV cache holds.
+    pub capacity: usize,
 }
 
 impl LayerShape {
@@ -133,6 +135,8 @@ pub(crate) struct LayerBuffers<'a> {
     /// q, k, v of each row: `[16, q_dim + 2 kv_dim]`.
     pub qkv: &'a wgpu::Buffer,
     pub att: &'a wgpu::Buffer,
+    /// Chunked attention's partials: (max, sum) and outputs per (row, head, chunk).
+    pub att_parts: [&'a wgpu::Buffer; 2],
     pub gate: &'a wgpu::Buffer,
     pub up: &'a wgpu::Buffer,
     pub ff: &'a wgpu::Buffer,
@@ -247,7 +251,7 @@ pub(crate) fn attention_block(
         rope_dim: s.rope_dim,
         eps: s.eps,
     };
-    let bufs = ops::QkvBuffers {
+    let qkv = ops::QkvBuffers {
         state: b.state,
         table: b.rope_table,
         qkv: b.qkv,
@@ -255,7 +259,6 @@ pub(crate) fn attention_block(
         k_cache: w.k_cache,
         v_cache: w.v_cache,
     };
-    d.push(ops::qkv_rope_store(ctx, &shape, &bufs, n)?);
     let att = ops::AttentionShape {
         n_heads: s.n_heads,
         n_kv_heads: s.n_kv_heads,
@@ -264,9 +267,22 @@ pub(crate) fn attention_block(
         causal: s.causal,
         q_stride: row,
     };
-    d.push(ops::attention(
-        ctx, &att, b.state, b.qkv, w.k_cache, w.v_cache, b.att, n,
-    )?);
+    if ctx.tuning.chunked_attention {
+        let bufs = ops::ChunkedAttentionBuffers {
+            qkv,
+            part_ml: b.att_parts[0],
+            part_acc: b.att_parts[1],
+            out: b.att,
+        };
+        d.extend(ops::attention_chunked(
+            ctx, &shape, &att, &bufs, s.capacity, n,
+        )?);
+    } else {
+        d.push(ops::qkv_rope_store(ctx, &shape, &qkv, n)?);
+        d.push(ops::attention(
+            ctx, &att, b.state, b.qkv, w.k_cache, w.v_cache, b.att, n,
+        )?);
+    }
     sublayer_output(ctx, d, s, (w.wo, b.att), conv, b, n)
 }
 

@@ -72,6 +72,11 @@ pub struct Tuning {
     /// barriers (which make a kernel coroutines there) or 64 threads repeating the same
     /// sums, both slower than the separate one-workgroup kernel.
     pub fuse_norm: bool,
+    /// Attention in chunks of keys (attention_chunks.wgsl: many workgroups per row, the
+    /// query heads of a KV head served together, q/k norms + RoPE + KV store inside)
+    /// instead of qkv.wgsl + one workgroup per (head, row) walking every key
+    /// (attention.wgsl), which CPU adapters run faster.
+    pub chunked_attention: bool,
 }
 
 impl Tuning {
@@ -88,6 +93,7 @@ impl Tuning {
         Tuning {
             gemv_lanes: 16,
             fuse_norm: true,
+            chunked_attention: true,
         }
     }
 
@@ -96,6 +102,7 @@ impl Tuning {
         Tuning {
             gemv_lanes: 1,
             fuse_norm: false,
+            chunked_attention: false,
         }
     }
 }

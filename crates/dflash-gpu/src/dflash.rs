@@ -74,6 +74,10 @@ pub struct GpuDrafter {
     /// q, k, v of each block row `[16, q_dim + 2 kv_dim]`; k, v of each context row.
     qkv: wgpu::Buffer,
     att: wgpu::Buffer,
+    /// Chunked attention's partials (see `GpuModel`'s).
+    att_parts: [wgpu::Buffer; 2],
+    /// Positions the context cache holds.
+    capacity: usize,
     gate: wgpu::Buffer,
     up: wgpu::Buffer,
     ff: wgpu::Buffer,
@@ -117,6 +121,19 @@ pub struct DrafterPlan {
     pub context_cache: u64,
     /// Block activations, the RoPE table and the host drafts.
     pub activations: u64,
+}
+
+/// Bytes of the drafter's chunked-attention partials over `capacity` positions.
+fn drafter_attention_parts(
+    ctx: &GpuContext,
+    c: &dflash_core::drafter::DrafterConfig,
+    capacity: usize,
+) -> (u64, u64) {
+    if ctx.tuning.chunked_attention {
+        ops::attention_partial_bytes(c.num_heads, c.head_dim, capacity)
+    } else {
+        (16, 16)
+    }
 }
 
 /// Host drafts the drafter of a target keeps room for (one per absolute position).
@@ -166,9 +183,15 @@ impl GpuDrafter {
         }
         let n = MAX_ROWS as u64 * 4;
         let rows = 3 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size;
+        let parts = drafter_attention_parts(ctx, c, cap as usize);
         Ok(DrafterPlan {
             context_cache: 2 * c.num_layers as u64 * kv_bytes,
-            activations: n * rows as u64 + cap * (c.head_dim / 2 * 8) as u64 + (cap + 1) * 4 + 256,
+            activations: n * rows as u64
+                + cap * (c.head_dim / 2 * 8) as u64
+                + (cap + 1) * 4
+                + 256
+                + parts.0
+                + parts.1,
         })
     }
 
@@ -380,6 +403,14 @@ impl GpuDrafter {
             xn: work_buffer(ctx, "d.xn", n * h),
             qkv: work_buffer(ctx, "d.qkv", n * (qd + 2 * kvd)),
             att: work_buffer(ctx, "d.att", n * qd),
+            att_parts: {
+                let (ml, acc) = drafter_attention_parts(ctx, c, cap);
+                [
+                    work_buffer(ctx, "d.att_ml", ml),
+                    work_buffer(ctx, "d.att_acc", acc),
+                ]
+            },
+            capacity: cap,
             gate: work_buffer(ctx, "d.gate", n * ff),
             up: work_buffer(ctx, "d.up", n * ff),
             ff: work_buffer(ctx, "d.ffo", n * ff),
@@ -461,6 +492,7 @@ impl GpuDrafter {
             rope_dim: q.rope_dim,
             eps: q.eps,
             causal: false,
+            capacity: self.capacity,
         }
     }
 
@@ -472,6 +504,7 @@ impl GpuDrafter {
             xn: &self.xn,
             qkv: &self.qkv,
             att: &self.att,
+            att_parts: [&self.att_parts[0], &self.att_parts[1]],
             gate: &self.gate,
             up: &self.up,
             ff: &self.ff,

@@ -103,6 +103,8 @@ pub(crate) struct Activations {
     /// q, k and v of each row: `[16, q_dim + 2 kv_dim]`.
     pub(crate) qkv: wgpu::Buffer,
     pub(crate) att: wgpu::Buffer,
+    /// Chunked attention's partials: (max, sum) and outputs per (row, head, chunk).
+    pub(crate) att_parts: [wgpu::Buffer; 2],
     pub(crate) gate: wgpu::Buffer,
     pub(crate) up: wgpu::Buffer,
     pub(crate) ff: wgpu::Buffer,
@@ -141,6 +143,19 @@ pub struct GpuModel {
     pub(crate) plans: HashMap<(usize, Head), Vec<Dispatch>>,
     /// Committed positions in the KV cache.
     pub(crate) len: usize,
+}
+
+/// Bytes of chunked attention's two partials buffers where the adapter chunks attention.
+pub(crate) fn attention_parts_bytes(
+    ctx: &GpuContext,
+    c: &ModelConfig,
+    context: usize,
+) -> (u64, u64) {
+    if ctx.tuning.chunked_attention {
+        ops::attention_partial_bytes(c.num_heads, c.head_dim, context)
+    } else {
+        (16, 16)
+    }
 }
 
 fn kv_bytes(c: &ModelConfig, context: usize, f16: bool) -> u64 {
@@ -202,10 +217,14 @@ pub fn plan_buffers(
     let f = 4u64;
     let logits = n * c.vocab_size as u64 * f;
     check("the logits of 16 rows".into(), logits)?;
-    // x, xn, qkv, att, gate, up, ff; the greedy head's partials (one per row at most).
-    let activations = n
-        * f
-        * (2 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size) as u64
+    // x, xn, qkv, att, gate, up, ff; the greedy head's partials (one per row at most);
+    // chunked attention's partials.
+    let parts = attention_parts_bytes(ctx, c, opts.context);
+    check("chunked attention's partial outputs".into(), parts.1)?;
+    let activations = parts.0
+        + parts.1
+        + n * f
+            * (2 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size) as u64
         + 2 * logits
         + logits
         + n * f * (opts.taps.len() * c.hidden_size) as u64
@@ -404,6 +423,10 @@ impl GpuModel {
             xn: wb("xn", n * f * c.hidden_size as u64),
             qkv: wb("qkv", n * f * (c.q_dim() + 2 * c.kv_dim()) as u64),
             att: wb("att", n * f * c.q_dim() as u64),
+            att_parts: {
+                let (ml, acc) = attention_parts_bytes(&ctx, &c, context);
+                [wb("att_ml", ml), wb("att_acc", acc)]
+            },
             gate: wb("gate", n * f * c.intermediate_size as u64),
             up: wb("up", n * f * c.intermediate_size as u64),
             ff: wb("ff", n * f * c.intermediate_size as u64),
@@ -503,6 +526,7 @@ impl GpuModel {
             rope_dim: c.rope_dim,
             eps: c.rms_norm_eps,
             causal: true,
+            capacity: self.context,
         }
     }
 
@@ -515,6 +539,7 @@ impl GpuModel {
             xn: &a.xn,
             qkv: &a.qkv,
             att: &a.att,
+            att_parts: [&a.att_parts[0], &a.att_parts[1]],
             gate: &a.gate,
             up: &a.up,
             ff: &a.ff,

@@ -421,6 +421,132 @@ pub struct AttentionShape {
     pub q_stride: usize,
 }
 
+/// Chunks of keys chunked attention splits a row's keys into, at most.
+pub const MAX_ATTENTION_CHUNKS: usize = 32;
+
+/// (keys per chunk, chunks) of chunked attention over a cache of `capacity` positions:
+/// the chunk a multiple of 64, at most [`MAX_ATTENTION_CHUNKS`] chunks. Fixed by the
+/// capacity, so a row's chunks depend only on its position.
+pub fn attention_chunking(capacity: usize) -> (usize, usize) {
+    let chunk = 64 * capacity.div_ceil(64 * MAX_ATTENTION_CHUNKS).max(1);
+    (chunk, capacity.div_ceil(chunk).max(1))
+}
+
+/// Bytes of the partials of chunked attention: `(max, sum)` and the unnormalised
+/// output of each (row, head, chunk), for 16 rows.
+pub fn attention_partial_bytes(n_heads: usize, head_dim: usize, capacity: usize) -> (u64, u64) {
+    let parts = (16 * n_heads * attention_chunking(capacity).1) as u64;
+    (parts * 8, parts * (head_dim * 4) as u64)
+}
+
+/// The uniform of attention_chunks.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct AttentionChunkParams {
+    pub n_rows: u32,
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub rope_dim: u32,
+    pub row_stride: u32,
+    pub chunk: u32,
+    pub n_chunks: u32,
+    pub window: u32,
+    pub causal: u32,
+    pub scale: f32,
+    pub eps: f32,
+}
+
+/// The buffers of `attention_chunked`.
+pub struct ChunkedAttentionBuffers<'a> {
+    /// q, k, v rows, the positions and the RoPE table, the norms and the cache: as
+    /// `qkv_rope_store` takes them.
+    pub qkv: QkvBuffers<'a>,
+    /// The partials (`attention_partial_bytes`).
+    pub part_ml: &'a wgpu::Buffer,
+    pub part_acc: &'a wgpu::Buffer,
+    /// `[n, n_heads * head_dim]`.
+    pub out: &'a wgpu::Buffer,
+}
+
+/// The query heads one workgroup of chunked attention serves: the largest divisor of
+/// the group that is at most 8.
+fn group_tile(group: usize) -> usize {
+    (1..=group.min(8))
+        .rev()
+        .find(|t| group % t == 0)
+        .unwrap_or(1)
+}
+
+/// Attention of `n` rows at positions `state[0] + row` over a cache of `capacity`
+/// positions, in chunks of keys (GPUs): the per-head norms and RoPE of q and k and the
+/// KV store of `qkv_rope_store` in its first dispatch, the chunks merged in the second.
+pub fn attention_chunked(
+    ctx: &GpuContext,
+    s: &QkvShape,
+    a: &AttentionShape,
+    b: &ChunkedAttentionBuffers,
+    capacity: usize,
+    n: usize,
+) -> Result<Vec<Dispatch>> {
+    let (chunk, n_chunks) = attention_chunking(capacity);
+    let group = s.n_heads / s.n_kv_heads;
+    let tile = group_tile(group);
+    let params = AttentionChunkParams {
+        n_rows: n as u32,
+        n_heads: s.n_heads as u32,
+        n_kv_heads: s.n_kv_heads as u32,
+        head_dim: s.head_dim as u32,
+        rope_dim: s.rope_dim as u32,
+        row_stride: ((s.n_heads + 2 * s.n_kv_heads) * s.head_dim) as u32,
+        chunk: chunk as u32,
+        n_chunks: n_chunks as u32,
+        window: a.window as u32,
+        causal: a.causal as u32,
+        scale: 1.0 / (s.head_dim as f32).sqrt(),
+        eps: s.eps,
+    };
+    let params = bytemuck::cast_slice(std::slice::from_ref(&params));
+    let style = (s.style != RopeStyle::Interleaved) as u8 as f64;
+    let k = Kernel::new(Shader::AttentionChunks, "partial")
+        .with("STYLE", style)
+        .with("QK_NORM", b.qkv.qk_norm.is_some() as u8 as f64)
+        .with("GROUP_TILE", tile as f64);
+    let [qn, kn] = b.qkv.qk_norm.unwrap_or([&ctx.unused, &ctx.unused]);
+    let q = &b.qkv;
+    let bufs = [
+        (1, q.state),
+        (2, q.table),
+        (3, q.qkv),
+        (4, qn),
+        (5, kn),
+        (6, q.k_cache),
+        (7, q.v_cache),
+        (8, b.part_ml),
+        (9, b.part_acc),
+    ];
+    let groups = [
+        (s.n_kv_heads * group / tile) as u32,
+        n as u32,
+        n_chunks as u32,
+    ];
+    let shape = format!("{}/{}x{} n={n}", s.n_heads, s.n_kv_heads, s.head_dim);
+    let kv_elt = if ctx.f16 { 2 } else { 4 };
+    let kv_dim = s.n_kv_heads * s.head_dim;
+    let own = n * (4 * s.n_heads * s.head_dim + 2 * kv_dim * (4 + kv_elt));
+    let mut partial = Dispatch::new(ctx, &k, Some(params), &bufs, groups)?
+        .shaped(shape.clone(), own as u64)
+        .family("attention");
+    partial.label.bytes_per_key = (2 * kv_dim * kv_elt) as u64;
+    let k = Kernel::new(Shader::AttentionChunks, "combine");
+    let bufs = [(1, q.state), (8, b.part_ml), (9, b.part_acc), (10, b.out)];
+    let groups = [s.n_heads as u32, n as u32, 1];
+    let combine = Dispatch::new(ctx, &k, Some(params), &bufs, groups)?
+        .shaped(shape, (n * s.n_heads * s.head_dim * 4) as u64)
+        .family("attention_combine");
+    Ok(vec![partial, combine])
+}
+
 /// Causal attention of `n` query rows (positions `state[0] + row`) over a KV cache.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(

@@ -16,6 +16,7 @@ pub enum Shader {
     RmsNorm,
     Rope,
     Attention,
+    AttentionChunks,
     Qkv,
     Elementwise,
     Argmax,
@@ -29,7 +30,7 @@ const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
 const RANDOM: &str = include_str!("../../../shaders/random.wgsl");
 
 impl Shader {
-    pub const ALL: [Shader; 12] = [
+    pub const ALL: [Shader; 13] = [
         Shader::Qkv,
         Shader::DFlash,
         Shader::DFlash2,
@@ -38,6 +39,7 @@ impl Shader {
         Shader::RmsNorm,
         Shader::Rope,
         Shader::Attention,
+        Shader::AttentionChunks,
         Shader::Elementwise,
         Shader::Argmax,
         Shader::Sample,
@@ -51,6 +53,7 @@ impl Shader {
             Shader::RmsNorm => include_str!("../../../shaders/rmsnorm.wgsl"),
             Shader::Rope => include_str!("../../../shaders/rope.wgsl"),
             Shader::Attention => include_str!("../../../shaders/attention.wgsl"),
+            Shader::AttentionChunks => include_str!("../../../shaders/attention_chunks.wgsl"),
             Shader::Qkv => include_str!("../../../shaders/qkv.wgsl"),
             Shader::Elementwise => include_str!("../../../shaders/elementwise.wgsl"),
             Shader::Argmax => include_str!("../../../shaders/argmax.wgsl"),
@@ -65,7 +68,10 @@ impl Shader {
     /// shared quantized-weight helpers where used) and the op's file.
     pub fn source(self, f16: bool) -> String {
         let mut s = String::new();
-        if matches!(self, Shader::Attention | Shader::Elementwise | Shader::Qkv) {
+        if matches!(
+            self,
+            Shader::Attention | Shader::AttentionChunks | Shader::Elementwise | Shader::Qkv
+        ) {
             s.push_str(if f16 {
                 "enable f16;\nalias kv_t = f16;\n"
             } else {

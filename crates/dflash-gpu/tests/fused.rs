@@ -234,3 +234,138 @@ fn qkv_rope_store_gives_the_bits_of_the_separate_kernels() {
         }
     }
 }
+
+fn read_f32s(ctx: &GpuContext, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    bytemuck::cast_slice(&ctx.read_back(b, 0, (n * 4) as u64).unwrap()).to_vec()
+}
+
+fn read_kv(ctx: &GpuContext, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    if !ctx.f16 {
+        return read_f32s(ctx, b, n);
+    }
+    let bytes = ctx.read_back(b, 0, (n * 2) as u64).unwrap();
+    let halves: &[u16] = bytemuck::cast_slice(&bytes);
+    halves.iter().map(|&h| half_to_f32(h)).collect()
+}
+
+fn half_to_f32(h: u16) -> f32 {
+    let (sign, exp, man) = ((h >> 15) as u32, ((h >> 10) & 31) as i32, (h & 1023) as f32);
+    let v = match exp {
+        0 => man * 2f32.powi(-24),
+        31 => f32::INFINITY,
+        e => (1.0 + man / 1024.0) * 2f32.powi(e - 15),
+    };
+    if sign == 1 {
+        -v
+    } else {
+        v
+    }
+}
+
+/// Chunked attention (GPUs) against qkv.wgsl + attention.wgsl (CPU adapters): the same
+/// outputs and cache within rounding (the chunks are merged in another order than one
+/// walk over the keys sums them), for rows whose keys span several chunks of 64, with
+/// and without per-head norms, causal and not (the drafter's block), with a window, and
+/// for groups served by one and by several head tiles.
+#[test]
+fn chunked_attention_matches_qkv_and_attention() {
+    for ctx in contexts() {
+        let mut rng = Rng(11);
+        let cap = 256; // chunks of 64
+        for (nh, nkv, norm, causal, window) in [
+            (6, 2, true, true, 0),
+            (4, 4, false, true, 0),
+            (16, 1, true, true, 0),
+            (6, 2, true, false, 100),
+        ] {
+            let hd = 64;
+            let (qd, kvd) = (nh * hd, nkv * hd);
+            let row = qd + 2 * kvd;
+            let table: Vec<f32> = (0..cap * hd / 2)
+                .flat_map(|i| {
+                    let a = (i % (hd / 2)) as f32 * 0.3 + (i / (hd / 2)) as f32 * 0.01;
+                    [a.cos(), a.sin()]
+                })
+                .collect();
+            let table = f32_buffer(&ctx, "table", &table);
+            let (qn, kn) = (
+                f32_buffer(&ctx, "qn", &rng.vec(hd, 1.0)),
+                f32_buffer(&ctx, "kn", &rng.vec(hd, 1.0)),
+            );
+            let shape = ops::QkvShape {
+                style: RopeStyle::Neox,
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                rope_dim: hd,
+                eps: 1e-6,
+            };
+            let att = ops::AttentionShape {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                window,
+                causal,
+                q_stride: row,
+            };
+            let cache = |name| work_buffer(&ctx, name, (cap * kvd * 4) as u64);
+            let (kc1, vc1, kc2, vc2) = (cache("k1"), cache("v1"), cache("k2"), cache("v2"));
+            let (ml, acc) = ops::attention_partial_bytes(nh, hd, cap);
+            let (ml, acc) = (work_buffer(&ctx, "ml", ml), work_buffer(&ctx, "acc", acc));
+            // Positions 0..150 in passes of 16 rows (the last shorter), both ways.
+            let mut pos = 0;
+            while pos < 150 {
+                let n = 16.min(150 - pos);
+                let st = storage_buffer(&ctx, "st", bytemuck::cast_slice(&[pos as u32, 0, 0, 0]));
+                let vals = rng.vec(n * row, 1.0);
+                let (qkv1, qkv2) = (f32_buffer(&ctx, "a", &vals), f32_buffer(&ctx, "b", &vals));
+                let (o1, o2) = (
+                    work_buffer(&ctx, "o1", (n * qd * 4) as u64),
+                    work_buffer(&ctx, "o2", (n * qd * 4) as u64),
+                );
+                let bufs = |qkv, k_cache, v_cache| ops::QkvBuffers {
+                    state: &st,
+                    table: &table,
+                    qkv,
+                    qk_norm: norm.then_some([&qn, &kn]),
+                    k_cache,
+                    v_cache,
+                };
+                let mut d =
+                    vec![ops::qkv_rope_store(&ctx, &shape, &bufs(&qkv1, &kc1, &vc1), n).unwrap()];
+                d.push(ops::attention(&ctx, &att, &st, &qkv1, &kc1, &vc1, &o1, n).unwrap());
+                let chunked = ops::ChunkedAttentionBuffers {
+                    qkv: bufs(&qkv2, &kc2, &vc2),
+                    part_ml: &ml,
+                    part_acc: &acc,
+                    out: &o2,
+                };
+                d.extend(ops::attention_chunked(&ctx, &shape, &att, &chunked, cap, n).unwrap());
+                run(&ctx, &d);
+                let (want, got) = (read_f32s(&ctx, &o1, n * qd), read_f32s(&ctx, &o2, n * qd));
+                let err = common::max_abs_diff(&want, &got);
+                let tol = if ctx.f16 { 2e-3 } else { 2e-5 };
+                let case = format!(
+                    "{nh}/{nkv} norm={norm} causal={causal} at {pos} f16={}",
+                    ctx.f16
+                );
+                assert!(err <= tol, "output: {err} > {tol}, {case}");
+                if pos >= 144 {
+                    eprintln!("{case}: max error {err:e}");
+                }
+                pos += n;
+            }
+            let (k1, k2) = (
+                read_kv(&ctx, &kc1, 150 * kvd),
+                read_kv(&ctx, &kc2, 150 * kvd),
+            );
+            let (v1, v2) = (
+                read_kv(&ctx, &vc1, 150 * kvd),
+                read_kv(&ctx, &vc2, 150 * kvd),
+            );
+            let tol = if ctx.f16 { 4e-3 } else { 1e-5 };
+            assert!(common::max_abs_diff(&k1, &k2) <= tol, "k cache {nh}/{nkv}");
+            assert_eq!(v1, v2, "v cache {nh}/{nkv}");
+        }
+    }
+}
