@@ -474,7 +474,7 @@ pub struct ChunkedAttentionBuffers<'a> {
 fn group_tile(group: usize) -> usize {
     (1..=group.min(8))
         .rev()
-        .find(|t| group % t == 0)
+        .find(|&t| group.is_multiple_of(t))
         .unwrap_or(1)
 }
 
