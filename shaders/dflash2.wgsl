@@ -3,62 +3,86 @@
 // candidate selector's greedy walk from the anchor. CPU reference:
 // dflash_core::drafter::{grouped_conv, top_k, CpuDrafter::select}.
 
-struct Params {
-    a: u32,
-    b: u32,
-    c: u32,
-    d: u32,
-    e: u32,
-    f: u32,
-    g: u32,
-    h: u32,
+// Each entry point has its own uniform at binding 0 (one entry point reads one of them).
+struct ScaleParams {
+    n: u32,     // floats
+    scale: f32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+struct ConvParams {
+    n_rows: u32,
+    hidden: u32,
+    taps: u32,
+    group: u32,       // channels per coefficient group
+    coef_stride: u32, // floats per coefficient row
+    coef_offset: u32, // this side's [taps, groups] inside a coefficient row
+    base_offset: u32, // this side's [taps, hidden] inside base
+    accumulate: u32,  // 1: out += conv(x)
+}
+
+struct TopKParams {
+    vocab: u32,
+    stride: u32,      // floats per logit row
+    k: u32,
+    first_row: u32,
+    multiplier: f32,  // output multiplier
+    cap: f32,         // soft cap (0 = off)
+}
+
+struct WalkParams {
+    slots: u32,
+    k: u32,
+    rank: u32,
+    hp_first: u32,    // first row of hp (the slot after the anchor)
+    sampled: u32,     // 1: sample at the sampler's temperature (rejection sampling)
+}
+
+@group(0) @binding(0) var<uniform> scale_p: ScaleParams;
+@group(0) @binding(0) var<uniform> conv_p: ConvParams;
+@group(0) @binding(0) var<uniform> topk_p: TopKParams;
+@group(0) @binding(0) var<uniform> walk_p: WalkParams;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> coef: array<f32>;
 @group(0) @binding(3) var<storage, read> base: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
-// x *= scale over p.a floats; scale = bitcast(p.b). (binding 4 only)
+// out *= scale over n floats. (binding 4 only)
 @compute @workgroup_size(64)
 fn scale(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x + gid.y * 65535u * 64u;
-    if (i < p.a) {
-        out[i] = out[i] * bitcast<f32>(p.b);
+    if (i < scale_p.n) {
+        out[i] = out[i] * scale_p.scale;
     }
 }
 
 // out[i, c] (+)= sum_{t <= i, t < taps} (base[t, c] + coef[i, t, c / group]) * x[i - t, c]
-// a: rows, b: hidden, c: taps, d: group size, e: coefficient row stride, f: offset of
-// this side's [taps, groups] inside a coefficient row, g: offset of this side in base,
-// h: 1 = accumulate into out. One thread per (channel, row); t in order as on the CPU.
+// (ConvParams.) One thread per (channel, row); t in order as on the CPU.
 @compute @workgroup_size(64)
 fn conv(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
     let i = gid.y;
-    let h = p.b;
-    if (c >= h || i >= p.a) {
+    let h = conv_p.hidden;
+    if (c >= h || i >= conv_p.n_rows) {
         return;
     }
-    let groups = h / p.d;
-    let taps = min(p.c, i + 1u);
+    let groups = h / conv_p.group;
+    let taps = min(conv_p.taps, i + 1u);
     var acc = 0.0;
     for (var t = 0u; t < taps; t++) {
-        let k = base[p.g + t * h + c] + coef[i * p.e + p.f + t * groups + c / p.d];
+        let ci = i * conv_p.coef_stride + conv_p.coef_offset + t * groups + c / conv_p.group;
+        let k = base[conv_p.base_offset + t * h + c] + coef[ci];
         acc += k * x[(i - t) * h + c];
     }
-    if (p.h == 1u) {
+    if (conv_p.accumulate == 1u) {
         out[i * h + c] = out[i * h + c] + acc;
     } else {
         out[i * h + c] = acc;
     }
 }
 
-// Top-K of logit rows: a: vocab, b: row stride, c: K, d: first row, e: output
-// multiplier bits, f: soft cap bits (0 = off). One workgroup per row (row = d + wg.x):
+// Top-K of logit rows (TopKParams). One workgroup per row (row = first_row + wg.x):
 // K passes, each taking the best element after the previous pick in the order (value
-// descending, index ascending); NaN never taken. ids / vals: [row - d][K].
+// descending, index ascending); NaN never taken. ids / vals: [row - first_row][K].
 @group(0) @binding(5) var<storage, read> logits: array<f32>;
 @group(0) @binding(6) var<storage, read_write> cand_ids: array<u32>;
 @group(0) @binding(7) var<storage, read_write> cand_vals: array<f32>;
@@ -74,19 +98,19 @@ fn before(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
 
 @compute @workgroup_size(64)
 fn topk(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let row = p.d + wg.x;
-    let base_i = row * p.b;
+    let row = topk_p.first_row + wg.x;
+    let base_i = row * topk_p.stride;
     if (t == 0u) {
         prev_v = 3.4e38;
         prev_i = 0xffffffffu;
     }
     workgroupBarrier();
-    for (var j = 0u; j < p.c; j++) {
+    for (var j = 0u; j < topk_p.k; j++) {
         let pv = prev_v;
         let pi = prev_i;
         var best_v = -3.4e38;
         var best_i = 0xffffffffu;
-        for (var i = t; i < p.a; i += 64u) {
+        for (var i = t; i < topk_p.vocab; i += 64u) {
             let v = logits[base_i + i];
             // After the previous pick, and better than this thread's best so far.
             let after = pi == 0xffffffffu || before(pv, pi, v, i);
@@ -109,10 +133,10 @@ fn topk(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
             workgroupBarrier();
         }
         if (t == 0u) {
-            let o = wg.x * p.c + j;
+            let o = wg.x * topk_p.k + j;
             cand_ids[o] = select(bi[0], 0u, bi[0] == 0xffffffffu);
-            var u = bv[0] * bitcast<f32>(p.e);
-            let cap = bitcast<f32>(p.f);
+            var u = bv[0] * topk_p.multiplier;
+            let cap = topk_p.cap;
             if (cap > 0.0) {
                 u = tanh(u / cap) * cap;
             }
@@ -124,12 +148,12 @@ fn topk(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
     }
 }
 
-// The selector's walk: a: slots, b: K, c: rank, d: first row of hp (the slot after the
-// anchor), e: 1 = sample at the sampler's temperature (rejection-sampling mode) else
-// greedy. Slot l scores its candidates after the previous choice (the anchor,
-// state[2], for the first): unary[c] + sum_r A[pred, r] * hp[l, r] * B[c, r], with the
-// CPU's dot order (8 partial sums, then the tail); takes the first best; writes
-// drafts[1 + l]. One workgroup; thread c scores candidate c.
+// The selector's walk (WalkParams): `slots` slots of K candidates, sampled at the
+// sampler's temperature (rejection-sampling mode) or greedy. Slot l scores its
+// candidates after the previous choice (the anchor, state[2], for the first):
+// unary[c] + sum_r A[pred, r] * hp[l, r] * B[c, r], with the CPU's dot order (8 partial
+// sums, then the tail); takes the first best; writes drafts[1 + l]. One workgroup;
+// thread c scores candidate c.
 @group(0) @binding(8) var<storage, read> hp: array<f32>;
 @group(0) @binding(9) var<storage, read> pred_cb: array<f32>;
 @group(0) @binding(10) var<storage, read> succ_cb: array<f32>;
@@ -142,7 +166,7 @@ var<workgroup> scores: array<f32, 256>;
 var<workgroup> chosen: u32;
 
 // The sampler's parameters (sample.wgsl's layout): temperature and seed of the walk
-// at T > 0 (p.e = 1: rejection-sampling mode).
+// at T > 0 (walk_p.sampled = 1: rejection-sampling mode).
 struct SampleParams {
     len: u32,
     stride: u32,
@@ -168,13 +192,13 @@ fn gumbel(pos: u32, c: u32) -> f32 {
 
 @compute @workgroup_size(64)
 fn walk(@builtin(local_invocation_index) t: u32) {
-    let k = p.b;
-    let rank = p.c;
+    let k = walk_p.k;
+    let rank = walk_p.rank;
     if (t == 0u) {
         chosen = state[2];
     }
     workgroupBarrier();
-    for (var l = 0u; l < p.a; l++) {
+    for (var l = 0u; l < walk_p.slots; l++) {
         let pred = chosen;
         for (var c = t; c < k; c += 64u) {
             let cand = sel_ids[l * k + c];
@@ -183,7 +207,7 @@ fn walk(@builtin(local_invocation_index) t: u32) {
                 acc[j] = 0.0;
             }
             let full = rank / 8u * 8u;
-            let hrow = (p.d + l) * rank;
+            let hrow = (walk_p.hp_first + l) * rank;
             for (var r = 0u; r < full; r += 8u) {
                 for (var j = 0u; j < 8u; j++) {
                     let ah = pred_cb[pred * rank + r + j] * hp[hrow + r + j];
@@ -198,7 +222,7 @@ fn walk(@builtin(local_invocation_index) t: u32) {
             scores[c] = sel_vals[l * k + c] + d;
         }
         workgroupBarrier();
-        if (t == 0u && p.e == 1u) {
+        if (t == 0u && walk_p.sampled == 1u) {
             // T > 0: Gumbel-max over scores / T, recording q = softmax(scores / T).
             let pos = state[0] + 1u + l;
             var m = -3.4e38;

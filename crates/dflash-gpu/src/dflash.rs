@@ -640,6 +640,16 @@ impl GpuDrafter {
     }
 }
 
+/// The uniform of dflash.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct BookkeepingParams {
+    pub block: u32,
+    pub mask: u32,
+    pub host_drafts: u32,
+    pub pad: u32,
+}
+
 fn bookkeeping(
     ctx: &GpuContext,
     t: &GpuModel,
@@ -648,7 +658,12 @@ fn bookkeeping(
     b: usize,
     host: bool,
 ) -> Result<Dispatch> {
-    let params = [b as u32, dr.config.mask_token_id, host as u32, 0];
+    let params = BookkeepingParams {
+        block: b as u32,
+        mask: dr.config.mask_token_id,
+        host_drafts: host as u32,
+        pad: 0,
+    };
     let a = &t.act;
     let k = Kernel::new(Shader::DFlash, entry);
     let bufs: Vec<(u32, &wgpu::Buffer)> = match entry {

@@ -435,7 +435,7 @@ impl GpuModel {
             out_tokens: wb("out_tokens", n * 4),
             sample_params: ctx.buffer_with(
                 "sample_params",
-                &[0u8; 48],
+                &[0u8; std::mem::size_of::<ops::SampleParams>()],
                 wgpu::BufferUsages::UNIFORM,
             ),
             taps: wb(
@@ -739,7 +739,7 @@ impl GpuModel {
         self.ctx.queue.write_buffer(
             &self.act.sample_params,
             0,
-            bytemuck::cast_slice(&ops::sample_params(v, v, sp, 1)),
+            bytemuck::bytes_of(&ops::sample_params(v, v, sp, 1)),
         );
         Ok(())
     }

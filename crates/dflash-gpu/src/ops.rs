@@ -1,10 +1,18 @@
 //! The dispatches of every op, built the same way: kernel (shader, entry, constants),
 //! uniform parameters, bindings, workgroup counts. The model's plans and the op tests
 //! use these same builders.
+//!
+//! Each kernel's uniform is a `#[repr(C)]` struct named and laid out as the WGSL struct
+//! it fills (`*Params`; tests/params_layout.rs checks names, offsets and sizes against
+//! the shaders with naga). Bindings stay `(index, buffer)` pairs written once, in the one
+//! builder that binds the kernel: the WGSL `@binding` declarations are their names,
+//! `Dispatch::new` fails on an index the entry point does not bind, and the op tests
+//! check what each kernel computes. A Rust constant per binding would repeat the shader
+//! at more length, with nothing to check it.
 
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{grid, Dispatch, Kernel, Shader};
+use crate::pipelines::{grid, Dispatch, Kernel, Shader, NO_PARAMS};
 use crate::upload::GpuMatrix;
 use dflash_core::config::RopeStyle;
 use dflash_core::quant::QFormat;
@@ -167,13 +175,22 @@ pub fn gemv_fused(
         }
         let weights = ch.qs.size() + ch.scales.size() + ch.mins.size();
         let io = 4 * n as u64 * (m.cols + rows * (1 + f.accumulate as usize)) as u64;
-        let params = bytemuck::cast_slice(std::slice::from_ref(&params));
         out.push(
-            Dispatch::new(ctx, &k, Some(params), &bufs, [gx, gy, 1])?
+            Dispatch::new(ctx, &k, Some(&params), &bufs, [gx, gy, 1])?
                 .shaped(shape_name(ch.rows, m.cols, m.format, n), weights + io),
         );
     }
     Ok(out)
+}
+
+/// The uniform of argmax.wgsl (`main`; `reduce`: `len` and `stride` count partials).
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ArgmaxParams {
+    pub len: u32,
+    pub stride: u32,
+    pub out_offset: u32,
+    pub pad: u32,
 }
 
 /// `tokens[r]` = the best of row r's `parts` workgroup partials (the fused greedy head).
@@ -184,7 +201,12 @@ pub fn argmax_reduce(
     rows: usize,
     parts: usize,
 ) -> Result<Dispatch> {
-    let params = [parts as u32, parts as u32, 0, 0];
+    let params = ArgmaxParams {
+        len: parts as u32,
+        stride: parts as u32,
+        out_offset: 0,
+        pad: 0,
+    };
     Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::Argmax, "reduce"),
@@ -268,11 +290,10 @@ pub fn qkv_rope_store(
     let kv_elt = if ctx.f16 { 2 } else { 4 };
     let bytes = n * (4 * row + 4 * (s.n_heads + s.n_kv_heads) * s.head_dim)
         + n * 2 * s.n_kv_heads * s.head_dim * kv_elt;
-    let params = bytemuck::cast_slice(std::slice::from_ref(&params));
     Ok(Dispatch::new(
         ctx,
         &k,
-        Some(params),
+        Some(&params),
         &bufs,
         [(s.n_heads + s.n_kv_heads) as u32, n as u32, 1],
     )?
@@ -280,6 +301,16 @@ pub fn qkv_rope_store(
         format!("{}+{}x{} n={n}", s.n_heads, s.n_kv_heads, s.head_dim),
         bytes as u64,
     ))
+}
+
+/// The uniform of embedding.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct EmbeddingParams {
+    pub n_rows: u32,
+    pub cols: u32,
+    pub row_lo: u32,
+    pub row_hi: u32,
 }
 
 /// `out[r] = table[tokens[r]]`, dequantized; one dispatch per chunk of the table.
@@ -296,12 +327,12 @@ pub fn embedding(
     m.chunks
         .iter()
         .map(|ch| {
-            let params = [
-                n as u32,
-                m.cols as u32,
-                ch.row_lo as u32,
-                (ch.row_lo + ch.rows) as u32,
-            ];
+            let params = EmbeddingParams {
+                n_rows: n as u32,
+                cols: m.cols as u32,
+                row_lo: ch.row_lo as u32,
+                row_hi: (ch.row_lo + ch.rows) as u32,
+            };
             Dispatch::new(
                 ctx,
                 &k,
@@ -323,6 +354,14 @@ pub fn embedding(
         .collect()
 }
 
+/// The uniform of rmsnorm.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RmsNormParams {
+    pub len: u32,
+    pub eps: f32,
+}
+
 /// RMSNorm of `rows` rows of `len` from `x` to `out`.
 pub fn rmsnorm(
     ctx: &GpuContext,
@@ -333,7 +372,10 @@ pub fn rmsnorm(
     rows: usize,
     len: usize,
 ) -> Result<Dispatch> {
-    let params = [len as u32, eps.to_bits()];
+    let params = RmsNormParams {
+        len: len as u32,
+        eps,
+    };
     Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::RmsNorm, "main"),
@@ -353,7 +395,10 @@ pub fn rmsnorm_inplace(
     rows: usize,
     len: usize,
 ) -> Result<Dispatch> {
-    let params = [len as u32, eps.to_bits()];
+    let params = RmsNormParams {
+        len: len as u32,
+        eps,
+    };
     Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::RmsNorm, "main_inplace"),
@@ -372,6 +417,18 @@ pub struct RopeShape {
     pub rope_dim: usize,
 }
 
+/// The uniform of rope.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RopeParams {
+    pub n_rows: u32,
+    pub n_heads: u32,
+    pub head_dim: u32,
+    pub rope_dim: u32,
+    pub row_stride: u32,
+    pub col_offset: u32,
+}
+
 /// RoPE in place on `n` rows of `heads` heads at positions `state[0] + row`.
 pub fn rope(
     ctx: &GpuContext,
@@ -387,14 +444,14 @@ pub fn rope(
         1.0
     };
     let k = Kernel::new(Shader::Rope, "main").with("STYLE", style);
-    let params = [
-        n as u32,
-        s.heads as u32,
-        s.head_dim as u32,
-        s.rope_dim as u32,
-        (s.heads * s.head_dim) as u32,
-        0,
-    ];
+    let params = RopeParams {
+        n_rows: n as u32,
+        n_heads: s.heads as u32,
+        head_dim: s.head_dim as u32,
+        rope_dim: s.rope_dim as u32,
+        row_stride: (s.heads * s.head_dim) as u32,
+        col_offset: 0,
+    };
     let total = (s.heads * s.rope_dim / 2) as u32;
     Ok(Dispatch::new(
         ctx,
@@ -594,6 +651,20 @@ pub fn attention(
     Ok(d)
 }
 
+/// The uniform of elementwise.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ElementwiseParams {
+    pub n_rows: u32,
+    pub len: u32,
+    pub src_stride: u32,
+    pub dst_stride: u32,
+    pub src_offset: u32,
+    pub dst_offset: u32,
+    pub use_state: u32,
+    pub pad: u32,
+}
+
 /// `out = silu(gate) * up` over `n` rows of `len`.
 pub fn swiglu(
     ctx: &GpuContext,
@@ -606,7 +677,11 @@ pub fn swiglu(
     elementwise(
         ctx,
         "swiglu",
-        [n as u32, len as u32, 0, 0, 0, 0, 0, 0],
+        ElementwiseParams {
+            n_rows: n as u32,
+            len: len as u32,
+            ..Default::default()
+        },
         &[(1, gate), (2, up), (3, out)],
     )
 }
@@ -622,7 +697,12 @@ pub fn add_bias(
     elementwise(
         ctx,
         "add_bias",
-        [n as u32, len as u32, 0, len as u32, 0, 0, 0, 0],
+        ElementwiseParams {
+            n_rows: n as u32,
+            len: len as u32,
+            dst_stride: len as u32,
+            ..Default::default()
+        },
         &[(1, bias), (3, buf)],
     )
 }
@@ -639,7 +719,14 @@ pub fn store_kv(
     elementwise(
         ctx,
         "store_kv",
-        [n as u32, len as u32, len as u32, len as u32, 0, 0, 1, 0],
+        ElementwiseParams {
+            n_rows: n as u32,
+            len: len as u32,
+            src_stride: len as u32,
+            dst_stride: len as u32,
+            use_state: 1,
+            ..Default::default()
+        },
         &[(1, src), (4, state), (5, cache)],
     )
 }
@@ -659,16 +746,14 @@ pub fn copy_rows(
     elementwise(
         ctx,
         "copy_rows",
-        [
-            n as u32,
-            len as u32,
-            len as u32,
-            dst_stride as u32,
-            0,
-            dst_offset as u32,
-            0,
-            0,
-        ],
+        ElementwiseParams {
+            n_rows: n as u32,
+            len: len as u32,
+            src_stride: len as u32,
+            dst_stride: dst_stride as u32,
+            dst_offset: dst_offset as u32,
+            ..Default::default()
+        },
         &[(1, src), (3, dst), (4, state)],
     )
 }
@@ -676,10 +761,10 @@ pub fn copy_rows(
 fn elementwise(
     ctx: &GpuContext,
     entry: &'static str,
-    params: [u32; 8],
+    params: ElementwiseParams,
     bufs: &[(u32, &wgpu::Buffer)],
 ) -> Result<Dispatch> {
-    let (rows, len) = (params[0], params[1]);
+    let (rows, len) = (params.n_rows, params.len);
     // Each element read once per input and written once.
     let bytes = 4 * (rows * len) as u64 * bufs.len().min(3) as u64;
     Ok(Dispatch::new(
@@ -701,7 +786,12 @@ pub fn argmax(
     len: usize,
     stride: usize,
 ) -> Result<Dispatch> {
-    let params = [len as u32, stride as u32, 0, 0];
+    let params = ArgmaxParams {
+        len: len as u32,
+        stride: stride as u32,
+        out_offset: 0,
+        pad: 0,
+    };
     Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::Argmax, "main"),
@@ -712,27 +802,46 @@ pub fn argmax(
     .shaped(format!("{rows}x{len}"), 4 * (rows * len) as u64))
 }
 
-/// The uniform of the sampler: 12 words (see shaders/sample.wgsl).
+/// The uniform of the sampler (sample.wgsl's `Params`; dflash2.wgsl's walk reads it
+/// as `SampleParams`).
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct SampleParams {
+    pub len: u32,
+    pub stride: u32,
+    pub top_k: u32,
+    pub pos_offset: u32,
+    pub inv_temp: f32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub seed_lo: u32,
+    pub seed_hi: u32,
+    pub out_offset: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+}
+
+/// The sampler's uniform for `sp` over rows of `vocab` logits `stride` apart.
 pub fn sample_params(
     vocab: usize,
     stride: usize,
     sp: &dflash_core::sampling::SamplingParams,
     pos_offset: u32,
-) -> [u32; 12] {
-    [
-        vocab as u32,
-        stride as u32,
-        sp.top_k as u32,
+) -> SampleParams {
+    SampleParams {
+        len: vocab as u32,
+        stride: stride as u32,
+        top_k: sp.top_k as u32,
         pos_offset,
-        (1.0 / sp.temperature).to_bits(),
-        sp.top_p.to_bits(),
-        sp.min_p.to_bits(),
-        sp.seed as u32,
-        (sp.seed >> 32) as u32,
-        0,
-        0,
-        0,
-    ]
+        inv_temp: 1.0 / sp.temperature,
+        top_p: sp.top_p,
+        min_p: sp.min_p,
+        seed_lo: sp.seed as u32,
+        seed_hi: (sp.seed >> 32) as u32,
+        out_offset: 0,
+        pad0: 0,
+        pad1: 0,
+    }
 }
 
 /// `tokens[r]` = a sample of row `r` of `logits` by the rule of `sampling::sample`, with
@@ -749,11 +858,19 @@ pub fn sample(
     Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::Sample, "main"),
-        None,
+        NO_PARAMS,
         &[(0, params), (1, state), (2, logits), (3, tokens)],
         [rows as u32, 1, 1],
     )?
     .shaped(format!("{rows} rows"), 0))
+}
+
+/// The uniform of copy.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct CopyParams {
+    pub n: u32,
+    pub wg_x: u32,
 }
 
 /// `dst = src` for `n_vec4` 16-byte words: the bandwidth roofline.
@@ -767,7 +884,10 @@ pub fn copy(
     Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::Copy, "main"),
-        Some(&[n_vec4 as u32, gx]),
+        Some(&CopyParams {
+            n: n_vec4 as u32,
+            wg_x: gx,
+        }),
         &[(1, src), (2, dst)],
         [gx, gy, 1],
     )?
@@ -791,9 +911,17 @@ pub fn submit(ctx: &GpuContext, dispatches: &[&Dispatch]) {
     ctx.queue.submit([enc.finish()]);
 }
 
+/// The uniform of dflash2.wgsl's `scale`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ScaleParams {
+    pub n: u32,
+    pub scale: f32,
+}
+
 /// DFlash2: `buf *= scale` over `n` floats (the block's input embeddings).
 pub fn scale(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize, scale: f32) -> Result<Dispatch> {
-    let params = [n as u32, scale.to_bits(), 0, 0, 0, 0, 0, 0];
+    let params = ScaleParams { n: n as u32, scale };
     Dispatch::new(
         ctx,
         &Kernel::new(Shader::DFlash2, "scale"),
@@ -812,6 +940,20 @@ pub struct ConvShape {
     pub side: usize,
 }
 
+/// The uniform of dflash2.wgsl's `conv`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ConvParams {
+    pub n_rows: u32,
+    pub hidden: u32,
+    pub taps: u32,
+    pub group: u32,
+    pub coef_stride: u32,
+    pub coef_offset: u32,
+    pub base_offset: u32,
+    pub accumulate: u32,
+}
+
 /// DFlash2's grouped dynamic convolution over `n` block rows: `out (+)= conv(x)` with
 /// this side's base kernel and the rows' coefficients (`[n, 2, taps, groups]`).
 #[allow(clippy::too_many_arguments)]
@@ -826,16 +968,16 @@ pub fn grouped_conv(
     accumulate: bool,
 ) -> Result<Dispatch> {
     let groups = s.hidden / s.group;
-    let params = [
-        n as u32,
-        s.hidden as u32,
-        s.taps as u32,
-        s.group as u32,
-        (2 * s.taps * groups) as u32,
-        (s.side * s.taps * groups) as u32,
-        (s.side * s.taps * s.hidden) as u32,
-        accumulate as u32,
-    ];
+    let params = ConvParams {
+        n_rows: n as u32,
+        hidden: s.hidden as u32,
+        taps: s.taps as u32,
+        group: s.group as u32,
+        coef_stride: (2 * s.taps * groups) as u32,
+        coef_offset: (s.side * s.taps * groups) as u32,
+        base_offset: (s.side * s.taps * s.hidden) as u32,
+        accumulate: accumulate as u32,
+    };
     Dispatch::new(
         ctx,
         &Kernel::new(Shader::DFlash2, "conv"),
@@ -843,6 +985,18 @@ pub fn grouped_conv(
         &[(1, x), (2, coef), (3, base), (4, out)],
         [(s.hidden as u32).div_ceil(64), n as u32, 1],
     )
+}
+
+/// The uniform of dflash2.wgsl's `topk`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct TopKParams {
+    pub vocab: u32,
+    pub stride: u32,
+    pub k: u32,
+    pub first_row: u32,
+    pub multiplier: f32,
+    pub cap: f32,
 }
 
 /// The top-K of logit rows `first..first + n` (value descending, ties by index), their
@@ -860,16 +1014,14 @@ pub fn top_k(
     multiplier: f32,
     cap: f32,
 ) -> Result<Dispatch> {
-    let params = [
-        vocab as u32,
-        vocab as u32,
-        k as u32,
-        first as u32,
-        multiplier.to_bits(),
-        cap.to_bits(),
-        0,
-        0,
-    ];
+    let params = TopKParams {
+        vocab: vocab as u32,
+        stride: vocab as u32,
+        k: k as u32,
+        first_row: first as u32,
+        multiplier,
+        cap,
+    };
     Dispatch::new(
         ctx,
         &Kernel::new(Shader::DFlash2, "topk"),
@@ -893,6 +1045,17 @@ pub struct WalkBuffers<'a> {
     pub q_vals: &'a wgpu::Buffer,
 }
 
+/// The uniform of dflash2.wgsl's `walk`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct WalkParams {
+    pub slots: u32,
+    pub k: u32,
+    pub rank: u32,
+    pub hp_first: u32,
+    pub sampled: u32,
+}
+
 /// The selector's walk over `slots` slots of `k` candidates from the anchor
 /// (`state[2]`): drafts `1..=slots`. `hp_first`: the row of `hp` of the first slot.
 /// `sampled`: draw at the sampler's temperature and record q (rejection sampling).
@@ -906,16 +1069,13 @@ pub fn selector_walk(
     hp_first: usize,
     sampled: bool,
 ) -> Result<Dispatch> {
-    let params = [
-        slots as u32,
-        k as u32,
-        rank as u32,
-        hp_first as u32,
-        sampled as u32,
-        0,
-        0,
-        0,
-    ];
+    let params = WalkParams {
+        slots: slots as u32,
+        k: k as u32,
+        rank: rank as u32,
+        hp_first: hp_first as u32,
+        sampled: sampled as u32,
+    };
     let bufs = [
         (8, b.hp),
         (9, b.predecessor),
@@ -966,5 +1126,5 @@ pub fn verify_rejection(
         (6, b.q_vals),
         (7, b.verdict),
     ];
-    Dispatch::new(ctx, &k, None, &bufs, [rows as u32, 1, 1])
+    Dispatch::new(ctx, &k, NO_PARAMS, &bufs, [rows as u32, 1, 1])
 }

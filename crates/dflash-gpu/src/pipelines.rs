@@ -201,6 +201,9 @@ pub struct OpLabel {
     pub bytes_per_key: u64,
 }
 
+/// `params` of a kernel without a uniform at binding 0.
+pub const NO_PARAMS: Option<&()> = None;
+
 /// A recorded dispatch: pipeline, bind group (built once) and workgroup counts.
 pub struct Dispatch {
     pub pipeline: Rc<wgpu::ComputePipeline>,
@@ -212,26 +215,21 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
-    /// Builds a dispatch: `params` go into a uniform buffer at binding 0 (when given),
-    /// `bufs` are (binding, buffer) pairs.
-    pub fn new(
+    /// Builds a dispatch: `params` (the kernel's typed uniform, `ops::*Params`) go into a
+    /// uniform buffer at binding 0 (when given), `bufs` are (binding, buffer) pairs.
+    pub fn new<P: bytemuck::Pod>(
         ctx: &GpuContext,
         k: &Kernel,
-        params: Option<&[u32]>,
+        params: Option<&P>,
         bufs: &[(u32, &wgpu::Buffer)],
         groups: [u32; 3],
     ) -> Result<Dispatch> {
         let pipeline = ctx.pipelines.get(ctx, k)?;
         let uniform = params.map(|p| {
-            let mut data = p.to_vec();
-            while data.len() % 4 != 0 {
-                data.push(0);
-            }
-            ctx.buffer_with(
-                "params",
-                bytemuck::cast_slice(&data),
-                wgpu::BufferUsages::UNIFORM,
-            )
+            // Zero-padded to a multiple of 16 bytes.
+            let mut data = bytemuck::bytes_of(p).to_vec();
+            data.resize(data.len().next_multiple_of(16), 0);
+            ctx.buffer_with("params", &data, wgpu::BufferUsages::UNIFORM)
         });
         let mut entries: Vec<wgpu::BindGroupEntry> = Vec::new();
         if let Some(u) = &uniform {
@@ -297,8 +295,4 @@ pub fn grid(n: u32) -> (u32, u32) {
     } else {
         (65535, n.div_ceil(65535))
     }
-}
-
-pub fn f32_bits(x: f32) -> u32 {
-    x.to_bits()
 }

@@ -9,7 +9,7 @@
 use crate::context::{GpuContext, Timestamps};
 use crate::error::{GpuError, Result};
 use crate::ops;
-use crate::pipelines::{Dispatch, Kernel, OpLabel, Shader};
+use crate::pipelines::{Dispatch, Kernel, OpLabel, Shader, NO_PARAMS};
 use crate::upload::{work_buffer, GpuMatrix};
 use serde_json::{json, Value};
 
@@ -276,7 +276,7 @@ pub fn dispatch_cost_us(ctx: &GpuContext, n: usize, now: &dyn Fn() -> f64) -> Re
     let d = Dispatch::new(
         ctx,
         &Kernel::new(Shader::Copy, "touch"),
-        None,
+        NO_PARAMS,
         &[(2, &buf)],
         [1, 1, 1],
     )?;
@@ -294,7 +294,7 @@ pub fn stream_gbps(ctx: &GpuContext, size: u64, now: &dyn Fn() -> f64) -> Result
     let d = Dispatch::new(
         ctx,
         &Kernel::new(Shader::Copy, "stream"),
-        Some(&[n, gx]),
+        Some(&ops::CopyParams { n, wg_x: gx }),
         &[(1, &src), (2, &dst)],
         [gx, gy, 1],
     )?

@@ -512,7 +512,11 @@ fn sampler_matches_the_cpu_rule() {
         let logits = rng.vec(rows * vocab, 4.0);
         let lb = f32_buffer(&ctx, "l", &logits);
         let tb = work_buffer(&ctx, "t", (rows * 4) as u64);
-        let pb = ctx.buffer_with("p", &[0u8; 48], wgpu::BufferUsages::UNIFORM);
+        let pb = ctx.buffer_with(
+            "p",
+            &[0u8; std::mem::size_of::<ops::SampleParams>()],
+            wgpu::BufferUsages::UNIFORM,
+        );
         for sp in [
             SamplingParams {
                 temperature: 1.0,
@@ -545,7 +549,7 @@ fn sampler_matches_the_cpu_rule() {
                 ctx.queue.write_buffer(
                     &pb,
                     0,
-                    bytemuck::cast_slice(&ops::sample_params(vocab, vocab, &sp, 1)),
+                    bytemuck::bytes_of(&ops::sample_params(vocab, vocab, &sp, 1)),
                 );
                 let st = state(&ctx, start as u32);
                 run(

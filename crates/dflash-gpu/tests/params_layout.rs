@@ -2,7 +2,11 @@
 //! fills: the same member names at the same byte offsets, and the same size, read from
 //! the shader by naga (wgpu's own WGSL front end).
 
-use dflash_gpu::ops::{GemvParams, QkvParams};
+use dflash_gpu::dflash::BookkeepingParams;
+use dflash_gpu::ops::{
+    ArgmaxParams, ConvParams, CopyParams, ElementwiseParams, EmbeddingParams, GemvParams,
+    QkvParams, RmsNormParams, RopeParams, SampleParams, ScaleParams, TopKParams, WalkParams,
+};
 use dflash_gpu::pipelines::Shader;
 use std::mem::{offset_of, size_of};
 
@@ -25,27 +29,88 @@ fn wgsl_struct(shader: Shader, name: &str) -> (Vec<(String, u32)>, u32) {
     panic!("{shader:?} has no struct {name}");
 }
 
-/// (field name, byte offset) of the named fields of a Rust struct, in order.
-macro_rules! fields {
-    ($t:ty; $($f:ident),*) => {
-        vec![$((stringify!($f).to_string(), offset_of!($t, $f) as u32)),*]
-    };
+/// Asserts that Rust struct `$t`, whose fields are listed in order, has the members,
+/// offsets and size of WGSL struct `$name` of `$shader`.
+macro_rules! assert_layout {
+    ($shader:expr, $name:expr, $t:ty; $($f:ident),* $(,)?) => {{
+        let rust: Vec<(String, u32)> =
+            vec![$((stringify!($f).to_string(), offset_of!($t, $f) as u32)),*];
+        let (wgsl, span) = wgsl_struct($shader, $name);
+        assert_eq!(wgsl, rust, "{:?} {}", $shader, $name);
+        assert_eq!(span as usize, size_of::<$t>(), "{:?} {}", $shader, $name);
+    }};
 }
 
 #[test]
 fn gemv_params_match_the_wgsl_struct() {
-    let rust = fields!(GemvParams; n_rows, k, m, out_offset, out_stride, wg_x, eps,
-        bias_offset, pair_rows, part_offset, n_parts, pad);
-    let (wgsl, span) = wgsl_struct(Shader::Gemv, "Params");
-    assert_eq!(wgsl, rust);
-    assert_eq!(span as usize, size_of::<GemvParams>());
+    assert_layout!(Shader::Gemv, "Params", GemvParams; n_rows, k, m, out_offset,
+        out_stride, wg_x, eps, bias_offset, pair_rows, part_offset, n_parts, pad);
 }
 
 #[test]
 fn qkv_params_match_the_wgsl_struct() {
-    let rust = fields!(QkvParams; n_rows, n_heads, n_kv_heads, head_dim, rope_dim,
-        row_stride, eps, pad);
-    let (wgsl, span) = wgsl_struct(Shader::Qkv, "Params");
-    assert_eq!(wgsl, rust);
-    assert_eq!(span as usize, size_of::<QkvParams>());
+    assert_layout!(Shader::Qkv, "Params", QkvParams; n_rows, n_heads, n_kv_heads,
+        head_dim, rope_dim, row_stride, eps, pad);
+}
+
+#[test]
+fn argmax_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::Argmax, "Params", ArgmaxParams; len, stride, out_offset, pad);
+}
+
+#[test]
+fn embedding_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::Embedding, "Params", EmbeddingParams; n_rows, cols, row_lo,
+        row_hi);
+}
+
+#[test]
+fn rmsnorm_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::RmsNorm, "Params", RmsNormParams; len, eps);
+}
+
+#[test]
+fn rope_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::Rope, "Params", RopeParams; n_rows, n_heads, head_dim,
+        rope_dim, row_stride, col_offset);
+}
+
+#[test]
+fn elementwise_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::Elementwise, "Params", ElementwiseParams; n_rows, len,
+        src_stride, dst_stride, src_offset, dst_offset, use_state, pad);
+}
+
+#[test]
+fn copy_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::Copy, "Params", CopyParams; n, wg_x);
+}
+
+/// The sampler's uniform is read by sample.wgsl and by dflash2.wgsl's walk.
+#[test]
+fn sample_params_match_the_wgsl_structs() {
+    for (shader, name) in [
+        (Shader::Sample, "Params"),
+        (Shader::DFlash2, "SampleParams"),
+    ] {
+        assert_layout!(shader, name, SampleParams; len, stride, top_k, pos_offset,
+            inv_temp, top_p, min_p, seed_lo, seed_hi, out_offset, pad0, pad1);
+    }
+}
+
+#[test]
+fn bookkeeping_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::DFlash, "Params", BookkeepingParams; block, mask, host_drafts,
+        pad);
+}
+
+#[test]
+fn dflash2_params_match_the_wgsl_structs() {
+    assert_layout!(Shader::DFlash2, "ScaleParams", ScaleParams; n, scale);
+    assert_layout!(Shader::DFlash2, "ConvParams", ConvParams; n_rows, hidden, taps, group,
+        coef_stride, coef_offset, base_offset, accumulate);
+    assert_layout!(Shader::DFlash2, "TopKParams", TopKParams; vocab, stride, k, first_row,
+        multiplier, cap);
+    assert_layout!(Shader::DFlash2, "WalkParams", WalkParams; slots, k, rank, hp_first,
+        sampled);
 }
