@@ -585,11 +585,11 @@ impl GpuDrafter {
             }
             d.push(ops::rmsnorm(ctx, eps, &self.norm, &self.x, &self.xn, b, h)?);
             let lm = t.lm_head.as_ref().unwrap_or(&t.embed);
-            d.extend(ops::gemv(ctx, lm, &self.xn, &t.act.logits, b, false)?);
             let v = t.config.vocab_size;
             match &self.d2 {
                 // DFlash2: the top-K candidates of slots 1..b, then the selector's walk.
                 Some(s) => {
+                    d.extend(ops::gemv(ctx, lm, &self.xn, &t.act.logits, b, false)?);
                     let dc = &s.config;
                     d.extend(ops::gemv(
                         ctx,
@@ -632,7 +632,23 @@ impl GpuDrafter {
                         sampled,
                     )?);
                 }
-                None => d.push(ops::argmax(ctx, &t.act.logits, &self.drafts, b, v, v)?),
+                // DFlash: the greedy drafts, the argmax in the lm_head's epilogue (the
+                // target's partials buffer: its head runs later in the step).
+                None => {
+                    let f = ops::GemvFusion {
+                        argmax: Some(&t.act.best),
+                        ..Default::default()
+                    };
+                    d.extend(ops::gemv_fused(ctx, lm, &self.xn, &t.act.logits, b, &f)?);
+                    let parts = ops::argmax_parts(ctx, lm);
+                    d.push(ops::argmax_reduce(
+                        ctx,
+                        &t.act.best,
+                        &self.drafts,
+                        b,
+                        parts,
+                    )?);
+                }
             }
         }
         d.push(bookkeeping(ctx, t, self, "compose", b, host)?);

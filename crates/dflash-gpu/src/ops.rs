@@ -563,7 +563,6 @@ pub fn attention_chunked(
         scale: 1.0 / (s.head_dim as f32).sqrt(),
         eps: s.eps,
     };
-    let params = bytemuck::cast_slice(std::slice::from_ref(&params));
     let style = (s.style != RopeStyle::Interleaved) as u8 as f64;
     let k = Kernel::new(Shader::AttentionChunks, "partial")
         .with("STYLE", style)
@@ -591,17 +590,35 @@ pub fn attention_chunked(
     let kv_elt = if ctx.f16 { 2 } else { 4 };
     let kv_dim = s.n_kv_heads * s.head_dim;
     let own = n * (4 * s.n_heads * s.head_dim + 2 * kv_dim * (4 + kv_elt));
-    let mut partial = Dispatch::new(ctx, &k, Some(params), &bufs, groups)?
+    let mut partial = Dispatch::new(ctx, &k, Some(&params), &bufs, groups)?
         .shaped(shape.clone(), own as u64)
         .family("attention");
     partial.label.bytes_per_key = (2 * kv_dim * kv_elt) as u64;
     let k = Kernel::new(Shader::AttentionChunks, "combine");
     let bufs = [(1, q.state), (8, b.part_ml), (9, b.part_acc), (10, b.out)];
     let groups = [s.n_heads as u32, n as u32, 1];
-    let combine = Dispatch::new(ctx, &k, Some(params), &bufs, groups)?
+    let combine = Dispatch::new(ctx, &k, Some(&params), &bufs, groups)?
         .shaped(shape, (n * s.n_heads * s.head_dim * 4) as u64)
         .family("attention_combine");
     Ok(vec![partial, combine])
+}
+
+/// The uniform of attention.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct AttentionParams {
+    pub n_rows: u32,
+    pub n_heads: u32,
+    pub group: u32,
+    pub head_dim: u32,
+    pub kv_dim: u32,
+    pub q_stride: u32,
+    pub scale: f32,
+    pub window: u32,
+    pub causal: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+    pub pad2: u32,
 }
 
 /// Causal attention of `n` query rows (positions `state[0] + row`) over a KV cache.
@@ -616,26 +633,25 @@ pub fn attention(
     out: &wgpu::Buffer,
     n: usize,
 ) -> Result<Dispatch> {
-    let scale = 1.0 / (s.head_dim as f32).sqrt();
     let kv_dim = s.n_kv_heads * s.head_dim;
-    let params = [
-        n as u32,
-        s.n_heads as u32,
-        (s.n_heads / s.n_kv_heads) as u32,
-        s.head_dim as u32,
-        kv_dim as u32,
-        if s.q_stride > 0 {
+    let params = AttentionParams {
+        n_rows: n as u32,
+        n_heads: s.n_heads as u32,
+        group: (s.n_heads / s.n_kv_heads) as u32,
+        head_dim: s.head_dim as u32,
+        kv_dim: kv_dim as u32,
+        q_stride: if s.q_stride > 0 {
             s.q_stride
         } else {
             s.n_heads * s.head_dim
         } as u32,
-        scale.to_bits(),
-        s.window as u32,
-        s.causal as u32,
-        0,
-        0,
-        0,
-    ];
+        scale: 1.0 / (s.head_dim as f32).sqrt(),
+        window: s.window as u32,
+        causal: s.causal as u32,
+        pad0: 0,
+        pad1: 0,
+        pad2: 0,
+    };
     let mut d = Dispatch::new(
         ctx,
         &Kernel::new(Shader::Attention, "main"),

@@ -307,6 +307,16 @@ fn the_drafter_forward_matches_the_cpu_reference() {
             .fold(0f32, f32::max);
         eprintln!("drafter GPU vs CPU (f16={}): max error {max:e}", ctx.f16);
         assert!(max < if ctx.f16 { 1e-2 } else { 1e-3 }, "{max}");
+        // The drafts (the argmax in the lm_head's epilogue): the argmax of the CPU's
+        // lm_head over the GPU's own hidden rows.
+        let h = t.config().hidden_size;
+        let logits = cpu_t.lm_head_rows(&got[h..], b - 1);
+        let v = t.config().vocab_size;
+        let want_drafts: Vec<u32> = logits
+            .chunks(v)
+            .map(|row| dflash_core::cpu::ops::argmax(row) as u32)
+            .collect();
+        assert_eq!(spec.read_drafts(b).unwrap(), want_drafts, "f16={}", ctx.f16);
     }
 }
 

@@ -4,8 +4,9 @@
 
 use dflash_gpu::dflash::BookkeepingParams;
 use dflash_gpu::ops::{
-    ArgmaxParams, ConvParams, CopyParams, ElementwiseParams, EmbeddingParams, GemvParams,
-    QkvParams, RmsNormParams, RopeParams, SampleParams, ScaleParams, TopKParams, WalkParams,
+    ArgmaxParams, AttentionChunkParams, AttentionParams, ConvParams, CopyParams, ElementwiseParams,
+    EmbeddingParams, GemvParams, QkvParams, RmsNormParams, RopeParams, SampleParams, ScaleParams,
+    TopKParams, WalkParams,
 };
 use dflash_gpu::pipelines::Shader;
 use std::mem::{offset_of, size_of};
@@ -113,4 +114,16 @@ fn dflash2_params_match_the_wgsl_structs() {
         multiplier, cap);
     assert_layout!(Shader::DFlash2, "WalkParams", WalkParams; slots, k, rank, hp_first,
         sampled);
+}
+
+#[test]
+fn attention_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::Attention, "Params", AttentionParams; n_rows, n_heads, group,
+        head_dim, kv_dim, q_stride, scale, window, causal, pad0, pad1, pad2);
+}
+
+#[test]
+fn chunked_attention_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::AttentionChunks, "Params", AttentionChunkParams; n_rows, n_heads,
+        n_kv_heads, head_dim, rope_dim, row_stride, chunk, n_chunks, window, causal, scale, eps);
 }
