@@ -97,8 +97,9 @@ pub struct BenchArgs {
     /// encode/submit/map times and the calibration kernels.
     #[arg(long)]
     profile: bool,
-    /// The kernel knobs: this adapter's own (default), or those of a GPU or of a CPU
-    /// adapter (to run the GPU plan on lavapipe, or the CPU plan on a GPU).
+    /// The kernel knobs: this adapter's own (default), or those of a GPU, of an Intel
+    /// Xe2 GPU or of a CPU adapter (to run the GPU plan on lavapipe, or the CPU plan on a
+    /// GPU).
     #[arg(long, value_enum)]
     tuning: Option<TuningChoice>,
 }
@@ -259,6 +260,7 @@ fn model_label(a: &BenchArgs) -> String {
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum TuningChoice {
     Gpu,
+    IntelXe2,
     Cpu,
 }
 
@@ -271,6 +273,7 @@ fn gpu_options(a: &BenchArgs, timestamps: bool) -> dflash_gpu::GpuOptions {
         profile: timestamps,
         tuning: a.tuning.map(|t| match t {
             TuningChoice::Gpu => Tuning::gpu(),
+            TuningChoice::IntelXe2 => Tuning::intel_xe2(),
             TuningChoice::Cpu => Tuning::cpu(),
         }),
         ..Default::default()

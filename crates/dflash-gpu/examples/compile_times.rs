@@ -8,10 +8,7 @@ use std::time::Instant;
 fn main() {
     let lanes: usize = std::env::args().nth(1).map_or(16, |s| s.parse().unwrap());
     let ctx = GpuContext::new(&GpuOptions {
-        tuning: Some(Tuning {
-            gemv_lanes: lanes,
-            ..Tuning::gpu()
-        }),
+        tuning: Some(Tuning::gpu().with_uniform_lanes(lanes)),
         ..Default::default()
     })
     .unwrap();

@@ -18,10 +18,7 @@ fn main() {
     );
     let lanes: Option<usize> = std::env::var("LANES").ok().map(|s| s.parse().unwrap());
     let ctx = GpuContext::new(&GpuOptions {
-        tuning: lanes.map(|l| dflash_gpu::context::Tuning {
-            gemv_lanes: l,
-            ..dflash_gpu::context::Tuning::gpu()
-        }),
+        tuning: lanes.map(|l| dflash_gpu::context::Tuning::gpu().with_uniform_lanes(l)),
         ..Default::default()
     })
     .unwrap();

@@ -61,12 +61,59 @@ pub struct AdapterSummary {
     pub max_storage_buffers_per_shader_stage: u32,
 }
 
-/// Per-device kernel knobs, chosen from the adapter (and hashed into pipeline keys
-/// through the kernels' override constants).
+/// One rule of a GEMV lane table: a matrix with at most `max_rows` output rows and at
+/// least `min_cols` columns gets `lanes` threads per output row (a power of two, 1..=64;
+/// the 64-thread workgroup then covers 64 / lanes rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemvLanes {
+    pub max_rows: usize,
+    pub min_cols: usize,
+    pub lanes: usize,
+}
+
+impl GemvLanes {
+    /// A rule every matrix meets.
+    pub const fn all(lanes: usize) -> Self {
+        GemvLanes {
+            max_rows: usize::MAX,
+            min_cols: 0,
+            lanes,
+        }
+    }
+}
+
+/// One rule per lane count, for tables of a single rule.
+const UNIFORM_LANES: [[GemvLanes; 1]; 7] = [
+    [GemvLanes::all(1)],
+    [GemvLanes::all(2)],
+    [GemvLanes::all(4)],
+    [GemvLanes::all(8)],
+    [GemvLanes::all(16)],
+    [GemvLanes::all(32)],
+    [GemvLanes::all(64)],
+];
+
+/// Intel Xe2 (Arc B-series, Lunar Lake), after llama.cpp's Vulkan choices for Intel: 4
+/// rows per 64-thread workgroup where a matrix has at most 8192 rows and 1024 columns or
+/// more (its large workgroup with `rm_stdq = 2`), else a subgroup's 16 threads per 4
+/// rows, i.e. 4 lanes per row (16 rows per workgroup).
+const INTEL_XE2_GEMV: [GemvLanes; 2] = [
+    GemvLanes {
+        max_rows: 8192,
+        min_cols: 1024,
+        lanes: 16,
+    },
+    GemvLanes::all(4),
+];
+
+/// Per-adapter kernel knobs: one table keyed by the adapter (`Tuning::for_adapter`) and,
+/// for the GEMV, by the matrix's shape, never by the row count. They reach the kernels as
+/// override constants (so pipeline keys) and through the plan's choice of kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tuning {
-    /// Threads sharing one GEMV output row (power of two, 1..=64).
-    pub gemv_lanes: usize,
+    /// Threads sharing one GEMV output row, by shape: the first rule the matrix meets
+    /// (the last rule of a table meets every matrix).
+    pub gemv: &'static [GemvLanes],
     /// RMSNorm fused into the prologue of the GEMV that follows it. Every workgroup
     /// then computes the row's norm: cheap on GPUs; on CPU adapters it is either
     /// barriers (which make a kernel coroutines there) or 64 threads repeating the same
@@ -79,31 +126,69 @@ pub struct Tuning {
     pub chunked_attention: bool,
 }
 
+/// PCI vendor id of Intel.
+const INTEL: u32 = 0x8086;
+
 impl Tuning {
-    pub fn for_adapter(device_type: wgpu::DeviceType) -> Self {
+    /// The table's entry for an adapter: CPU adapters (lavapipe, SwiftShader), Intel
+    /// (by PCI vendor id or name), other GPUs.
+    pub fn for_adapter(info: &wgpu::AdapterInfo) -> Self {
+        let name = format!("{} {}", info.name, info.driver);
+        Tuning::for_device(info.device_type, info.vendor, &name)
+    }
+
+    /// `for_adapter` from the adapter's type, PCI vendor id and name.
+    pub fn for_device(device_type: wgpu::DeviceType, vendor: u32, name: &str) -> Self {
         match device_type {
-            // CPU adapters (lavapipe, SwiftShader): barriers are dear, one thread per row.
+            // Barriers are dear there: one thread per row, the norms and attention apart.
             wgpu::DeviceType::Cpu => Tuning::cpu(),
+            _ if vendor == INTEL || name.to_lowercase().contains("intel") => Tuning::intel_xe2(),
             _ => Tuning::gpu(),
         }
     }
 
-    /// The knobs of a GPU.
+    /// The knobs of a GPU: 16 lanes per row for every shape (measured on the H200).
     pub fn gpu() -> Self {
         Tuning {
-            gemv_lanes: 16,
+            gemv: &UNIFORM_LANES[4],
             fuse_norm: true,
             chunked_attention: true,
+        }
+    }
+
+    /// The knobs of an Intel GPU (Xe2): `gpu()` with the lanes of `INTEL_XE2_GEMV`.
+    pub fn intel_xe2() -> Self {
+        Tuning {
+            gemv: &INTEL_XE2_GEMV,
+            ..Tuning::gpu()
         }
     }
 
     /// The knobs of a CPU adapter.
     pub fn cpu() -> Self {
         Tuning {
-            gemv_lanes: 1,
+            gemv: &UNIFORM_LANES[0],
             fuse_norm: false,
             chunked_attention: false,
         }
+    }
+
+    /// These knobs with `lanes` (a power of two, 1..=64) for every GEMV shape.
+    pub fn with_uniform_lanes(self, lanes: usize) -> Self {
+        let i = lanes.clamp(1, 64).ilog2() as usize;
+        Tuning {
+            gemv: &UNIFORM_LANES[i],
+            ..self
+        }
+    }
+
+    /// Threads per output row of a GEMV over a `rows` x `cols` matrix.
+    pub fn gemv_lanes(&self, rows: usize, cols: usize) -> usize {
+        self.gemv
+            .iter()
+            .find(|r| rows <= r.max_rows && cols >= r.min_cols)
+            .or(self.gemv.last())
+            .map_or(1, |r| r.lanes)
     }
 }
 
@@ -245,9 +330,7 @@ impl GpuContext {
             max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
             max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
         };
-        let tuning = opts
-            .tuning
-            .unwrap_or_else(|| Tuning::for_adapter(info.device_type));
+        let tuning = opts.tuning.unwrap_or_else(|| Tuning::for_adapter(&info));
         Ok(GpuContext {
             device,
             queue,
@@ -414,5 +497,29 @@ impl std::future::Future for MapFuture {
                 std::task::Poll::Pending
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_keys_on_the_adapter_and_the_matrix_shape() {
+        use wgpu::DeviceType::*;
+        let cpu = Tuning::for_device(Cpu, 0x10005, "llvmpipe");
+        assert_eq!(cpu, Tuning::cpu());
+        let b70 = Tuning::for_device(DiscreteGpu, INTEL, "Intel(R) Arc(TM) Pro B70");
+        assert_eq!(b70, Tuning::intel_xe2());
+        let h200 = Tuning::for_device(DiscreteGpu, 0x10de, "NVIDIA H200");
+        assert_eq!(h200, Tuning::gpu());
+        // Intel: 4 rows per workgroup for the layers of an 8B model, 16 for a lm_head or
+        // a narrow matrix.
+        assert_eq!(b70.gemv_lanes(4096, 4096), 16);
+        assert_eq!(b70.gemv_lanes(151_936, 4096), 4);
+        assert_eq!(b70.gemv_lanes(576, 576), 4);
+        assert_eq!(h200.gemv_lanes(151_936, 4096), 16);
+        assert_eq!(cpu.gemv_lanes(4096, 4096), 1);
+        assert_eq!(Tuning::gpu().with_uniform_lanes(8).gemv_lanes(1, 1), 8);
     }
 }

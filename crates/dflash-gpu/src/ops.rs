@@ -85,24 +85,29 @@ pub struct GemvParams {
     pub pad: u32,
 }
 
-/// Output rows one GEMV workgroup covers on this adapter.
-pub fn gemv_rows_per_workgroup(ctx: &GpuContext) -> usize {
-    64 / ctx.tuning.gemv_lanes
+/// Threads per output row of a GEMV over `m` on this adapter (`Tuning::gemv`).
+pub fn gemv_lanes(ctx: &GpuContext, m: &GpuMatrix) -> usize {
+    ctx.tuning.gemv_lanes(m.rows, m.cols)
+}
+
+/// Output rows one GEMV workgroup over `m` covers on this adapter.
+pub fn gemv_rows_per_workgroup(ctx: &GpuContext, m: &GpuMatrix) -> usize {
+    64 / gemv_lanes(ctx, m)
 }
 
 /// Output rows behind one partial of the fused greedy head: a workgroup's, or one row
 /// where a thread owns a row (LANES = 1: no barrier on CPU adapters).
-fn argmax_rows_per_part(ctx: &GpuContext) -> usize {
-    if ctx.tuning.gemv_lanes == 1 {
+fn argmax_rows_per_part(ctx: &GpuContext, m: &GpuMatrix) -> usize {
+    if gemv_lanes(ctx, m) == 1 {
         1
     } else {
-        gemv_rows_per_workgroup(ctx)
+        gemv_rows_per_workgroup(ctx, m)
     }
 }
 
 /// Partials per row of the fused greedy head over `m`.
 pub fn argmax_parts(ctx: &GpuContext, m: &GpuMatrix) -> usize {
-    let per = argmax_rows_per_part(ctx);
+    let per = argmax_rows_per_part(ctx, m);
     m.chunks.iter().map(|c| c.rows.div_ceil(per)).sum()
 }
 
@@ -130,11 +135,11 @@ pub fn gemv_fused(
         .with("GROUP", m.group as f64)
         .with("ACCUMULATE", f.accumulate as u8 as f64)
         .with("N_ROWS", n as f64)
-        .with("LANES", ctx.tuning.gemv_lanes as f64)
+        .with("LANES", gemv_lanes(ctx, m) as f64)
         .with("NORM", f.norm.is_some() as u8 as f64)
         .with("BIAS", f.bias.is_some() as u8 as f64)
         .with("PAIR", f.pair as u8 as f64);
-    let per = gemv_rows_per_workgroup(ctx);
+    let per = gemv_rows_per_workgroup(ctx, m);
     let out_rows = if f.pair { m.rows / 2 } else { m.rows };
     let n_parts = argmax_parts(ctx, m);
     let mut part_offset = 0;
@@ -160,7 +165,7 @@ pub fn gemv_fused(
             n_parts: n_parts as u32,
             pad: 0,
         };
-        part_offset += rows.div_ceil(argmax_rows_per_part(ctx));
+        part_offset += rows.div_ceil(argmax_rows_per_part(ctx, m));
         let mut bufs = vec![
             (1, x),
             (2, &ch.qs),

@@ -27,6 +27,27 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 #[test]
 fn logits_match_the_cpu_reference() {
     for ctx in common::contexts() {
+        logits_match_on(&ctx);
+    }
+}
+
+/// The Intel Xe2 entry of the tuning table (4 GEMV lanes on these narrow matrices,
+/// chunked attention) on whatever adapter runs the tests: GPU == CPU and batch
+/// invariance hold for its kernel shapes too.
+#[test]
+fn the_intel_xe2_tuning_matches_the_cpu_reference_and_is_batch_invariant() {
+    let opts = GpuOptions {
+        tuning: Some(dflash_gpu::context::Tuning::intel_xe2()),
+        ..Default::default()
+    };
+    if let Some(ctx) = gpu_context(&opts) {
+        logits_match_on(&ctx);
+        batch_invariance_on(&ctx);
+    }
+}
+
+fn logits_match_on(ctx: &std::rc::Rc<dflash_gpu::GpuContext>) {
+    {
         for (arch, t) in [
             (Arch::Llama, GgmlType::Q4_0),
             (Arch::Qwen2, GgmlType::Q8_0),
@@ -81,6 +102,12 @@ fn logits_match_the_cpu_reference() {
 #[test]
 fn a_position_is_bit_identical_alone_in_a_16_row_pass_and_in_prefill() {
     for ctx in common::contexts() {
+        batch_invariance_on(&ctx);
+    }
+}
+
+fn batch_invariance_on(ctx: &std::rc::Rc<dflash_gpu::GpuContext>) {
+    {
         let no_f16 = !ctx.f16;
         let w = tiny(Arch::Qwen2, GgmlType::Q4_0, 32);
         let v = w.config.vocab_size;

@@ -66,7 +66,7 @@ fn norm_and_bias_fused_into_the_gemv_give_the_same_bits() {
                     read_u32(&ctx, &y1, n * rows),
                     read_u32(&ctx, &y2, n * rows),
                     "{ty:?} n={n} lanes={}",
-                    ctx.tuning.gemv_lanes
+                    ops::gemv_lanes(&ctx, &m)
                 );
             }
         }
