@@ -158,6 +158,11 @@ impl<'a> TokenSink<'a> {
         }
     }
 
+    /// Tokens the budget still allows.
+    pub fn remaining(&self) -> usize {
+        self.budget.saturating_sub(self.tokens.len())
+    }
+
     /// Takes the next token; true when generation is over.
     pub fn push(&mut self, t: u32) -> Result<bool> {
         if self.tokens.len() >= self.budget {

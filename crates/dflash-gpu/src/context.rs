@@ -403,9 +403,18 @@ impl GpuContext {
     /// Blocks until submitted work is done (native). Device loss is an error, not a hang.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn wait(&self) -> Result<()> {
+        self.wait_for(None)
+    }
+
+    /// Blocks until submission `index` (None: the last one) has run.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn wait_for(&self, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
         self.check_lost()?;
         self.device
-            .poll(wgpu::PollType::wait_indefinitely())
+            .poll(wgpu::PollType::Wait {
+                submission_index: index,
+                timeout: None,
+            })
             .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
         self.check_lost()
     }
@@ -435,6 +444,17 @@ impl GpuContext {
     /// browser the map callback arrives from the event loop and wakes this future;
     /// natively a blocking poll runs it first.
     pub async fn read_mapped_async(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
+        self.read_mapped_after(staging, None).await
+    }
+
+    /// `read_mapped_async` of a buffer the submission `after` writes last: natively the
+    /// wait ends with that submission, not with later ones (work queued behind it keeps
+    /// the GPU busy meanwhile); in the browser the map's callback says when.
+    pub async fn read_mapped_after(
+        &self,
+        staging: &wgpu::Buffer,
+        after: Option<wgpu::SubmissionIndex>,
+    ) -> Result<Vec<u8>> {
         let slot = Arc::new(Mutex::new(MapWait::default()));
         let filler = slot.clone();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -447,9 +467,11 @@ impl GpuContext {
         });
         #[cfg(not(target_arch = "wasm32"))]
         let r = {
-            self.wait()?;
+            self.wait_for(after)?;
             slot.lock().ok().and_then(|mut g| g.result.take())
         };
+        #[cfg(target_arch = "wasm32")]
+        let _ = after;
         #[cfg(target_arch = "wasm32")]
         let r = Some(MapFuture(slot).await);
         match r {

@@ -24,13 +24,46 @@ impl GpuModel {
         };
         self.set_sampling(&req.sampling)?;
         let t0 = clock();
-        let mut next = self.prefill_with_async(&req.prompt_ids, head).await?;
+        let next = self.prefill_with_async(&req.prompt_ids, head).await?;
         let t1 = clock();
         let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
-        while !sink.push(next)? {
-            next = self.step_with_async(&[next], head).await?[0];
+        if !sink.push(next)? {
+            self.decode_pipelined(next, head, &mut sink).await?;
         }
         Ok(sink.finish(req.prompt_ids.len(), t1 - t0, clock() - t1))
+    }
+
+    /// One-row steps from `first` until `sink` is done, with the next step submitted
+    /// before the previous one's token is read: the token stays on the GPU as the next
+    /// input, and the host reads it while the GPU already runs the following step. A
+    /// step past a stop token is computed and dropped (its KV row is never committed);
+    /// none is computed past the budget or the context.
+    async fn decode_pipelined(
+        &mut self,
+        first: u32,
+        head: Head,
+        sink: &mut TokenSink<'_>,
+    ) -> Result<()> {
+        let mut in_flight = Some((self.submit_fed_step(Some(first), head, 0)?, 0));
+        let mut queued = 1; // tokens submitted and not yet pushed
+        while let Some((index, slot)) = in_flight.take() {
+            if self.len < self.context && sink.remaining() > queued {
+                in_flight = Some((self.submit_fed_step(None, head, 1 - slot)?, 1 - slot));
+                queued += 1;
+            }
+            let buf = &self.act.token_readback[slot];
+            let bytes = self.ctx.read_mapped_after(buf, Some(index)).await?;
+            queued -= 1;
+            let token = bytemuck::cast_slice::<u8, u32>(&bytes)[0];
+            if sink.push(token)? {
+                // The step in flight, if any, follows a token that ended generation: its
+                // row is not committed (later work is queued behind it, so nothing
+                // waits for it).
+                self.len -= in_flight.map_or(0, |_| 1);
+                return Ok(());
+            }
+        }
+        Ok(())
     }
 
     /// Plain generation, blocking (native hosts).

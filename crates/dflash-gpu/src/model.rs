@@ -115,6 +115,9 @@ pub(crate) struct Activations {
     pub(crate) sample_params: wgpu::Buffer,
     pub(crate) taps: wgpu::Buffer,
     pub(crate) readback: wgpu::Buffer,
+    /// Pipelined decoding: where the step in flight and the one before it leave their
+    /// token for the host (alternately).
+    pub(crate) token_readback: [wgpu::Buffer; 2],
 }
 
 /// What a pass produces beyond the KV cache.
@@ -448,6 +451,14 @@ impl GpuModel {
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
+            token_readback: [0, 1].map(|_| {
+                ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("token readback"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            }),
         };
         Ok(GpuModel {
             embed: head.0,
@@ -724,6 +735,36 @@ impl GpuModel {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn step(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
         self.step_with(tokens, Head::Argmax)
+    }
+
+    /// Submits a one-row decode step without waiting for the previous one's token: the
+    /// input is `token` where the host knows it, else the token the previous step left
+    /// on the GPU (each step copies its output into the next step's input). The step's
+    /// token goes to `token_readback[slot]`; returns the submission to wait for.
+    pub(crate) fn submit_fed_step(
+        &mut self,
+        token: Option<u32>,
+        head: Head,
+        slot: usize,
+    ) -> Result<wgpu::SubmissionIndex> {
+        // The check and the plan of a one-row pass (a token the GPU feeds is in range).
+        self.prepare_pass(&[token.unwrap_or(0)], head)?;
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        if token.is_none() {
+            // Over prepare_pass's placeholder (its write lands before this submission).
+            enc.copy_buffer_to_buffer(&self.act.out_tokens, 0, &self.act.tokens, 0, 4);
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for disp in &self.plans[&(1, head)] {
+                disp.encode(&mut pass);
+            }
+        }
+        let out = &self.act.token_readback[slot];
+        enc.copy_buffer_to_buffer(&self.act.out_tokens, 0, out, 0, 4);
+        let index = self.ctx.queue.submit([enc.finish()]);
+        self.len += 1;
+        Ok(index)
     }
 
     /// Sets the sampler's parameters for `Head::Sample` passes (greedy parameters are

@@ -522,3 +522,60 @@ fn rejection_sampling_on_the_gpu_follows_the_cpu_reference() {
         }
     }
 }
+
+/// Plain generation keeps one step in flight (the token stays on the GPU as the next
+/// input; the host reads it while the next step runs): its tokens are those of one
+/// blocking step at a time, greedy and sampled, at a budget, and after a stop string
+/// that ends generation with a step in flight (that step's row is dropped, so the next
+/// generation on the same model is unchanged).
+#[test]
+fn pipelined_plain_generation_equals_step_by_step_decoding() {
+    let t = target();
+    for ctx in contexts() {
+        let mut g = GpuModel::new(
+            ctx.clone(),
+            &t.weights,
+            &GpuModelOptions {
+                context: 128,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let sampled = SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            seed: 3,
+            ..Default::default()
+        };
+        for sp in [SamplingParams::default(), sampled] {
+            for p in prompts() {
+                let want = plain_gpu(&mut g, &p, &sp, 40, &|x| t.tokenizer.is_stop(x));
+                let run = |g: &mut GpuModel, r: &GenerateRequest| {
+                    g.generate(&t.tokenizer, r, &|| 0.0, &mut |_| {})
+                        .unwrap()
+                        .tokens
+                };
+                assert_eq!(run(&mut g, &req(&p, &sp)), want, "f16={}", ctx.f16);
+                let short = GenerateRequest {
+                    max_new_tokens: 5,
+                    ..req(&p, &sp)
+                };
+                assert_eq!(run(&mut g, &short), want[..5.min(want.len())]);
+                // A stop string: the text of a whole-character token after the second.
+                let text = |i: usize| t.tokenizer.decode(&want[i..i + 1], false).unwrap();
+                let at = (2..want.len().saturating_sub(1))
+                    .find(|&i| !text(i).trim().is_empty() && !text(i).contains('\u{FFFD}'));
+                if let Some(i) = at {
+                    let stop = GenerateRequest {
+                        stop_strings: vec![text(i)],
+                        ..req(&p, &sp)
+                    };
+                    let got = run(&mut g, &stop);
+                    assert!(got.len() <= i + 1, "stopped at {:?}: {got:?}", text(i));
+                    assert_eq!(got, want[..got.len()]);
+                }
+                assert_eq!(run(&mut g, &req(&p, &sp)), want, "after a stop");
+            }
+        }
+    }
+}
