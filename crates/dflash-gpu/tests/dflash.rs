@@ -23,6 +23,24 @@ fn target() -> LoadedModel {
     load_gguf(&write_gguf(&c, &random_weights(&c, 51), GgmlType::Q4_0)).unwrap()
 }
 
+/// The target on the GPU with a context of 128 and these tap layers.
+fn gpu_target(
+    ctx: &std::rc::Rc<dflash_gpu::GpuContext>,
+    t: &LoadedModel,
+    taps: Vec<usize>,
+) -> GpuModel {
+    GpuModel::new(
+        ctx.clone(),
+        &t.weights,
+        &GpuModelOptions {
+            context: 128,
+            taps,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 fn drafter(t: &LoadedModel, seed: u64) -> DrafterWeights {
     let s = DrafterSpec {
         layers: 2,
@@ -101,26 +119,9 @@ fn speculative_equals_plain_on_the_gpu_at_every_block_size() {
     let t = target();
     let w = drafter(&t, 7);
     for ctx in contexts() {
-        let mut plain_model = GpuModel::new(
-            ctx.clone(),
-            &t.weights,
-            &GpuModelOptions {
-                context: 128,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut plain_model = gpu_target(&ctx, &t, vec![]);
         let taps = w.config.target_layer_ids.clone();
-        let tm = GpuModel::new(
-            ctx.clone(),
-            &t.weights,
-            &GpuModelOptions {
-                context: 128,
-                taps,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let tm = gpu_target(&ctx, &t, taps);
         let mut spec = Speculative::new(tm, &w).unwrap();
         for sp in [
             SamplingParams::default(),
@@ -169,25 +170,8 @@ fn forced_acceptance_and_rollback_stay_lossless() {
     let t = target();
     let w = drafter(&t, 8);
     for ctx in contexts() {
-        let mut plain_model = GpuModel::new(
-            ctx.clone(),
-            &t.weights,
-            &GpuModelOptions {
-                context: 128,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let tm = GpuModel::new(
-            ctx.clone(),
-            &t.weights,
-            &GpuModelOptions {
-                context: 128,
-                taps: w.config.target_layer_ids.clone(),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut plain_model = gpu_target(&ctx, &t, vec![]);
+        let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
         let mut spec = Speculative::new(tm, &w).unwrap();
         for sp in [
             SamplingParams::default(),
@@ -274,16 +258,7 @@ fn the_drafter_forward_matches_the_cpu_reference() {
     for ctx in contexts() {
         let p = prompts().last().unwrap().clone();
         let p = &p;
-        let tm = GpuModel::new(
-            ctx.clone(),
-            &t.weights,
-            &GpuModelOptions {
-                context: 128,
-                taps: w.config.target_layer_ids.clone(),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
         let mut spec = Speculative::new(tm, &w).unwrap();
         let anchor = spec.prefill(p, Head::Argmax).unwrap();
         let b = 8;
@@ -362,16 +337,7 @@ fn the_dflash2_drafter_matches_the_cpu_reference() {
     let h = t.config().hidden_size;
     for ctx in contexts() {
         for p in prompts().into_iter().take(if quick() { 2 } else { 4 }) {
-            let tm = GpuModel::new(
-                ctx.clone(),
-                &t.weights,
-                &GpuModelOptions {
-                    context: 128,
-                    taps: w.config.target_layer_ids.clone(),
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
             let mut spec = Speculative::new(tm, &w).unwrap();
             let anchor = spec.prefill(&p, Head::Argmax).unwrap();
             let b = 8;
@@ -410,25 +376,8 @@ fn dflash2_speculation_equals_plain_decoding_on_the_gpu() {
     let t = target();
     let w = dflash2_drafter(&t, 13);
     for ctx in contexts() {
-        let mut plain_model = GpuModel::new(
-            ctx.clone(),
-            &t.weights,
-            &GpuModelOptions {
-                context: 128,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let tm = GpuModel::new(
-            ctx.clone(),
-            &t.weights,
-            &GpuModelOptions {
-                context: 128,
-                taps: w.config.target_layer_ids.clone(),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut plain_model = gpu_target(&ctx, &t, vec![]);
+        let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
         let mut spec = Speculative::new(tm, &w).unwrap();
         for sp in [
             SamplingParams::default(),
@@ -475,16 +424,7 @@ fn rejection_sampling_on_the_gpu_follows_the_cpu_reference() {
     for w in [drafter(&t, 21), dflash2_drafter(&t, 22)] {
         let cpu_d = CpuDrafter::new(&w);
         for ctx in contexts().into_iter().take(1) {
-            let tm = GpuModel::new(
-                ctx.clone(),
-                &t.weights,
-                &GpuModelOptions {
-                    context: 128,
-                    taps: w.config.target_layer_ids.clone(),
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
             let mut spec = Speculative::new(tm, &w).unwrap();
             let (mut same, mut total, mut accepted) = (0, 0, 0);
             for seed in 0..(if quick() { 4 } else { 12 }) {
@@ -532,15 +472,7 @@ fn rejection_sampling_on_the_gpu_follows_the_cpu_reference() {
 fn pipelined_plain_generation_equals_step_by_step_decoding() {
     let t = target();
     for ctx in contexts() {
-        let mut g = GpuModel::new(
-            ctx.clone(),
-            &t.weights,
-            &GpuModelOptions {
-                context: 128,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut g = gpu_target(&ctx, &t, vec![]);
         let sampled = SamplingParams {
             temperature: 0.8,
             top_p: 0.95,
