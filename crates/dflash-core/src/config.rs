@@ -45,28 +45,124 @@ pub struct ModelConfig {
     pub head_dim: usize,
     pub vocab_size: usize,
     pub rms_norm_eps: f32,
-    pub rope_theta: f32,
-    pub rope_style: RopeStyle,
-    /// Number of rotated dimensions per head (usually `head_dim`).
-    pub rope_dim: usize,
-    /// Per-frequency divisors (llama3 rope scaling); `rope_dim / 2` values or empty.
-    pub rope_freq_factors: Vec<f32>,
+    pub rope: Rope,
     pub max_position_embeddings: usize,
     pub qkv_bias: bool,
     pub qk_norm: bool,
     pub tie_word_embeddings: bool,
 }
 
-impl ModelConfig {
-    /// Inverse frequencies of RoPE, `rope_dim / 2` values: `theta^(-2i/d) / factor_i`.
-    pub fn rope_inv_freq(&self) -> Vec<f32> {
-        (0..self.rope_dim / 2)
+/// The RoPE settings of a target or a drafter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rope {
+    pub theta: f32,
+    pub style: RopeStyle,
+    /// Number of rotated dimensions per head (usually `head_dim`).
+    pub dim: usize,
+    pub scaling: RopeScaling,
+}
+
+/// How the frequencies of RoPE are scaled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RopeScaling {
+    None,
+    /// transformers' llama3 scaling, with the parameters of `rope_scaling`.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+    /// Per-frequency divisors as a file gives them (GGUF's `rope_freqs.weight`),
+    /// `dim / 2` values.
+    Factors(Vec<f32>),
+}
+
+impl Rope {
+    /// Unscaled RoPE over `dim` dimensions.
+    pub fn plain(theta: f32, style: RopeStyle, dim: usize) -> Self {
+        Rope {
+            theta,
+            style,
+            dim,
+            scaling: RopeScaling::None,
+        }
+    }
+
+    /// The per-frequency divisors: `dim / 2` values, or none without scaling.
+    pub fn freq_factors(&self) -> Vec<f32> {
+        match &self.scaling {
+            RopeScaling::None => vec![],
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: old_ctx,
+            } => {
+                let (low_wavelen, high_wavelen) = (old_ctx / low, old_ctx / high);
+                (0..self.dim / 2)
+                    .map(|i| {
+                        let freq = (self.theta as f64).powf(-2.0 * i as f64 / self.dim as f64);
+                        let wavelen = 2.0 * std::f64::consts::PI / freq;
+                        let scaled = if wavelen < high_wavelen {
+                            freq
+                        } else if wavelen > low_wavelen {
+                            freq / factor
+                        } else {
+                            let smooth = (old_ctx / wavelen - low) / (high - low);
+                            (1.0 - smooth) * freq / factor + smooth * freq
+                        };
+                        (freq / scaled) as f32
+                    })
+                    .collect()
+            }
+            RopeScaling::Factors(f) => f.clone(),
+        }
+    }
+
+    /// Inverse frequencies, `dim / 2` values: `theta^(-2i/d) / factor_i`.
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let factors = self.freq_factors();
+        (0..self.dim / 2)
             .map(|i| {
-                let f = (self.rope_theta as f64).powf(-2.0 * i as f64 / self.rope_dim as f64);
-                let ff = self.rope_freq_factors.get(i).copied().unwrap_or(1.0) as f64;
+                let f = (self.theta as f64).powf(-2.0 * i as f64 / self.dim as f64);
+                let ff = factors.get(i).copied().unwrap_or(1.0) as f64;
                 (f / ff) as f32
             })
             .collect()
+    }
+
+    /// The scaling's own checks (the theta and the dimensions are the caller's).
+    fn check_scaling(&self) -> std::result::Result<(), String> {
+        match &self.scaling {
+            RopeScaling::None => Ok(()),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                ..
+            } => {
+                if !(high_freq_factor > low_freq_factor) || !(*factor > 0.0) {
+                    return Err(
+                        "llama3 rope_scaling needs high_freq_factor > low_freq_factor, factor > 0"
+                            .into(),
+                    );
+                }
+                Ok(())
+            }
+            RopeScaling::Factors(f) if f.len() != self.dim / 2 => Err(format!(
+                "{} rope frequency factors for rope_dim {}",
+                f.len(),
+                self.dim
+            )),
+            RopeScaling::Factors(_) => Ok(()),
+        }
+    }
+}
+
+impl ModelConfig {
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        self.rope.inv_freq()
     }
 
     pub fn q_dim(&self) -> usize {
@@ -96,24 +192,18 @@ impl ModelConfig {
         }
         if self.head_dim == 0
             || !self.head_dim.is_multiple_of(2)
-            || self.rope_dim > self.head_dim
-            || !self.rope_dim.is_multiple_of(2)
+            || self.rope.dim > self.head_dim
+            || !self.rope.dim.is_multiple_of(2)
         {
             return bad(format!(
                 "head_dim {} / rope_dim {}",
-                self.head_dim, self.rope_dim
+                self.head_dim, self.rope.dim
             ));
         }
-        if !(self.rms_norm_eps > 0.0) || !(self.rope_theta > 0.0) {
+        if !(self.rms_norm_eps > 0.0) || !(self.rope.theta > 0.0) {
             return bad("rms_norm_eps and rope_theta must be positive".into());
         }
-        if !self.rope_freq_factors.is_empty() && self.rope_freq_factors.len() != self.rope_dim / 2 {
-            return bad(format!(
-                "{} rope frequency factors for rope_dim {}",
-                self.rope_freq_factors.len(),
-                self.rope_dim
-            ));
-        }
+        self.rope.check_scaling().map_err(Error::BadConfig)?;
         // Guards against configs that would make us allocate absurd memory.
         let limits = [
             ("hidden_size", self.hidden_size, 1 << 16),
@@ -167,7 +257,6 @@ impl ModelConfig {
                 .unwrap_or(0),
         };
         let tie = h.tensor("output.weight").is_none();
-        let rope_freq_factors = Vec::new(); // filled from `rope_freqs.weight` by the loader
         let cfg = ModelConfig {
             arch,
             hidden_size: hidden,
@@ -180,17 +269,18 @@ impl ModelConfig {
             rms_norm_eps: h
                 .get_f64(&key("attention.layer_norm_rms_epsilon"))
                 .unwrap_or(1e-5) as f32,
-            rope_theta: h.get_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
-            rope_style: if arch == Arch::Llama {
-                RopeStyle::Interleaved
-            } else {
-                RopeStyle::Neox
-            },
-            rope_dim: h
-                .get_u64(&key("rope.dimension_count"))
-                .map(|v| v as usize)
-                .unwrap_or(head_dim),
-            rope_freq_factors,
+            // The loader adds the factors of `rope_freqs.weight` where the file has them.
+            rope: Rope::plain(
+                h.get_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
+                if arch == Arch::Llama {
+                    RopeStyle::Interleaved
+                } else {
+                    RopeStyle::Neox
+                },
+                h.get_u64(&key("rope.dimension_count"))
+                    .map(|v| v as usize)
+                    .unwrap_or(head_dim),
+            ),
             max_position_embeddings: h.get_u64(&key("context_length")).unwrap_or(4096) as usize,
             qkv_bias: h.tensor("blk.0.attn_q.bias").is_some(),
             qk_norm: h.tensor("blk.0.attn_q_norm.weight").is_some(),
@@ -217,11 +307,113 @@ impl ModelConfig {
             return Err(Error::BadConfig("zero attention heads".into()));
         }
         let head_dim = c.head_dim.unwrap_or(c.hidden_size / heads);
-        // Transformers 5 writes RoPE as `rope_parameters` {rope_theta, rope_type, ...};
-        // older configs as top-level `rope_theta` and `rope_scaling`. Either is read; both
-        // with different values is an error rather than a guess.
-        let rp = c.rope_parameters.as_ref();
-        let rope_theta = match (c.rope_theta, rp.and_then(|r| r.rope_theta)) {
+        let rope_dim = (head_dim as f64 * c.rope.rotary_fraction()) as usize;
+        let rope = c.rope.settings(rope_dim)?;
+        let cfg = ModelConfig {
+            arch,
+            hidden_size: c.hidden_size,
+            intermediate_size: c.intermediate_size,
+            num_layers: c.num_hidden_layers,
+            num_heads: heads,
+            num_kv_heads: c.num_key_value_heads.unwrap_or(heads),
+            head_dim,
+            vocab_size: c.vocab_size,
+            rms_norm_eps: c.rms_norm_eps.unwrap_or(1e-6),
+            rope,
+            max_position_embeddings: c.max_position_embeddings.unwrap_or(4096),
+            qkv_bias: c.attention_bias.unwrap_or(arch == Arch::Qwen2),
+            qk_norm: arch == Arch::Qwen3,
+            tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// The RoPE fields of a Hugging Face `config.json` as written, shared by the target's
+/// and the drafter's schema: transformers 4's top-level `rope_theta` / `rope_scaling`,
+/// transformers 5's `rope_parameters`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HfRope {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f32>,
+    /// Written as `null` when absent, as transformers writes it.
+    pub rope_scaling: Option<HfRopeScaling>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_parameters: Option<HfRopeParameters>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partial_rotary_factor: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HfRopeScaling {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_type: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub low_freq_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub high_freq_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub original_max_position_embeddings: Option<f64>,
+}
+
+/// Transformers 5's `rope_parameters`: the theta beside the scaling fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HfRopeParameters {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partial_rotary_factor: Option<f64>,
+    #[serde(flatten)]
+    pub scaling: HfRopeScaling,
+}
+
+impl HfRope {
+    /// The written form of `rope` (NEOX pairing; `Factors` have no config.json form and
+    /// are left out).
+    pub fn from_settings(rope: &Rope) -> Self {
+        let rope_scaling = match &rope.scaling {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => Some(HfRopeScaling {
+                rope_type: Some("llama3".into()),
+                factor: Some(*factor),
+                low_freq_factor: Some(*low_freq_factor),
+                high_freq_factor: Some(*high_freq_factor),
+                original_max_position_embeddings: Some(*original_max_position_embeddings),
+                ..HfRopeScaling::default()
+            }),
+            RopeScaling::None | RopeScaling::Factors(_) => None,
+        };
+        HfRope {
+            rope_theta: Some(rope.theta),
+            rope_scaling,
+            ..HfRope::default()
+        }
+    }
+
+    /// The fraction of each head that RoPE rotates (`partial_rotary_factor`), 1 when absent.
+    pub fn rotary_fraction(&self) -> f64 {
+        self.partial_rotary_factor
+            .or(self
+                .rope_parameters
+                .as_ref()
+                .and_then(|r| r.partial_rotary_factor))
+            .unwrap_or(1.0)
+    }
+
+    /// The settings over `dim` rotated dimensions (NEOX pairing). Either way of writing
+    /// RoPE is read; both with different values is an error rather than a guess.
+    pub fn settings(&self, dim: usize) -> Result<Rope> {
+        let rp = self.rope_parameters.as_ref();
+        let theta = match (self.rope_theta, rp.and_then(|r| r.rope_theta)) {
             (Some(a), Some(b)) if a != b => {
                 return Err(Error::BadConfig(format!(
                     "rope_theta {a} at the top level but {b} in rope_parameters"
@@ -229,12 +421,7 @@ impl ModelConfig {
             }
             (a, b) => a.or(b).unwrap_or(10000.0),
         };
-        let rope_dim = (head_dim as f64
-            * c.partial_rotary_factor
-                .or(rp.and_then(|r| r.partial_rotary_factor))
-                .unwrap_or(1.0)) as usize;
-        let mut rope_freq_factors = Vec::new();
-        if c.rope_scaling.is_some()
+        if self.rope_scaling.is_some()
             && rp.is_some_and(|r| {
                 r.scaling
                     .rope_type
@@ -246,7 +433,8 @@ impl ModelConfig {
                 "both rope_scaling and a scaled rope_parameters".into(),
             ));
         }
-        if let Some(rs) = c.rope_scaling.as_ref().or(rp.map(|r| &r.scaling)) {
+        let mut rope = Rope::plain(theta, RopeStyle::Neox, dim);
+        if let Some(rs) = self.rope_scaling.as_ref().or(rp.map(|r| &r.scaling)) {
             let kind = rs
                 .rope_type
                 .as_deref()
@@ -254,7 +442,21 @@ impl ModelConfig {
                 .unwrap_or("default");
             match kind {
                 "default" => {}
-                "llama3" => rope_freq_factors = llama3_freq_factors(rs, rope_theta, rope_dim)?,
+                "llama3" => {
+                    let need = |v: Option<f64>, n: &str| {
+                        v.ok_or_else(|| Error::BadConfig(format!("llama3 rope_scaling needs {n}")))
+                    };
+                    rope.scaling = RopeScaling::Llama3 {
+                        factor: need(rs.factor, "factor")?,
+                        low_freq_factor: need(rs.low_freq_factor, "low_freq_factor")?,
+                        high_freq_factor: need(rs.high_freq_factor, "high_freq_factor")?,
+                        original_max_position_embeddings: need(
+                            rs.original_max_position_embeddings,
+                            "original_max_position_embeddings",
+                        )?,
+                    };
+                    rope.check_scaling().map_err(Error::BadConfig)?;
+                }
                 other => {
                     return Err(Error::BadConfig(format!(
                         "rope_scaling type {other:?} is not supported"
@@ -262,84 +464,8 @@ impl ModelConfig {
                 }
             }
         }
-        let cfg = ModelConfig {
-            arch,
-            hidden_size: c.hidden_size,
-            intermediate_size: c.intermediate_size,
-            num_layers: c.num_hidden_layers,
-            num_heads: heads,
-            num_kv_heads: c.num_key_value_heads.unwrap_or(heads),
-            head_dim,
-            vocab_size: c.vocab_size,
-            rms_norm_eps: c.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta,
-            rope_style: RopeStyle::Neox,
-            rope_dim,
-            rope_freq_factors,
-            max_position_embeddings: c.max_position_embeddings.unwrap_or(4096),
-            qkv_bias: c.attention_bias.unwrap_or(arch == Arch::Qwen2),
-            qk_norm: arch == Arch::Qwen3,
-            tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
-        };
-        cfg.validate()?;
-        Ok(cfg)
+        Ok(rope)
     }
-}
-
-/// The llama3 rope scaling of transformers, expressed as per-frequency divisors.
-fn llama3_freq_factors(rs: &HfRopeScaling, theta: f32, dim: usize) -> Result<Vec<f32>> {
-    let need = |v: Option<f64>, n: &str| {
-        v.ok_or_else(|| Error::BadConfig(format!("llama3 rope_scaling needs {n}")))
-    };
-    let factor = need(rs.factor, "factor")?;
-    let low = need(rs.low_freq_factor, "low_freq_factor")?;
-    let high = need(rs.high_freq_factor, "high_freq_factor")?;
-    let old_ctx = need(
-        rs.original_max_position_embeddings,
-        "original_max_position_embeddings",
-    )?;
-    if !(high > low) || !(factor > 0.0) {
-        return Err(Error::BadConfig(
-            "llama3 rope_scaling needs high_freq_factor > low_freq_factor, factor > 0".into(),
-        ));
-    }
-    let low_wavelen = old_ctx / low;
-    let high_wavelen = old_ctx / high;
-    Ok((0..dim / 2)
-        .map(|i| {
-            let freq = (theta as f64).powf(-2.0 * i as f64 / dim as f64);
-            let wavelen = 2.0 * std::f64::consts::PI / freq;
-            let scaled = if wavelen < high_wavelen {
-                freq
-            } else if wavelen > low_wavelen {
-                freq / factor
-            } else {
-                let smooth = (old_ctx / wavelen - low) / (high - low);
-                (1.0 - smooth) * freq / factor + smooth * freq
-            };
-            (freq / scaled) as f32
-        })
-        .collect())
-}
-
-#[derive(Debug, Deserialize)]
-struct HfRopeScaling {
-    rope_type: Option<String>,
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    factor: Option<f64>,
-    low_freq_factor: Option<f64>,
-    high_freq_factor: Option<f64>,
-    original_max_position_embeddings: Option<f64>,
-}
-
-/// Transformers 5's `rope_parameters`: the theta beside the scaling fields.
-#[derive(Debug, Deserialize)]
-struct HfRopeParameters {
-    rope_theta: Option<f32>,
-    partial_rotary_factor: Option<f64>,
-    #[serde(flatten)]
-    scaling: HfRopeScaling,
 }
 
 #[derive(Debug, Deserialize)]
@@ -354,10 +480,8 @@ struct HfConfig {
     head_dim: Option<usize>,
     vocab_size: usize,
     rms_norm_eps: Option<f32>,
-    rope_theta: Option<f32>,
-    rope_scaling: Option<HfRopeScaling>,
-    rope_parameters: Option<HfRopeParameters>,
-    partial_rotary_factor: Option<f64>,
+    #[serde(flatten)]
+    rope: HfRope,
     max_position_embeddings: Option<usize>,
     attention_bias: Option<bool>,
     tie_word_embeddings: Option<bool>,

@@ -6,14 +6,13 @@
 //! per-layer context K/V cache; a block `[anchor, MASK x (B-1)]` at absolute positions
 //! attends, without a mask, to `[context | block]`; the target's lm_head reads the block.
 
-use crate::config::{Arch, ModelConfig, RopeStyle};
+use crate::config::{ModelConfig, Rope, RopeStyle};
 use crate::cpu::ops::{argmax, dot, rms_norm, rope, silu, softmax};
+pub use crate::drafter_file::DrafterFile;
 use crate::error::{Error, Result};
 use crate::formats::hf::SafeTensorsSource;
 use crate::quant::{QFormat, QuantMatrix};
 use crate::weights::{checked_matrix, checked_vector, TensorSource};
-use serde::Deserialize;
-use serde_json::Value as Json;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerKind {
@@ -30,8 +29,8 @@ pub struct DrafterConfig {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub rms_norm_eps: f32,
-    pub rope_theta: f32,
-    pub rope_freq_factors: Vec<f32>,
+    /// NEOX pairs over whole heads (`dim` = `head_dim`).
+    pub rope: Rope,
     pub vocab_size: usize,
     pub layer_kinds: Vec<LayerKind>,
     pub sliding_window: usize,
@@ -100,204 +99,9 @@ impl DrafterConfig {
             .collect()
     }
 
+    /// Parses and checks a drafter's config.json ([`DrafterFile`], then its `TryFrom`).
     pub fn from_json(text: &str) -> Result<Self> {
-        let v: Json = serde_json::from_str(text)
-            .map_err(|e| Error::NotADrafter(format!("config.json: {e}")))?;
-        let archs: Vec<String> = v
-            .get("architectures")
-            .and_then(|a| a.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let dcfg = v.get("dflash_config");
-        let architecture = archs.iter().find(|a| a.starts_with("DFlash")).cloned();
-        if architecture.is_none() && dcfg.is_none() {
-            return Err(Error::NotADrafter(
-                "config.json names no DFlash architecture and has no dflash_config".into(),
-            ));
-        }
-        let architecture = architecture.unwrap_or_else(|| "DFlashDraftModel".into());
-        #[derive(Deserialize)]
-        struct Base {
-            hidden_size: usize,
-            intermediate_size: usize,
-            num_hidden_layers: usize,
-            num_attention_heads: usize,
-            num_key_value_heads: Option<usize>,
-            head_dim: Option<usize>,
-            rms_norm_eps: Option<f32>,
-            rope_theta: Option<f32>,
-            vocab_size: usize,
-            layer_types: Option<Vec<String>>,
-            sliding_window: Option<usize>,
-            num_target_layers: Option<usize>,
-            block_size: Option<usize>,
-        }
-        let b: Base = serde_json::from_value(v.clone())
-            .map_err(|e| Error::NotADrafter(format!("config.json: {e}")))?;
-        let get = |k: &str| dcfg.and_then(|d| d.get(k)).or_else(|| v.get(k));
-        let block_size = get("block_size")
-            .and_then(|x| x.as_u64())
-            .map(|x| x as usize)
-            .or(b.block_size)
-            .ok_or_else(|| {
-                Error::NotADrafter("block_size missing (top level or dflash_config)".into())
-            })?;
-        let mask_token_id = get("mask_token_id")
-            .and_then(|x| x.as_u64())
-            .ok_or_else(|| Error::NotADrafter("dflash_config.mask_token_id missing".into()))?
-            as u32;
-        let num_target_layers = b
-            .num_target_layers
-            .or_else(|| {
-                get("num_target_layers")
-                    .and_then(|x| x.as_u64())
-                    .map(|x| x as usize)
-            })
-            .ok_or_else(|| Error::NotADrafter("num_target_layers missing".into()))?;
-        let target_layer_ids = match get("target_layer_ids").and_then(|x| x.as_array()) {
-            Some(a) => a
-                .iter()
-                .map(|x| {
-                    x.as_u64().map(|u| u as usize).ok_or_else(|| {
-                        Error::NotADrafter("target_layer_ids holds a non-integer".into())
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?,
-            None => Self::default_target_layer_ids(b.num_hidden_layers, num_target_layers),
-        };
-        let layer_kinds = match &b.layer_types {
-            Some(t) => t
-                .iter()
-                .map(|k| match k.as_str() {
-                    "full_attention" => Ok(LayerKind::Full),
-                    "sliding_attention" => Ok(LayerKind::Sliding),
-                    other => Err(Error::NotADrafter(format!("layer type {other:?}"))),
-                })
-                .collect::<Result<Vec<_>>>()?,
-            None => vec![LayerKind::Full; b.num_hidden_layers],
-        };
-        if layer_kinds.len() != b.num_hidden_layers {
-            return Err(Error::NotADrafter(format!(
-                "{} layer_types for {} layers",
-                layer_kinds.len(),
-                b.num_hidden_layers
-            )));
-        }
-        let heads = b.num_attention_heads;
-        if heads == 0 || b.hidden_size == 0 || block_size == 0 || target_layer_ids.is_empty() {
-            return Err(Error::NotADrafter("zero-sized drafter dimension".into()));
-        }
-        let head_dim = b.head_dim.unwrap_or(b.hidden_size / heads);
-        // RoPE through the target config parser: top-level `rope_theta`/`rope_scaling` or
-        // transformers 5's `rope_parameters`, llama3 scaling, and their checks.
-        let has = |k: &str| v.get(k).is_some_and(|x| !x.is_null());
-        let (rope_theta, rope_freq_factors) = if has("rope_scaling") || has("rope_parameters") {
-            let mut probe = v.clone();
-            probe["model_type"] = Json::String("qwen3".into());
-            let t = ModelConfig::from_hf_json(&probe.to_string())?;
-            (t.rope_theta, t.rope_freq_factors)
-        } else {
-            (b.rope_theta.unwrap_or(10000.0), vec![])
-        };
-        let dflash2 = if architecture == "DFlash2DraftModel" || get("conv_kernel_size").is_some() {
-            let int = |k: &str| -> Result<usize> {
-                get(k)
-                    .and_then(|x| x.as_u64())
-                    .map(|x| x as usize)
-                    .ok_or_else(|| {
-                        Error::NotADrafter(format!("DFlash2 field {k} missing or not an integer"))
-                    })
-            };
-            let float = |k: &str, d: f32| -> Result<f32> {
-                match get(k) {
-                    None | Some(Json::Null) => Ok(d),
-                    Some(x) => x
-                        .as_f64()
-                        .map(|f| f as f32)
-                        .filter(|f| f.is_finite())
-                        .ok_or_else(|| {
-                            Error::NotADrafter(format!("DFlash2 field {k} is not a number"))
-                        }),
-                }
-            };
-            let d = Dflash2Config {
-                conv_kernel_size: int("conv_kernel_size")?,
-                conv_group_size: int("conv_group_size")?,
-                selector_rank: int("selector_rank")?,
-                selector_top_k: int("selector_top_k")?,
-                input_embedding_scale: float("input_embedding_scale", 1.0)?,
-                output_multiplier: float("output_multiplier", 1.0)?,
-                final_logit_softcapping: Some(float("final_logit_softcapping", 0.0)?)
-                    .filter(|&c| c > 0.0),
-            };
-            if d.conv_kernel_size == 0
-                || d.selector_rank == 0
-                || d.selector_top_k == 0
-                || d.conv_group_size == 0
-            {
-                return Err(Error::NotADrafter("DFlash2 sizes must be positive (conv_kernel_size, conv_group_size, selector_rank, selector_top_k)".into()));
-            }
-            if !b.hidden_size.is_multiple_of(d.conv_group_size) {
-                return Err(Error::NotADrafter(format!(
-                    "conv_group_size {} does not divide hidden_size {}",
-                    d.conv_group_size, b.hidden_size
-                )));
-            }
-            if d.conv_kernel_size > block_size {
-                return Err(Error::NotADrafter(format!(
-                    "conv_kernel_size {} exceeds the block of {block_size}",
-                    d.conv_kernel_size
-                )));
-            }
-            if d.selector_top_k > b.vocab_size {
-                return Err(Error::NotADrafter(format!(
-                    "selector_top_k {} exceeds the vocabulary of {}",
-                    d.selector_top_k, b.vocab_size
-                )));
-            }
-            Some(d)
-        } else {
-            None
-        };
-        let cfg = DrafterConfig {
-            dflash2,
-            hidden_size: b.hidden_size,
-            intermediate_size: b.intermediate_size,
-            num_layers: b.num_hidden_layers,
-            num_heads: heads,
-            num_kv_heads: b.num_key_value_heads.unwrap_or(heads),
-            head_dim,
-            rms_norm_eps: b.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta,
-            rope_freq_factors,
-            vocab_size: b.vocab_size,
-            sliding_window: b.sliding_window.unwrap_or(0),
-            layer_kinds,
-            num_target_layers,
-            block_size,
-            mask_token_id,
-            target_layer_ids,
-            architecture,
-        };
-        if cfg.num_kv_heads == 0
-            || !cfg.num_heads.is_multiple_of(cfg.num_kv_heads)
-            || !cfg.head_dim.is_multiple_of(2)
-        {
-            return Err(Error::NotADrafter(format!(
-                "{} heads over {} KV heads of {}",
-                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-            )));
-        }
-        if cfg.layer_kinds.contains(&LayerKind::Sliding) && cfg.sliding_window == 0 {
-            return Err(Error::NotADrafter(
-                "sliding layers without sliding_window".into(),
-            ));
-        }
-        Ok(cfg)
+        Self::try_from(DrafterFile::from_json(text)?)
     }
 
     /// Checks the drafter against its target: one typed error per mismatch.
@@ -344,10 +148,10 @@ impl DrafterConfig {
                 format!("a vocabulary of {}", t.vocab_size),
             );
         }
-        if !(self.rope_theta > 0.0) || self.head_dim > 256 {
+        if !(self.rope.theta > 0.0) || self.head_dim > 256 {
             return mismatch(
                 "rope settings",
-                format!("rope_theta {} head_dim {}", self.rope_theta, self.head_dim),
+                format!("rope_theta {} head_dim {}", self.rope.theta, self.head_dim),
                 "positive theta, head_dim <= 256".into(),
             );
         }
@@ -355,26 +159,7 @@ impl DrafterConfig {
     }
 
     pub fn rope_inv_freq(&self) -> Vec<f32> {
-        ModelConfig {
-            arch: Arch::Qwen3,
-            hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
-            num_layers: self.num_layers,
-            num_heads: self.num_heads,
-            num_kv_heads: self.num_kv_heads,
-            head_dim: self.head_dim,
-            vocab_size: self.vocab_size,
-            rms_norm_eps: self.rms_norm_eps,
-            rope_theta: self.rope_theta,
-            rope_style: RopeStyle::Neox,
-            rope_dim: self.head_dim,
-            rope_freq_factors: self.rope_freq_factors.clone(),
-            max_position_embeddings: 1 << 20,
-            qkv_bias: false,
-            qk_norm: true,
-            tie_word_embeddings: false,
-        }
-        .rope_inv_freq()
+        self.rope.inv_freq()
     }
 }
 

@@ -5,6 +5,7 @@ pub mod chat;
 pub mod config;
 pub mod cpu;
 pub mod drafter;
+pub mod drafter_file;
 pub mod error;
 pub mod formats;
 pub mod generate;

@@ -2,7 +2,7 @@
 //! GPU formats, a tokenizer and the model's own chat template.
 
 use crate::chat::ChatTemplate;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{Error, Result};
 use crate::formats::gguf_source::GgufSource;
 use crate::formats::hf::{int4_config, SafeTensorsSource};
@@ -79,7 +79,7 @@ pub fn load_gguf(bytes: &[u8]) -> Result<LoadedModel> {
     let src = GgufSource::new(bytes)?;
     let (mut config, tokenizer, chat_template) = gguf_meta(&src.header)?;
     if src.shape("rope_freqs.weight").is_some() {
-        config.rope_freq_factors = src.vector("rope_freqs.weight")?;
+        config.rope.scaling = RopeScaling::Factors(src.vector("rope_freqs.weight")?);
         config.validate()?;
     }
     let weights = ModelWeights::load(config, &src, Naming::Gguf)?;

@@ -3,7 +3,7 @@
 //! as a Q4_K_M GGUF stores it (after our repacking), and a drafter of the z-lab shape for
 //! that target. The weights themselves are random and made on the device.
 
-use crate::config::{Arch, ModelConfig, RopeStyle};
+use crate::config::{Arch, ModelConfig, Rope, RopeStyle};
 use crate::drafter::{DrafterConfig, LayerKind};
 use crate::quant::QFormat;
 
@@ -393,7 +393,7 @@ pub fn spec(name: &str) -> Option<SyntheticSpec> {
     let mut config = ModelConfig::from_hf_json(&json.to_string()).expect("a valid named shape");
     if t.arch == Arch::Llama {
         // As a GGUF file of a llama model is read (the converter permutes Q/K).
-        config.rope_style = RopeStyle::Interleaved;
+        config.rope.style = RopeStyle::Interleaved;
     }
     let drafter = DrafterConfig {
         hidden_size: config.hidden_size,
@@ -403,8 +403,12 @@ pub fn spec(name: &str) -> Option<SyntheticSpec> {
         num_kv_heads: config.num_kv_heads,
         head_dim: config.head_dim,
         rms_norm_eps: config.rms_norm_eps,
-        rope_theta: config.rope_theta,
-        rope_freq_factors: config.rope_freq_factors.clone(),
+        // The target's theta and scaling, NEOX pairs over whole heads.
+        rope: Rope {
+            style: RopeStyle::Neox,
+            dim: config.head_dim,
+            ..config.rope.clone()
+        },
         vocab_size: config.vocab_size,
         layer_kinds: vec![LayerKind::Full; d.layers],
         sliding_window: 0,
@@ -457,7 +461,7 @@ mod tests {
             [1, 14, 27]
         );
         let l = spec("llama-3.1-8b").unwrap();
-        assert_eq!(l.config.rope_freq_factors.len(), 64);
+        assert_eq!(l.config.rope.freq_factors().len(), 64);
         assert!(spec("qwen2.5-32b").unwrap().config.qkv_bias);
         assert!(spec("qwen3-4b").unwrap().config.qk_norm);
         assert!(spec("qwen3-4b").unwrap().lm_head().is_none());

@@ -2,7 +2,8 @@
 //! Hugging Face folders), a tiny byte-level BPE vocabulary, and a seeded generator.
 //! Used by the tests of every crate; small enough to build everywhere.
 
-use crate::config::{Arch, ModelConfig, RopeStyle};
+use crate::config::{Arch, ModelConfig, Rope, RopeStyle};
+use crate::drafter::{DrafterConfig, DrafterFile, LayerKind};
 use crate::formats::ggml::{quantize, GgmlType};
 use crate::formats::gguf::{writer, Value};
 use crate::formats::hf::write_safetensors;
@@ -95,14 +96,15 @@ pub fn tiny_config(arch: Arch) -> ModelConfig {
         head_dim: 16,
         vocab_size: tiny_vocab().tokens.len(),
         rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        rope_style: if arch == Arch::Llama {
-            RopeStyle::Interleaved
-        } else {
-            RopeStyle::Neox
-        },
-        rope_dim: 16,
-        rope_freq_factors: vec![],
+        rope: Rope::plain(
+            10000.0,
+            if arch == Arch::Llama {
+                RopeStyle::Interleaved
+            } else {
+                RopeStyle::Neox
+            },
+            16,
+        ),
         max_position_embeddings: 256,
         qkv_bias: arch == Arch::Qwen2,
         qk_norm: arch == Arch::Qwen3,
@@ -271,8 +273,8 @@ pub fn gguf_metadata(c: &ModelConfig) -> Vec<(String, Value)> {
         (format!("{a}.attention.head_count"), u(c.num_heads)),
         (format!("{a}.attention.head_count_kv"), u(c.num_kv_heads)),
         (format!("{a}.attention.key_length"), u(c.head_dim)),
-        (format!("{a}.rope.freq_base"), Value::F32(c.rope_theta)),
-        (format!("{a}.rope.dimension_count"), u(c.rope_dim)),
+        (format!("{a}.rope.freq_base"), Value::F32(c.rope.theta)),
+        (format!("{a}.rope.dimension_count"), u(c.rope.dim)),
         (
             format!("{a}.attention.layer_norm_rms_epsilon"),
             Value::F32(c.rms_norm_eps),
@@ -404,7 +406,7 @@ pub fn write_hf(
         "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
         "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
         "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "vocab_size": c.vocab_size,
-        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope.theta,
         "max_position_embeddings": c.max_position_embeddings,
         "tie_word_embeddings": c.tie_word_embeddings,
         "eos_token_id": voc.eos, "bos_token_id": voc.bos,
@@ -498,14 +500,11 @@ pub fn write_drafter(t: &ModelConfig, s: &DrafterSpec) -> BTreeMap<String, Vec<u
 }
 
 fn drafter_files(
-    cfg: &serde_json::Value,
+    cfg: &DrafterFile,
     tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
 ) -> BTreeMap<String, Vec<u8>> {
     let mut files = BTreeMap::new();
-    files.insert(
-        "config.json".into(),
-        serde_json::to_vec_pretty(cfg).unwrap(),
-    );
+    files.insert("config.json".into(), cfg.to_json_pretty().into_bytes());
     files.insert("model.safetensors".into(), write_safetensors(tensors));
     files
 }
@@ -539,21 +538,15 @@ pub fn write_dflash2_drafter(
     d: &Dflash2Spec,
 ) -> BTreeMap<String, Vec<u8>> {
     let (mut cfg, mut tensors) = drafter_parts(t, s);
-    cfg["architectures"] = serde_json::json!(["DFlash2DraftModel"]);
-    let dc = &mut cfg["dflash_config"];
-    dc["conv_kernel_size"] = d.conv_kernel_size.into();
-    dc["conv_group_size"] = d.conv_group_size.into();
-    dc["selector_rank"] = d.selector_rank.into();
-    dc["selector_top_k"] = d.selector_top_k.into();
-    for (k, v) in [
-        ("output_multiplier", d.output_multiplier),
-        ("final_logit_softcapping", d.final_logit_softcapping),
-        ("input_embedding_scale", d.input_embedding_scale),
-    ] {
-        if let Some(v) = v {
-            dc[k] = serde_json::json!(v);
-        }
-    }
+    cfg.architectures = vec!["DFlash2DraftModel".into()];
+    let dc = cfg.dflash_config.get_or_insert_with(Default::default);
+    dc.conv_kernel_size = Some(d.conv_kernel_size);
+    dc.conv_group_size = Some(d.conv_group_size);
+    dc.selector_rank = Some(d.selector_rank);
+    dc.selector_top_k = Some(d.selector_top_k);
+    dc.output_multiplier = d.output_multiplier;
+    dc.final_logit_softcapping = d.final_logit_softcapping.map(Some);
+    dc.input_embedding_scale = d.input_embedding_scale;
     let h = t.hidden_size;
     let groups = h / d.conv_group_size.max(1);
     let mut rng = Rng(s.seed ^ 0xd2);
@@ -600,37 +593,64 @@ pub fn write_dflash2_drafter(
 
 type Tensors = Vec<(String, Dtype, Vec<usize>, Vec<u8>)>;
 
-/// The DFlash drafter's config.json and tensors (bf16, z-lab names).
-fn drafter_parts(t: &ModelConfig, s: &DrafterSpec) -> (serde_json::Value, Tensors) {
-    use crate::drafter::DrafterConfig;
+/// The DFlash drafter's config.json and tensors (bf16, z-lab names): the trainer's file
+/// for the target's widths, with the spec's variants (block in `dflash_config`, taps or
+/// `layer_types` left out).
+fn drafter_parts(t: &ModelConfig, s: &DrafterSpec) -> (DrafterFile, Tensors) {
     let ids = s
         .target_layer_ids
         .clone()
         .unwrap_or_else(|| DrafterConfig::default_target_layer_ids(s.layers, t.num_layers));
     let (h, hd) = (t.hidden_size, t.head_dim);
     let (nh, nkv, ff) = (t.num_heads, t.num_kv_heads, t.intermediate_size);
-    let mut cfg = serde_json::json!({
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "hidden_size": h, "intermediate_size": ff, "num_hidden_layers": s.layers,
-        "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd,
-        "rms_norm_eps": 1e-6, "rope_theta": t.rope_theta, "rope_scaling": null,
-        "vocab_size": t.vocab_size, "num_target_layers": t.num_layers,
-        "max_position_embeddings": t.max_position_embeddings,
-        "tie_word_embeddings": false, "torch_dtype": "bfloat16",
-        "dflash_config": {"mask_token_id": s.mask_token_id},
-    });
-    if let Some(i) = &s.target_layer_ids {
-        cfg["dflash_config"]["target_layer_ids"] = serde_json::json!(i);
+    let layer_kinds = match &s.layer_types {
+        Some(lt) => lt
+            .iter()
+            .map(|k| match k.as_str() {
+                "sliding_attention" => LayerKind::Sliding,
+                _ => LayerKind::Full,
+            })
+            .collect(),
+        None => vec![LayerKind::Full; s.layers],
+    };
+    // The window is written with `layer_types` only.
+    let sliding_window = if s.layer_types.is_some() {
+        s.sliding_window
+    } else {
+        0
+    };
+    let dc = DrafterConfig {
+        hidden_size: h,
+        intermediate_size: ff,
+        num_layers: s.layers,
+        num_heads: nh,
+        num_kv_heads: nkv,
+        head_dim: hd,
+        rms_norm_eps: 1e-6,
+        rope: Rope::plain(t.rope.theta, RopeStyle::Neox, hd),
+        vocab_size: t.vocab_size,
+        layer_kinds,
+        sliding_window,
+        num_target_layers: t.num_layers,
+        block_size: s.block_size,
+        mask_token_id: s.mask_token_id,
+        target_layer_ids: ids.clone(),
+        architecture: "DFlashDraftModel".into(),
+        dflash2: None,
+    };
+    let mut cfg = DrafterFile::from(&dc);
+    cfg.max_position_embeddings = Some(t.max_position_embeddings);
+    // `layer_types` as given (unknown kinds included: the parser names them), or none.
+    cfg.layer_types = s.layer_types.clone();
+    if cfg.layer_types.is_some() {
+        cfg.sliding_window = Some(s.sliding_window);
+    }
+    let dflash = cfg.dflash_config.get_or_insert_with(Default::default);
+    if s.target_layer_ids.is_none() {
+        dflash.target_layer_ids = None;
     }
     if s.block_in_dflash_config {
-        cfg["dflash_config"]["block_size"] = serde_json::json!(s.block_size);
-    } else {
-        cfg["block_size"] = serde_json::json!(s.block_size);
-    }
-    if let Some(lt) = &s.layer_types {
-        cfg["layer_types"] = serde_json::json!(lt);
-        cfg["sliding_window"] = serde_json::json!(s.sliding_window);
+        dflash.block_size = cfg.top.block_size.take();
     }
     let mut rng = Rng(s.seed);
     let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();

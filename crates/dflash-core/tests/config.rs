@@ -16,9 +16,9 @@ const LLAMA31: &str = r#"{
 fn llama3_rope_scaling_becomes_frequency_divisors() {
     let c = ModelConfig::from_hf_json(LLAMA31).unwrap();
     assert_eq!(c.arch, Arch::Llama);
-    assert_eq!(c.rope_style, RopeStyle::Neox);
-    assert_eq!((c.head_dim, c.rope_dim, c.num_kv_heads), (128, 128, 8));
-    let ff = &c.rope_freq_factors;
+    assert_eq!(c.rope.style, RopeStyle::Neox);
+    assert_eq!((c.head_dim, c.rope.dim, c.num_kv_heads), (128, 128, 8));
+    let ff = &c.rope.freq_factors();
     assert_eq!(ff.len(), 64);
     // High frequencies (wavelength < 8192/4) are kept, low ones (> 8192/1) divided by 8,
     // and the band between is interpolated smoothly and monotonically.
@@ -64,16 +64,16 @@ fn rope_parameters_of_transformers_5_are_read() {
     o.remove("rope_scaling");
     let new = ModelConfig::from_hf_json(&v.to_string()).unwrap();
     assert_eq!(
-        (new.rope_theta, &new.rope_freq_factors),
-        (old.rope_theta, &old.rope_freq_factors)
+        (new.rope.theta, new.rope.freq_factors()),
+        (old.rope.theta, old.rope.freq_factors())
     );
     // Plain default RoPE at another theta.
     let qwen = r#"{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300,
         "rope_parameters": {"rope_theta": 10000000, "rope_type": "default"}}"#;
     let q = ModelConfig::from_hf_json(qwen).unwrap();
-    assert_eq!(q.rope_theta, 1e7);
-    assert!(q.rope_freq_factors.is_empty());
+    assert_eq!(q.rope.theta, 1e7);
+    assert!(q.rope.freq_factors().is_empty());
     let both = qwen.replace(
         "\"vocab_size\": 300,",
         "\"vocab_size\": 300, \"rope_theta\": 1000000,",

@@ -122,7 +122,7 @@ fn dflash2_drafters_load_with_the_published_names() {
             serde_json::json!({"rope_theta": 1000000, "rope_type": "default"}),
         );
     });
-    assert_eq!(load(&files).unwrap().config.rope_theta, 1e6);
+    assert_eq!(load(&files).unwrap().config.rope.theta, 1e6);
     // Absent scalars take 1, 1 and no capping.
     let w = load(&write_dflash2_drafter(t.config(), &spec(1), &d2())).unwrap();
     let d = w.config.dflash2.unwrap();

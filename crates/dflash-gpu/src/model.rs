@@ -214,7 +214,7 @@ pub fn plan_buffers(
         format!("the KV cache of one layer ({} tokens)", opts.context),
         kv_layer,
     )?;
-    let rope = (opts.context * c.rope_dim / 2 * 8) as u64;
+    let rope = (opts.context * c.rope.dim / 2 * 8) as u64;
     check(format!("the RoPE table ({} tokens)", opts.context), rope)?;
     let n = MAX_ROWS as u64;
     let f = 4u64;
@@ -533,8 +533,8 @@ impl GpuModel {
             n_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             intermediate: c.intermediate_size,
-            rope_style: c.rope_style,
-            rope_dim: c.rope_dim,
+            rope_style: c.rope.style,
+            rope_dim: c.rope.dim,
             eps: c.rms_norm_eps,
             causal: true,
             capacity: self.context,

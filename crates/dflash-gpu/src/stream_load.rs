@@ -9,7 +9,7 @@ use crate::error::{GpuError, Result};
 use crate::model::{GpuModel, GpuModelOptions, GpuWeights};
 use crate::upload::{f32_buffer, upload_matrix, GpuMatrix};
 use dflash_core::chat::ChatTemplate;
-use dflash_core::config::ModelConfig;
+use dflash_core::config::{ModelConfig, RopeScaling};
 use dflash_core::formats::ggml;
 use dflash_core::formats::gguf::GgufHeader;
 use dflash_core::formats::gguf_stream::{GgufStream, StreamTensor};
@@ -132,7 +132,7 @@ impl StreamLoader {
             .meta
             .ok_or_else(|| GpuError::Core(Error::BadMetadata("no GGUF header".into())))?;
         if let Some(f) = self.rope_freqs {
-            config.rope_freq_factors = f;
+            config.rope.scaling = RopeScaling::Factors(f);
             config.validate()?;
         }
         let src = Uploaded {

@@ -1,4 +1,5 @@
-//! Export to the z-lab format: config.json (`DFlashDraftModel`, `dflash_config`) and
+//! Export to the z-lab format: config.json (`DFlashDraftModel`, `dflash_config`; the run's
+//! file through `DrafterFile`, checked, written back) and
 //! model.safetensors in bf16 with the exact tensor names and `{"format": "pt"}` metadata,
 //! as vLLM, SGLang and Hugging Face loaders expect.
 
@@ -6,7 +7,7 @@ use crate::draft_model::param_shapes;
 use crate::train::{load_params, RunDir};
 use crate::TrainError;
 use candle_core::{DType, Device};
-use dflash_core::drafter::DrafterConfig;
+use dflash_core::drafter::{DrafterConfig, DrafterFile};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -15,7 +16,8 @@ pub fn export(run_dir: &Path, out: &Path) -> Result<(), TrainError> {
     let run = RunDir(run_dir.to_path_buf());
     let cfg_text = std::fs::read_to_string(run.drafter_config())
         .map_err(|e| TrainError::Io(format!("{}: {e}", run.drafter_config().display())))?;
-    let cfg = DrafterConfig::from_json(&cfg_text)?;
+    let file = DrafterFile::from_json(&cfg_text)?;
+    let cfg = DrafterConfig::try_from(file.clone())?;
     let (params, _, _) = load_params(&run, &cfg, &Device::Cpu)?;
     let mut bytes: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, shape) in param_shapes(&cfg) {
@@ -41,7 +43,8 @@ pub fn export(run_dir: &Path, out: &Path) -> Result<(), TrainError> {
     let data = safetensors::serialize(views, Some(meta))
         .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
     std::fs::create_dir_all(out).map_err(|e| TrainError::Io(e.to_string()))?;
-    std::fs::write(out.join("config.json"), cfg_text).map_err(|e| TrainError::Io(e.to_string()))?;
+    std::fs::write(out.join("config.json"), file.to_json_pretty())
+        .map_err(|e| TrainError::Io(e.to_string()))?;
     std::fs::write(out.join("model.safetensors"), data)
         .map_err(|e| TrainError::Io(e.to_string()))?;
     Ok(())

@@ -163,8 +163,8 @@ impl Target {
             norm: vector(&w.norm, device)?,
             rope: RopeTables::new(
                 &c.rope_inv_freq(),
-                c.rope_dim,
-                c.rope_style,
+                c.rope.dim,
+                c.rope.style,
                 c.max_position_embeddings.clamp(1, 1 << 17),
                 device,
             )?,

@@ -10,8 +10,8 @@ use crate::prompts::Rng;
 use crate::target::Target;
 use crate::TrainError;
 use candle_core::{DType, Device, Tensor};
-use dflash_core::config::ModelConfig;
-use dflash_core::drafter::DrafterConfig;
+use dflash_core::config::{ModelConfig, Rope, RopeStyle};
+use dflash_core::drafter::{Dflash2Config, DrafterConfig, DrafterFile, LayerKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -67,64 +67,60 @@ pub fn default_gamma(block: usize) -> f64 {
     }
 }
 
-/// The z-lab config of a drafter with `layers` layers for target `t`: the target's
-/// widths, full attention, the default tap formula.
-pub fn drafter_config_json(
+/// The drafter with `layers` layers for target `t`: the target's widths, theta and
+/// epsilon, full attention, plain RoPE over whole heads, the default tap formula.
+pub fn drafter_config(
     t: &ModelConfig,
     layers: usize,
     block: usize,
     mask_token_id: u32,
-) -> serde_json::Value {
-    let ids = DrafterConfig::default_target_layer_ids(layers, t.num_layers);
-    let v = serde_json::json!({
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "hidden_size": t.hidden_size,
-        "intermediate_size": t.intermediate_size,
-        "num_hidden_layers": layers,
-        "num_attention_heads": t.num_heads,
-        "num_key_value_heads": t.num_kv_heads,
-        "head_dim": t.head_dim,
-        "hidden_act": "silu",
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "rms_norm_eps": t.rms_norm_eps,
-        "rope_theta": t.rope_theta,
-        "rope_scaling": null,
-        "max_position_embeddings": t.max_position_embeddings,
-        "vocab_size": t.vocab_size,
-        "tie_word_embeddings": false,
-        "torch_dtype": "bfloat16",
-        "use_cache": true,
-        "use_sliding_window": false,
-        "sliding_window": null,
-        "layer_types": vec!["full_attention"; layers],
-        "num_target_layers": t.num_layers,
-        "block_size": block,
-        "dflash_config": {
-            "mask_token_id": mask_token_id,
-            "target_layer_ids": ids,
-        },
-    });
-    v
+) -> DrafterConfig {
+    DrafterConfig {
+        hidden_size: t.hidden_size,
+        intermediate_size: t.intermediate_size,
+        num_layers: layers,
+        num_heads: t.num_heads,
+        num_kv_heads: t.num_kv_heads,
+        head_dim: t.head_dim,
+        rms_norm_eps: t.rms_norm_eps,
+        rope: Rope::plain(t.rope.theta, RopeStyle::Neox, t.head_dim),
+        vocab_size: t.vocab_size,
+        layer_kinds: vec![LayerKind::Full; layers],
+        sliding_window: 0,
+        num_target_layers: t.num_layers,
+        block_size: block,
+        mask_token_id,
+        target_layer_ids: DrafterConfig::default_target_layer_ids(layers, t.num_layers),
+        architecture: "DFlashDraftModel".into(),
+        dflash2: None,
+    }
 }
 
-/// `drafter_config_json` for the run's architecture: DFlash2 sets `DFlash2DraftModel` and
-/// its `dflash_config` fields (scales 1, no soft-capping).
-pub fn run_config_json(t: &ModelConfig, tc: &TrainConfig) -> serde_json::Value {
-    let mut v = drafter_config_json(t, tc.layers, tc.block_size, tc.mask_token_id);
+/// `drafter_config` for the run's architecture: DFlash2 (`DFlash2DraftModel`) with the
+/// run's sizes, scales 1, no soft-capping.
+pub fn run_drafter_config(t: &ModelConfig, tc: &TrainConfig) -> DrafterConfig {
+    let mut c = drafter_config(t, tc.layers, tc.block_size, tc.mask_token_id);
     if let Some(d) = &tc.dflash2 {
-        v["architectures"] = serde_json::json!(["DFlash2DraftModel"]);
-        let dc = &mut v["dflash_config"];
-        dc["conv_kernel_size"] = d.conv_kernel_size.into();
-        dc["conv_group_size"] = d.conv_group_size.into();
-        dc["selector_rank"] = d.selector_rank.into();
-        dc["selector_top_k"] = d.selector_top_k.into();
-        dc["input_embedding_scale"] = 1.0.into();
-        dc["output_multiplier"] = 1.0.into();
-        dc["final_logit_softcapping"] = serde_json::Value::Null;
+        c.architecture = "DFlash2DraftModel".into();
+        c.dflash2 = Some(Dflash2Config {
+            conv_kernel_size: d.conv_kernel_size,
+            conv_group_size: d.conv_group_size,
+            selector_rank: d.selector_rank,
+            selector_top_k: d.selector_top_k,
+            input_embedding_scale: 1.0,
+            output_multiplier: 1.0,
+            final_logit_softcapping: None,
+        });
     }
-    v
+    c
+}
+
+/// The z-lab config.json of drafter `c` for target `t` (its context length beside).
+pub fn drafter_file(t: &ModelConfig, c: &DrafterConfig) -> DrafterFile {
+    DrafterFile {
+        max_position_embeddings: Some(t.max_position_embeddings),
+        ..DrafterFile::from(c)
+    }
 }
 
 /// The mask token: a special token the chat never uses, by name, else the last id.
@@ -346,7 +342,7 @@ pub fn init_from_target(
     // Interleaved (ggml) pairs (2i, 2i+1) -> neox pairs (i, i + hd/2), per head.
     let neox = |m: &dflash_core::quant::QuantMatrix, heads: usize| -> Vec<f32> {
         let x = m.dequantize();
-        if t.rope_style != dflash_core::config::RopeStyle::Interleaved || t.rope_dim != t.head_dim {
+        if t.rope.style != RopeStyle::Interleaved || t.rope.dim != t.head_dim {
             return x;
         }
         let (hd, cols) = (t.head_dim, m.cols);
@@ -450,7 +446,7 @@ pub fn train(
         return Err(TrainError::Data("no training samples".into()));
     }
     // The drafter config is fixed at the first run; a resume must agree with it.
-    let dcfg_json = run_config_json(tcfg, tc);
+    let dfile = drafter_file(tcfg, &run_drafter_config(tcfg, tc));
     if run.train_config().exists() {
         let prev: TrainConfig =
             serde_json::from_str(&std::fs::read_to_string(run.train_config()).map_err(io)?)
@@ -470,17 +466,13 @@ pub fn train(
             )));
         }
     }
-    std::fs::write(
-        run.drafter_config(),
-        serde_json::to_string_pretty(&dcfg_json).expect("json"),
-    )
-    .map_err(io)?;
+    std::fs::write(run.drafter_config(), dfile.to_json_pretty()).map_err(io)?;
     std::fs::write(
         run.train_config(),
         serde_json::to_string_pretty(tc).expect("json"),
     )
     .map_err(io)?;
-    let dcfg = DrafterConfig::from_json(&dcfg_json.to_string())?;
+    let dcfg = DrafterConfig::try_from(dfile)?;
     dcfg.validate_against(tcfg)?;
 
     let mut opt = AdamW::new(tc.lr, tc.weight_decay);

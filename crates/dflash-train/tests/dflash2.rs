@@ -17,7 +17,9 @@ use dflash_train::data::{distill, read_samples, DataOptions, Sample};
 use dflash_train::draft_model::{param_shapes, DraftParams, DraftTrainer};
 use dflash_train::eval::evaluate;
 use dflash_train::target::Target;
-use dflash_train::train::{run_config_json, train, Dflash2Sizes, Init, TrainConfig};
+use dflash_train::train::{
+    drafter_file, run_drafter_config, train, Dflash2Sizes, Init, TrainConfig,
+};
 
 fn tmp(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("dflash-train-d2-{}-{name}", std::process::id()));
@@ -111,8 +113,10 @@ fn dflash2_forward_equals_the_cpu_reference() {
     .unwrap();
     let target = Target::new(&m.weights, &Device::Cpu).unwrap();
     let tc = config(c.vocab_size as u32, Some(sizes()), 1, 0.0);
-    let cfg_json = run_config_json(&c, &tc);
-    let dc = DrafterConfig::from_json(&cfg_json.to_string()).unwrap();
+    let cfg = run_drafter_config(&c, &tc);
+    let cfg_json = drafter_file(&c, &cfg).to_json_pretty();
+    let dc = DrafterConfig::from_json(&cfg_json).unwrap();
+    assert_eq!(dc, cfg);
     assert!(dc.dflash2.is_some());
     let p = DraftParams::init(&dc, &Device::Cpu, 11).unwrap();
     // Random DFlash2 tensors (their initial values are the identity and zeros).
@@ -136,7 +140,7 @@ fn dflash2_forward_equals_the_cpu_reference() {
     // The engine's drafter from these tensors (f32 safetensors), then the trainer on the
     // engine's dequantized matrices.
     let weights = DrafterWeights::load(
-        &cfg_json.to_string(),
+        &cfg_json,
         vec![("model.safetensors", &f32_safetensors(&p))],
         DrafterPrecision::Q8,
     )

@@ -176,8 +176,9 @@ fn init_from_target_copies_the_top_layers_in_neox_order() {
     let c = tiny_config(Arch::Llama);
     let w = random_weights(&c, 8);
     let m = load_gguf(&write_gguf(&c, &w, GgmlType::F32)).unwrap();
-    let cfg = dflash_train::train::drafter_config_json(&c, 1, 4, 5);
-    let dc = DrafterConfig::from_json(&cfg.to_string()).unwrap();
+    let cfg = dflash_train::train::drafter_config(&c, 1, 4, 5);
+    let text = dflash_train::train::drafter_file(&c, &cfg).to_json_pretty();
+    let dc = DrafterConfig::from_json(&text).unwrap();
     let p =
         dflash_train::draft_model::DraftParams::init(&dc, &candle_core::Device::Cpu, 1).unwrap();
     dflash_train::train::init_from_target(&p, &m.weights, &dc).unwrap();

@@ -266,7 +266,7 @@ impl CpuModel {
                             rms_norm(head, w, c.rms_norm_eps, &mut tmp);
                             head.copy_from_slice(&tmp);
                         }
-                        rope(&mut head[..c.rope_dim], pos, &self.inv_freq, c.rope_style);
+                        rope(&mut head[..c.rope.dim], pos, &self.inv_freq, c.rope.style);
                     }
                 }
             }

@@ -1,0 +1,407 @@
+//! The z-lab drafter's `config.json` as written, one schema for the parser, the trainer's
+//! exporter and the test helpers: [`DrafterFile`] (the Hugging Face fields of a Qwen3
+//! config, the DFlash fields at the top level or in `dflash_config`), checked into a
+//! [`DrafterConfig`] by one `TryFrom`, written back from one by `From`.
+//!
+//! Reading keeps every variant in use: `block_size`, `mask_token_id`, `target_layer_ids`
+//! and DFlash2's fields in `dflash_config` or at the top level (`dflash_config` first,
+//! `num_target_layers` the top level first), RoPE as `rope_theta` / `rope_scaling` or
+//! `rope_parameters`, absent optional fields at their defaults, unknown fields ignored.
+
+use crate::config::HfRope;
+use crate::drafter::{Dflash2Config, DrafterConfig, LayerKind};
+use crate::error::{Error, Result};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value as Json;
+
+/// The largest block a drafter may declare (z-lab's drafters use 16 and 8, the GPU
+/// engine drafts at most 16 rows; the CPU reference takes any block up to this).
+pub const MAX_BLOCK_SIZE: usize = 256;
+
+/// The DFlash fields, as they appear in `dflash_config` or at the top level.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DflashFields {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask_token_id: Option<u32>,
+    /// None (or null): the default taps, [`DrafterConfig::default_target_layer_ids`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_layer_ids: Option<Vec<usize>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_target_layers: Option<usize>,
+    /// DFlash2: a present `conv_kernel_size` marks a DFlash2 drafter as its architecture does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conv_kernel_size: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conv_group_size: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selector_rank: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selector_top_k: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_embedding_scale: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_multiplier: Option<f32>,
+    /// None: absent; Some(None): written as `null` (no soft-capping either way).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub final_logit_softcapping: Option<Option<f32>>,
+}
+
+/// A drafter's `config.json`. Optional fields are left out when None, except
+/// `sliding_window` and `rope_scaling`, which transformers writes as `null`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DrafterFile {
+    /// The string entries of `architectures` (anything else there is ignored).
+    #[serde(default, deserialize_with = "strings")]
+    pub architectures: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_type: Option<String>,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_key_value_heads: Option<usize>,
+    /// None: `hidden_size / num_attention_heads`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden_act: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention_bias: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention_dropout: Option<f64>,
+    /// None: 1e-6.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rms_norm_eps: Option<f32>,
+    #[serde(flatten)]
+    pub rope: HfRope,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_position_embeddings: Option<usize>,
+    pub vocab_size: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tie_word_embeddings: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch_dtype: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub use_cache: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub use_sliding_window: Option<bool>,
+    /// None: 0 (needed by sliding layers).
+    pub sliding_window: Option<usize>,
+    /// "full_attention" / "sliding_attention" per layer; None: all full.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
+    /// The DFlash fields written at the top level (older files).
+    #[serde(flatten)]
+    pub top: DflashFields,
+    /// Present (even as `null`) marks a drafter whatever `architectures` says.
+    #[serde(
+        default,
+        deserialize_with = "present_or_empty",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dflash_config: Option<DflashFields>,
+}
+
+/// A present field, `null` included, as `Some`.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> std::result::Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A present `dflash_config`, `null` read as an empty one.
+fn present_or_empty<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<DflashFields>, D::Error> {
+    Option::<DflashFields>::deserialize(d).map(|f| Some(f.unwrap_or_default()))
+}
+
+/// The string entries of an array; anything that is not an array reads as none.
+fn strings<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<String>, D::Error> {
+    Ok(match Json::deserialize(d)? {
+        Json::Array(a) => a
+            .into_iter()
+            .filter_map(|x| match x {
+                Json::String(s) => Some(s),
+                _ => None,
+            })
+            .collect(),
+        _ => vec![],
+    })
+}
+
+impl DrafterFile {
+    /// Parses config.json text (the file's checks come with `DrafterConfig::try_from`).
+    pub fn from_json(text: &str) -> Result<Self> {
+        serde_json::from_str(text).map_err(|e| Error::NotADrafter(format!("config.json: {e}")))
+    }
+
+    /// The file as pretty JSON, keys sorted, floats written as `serde_json::Value` writes
+    /// them (an f32 widened to f64), the text the trainer has always written.
+    pub fn to_json_pretty(&self) -> String {
+        let v = serde_json::to_value(self).expect("a drafter file is plain JSON");
+        serde_json::to_string_pretty(&v).expect("a drafter file is plain JSON")
+    }
+
+    /// A DFlash field: `dflash_config` first, then the top level.
+    fn dflash<T: Clone>(&self, f: impl Fn(&DflashFields) -> &Option<T>) -> Option<T> {
+        self.dflash_config
+            .as_ref()
+            .and_then(|d| f(d).clone())
+            .or_else(|| f(&self.top).clone())
+    }
+}
+
+fn not_a_drafter<T>(m: impl Into<String>) -> Result<T> {
+    Err(Error::NotADrafter(m.into()))
+}
+
+impl TryFrom<DrafterFile> for DrafterConfig {
+    type Error = Error;
+
+    /// All the checks of a drafter's config on its own (`validate_against` checks it
+    /// against a target): every rejection a typed `NotADrafter` (`BadConfig` for RoPE).
+    fn try_from(f: DrafterFile) -> Result<Self> {
+        let architecture = f
+            .architectures
+            .iter()
+            .find(|a| a.starts_with("DFlash"))
+            .cloned();
+        if architecture.is_none() && f.dflash_config.is_none() {
+            return not_a_drafter(
+                "config.json names no DFlash architecture and has no dflash_config",
+            );
+        }
+        let architecture = architecture.unwrap_or_else(|| "DFlashDraftModel".into());
+        let block_size = f.dflash(|d| &d.block_size).ok_or_else(|| {
+            Error::NotADrafter("block_size missing (top level or dflash_config)".into())
+        })?;
+        let mask_token_id = f
+            .dflash(|d| &d.mask_token_id)
+            .ok_or_else(|| Error::NotADrafter("dflash_config.mask_token_id missing".into()))?;
+        let num_target_layers = f
+            .top
+            .num_target_layers
+            .or_else(|| f.dflash_config.as_ref()?.num_target_layers)
+            .ok_or_else(|| Error::NotADrafter("num_target_layers missing".into()))?;
+        let layers = f.num_hidden_layers;
+        let target_layer_ids = f
+            .dflash(|d| &d.target_layer_ids)
+            .unwrap_or_else(|| DrafterConfig::default_target_layer_ids(layers, num_target_layers));
+        let layer_kinds = match &f.layer_types {
+            Some(t) => t
+                .iter()
+                .map(|k| match k.as_str() {
+                    "full_attention" => Ok(LayerKind::Full),
+                    "sliding_attention" => Ok(LayerKind::Sliding),
+                    other => not_a_drafter(format!("layer type {other:?}")),
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None => vec![LayerKind::Full; layers],
+        };
+        if layer_kinds.len() != layers {
+            return not_a_drafter(format!(
+                "{} layer_types for {layers} layers",
+                layer_kinds.len()
+            ));
+        }
+        let heads = f.num_attention_heads;
+        if heads == 0 || f.hidden_size == 0 || block_size == 0 || target_layer_ids.is_empty() {
+            return not_a_drafter("zero-sized drafter dimension");
+        }
+        let head_dim = f.head_dim.unwrap_or(f.hidden_size / heads);
+        if head_dim == 0 || f.intermediate_size == 0 || f.vocab_size == 0 {
+            return not_a_drafter(format!(
+                "zero-sized drafter dimension (head_dim {head_dim}, intermediate_size {}, vocab_size {})",
+                f.intermediate_size, f.vocab_size
+            ));
+        }
+        // Bounds against absurd allocations (the target's, plus the block).
+        for (name, v, limit) in [
+            ("block_size", block_size, MAX_BLOCK_SIZE),
+            ("hidden_size", f.hidden_size, 1 << 16),
+            ("intermediate_size", f.intermediate_size, 1 << 18),
+            ("num_hidden_layers", layers, 1024),
+            ("num_attention_heads", heads, 1024),
+            ("head_dim", head_dim, 1024),
+            ("vocab_size", f.vocab_size, 1 << 22),
+            ("num_target_layers", num_target_layers, 1024),
+            ("target_layer_ids (count)", target_layer_ids.len(), 1024),
+        ] {
+            if v > limit {
+                return not_a_drafter(format!("{name} = {v} exceeds {limit}"));
+            }
+        }
+        // The drafter rotates whole heads in NEOX pairs; `partial_rotary_factor` is not read.
+        let rope = f.rope.settings(head_dim)?;
+        let dflash2 =
+            if architecture == "DFlash2DraftModel" || f.dflash(|d| &d.conv_kernel_size).is_some() {
+                Some(dflash2_fields(&f, block_size)?)
+            } else {
+                None
+            };
+        let cfg = DrafterConfig {
+            dflash2,
+            hidden_size: f.hidden_size,
+            intermediate_size: f.intermediate_size,
+            num_layers: layers,
+            num_heads: heads,
+            num_kv_heads: f.num_key_value_heads.unwrap_or(heads),
+            head_dim,
+            rms_norm_eps: f.rms_norm_eps.unwrap_or(1e-6),
+            rope,
+            vocab_size: f.vocab_size,
+            sliding_window: f.sliding_window.unwrap_or(0),
+            layer_kinds,
+            num_target_layers,
+            block_size,
+            mask_token_id,
+            target_layer_ids,
+            architecture,
+        };
+        if cfg.num_kv_heads == 0
+            || !cfg.num_heads.is_multiple_of(cfg.num_kv_heads)
+            || !cfg.head_dim.is_multiple_of(2)
+        {
+            return not_a_drafter(format!(
+                "{} heads over {} KV heads of {}",
+                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+            ));
+        }
+        if cfg.layer_kinds.contains(&LayerKind::Sliding) && cfg.sliding_window == 0 {
+            return not_a_drafter("sliding layers without sliding_window");
+        }
+        Ok(cfg)
+    }
+}
+
+/// DFlash2's fields and their checks against the drafter's sizes.
+fn dflash2_fields(f: &DrafterFile, block_size: usize) -> Result<Dflash2Config> {
+    let int = |k: &str, v: Option<usize>| {
+        v.ok_or_else(|| Error::NotADrafter(format!("DFlash2 field {k} missing or not an integer")))
+    };
+    let float = |k: &str, v: Option<f32>, default: f32| match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() => Ok(x),
+        Some(_) => not_a_drafter(format!("DFlash2 field {k} is not a number")),
+    };
+    let d = Dflash2Config {
+        conv_kernel_size: int("conv_kernel_size", f.dflash(|d| &d.conv_kernel_size))?,
+        conv_group_size: int("conv_group_size", f.dflash(|d| &d.conv_group_size))?,
+        selector_rank: int("selector_rank", f.dflash(|d| &d.selector_rank))?,
+        selector_top_k: int("selector_top_k", f.dflash(|d| &d.selector_top_k))?,
+        input_embedding_scale: float(
+            "input_embedding_scale",
+            f.dflash(|d| &d.input_embedding_scale),
+            1.0,
+        )?,
+        output_multiplier: float("output_multiplier", f.dflash(|d| &d.output_multiplier), 1.0)?,
+        final_logit_softcapping: Some(float(
+            "final_logit_softcapping",
+            f.dflash(|d| &d.final_logit_softcapping).flatten(),
+            0.0,
+        )?)
+        .filter(|&c| c > 0.0),
+    };
+    if d.conv_kernel_size == 0
+        || d.selector_rank == 0
+        || d.selector_top_k == 0
+        || d.conv_group_size == 0
+    {
+        return not_a_drafter("DFlash2 sizes must be positive (conv_kernel_size, conv_group_size, selector_rank, selector_top_k)");
+    }
+    if !f.hidden_size.is_multiple_of(d.conv_group_size) {
+        return not_a_drafter(format!(
+            "conv_group_size {} does not divide hidden_size {}",
+            d.conv_group_size, f.hidden_size
+        ));
+    }
+    if d.conv_kernel_size > block_size {
+        return not_a_drafter(format!(
+            "conv_kernel_size {} exceeds the block of {block_size}",
+            d.conv_kernel_size
+        ));
+    }
+    if d.selector_top_k > f.vocab_size {
+        return not_a_drafter(format!(
+            "selector_top_k {} exceeds the vocabulary of {}",
+            d.selector_top_k, f.vocab_size
+        ));
+    }
+    if d.selector_rank > 1 << 16 {
+        return not_a_drafter(format!(
+            "selector_rank = {} exceeds {}",
+            d.selector_rank,
+            1 << 16
+        ));
+    }
+    Ok(d)
+}
+
+impl From<&DrafterConfig> for DrafterFile {
+    /// The file as the trainer writes it: a Qwen3 config with full or sliding layers,
+    /// `block_size` and `num_target_layers` at the top level, the mask token, the taps and
+    /// DFlash2's fields (`final_logit_softcapping` `null` when off) in `dflash_config`.
+    /// `max_position_embeddings` is not part of a `DrafterConfig`: the writer sets it.
+    fn from(c: &DrafterConfig) -> Self {
+        let mut dflash = DflashFields {
+            mask_token_id: Some(c.mask_token_id),
+            target_layer_ids: Some(c.target_layer_ids.clone()),
+            ..DflashFields::default()
+        };
+        if let Some(d) = &c.dflash2 {
+            dflash.conv_kernel_size = Some(d.conv_kernel_size);
+            dflash.conv_group_size = Some(d.conv_group_size);
+            dflash.selector_rank = Some(d.selector_rank);
+            dflash.selector_top_k = Some(d.selector_top_k);
+            dflash.input_embedding_scale = Some(d.input_embedding_scale);
+            dflash.output_multiplier = Some(d.output_multiplier);
+            dflash.final_logit_softcapping = Some(d.final_logit_softcapping);
+        }
+        let sliding = c.layer_kinds.contains(&LayerKind::Sliding);
+        DrafterFile {
+            architectures: vec![c.architecture.clone()],
+            model_type: Some("qwen3".into()),
+            hidden_size: c.hidden_size,
+            intermediate_size: c.intermediate_size,
+            num_hidden_layers: c.num_layers,
+            num_attention_heads: c.num_heads,
+            num_key_value_heads: Some(c.num_kv_heads),
+            head_dim: Some(c.head_dim),
+            hidden_act: Some("silu".into()),
+            attention_bias: Some(false),
+            attention_dropout: Some(0.0),
+            rms_norm_eps: Some(c.rms_norm_eps),
+            rope: HfRope::from_settings(&c.rope),
+            max_position_embeddings: None,
+            vocab_size: c.vocab_size,
+            tie_word_embeddings: Some(false),
+            torch_dtype: Some("bfloat16".into()),
+            use_cache: Some(true),
+            use_sliding_window: Some(sliding),
+            sliding_window: (c.sliding_window > 0).then_some(c.sliding_window),
+            layer_types: Some(
+                c.layer_kinds
+                    .iter()
+                    .map(|k| match k {
+                        LayerKind::Full => "full_attention".into(),
+                        LayerKind::Sliding => "sliding_attention".into(),
+                    })
+                    .collect(),
+            ),
+            top: DflashFields {
+                block_size: Some(c.block_size),
+                num_target_layers: Some(c.num_target_layers),
+                ..DflashFields::default()
+            },
+            dflash_config: Some(dflash),
+        }
+    }
+}
