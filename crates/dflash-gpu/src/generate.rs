@@ -27,8 +27,15 @@ impl GpuModel {
         let next = self.prefill_with_async(&req.prompt_ids, head).await?;
         let t1 = clock();
         let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
-        if !sink.push(next)? {
+        let mut done = sink.push(next)?;
+        if self.ctx.tuning.pipelined_decode && !done {
             self.decode_pipelined(next, head, &mut sink).await?;
+            done = true;
+        }
+        let mut next = next;
+        while !done {
+            next = self.step_with_async(&[next], head).await?[0];
+            done = sink.push(next)?;
         }
         Ok(sink.finish(req.prompt_ids.len(), t1 - t0, clock() - t1))
     }
