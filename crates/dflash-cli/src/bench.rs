@@ -319,18 +319,26 @@ fn run_plain(a: BenchArgs, synthetic: Option<SyntheticSpec>) -> Result<(), CliEr
         Some(m) => bench_prompt(m, n),
         None => Ok(random_ids(n, config.vocab_size, a.seed)),
     };
-    // Compile the plans before timing.
-    g.prefill(&prompt_of(17)?)?;
+    // Decoding as generation does it (pipelined on GPUs), greedy or sampled at
+    // --temperature; the plans are compiled before timing.
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        seed: a.seed,
+        ..Default::default()
+    };
+    let head = head_of(&sampling);
+    g.set_sampling(&sampling)?;
+    let first = g.prefill_with(&prompt_of(17)?, head)?;
+    g.decode(first, 2, head, &mut |_| Ok(false))?;
     let load_s = t_load.elapsed().as_secs_f64();
     let prompt = prompt_of(a.prompt_tokens)?;
     g.truncate(0);
     let t0 = Instant::now();
-    let mut next = g.prefill(&prompt)?;
+    let first = g.prefill_with(&prompt, head)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    for _ in 0..a.decode_tokens {
-        next = g.step(&[next])?[0];
-    }
+    g.decode(first, a.decode_tokens, head, &mut |_| Ok(false))?;
     let decode_s = t1.elapsed().as_secs_f64();
     let decode_tok_s = a.decode_tokens as f64 / decode_s;
     let t_start = Instant::now();
@@ -354,6 +362,8 @@ fn run_plain(a: BenchArgs, synthetic: Option<SyntheticSpec>) -> Result<(), CliEr
         "model": model_label(&a),
         "prompt_tokens": a.prompt_tokens,
         "decode_tokens": a.decode_tokens,
+        "temperature": a.temperature,
+        "pipelined_decode": ctx.tuning.pipelined_decode,
         "prefill_tok_s": a.prompt_tokens as f64 / prefill_s,
         "decode_tok_s": decode_tok_s,
         "weight_bytes_per_token": wbytes,
@@ -421,13 +431,13 @@ fn plain_ids(
     if n == 0 {
         return Ok((out, 0.0));
     }
-    let mut next = g.prefill_with(prompt, head)?;
+    let first = g.prefill_with(prompt, head)?;
     let t0 = Instant::now();
-    out.push(next);
-    while out.len() < n {
-        next = g.step_with(&[next], head)?[0];
-        out.push(next);
-    }
+    out.push(first);
+    g.decode(first, n - 1, head, &mut |t| {
+        out.push(t);
+        Ok(false)
+    })?;
     Ok((out, t0.elapsed().as_secs_f64()))
 }
 

@@ -27,42 +27,75 @@ impl GpuModel {
         let next = self.prefill_with_async(&req.prompt_ids, head).await?;
         let t1 = clock();
         let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
-        let mut done = sink.push(next)?;
-        if self.ctx.tuning.pipelined_decode && !done {
-            self.decode_pipelined(next, head, &mut sink).await?;
-            done = true;
-        }
-        let mut next = next;
-        while !done {
-            next = self.step_with_async(&[next], head).await?[0];
-            done = sink.push(next)?;
+        if !sink.push(next)? {
+            let max = sink.remaining();
+            self.decode_async(next, max, head, &mut |t| Ok(sink.push(t)?))
+                .await?;
         }
         Ok(sink.finish(req.prompt_ids.len(), t1 - t0, clock() - t1))
     }
 
-    /// One-row steps from `first` until `sink` is done, with the next step submitted
-    /// before the previous one's token is read: the token stays on the GPU as the next
-    /// input, and the host reads it while the GPU already runs the following step. A
-    /// step past a stop token is computed and dropped (its KV row is never committed);
-    /// none is computed past the budget or the context.
+    /// Up to `max` tokens after `first` (the token the prefill chose), one row per step,
+    /// each handed to `push` (true: generation is over). Pipelined where the adapter's
+    /// tuning says so (`decode_pipelined`), else one blocking step at a time.
+    pub async fn decode_async(
+        &mut self,
+        first: u32,
+        max: usize,
+        head: Head,
+        push: &mut dyn FnMut(u32) -> Result<bool>,
+    ) -> Result<()> {
+        if self.ctx.tuning.pipelined_decode {
+            return self.decode_pipelined(first, max, head, push).await;
+        }
+        let mut next = first;
+        for _ in 0..max {
+            next = self.step_with_async(&[next], head).await?[0];
+            if push(next)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// `decode_async`, blocking (native hosts).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn decode(
+        &mut self,
+        first: u32,
+        max: usize,
+        head: Head,
+        push: &mut dyn FnMut(u32) -> Result<bool>,
+    ) -> Result<()> {
+        pollster::block_on(self.decode_async(first, max, head, push))
+    }
+
+    /// `decode_async` with the next step submitted before the previous one's token is
+    /// read: the token stays on the GPU as the next input, and the host reads it while
+    /// the GPU already runs the following step. A step past a token that ends generation
+    /// is computed and dropped (its KV row is never committed); none is computed past
+    /// `max` or the context.
     async fn decode_pipelined(
         &mut self,
         first: u32,
+        max: usize,
         head: Head,
-        sink: &mut TokenSink<'_>,
+        push: &mut dyn FnMut(u32) -> Result<bool>,
     ) -> Result<()> {
+        if max == 0 {
+            return Ok(());
+        }
         let mut in_flight = Some((self.submit_fed_step(Some(first), head, 0)?, 0));
-        let mut queued = 1; // tokens submitted and not yet pushed
+        let mut submitted = 1;
         while let Some((index, slot)) = in_flight.take() {
-            if self.len < self.context && sink.remaining() > queued {
+            if self.len < self.context && submitted < max {
                 in_flight = Some((self.submit_fed_step(None, head, 1 - slot)?, 1 - slot));
-                queued += 1;
+                submitted += 1;
             }
             let buf = &self.act.token_readback[slot];
             let bytes = self.ctx.read_mapped_after(buf, Some(index)).await?;
-            queued -= 1;
             let token = bytemuck::cast_slice::<u8, u32>(&bytes)[0];
-            if sink.push(token)? {
+            if push(token)? {
                 // The step in flight, if any, follows a token that ended generation: its
                 // row is not committed (later work is queued behind it, so nothing
                 // waits for it).

@@ -449,10 +449,22 @@ fn every_kernel_variant_compiles() {
             }
         }
         ks.push(Kernel::new(Shader::Argmax, "reduce"));
+        // Chunked attention (GPU tuning): a few (style, norm, head tile) of the models.
+        for (style, norm, tile) in [(1.0, 1.0, 3.0), (0.0, 0.0, 1.0), (1.0, 1.0, 8.0)] {
+            ks.push(
+                Kernel::new(Shader::AttentionChunks, "partial")
+                    .with("STYLE", style)
+                    .with("QK_NORM", norm)
+                    .with("GROUP_TILE", tile),
+            );
+        }
+        ks.push(Kernel::new(Shader::AttentionChunks, "combine"));
         for (f, g) in [(0.0, 32.0), (1.0, 32.0), (1.0, 16.0)] {
             for acc in [0.0, 1.0] {
                 for n in 1..=16 {
-                    for lanes in [1.0, 16.0] {
+                    // Intel's 4 lanes (Tuning::intel_xe2) at the decode and verify rows.
+                    let intel: &[f64] = if n == 1 || n == 16 { &[4.0] } else { &[] };
+                    for &lanes in [1.0, 16.0].iter().chain(intel) {
                         ks.push(
                             Kernel::new(Shader::Gemv, "main")
                                 .with("FORMAT", f)
@@ -494,7 +506,7 @@ fn every_kernel_variant_compiles() {
                 .get(&ctx, k)
                 .unwrap_or_else(|e| panic!("{k:?}: {e}"));
         }
-        assert_eq!(Shader::ALL.len(), 12);
+        assert_eq!(Shader::ALL.len(), 13);
     }
 }
 
