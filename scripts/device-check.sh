@@ -18,9 +18,11 @@
 #   scripts/device-check.sh profile         the engine profile (no model file needed for
 #                                            the synthetic shapes): `dflash bench --profile`
 #                                            of SmolLM2 at 64 and 512 prompt tokens, of its
-#                                            DFlash step, and of the synthetic qwen3-8b and
-#                                            qwen2.5-32b pairs, with qwen3-8b's DFlash run
-#                                            at the published acceptance (--accept-profile)
+#                                            DFlash step, plain decode greedy and at T=0.8,
+#                                            the Intel Xe2 tuning entry, and of the
+#                                            synthetic qwen3-8b and qwen2.5-32b pairs, with
+#                                            their DFlash runs at the published acceptance
+#                                            (--accept-profile)
 # Knobs: TESTS=0 skips the tests (and the plain benchmark); TOKENS (64), BLOCKS
 # (2,4,8,16,auto), DRAFTERS ("trained random"), TEMPS ("0 0.8") and BENCH_LIMIT (100 s
 # per benchmark) shape the DFlash benchmarks; SHAPES ("qwen3-8b qwen2.5-32b") the
@@ -119,6 +121,12 @@ case "${1:-}" in
       for p in 64 512; do
         step 60 "profile smollm2 p$p" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --prompt-tokens $p --decode-tokens 64 > $OUT/profile-smollm2-p$p.json"
       done
+      # Sampling against greedy (aim: T=0.8 within 10%), plain decode as generation does it.
+      for t in 0 0.8; do
+        step 40 "bench smollm2 T=$t" sh -c "\"$BIN/dflash\" bench --model $model --adapter \"${ADAPTER:-NVIDIA}\" --json --prompt-tokens 64 --decode-tokens 128 --temperature $t --top-p 0.95 > $OUT/bench-smollm2-T$t.json"
+      done
+      # The Intel Xe2 entry of the tuning table on this GPU (its lanes per shape).
+      step 60 "profile smollm2 p64 intel-xe2" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --tuning intel-xe2 --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-smollm2-p64-intel-xe2.json"
       step 90 "profile smollm2 dflash" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --drafter drafters/smollm2-135m-instruct-dflash-b16 --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $OUT/profile-smollm2-dflash.json"
     fi
     # Conditional per-slot acceptance with mean tau 6.5 at block 16 (z-lab's published
