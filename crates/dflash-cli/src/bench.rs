@@ -482,17 +482,15 @@ fn dflash_ids(
     mut sim: Option<Sim<'_>>,
     clock: &dyn Fn() -> f64,
 ) -> Result<IdsRun, CliError> {
-    use dflash_core::speculative::{choose_block, StepCosts};
+    use dflash_core::speculative::BlockLoop;
     let n = dflash_core::generate::token_budget(prompt.len(), n, spec.target.context)?;
     let head = head_of(sampling);
     spec.target.set_sampling(sampling)?;
     spec.host_drafts = false;
     spec.simulate = sim.is_some();
     let vocab = spec.target.config.vocab_size;
-    let (mut acceptance, mut taus) = (Acceptance::default(), Vec::new());
     let mut tokens = Vec::with_capacity(n + MAX_ROWS);
-    let mut costs = StepCosts::new(policy);
-    let mut idle = 0;
+    let mut blocks = BlockLoop::new(policy, spec.max_block());
     let run = (|| {
         if n == 0 {
             return Ok(0.0);
@@ -500,17 +498,7 @@ fn dflash_ids(
         tokens.push(spec.prefill(prompt, head)?);
         let t1 = clock();
         while tokens.len() < n {
-            let room = spec.target.context - spec.target.len();
-            let current = costs.as_ref().map(StepCosts::policy);
-            let b = choose_block(
-                current.as_ref().unwrap_or(policy),
-                &acceptance,
-                spec.max_block(),
-                idle,
-            )
-            .min(room)
-            .max(1);
-            idle = if b > 1 { 0 } else { idle + 1 };
+            let b = blocks.next_block(spec.target.context - spec.target.len());
             if let Some(s) = sim.as_mut() {
                 // The block starts at the anchor's position; slot i is position start + i,
                 // whose plain token is plain[start + i - prompt.len()].
@@ -523,11 +511,7 @@ fn dflash_ids(
             }
             let t_step = clock();
             let r = spec.step(b, head)?;
-            if let Some(c) = costs.as_mut() {
-                c.record(b, clock() - t_step);
-            }
-            acceptance.record_step(b - 1, r.accepted);
-            taus.push(r.accepted + 1);
+            blocks.record(b, clock() - t_step, r.accepted);
             tokens.extend(&r.tokens);
         }
         Ok::<_, CliError>(clock() - t1)
@@ -539,8 +523,8 @@ fn dflash_ids(
     Ok(IdsRun {
         tokens,
         decode_s,
-        taus,
-        acceptance,
+        taus: blocks.taus,
+        acceptance: blocks.acceptance,
     })
 }
 

@@ -229,6 +229,70 @@ pub fn choose_block(policy: &BlockSize, acc: &Acceptance, max_block: usize, idle
     }
 }
 
+/// The bookkeeping every speculative loop shares (the CPU reference, the GPU engine,
+/// the benchmark's by-id loop): the block of each step under the policy (auto mode's
+/// step costs refined by the steps' wall times, its probes), the per-position
+/// acceptance and the tokens committed per step.
+#[derive(Debug, Clone)]
+pub struct BlockLoop {
+    policy: BlockSize,
+    costs: Option<StepCosts>,
+    max_block: usize,
+    /// Steps since the last one that drafted.
+    idle: usize,
+    pub acceptance: Acceptance,
+    /// Tokens committed per step (tau).
+    pub taus: Vec<usize>,
+}
+
+impl BlockLoop {
+    pub fn new(policy: &BlockSize, max_block: usize) -> Self {
+        BlockLoop {
+            policy: policy.clone(),
+            costs: StepCosts::new(policy),
+            max_block: max_block.max(1),
+            idle: 0,
+            acceptance: Acceptance::default(),
+            taus: Vec::new(),
+        }
+    }
+
+    /// The block of the next step, at most `room` rows (what the context has left).
+    pub fn next_block(&mut self, room: usize) -> usize {
+        let current = self.costs.as_ref().map(StepCosts::policy);
+        let b = choose_block(
+            current.as_ref().unwrap_or(&self.policy),
+            &self.acceptance,
+            self.max_block,
+            self.idle,
+        )
+        .min(room)
+        .max(1);
+        self.idle = if b > 1 { 0 } else { self.idle + 1 };
+        b
+    }
+
+    /// A step of `b` rows took `seconds` (0 without a clock) and accepted `accepted`
+    /// drafts.
+    pub fn record(&mut self, b: usize, seconds: f64, accepted: usize) {
+        if let Some(c) = self.costs.as_mut() {
+            c.record(b, seconds);
+        }
+        self.acceptance.record_step(b - 1, accepted);
+        self.taus.push(accepted + 1);
+    }
+
+    /// The run's result around the sink's.
+    pub fn result(self, result: GenerateResult) -> SpeculativeResult {
+        SpeculativeResult {
+            result,
+            steps: self.taus.len(),
+            taus: self.taus,
+            acceptance: self.acceptance,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SpeculativeResult {
     pub result: GenerateResult,
@@ -401,24 +465,12 @@ pub fn generate_speculative_with(
     let t1 = clock();
 
     let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
-    let mut acceptance = Acceptance::default();
-    let mut taus = Vec::new();
-    let mut idle = 0;
-    let mut costs = StepCosts::new(block);
+    let mut blocks = BlockLoop::new(block, max_block);
     let rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
     let mut done = budget == 0 || sink.push(anchor)?;
     while !done {
         let pos = cache.len();
-        let policy = costs.as_ref().map(StepCosts::policy);
-        let b = choose_block(
-            policy.as_ref().unwrap_or(block),
-            &acceptance,
-            max_block,
-            idle,
-        )
-        .min(context - pos)
-        .max(1);
-        idle = if b > 1 { 0 } else { idle + 1 };
+        let b = blocks.next_block(context - pos);
         let t_step = clock();
         // Draft: one drafter pass over [anchor, MASK x (b-1)].
         let mut block_ids = vec![anchor];
@@ -470,14 +522,10 @@ pub fn generate_speculative_with(
                 break;
             }
         }
-        acceptance.record_step(b - 1, acc);
-        taus.push(acc + 1);
         // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
         cache.truncate(pos + acc + 1);
         proposer.commit(&out.taps[..(acc + 1) * tap_w]);
-        if let Some(c) = costs.as_mut() {
-            c.record(b, clock() - t_step);
-        }
+        blocks.record(b, clock() - t_step, acc);
         for &t in block_ids[1..=acc].iter().chain([&bonus]) {
             done = sink.push(t)?;
             if done {
@@ -487,12 +535,7 @@ pub fn generate_speculative_with(
         anchor = bonus;
     }
     let t2 = clock();
-    Ok(SpeculativeResult {
-        result: sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1),
-        steps: taus.len(),
-        taus,
-        acceptance,
-    })
+    Ok(blocks.result(sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1)))
 }
 
 /// Simulated acceptance (`dflash bench --accept-profile P1,P2,...`): entry j is the

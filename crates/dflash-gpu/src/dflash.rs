@@ -1128,7 +1128,7 @@ impl Speculative {
         on_piece: &mut dyn FnMut(&str, bool),
     ) -> Result<dflash_core::speculative::SpeculativeResult> {
         use dflash_core::generate::{prepare, TokenSink};
-        use dflash_core::speculative::{choose_block, Acceptance, SpeculativeResult, StepCosts};
+        use dflash_core::speculative::BlockLoop;
         let mut cfg = self.target.config.clone();
         cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
         let (_, budget) = prepare(req, &cfg)?;
@@ -1145,29 +1145,13 @@ impl Speculative {
         let drafted = std::cell::Cell::new(false);
         let mut on_text = |s: &str| on_piece(s, drafted.get());
         let mut sink = TokenSink::new(tok, &req.stop_strings, budget, &mut on_text);
-        let (mut acceptance, mut taus) = (Acceptance::default(), Vec::new());
-        let mut idle = 0;
-        let mut costs = StepCosts::new(block);
+        let mut blocks = BlockLoop::new(block, self.max_block());
         let mut done = budget == 0 || sink.push(anchor)?;
         while !done {
-            let room = self.target.context - self.target.len();
-            let policy = costs.as_ref().map(StepCosts::policy);
-            let b = choose_block(
-                policy.as_ref().unwrap_or(block),
-                &acceptance,
-                self.max_block(),
-                idle,
-            )
-            .min(room)
-            .max(1);
-            idle = if b > 1 { 0 } else { idle + 1 };
+            let b = blocks.next_block(self.target.context - self.target.len());
             let t_step = clock();
             let r = self.step_async(b, head).await?;
-            if let Some(c) = costs.as_mut() {
-                c.record(b, clock() - t_step);
-            }
-            acceptance.record_step(b - 1, r.accepted);
-            taus.push(r.accepted + 1);
+            blocks.record(b, clock() - t_step, r.accepted);
             for (i, &t) in r.tokens.iter().enumerate() {
                 drafted.set(i < r.accepted);
                 done = sink.push(t)?;
@@ -1177,12 +1161,7 @@ impl Speculative {
             }
         }
         let t2 = clock();
-        Ok(SpeculativeResult {
-            result: sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1),
-            steps: taus.len(),
-            taus,
-            acceptance,
-        })
+        Ok(blocks.result(sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1)))
     }
 }
 
