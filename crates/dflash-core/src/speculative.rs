@@ -293,6 +293,30 @@ impl BlockLoop {
     }
 }
 
+/// Costs for every b in 1..=max relative to b = 1, linearly interpolated between the
+/// measured (b, seconds) points (index 0 unused).
+pub fn interpolate_costs(times: &[(usize, f64)], max: usize) -> Vec<f64> {
+    let base = times.first().map(|t| t.1).unwrap_or(1.0).max(1e-9);
+    let mut costs = vec![1.0; max + 1];
+    #[allow(clippy::needless_range_loop)] // b is also the block size
+    for b in 1..=max {
+        let hi = times
+            .iter()
+            .position(|&(pb, _)| pb >= b)
+            .unwrap_or(times.len() - 1);
+        let lo = hi.saturating_sub(1);
+        let (b0, t0) = times[lo];
+        let (b1, t1) = times[hi];
+        let t = if b1 == b0 {
+            t1
+        } else {
+            t0 + (t1 - t0) * (b - b0) as f64 / (b1 - b0) as f64
+        };
+        costs[b] = t / base;
+    }
+    costs
+}
+
 #[derive(Debug, Clone)]
 pub struct SpeculativeResult {
     pub result: GenerateResult,

@@ -92,6 +92,35 @@ impl GpuLayer {
     }
 }
 
+/// The layout of the `state` buffer every kernel reads its first row's position from
+/// (`ext_state`, where the drafter's context grows, has the same layout and uses only the
+/// position): written by the host before a pass, advanced on the GPU by DFlash's accept
+/// kernels (dflash.wgsl `commit`: position and anchor).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct PassState {
+    /// `state[0]`: the position of the pass's first row (the committed length).
+    pub position: u32,
+    /// `state[1]`: rows in the pass (for reading; no kernel needs it).
+    pub rows: u32,
+    /// `state[2]`: DFlash's anchor, the token the next block starts with.
+    pub anchor: u32,
+    pub pad: u32,
+}
+
+impl PassState {
+    pub(crate) fn at(position: usize) -> Self {
+        PassState {
+            position: position as u32,
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn write(&self, ctx: &GpuContext, buffer: &wgpu::Buffer) {
+        ctx.queue.write_buffer(buffer, 0, bytemuck::bytes_of(self));
+    }
+}
+
 pub(crate) struct Activations {
     pub(crate) tokens: wgpu::Buffer,
     pub(crate) state: wgpu::Buffer,
@@ -629,11 +658,11 @@ impl GpuModel {
         }
         let q = &self.ctx.queue;
         q.write_buffer(&self.act.tokens, 0, bytemuck::cast_slice(tokens));
-        q.write_buffer(
-            &self.act.state,
-            0,
-            bytemuck::cast_slice(&[self.len as u32, n as u32, 0, 0]),
-        );
+        let state = PassState {
+            rows: n as u32,
+            ..PassState::at(self.len)
+        };
+        state.write(&self.ctx, &self.act.state);
         Ok(())
     }
 
@@ -903,7 +932,7 @@ impl GpuModel {
             times.push((b, best));
         }
         self.len = keep;
-        Ok(crate::dflash::interpolate_costs(&times, max))
+        Ok(dflash_core::speculative::interpolate_costs(&times, max))
     }
 
     /// Greedy generation: prefill then one-row steps; stops at a stop id.

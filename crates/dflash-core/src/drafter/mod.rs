@@ -1,0 +1,171 @@
+//! DFlash drafters in the z-lab format (config.json + safetensors): loading, validation
+//! against the target, and the CPU reference of the drafter's forward pass.
+//!
+//! The drafter conditions on the target's hidden states: committed rows of taps
+//! (`target_layer_ids`, concatenated) go through `hidden_norm(fc(.))` into a persistent
+//! per-layer context K/V cache; a block `[anchor, MASK x (B-1)]` at absolute positions
+//! attends, without a mask, to `[context | block]`; the target's lm_head reads the block.
+
+use crate::config::{ModelConfig, Rope, RopeStyle};
+pub use crate::drafter_file::DrafterFile;
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    Full,
+    Sliding,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrafterConfig {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    /// NEOX pairs over whole heads (`dim` = `head_dim`).
+    pub rope: Rope,
+    pub vocab_size: usize,
+    pub layer_kinds: Vec<LayerKind>,
+    pub sliding_window: usize,
+    pub num_target_layers: usize,
+    pub block_size: usize,
+    pub mask_token_id: u32,
+    pub target_layer_ids: Vec<usize>,
+    /// "DFlashDraftModel" or "DFlash2DraftModel".
+    pub architecture: String,
+    /// The DFlash2 extras (grouped dynamic convolution, candidate selector).
+    pub dflash2: Option<Dflash2Config>,
+}
+
+/// DFlash2's fields (`dflash_config` or top level).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dflash2Config {
+    /// Causal taps of each dynamic convolution.
+    pub conv_kernel_size: usize,
+    /// Channels sharing one dynamic kernel delta.
+    pub conv_group_size: usize,
+    pub selector_rank: usize,
+    /// Candidates kept per slot from the lm_head.
+    pub selector_top_k: usize,
+    /// Multiplies the block's input embeddings.
+    pub input_embedding_scale: f32,
+    /// Multiplies the candidates' logits before the selector scores them.
+    pub output_multiplier: f32,
+    /// `tanh(x / cap) * cap` on the candidates' logits (None: off).
+    pub final_logit_softcapping: Option<f32>,
+}
+
+impl Dflash2Config {
+    pub fn num_groups(&self, hidden: usize) -> usize {
+        hidden / self.conv_group_size
+    }
+    /// Outputs of a convolution's kernel projection: `2 * taps * groups`.
+    pub fn projection_rows(&self, hidden: usize) -> usize {
+        2 * self.conv_kernel_size * self.num_groups(hidden)
+    }
+}
+
+impl DrafterConfig {
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+    pub fn n_taps(&self) -> usize {
+        self.target_layer_ids.len()
+    }
+
+    /// The default tap layers: one draft layer taps the middle target layer; otherwise
+    /// `n` ids spread evenly from 1 to N-3, rounded.
+    pub fn default_target_layer_ids(n_draft: usize, n_target: usize) -> Vec<usize> {
+        if n_draft == 1 {
+            return vec![n_target / 2];
+        }
+        let (lo, hi) = (1.0f64, n_target as f64 - 3.0);
+        (0..n_draft)
+            .map(|i| {
+                (lo + i as f64 * (hi - lo) / (n_draft - 1) as f64)
+                    .round()
+                    .max(0.0) as usize
+            })
+            .collect()
+    }
+
+    /// Parses and checks a drafter's config.json ([`DrafterFile`], then its `TryFrom`).
+    pub fn from_json(text: &str) -> Result<Self> {
+        Self::try_from(DrafterFile::from_json(text)?)
+    }
+
+    /// Checks the drafter against its target: one typed error per mismatch.
+    pub fn validate_against(&self, t: &ModelConfig) -> Result<()> {
+        let mismatch = |field: &'static str, d: String, t: String| {
+            Err(Error::DrafterMismatch {
+                field,
+                drafter: d,
+                target: t,
+            })
+        };
+        if self.hidden_size != t.hidden_size {
+            return mismatch(
+                "hidden_size",
+                self.hidden_size.to_string(),
+                t.hidden_size.to_string(),
+            );
+        }
+        if self.vocab_size != t.vocab_size {
+            return mismatch(
+                "vocab_size",
+                self.vocab_size.to_string(),
+                t.vocab_size.to_string(),
+            );
+        }
+        if self.num_target_layers != t.num_layers {
+            return mismatch(
+                "num_target_layers",
+                self.num_target_layers.to_string(),
+                t.num_layers.to_string(),
+            );
+        }
+        if let Some(&bad) = self.target_layer_ids.iter().find(|&&i| i >= t.num_layers) {
+            return mismatch(
+                "target_layer_ids",
+                format!("{:?} (layer {bad})", self.target_layer_ids),
+                format!("{} layers", t.num_layers),
+            );
+        }
+        if self.mask_token_id as usize >= t.vocab_size {
+            return mismatch(
+                "mask_token_id",
+                self.mask_token_id.to_string(),
+                format!("a vocabulary of {}", t.vocab_size),
+            );
+        }
+        if !(self.rope.theta > 0.0) || self.head_dim > 256 {
+            return mismatch(
+                "rope settings",
+                format!("rope_theta {} head_dim {}", self.rope.theta, self.head_dim),
+                "positive theta, head_dim <= 256".into(),
+            );
+        }
+        Ok(())
+    }
+
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        self.rope.inv_freq()
+    }
+}
+
+mod cpu;
+mod dflash2;
+mod weights;
+pub use cpu::{grouped_conv, top_k, CpuDrafter, DraftContext};
+pub use dflash2::Candidates;
+#[cfg(not(target_arch = "wasm32"))]
+pub use weights::load_drafter_dir;
+pub use weights::{
+    DrafterLayer, DrafterPrecision, DrafterWeights, GroupedConv, LayerConvs, Selector,
+};

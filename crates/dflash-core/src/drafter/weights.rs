@@ -1,0 +1,201 @@
+//! A drafter's weights: the safetensors of a z-lab folder checked against its config,
+//! quantized or kept as the file has them (`DrafterPrecision`).
+
+use super::*;
+use crate::formats::hf::SafeTensorsSource;
+use crate::quant::{QFormat, QuantMatrix};
+use crate::weights::{checked_matrix, checked_vector, TensorSource};
+
+/// How to store the drafter's matrices (loading quantizes float weights on request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrafterPrecision {
+    /// 8-bit groups (the default: float checkpoints are quantized like target weights).
+    Q8,
+    Q4,
+}
+
+#[derive(Debug, Clone)]
+pub struct DrafterLayer {
+    pub input_norm: Vec<f32>,
+    pub post_norm: Vec<f32>,
+    pub wq: QuantMatrix,
+    pub wk: QuantMatrix,
+    pub wv: QuantMatrix,
+    pub wo: QuantMatrix,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+    pub w_gate: QuantMatrix,
+    pub w_up: QuantMatrix,
+    pub w_down: QuantMatrix,
+    /// DFlash2: the dynamic convolutions around attention and the MLP.
+    pub conv: Option<LayerConvs>,
+}
+
+/// One grouped dynamic depthwise convolution: `base_kernel` `[2, taps, H]` (side 0 before
+/// the sublayer, side 1 after), `kernel_projection` `[2 * taps * groups, H]`.
+#[derive(Debug, Clone)]
+pub struct GroupedConv {
+    pub base: Vec<f32>,
+    pub projection: QuantMatrix,
+}
+
+#[derive(Debug, Clone)]
+pub struct LayerConvs {
+    pub attention: GroupedConv,
+    pub mlp: GroupedConv,
+}
+
+/// DFlash2's candidate selector: `hidden_projection` `[rank, H]` and the predecessor /
+/// successor codebooks `[V, rank]` (row-gathered by token id).
+#[derive(Debug, Clone)]
+pub struct Selector {
+    pub hidden_projection: QuantMatrix,
+    pub predecessor: QuantMatrix,
+    pub successor: QuantMatrix,
+}
+
+#[derive(Debug, Clone)]
+pub struct DrafterWeights {
+    pub config: DrafterConfig,
+    /// `[H, n_ids * H]`.
+    pub fc: QuantMatrix,
+    pub hidden_norm: Vec<f32>,
+    pub norm: Vec<f32>,
+    pub layers: Vec<DrafterLayer>,
+    pub selector: Option<Selector>,
+}
+
+impl DrafterWeights {
+    /// Loads a drafter from its config.json text and safetensors files.
+    pub fn load(
+        config_json: &str,
+        files: Vec<(&str, &[u8])>,
+        precision: DrafterPrecision,
+    ) -> Result<Self> {
+        let c = DrafterConfig::from_json(config_json)?;
+        let src = SafeTensorsSource::new(files, None)?;
+        let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let mat = |name: &str, rows: usize, cols: usize| -> Result<QuantMatrix> {
+            let m = checked_matrix(&src, name, rows, cols)?;
+            Ok(match precision {
+                DrafterPrecision::Q8 => m,
+                DrafterPrecision::Q4 => QuantMatrix::quantize_q4(&m.dequantize(), rows, cols),
+            })
+        };
+        let vec = |name: &str, len: usize| checked_vector(&src, name, len);
+        let conv = |prefix: String, d: &Dflash2Config| -> Result<GroupedConv> {
+            let name = format!("{prefix}.base_kernel");
+            let want = vec![2, d.conv_kernel_size, h];
+            let shape = src
+                .shape(&name)
+                .ok_or_else(|| Error::MissingTensor(name.clone()))?;
+            if shape != want {
+                return Err(Error::ShapeMismatch {
+                    tensor: name,
+                    expected: want,
+                    found: shape,
+                });
+            }
+            Ok(GroupedConv {
+                base: src.vector(&name)?,
+                projection: checked_matrix(
+                    &src,
+                    &format!("{prefix}.kernel_projection.weight"),
+                    d.projection_rows(h),
+                    h,
+                )?,
+            })
+        };
+        let mut layers = Vec::new();
+        for i in 0..c.num_layers {
+            let n = |s: &str| format!("layers.{i}.{s}");
+            let convs = match &c.dflash2 {
+                Some(d) => Some(LayerConvs {
+                    attention: conv(n("attention_conv"), d)?,
+                    mlp: conv(n("mlp_conv"), d)?,
+                }),
+                None => None,
+            };
+            layers.push(DrafterLayer {
+                conv: convs,
+                input_norm: vec(&n("input_layernorm.weight"), h)?,
+                post_norm: vec(&n("post_attention_layernorm.weight"), h)?,
+                wq: mat(&n("self_attn.q_proj.weight"), q, h)?,
+                wk: mat(&n("self_attn.k_proj.weight"), kv, h)?,
+                wv: mat(&n("self_attn.v_proj.weight"), kv, h)?,
+                wo: mat(&n("self_attn.o_proj.weight"), h, q)?,
+                q_norm: vec(&n("self_attn.q_norm.weight"), c.head_dim)?,
+                k_norm: vec(&n("self_attn.k_norm.weight"), c.head_dim)?,
+                w_gate: mat(&n("mlp.gate_proj.weight"), ff, h)?,
+                w_up: mat(&n("mlp.up_proj.weight"), ff, h)?,
+                w_down: mat(&n("mlp.down_proj.weight"), h, ff)?,
+            });
+        }
+        let selector = match &c.dflash2 {
+            Some(d) => Some(Selector {
+                hidden_projection: checked_matrix(
+                    &src,
+                    "candidate_selector.hidden_projection.weight",
+                    d.selector_rank,
+                    h,
+                )?,
+                predecessor: checked_matrix(
+                    &src,
+                    "candidate_selector.predecessor_codebook",
+                    c.vocab_size,
+                    d.selector_rank,
+                )?,
+                successor: checked_matrix(
+                    &src,
+                    "candidate_selector.successor_codebook",
+                    c.vocab_size,
+                    d.selector_rank,
+                )?,
+            }),
+            None => None,
+        };
+        Ok(DrafterWeights {
+            selector,
+            fc: mat("fc.weight", h, c.n_taps() * h)?,
+            hidden_norm: vec("hidden_norm.weight", h)?,
+            norm: vec("norm.weight", h)?,
+            layers,
+            config: c,
+        })
+    }
+
+    pub fn format(&self) -> QFormat {
+        self.fc.format
+    }
+}
+
+/// Loads a drafter folder from the file system.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn load_drafter_dir(
+    dir: &std::path::Path,
+    precision: DrafterPrecision,
+) -> Result<DrafterWeights> {
+    let io = |p: &std::path::Path, e| Error::Io {
+        path: p.display().to_string(),
+        source: e,
+    };
+    let cfg_path = dir.join("config.json");
+    let cfg = std::fs::read_to_string(&cfg_path).map_err(|e| io(&cfg_path, e))?;
+    let index = dir.join("model.safetensors.index.json");
+    let index_bytes = if index.exists() {
+        Some(std::fs::read(&index).map_err(|e| io(&index, e))?)
+    } else {
+        None
+    };
+    let names = crate::model_files::hf_weight_files(index_bytes.as_deref())?;
+    let mut blobs = Vec::new();
+    for n in &names {
+        let p = dir.join(n);
+        blobs.push((n.clone(), std::fs::read(&p).map_err(|e| io(&p, e))?));
+    }
+    DrafterWeights::load(
+        &cfg,
+        blobs.iter().map(|(n, b)| (n.as_str(), &b[..])).collect(),
+        precision,
+    )
+}

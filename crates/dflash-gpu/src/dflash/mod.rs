@@ -1,0 +1,466 @@
+//! DFlash on the GPU: the drafter's context projection and per-layer context K/V, the
+//! block pass, the target's verification, acceptance and rollback, all in one
+//! submission per step; the host reads back (accepted length, tokens).
+
+mod drafter;
+
+use drafter::{bookkeeping, host_draft_capacity};
+pub use drafter::{
+    BookkeepingParams, DrafterPlan, GpuDrafter, GpuDrafterLayerWeights, GpuDrafterWeights,
+};
+
+use crate::error::{GpuError, Result};
+use crate::model::{GpuModel, Head, PassState, MAX_ROWS};
+use crate::ops;
+use crate::pipelines::Dispatch;
+use dflash_core::drafter::DrafterWeights;
+use dflash_core::speculative::interpolate_costs;
+use std::collections::HashMap;
+
+/// One DFlash step's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepResult {
+    /// Accepted drafts.
+    pub accepted: usize,
+    /// The accepted drafts then the bonus token: `accepted + 1` tokens.
+    pub tokens: Vec<u32>,
+}
+
+/// Target and drafter on one device, with the step plans per (block, head).
+/// A step plan's key: (rows of taps the context grows by, block, head, host drafts,
+/// drafter pass despite host drafts, rejection sampling).
+type StepKey = (usize, usize, Head, bool, bool, bool);
+
+pub struct Speculative {
+    pub target: GpuModel,
+    pub drafter: GpuDrafter,
+    /// Plans by (rows of taps to add to the drafter's context, block, head, host drafts).
+    plans: HashMap<StepKey, Vec<Dispatch>>,
+    ext_plans: HashMap<usize, Vec<Dispatch>>,
+    /// Rows the last verify pass computed (its committed rows feed the next step's
+    /// context extension); 0 right after a prefill, which extends the context itself.
+    prev_block: usize,
+    /// Drafts come from the host buffer (tests that force acceptance patterns).
+    pub host_drafts: bool,
+    /// With host drafts, the drafter's block pass still runs (its drafts unused): a step
+    /// does and costs what a real step does while acceptance follows the host's drafts
+    /// (`dflash bench --accept-profile`).
+    pub simulate: bool,
+    /// Verify by rejection sampling (set from the request's sampling parameters).
+    rejection: bool,
+}
+
+impl Speculative {
+    pub fn new(target: GpuModel, w: &DrafterWeights) -> Result<Self> {
+        let ctx = target.ctx.clone();
+        let drafter = GpuDrafter::new(&ctx, w, &target, host_draft_capacity(&target))?;
+        Ok(Self::with_drafter(target, drafter))
+    }
+
+    /// A pair whose drafter's weights are already on the GPU.
+    pub fn from_gpu_drafter(
+        target: GpuModel,
+        config: &dflash_core::drafter::DrafterConfig,
+        w: GpuDrafterWeights,
+    ) -> Result<Self> {
+        let ctx = target.ctx.clone();
+        let drafter =
+            GpuDrafter::from_gpu_weights(&ctx, config, w, &target, host_draft_capacity(&target))?;
+        Ok(Self::with_drafter(target, drafter))
+    }
+
+    fn with_drafter(target: GpuModel, drafter: GpuDrafter) -> Self {
+        Speculative {
+            target,
+            drafter,
+            plans: HashMap::new(),
+            ext_plans: HashMap::new(),
+            prev_block: 0,
+            host_drafts: false,
+            simulate: false,
+            rejection: false,
+        }
+    }
+
+    /// Largest block this pair can verify.
+    pub fn max_block(&self) -> usize {
+        self.drafter.config.block_size.clamp(1, MAX_ROWS)
+    }
+
+    /// Writes the drafts the host wants proposed for each absolute position (tests).
+    pub fn set_host_drafts(&mut self, by_position: &[u32]) {
+        self.set_host_drafts_at(0, by_position);
+    }
+
+    /// Writes host drafts for the absolute positions `start..start + drafts.len()` (the
+    /// others keep theirs); positions past the buffer (context + 17) are dropped.
+    pub fn set_host_drafts_at(&mut self, start: usize, drafts: &[u32]) {
+        self.host_drafts = true;
+        let cap = host_draft_capacity(&self.target);
+        let n = drafts.len().min(cap.saturating_sub(start));
+        if n > 0 {
+            self.target.ctx.queue.write_buffer(
+                &self.drafter.host_drafts,
+                (start * 4) as u64,
+                bytemuck::cast_slice(&drafts[..n]),
+            );
+        }
+    }
+
+    /// Prefill of the target with taps, feeding every prompt row to the drafter's context;
+    /// returns the first token (the first anchor) and leaves it on the GPU.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn prefill(&mut self, prompt: &[u32], head: Head) -> Result<u32> {
+        pollster::block_on(self.prefill_async(prompt, head))
+    }
+
+    /// `prefill` for event-loop hosts.
+    pub async fn prefill_async(&mut self, prompt: &[u32], head: Head) -> Result<u32> {
+        if prompt.is_empty() {
+            return Err(GpuError::Core(dflash_core::Error::BadSampling(
+                "the prompt is empty".into(),
+            )));
+        }
+        self.target.truncate(0);
+        let ctx = self.target.ctx.clone();
+        let chunks: Vec<&[u32]> = prompt.chunks(MAX_ROWS).collect();
+        let mut first = 0;
+        for (i, ch) in chunks.iter().enumerate() {
+            let start = self.target.len();
+            let last = i + 1 == chunks.len();
+            self.target
+                .submit_pass(ch, if last { head } else { Head::None })?;
+            PassState::at(start).write(&ctx, &self.target.act.ext_state);
+            if !self.ext_plans.contains_key(&ch.len()) {
+                let p = self
+                    .drafter
+                    .extend_dispatches(&ctx, &self.target, ch.len())?;
+                self.ext_plans.insert(ch.len(), p);
+            }
+            ops::submit(&ctx, &self.ext_plans[&ch.len()].iter().collect::<Vec<_>>());
+            if last {
+                let bytes = ctx.read_mapped_async(&self.target.act.readback).await?;
+                first = bytemuck::cast_slice::<u8, u32>(&bytes)[ch.len() - 1];
+            }
+        }
+        let pos = self.target.len();
+        let state = PassState {
+            anchor: first,
+            ..PassState::at(pos)
+        };
+        state.write(&ctx, &self.target.act.state);
+        PassState::at(pos).write(&ctx, &self.target.act.ext_state);
+        self.prev_block = 0;
+        Ok(first)
+    }
+
+    /// The plan of a step of `b` rows after the current previous block, built once.
+    fn ensure_plan(&mut self, b: usize, head: Head) -> Result<StepKey> {
+        let rejection = self.rejection && head == Head::Sample;
+        let pass = self.host_drafts && self.simulate;
+        let key = (self.prev_block, b, head, self.host_drafts, pass, rejection);
+        if !self.plans.contains_key(&key) {
+            let ctx = self.target.ctx.clone();
+            let mut d = if self.prev_block > 0 {
+                self.drafter
+                    .extend_dispatches(&ctx, &self.target, self.prev_block)?
+            } else {
+                Vec::new()
+            };
+            d.extend(self.drafter.draft_dispatches(
+                &ctx,
+                &self.target,
+                b,
+                self.host_drafts,
+                pass,
+                rejection,
+            )?);
+            d.extend(self.target.build_plan(b, head)?);
+            if rejection {
+                if b > 1 {
+                    let dr = &self.drafter;
+                    // DFlash2 proposes from its walk's q; DFlash drafts with certainty.
+                    let (q_ids, q_vals, qk) = match (&dr.d2, self.host_drafts) {
+                        (Some(s), false) => (&s.cand_ids, &s.q_vals, s.config.selector_top_k),
+                        _ => (&dr.drafts, &dr.host_drafts, 0),
+                    };
+                    let a = &self.target.act;
+                    let rb = ops::RejectionBuffers {
+                        sample_params: &a.sample_params,
+                        state: &a.state,
+                        logits: &a.logits,
+                        ids: &a.tokens,
+                        q_ids,
+                        q_vals,
+                        verdict: &dr.verdict,
+                    };
+                    d.push(ops::verify_rejection(&ctx, &rb, b - 1, qk)?);
+                }
+                d.push(bookkeeping(
+                    &ctx,
+                    &self.target,
+                    &self.drafter,
+                    "accept_rejection",
+                    b,
+                    self.host_drafts,
+                )?);
+            } else {
+                d.push(bookkeeping(
+                    &ctx,
+                    &self.target,
+                    &self.drafter,
+                    "accept",
+                    b,
+                    self.host_drafts,
+                )?);
+            }
+            self.plans.insert(key, d);
+        }
+        Ok(key)
+    }
+
+    /// Every dispatch of a step of `b` rows (after a step of `b` rows) timed on the GPU:
+    /// the profiler's DFlash step. Call it after a prefill; the state the step changes is
+    /// put back before each run, and afterwards, so the generation is not moved.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn profile_step(
+        &mut self,
+        b: usize,
+        runs: usize,
+        now: &dyn Fn() -> f64,
+    ) -> Result<crate::profile::PlanProfile> {
+        let ctx = self.target.ctx.clone();
+        let b = b.clamp(1, self.max_block());
+        let keep = self.prev_block;
+        self.prev_block = b;
+        let key = self.ensure_plan(b, Head::Argmax);
+        self.prev_block = keep;
+        let key = key?;
+        let a = &self.target.act;
+        let saved: Vec<wgpu::Buffer> = [&a.state, &a.ext_state]
+            .iter()
+            .map(|buf| crate::upload::work_buffer(&ctx, "profile snapshot", buf.size()))
+            .collect();
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&a.state, 0, &saved[0], 0, a.state.size());
+        enc.copy_buffer_to_buffer(&a.ext_state, 0, &saved[1], 0, a.ext_state.size());
+        ctx.queue.submit([enc.finish()]);
+        let restore = [
+            (&saved[0], &a.state, a.state.size()),
+            (&saved[1], &a.ext_state, a.ext_state.size()),
+        ];
+        let plan: Vec<&Dispatch> = self.plans[&key].iter().collect();
+        let keys = self.target.len() + b;
+        let name = format!("DFlash step, block {b}");
+        let r = crate::profile::profile_plan(&ctx, &name, &plan, &restore, keys, runs, now);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&saved[0], 0, &a.state, 0, a.state.size());
+        enc.copy_buffer_to_buffer(&saved[1], 0, &a.ext_state, 0, a.ext_state.size());
+        ctx.queue.submit([enc.finish()]);
+        r
+    }
+
+    /// One step with a block of `b` rows (1 = plain decoding through the same loop):
+    /// extend the drafter's context with the rows committed last step, draft, verify,
+    /// accept, roll back, all in one submission; reads back (accepted, tokens).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn step(&mut self, b: usize, head: Head) -> Result<StepResult> {
+        pollster::block_on(self.step_async(b, head))
+    }
+
+    /// `step` for event-loop hosts.
+    pub async fn step_async(&mut self, b: usize, head: Head) -> Result<StepResult> {
+        let b = b.clamp(1, self.max_block());
+        let pos = self.target.len();
+        if pos + b > self.target.context {
+            return Err(GpuError::Core(dflash_core::Error::ContextOverflow {
+                prompt_tokens: pos + b,
+                max_new_tokens: 0,
+                context: self.target.context,
+            }));
+        }
+        let ctx = self.target.ctx.clone();
+        ctx.check_lost()?;
+        // The context grows by the rows the last step committed; the plan adds all the
+        // rows that step verified: rows past the committed ones land at positions the
+        // block overwrites or that are rewritten before any read.
+        let key = self.ensure_plan(b, head)?;
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("dflash step"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("dflash step"),
+                timestamp_writes: None,
+            });
+            for d in &self.plans[&key] {
+                d.encode(&mut pass);
+            }
+        }
+        enc.copy_buffer_to_buffer(
+            &self.target.act.result,
+            0,
+            &self.target.act.readback,
+            0,
+            ((b + 1) * 4) as u64,
+        );
+        ctx.queue.submit([enc.finish()]);
+        let bytes = ctx.read_mapped_async(&self.target.act.readback).await?;
+        let r: &[u32] = bytemuck::cast_slice(&bytes);
+        let acc = r[0] as usize;
+        if acc >= b {
+            return Err(GpuError::Readback(format!(
+                "accepted {acc} of a block of {b}"
+            )));
+        }
+        self.target.len = pos + acc + 1;
+        self.prev_block = b;
+        Ok(StepResult {
+            accepted: acc,
+            tokens: r[1..acc + 2].to_vec(),
+        })
+    }
+}
+
+impl Speculative {
+    /// Relative cost of a whole DFlash step (context extension, drafting, verification)
+    /// with b rows against a step of one row (which drafts nothing), for b in 0..=max
+    /// (index 0 unused): what auto mode weighs the expected accepted tokens against.
+    /// Measured on dummy tokens; the KV cache is left empty.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn measure_step_costs(&mut self, max: usize, now: &dyn Fn() -> f64) -> Result<Vec<f64>> {
+        pollster::block_on(self.measure_step_costs_async(max, now))
+    }
+
+    /// `measure_step_costs` for event-loop hosts.
+    pub async fn measure_step_costs_async(
+        &mut self,
+        max: usize,
+        now: &dyn Fn() -> f64,
+    ) -> Result<Vec<f64>> {
+        let max = max.clamp(1, self.max_block());
+        let probe: Vec<usize> = [1, 2, 4, 8, 16]
+            .into_iter()
+            .filter(|&b| b <= max)
+            .chain((max > 16).then_some(max))
+            .collect();
+        let host = self.host_drafts;
+        self.host_drafts = false;
+        let prompt = vec![0u32; 8];
+        let mut times = Vec::new();
+        for &b in &probe {
+            self.prefill_async(&prompt, Head::Argmax).await?;
+            let mut best = f64::INFINITY;
+            // The first step compiles; then steps that extend the context by b rows.
+            for i in 0..4 {
+                let t0 = now();
+                self.step_async(b, Head::Argmax).await?;
+                if i >= 2 {
+                    best = best.min(now() - t0);
+                }
+            }
+            times.push((b, best));
+        }
+        self.host_drafts = host;
+        self.target.truncate(0);
+        self.prev_block = 0;
+        Ok(interpolate_costs(&times, max))
+    }
+
+    /// The drafts of the last block at slots 1..b (tests).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_drafts(&self, b: usize) -> Result<Vec<u32>> {
+        let bytes = self
+            .target
+            .ctx
+            .read_back(&self.drafter.drafts, 0, (b * 4) as u64)?;
+        Ok(bytemuck::cast_slice::<u8, u32>(&bytes)[1..b].to_vec())
+    }
+
+    /// The drafter's final (normed) hidden rows of the last block (tests).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_draft_hidden(&self, b: usize) -> Result<Vec<f32>> {
+        let bytes = self.target.ctx.read_back(
+            &self.drafter.xn,
+            0,
+            (b * self.drafter.config.hidden_size * 4) as u64,
+        )?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+
+    /// Speculative generation: the same request, stop handling and result as plain
+    /// generation, plus per-step tau and per-position acceptance.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn generate(
+        &mut self,
+        tok: &dflash_core::tokenizer::TextTokenizer,
+        req: &dflash_core::generate::GenerateRequest,
+        block: &dflash_core::speculative::BlockSize,
+        clock: &dyn Fn() -> f64,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<dflash_core::speculative::SpeculativeResult> {
+        pollster::block_on(self.generate_async(tok, req, block, clock, on_text))
+    }
+
+    /// `generate` for event-loop hosts.
+    pub async fn generate_async(
+        &mut self,
+        tok: &dflash_core::tokenizer::TextTokenizer,
+        req: &dflash_core::generate::GenerateRequest,
+        block: &dflash_core::speculative::BlockSize,
+        clock: &dyn Fn() -> f64,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<dflash_core::speculative::SpeculativeResult> {
+        self.generate_pieces_async(tok, req, block, clock, &mut |s, _| on_text(s))
+            .await
+    }
+
+    /// `generate_async` whose text callback also says whether the piece's token was an
+    /// accepted draft (false for anchors and bonus tokens): what the demo highlights.
+    pub async fn generate_pieces_async(
+        &mut self,
+        tok: &dflash_core::tokenizer::TextTokenizer,
+        req: &dflash_core::generate::GenerateRequest,
+        block: &dflash_core::speculative::BlockSize,
+        clock: &dyn Fn() -> f64,
+        on_piece: &mut dyn FnMut(&str, bool),
+    ) -> Result<dflash_core::speculative::SpeculativeResult> {
+        use dflash_core::generate::{prepare, TokenSink};
+        use dflash_core::speculative::BlockLoop;
+        let mut cfg = self.target.config.clone();
+        cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
+        let (_, budget) = prepare(req, &cfg)?;
+        self.rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
+        let head = if req.sampling.is_greedy() {
+            Head::Argmax
+        } else {
+            Head::Sample
+        };
+        self.target.set_sampling(&req.sampling)?;
+        let t0 = clock();
+        let anchor = self.prefill_async(&req.prompt_ids, head).await?;
+        let t1 = clock();
+        let drafted = std::cell::Cell::new(false);
+        let mut on_text = |s: &str| on_piece(s, drafted.get());
+        let mut sink = TokenSink::new(tok, &req.stop_strings, budget, &mut on_text);
+        let mut blocks = BlockLoop::new(block, self.max_block());
+        let mut done = budget == 0 || sink.push(anchor)?;
+        while !done {
+            let b = blocks.next_block(self.target.context - self.target.len());
+            let t_step = clock();
+            let r = self.step_async(b, head).await?;
+            blocks.record(b, clock() - t_step, r.accepted);
+            for (i, &t) in r.tokens.iter().enumerate() {
+                drafted.set(i < r.accepted);
+                done = sink.push(t)?;
+                if done {
+                    break;
+                }
+            }
+        }
+        let t2 = clock();
+        Ok(blocks.result(sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1)))
+    }
+}
