@@ -74,6 +74,12 @@ pub enum Error {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("invalid sampling parameters: {0}")]
     BadSampling(String),
+    #[error("the prompt is empty: generation needs at least one token")]
+    EmptyPrompt,
+    #[error("invalid request: {0}")]
+    BadRequest(String),
+    #[error("internal error (a broken invariant, not bad input): {0}")]
+    Internal(String),
     #[error("prompt file line {line}: {reason}")]
     PromptFile { line: usize, reason: String },
     #[error("not a model: {0}")]

@@ -96,7 +96,7 @@ impl StopMatcher {
 /// Checks the prompt against the context and returns how many tokens may be generated.
 pub fn token_budget(prompt_tokens: usize, max_new_tokens: usize, context: usize) -> Result<usize> {
     if prompt_tokens == 0 {
-        return Err(Error::BadSampling("the prompt is empty".into()));
+        return Err(Error::EmptyPrompt);
     }
     if prompt_tokens >= context {
         return Err(Error::ContextOverflow {

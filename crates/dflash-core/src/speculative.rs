@@ -507,7 +507,7 @@ pub fn generate_speculative_with(
                 proposer.draft(anchor, pos, b)?
             };
             if drafts.len() != b - 1 || drafts.iter().any(|&d| d as usize >= vocab) {
-                return Err(Error::BadConfig(format!(
+                return Err(Error::Internal(format!(
                     "the proposer returned {} drafts for a block of {b}",
                     drafts.len()
                 )));

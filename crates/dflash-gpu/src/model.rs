@@ -845,9 +845,7 @@ impl GpuModel {
     pub async fn prefill_with_async(&mut self, tokens: &[u32], head: Head) -> Result<u32> {
         self.len = 0;
         if tokens.is_empty() {
-            return Err(GpuError::Core(dflash_core::Error::BadSampling(
-                "the prompt is empty".into(),
-            )));
+            return Err(GpuError::Core(dflash_core::Error::EmptyPrompt));
         }
         let chunks: Vec<&[u32]> = tokens.chunks(MAX_ROWS).collect();
         for ch in &chunks[..chunks.len() - 1] {

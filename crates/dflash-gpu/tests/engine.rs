@@ -311,7 +311,7 @@ fn a_model_that_cannot_fit_is_refused_before_allocating() {
 }
 
 #[test]
-fn bad_tokens_and_a_full_context_are_errors() {
+fn bad_tokens_a_full_context_and_an_empty_prompt_are_errors() {
     use dflash_gpu::GpuError;
     let Some(ctx) = gpu_context(&GpuOptions::default()) else {
         return;
@@ -336,6 +336,10 @@ fn bad_tokens_and_a_full_context_are_errors() {
         Err(GpuError::Core(dflash_core::Error::ContextOverflow { .. }))
     ));
     assert_eq!(g.len(), 16, "a refused step changes nothing");
+    assert!(matches!(
+        g.prefill(&[]),
+        Err(GpuError::Core(dflash_core::Error::EmptyPrompt))
+    ));
 }
 
 #[test]

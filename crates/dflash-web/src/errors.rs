@@ -15,16 +15,38 @@ pub fn error_code(e: &GpuError) -> &'static str {
     }
 }
 
+/// Every core error by name (no catch-all: a new variant must be given its code).
 fn core_code(e: &CoreError) -> &'static str {
     match e {
         CoreError::DrafterMismatch { .. } | CoreError::NotADrafter(_) => "DrafterMismatch",
         CoreError::ContextOverflow { .. } => "ContextOverflow",
         CoreError::BadSampling(_)
+        | CoreError::EmptyPrompt
+        | CoreError::BadRequest(_)
         | CoreError::TokenOutOfRange { .. }
         | CoreError::PromptFile { .. }
         | CoreError::ChatTemplate(_) => "BadRequest",
         CoreError::Io { .. } => "NetworkError",
-        _ => "BadModelFile",
+        CoreError::Truncated { .. }
+        | CoreError::BadMagic { .. }
+        | CoreError::UnsupportedVersion(_)
+        | CoreError::AbsurdSize { .. }
+        | CoreError::BadMetadata(_)
+        | CoreError::UnknownTensorType { .. }
+        | CoreError::UnsupportedTensorType { .. }
+        | CoreError::TensorOutOfBounds { .. }
+        | CoreError::BadTensorLayout { .. }
+        | CoreError::MissingTensor(_)
+        | CoreError::ShapeMismatch { .. }
+        | CoreError::UnsupportedArchitecture(_)
+        | CoreError::BadConfig(_)
+        | CoreError::MissingTokenizer(_)
+        | CoreError::UnsupportedTokenizer(_)
+        | CoreError::Tokenizer(_)
+        | CoreError::SafeTensors { .. }
+        | CoreError::UnsupportedQuantization(_)
+        | CoreError::NotAModel(_) => "BadModelFile",
+        CoreError::Internal(_) => "Error",
     }
 }
 
@@ -96,5 +118,8 @@ mod tests {
             "BadModelFile"
         );
         assert_eq!(core(CoreError::BadSampling("x".into())), "BadRequest");
+        assert_eq!(core(CoreError::EmptyPrompt), "BadRequest");
+        assert_eq!(core(CoreError::BadRequest("x".into())), "BadRequest");
+        assert_eq!(core(CoreError::Internal("x".into())), "Error");
     }
 }

@@ -117,9 +117,7 @@ impl Speculative {
     /// `prefill` for event-loop hosts.
     pub async fn prefill_async(&mut self, prompt: &[u32], head: Head) -> Result<u32> {
         if prompt.is_empty() {
-            return Err(GpuError::Core(dflash_core::Error::BadSampling(
-                "the prompt is empty".into(),
-            )));
+            return Err(GpuError::Core(dflash_core::Error::EmptyPrompt));
         }
         self.target.truncate(0);
         let ctx = self.target.ctx.clone();
