@@ -134,7 +134,7 @@ fn make_random_drafter(
     seed: u64,
     dflash2: bool,
 ) -> Result<(), CliError> {
-    use dflash_core::testutil::{
+    use dflash_core::drafter::random::{
         write_dflash2_drafter, write_dir, write_drafter, Dflash2Spec, DrafterSpec,
     };
     let (m, _) = load(model)?;

@@ -17,6 +17,7 @@ pub mod rng;
 pub mod sampling;
 pub mod speculative;
 pub mod synthetic;
+#[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
 pub mod tokenizer;
 pub mod weights;

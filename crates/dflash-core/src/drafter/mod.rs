@@ -161,6 +161,7 @@ impl DrafterConfig {
 
 mod cpu;
 mod dflash2;
+pub mod random;
 mod weights;
 pub use cpu::{grouped_conv, top_k, CpuDrafter, DraftContext};
 pub use dflash2::Candidates;

@@ -1,0 +1,267 @@
+//! Random drafters for a target, written in the exact z-lab format (config.json +
+//! bf16 model.safetensors; DFlash or DFlash2): what `dflash make-random-drafter` writes to
+//! measure a pair's DFlash step without a trained drafter, and what the tests load.
+
+use crate::config::{ModelConfig, Rope, RopeStyle};
+use crate::drafter::{DrafterConfig, DrafterFile, LayerKind};
+use crate::formats::hf::write_safetensors;
+use crate::rng::Rng;
+use safetensors::Dtype;
+use std::collections::BTreeMap;
+
+/// Writes the files of `write_hf` into a folder.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn write_dir(dir: &std::path::Path, files: &BTreeMap<String, Vec<u8>>) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (n, b) in files {
+        std::fs::write(dir.join(n), b)?;
+    }
+    Ok(())
+}
+
+/// Options of a random drafter written in the exact z-lab format.
+#[derive(Debug, Clone)]
+pub struct DrafterSpec {
+    pub layers: usize,
+    pub block_size: usize,
+    /// None: leave `target_layer_ids` out (the default formula applies).
+    pub target_layer_ids: Option<Vec<usize>>,
+    /// Put block_size inside `dflash_config` (newer files) rather than at the top level.
+    pub block_in_dflash_config: bool,
+    /// `layer_types`, e.g. ["sliding_attention", "full_attention"]; None leaves it out.
+    pub layer_types: Option<Vec<String>>,
+    pub sliding_window: usize,
+    pub mask_token_id: u32,
+    pub seed: u64,
+}
+
+/// A drafter for the target `t`: config.json and model.safetensors (bf16) with the
+/// z-lab tensor names.
+pub fn write_drafter(t: &ModelConfig, s: &DrafterSpec) -> BTreeMap<String, Vec<u8>> {
+    let (cfg, tensors) = drafter_parts(t, s);
+    drafter_files(&cfg, &tensors)
+}
+
+fn drafter_files(
+    cfg: &DrafterFile,
+    tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
+) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    files.insert("config.json".into(), cfg.to_json_pretty().into_bytes());
+    files.insert("model.safetensors".into(), write_safetensors(tensors));
+    files
+}
+
+fn bf16_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter()
+        .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+        .collect()
+}
+
+/// DFlash2's extras for `write_dflash2_drafter`.
+#[derive(Debug, Clone)]
+pub struct Dflash2Spec {
+    pub conv_kernel_size: usize,
+    pub conv_group_size: usize,
+    pub selector_rank: usize,
+    pub selector_top_k: usize,
+    pub output_multiplier: Option<f32>,
+    pub final_logit_softcapping: Option<f32>,
+    pub input_embedding_scale: Option<f32>,
+}
+
+/// A DFlash2 drafter (`DFlash2DraftModel`): the DFlash tensors plus, per layer,
+/// `attention_conv` / `mlp_conv` (`base_kernel` `[2, taps, H]`,
+/// `kernel_projection.weight` `[2 * taps * H / group, H]`) and the
+/// `candidate_selector` (`hidden_projection.weight` `[rank, H]`,
+/// `predecessor_codebook` / `successor_codebook` `[V, rank]`), the names vLLM loads.
+pub fn write_dflash2_drafter(
+    t: &ModelConfig,
+    s: &DrafterSpec,
+    d: &Dflash2Spec,
+) -> BTreeMap<String, Vec<u8>> {
+    let (mut cfg, mut tensors) = drafter_parts(t, s);
+    cfg.architectures = vec!["DFlash2DraftModel".into()];
+    let dc = cfg.dflash_config.get_or_insert_with(Default::default);
+    dc.conv_kernel_size = Some(d.conv_kernel_size);
+    dc.conv_group_size = Some(d.conv_group_size);
+    dc.selector_rank = Some(d.selector_rank);
+    dc.selector_top_k = Some(d.selector_top_k);
+    dc.output_multiplier = d.output_multiplier;
+    dc.final_logit_softcapping = d.final_logit_softcapping.map(Some);
+    dc.input_embedding_scale = d.input_embedding_scale;
+    let h = t.hidden_size;
+    let groups = h / d.conv_group_size.max(1);
+    let mut rng = Rng(s.seed ^ 0xd2);
+    let mut put = |name: String, shape: Vec<usize>, scale: f32, rng: &mut Rng| {
+        let n = shape.iter().product();
+        tensors.push((name, Dtype::BF16, shape, bf16_bytes(&rng.vec(n, scale))));
+    };
+    for i in 0..s.layers {
+        for conv in ["attention_conv", "mlp_conv"] {
+            put(
+                format!("layers.{i}.{conv}.base_kernel"),
+                vec![2, d.conv_kernel_size, h],
+                0.5,
+                &mut rng,
+            );
+            put(
+                format!("layers.{i}.{conv}.kernel_projection.weight"),
+                vec![2 * d.conv_kernel_size * groups, h],
+                0.3 / (h as f32).sqrt(),
+                &mut rng,
+            );
+        }
+    }
+    put(
+        "candidate_selector.hidden_projection.weight".into(),
+        vec![d.selector_rank, h],
+        1.0 / (h as f32).sqrt(),
+        &mut rng,
+    );
+    put(
+        "candidate_selector.predecessor_codebook".into(),
+        vec![t.vocab_size, d.selector_rank],
+        1.0,
+        &mut rng,
+    );
+    put(
+        "candidate_selector.successor_codebook".into(),
+        vec![t.vocab_size, d.selector_rank],
+        1.0,
+        &mut rng,
+    );
+    drafter_files(&cfg, &tensors)
+}
+
+type Tensors = Vec<(String, Dtype, Vec<usize>, Vec<u8>)>;
+
+/// The DFlash drafter's config.json and tensors (bf16, z-lab names): the trainer's file
+/// for the target's widths, with the spec's variants (block in `dflash_config`, taps or
+/// `layer_types` left out).
+fn drafter_parts(t: &ModelConfig, s: &DrafterSpec) -> (DrafterFile, Tensors) {
+    let ids = s
+        .target_layer_ids
+        .clone()
+        .unwrap_or_else(|| DrafterConfig::default_target_layer_ids(s.layers, t.num_layers));
+    let (h, hd) = (t.hidden_size, t.head_dim);
+    let (nh, nkv, ff) = (t.num_heads, t.num_kv_heads, t.intermediate_size);
+    let layer_kinds = match &s.layer_types {
+        Some(lt) => lt
+            .iter()
+            .map(|k| match k.as_str() {
+                "sliding_attention" => LayerKind::Sliding,
+                _ => LayerKind::Full,
+            })
+            .collect(),
+        None => vec![LayerKind::Full; s.layers],
+    };
+    // The window is written with `layer_types` only.
+    let sliding_window = if s.layer_types.is_some() {
+        s.sliding_window
+    } else {
+        0
+    };
+    let dc = DrafterConfig {
+        hidden_size: h,
+        intermediate_size: ff,
+        num_layers: s.layers,
+        num_heads: nh,
+        num_kv_heads: nkv,
+        head_dim: hd,
+        rms_norm_eps: 1e-6,
+        rope: Rope::plain(t.rope.theta, RopeStyle::Neox, hd),
+        vocab_size: t.vocab_size,
+        layer_kinds,
+        sliding_window,
+        num_target_layers: t.num_layers,
+        block_size: s.block_size,
+        mask_token_id: s.mask_token_id,
+        target_layer_ids: ids.clone(),
+        architecture: "DFlashDraftModel".into(),
+        dflash2: None,
+    };
+    let mut cfg = DrafterFile::from(&dc);
+    cfg.max_position_embeddings = Some(t.max_position_embeddings);
+    // `layer_types` as given (unknown kinds included: the parser names them), or none.
+    cfg.layer_types = s.layer_types.clone();
+    if cfg.layer_types.is_some() {
+        cfg.sliding_window = Some(s.sliding_window);
+    }
+    let dflash = cfg.dflash_config.get_or_insert_with(Default::default);
+    if s.target_layer_ids.is_none() {
+        dflash.target_layer_ids = None;
+    }
+    if s.block_in_dflash_config {
+        dflash.block_size = cfg.top.block_size.take();
+    }
+    let mut rng = Rng(s.seed);
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut put = |name: String, shape: Vec<usize>, scale: f32, offset: f32, rng: &mut Rng| {
+        let n = shape.iter().product();
+        let v: Vec<f32> = rng.vec(n, scale).into_iter().map(|x| x + offset).collect();
+        tensors.push((name, Dtype::BF16, shape, bf16_bytes(&v)));
+    };
+    let sc = |x: usize| 1.0 / (x as f32).sqrt();
+    put(
+        "fc.weight".into(),
+        vec![h, ids.len() * h],
+        sc(ids.len() * h),
+        0.0,
+        &mut rng,
+    );
+    put("hidden_norm.weight".into(), vec![h], 0.1, 1.0, &mut rng);
+    put("norm.weight".into(), vec![h], 0.1, 1.0, &mut rng);
+    for i in 0..s.layers {
+        let p = |n: &str| format!("layers.{i}.{n}");
+        put(p("input_layernorm.weight"), vec![h], 0.1, 1.0, &mut rng);
+        put(
+            p("post_attention_layernorm.weight"),
+            vec![h],
+            0.1,
+            1.0,
+            &mut rng,
+        );
+        put(
+            p("self_attn.q_proj.weight"),
+            vec![nh * hd, h],
+            2.0 * sc(h),
+            0.0,
+            &mut rng,
+        );
+        put(
+            p("self_attn.k_proj.weight"),
+            vec![nkv * hd, h],
+            2.0 * sc(h),
+            0.0,
+            &mut rng,
+        );
+        put(
+            p("self_attn.v_proj.weight"),
+            vec![nkv * hd, h],
+            sc(h),
+            0.0,
+            &mut rng,
+        );
+        put(
+            p("self_attn.o_proj.weight"),
+            vec![h, nh * hd],
+            sc(nh * hd),
+            0.0,
+            &mut rng,
+        );
+        put(p("self_attn.q_norm.weight"), vec![hd], 0.1, 1.0, &mut rng);
+        put(p("self_attn.k_norm.weight"), vec![hd], 0.1, 1.0, &mut rng);
+        put(p("mlp.gate_proj.weight"), vec![ff, h], sc(h), 0.0, &mut rng);
+        put(p("mlp.up_proj.weight"), vec![ff, h], sc(h), 0.0, &mut rng);
+        put(
+            p("mlp.down_proj.weight"),
+            vec![h, ff],
+            sc(ff),
+            0.0,
+            &mut rng,
+        );
+    }
+    (cfg, tensors)
+}
+
