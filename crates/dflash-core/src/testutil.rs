@@ -9,11 +9,9 @@ use crate::formats::hf::write_safetensors;
 use safetensors::Dtype;
 use std::collections::BTreeMap;
 
-pub use crate::drafter::random::{
-    write_dflash2_drafter, write_drafter, Dflash2Spec, DrafterSpec,
-};
 #[cfg(not(target_arch = "wasm32"))]
 pub use crate::drafter::random::write_dir;
+pub use crate::drafter::random::{write_dflash2_drafter, write_drafter, Dflash2Spec, DrafterSpec};
 pub use crate::rng::Rng;
 
 /// GPT-2's byte-to-unicode table: the visible characters byte-level BPE uses.

@@ -264,4 +264,3 @@ fn drafter_parts(t: &ModelConfig, s: &DrafterSpec) -> (DrafterFile, Tensors) {
     }
     (cfg, tensors)
 }
-
