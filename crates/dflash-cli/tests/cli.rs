@@ -12,6 +12,18 @@ fn tmp(name: &str) -> std::path::PathBuf {
     d
 }
 
+/// The tiny Qwen2 model (Q8_0, seed 3) written to a test folder.
+fn tiny_qwen2_file(name: &str) -> std::path::PathBuf {
+    let c = tiny_config(Arch::Qwen2);
+    let path = tmp(name).join("tiny.gguf");
+    std::fs::write(
+        &path,
+        write_gguf(&c, &random_weights(&c, 3), GgmlType::Q8_0),
+    )
+    .unwrap();
+    path
+}
+
 fn dflash(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_dflash"))
         .args(args)
@@ -21,13 +33,7 @@ fn dflash(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn generate_json_reports_tokens_text_and_timings() {
-    let c = tiny_config(Arch::Qwen2);
-    let path = tmp("json").join("tiny.gguf");
-    std::fs::write(
-        &path,
-        write_gguf(&c, &random_weights(&c, 3), GgmlType::Q8_0),
-    )
-    .unwrap();
+    let path = tiny_qwen2_file("json");
     let p = path.to_str().unwrap();
     let out = dflash(&[
         "generate",
@@ -541,13 +547,7 @@ fn with_closed_stdout(args: &[&str]) -> (Option<i32>, String) {
 
 #[test]
 fn a_closed_stdout_ends_quietly_not_in_a_panic() {
-    let c = tiny_config(Arch::Qwen2);
-    let path = tmp("pipe").join("tiny.gguf");
-    std::fs::write(
-        &path,
-        write_gguf(&c, &random_weights(&c, 3), GgmlType::Q8_0),
-    )
-    .unwrap();
+    let path = tiny_qwen2_file("pipe");
     let p = path.to_str().unwrap();
     let gen = [
         "generate",
@@ -602,13 +602,7 @@ fn a_fifo_as_the_model_is_a_clear_error_not_a_hang() {
 
 #[test]
 fn non_finite_sampling_arguments_are_clear_errors() {
-    let c = tiny_config(Arch::Qwen2);
-    let path = tmp("nan").join("tiny.gguf");
-    std::fs::write(
-        &path,
-        write_gguf(&c, &random_weights(&c, 3), GgmlType::Q8_0),
-    )
-    .unwrap();
+    let path = tiny_qwen2_file("nan");
     for (flag, v) in [
         ("--temperature", "NaN"),
         ("--temperature", "inf"),

@@ -140,7 +140,7 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: u64) -> Result<&'a [u8]> {
-        let end = (self.pos as u64).checked_add(n).unwrap_or(u64::MAX);
+        let end = (self.pos as u64).saturating_add(n);
         if end > MAX_GGUF_HEADER_BYTES {
             return Err(Error::over_limit(
                 "GGUF header bytes",
