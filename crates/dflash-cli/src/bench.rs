@@ -392,17 +392,17 @@ fn run_plain(a: BenchArgs, synthetic: Option<SyntheticSpec>) -> Result<(), CliEr
     }
     if let Some(p) = profile {
         if !a.json {
-            crate::profile::print(&p);
+            crate::profile::print(&p)?;
         }
         v["profile"] = p;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&v).unwrap());
+        outln!("{}", serde_json::to_string_pretty(&v).unwrap())?;
     } else {
-        println!(
+        outln!(
             "{}: prefill {:.1} tok/s, decode {:.2} tok/s; GEMV {:.2} GB/s vs copy {:.2} GB/s ({:.0}%)",
             s.name, v["prefill_tok_s"].as_f64().unwrap(), decode_tok_s, gemv_gbps, copy_gbps, 100.0 * gemv_gbps / copy_gbps
-        );
+        )?;
     }
     Ok(())
 }
@@ -754,7 +754,7 @@ fn run_dflash(
             spec.prefill(ids, dflash_gpu::model::Head::Argmax)?;
             let p = crate::profile::profile(&ctx, &mut plain, Some(&mut spec), ids.len(), &clock)?;
             if !a.json {
-                crate::profile::print(&p);
+                crate::profile::print(&p)?;
             }
             Some(p)
         }
@@ -801,13 +801,13 @@ fn run_dflash(
             "rows": run.rows,
         });
         if !a.json {
-            println!(
+            outln!(
                 "{} block {block}: plain {plain_tok_s:.2} tok/s, DFlash {dflash_tok_s:.2} tok/s ({:.2}x), mean tau {mean_tau:.2}{}, lossless {}",
                 ctx.summary.name,
                 dflash_tok_s / plain_tok_s.max(1e-9),
                 if accept.is_some() { " (simulated acceptance)" } else { "" },
                 run.lossless
-            );
+            )?;
         }
         v["memory_budget"] = budget_json.clone();
         if let Some(s) = &synthetic {
@@ -824,7 +824,7 @@ fn run_dflash(
         } else {
             serde_json::Value::Array(out)
         };
-        println!("{}", serde_json::to_string_pretty(&v).unwrap());
+        outln!("{}", serde_json::to_string_pretty(&v).unwrap())?;
     }
     if !all_lossless {
         return Err(CliError::Usage(

@@ -125,7 +125,10 @@ pub fn open_device(
         None => match GpuContext::new(opts) {
             Ok(c) => Ok(Some(Rc::new(c))),
             Err(e) => {
-                eprintln!("note: no GPU adapter ({e}); using the CPU reference engine");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "note: no GPU adapter ({e}); using the CPU reference engine"
+                );
                 Ok(None)
             }
         },
@@ -173,8 +176,11 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     let mut out = std::io::stdout();
     let mut on_text = |s: &str| {
         if !json {
-            let _ = out.write_all(s.as_bytes());
-            let _ = out.flush();
+            match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
+                // The reader is gone (`dflash generate ... | head`): nothing more to do.
+                Err(e) if crate::is_broken_pipe(&e) => std::process::exit(0),
+                _ => {}
+            }
         }
     };
     let t_prep = Instant::now();
@@ -187,7 +193,10 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
                 ))
             }
             None => {
-                eprintln!("note: --repetition-penalty runs on the CPU reference engine");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "note: --repetition-penalty runs on the CPU reference engine"
+                );
                 device_choice = Some(Device::Cpu);
             }
             Some(Device::Cpu) => {}
@@ -286,9 +295,9 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
                 "decode_tok_s": if n > 1 { (n - 1) as f64 / r.decode_s.max(1e-9) } else { 0.0 },
             }
         });
-        println!("{}", serde_json::to_string_pretty(&v).unwrap());
+        outln!("{}", serde_json::to_string_pretty(&v).unwrap())?;
     } else {
-        println!();
+        outln!()?;
     }
     Ok(())
 }

@@ -1,6 +1,18 @@
 //! `dflash`: generate text and benchmark, on the GPU engine (wgpu: Vulkan / Metal / DX12,
 //! lavapipe without a GPU) or the CPU reference engine.
 
+/// `println!` through a handle: a closed stdout (`dflash ... | head`) is a
+/// `CliError::Stdout` the caller passes up with `?`, and `main` ends quietly on a broken
+/// pipe, where `println!` would panic.
+macro_rules! outln {
+    () => {
+        $crate::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod bench;
 mod generate;
 mod profile;
@@ -74,6 +86,22 @@ pub enum CliError {
     Gpu(#[from] dflash_gpu::GpuError),
     #[error("{0}")]
     Usage(String),
+    #[error("writing to stdout: {0}")]
+    Stdout(#[source] std::io::Error),
+}
+
+/// Writes to stdout through a locked handle, returning the error `print!` would panic on.
+pub fn write_stdout(args: std::fmt::Arguments) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_fmt(args)
+        .and_then(|()| out.flush())
+        .map_err(CliError::Stdout)
+}
+
+/// Whether an error is stdout closed by its reader: the end of the output, not a failure.
+pub fn is_broken_pipe(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::BrokenPipe
 }
 
 fn main() {
@@ -93,9 +121,15 @@ fn main() {
             dflash2,
         } => make_random_drafter(&model, &out, layers, block, mask_token_id, seed, dflash2),
     };
-    if let Err(e) = result {
-        eprintln!("error: {e}");
-        std::process::exit(1);
+    match result {
+        Ok(()) => {}
+        Err(CliError::Stdout(e)) if is_broken_pipe(&e) => {}
+        Err(e) => {
+            use std::io::Write;
+            // Not eprintln!: a closed stderr must not turn the error into a panic.
+            let _ = writeln!(std::io::stderr(), "error: {e}");
+            std::process::exit(1);
+        }
     }
 }
 
@@ -108,7 +142,7 @@ pub fn load(path: &std::path::Path) -> Result<(LoadedModel, f64), CliError> {
 fn tokenize(model: &std::path::Path, text: &str) -> Result<(), CliError> {
     let (m, _) = load(model)?;
     let ids = m.tokenizer.encode(text, true)?;
-    println!("{}", serde_json::to_string(&ids).unwrap());
+    outln!("{}", serde_json::to_string(&ids).unwrap())?;
     Ok(())
 }
 
@@ -117,10 +151,13 @@ fn adapters() -> Result<(), CliError> {
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     for a in pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())) {
         let i = a.get_info();
-        println!(
+        outln!(
             "{} ({:?}, {:?}, {})",
-            i.name, i.backend, i.device_type, i.driver
-        );
+            i.name,
+            i.backend,
+            i.device_type,
+            i.driver
+        )?;
     }
     Ok(())
 }
@@ -167,6 +204,6 @@ fn make_random_drafter(
         path: out.display().to_string(),
         source: e,
     })?;
-    println!("{}", out.display());
+    outln!("{}", out.display())?;
     Ok(())
 }

@@ -94,11 +94,11 @@ fn families(one: &PlanProfile, sixteen: &PlanProfile) -> Vec<Value> {
 }
 
 /// The profile as tables on stdout.
-pub fn print(v: &Value) {
+pub fn print(v: &Value) -> Result<(), crate::CliError> {
     let f = |x: &Value| x.as_f64().unwrap_or(0.0);
     let one = &v["one_row_step"];
     let six = &v["sixteen_row_step"];
-    println!(
+    outln!(
         "profile ({} timing): one-row step {:.1} us in {} dispatches (aim <= {}), {} {:.1} us in {} dispatches ({:.2} one-row steps)",
         v["timing"].as_str().unwrap_or(""),
         f(&one["total_us"]),
@@ -108,13 +108,19 @@ pub fn print(v: &Value) {
         f(&six["total_us"]),
         six["dispatches"],
         f(&v["step_cost_16_over_1"]),
-    );
-    println!(
+    )?;
+    outln!(
         "{:<22} {:>6} {:>10} {:>7} {:>6} {:>10} {:>7}",
-        "family", "n(1)", "us(1)", "%(1)", "n(16)", "us(16)", "%(16)"
-    );
+        "family",
+        "n(1)",
+        "us(1)",
+        "%(1)",
+        "n(16)",
+        "us(16)",
+        "%(16)"
+    )?;
     for r in v["families"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "{:<22} {:>6} {:>10.1} {:>6.1}% {:>6} {:>10.1} {:>6.1}%",
             r["family"].as_str().unwrap_or(""),
             r["count_1"],
@@ -123,11 +129,11 @@ pub fn print(v: &Value) {
             r["count_16"],
             f(&r["us_16"]),
             100.0 * f(&r["share_16"]),
-        );
+        )?;
     }
-    println!("one-row step by shape:");
+    outln!("one-row step by shape:")?;
     for r in one["by_shape"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "  {:<18} {:<28} {:>4} x {:>8.1} us = {:>9.1} us {:>5.1}% {:>8.2} GB/s",
             r["family"].as_str().unwrap_or(""),
             r["shape"].as_str().unwrap_or(""),
@@ -136,29 +142,30 @@ pub fn print(v: &Value) {
             f(&r["total_us"]),
             100.0 * f(&r["share"]),
             f(&r["gbps"]),
-        );
+        )?;
     }
     let h = &v["host_ms"];
-    println!(
+    outln!(
         "host per step: encode {:.3} ms, submit {:.3} ms, map {:.3} ms",
         f(&h["encode"]),
         f(&h["submit"]),
         f(&h["map"])
-    );
+    )?;
     let c = &v["calibration"];
-    println!(
+    outln!(
         "calibration: {:.2} us per dispatch; copy {:.2} GB/s; read-only stream {:.2} GB/s",
         f(&c["dispatch_us"]),
         f(&c["copy_gbps"]),
         f(&c["stream_gbps"])
-    );
+    )?;
     for r in c["gemv"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "  gemv {:<28} {:>9.1} us {:>8.2} GB/s ({:.3} of copy)",
             r["shape"].as_str().unwrap_or(""),
             f(&r["us"]),
             f(&r["gbps"]),
             f(&r["copy_ratio"]),
-        );
+        )?;
     }
+    Ok(())
 }

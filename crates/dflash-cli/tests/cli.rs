@@ -12,6 +12,18 @@ fn tmp(name: &str) -> std::path::PathBuf {
     d
 }
 
+/// The tiny Qwen2 model (Q8_0, seed 3) written to a test folder.
+fn tiny_qwen2_file(name: &str) -> std::path::PathBuf {
+    let c = tiny_config(Arch::Qwen2);
+    let path = tmp(name).join("tiny.gguf");
+    std::fs::write(
+        &path,
+        write_gguf(&c, &random_weights(&c, 3), GgmlType::Q8_0),
+    )
+    .unwrap();
+    path
+}
+
 fn dflash(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_dflash"))
         .args(args)
@@ -21,13 +33,7 @@ fn dflash(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn generate_json_reports_tokens_text_and_timings() {
-    let c = tiny_config(Arch::Qwen2);
-    let path = tmp("json").join("tiny.gguf");
-    std::fs::write(
-        &path,
-        write_gguf(&c, &random_weights(&c, 3), GgmlType::Q8_0),
-    )
-    .unwrap();
+    let path = tiny_qwen2_file("json");
     let p = path.to_str().unwrap();
     let out = dflash(&[
         "generate",
@@ -519,4 +525,105 @@ fn accept_profile_sets_tau_on_a_synthetic_pair() {
     let v = run("0");
     assert_eq!(v["lossless"], true);
     assert_eq!(v["mean_tau"].as_f64().unwrap(), 1.0);
+}
+
+/// Runs `dflash args` with stdout a pipe whose reader is gone before anything is
+/// written (`dflash ... | head -c0`): (exit status, stderr).
+fn with_closed_stdout(args: &[&str]) -> (Option<i32>, String) {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dflash"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly_not_in_a_panic() {
+    let path = tiny_qwen2_file("pipe");
+    let p = path.to_str().unwrap();
+    let gen = [
+        "generate",
+        "--model",
+        p,
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "4",
+        "--device",
+        "cpu",
+    ];
+    for args in [
+        vec!["tokenize", "--model", p, "--text", "hello"],
+        gen.to_vec(),
+        [&gen[..], &["--json"]].concat(),
+    ] {
+        let (code, err) = with_closed_stdout(&args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_as_the_model_is_a_clear_error_not_a_hang() {
+    let fifo = tmp("fifo").join("model.gguf");
+    let _ = std::fs::remove_file(&fifo);
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    if !made.map(|s| s.success()).unwrap_or(false) {
+        eprintln!("skipping: mkfifo is not available");
+        return;
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dflash"))
+        .args(["tokenize", "--model", fifo.to_str().unwrap(), "--text", "x"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(20) {
+            child.kill().unwrap();
+            panic!("dflash hung on a FIFO");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a regular file"), "{err}");
+}
+
+#[test]
+fn non_finite_sampling_arguments_are_clear_errors() {
+    let path = tiny_qwen2_file("nan");
+    for (flag, v) in [
+        ("--temperature", "NaN"),
+        ("--temperature", "inf"),
+        ("--top-p", "NaN"),
+        ("--min-p", "-inf"),
+    ] {
+        let out = dflash(&[
+            "generate",
+            "--model",
+            path.to_str().unwrap(),
+            "--prompt",
+            "x",
+            "--device",
+            "cpu",
+            &format!("{flag}={v}"),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{flag} {v}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("invalid sampling parameters"),
+            "{flag} {v}: {err}"
+        );
+    }
 }

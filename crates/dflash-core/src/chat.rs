@@ -2,6 +2,7 @@
 //! variables and Python string methods Hugging Face templates use.
 
 use crate::error::{Error, Result};
+use crate::limits::{CHAT_TEMPLATE_FUEL, MAX_CHAT_PROMPT_BYTES};
 use minijinja::{Environment, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +43,9 @@ impl ChatTemplate {
         // Hugging Face renders with trim_blocks and lstrip_blocks.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        // A template is code from the model file: it runs on a budget, so that a loop
+        // that never ends (or runs for hours) is an error, not a hung worker.
+        env.set_fuel(Some(CHAT_TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", |fmt: String| -> String {
@@ -66,12 +70,42 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| Error::ChatTemplate(e.to_string()))?;
-        t.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token,
-            eos_token => self.eos_token,
-        })
-        .map_err(|e| Error::ChatTemplate(format!("{e:#}")))
+        let mut out = CappedWriter(Vec::new());
+        let rendered = t.render_captured_to(
+            minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
+            },
+            &mut out,
+        );
+        match rendered {
+            Ok(_) => String::from_utf8(out.0)
+                .map_err(|_| Error::ChatTemplate("the rendered prompt is not UTF-8".into())),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(Error::ChatTemplate(format!(
+                "the template ran past its budget (limit CHAT_TEMPLATE_FUEL = {CHAT_TEMPLATE_FUEL} instructions)"
+            ))),
+            Err(e) if e.kind() == ErrorKind::WriteFailure => Err(Error::ChatTemplate(format!(
+                "the rendered prompt is over the limit MAX_CHAT_PROMPT_BYTES = {MAX_CHAT_PROMPT_BYTES} bytes"
+            ))),
+            Err(e) => Err(Error::ChatTemplate(format!("{e:#}"))),
+        }
+    }
+}
+
+/// The rendered prompt, refusing to grow past `MAX_CHAT_PROMPT_BYTES`.
+struct CappedWriter(Vec<u8>);
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + b.len() > MAX_CHAT_PROMPT_BYTES {
+            return Err(std::io::Error::other("prompt too long"));
+        }
+        self.0.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

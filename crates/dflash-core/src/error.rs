@@ -25,6 +25,14 @@ pub enum Error {
         value: u64,
         limit: u64,
     },
+    #[error("{what} = {value} is over the limit {limit} = {max}")]
+    LimitExceeded {
+        what: String,
+        value: u64,
+        /// The constant of `dflash_core::limits`.
+        limit: &'static str,
+        max: u64,
+    },
     #[error("invalid metadata: {0}")]
     BadMetadata(String),
     #[error("unknown tensor type id {type_id} for tensor {tensor}")]
@@ -37,6 +45,16 @@ pub enum Error {
         start: u64,
         end: u64,
         file_len: u64,
+    },
+    #[error(
+        "tensors {first} [{first_start}, {first_end}) and {second} (from {second_start}) overlap"
+    )]
+    TensorOverlap {
+        first: String,
+        first_start: u64,
+        first_end: u64,
+        second: String,
+        second_start: u64,
     },
     #[error("tensor {tensor}: bad layout: {reason}")]
     BadTensorLayout { tensor: String, reason: String },
@@ -95,3 +113,15 @@ pub enum Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// `value` of `what` is over `limit` (a constant of `dflash_core::limits`) = `max`.
+    pub fn over_limit(what: impl Into<String>, value: u64, limit: &'static str, max: u64) -> Self {
+        Error::LimitExceeded {
+            what: what.into(),
+            value,
+            limit,
+            max,
+        }
+    }
+}

@@ -9,6 +9,7 @@ pub mod drafter_file;
 pub mod error;
 pub mod formats;
 pub mod generate;
+pub mod limits;
 pub mod model_files;
 pub mod prompt_file;
 pub mod quant;

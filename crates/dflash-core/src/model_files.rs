@@ -126,6 +126,34 @@ fn ids_field(v: Option<&serde_json::Value>) -> Vec<u32> {
     }
 }
 
+/// A relative path of plain names only (no root, drive, `.` or `..`): a weight file the
+/// index names stays inside the model folder.
+fn is_plain_file_name(name: &str) -> bool {
+    let p = std::path::Path::new(name);
+    !name.is_empty()
+        && !name.contains('\\')
+        && p.components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+}
+
+/// Checks that `path` is a regular file (following links) before it is opened: a FIFO,
+/// socket or device would block the open or the read, or be no file at all.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn require_regular_file(path: &std::path::Path) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::Io {
+        path: path.display().to_string(),
+        source: e,
+    })?;
+    if meta.is_file() {
+        Ok(())
+    } else {
+        Err(Error::NotAModel(format!(
+            "{} is not a regular file (a FIFO, socket or device?)",
+            path.display()
+        )))
+    }
+}
+
 /// Names of the safetensors files of a folder: the shards an index lists, or
 /// `model.safetensors`.
 pub fn hf_weight_files(index_json: Option<&[u8]>) -> Result<Vec<String>> {
@@ -142,6 +170,11 @@ pub fn hf_weight_files(index_json: Option<&[u8]>) -> Result<Vec<String>> {
                 .values()
                 .filter_map(|f| f.as_str().map(String::from))
                 .collect();
+            if let Some(bad) = files.iter().find(|f| !is_plain_file_name(f)) {
+                return Err(Error::BadConfig(format!(
+                    "model.safetensors.index.json: weight_map names {bad:?}, which is not a file inside the model folder (absolute paths and `..` are refused)"
+                )));
+            }
             files.sort();
             files.dedup();
             Ok(files)
@@ -232,6 +265,7 @@ pub fn load_path(path: &std::path::Path) -> Result<LoadedModel> {
         source: e,
     };
     let map = |p: &std::path::Path| -> Result<memmap2::Mmap> {
+        require_regular_file(p)?;
         let f = std::fs::File::open(p).map_err(|e| Error::Io {
             path: p.display().to_string(),
             source: e,

@@ -475,3 +475,27 @@ pub fn tiny_drafter_target() -> ModelConfig {
         ..tiny_config(Arch::Qwen3)
     }
 }
+
+/// A real model of scripts/fetch-models.sh in the cache (`$DFLASH_CACHE`, else
+/// `~/.cache/dflash`), for the tests that use one: `None` (the test skips) when it is
+/// missing, a panic when DFLASH_REQUIRE_MODELS=1 (CI) requires it.
+pub fn cached_model(file: &str) -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let cache = std::env::var("DFLASH_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/dflash")
+        });
+    let p = cache.join("models").join(file);
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var("DFLASH_REQUIRE_MODELS").as_deref() == Ok("1") {
+        panic!("{} is missing: run scripts/fetch-models.sh", p.display());
+    }
+    eprintln!(
+        "skipping: {} not found (run scripts/fetch-models.sh)",
+        p.display()
+    );
+    None
+}

@@ -367,7 +367,8 @@ fn unknown_tensor_type() {
         parse_header(&f, f.len() as u64),
         Err(Error::UnknownTensorType { type_id: 99, .. })
     ));
-    // A known ggml type that we do not load (Q2_K) parses, and is refused at load.
+    // A known ggml type that we do not load (Q2_K) is refused with the header: it has
+    // no layout here to size its data by.
     let c = tiny_config(Arch::Llama);
     let w = random_weights(&c, 1);
     let mut md = gguf_metadata(&c);
@@ -404,19 +405,29 @@ fn absurd_header_sizes_are_refused_before_allocating() {
     f.extend_from_slice(&3u32.to_le_bytes());
     f.extend_from_slice(&0u64.to_le_bytes());
     f.extend_from_slice(&u64::MAX.to_le_bytes()); // kv count
+                                                  // Each over its limit of dflash_core::limits, which the error names.
     assert!(matches!(
         parse_header(&f, f.len() as u64),
-        Err(Error::AbsurdSize { .. })
+        Err(Error::LimitExceeded {
+            limit: "MAX_GGUF_KEYS",
+            ..
+        })
     ));
     let mut g = f[..8].to_vec();
     g.extend_from_slice(&u64::MAX.to_le_bytes()); // tensor count
     g.extend_from_slice(&0u64.to_le_bytes());
     assert!(matches!(
         parse_header(&g, g.len() as u64),
-        Err(Error::AbsurdSize { .. })
+        Err(Error::LimitExceeded {
+            limit: "MAX_GGUF_TENSORS",
+            ..
+        })
     ));
     // A string that claims 2^60 bytes, and an array that claims 2^60 items.
-    for (ty, tail) in [(8u32, vec![]), (9u32, 4u32.to_le_bytes().to_vec())] {
+    for (ty, tail, limit) in [
+        (8u32, vec![], "MAX_GGUF_STRING_BYTES"),
+        (9u32, 4u32.to_le_bytes().to_vec(), "MAX_GGUF_ARRAY_ITEMS"),
+    ] {
         let mut h = f[..8].to_vec();
         h.extend_from_slice(&0u64.to_le_bytes());
         h.extend_from_slice(&1u64.to_le_bytes());
@@ -426,12 +437,10 @@ fn absurd_header_sizes_are_refused_before_allocating() {
         h.extend_from_slice(&tail);
         h.extend_from_slice(&(1u64 << 60).to_le_bytes());
         h.extend_from_slice(&[0; 64]);
+        let e = parse_header(&h, h.len() as u64).unwrap_err();
         assert!(
-            matches!(
-                parse_header(&h, h.len() as u64),
-                Err(Error::AbsurdSize { .. })
-            ),
-            "type {ty}"
+            matches!(e, Error::LimitExceeded { limit: l, .. } if l == limit),
+            "type {ty}: {e}"
         );
     }
     // A config asking for absurd dimensions.

@@ -12,23 +12,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 fn model_path(file: &str) -> Option<PathBuf> {
-    let cache = std::env::var("DFLASH_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/dflash")
-        });
-    let p = cache.join("models").join(file);
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var("DFLASH_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!("{} is missing: run scripts/fetch-models.sh", p.display());
-    }
-    eprintln!(
-        "skipping: {} not found (run scripts/fetch-models.sh)",
-        p.display()
-    );
-    None
+    dflash_core::testutil::cached_model(file)
 }
 
 fn fixture(name: &str) -> Value {

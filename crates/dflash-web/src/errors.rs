@@ -35,6 +35,8 @@ fn core_code(e: &CoreError) -> &'static str {
         | CoreError::UnknownTensorType { .. }
         | CoreError::UnsupportedTensorType { .. }
         | CoreError::TensorOutOfBounds { .. }
+        | CoreError::TensorOverlap { .. }
+        | CoreError::LimitExceeded { .. }
         | CoreError::BadTensorLayout { .. }
         | CoreError::MissingTensor(_)
         | CoreError::ShapeMismatch { .. }

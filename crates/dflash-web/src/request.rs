@@ -61,27 +61,44 @@ pub struct ChatRequest {
     pub rejection_sampling: Option<bool>,
 }
 
+/// The request's numeric fields: null in any of them is an error, not the default.
+const NUMERIC_FIELDS: [&str; 7] = [
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+];
+
 /// Tokens generated when the request does not say.
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
 impl ChatRequest {
     pub fn from_json(v: serde_json::Value) -> Result<Self, Error> {
-        let r: ChatRequest = serde_json::from_value(v)
-            .map_err(|e| Error::BadSampling(format!("bad request: {e}")))?;
+        // A NaN or an Infinity reaches here as null (JSON has neither, and
+        // serde_wasm_bindgen turns a non-finite JS number into null): refused, never taken
+        // for "not given" (leave the field out for the default).
+        if let Some(k) = NUMERIC_FIELDS
+            .iter()
+            .find(|k| v.get(**k).is_some_and(|x| x.is_null()))
+        {
+            return Err(Error::BadRequest(format!(
+                "`{k}` is null (NaN and Infinity arrive as null); give a finite number or leave it out"
+            )));
+        }
+        let r: ChatRequest =
+            serde_json::from_value(v).map_err(|e| Error::BadRequest(e.to_string()))?;
         if r.messages.is_empty() {
-            return Err(Error::BadSampling(
-                "bad request: `messages` is empty".into(),
-            ));
+            return Err(Error::BadRequest("`messages` is empty".into()));
         }
         if let Some(m) = r
             .messages
             .iter()
             .find(|m| !["system", "user", "assistant"].contains(&m.role.as_str()))
         {
-            return Err(Error::BadSampling(format!(
-                "bad request: unknown role {:?}",
-                m.role
-            )));
+            return Err(Error::BadRequest(format!("unknown role {:?}", m.role)));
         }
         Ok(r)
     }

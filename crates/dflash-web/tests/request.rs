@@ -105,3 +105,49 @@ fn bad_requests_are_typed_errors() {
         assert_eq!(code(r.sampling(0).unwrap_err()), "BadRequest");
     }
 }
+
+/// NaN and Infinity: JSON has neither, and serde_wasm_bindgen turns a non-finite JS
+/// number into null, so `temperature: NaN` arrived as null and silently became the
+/// default. Null in a numeric field is now a typed error; a non-finite value that does
+/// reach the sampler (from Rust) is refused by its check.
+#[test]
+fn nan_and_infinity_are_typed_errors_not_defaults() {
+    let ok = json!([{"role": "user", "content": "hi"}]);
+    for field in [
+        "temperature",
+        "top_p",
+        "min_p",
+        "top_k",
+        "max_tokens",
+        "max_completion_tokens",
+        "seed",
+    ] {
+        // What `JSON.stringify({temperature: NaN})` and serde_wasm_bindgen both give.
+        let mut v = json!({"messages": ok});
+        v[field] = serde_json::Value::Null;
+        let e = ChatRequest::from_json(v).unwrap_err();
+        assert!(e.to_string().contains(field), "{e}");
+        assert_eq!(code(e), "BadRequest", "{field}");
+    }
+    for x in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        for field in ["temperature", "top_p", "min_p"] {
+            let mut r = ChatRequest::from_json(json!({"messages": ok})).unwrap();
+            match field {
+                "temperature" => r.temperature = Some(x),
+                "top_p" => r.top_p = Some(x),
+                _ => r.min_p = Some(x),
+            }
+            assert_eq!(
+                code(r.sampling(0).unwrap_err()),
+                "BadRequest",
+                "{field} = {x}"
+            );
+        }
+    }
+    // A JSON number too large for the field is refused by the parser too.
+    let v: serde_json::Value = serde_json::from_str(
+        r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e300}"#,
+    )
+    .unwrap();
+    assert_eq!(code(ChatRequest::from_json(v).unwrap_err()), "BadRequest");
+}

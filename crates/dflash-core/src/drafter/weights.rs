@@ -179,10 +179,13 @@ pub fn load_drafter_dir(
         path: p.display().to_string(),
         source: e,
     };
+    use crate::model_files::require_regular_file;
     let cfg_path = dir.join("config.json");
+    require_regular_file(&cfg_path)?;
     let cfg = std::fs::read_to_string(&cfg_path).map_err(|e| io(&cfg_path, e))?;
     let index = dir.join("model.safetensors.index.json");
     let index_bytes = if index.exists() {
+        require_regular_file(&index)?;
         Some(std::fs::read(&index).map_err(|e| io(&index, e))?)
     } else {
         None
@@ -191,6 +194,7 @@ pub fn load_drafter_dir(
     let mut blobs = Vec::new();
     for n in &names {
         let p = dir.join(n);
+        require_regular_file(&p)?;
         blobs.push((n.clone(), std::fs::read(&p).map_err(|e| io(&p, e))?));
     }
     DrafterWeights::load(

@@ -73,8 +73,9 @@ impl GgmlType {
             Self::Other(id) => format!("ggml type {id}"),
         }
     }
-    /// (elements per block, bytes per block). Unsupported types report a block of one
-    /// byte per element so that bounds checks stay meaningful; they are refused at load.
+    /// (elements per block, bytes per block). Unsupported types have no layout here
+    /// (they answer (1, 1)): `parse_header` refuses them before sizing any tensor, and
+    /// every other caller checks `is_supported` first.
     pub fn block_size(self) -> (usize, usize) {
         match self {
             Self::F32 => (1, 4),

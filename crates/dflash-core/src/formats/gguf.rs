@@ -4,7 +4,11 @@
 
 use crate::error::{Error, Result};
 use crate::formats::ggml::GgmlType;
-use std::collections::BTreeMap;
+use crate::limits::{
+    MAX_GGUF_ARRAY_ITEMS, MAX_GGUF_HEADER_BYTES, MAX_GGUF_KEYS, MAX_GGUF_STRING_BYTES,
+    MAX_GGUF_TENSORS,
+};
+use std::collections::{BTreeMap, HashSet};
 
 pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -12,9 +16,6 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 const MAX_DIMS: u32 = 4;
 /// Nesting of arrays inside arrays: GGUF files in the wild use none.
 const MAX_ARRAY_DEPTH: u32 = 2;
-/// Sizes up to these are taken for a file cut short; beyond them, for a corrupt header.
-const PLAUSIBLE_BYTES: u64 = 1 << 31;
-const PLAUSIBLE_ENTRIES: u64 = 1 << 24;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
@@ -133,22 +134,31 @@ struct Reader<'a> {
     pos: usize,
     /// Size of the whole file; `buf` may be a prefix of it.
     file_len: u64,
+    /// Items of metadata arrays so far (`MAX_GGUF_ARRAY_ITEMS`).
+    array_items: u64,
 }
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: u64) -> Result<&'a [u8]> {
-        let end = (self.pos as u64).checked_add(n);
-        match end {
-            Some(end) if end <= self.buf.len() as u64 => {
-                let s = &self.buf[self.pos..end as usize];
-                self.pos = end as usize;
-                Ok(s)
-            }
-            _ => Err(Error::Truncated {
+        let end = (self.pos as u64).saturating_add(n);
+        if end > MAX_GGUF_HEADER_BYTES {
+            return Err(Error::over_limit(
+                "GGUF header bytes",
+                end,
+                "MAX_GGUF_HEADER_BYTES",
+                MAX_GGUF_HEADER_BYTES,
+            ));
+        }
+        if end <= self.buf.len() as u64 {
+            let s = &self.buf[self.pos..end as usize];
+            self.pos = end as usize;
+            Ok(s)
+        } else {
+            Err(Error::Truncated {
                 offset: self.pos as u64,
                 needed: n,
                 len: self.file_len,
-            }),
+            })
         }
     }
     fn remaining(&self) -> u64 {
@@ -166,29 +176,58 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
     }
-    /// The error for a size that does not fit in what is left: a plausible size means
-    /// the file was cut short, an implausible one a corrupt header.
-    fn too_big(&self, field: &'static str, value: u64, plausible: u64) -> Error {
-        if value <= plausible {
-            Error::Truncated {
+
+    /// Checks a count read from the header (`count` things of at least `min_size` bytes
+    /// each) before anything is allocated for it: against its limit, then against the
+    /// bytes at hand. More than the buffer holds is `Truncated` when the rest of the file
+    /// could hold it (a file cut short, or a stream that has not delivered it yet), and
+    /// `AbsurdSize` when even the whole file could not.
+    fn check_count(
+        &self,
+        field: &'static str,
+        count: u64,
+        min_size: u64,
+        limit: &'static str,
+        max: u64,
+    ) -> Result<()> {
+        if count > max {
+            return Err(Error::over_limit(
+                format!("GGUF {field}"),
+                count,
+                limit,
+                max,
+            ));
+        }
+        // count <= max < 2^32 and min_size <= 32: no overflow.
+        let bytes = count * min_size;
+        if bytes <= self.remaining() {
+            return Ok(());
+        }
+        let in_file = self.file_len.saturating_sub(self.pos as u64);
+        if self.buf.len() as u64 >= self.file_len || bytes <= in_file {
+            Err(Error::Truncated {
                 offset: self.pos as u64,
-                needed: value,
+                needed: bytes,
                 len: self.file_len,
-            }
+            })
         } else {
-            Error::AbsurdSize {
+            Err(Error::AbsurdSize {
                 field,
-                value,
-                limit: self.remaining(),
-            }
+                value: count,
+                limit: in_file / min_size,
+            })
         }
     }
 
     fn string(&mut self, field: &'static str) -> Result<String> {
         let len = self.u64()?;
-        if len > self.remaining() {
-            return Err(self.too_big(field, len, PLAUSIBLE_BYTES));
-        }
+        self.check_count(
+            field,
+            len,
+            1,
+            "MAX_GGUF_STRING_BYTES",
+            MAX_GGUF_STRING_BYTES,
+        )?;
         let bytes = self.take(len)?;
         String::from_utf8(bytes.to_vec())
             .map_err(|_| Error::BadMetadata(format!("{field} is not valid UTF-8")))
@@ -218,10 +257,23 @@ impl<'a> Reader<'a> {
                 let min_item = min_value_size(item_type).ok_or_else(|| {
                     Error::BadMetadata(format!("unknown array item type {item_type}"))
                 })?;
-                let limit = self.remaining() / min_item;
-                if count > limit {
-                    return Err(self.too_big("array length", count, PLAUSIBLE_BYTES / min_item));
+                let total = self.array_items.saturating_add(count);
+                if total > MAX_GGUF_ARRAY_ITEMS {
+                    return Err(Error::over_limit(
+                        "GGUF metadata array items (all arrays together)",
+                        total,
+                        "MAX_GGUF_ARRAY_ITEMS",
+                        MAX_GGUF_ARRAY_ITEMS,
+                    ));
                 }
+                self.check_count(
+                    "array length",
+                    count,
+                    min_item,
+                    "MAX_GGUF_ARRAY_ITEMS",
+                    MAX_GGUF_ARRAY_ITEMS,
+                )?;
+                self.array_items = total;
                 let mut items = Vec::with_capacity(count as usize);
                 for _ in 0..count {
                     items.push(self.value(item_type, depth + 1)?);
@@ -257,6 +309,7 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
         buf,
         pos: 0,
         file_len,
+        array_items: 0,
     };
     let magic = r.take(4).map_err(|_| Error::BadMagic {
         expected: "GGUF",
@@ -276,10 +329,13 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
     let kv_count = r.u64()?;
     // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor
     // info at least 8 + 4 + 8 + 4 + 8.
-    let kv_limit = r.remaining() / 13;
-    if kv_count > kv_limit {
-        return Err(r.too_big("metadata count", kv_count, PLAUSIBLE_ENTRIES));
-    }
+    r.check_count(
+        "metadata count",
+        kv_count,
+        13,
+        "MAX_GGUF_KEYS",
+        MAX_GGUF_KEYS,
+    )?;
     let mut metadata = BTreeMap::new();
     for _ in 0..kv_count {
         let key = r.string("key length")?;
@@ -287,10 +343,13 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
         let value = r.value(type_id, 0)?;
         metadata.insert(key, value);
     }
-    let t_limit = r.remaining() / 32;
-    if tensor_count > t_limit {
-        return Err(r.too_big("tensor count", tensor_count, PLAUSIBLE_ENTRIES));
-    }
+    r.check_count(
+        "tensor count",
+        tensor_count,
+        32,
+        "MAX_GGUF_TENSORS",
+        MAX_GGUF_TENSORS,
+    )?;
     let alignment = match metadata.get("general.alignment") {
         None => DEFAULT_ALIGNMENT,
         Some(v) => match v.as_u64() {
@@ -327,6 +386,14 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
             tensor: name.clone(),
             type_id,
         })?;
+        // A type we cannot load has no layout here to size it by: refused now, before
+        // its (unknown) extent could be taken for something else.
+        if !dtype.is_supported() {
+            return Err(Error::UnsupportedTensorType {
+                tensor: name,
+                dtype: dtype.name(),
+            });
+        }
         let n_el = dims
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d))
@@ -347,7 +414,12 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
                 ),
             });
         }
-        let n_bytes = n_el / block as u64 * bytes as u64;
+        let Some(n_bytes) = (n_el / block as u64).checked_mul(bytes as u64) else {
+            return Err(Error::BadTensorLayout {
+                tensor: name,
+                reason: format!("{n_el} elements of {} overflow a 64-bit size", dtype.name()),
+            });
+        };
         if offset % alignment != 0 {
             return Err(Error::BadTensorLayout {
                 tensor: name,
@@ -376,6 +448,7 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
             }
         }
     }
+    check_disjoint(&tensors)?;
     Ok(GgufHeader {
         version,
         metadata,
@@ -387,6 +460,35 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
 
 fn align_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
+}
+
+/// Tensor names are unique and their byte ranges do not overlap: each tensor's data is
+/// its own (the streaming loader hands the bytes out once, in file order).
+fn check_disjoint(tensors: &[TensorInfo]) -> Result<()> {
+    let mut names = HashSet::with_capacity(tensors.len());
+    for t in tensors {
+        if !names.insert(t.name.as_str()) {
+            return Err(Error::BadTensorLayout {
+                tensor: t.name.clone(),
+                reason: "the name appears twice in the tensor table".into(),
+            });
+        }
+    }
+    let mut order: Vec<&TensorInfo> = tensors.iter().collect();
+    order.sort_by_key(|t| (t.offset, t.n_bytes));
+    for w in order.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        if b.offset < a.offset + a.n_bytes {
+            return Err(Error::TensorOverlap {
+                first: a.name.clone(),
+                first_start: a.offset,
+                first_end: a.offset + a.n_bytes,
+                second: b.name.clone(),
+                second_start: b.offset,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Writes GGUF files: used by tests to make small models in the real format, and by

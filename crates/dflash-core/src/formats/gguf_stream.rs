@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::formats::gguf::{parse_header, GgufHeader, TensorInfo};
+use crate::limits::MAX_STREAM_TENSOR_BYTES;
 
 pub struct GgufStream {
     total: u64,
@@ -50,6 +51,12 @@ impl GgufStream {
         self.received
     }
 
+    /// Bytes held now: the header while it is incomplete, then at most the part of the
+    /// next tensor that has arrived (padding and bytes after the last tensor are dropped).
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
     /// Appends the next bytes of the file; returns the tensors they complete, in file
     /// order. Bytes past the announced length are an error.
     pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<StreamTensor>> {
@@ -68,12 +75,28 @@ impl GgufStream {
             }
             match parse_header(&self.buf, self.total) {
                 Ok(h) => {
+                    if let Some(t) = h
+                        .tensors
+                        .iter()
+                        .find(|t| t.n_bytes > MAX_STREAM_TENSOR_BYTES)
+                    {
+                        return Err(Error::over_limit(
+                            format!("bytes of tensor {}", t.name),
+                            t.n_bytes,
+                            "MAX_STREAM_TENSOR_BYTES",
+                            MAX_STREAM_TENSOR_BYTES,
+                        ));
+                    }
                     let mut order: Vec<usize> = (0..h.tensors.len()).collect();
                     order.sort_by_key(|&i| h.tensors[i].offset);
                     self.order = order;
                     self.header = Some(h);
                 }
-                Err(Error::Truncated { .. }) if !complete => {
+                // The header goes on past what has arrived: wait for more, unless the
+                // bytes it needs lie past the announced end (then it never completes).
+                Err(Error::Truncated { offset, needed, .. })
+                    if !complete && offset.saturating_add(needed) <= self.total =>
+                {
                     self.parse_at = self.buf.len() * 2;
                     return Ok(vec![]);
                 }
@@ -82,22 +105,45 @@ impl GgufStream {
         }
         let h = self.header.as_ref().expect("header parsed above");
         let mut done = Vec::new();
-        while let Some(&i) = self.order.get(self.next) {
-            let t = &h.tensors[i];
-            let end = t.offset + t.n_bytes;
-            if end > self.base + self.buf.len() as u64 {
+        loop {
+            let Some(t) = self.order.get(self.next).map(|&i| &h.tensors[i]) else {
+                // Every tensor is out: what follows is not kept.
+                self.base += self.buf.len() as u64;
+                self.buf.clear();
+                break;
+            };
+            // Bytes before this tensor (the header, padding) are not kept either. Tensors
+            // are disjoint and in file order (`parse_header` checks), so the next one
+            // never starts before `base`.
+            let gap = t
+                .offset
+                .checked_sub(self.base)
+                .ok_or_else(|| Error::TensorOverlap {
+                    first: "(bytes already handed out)".into(),
+                    first_start: 0,
+                    first_end: self.base,
+                    second: t.name.clone(),
+                    second_start: t.offset,
+                })?;
+            let have = self.buf.len() as u64;
+            if gap >= have {
+                self.base += have;
+                self.buf.clear();
                 break;
             }
-            let s = (t.offset - self.base) as usize;
+            self.buf.drain(..gap as usize);
+            self.base = t.offset;
+            // n_bytes <= MAX_STREAM_TENSOR_BYTES (checked above): fits a usize.
+            let n = t.n_bytes as usize;
+            if n > self.buf.len() {
+                break;
+            }
             done.push(StreamTensor {
                 info: t.clone(),
-                bytes: self.buf[s..s + t.n_bytes as usize].to_vec(),
+                bytes: self.buf.drain(..n).collect(),
             });
+            self.base += t.n_bytes;
             self.next += 1;
-            // Drop everything before the end of this tensor (tensors never overlap).
-            let cut = (end - self.base) as usize;
-            self.buf.drain(..cut);
-            self.base = end;
         }
         Ok(done)
     }

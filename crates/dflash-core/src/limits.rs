@@ -1,0 +1,41 @@
+//! Limits on what an input file or request may ask the engine to allocate or run, stated
+//! once: every check uses these, and an input over one says which limit and its value
+//! (`Error::LimitExceeded` names the constant).
+//!
+//! Each is far above what real models use (noted per limit), so only a corrupt or
+//! hostile input meets them.
+
+/// Bytes of a GGUF header (magic to the end of the tensor table). Real files: a few MB
+/// (Gemma 3's 262k-token vocabulary, the largest known, about 7 MB). The streaming
+/// loader buffers at most this much before the header parses.
+pub const MAX_GGUF_HEADER_BYTES: u64 = 128 << 20;
+
+/// Bytes of one GGUF metadata string (key, value or array item). Real files: chat
+/// templates of tens of KB.
+pub const MAX_GGUF_STRING_BYTES: u64 = 16 << 20;
+
+/// Items of all GGUF metadata arrays together (nested items included). Each item takes
+/// a `Value` (32 bytes) in memory whatever its size in the file, so this bounds the
+/// header's memory: 4 Mi items are 128 MiB. Real files: under 1.5 M (vocabulary,
+/// scores, token types and merges).
+pub const MAX_GGUF_ARRAY_ITEMS: u64 = 1 << 22;
+
+/// Metadata key-value pairs of a GGUF file. Real files: about 50.
+pub const MAX_GGUF_KEYS: u64 = 1 << 16;
+
+/// Tensors of a GGUF file. Real files: about 10 per layer (experts are stacked in one
+/// tensor), so a few thousand at most.
+pub const MAX_GGUF_TENSORS: u64 = 1 << 16;
+
+/// Fuel of one chat template rendering (minijinja instructions). A real template over a
+/// long conversation uses tens of thousands; a runaway loop ends in well under a second.
+pub const CHAT_TEMPLATE_FUEL: u64 = 20_000_000;
+
+/// Bytes of one rendered chat prompt. Real prompts are bounded by the context (at most a
+/// few MB of text).
+pub const MAX_CHAT_PROMPT_BYTES: usize = 64 << 20;
+
+/// Bytes of one tensor the streaming loader assembles: the largest allocation wasm32
+/// can make (`isize::MAX` there). Real tensors: up to about 1 GB (an 8B model's F16
+/// embedding).
+pub const MAX_STREAM_TENSOR_BYTES: u64 = (1 << 31) - 1;
