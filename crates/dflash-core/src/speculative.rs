@@ -101,7 +101,10 @@ pub const PROBE_BUDGET: f64 = 0.02;
 
 /// Idle steps before a probe of block `b` under `verify_cost` (see [`PROBE_BUDGET`]).
 pub fn probe_interval(verify_cost: &[f64], b: usize) -> usize {
-    let extra = verify_cost.get(b).copied().unwrap_or(f64::INFINITY) - 1.0;
+    // Relative to a one-row step: refined costs (`StepCosts::policy`) share a scale that
+    // need not make verify_cost[1] exactly 1.
+    let one = verify_cost.get(1).copied().unwrap_or(1.0).max(1e-9);
+    let extra = verify_cost.get(b).copied().unwrap_or(f64::INFINITY) / one - 1.0;
     let steps = (extra.max(0.0) / PROBE_BUDGET).ceil();
     if steps.is_finite() {
         (steps as usize).max(PROBE_EVERY)

@@ -424,6 +424,9 @@ fn auto_mode_probes_within_its_budget_where_rows_are_dear() {
         2,
         "the probe: the cheapest block"
     );
+    // Refined costs share a scale that need not make a one-row step 1: the budget is
+    // relative to it (0.7 and 1.4: the probe costs one extra step, 50 idle steps).
+    assert_eq!(probe_interval(&[1.0, 0.7, 1.4], 2), 50);
     // A cost table without the probe's block never probes.
     assert_eq!(probe_interval(&[1.0, 1.0], 2), usize::MAX);
 }

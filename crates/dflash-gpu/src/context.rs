@@ -220,7 +220,10 @@ pub struct GpuContext {
 /// What every kernel of dflash-web needs at least.
 pub const MIN_INVOCATIONS: u32 = 64;
 pub const MIN_WORKGROUP_STORAGE: u32 = 4096 + 1024;
-pub const MIN_STORAGE_BUFFERS: u32 = 6;
+/// The GEMV with the greedy head's partials binds 8 (WebGPU's default limit).
+pub const MIN_STORAGE_BUFFERS: u32 = 8;
+/// Chunked attention binds 9: adapters with fewer run qkv.wgsl + attention.wgsl.
+pub const CHUNKED_ATTENTION_STORAGE_BUFFERS: u32 = 9;
 
 impl GpuContext {
     pub async fn new_async(opts: &GpuOptions) -> Result<Self> {
@@ -337,7 +340,10 @@ impl GpuContext {
             max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
             max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
         };
-        let tuning = opts.tuning.unwrap_or_else(|| Tuning::for_adapter(&info));
+        let mut tuning = opts.tuning.unwrap_or_else(|| Tuning::for_adapter(&info));
+        // The limit granted to the device (browser_limits caps it at 10).
+        tuning.chunked_attention &= device.limits().max_storage_buffers_per_shader_stage
+            >= CHUNKED_ATTENTION_STORAGE_BUFFERS;
         Ok(GpuContext {
             device,
             queue,
@@ -462,6 +468,17 @@ impl GpuContext {
         staging: &wgpu::Buffer,
         after: Option<wgpu::SubmissionIndex>,
     ) -> Result<Vec<u8>> {
+        self.finish_map(self.begin_map(staging, after)).await
+    }
+
+    /// Requests the map of a read-back buffer that submission `after` writes last, now:
+    /// in the browser a map completes with the work submitted before it was requested,
+    /// so requesting it before the next submission lets that one run meanwhile.
+    pub fn begin_map(
+        &self,
+        staging: &wgpu::Buffer,
+        after: Option<wgpu::SubmissionIndex>,
+    ) -> PendingMap {
         let slot = Arc::new(Mutex::new(MapWait::default()));
         let filler = slot.clone();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -472,6 +489,20 @@ impl GpuContext {
                 }
             }
         });
+        PendingMap {
+            staging: staging.clone(),
+            slot,
+            after,
+        }
+    }
+
+    /// The bytes of a map `begin_map` requested (the buffer unmapped again).
+    pub async fn finish_map(&self, map: PendingMap) -> Result<Vec<u8>> {
+        let PendingMap {
+            staging,
+            slot,
+            after,
+        } = map;
         #[cfg(not(target_arch = "wasm32"))]
         let r = {
             self.wait_for(after)?;
@@ -499,6 +530,13 @@ impl GpuContext {
         staging.unmap();
         Ok(bytes)
     }
+}
+
+/// A map requested by `GpuContext::begin_map`, awaited by `finish_map`.
+pub struct PendingMap {
+    staging: wgpu::Buffer,
+    slot: Arc<Mutex<MapWait>>,
+    after: Option<wgpu::SubmissionIndex>,
 }
 
 /// What a buffer-map callback leaves for the future that waits on it.

@@ -88,19 +88,27 @@ impl GpuModel {
         let mut in_flight = Some((self.submit_fed_step(Some(first), head, 0)?, 0));
         let mut submitted = 1;
         while let Some((index, slot)) = in_flight.take() {
+            // This step's token is asked for before the next step is queued.
+            let map = self
+                .ctx
+                .begin_map(&self.act.token_readback[slot], Some(index));
             if self.len < self.context && submitted < max {
-                in_flight = Some((self.submit_fed_step(None, head, 1 - slot)?, 1 - slot));
+                match self.submit_fed_step(None, head, 1 - slot) {
+                    Ok(next) => in_flight = Some((next, 1 - slot)),
+                    Err(e) => {
+                        let _ = self.ctx.finish_map(map).await;
+                        return Err(e);
+                    }
+                }
                 submitted += 1;
             }
-            let buf = &self.act.token_readback[slot];
-            let bytes = self.ctx.read_mapped_after(buf, Some(index)).await?;
-            let token = bytemuck::cast_slice::<u8, u32>(&bytes)[0];
-            if push(token)? {
-                // The step in flight, if any, follows a token that ended generation: its
-                // row is not committed (later work is queued behind it, so nothing
-                // waits for it).
+            let read = self.ctx.finish_map(map).await;
+            let done = read.and_then(|bytes| push(bytemuck::cast_slice::<u8, u32>(&bytes)[0]));
+            if !matches!(done, Ok(false)) {
+                // Over (or failed): the step in flight, if any, is not committed (later
+                // work is queued behind it, so nothing waits for it).
                 self.len -= in_flight.map_or(0, |_| 1);
-                return Ok(());
+                return done.map(|_| ());
             }
         }
         Ok(())

@@ -120,6 +120,11 @@ pub fn gemv_fused(
     n: usize,
     f: &GemvFusion,
 ) -> Result<Vec<Dispatch>> {
+    if f.pair && f.argmax.is_some() {
+        return Err(crate::error::GpuError::Unsupported(
+            "a paired GEMV with the greedy head's partials".into(),
+        ));
+    }
     if f.pair && (m.chunks.len() != 1 || !m.rows.is_multiple_of(2)) {
         return Err(crate::error::GpuError::Unsupported(
             "a paired GEMV over a matrix split into chunks".into(),
