@@ -1,7 +1,7 @@
 //! `dflash generate`.
 
 use crate::{load, CliError, Device};
-use dflash_core::cpu::CpuModel;
+use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
 use dflash_core::generate::{generate_cpu, FinishReason, GenerateRequest, GenerateResult};
 use dflash_core::model_files::LoadedModel;
@@ -120,14 +120,14 @@ pub fn open_device(
     opts: &GpuOptions,
 ) -> Result<Option<Rc<GpuContext>>, CliError> {
     match device {
-        Some(Device::Cpu) => Ok(None),
+        Some(Device::Cpu | Device::Reference) => Ok(None),
         Some(Device::Gpu) => Ok(Some(Rc::new(GpuContext::new(opts)?))),
         None => match GpuContext::new(opts) {
             Ok(c) => Ok(Some(Rc::new(c))),
             Err(e) => {
                 let _ = writeln!(
                     std::io::stderr(),
-                    "note: no GPU adapter ({e}); using the CPU reference engine"
+                    "note: no GPU adapter ({e}); using the CPU engine"
                 );
                 Ok(None)
             }
@@ -195,11 +195,11 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
             None => {
                 let _ = writeln!(
                     std::io::stderr(),
-                    "note: --repetition-penalty runs on the CPU reference engine"
+                    "note: --repetition-penalty runs on the CPU engine"
                 );
                 device_choice = Some(Device::Cpu);
             }
-            Some(Device::Cpu) => {}
+            Some(Device::Cpu | Device::Reference) => {}
         }
     }
     let opts = GpuOptions {
@@ -251,11 +251,14 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
             ((r, prep), "gpu", Some(adapter))
         }
         None => {
-            let cpu = CpuModel::new(&m.weights);
+            let kernels = device_choice
+                .and_then(Device::cpu_kernels)
+                .unwrap_or(CpuKernels::Quantized);
+            let cpu = CpuModel::with_kernels(&m.weights, kernels);
             let prep = t_prep.elapsed().as_secs_f64();
             let r = match &drafter {
                 Some(w) => {
-                    let d = CpuDrafter::new(w);
+                    let d = CpuDrafter::with_kernels(w, kernels);
                     let policy = block_policy(&a.block, w.config.block_size, None)?;
                     let sr = generate_speculative_cpu(
                         &cpu,
@@ -271,7 +274,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
                 }
                 None => generate_cpu(&cpu, &m.tokenizer, &req, &clock, &mut on_text)?,
             };
-            ((r, prep), "cpu", None)
+            ((r, prep), kernels.device_name(), None)
         }
     };
     let (r, prep_s) = r;

@@ -37,8 +37,22 @@ struct Cli {
 pub enum Device {
     /// The WebGPU engine on a wgpu adapter (the default when one exists).
     Gpu,
-    /// The plain-Rust CPU reference engine.
+    /// The quantized CPU engine: 4/8-bit weights, 8-bit activations, integer dot
+    /// products with SIMD, output rows split across threads.
     Cpu,
+    /// The plain-Rust f32 CPU reference engine (the oracle of the tests; slow).
+    Reference,
+}
+
+impl Device {
+    /// The CPU engine's kernels, or None for the GPU.
+    pub fn cpu_kernels(self) -> Option<dflash_core::cpu::CpuKernels> {
+        match self {
+            Device::Gpu => None,
+            Device::Cpu => Some(dflash_core::cpu::CpuKernels::Quantized),
+            Device::Reference => Some(dflash_core::cpu::CpuKernels::Reference),
+        }
+    }
 }
 
 #[derive(Subcommand)]

@@ -1,9 +1,10 @@
-//! The CPU reference's invariants: a position's logits are bit-identical however many
-//! tokens share the pass; taps are the residual stream after the chosen layers; KV
-//! rollback leaves no trace.
+//! The CPU engines' invariants (the f32 reference and the quantized engine): a
+//! position's logits are bit-identical however many tokens share the pass; taps are the
+//! residual stream after the chosen layers; KV rollback leaves no trace; the quantized
+//! engine stays within its stated tolerance of the reference.
 
 use dflash_core::config::Arch;
-use dflash_core::cpu::{CpuModel, LogitRows};
+use dflash_core::cpu::{CpuKernels, CpuModel, LogitRows};
 use dflash_core::formats::ggml::GgmlType;
 use dflash_core::model_files::load_gguf;
 use dflash_core::testutil::{random_weights, tiny_config, write_gguf, Rng};
@@ -23,9 +24,12 @@ fn tokens(n: usize, vocab: usize) -> Vec<u32> {
 
 #[test]
 fn logits_are_bit_identical_in_one_token_steps_chunks_and_one_pass() {
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+    for (arch, kernels) in [Arch::Llama, Arch::Qwen2, Arch::Qwen3]
+        .into_iter()
+        .flat_map(|a| [(a, CpuKernels::Reference), (a, CpuKernels::Quantized)])
+    {
         let w = model(arch);
-        let cpu = CpuModel::new(&w);
+        let cpu = CpuModel::with_kernels(&w, kernels);
         let v = w.config.vocab_size;
         let toks = tokens(40, v);
         let mut c1 = cpu.new_cache(64);
@@ -55,13 +59,13 @@ fn logits_are_bit_identical_in_one_token_steps_chunks_and_one_pass() {
             all.iter()
                 .zip(&steps)
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{arch:?}: one pass vs one-token steps"
+            "{arch:?} {kernels:?}: one pass vs one-token steps"
         );
         assert!(
             all.iter()
                 .zip(&chunks)
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{arch:?}: one pass vs 16-row chunks"
+            "{arch:?} {kernels:?}: one pass vs 16-row chunks"
         );
         assert_eq!(all.len(), 40 * v);
     }
@@ -108,7 +112,13 @@ fn taps_are_the_residual_stream_after_the_chosen_layers() {
 #[test]
 fn kv_rollback_equals_never_having_seen_the_rejected_tokens() {
     let w = model(Arch::Llama);
-    let cpu = CpuModel::new(&w);
+    for kernels in [CpuKernels::Reference, CpuKernels::Quantized] {
+        kv_rollback_with(&w, kernels);
+    }
+}
+
+fn kv_rollback_with(w: &ModelWeights, kernels: CpuKernels) {
+    let cpu = CpuModel::with_kernels(w, kernels);
     let toks = tokens(30, w.config.vocab_size);
     let (a, b, c) = (&toks[..12], &toks[12..20], &toks[20..]);
     let mut cache = cpu.new_cache(64);
@@ -141,4 +151,48 @@ fn a_full_cache_is_an_error() {
         .forward(&tokens(2, 100), &mut cache, LogitRows::Last, &[99])
         .unwrap_err();
     assert!(matches!(e, dflash_core::Error::BadConfig(_)));
+}
+
+/// The quantized engine's logits against the reference's: activations rounded to 8 bits
+/// per group of 32 move each logit by a few hundredths of the logits' spread on these
+/// random models; the bound is 5% of the spread, and the top token agrees wherever the
+/// reference's top-2 margin exceeds that.
+#[test]
+fn the_quantized_engine_stays_near_the_reference() {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+        let w = model(arch);
+        let v = w.config.vocab_size;
+        let toks = tokens(24, v);
+        let logits = |kernels| {
+            let cpu = CpuModel::with_kernels(&w, kernels);
+            let mut cache = cpu.new_cache(32);
+            cpu.forward(&toks, &mut cache, LogitRows::All, &[])
+                .unwrap()
+                .logits
+        };
+        let (want, got) = (logits(CpuKernels::Reference), logits(CpuKernels::Quantized));
+        let mut worst = 0f32;
+        for (r, (a, b)) in want.chunks(v).zip(got.chunks(v)).enumerate() {
+            let hi = a.iter().cloned().fold(f32::MIN, f32::max);
+            let lo = a.iter().cloned().fold(f32::MAX, f32::min);
+            let bound = 0.05 * (hi - lo);
+            let diff = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            worst = worst.max(diff / (hi - lo));
+            assert!(diff <= bound, "{arch:?} row {r}: {diff} > {bound}");
+            let top = dflash_core::cpu::ops::argmax(a);
+            let mut sorted = a.to_vec();
+            sorted.sort_by(|x, y| y.total_cmp(x));
+            if sorted[0] - sorted[1] > 2.0 * bound {
+                assert_eq!(dflash_core::cpu::ops::argmax(b), top, "{arch:?} row {r}");
+            }
+        }
+        eprintln!(
+            "{arch:?}: largest logit difference {:.4} of the spread",
+            worst
+        );
+    }
 }

@@ -4,7 +4,7 @@
 //! their absence a failure. DFLASH_TF_POSITIONS limits the teacher-forced positions.
 
 use dflash_core::chat::Message;
-use dflash_core::cpu::{CpuModel, LogitRows};
+use dflash_core::cpu::{CpuKernels, CpuModel, LogitRows};
 use dflash_core::generate::{generate_cpu, GenerateRequest};
 use dflash_core::model_files::{load_path, LoadedModel};
 use dflash_core::sampling::SamplingParams;
@@ -62,9 +62,9 @@ fn check_chat_template(m: &LoadedModel, fx: &Value) {
     }
 }
 
-/// Teacher-forced top-1 agreement: at least 98%, and every disagreement a near-tie
-/// (llama.cpp's top-2 margin under 1.0 logit).
-fn check_teacher_forced(m: &LoadedModel, cpu: &CpuModel, fx: &Value) {
+/// Teacher-forced top-1 agreement: at least `min_rate`, and every disagreement a
+/// near-tie (llama.cpp's top-2 margin under 1.0 logit).
+fn check_teacher_forced(m: &LoadedModel, cpu: &CpuModel, fx: &Value, min_rate: f64) {
     let tf = &fx["teacher_forced"];
     let all = ids(&tf["ids"]);
     let rows = tf["rows"].as_array().unwrap();
@@ -98,7 +98,7 @@ fn check_teacher_forced(m: &LoadedModel, cpu: &CpuModel, fx: &Value) {
         "teacher-forced top-1 agreement {agree}/{n} = {:.2}% ({near_tie_misses} near-tie misses)",
         rate * 100.0
     );
-    assert!(rate >= 0.98, "agreement {rate}");
+    assert!(rate >= min_rate, "agreement {rate}");
 }
 
 /// Greedy generation equals llama.cpp's up to the first near-tie.
@@ -155,7 +155,13 @@ fn run(file: &str, fixture_name: &str) {
     check_chat_template(&m, &fx);
     let cpu = CpuModel::new(&m.weights);
     check_greedy(&m, &cpu, &fx);
-    check_teacher_forced(&m, &cpu, &fx);
+    check_teacher_forced(&m, &cpu, &fx, 0.98);
+    // The quantized engine rounds activations to 8 bits per group as llama.cpp does, but
+    // not in the same way (nor its f16 KV cache): SmolLM2 gives 97.5% (14 misses in
+    // 560, all near-ties) where the reference gives 98.75%.
+    let fast = CpuModel::with_kernels(&m.weights, CpuKernels::Quantized);
+    check_greedy(&m, &fast, &fx);
+    check_teacher_forced(&m, &fast, &fx, 0.97);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! drafter/target mismatch, and the speculative loop's output equal to plain decoding
 //! token for token (greedy and sampled), at every block size and in auto mode.
 
-use dflash_core::cpu::CpuModel;
+use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{
     CpuDrafter, DrafterConfig, DrafterPrecision, DrafterWeights, LayerKind,
 };
@@ -96,8 +96,15 @@ fn blocks() -> Vec<BlockSize> {
 #[test]
 fn a_random_drafter_is_lossless_at_every_block_size() {
     let t = target();
-    let cpu = CpuModel::new(&t.weights);
-    let d = CpuDrafter::new(&load(&write_drafter(t.config(), &spec(5))).unwrap());
+    let w = load(&write_drafter(t.config(), &spec(5))).unwrap();
+    for kernels in [CpuKernels::Reference, CpuKernels::Quantized] {
+        lossless_with(&t, &w, kernels);
+    }
+}
+
+fn lossless_with(t: &LoadedModel, w: &DrafterWeights, kernels: CpuKernels) {
+    let cpu = CpuModel::with_kernels(&t.weights, kernels);
+    let d = CpuDrafter::with_kernels(w, kernels);
     for sp in samplings() {
         for p in prompts() {
             let plain = generate_cpu(
@@ -119,7 +126,11 @@ fn a_random_drafter_is_lossless_at_every_block_size() {
                     &mut |_| {},
                 )
                 .unwrap();
-                assert_eq!(s.result.tokens, plain.tokens, "{b:?} T={}", sp.temperature);
+                assert_eq!(
+                    s.result.tokens, plain.tokens,
+                    "{kernels:?} {b:?} T={}",
+                    sp.temperature
+                );
                 assert_eq!(s.result.text, plain.text);
                 assert_eq!(s.result.finish_reason, plain.finish_reason);
             }

@@ -2,5 +2,6 @@
 
 pub mod model;
 pub mod ops;
+pub mod quant_matmul;
 
-pub use model::{CpuModel, ForwardOutput, KvCache, LogitRows};
+pub use model::{CpuKernels, CpuModel, ForwardOutput, KvCache, LogitRows};

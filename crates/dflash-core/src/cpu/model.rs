@@ -2,29 +2,99 @@
 //! attention over a KV cache, SwiGLU MLP, lm_head; optional hidden-state taps.
 
 use super::ops::{argmax, attention_row, matmul_t, rms_norm, rope, silu};
+use super::quant_matmul::{quant_matmul, Kernel, QuantizedRows};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::quant::QuantMatrix;
 use crate::weights::ModelWeights;
 
-/// A weight matrix dequantized to f32 (from the GPU formats, so both engines see the
-/// same values).
-pub(crate) struct Matrix {
-    w: Vec<f32>,
-    rows: usize,
-    cols: usize,
+/// Which matrix products the CPU engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuKernels {
+    /// Weights dequantized to f32, f32 products: the oracle every engine is tested
+    /// against.
+    #[default]
+    Reference,
+    /// Weights kept in their 4/8-bit formats, activations quantized to 8 bits per
+    /// group, exact integer dot products with SIMD and threads
+    /// (`super::quant_matmul`).
+    Quantized,
+}
+
+impl CpuKernels {
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuKernels::Reference => "reference",
+            CpuKernels::Quantized => "quantized",
+        }
+    }
+
+    /// The `--device` that runs these kernels.
+    pub fn device_name(self) -> &'static str {
+        match self {
+            CpuKernels::Reference => "reference",
+            CpuKernels::Quantized => "cpu",
+        }
+    }
+}
+
+/// A weight matrix: dequantized to f32 (from the GPU formats, so both engines see the
+/// same values) or kept quantized.
+pub(crate) enum Matrix {
+    Dense {
+        w: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    },
+    Quant {
+        m: QuantMatrix,
+        kernel: Kernel,
+    },
 }
 
 impl Matrix {
-    pub(crate) fn from_quant(m: &QuantMatrix) -> Self {
-        Matrix {
-            w: m.dequantize(),
-            rows: m.rows,
-            cols: m.cols,
+    pub(crate) fn new(m: &QuantMatrix, kernels: CpuKernels) -> Self {
+        match kernels {
+            CpuKernels::Reference => Matrix::Dense {
+                w: m.dequantize(),
+                rows: m.rows,
+                cols: m.cols,
+            },
+            CpuKernels::Quantized => Matrix::Quant {
+                m: m.clone(),
+                kernel: Kernel::detect(),
+            },
         }
     }
+
+    pub(crate) fn rows(&self) -> usize {
+        match self {
+            Matrix::Dense { rows, .. } => *rows,
+            Matrix::Quant { m, .. } => m.rows,
+        }
+    }
+
+    /// `x` (`[n, cols]`) times the transposed matrix: `[n, rows]`.
     pub(crate) fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
-        matmul_t(x, &self.w, n, self.cols, self.rows)
+        match self {
+            Matrix::Dense { w, rows, cols } => matmul_t(x, w, n, *cols, *rows),
+            Matrix::Quant { m, kernel } => {
+                let xq = QuantizedRows::new(x, n, m.cols, m.format, m.group);
+                quant_matmul(m, &xq, *kernel)
+            }
+        }
+    }
+
+    /// Appends row `r` in f32 to `out` (embedding lookups).
+    pub(crate) fn push_row(&self, r: usize, out: &mut Vec<f32>) {
+        match self {
+            Matrix::Dense { w, cols, .. } => out.extend_from_slice(&w[r * cols..(r + 1) * cols]),
+            Matrix::Quant { m, .. } => {
+                let at = out.len();
+                out.resize(at + m.cols, 0.0);
+                m.dequantize_row(r, &mut out[at..]);
+            }
+        }
     }
 }
 
@@ -52,6 +122,7 @@ pub struct CpuModel {
     norm: Vec<f32>,
     lm_head: Option<Matrix>,
     inv_freq: Vec<f32>,
+    kernels: CpuKernels,
 }
 
 /// Per-layer keys and values of every position computed so far.
@@ -118,35 +189,46 @@ pub struct ForwardOutput {
 }
 
 impl CpuModel {
+    /// The reference engine (f32 weights): the oracle.
     pub fn new(w: &ModelWeights) -> Self {
+        Self::with_kernels(w, CpuKernels::Reference)
+    }
+
+    pub fn with_kernels(w: &ModelWeights, kernels: CpuKernels) -> Self {
+        let mat = |m: &QuantMatrix| Matrix::new(m, kernels);
         let layers = w
             .layers
             .iter()
             .map(|l| Layer {
                 attn_norm: l.attn_norm.clone(),
-                wq: Matrix::from_quant(&l.wq),
-                wk: Matrix::from_quant(&l.wk),
-                wv: Matrix::from_quant(&l.wv),
-                wo: Matrix::from_quant(&l.wo),
+                wq: mat(&l.wq),
+                wk: mat(&l.wk),
+                wv: mat(&l.wv),
+                wo: mat(&l.wo),
                 bq: l.bq.clone(),
                 bk: l.bk.clone(),
                 bv: l.bv.clone(),
                 q_norm: l.q_norm.clone(),
                 k_norm: l.k_norm.clone(),
                 ffn_norm: l.ffn_norm.clone(),
-                w_gate: Matrix::from_quant(&l.w_gate),
-                w_up: Matrix::from_quant(&l.w_up),
-                w_down: Matrix::from_quant(&l.w_down),
+                w_gate: mat(&l.w_gate),
+                w_up: mat(&l.w_up),
+                w_down: mat(&l.w_down),
             })
             .collect();
         CpuModel {
             config: w.config.clone(),
-            embed: Matrix::from_quant(&w.embed),
+            embed: mat(&w.embed),
             layers,
             norm: w.norm.clone(),
-            lm_head: w.lm_head.as_ref().map(Matrix::from_quant),
+            lm_head: w.lm_head.as_ref().map(mat),
             inv_freq: w.config.rope_inv_freq(),
+            kernels,
         }
+    }
+
+    pub fn kernels(&self) -> CpuKernels {
+        self.kernels
     }
 
     pub fn new_cache(&self, capacity: usize) -> KvCache {
@@ -158,13 +240,13 @@ impl CpuModel {
         let h = self.config.hidden_size;
         let mut x = Vec::with_capacity(tokens.len() * h);
         for &t in tokens {
-            if t as usize >= self.embed.rows {
+            if t as usize >= self.embed.rows() {
                 return Err(Error::TokenOutOfRange {
                     id: t,
-                    vocab: self.embed.rows,
+                    vocab: self.embed.rows(),
                 });
             }
-            x.extend_from_slice(&self.embed.w[t as usize * h..(t as usize + 1) * h]);
+            self.embed.push_row(t as usize, &mut x);
         }
         Ok(x)
     }

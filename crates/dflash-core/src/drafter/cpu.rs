@@ -4,6 +4,8 @@
 use super::*;
 use crate::cpu::model::Matrix as Mat;
 use crate::cpu::ops::{dot, rms_norm, rope, silu, softmax};
+use crate::cpu::CpuKernels;
+use crate::quant::QuantMatrix;
 
 struct CpuDraftLayer {
     input_norm: Vec<f32>,
@@ -129,7 +131,13 @@ fn head_norm_rope(
 }
 
 impl CpuDrafter {
+    /// The reference drafter (f32 weights).
     pub fn new(w: &DrafterWeights) -> Self {
+        Self::with_kernels(w, CpuKernels::Reference)
+    }
+
+    pub fn with_kernels(w: &DrafterWeights, kernels: CpuKernels) -> Self {
+        let mat = |m: &QuantMatrix| Mat::new(m, kernels);
         let layers = w
             .layers
             .iter()
@@ -137,33 +145,33 @@ impl CpuDrafter {
             .map(|(l, &kind)| CpuDraftLayer {
                 input_norm: l.input_norm.clone(),
                 post_norm: l.post_norm.clone(),
-                wq: Mat::from_quant(&l.wq),
-                wk: Mat::from_quant(&l.wk),
-                wv: Mat::from_quant(&l.wv),
-                wo: Mat::from_quant(&l.wo),
+                wq: mat(&l.wq),
+                wk: mat(&l.wk),
+                wv: mat(&l.wv),
+                wo: mat(&l.wo),
                 q_norm: l.q_norm.clone(),
                 k_norm: l.k_norm.clone(),
-                w_gate: Mat::from_quant(&l.w_gate),
-                w_up: Mat::from_quant(&l.w_up),
-                w_down: Mat::from_quant(&l.w_down),
+                w_gate: mat(&l.w_gate),
+                w_up: mat(&l.w_up),
+                w_down: mat(&l.w_down),
                 kind,
                 conv: l.conv.as_ref().map(|c| {
                     let cpu = |g: &GroupedConv| CpuConv {
                         base: g.base.clone(),
-                        projection: Mat::from_quant(&g.projection),
+                        projection: mat(&g.projection),
                     };
                     [cpu(&c.attention), cpu(&c.mlp)]
                 }),
             })
             .collect();
         let selector = w.selector.as_ref().map(|s| CpuSelector {
-            hidden_projection: Mat::from_quant(&s.hidden_projection),
+            hidden_projection: mat(&s.hidden_projection),
             predecessor: s.predecessor.dequantize(),
             successor: s.successor.dequantize(),
         });
         CpuDrafter {
             config: w.config.clone(),
-            fc: Mat::from_quant(&w.fc),
+            fc: mat(&w.fc),
             hidden_norm: w.hidden_norm.clone(),
             norm: w.norm.clone(),
             layers,

@@ -1,0 +1,576 @@
+//! The quantized CPU engine's matrix product: 4- and 8-bit weights (the GPU formats of
+//! `crate::quant`, used as loaded) against activations quantized to 8 bits per group,
+//! with exact integer dot products per group.
+//!
+//! Every output element is computed the same way whatever the kernel (scalar, AVX2,
+//! wasm SIMD128) and however many rows share the pass, so results are bit-identical
+//! across kernels, hosts and batch sizes:
+//!
+//! * activations: per group of the weight's group size, `scale = amax / 127` and
+//!   `q = round(x * (127 / amax))` in `-127..=127` (scalar code on every host), plus
+//!   `sum = scale * sum(q)`;
+//! * per group `g`, the exact integer `isum = sum(q_w * q_x)` and the f32 term
+//!   `(scale_w * scale_x) * isum + min_w * sum_x` (two products, then one sum: no fused
+//!   multiply-add);
+//! * the terms go to 8 accumulators by `g % 8`, in ascending `g`, combined by the fixed
+//!   tree `((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7))`.
+//!
+//! The activation bytes of a group are stored in the order the weight bytes are read:
+//! for Q4 (byte `b` of a group holds elements `2b` and `2b + 1` in its low and high
+//! nibble) the even elements then the odd ones; for Q8 the natural order.
+
+use crate::quant::{QFormat, QuantMatrix};
+use half::f16;
+
+const _: () = assert!(
+    cfg!(target_endian = "little"),
+    "the packed weight words are read as bytes"
+);
+
+/// Rows of activations quantized for one weight format and group size.
+#[derive(Debug, Clone)]
+pub struct QuantizedRows {
+    format: QFormat,
+    group: usize,
+    n: usize,
+    cols: usize,
+    /// `[n, cols]` values, each group in the weight format's byte order.
+    qs: Vec<i8>,
+    /// `[n, cols / group]`.
+    scales: Vec<f32>,
+    /// `[n, cols / group]`: `scale * sum(q)`.
+    sums: Vec<f32>,
+}
+
+impl QuantizedRows {
+    /// Quantizes `n` rows of `cols` values for weights of `format` and `group`.
+    pub fn new(x: &[f32], n: usize, cols: usize, format: QFormat, group: usize) -> Self {
+        assert_eq!(x.len(), n * cols, "activation shape");
+        assert!(
+            cols.is_multiple_of(group),
+            "columns a multiple of the group"
+        );
+        let groups = n * cols / group;
+        let mut out = QuantizedRows {
+            format,
+            group,
+            n,
+            cols,
+            qs: vec![0; n * cols],
+            scales: Vec::with_capacity(groups),
+            sums: Vec::with_capacity(groups),
+        };
+        for (src, dst) in x.chunks_exact(group).zip(out.qs.chunks_exact_mut(group)) {
+            let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let (scale, inv) = if amax > 0.0 {
+                (amax / 127.0, 127.0 / amax)
+            } else {
+                (0.0, 0.0)
+            };
+            let quant = |v: f32| (v * inv).round().clamp(-127.0, 127.0) as i8;
+            let half = group / 2;
+            for (i, &v) in src.iter().enumerate() {
+                let at = match format {
+                    QFormat::Q4 => (i % 2) * half + i / 2,
+                    QFormat::Q8 => i,
+                };
+                dst[at] = quant(v);
+            }
+            let total: i32 = dst.iter().map(|&q| q as i32).sum();
+            out.scales.push(scale);
+            out.sums.push(scale * total as f32);
+        }
+        out
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    fn row(&self, t: usize) -> ActRow<'_> {
+        let gpr = self.cols / self.group;
+        ActRow {
+            qs: &self.qs[t * self.cols..(t + 1) * self.cols],
+            scales: &self.scales[t * gpr..(t + 1) * gpr],
+            sums: &self.sums[t * gpr..(t + 1) * gpr],
+        }
+    }
+}
+
+/// One row of quantized activations.
+#[derive(Clone, Copy)]
+struct ActRow<'a> {
+    qs: &'a [i8],
+    scales: &'a [f32],
+    sums: &'a [f32],
+}
+
+/// One row of a quantized weight matrix.
+#[derive(Clone, Copy)]
+struct WeightRow<'a> {
+    /// The row's packed values as bytes.
+    qs: &'a [u8],
+    /// f16 bits, one per group.
+    scales: &'a [u16],
+    mins: &'a [u16],
+}
+
+fn weight_row(w: &QuantMatrix, r: usize) -> WeightRow<'_> {
+    let words = w.cols * w.format.bits() / 32;
+    let gpr = w.groups_per_row();
+    let qs: &[u32] = &w.qs[r * words..(r + 1) * words];
+    WeightRow {
+        qs: bytemuck_bytes(qs),
+        scales: &w.scales[r * gpr..(r + 1) * gpr],
+        mins: &w.mins[r * gpr..(r + 1) * gpr],
+    }
+}
+
+fn bytemuck_bytes(words: &[u32]) -> &[u8] {
+    // SAFETY: u8 has no alignment or validity requirements and the length covers
+    // exactly the words' bytes; the host is little-endian (checked above).
+    unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), words.len() * 4) }
+}
+
+/// The exact integer dot product of group `g` of a weight row with the activations.
+#[inline]
+fn group_isum_scalar(format: QFormat, group: usize, w: &[u8], x: &[i8], g: usize) -> i32 {
+    match format {
+        QFormat::Q4 => {
+            let half = group / 2;
+            let (wb, xb) = (&w[g * half..(g + 1) * half], &x[g * group..(g + 1) * group]);
+            let mut s = 0i32;
+            for b in 0..half {
+                s +=
+                    (wb[b] & 0xF) as i32 * xb[b] as i32 + (wb[b] >> 4) as i32 * xb[half + b] as i32;
+            }
+            s
+        }
+        QFormat::Q8 => {
+            let (wb, xb) = (
+                &w[g * group..(g + 1) * group],
+                &x[g * group..(g + 1) * group],
+            );
+            wb.iter()
+                .zip(xb)
+                .map(|(&a, &b)| a as i8 as i32 * b as i32)
+                .sum()
+        }
+    }
+}
+
+/// Adds group `g`'s term to its accumulator (the one definition every kernel follows).
+#[inline]
+fn accumulate(acc: &mut [f32; 8], g: usize, isum: i32, w: WeightRow, x: ActRow) {
+    let sw = f16::from_bits(w.scales[g]).to_f32();
+    let mw = f16::from_bits(w.mins[g]).to_f32();
+    let term = (sw * x.scales[g]) * isum as f32 + mw * x.sums[g];
+    acc[g % 8] += term;
+}
+
+#[inline]
+fn combine(a: &[f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
+}
+
+fn row_dot_scalar(format: QFormat, group: usize, w: WeightRow, x: ActRow) -> f32 {
+    let mut acc = [0f32; 8];
+    for g in 0..w.scales.len() {
+        let isum = group_isum_scalar(format, group, w.qs, x.qs, g);
+        accumulate(&mut acc, g, isum, w, x);
+    }
+    combine(&acc)
+}
+
+/// The row kernel chosen for this host once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    Simd128,
+}
+
+impl Kernel {
+    /// The fastest kernel this host runs.
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                Kernel::Avx2
+            } else {
+                Kernel::Scalar
+            }
+        }
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        {
+            Kernel::Simd128
+        }
+        #[cfg(not(any(
+            target_arch = "x86_64",
+            all(target_arch = "wasm32", target_feature = "simd128")
+        )))]
+        {
+            Kernel::Scalar
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => "avx2",
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Kernel::Simd128 => "simd128",
+        }
+    }
+
+    fn row_dot(self, format: QFormat, group: usize, w: WeightRow, x: ActRow) -> f32 {
+        match self {
+            Kernel::Scalar => row_dot_scalar(format, group, w, x),
+            // SAFETY: `detect` chose this kernel only where the CPU has AVX2 and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { avx2::row_dot(format, group, w, x) },
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Kernel::Simd128 => simd128::row_dot(format, group, w, x),
+        }
+    }
+}
+
+/// `y[t, o] = sum_k x[t, k] * w[o, k]` for the quantized rows `x` (`[n, k]`) and `w`
+/// (`[m, k]`), as `[n, m]`. Output rows are split across threads natively.
+pub fn quant_matmul(w: &QuantMatrix, x: &QuantizedRows, kernel: Kernel) -> Vec<f32> {
+    assert_eq!(
+        (w.format, w.group, w.cols),
+        (x.format, x.group, x.cols),
+        "activations quantized for another matrix"
+    );
+    let (n, m) = (x.n, w.rows);
+    let mut by_weight_row = vec![0f32; m * n];
+    let rows_per_task = (m / 64).clamp(16, 256);
+    let run = |first_row: usize, out: &mut [f32]| {
+        for (i, o) in out.chunks_exact_mut(n).enumerate() {
+            let wr = weight_row(w, first_row + i);
+            for (t, y) in o.iter_mut().enumerate() {
+                *y = kernel.row_dot(w.format, w.group, wr, x.row(t));
+            }
+        }
+    };
+    for_each_band(&mut by_weight_row, rows_per_task * n, |band, out| {
+        run(band * rows_per_task, out)
+    });
+    if n == 1 {
+        return by_weight_row;
+    }
+    let mut y = vec![0f32; n * m];
+    for (o, row) in by_weight_row.chunks_exact(n).enumerate() {
+        for (t, &v) in row.iter().enumerate() {
+            y[t * m + o] = v;
+        }
+    }
+    y
+}
+
+/// Runs `f(band_index, band)` over `out` split into bands of `band_len`: on rayon's
+/// threads natively, in order on wasm.
+fn for_each_band(out: &mut [f32], band_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use rayon::prelude::*;
+        out.par_chunks_mut(band_len)
+            .enumerate()
+            .for_each(|(i, band)| f(i, band));
+    }
+    #[cfg(target_arch = "wasm32")]
+    for (i, band) in out.chunks_mut(band_len).enumerate() {
+        f(i, band);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{accumulate, combine, group_isum_scalar, ActRow, WeightRow};
+    use crate::quant::QFormat;
+    use std::arch::x86_64::*;
+
+    /// Sums the 8 i32 lanes of each of 8 vectors: lane `j` of the result is the sum of
+    /// vector `j`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn hsum8(v: [__m256i; 8]) -> __m256i {
+        let a = _mm256_hadd_epi32(v[0], v[1]);
+        let b = _mm256_hadd_epi32(v[2], v[3]);
+        let c = _mm256_hadd_epi32(v[4], v[5]);
+        let d = _mm256_hadd_epi32(v[6], v[7]);
+        let ab = _mm256_hadd_epi32(a, b);
+        let cd = _mm256_hadd_epi32(c, d);
+        let lo = _mm256_permute2x128_si256::<0x20>(ab, cd);
+        let hi = _mm256_permute2x128_si256::<0x31>(ab, cd);
+        _mm256_add_epi32(lo, hi)
+    }
+
+    /// The 8 lanes of exact products of one group: Q4 (16 bytes, nibbles widened to
+    /// low-then-high) or Q8 group 32.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn group_lanes(format: QFormat, w: *const u8, x: *const i8) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let xv = _mm256_loadu_si256(x.cast());
+        let p16 = match format {
+            QFormat::Q4 => {
+                let packed = _mm_loadu_si128(w.cast());
+                let mask = _mm_set1_epi8(0x0F);
+                let lo = _mm_and_si128(packed, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), mask);
+                _mm256_maddubs_epi16(_mm256_set_m128i(hi, lo), xv)
+            }
+            QFormat::Q8 => {
+                let wv = _mm256_loadu_si256(w.cast());
+                _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+            }
+        };
+        _mm256_madd_epi16(p16, ones)
+    }
+
+    /// `row_dot` of the module's definition, 8 groups at a time where the group has 32
+    /// values; groups of 16 and the tail take the scalar steps.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn row_dot(format: QFormat, group: usize, w: WeightRow, x: ActRow) -> f32 {
+        let groups = w.scales.len();
+        let wbytes = group * format_bits(format) / 8;
+        let mut acc = _mm256_setzero_ps();
+        let mut g = 0;
+        if group == 32 {
+            while g + 8 <= groups {
+                let mut lanes = [_mm256_setzero_si256(); 8];
+                for (j, l) in lanes.iter_mut().enumerate() {
+                    let gj = g + j;
+                    *l = group_lanes(
+                        format,
+                        w.qs.as_ptr().add(gj * wbytes),
+                        x.qs.as_ptr().add(gj * 32),
+                    );
+                }
+                let isum = _mm256_cvtepi32_ps(hsum8(lanes));
+                let sw = _mm256_cvtph_ps(_mm_loadu_si128(w.scales.as_ptr().add(g).cast()));
+                let mw = _mm256_cvtph_ps(_mm_loadu_si128(w.mins.as_ptr().add(g).cast()));
+                let sx = _mm256_loadu_ps(x.scales.as_ptr().add(g));
+                let xs = _mm256_loadu_ps(x.sums.as_ptr().add(g));
+                let term = _mm256_add_ps(
+                    _mm256_mul_ps(_mm256_mul_ps(sw, sx), isum),
+                    _mm256_mul_ps(mw, xs),
+                );
+                acc = _mm256_add_ps(acc, term);
+                g += 8;
+            }
+        }
+        let mut a = [0f32; 8];
+        _mm256_storeu_ps(a.as_mut_ptr(), acc);
+        while g < groups {
+            let isum = group_isum_scalar(format, group, w.qs, x.qs, g);
+            accumulate(&mut a, g, isum, w, x);
+            g += 1;
+        }
+        combine(&a)
+    }
+
+    fn format_bits(f: QFormat) -> usize {
+        f.bits()
+    }
+}
+
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128 {
+    use super::{accumulate, combine, ActRow, WeightRow};
+    use crate::quant::QFormat;
+    use std::arch::wasm32::*;
+
+    /// Exact dot product of 16 unsigned-or-signed weight bytes (already widened by the
+    /// caller's choice) with 16 signed activation bytes.
+    #[inline]
+    fn dot16(w_lo: v128, w_hi: v128, x: v128) -> v128 {
+        let x_lo = i16x8_extend_low_i8x16(x);
+        let x_hi = i16x8_extend_high_i8x16(x);
+        i32x4_add(i32x4_dot_i16x8(w_lo, x_lo), i32x4_dot_i16x8(w_hi, x_hi))
+    }
+
+    #[inline]
+    fn hsum(v: v128) -> i32 {
+        i32x4_extract_lane::<0>(v)
+            + i32x4_extract_lane::<1>(v)
+            + i32x4_extract_lane::<2>(v)
+            + i32x4_extract_lane::<3>(v)
+    }
+
+    #[inline]
+    fn group_isum(format: QFormat, group: usize, w: &[u8], x: &[i8], g: usize) -> i32 {
+        // SAFETY: the loads stay inside the row slices (bounds checked by the slicing).
+        unsafe {
+            match format {
+                QFormat::Q4 => {
+                    let wb = &w[g * group / 2..(g + 1) * group / 2];
+                    let xb = &x[g * group..(g + 1) * group];
+                    let packed = v128_load(wb.as_ptr().cast());
+                    let lo = v128_and(packed, u8x16_splat(0x0F));
+                    let hi = u8x16_shr(packed, 4);
+                    let even = v128_load(xb.as_ptr().cast());
+                    let odd = v128_load(xb.as_ptr().add(16).cast());
+                    let s = i32x4_add(
+                        dot16(
+                            u16x8_extend_low_u8x16(lo),
+                            u16x8_extend_high_u8x16(lo),
+                            even,
+                        ),
+                        dot16(u16x8_extend_low_u8x16(hi), u16x8_extend_high_u8x16(hi), odd),
+                    );
+                    hsum(s)
+                }
+                QFormat::Q8 => {
+                    let wb = &w[g * group..(g + 1) * group];
+                    let xb = &x[g * group..(g + 1) * group];
+                    let mut s = i32x4_splat(0);
+                    for c in (0..group).step_by(16) {
+                        let wv = v128_load(wb.as_ptr().add(c).cast());
+                        let xv = v128_load(xb.as_ptr().add(c).cast());
+                        s = i32x4_add(
+                            s,
+                            dot16(i16x8_extend_low_i8x16(wv), i16x8_extend_high_i8x16(wv), xv),
+                        );
+                    }
+                    hsum(s)
+                }
+            }
+        }
+    }
+
+    pub(super) fn row_dot(format: QFormat, group: usize, w: WeightRow, x: ActRow) -> f32 {
+        let mut acc = [0f32; 8];
+        for g in 0..w.scales.len() {
+            let isum = group_isum(format, group, w.qs, x.qs, g);
+            accumulate(&mut acc, g, isum, w, x);
+        }
+        combine(&acc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(format: QFormat, rows: usize, cols: usize, seed: u32) -> QuantMatrix {
+        let mut s = seed;
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect();
+        match format {
+            QFormat::Q4 => QuantMatrix::quantize_q4(&x, rows, cols),
+            QFormat::Q8 => QuantMatrix::quantize_q8(&x, rows, cols),
+        }
+    }
+
+    fn activations(n: usize, cols: usize) -> Vec<f32> {
+        (0..n * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect()
+    }
+
+    #[test]
+    fn every_kernel_matches_the_scalar_definition_bit_for_bit() {
+        let kernel = Kernel::detect();
+        for format in [QFormat::Q4, QFormat::Q8] {
+            // 18 groups: two full blocks of 8 and a tail of 2.
+            let w = matrix(format, 5, 576, 7);
+            let x = QuantizedRows::new(&activations(3, 576), 3, 576, format, 32);
+            let fast = quant_matmul(&w, &x, kernel);
+            let scalar = quant_matmul(&w, &x, Kernel::Scalar);
+            assert_eq!(
+                fast.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                scalar.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{format:?} {kernel:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_row_does_not_depend_on_the_rows_beside_it() {
+        let kernel = Kernel::detect();
+        let w = matrix(QFormat::Q4, 300, 256, 3);
+        let xs = activations(16, 256);
+        let all = quant_matmul(
+            &w,
+            &QuantizedRows::new(&xs, 16, 256, QFormat::Q4, 32),
+            kernel,
+        );
+        for t in [0, 7, 15] {
+            let one = QuantizedRows::new(&xs[t * 256..(t + 1) * 256], 1, 256, QFormat::Q4, 32);
+            assert_eq!(quant_matmul(&w, &one, kernel), all[t * 300..(t + 1) * 300]);
+        }
+    }
+
+    #[test]
+    fn close_to_the_f32_product_of_the_dequantized_weights() {
+        for format in [QFormat::Q4, QFormat::Q8] {
+            let (rows, cols) = (64, 512);
+            let w = matrix(format, rows, cols, 11);
+            let xs = activations(2, cols);
+            let y = quant_matmul(
+                &w,
+                &QuantizedRows::new(&xs, 2, cols, format, 32),
+                Kernel::detect(),
+            );
+            let dense = w.dequantize();
+            for t in 0..2 {
+                let xr = &xs[t * cols..(t + 1) * cols];
+                let amax = xr.iter().fold(0f32, |a, v| a.max(v.abs()));
+                for o in 0..rows {
+                    let wr = &dense[o * cols..(o + 1) * cols];
+                    let exact: f32 = wr.iter().zip(xr).map(|(a, b)| a * b).sum();
+                    // Each activation moves by at most amax / 254; the error is bounded
+                    // by that times the row's absolute weight sum.
+                    let bound = amax / 254.0 * wr.iter().map(|v| v.abs()).sum::<f32>() + 1e-4;
+                    let got = y[t * rows + o];
+                    assert!(
+                        (got - exact).abs() <= bound,
+                        "{format:?} {got} vs {exact} (bound {bound})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn groups_of_16_use_their_own_scales() {
+        // A Q8 matrix with groups of 16 (as repacked from Q6_K).
+        let mut w = matrix(QFormat::Q8, 4, 64, 5);
+        w.group = 16;
+        w.scales = (0..16)
+            .map(|i| f16::from_f32(0.01 * (i + 1) as f32).to_bits())
+            .collect();
+        w.mins = vec![f16::from_f32(0.0).to_bits(); 16];
+        let xs = activations(1, 64);
+        let y = quant_matmul(
+            &w,
+            &QuantizedRows::new(&xs, 1, 64, QFormat::Q8, 16),
+            Kernel::detect(),
+        );
+        let dense = w.dequantize();
+        for o in 0..4 {
+            let exact: f32 = dense[o * 64..(o + 1) * 64]
+                .iter()
+                .zip(&xs)
+                .map(|(a, b)| a * b)
+                .sum();
+            assert!(
+                (y[o] - exact).abs() < 0.02 * exact.abs().max(1.0),
+                "{} vs {exact}",
+                y[o]
+            );
+        }
+    }
+}
