@@ -127,6 +127,26 @@ impl QuantMatrix {
         }
     }
 
+    /// The matrices one under the other (rows concatenated), or None where their
+    /// formats, groups or columns differ.
+    pub fn stack_rows(parts: &[&QuantMatrix]) -> Option<QuantMatrix> {
+        let first = parts.first()?;
+        if parts
+            .iter()
+            .any(|p| (p.format, p.group, p.cols) != (first.format, first.group, first.cols))
+        {
+            return None;
+        }
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let mut m = Self::with_capacity(first.format, rows, first.cols, first.group);
+        for p in parts {
+            m.qs.extend_from_slice(&p.qs);
+            m.scales.extend_from_slice(&p.scales);
+            m.mins.extend_from_slice(&p.mins);
+        }
+        Some(m)
+    }
+
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];
         for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {

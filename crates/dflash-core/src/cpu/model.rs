@@ -2,7 +2,7 @@
 //! attention over a KV cache, SwiGLU MLP, lm_head; optional hidden-state taps.
 
 use super::ops::{argmax, attention_row, matmul_t, rms_norm, rope, silu};
-use super::quant_matmul::{quant_matmul, Kernel, QuantizedRows};
+use super::quant_matmul::{in_pool, quant_matmul, Kernel, QuantizedRows};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::quant::QuantMatrix;
@@ -98,11 +98,52 @@ impl Matrix {
     }
 }
 
+/// Matrices that read the same input, applied as one: stacked by rows where their
+/// formats agree (one quantization and one pass over the input), else one by one. Each
+/// output element is computed exactly as it would be alone.
+pub(crate) enum Stacked {
+    One { m: Matrix, rows: Vec<usize> },
+    Each(Vec<Matrix>),
+}
+
+impl Stacked {
+    pub(crate) fn new(parts: &[&QuantMatrix], kernels: CpuKernels) -> Self {
+        match QuantMatrix::stack_rows(parts) {
+            Some(m) => Stacked::One {
+                m: Matrix::new(&m, kernels),
+                rows: parts.iter().map(|p| p.rows).collect(),
+            },
+            None => Stacked::Each(parts.iter().map(|p| Matrix::new(p, kernels)).collect()),
+        }
+    }
+
+    /// Each part's output for `x` (`[n, cols]`): `[n, rows_i]` per part.
+    pub(crate) fn apply(&self, x: &[f32], n: usize) -> Vec<Vec<f32>> {
+        match self {
+            Stacked::Each(ms) => ms.iter().map(|m| m.apply(x, n)).collect(),
+            Stacked::One { m, rows } => {
+                let y = m.apply(x, n);
+                let width: usize = rows.iter().sum();
+                let mut at = 0;
+                rows.iter()
+                    .map(|&r| {
+                        let part = (0..n)
+                            .flat_map(|t| &y[t * width + at..t * width + at + r])
+                            .copied()
+                            .collect();
+                        at += r;
+                        part
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: Matrix,
-    wk: Matrix,
-    wv: Matrix,
+    /// `[wq; wk; wv]`.
+    qkv: Stacked,
     wo: Matrix,
     bq: Option<Vec<f32>>,
     bk: Option<Vec<f32>>,
@@ -110,8 +151,8 @@ struct Layer {
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
-    w_gate: Matrix,
-    w_up: Matrix,
+    /// `[w_gate; w_up]`.
+    gate_up: Stacked,
     w_down: Matrix,
 }
 
@@ -201,9 +242,7 @@ impl CpuModel {
             .iter()
             .map(|l| Layer {
                 attn_norm: l.attn_norm.clone(),
-                wq: mat(&l.wq),
-                wk: mat(&l.wk),
-                wv: mat(&l.wv),
+                qkv: Stacked::new(&[&l.wq, &l.wk, &l.wv], kernels),
                 wo: mat(&l.wo),
                 bq: l.bq.clone(),
                 bk: l.bk.clone(),
@@ -211,8 +250,7 @@ impl CpuModel {
                 q_norm: l.q_norm.clone(),
                 k_norm: l.k_norm.clone(),
                 ffn_norm: l.ffn_norm.clone(),
-                w_gate: mat(&l.w_gate),
-                w_up: mat(&l.w_up),
+                gate_up: Stacked::new(&[&l.w_gate, &l.w_up], kernels),
                 w_down: mat(&l.w_down),
             })
             .collect();
@@ -253,7 +291,7 @@ impl CpuModel {
 
     /// lm_head alone over rows that are already normalised (the drafter's output).
     pub fn lm_head_rows(&self, x: &[f32], n: usize) -> Vec<f32> {
-        self.lm_head.as_ref().unwrap_or(&self.embed).apply(x, n)
+        in_pool(|| self.lm_head.as_ref().unwrap_or(&self.embed).apply(x, n))
     }
 
     /// Final norm and lm_head of hidden rows `x` (`[n, hidden]`).
@@ -278,6 +316,16 @@ impl CpuModel {
     /// returns logits for the rows asked for and the residual stream after the layers
     /// in `taps` (0-based decoder layer ids).
     pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        rows: LogitRows,
+        taps: &[usize],
+    ) -> Result<ForwardOutput> {
+        in_pool(|| self.forward_here(tokens, cache, rows, taps))
+    }
+
+    fn forward_here(
         &self,
         tokens: &[u32],
         cache: &mut KvCache,
@@ -320,9 +368,8 @@ impl CpuModel {
                     &mut normed[r * h..(r + 1) * h],
                 );
             }
-            let mut q = l.wq.apply(&normed, n);
-            let mut k = l.wk.apply(&normed, n);
-            let mut v = l.wv.apply(&normed, n);
+            let [mut q, mut k, mut v]: [Vec<f32>; 3] =
+                l.qkv.apply(&normed, n).try_into().expect("three parts");
             for (m, b, d) in [
                 (&mut q, &l.bq, qd),
                 (&mut k, &l.bk, kvd),
@@ -372,8 +419,7 @@ impl CpuModel {
                     &mut normed[r * h..(r + 1) * h],
                 );
             }
-            let g = l.w_gate.apply(&normed, n);
-            let u = l.w_up.apply(&normed, n);
+            let [g, u]: [Vec<f32>; 2] = l.gate_up.apply(&normed, n).try_into().expect("two parts");
             let act: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
             let d = l.w_down.apply(&act, n);
             for i in 0..n * h {

@@ -188,6 +188,9 @@ pub enum Kernel {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX2 with AVX-VNNI's `vpdpbusd` for the byte products.
+    #[cfg(target_arch = "x86_64")]
+    AvxVnni,
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     Simd128,
 }
@@ -197,9 +200,11 @@ impl Kernel {
     pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
+            let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("f16c");
+            if avx2 && std::arch::is_x86_feature_detected!("avxvnni") {
+                Kernel::AvxVnni
+            } else if avx2 {
                 Kernel::Avx2
             } else {
                 Kernel::Scalar
@@ -218,11 +223,30 @@ impl Kernel {
         }
     }
 
+    /// Every kernel this host runs, the scalar definition first.
+    pub fn available() -> Vec<Kernel> {
+        let mut all = vec![Kernel::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            all.push(Kernel::Avx2);
+        }
+        match Kernel::detect() {
+            Kernel::Scalar => {}
+            k if all.contains(&k) => {}
+            k => all.push(k),
+        }
+        all
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Scalar => "scalar",
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => "avx-vnni",
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Kernel::Simd128 => "simd128",
         }
@@ -233,7 +257,10 @@ impl Kernel {
             Kernel::Scalar => row_dot_scalar(format, group, w, x),
             // SAFETY: `detect` chose this kernel only where the CPU has AVX2 and F16C.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe { avx2::row_dot(format, group, w, x) },
+            Kernel::Avx2 => unsafe { avx2::row_dot::<false>(format, group, w, x) },
+            // SAFETY: `detect` chose this kernel only where the CPU also has AVX-VNNI.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => unsafe { avx2::row_dot_vnni(format, group, w, x) },
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Kernel::Simd128 => simd128::row_dot(format, group, w, x),
         }
@@ -274,6 +301,23 @@ pub fn quant_matmul(w: &QuantMatrix, x: &QuantizedRows, kernel: Kernel) -> Vec<f
     y
 }
 
+/// Runs `f` on the CPU engine's thread pool natively (so that the matrix products inside
+/// split their rows from a worker, without a wake-up of the caller per product), or
+/// right here on wasm.
+pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+        // The default size honours RAYON_NUM_THREADS; without a pool, the caller's thread.
+        match POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().build().ok()) {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
+    #[cfg(target_arch = "wasm32")]
+    f()
+}
+
 /// Runs `f(band_index, band)` over `out` split into bands of `band_len`: on rayon's
 /// threads natively, in order on wasm.
 fn for_each_band(out: &mut [f32], band_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
@@ -292,7 +336,7 @@ fn for_each_band(out: &mut [f32], band_len: usize, f: impl Fn(usize, &mut [f32])
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{accumulate, combine, group_isum_scalar, ActRow, WeightRow};
+    use super::{combine, ActRow, WeightRow};
     use crate::quant::QFormat;
     use std::arch::x86_64::*;
 
@@ -312,73 +356,162 @@ mod avx2 {
         _mm256_add_epi32(lo, hi)
     }
 
-    /// The 8 lanes of exact products of one group: Q4 (16 bytes, nibbles widened to
-    /// low-then-high) or Q8 group 32.
+    /// One group's weight bytes as unsigned values and its activations with the
+    /// weights' signs: Q4 (16 bytes, nibbles widened low-then-high) or Q8 group 32.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn group_lanes(format: QFormat, w: *const u8, x: *const i8) -> __m256i {
-        let ones = _mm256_set1_epi16(1);
+    unsafe fn group_operands(format: QFormat, w: *const u8, x: *const i8) -> (__m256i, __m256i) {
         let xv = _mm256_loadu_si256(x.cast());
-        let p16 = match format {
+        match format {
             QFormat::Q4 => {
                 let packed = _mm_loadu_si128(w.cast());
                 let mask = _mm_set1_epi8(0x0F);
                 let lo = _mm_and_si128(packed, mask);
                 let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), mask);
-                _mm256_maddubs_epi16(_mm256_set_m128i(hi, lo), xv)
+                (_mm256_set_m128i(hi, lo), xv)
             }
             QFormat::Q8 => {
                 let wv = _mm256_loadu_si256(w.cast());
-                _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+                (_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
             }
-        };
-        _mm256_madd_epi16(p16, ones)
+        }
+    }
+
+    /// The 8 lanes of exact products of one group (lane `j`: bytes `4j..4j + 4`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn group_lanes<const VNNI: bool>(
+        format: QFormat,
+        w: *const u8,
+        x: *const i8,
+    ) -> __m256i {
+        let (u, s) = group_operands(format, w, x);
+        if VNNI {
+            dpbusd(u, s)
+        } else {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+        }
+    }
+
+    /// `vpdpbusd` where the caller has AVX-VNNI: the same exact lane sums in one step.
+    #[inline(always)]
+    unsafe fn dpbusd(u: __m256i, s: __m256i) -> __m256i {
+        #[target_feature(enable = "avx2,avxvnni")]
+        unsafe fn inner(u: __m256i, s: __m256i) -> __m256i {
+            _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+        }
+        inner(u, s)
+    }
+
+    #[target_feature(enable = "avx2,f16c,avxvnni")]
+    pub(super) unsafe fn row_dot_vnni(
+        format: QFormat,
+        group: usize,
+        w: WeightRow,
+        x: ActRow,
+    ) -> f32 {
+        row_dot::<true>(format, group, w, x)
     }
 
     /// `row_dot` of the module's definition, 8 groups at a time where the group has 32
     /// values; groups of 16 and the tail take the scalar steps.
+    /// The exact sums of up to 8 consecutive groups from `g` (`k` of them; lanes past
+    /// `k` are 0), lane `j` for group `g + j`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn group_sums<const VNNI: bool>(
+        format: QFormat,
+        group: usize,
+        w: WeightRow,
+        x: ActRow,
+        g: usize,
+        k: usize,
+    ) -> __m256i {
+        let wbytes = group * format.bits() / 8;
+        let mut v = [_mm256_setzero_si256(); 8];
+        if group == 32 {
+            for (j, l) in v.iter_mut().enumerate().take(k) {
+                let gj = g + j;
+                *l = group_lanes::<VNNI>(
+                    format,
+                    w.qs.as_ptr().add(gj * wbytes),
+                    x.qs.as_ptr().add(gj * 32),
+                );
+            }
+            return hsum8(v);
+        }
+        // Groups of 16 (Q8 only), two per vector: lanes 0-3 the even group, 4-7 the odd.
+        for (j, l) in v.iter_mut().enumerate().take(k / 2) {
+            let gj = g + 2 * j;
+            *l = group_lanes::<VNNI>(
+                format,
+                w.qs.as_ptr().add(gj * wbytes),
+                x.qs.as_ptr().add(gj * 16),
+            );
+        }
+        let a = _mm256_hadd_epi32(v[0], v[1]);
+        let b = _mm256_hadd_epi32(v[2], v[3]);
+        // Lanes [g0, g2, g4, g6 | g1, g3, g5, g7] into order.
+        _mm256_permutevar8x32_epi32(
+            _mm256_hadd_epi32(a, b),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+        )
+    }
+
+    /// `row_dot` of the module's definition, 8 groups at a time (the last step masked).
+    #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn row_dot(format: QFormat, group: usize, w: WeightRow, x: ActRow) -> f32 {
+    pub(super) unsafe fn row_dot<const VNNI: bool>(
+        format: QFormat,
+        group: usize,
+        w: WeightRow,
+        x: ActRow,
+    ) -> f32 {
         let groups = w.scales.len();
-        let wbytes = group * format_bits(format) / 8;
         let mut acc = _mm256_setzero_ps();
         let mut g = 0;
-        if group == 32 {
-            while g + 8 <= groups {
-                let mut lanes = [_mm256_setzero_si256(); 8];
-                for (j, l) in lanes.iter_mut().enumerate() {
-                    let gj = g + j;
-                    *l = group_lanes(
-                        format,
-                        w.qs.as_ptr().add(gj * wbytes),
-                        x.qs.as_ptr().add(gj * 32),
-                    );
-                }
-                let isum = _mm256_cvtepi32_ps(hsum8(lanes));
-                let sw = _mm256_cvtph_ps(_mm_loadu_si128(w.scales.as_ptr().add(g).cast()));
-                let mw = _mm256_cvtph_ps(_mm_loadu_si128(w.mins.as_ptr().add(g).cast()));
-                let sx = _mm256_loadu_ps(x.scales.as_ptr().add(g));
-                let xs = _mm256_loadu_ps(x.sums.as_ptr().add(g));
-                let term = _mm256_add_ps(
-                    _mm256_mul_ps(_mm256_mul_ps(sw, sx), isum),
-                    _mm256_mul_ps(mw, xs),
-                );
-                acc = _mm256_add_ps(acc, term);
-                g += 8;
-            }
+        while g < groups {
+            let k = (groups - g).min(8);
+            let isum = _mm256_cvtepi32_ps(group_sums::<VNNI>(format, group, w, x, g, k));
+            let (sw, mw, sx, xs) = if k == 8 {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(w.scales.as_ptr().add(g).cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(w.mins.as_ptr().add(g).cast())),
+                    _mm256_loadu_ps(x.scales.as_ptr().add(g)),
+                    _mm256_loadu_ps(x.sums.as_ptr().add(g)),
+                )
+            } else {
+                let (mut a, mut b) = ([0u16; 8], [0u16; 8]);
+                let (mut c, mut d) = ([0f32; 8], [0f32; 8]);
+                a[..k].copy_from_slice(&w.scales[g..]);
+                b[..k].copy_from_slice(&w.mins[g..]);
+                c[..k].copy_from_slice(&x.scales[g..]);
+                d[..k].copy_from_slice(&x.sums[g..]);
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().cast())),
+                    _mm256_loadu_ps(c.as_ptr()),
+                    _mm256_loadu_ps(d.as_ptr()),
+                )
+            };
+            let term = _mm256_add_ps(
+                _mm256_mul_ps(_mm256_mul_ps(sw, sx), isum),
+                _mm256_mul_ps(mw, xs),
+            );
+            let sum = _mm256_add_ps(acc, term);
+            acc = if k == 8 {
+                sum
+            } else {
+                // Lanes past `k` keep their value exactly (adding 0 could flip a -0).
+                let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                let keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), lane);
+                _mm256_blendv_ps(acc, sum, _mm256_castsi256_ps(keep))
+            };
+            g += 8;
         }
         let mut a = [0f32; 8];
         _mm256_storeu_ps(a.as_mut_ptr(), acc);
-        while g < groups {
-            let isum = group_isum_scalar(format, group, w.qs, x.qs, g);
-            accumulate(&mut a, g, isum, w, x);
-            g += 1;
-        }
         combine(&a)
-    }
-
-    fn format_bits(f: QFormat) -> usize {
-        f.bits()
     }
 }
 
@@ -480,13 +613,35 @@ mod tests {
             .collect()
     }
 
+    /// A Q8 matrix with groups of 16 (as repacked from Q6_K).
+    fn matrix_g16(rows: usize, cols: usize) -> QuantMatrix {
+        let mut w = matrix(QFormat::Q8, rows, cols, 5);
+        let groups = rows * cols / 16;
+        w.group = 16;
+        w.scales = (0..groups)
+            .map(|i| f16::from_f32(0.01 * (i % 7 + 1) as f32).to_bits())
+            .collect();
+        w.mins = (0..groups)
+            .map(|i| f16::from_f32(0.001 * (i % 3) as f32).to_bits())
+            .collect();
+        w
+    }
+
     #[test]
     fn every_kernel_matches_the_scalar_definition_bit_for_bit() {
-        let kernel = Kernel::detect();
-        for format in [QFormat::Q4, QFormat::Q8] {
-            // 18 groups: two full blocks of 8 and a tail of 2.
-            let w = matrix(format, 5, 576, 7);
-            let x = QuantizedRows::new(&activations(3, 576), 3, 576, format, 32);
+        for kernel in Kernel::available() {
+            matches_the_scalar_definition(kernel);
+        }
+    }
+
+    fn matches_the_scalar_definition(kernel: Kernel) {
+        // 576 columns: 18 groups of 32 (two blocks of 8 and a tail of 2) or 36 of 16.
+        for (format, w) in [
+            (QFormat::Q4, matrix(QFormat::Q4, 5, 576, 7)),
+            (QFormat::Q8, matrix(QFormat::Q8, 5, 576, 7)),
+            (QFormat::Q8, matrix_g16(5, 576)),
+        ] {
+            let x = QuantizedRows::new(&activations(3, 576), 3, 576, format, w.group);
             let fast = quant_matmul(&w, &x, kernel);
             let scalar = quant_matmul(&w, &x, Kernel::Scalar);
             assert_eq!(

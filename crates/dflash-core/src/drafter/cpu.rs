@@ -4,6 +4,7 @@
 use super::*;
 use crate::cpu::model::Matrix as Mat;
 use crate::cpu::ops::{dot, rms_norm, rope, silu, softmax};
+use crate::cpu::quant_matmul::in_pool;
 use crate::cpu::CpuKernels;
 use crate::quant::QuantMatrix;
 
@@ -192,6 +193,10 @@ impl CpuDrafter {
     /// context cache: `c = hidden_norm(fc(taps))`, then per layer `k_norm(c Wk)` with RoPE
     /// at the rows' positions, and `c Wv`.
     pub fn extend_context(&self, ctx: &mut DraftContext, taps: &[f32]) {
+        in_pool(|| self.extend_context_here(ctx, taps))
+    }
+
+    fn extend_context_here(&self, ctx: &mut DraftContext, taps: &[f32]) {
         let c = &self.config;
         let (h, hd) = (c.hidden_size, c.head_dim);
         let r = taps.len() / (c.n_taps() * h);
@@ -231,6 +236,15 @@ impl CpuDrafter {
     /// The drafter's final hidden rows for `block_embeds` (`[B, H]`: the target's
     /// embeddings of `[anchor, MASK...]`) at positions `start..start+B`.
     pub fn forward_block(
+        &self,
+        ctx: &DraftContext,
+        block_embeds: &[f32],
+        start: usize,
+    ) -> Vec<f32> {
+        in_pool(|| self.forward_block_here(ctx, block_embeds, start))
+    }
+
+    fn forward_block_here(
         &self,
         ctx: &DraftContext,
         block_embeds: &[f32],
