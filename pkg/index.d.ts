@@ -40,6 +40,13 @@ export interface EngineOptions {
   drafter?: string | URL | { config: FileSource; weights: FileSource };
   /** KV cache capacity in tokens (default 2048). */
   context?: number;
+  /**
+   * Which engine runs the model: 'gpu' (WebGPU; NoWebGPU without it), 'cpu' (the
+   * quantized wasm SIMD engine, single-threaded) or 'auto' (default: WebGPU unless the
+   * browser has none or only a software fallback adapter such as SwiftShader, where the
+   * CPU engine is faster).
+   */
+  engine?: 'auto' | 'gpu' | 'cpu';
   onProgress?: (p: Progress) => void;
   /** A worker running worker.js, when the bundler cannot resolve `new URL('./worker.js', import.meta.url)`. */
   worker?: Worker;
@@ -109,7 +116,12 @@ export interface ChatCompletionChunk {
 }
 
 export interface EngineInfo {
-  adapter: { name: string; backend: string; device_type: string; driver: string; shader_f16: boolean; kv_cache_f16: boolean; max_storage_buffer_binding_size: number; max_buffer_size: number };
+  /** The engine that runs the model. */
+  engine: 'gpu' | 'cpu';
+  /** On the CPU engine: its dot-product kernel ('simd128' or 'scalar') and threads. */
+  cpu?: { kernel: string; threads: number };
+  /** The WebGPU adapter (null on the CPU engine). */
+  adapter: null | { name: string; backend: string; device_type: string; driver: string; shader_f16: boolean; kv_cache_f16: boolean; max_storage_buffer_binding_size: number; max_buffer_size: number };
   context: number;
   drafter: { block_size: number; layers: number; target_layer_ids: number[] } | null;
   sha256: string;

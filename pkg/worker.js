@@ -1,9 +1,9 @@
 // The dflash-web engine in a dedicated Web Worker. The main thread (index.js) posts
 // requests; this worker fetches the weights in chunks (from Cache Storage when cached,
 // else the network, writing them to the cache as they pass), streams every chunk into
-// the wasm loader (each tensor goes to the GPU as soon as it is complete, so the file is
-// never whole in memory), checks the sha256, then answers chat requests one at a time,
-// posting text pieces as they come.
+// the wasm loader (each tensor goes to the GPU, or into the CPU engine's quantized
+// weights, as soon as it is complete, so the file is never whole in memory), checks the
+// sha256, then answers chat requests one at a time, posting text pieces as they come.
 
 import init, { Loader } from './dist/dflash_web.js';
 
@@ -138,9 +138,28 @@ async function readAll(src, name, onProgress) {
 
 // --- loading ---------------------------------------------------------------------
 
-async function loadModelOnce(model, onProgress) {
+/**
+ * The engine to ask the wasm loader for: 'gpu' or 'cpu' as asked; for 'auto', 'cpu'
+ * where there is no WebGPU adapter or only a software fallback (SwiftShader and the
+ * like run the GPU engine slower than the CPU engine runs on the same cores), else
+ * 'auto' (the loader still falls back to the CPU if the device does not open).
+ */
+async function chooseEngine(asked) {
+  if (asked === 'gpu' || asked === 'cpu') return asked;
+  const gpu = self.navigator?.gpu;
+  if (!gpu) return 'cpu';
+  let adapter = null;
+  try { adapter = await gpu.requestAdapter(); } catch { adapter = null; }
+  if (!adapter) return 'cpu';
+  const info = adapter.info ?? {};
+  const software = adapter.isFallbackAdapter || info.isFallbackAdapter
+    || /swiftshader|llvmpipe|lavapipe|software/i.test(`${info.vendor} ${info.architecture} ${info.device} ${info.description}`);
+  return software ? 'cpu' : 'auto';
+}
+
+async function loadModelOnce(model, engine, onProgress) {
   const s = await openSource(model.src, 'model');
-  const loader = await Loader.open(s.size);
+  const loader = await Loader.open(s.size, engine);
   let loaded = 0;
   let last = 0;
   try {
@@ -180,12 +199,13 @@ async function loadModelOnce(model, onProgress) {
 
 async function load(m, onProgress) {
   const t0 = performance.now();
+  const engine = await chooseEngine(m.engine ?? 'auto');
   let r;
   try {
-    r = await loadModelOnce(m.model, onProgress);
+    r = await loadModelOnce(m.model, engine, onProgress);
   } catch (e) {
     if (e.code !== 'CacheCorrupt') throw e;
-    r = await loadModelOnce(m.model, onProgress); // the bad copy is gone: from the network
+    r = await loadModelOnce(m.model, engine, onProgress); // the bad copy is gone: from the network
   }
   const { loader } = r;
   if (m.drafter) {

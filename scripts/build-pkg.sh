@@ -18,7 +18,7 @@ rm -rf pkg/dist
 wasm-bindgen --target web --out-dir pkg/dist --no-typescript target/wasm32-unknown-unknown/release/dflash_web.wasm
 before=$(stat -c %s pkg/dist/dflash_web_bg.wasm)
 tests/node_modules/.bin/wasm-opt -Oz --enable-bulk-memory --enable-nontrapping-float-to-int --enable-sign-ext \
-  --enable-mutable-globals --enable-reference-types --enable-multivalue \
+  --enable-mutable-globals --enable-reference-types --enable-multivalue --enable-simd \
   pkg/dist/dflash_web_bg.wasm -o pkg/dist/dflash_web_bg.opt.wasm
 mv pkg/dist/dflash_web_bg.opt.wasm pkg/dist/dflash_web_bg.wasm
 after=$(stat -c %s pkg/dist/dflash_web_bg.wasm)

@@ -1,8 +1,9 @@
 // The demo page: loads the default model (SmolLM2-135M-Instruct) and its DFlash drafter
 // through the npm package's API, streams chat answers with live tok/s and tau, and
 // highlights the tokens that came from accepted drafts. URL parameters override the
-// defaults: model, drafter, block, max_tokens, temperature, dflash=0.
-import { createEngine, hasWebGPU } from '../pkg/index.js';
+// defaults: model, drafter, block, max_tokens, temperature, dflash=0, engine (auto, gpu,
+// cpu).
+import { createEngine } from '../pkg/index.js';
 
 const q = new URLSearchParams(location.search);
 const $ = (id) => document.getElementById(id);
@@ -13,6 +14,7 @@ if (q.get('block')) $('block').value = q.get('block');
 if (q.get('max_tokens')) $('max_tokens').value = q.get('max_tokens');
 if (q.get('dflash') === '0') $('dflash').checked = false;
 const temperature = Number(q.get('temperature') ?? 0);
+const ENGINE = q.get('engine') ?? 'auto';
 
 let engine = null;
 let runs = 0;
@@ -20,16 +22,16 @@ let runs = 0;
 function fmt(x, d = 2) { return Number.isFinite(x) ? x.toFixed(d) : '–'; }
 
 async function main() {
-  if (!hasWebGPU()) { setState('nogpu'); return; }
   const mb = (b) => (b / 1e6).toFixed(1);
   try {
     engine = await createEngine({
       model: MODEL,
       drafter: DRAFTER === 'none' ? undefined : DRAFTER,
+      engine: ENGINE,
       onProgress: (p) => {
         $('progress').max = p.total || 1;
         $('progress').value = p.total ? p.loaded : 1;
-        $('status').textContent = p.phase === 'build' ? 'building the model on the GPU…' : `${p.phase === 'cache' ? 'from cache' : 'downloading'} ${p.file}: ${mb(p.loaded)} / ${mb(p.total)} MB`;
+        $('status').textContent = p.phase === 'build' ? 'building the model…' : `${p.phase === 'cache' ? 'from cache' : 'downloading'} ${p.file}: ${mb(p.loaded)} / ${mb(p.total)} MB`;
       },
     });
   } catch (e) {
@@ -40,7 +42,9 @@ async function main() {
   }
   const i = engine.info;
   $('status').textContent = `ready: loaded in ${fmt(i.load_s, 1)} s${i.from_cache ? ' (from cache)' : ''}; drafter ${i.drafter ? `${i.drafter.layers} layers, block ${i.drafter.block_size}` : 'none'}`;
-  $('adapter').textContent = `adapter: ${i.adapter.name} (${i.adapter.backend}${i.adapter.shader_f16 ? ', shader-f16' : ''}), context ${i.context}`;
+  $('adapter').textContent = i.engine === 'cpu'
+    ? `CPU engine (${i.cpu.kernel}, ${i.cpu.threads} thread${i.cpu.threads === 1 ? '' : 's'}): no hardware WebGPU adapter; context ${i.context}`
+    : `adapter: ${i.adapter.name} (${i.adapter.backend}${i.adapter.shader_f16 ? ', shader-f16' : ''}), context ${i.context}`;
   window.__info = i;
   $('send').disabled = false;
   setState('ready');

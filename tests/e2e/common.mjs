@@ -29,9 +29,10 @@ export function launch({ webgpu = true } = {}) {
 
 /** The native engine's greedy answer ({ text, tokens }) (f32 KV cache, as the browser's SwiftShader has no
  *  shader-f16), through the same chat template. */
-export function nativeGreedy(prompt, maxTokens) {
+export function nativeGreedy(prompt, maxTokens, device = 'gpu') {
   const out = execFileSync(join(ROOT, 'target', 'release', 'dflash'), [
     'generate', '--model', MODEL, '--chat', prompt, '--max-new-tokens', String(maxTokens), '--no-f16', '--json',
+    '--device', device,
   ], { env: { ...process.env, XDG_RUNTIME_DIR: process.env.XDG_RUNTIME_DIR ?? '/tmp' }, encoding: 'utf8' });
   const r = JSON.parse(out);
   return { text: r.text, tokens: r.completion_tokens };

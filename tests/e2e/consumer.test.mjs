@@ -1,6 +1,7 @@
 // The npm package as a user gets it: `npm pack` in pkg/, the tarball installed into an
 // empty folder, a page that imports it from node_modules and runs a chat (plain and
-// streamed) in headless Chromium; the answer equals the native engine's greedy text.
+// streamed) in headless Chromium on the default engine (the CPU engine, as the only
+// adapter is SwiftShader); the answer equals the native CPU engine's greedy text.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -53,7 +54,9 @@ try {
   window.__result = { whole, streamed, last, n, first: engine.info, cached, info2, wrongHash, afterClear, sampled };
 } catch (e) { window.__result = { error: e.code + ': ' + e.message }; }
 </script>`);
-  const expected = nativeGreedy(PROMPT, N);
+  // Chromium's only adapter here is SwiftShader, a software fallback: the default engine
+  // ('auto') is the CPU engine, whose text equals the native CPU engine's.
+  const expected = nativeGreedy(PROMPT, N, 'cpu');
   const srv = await serve({ port: 0, root: dir });
   const browser = await launch();
   try {
@@ -63,6 +66,7 @@ try {
     await page.waitForFunction(() => window.__result, null, { timeout: 600_000 });
     const r = await page.evaluate(() => window.__result);
     assert.equal(r.error, undefined, r.error);
+    assert.equal(r.first.engine, 'cpu', 'auto chooses the CPU engine over a software adapter');
     assert.equal(r.whole.object, 'chat.completion');
     assert.equal(r.whole.choices[0].message.role, 'assistant');
     assert.equal(r.whole.choices[0].message.content, expected.text);

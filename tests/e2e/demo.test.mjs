@@ -1,8 +1,9 @@
-// The demo page in headless Chromium (WebGPU on SwiftShader): loads SmolLM2-135M-Instruct
-// and its DFlash drafter from the dev server, generates 16 tokens greedily with DFlash
-// off and on, and asserts both texts equal the native engine's greedy text; saves a
-// screenshot and the speeds (tests/e2e/out/). Error paths: no WebGPU (the page's
-// message and the API's typed error) and a file that is not a model.
+// The demo page in headless Chromium: loads SmolLM2-135M-Instruct and its DFlash drafter
+// from the dev server on the GPU engine (WebGPU on SwiftShader) and on the CPU engine
+// (wasm SIMD), generates 16 tokens greedily with DFlash off and on, and asserts every
+// text equals the native engine's greedy text on the same kind of engine; saves
+// screenshots and the speeds (tests/e2e/out/). Error paths: no WebGPU (the CPU engine
+// runs; engine 'gpu' is a typed error) and a file that is not a model.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { writeFileSync, readFileSync, mkdirSync, copyFileSync } from 'node:fs';
@@ -15,56 +16,73 @@ let srv;
 before(async () => { srv = await serve({ port: 0 }); });
 after(() => srv.server.close());
 
-test('the demo generates the native greedy text with DFlash off and on', { timeout: 900_000 }, async () => {
-  const expected = nativeGreedy(PROMPT, N);
-  assert.equal(expected.tokens, N, 'the prompt should not end before N tokens');
+/** Loads the demo on `engine` and generates N tokens with DFlash off and on. */
+async function demoRun(browser, engine, expected) {
+  const page = await browser.newPage({ viewport: { width: 900, height: 900 } });
+  watch(page, `demo ${engine}`);
+  const t0 = Date.now();
+  await page.goto(`${srv.url}/www/?max_tokens=${N}&block=4&temperature=0&engine=${engine}`);
+  await page.waitForFunction(() => ['ready', 'error', 'nogpu'].includes(document.body.dataset.state), null, { timeout: 600_000 });
+  const state = await page.evaluate(() => document.body.dataset.state);
+  assert.equal(state, 'ready', await page.textContent('#status'));
+  const info = await page.evaluate(() => window.__info);
+  assert.equal(info.engine, engine);
+  const results = { engine, adapter: info.adapter, cpu: info.cpu ?? null, load_s: info.load_s, page_load_s: (Date.now() - t0) / 1000, runs: [] };
+  for (const dflash of [false, true]) {
+    await page.setChecked('#dflash', dflash);
+    await page.fill('#prompt', PROMPT);
+    await page.click('#send');
+    await page.waitForFunction(() => ['done', 'error'].includes(document.body.dataset.state), null, { timeout: 600_000 });
+    const last = await page.evaluate(() => window.__last ?? window.__error);
+    assert.ok(last.text !== undefined, `generation failed: ${JSON.stringify(last)}`);
+    assert.equal(last.usage.completion_tokens, expected.tokens);
+    assert.equal(last.text, expected.text, `${engine}, DFlash ${dflash ? 'on' : 'off'}: browser text differs from the native greedy text`);
+    assert.equal(last.usage.dflash.enabled, dflash);
+    results.runs.push({ dflash, decode_tok_s: last.usage.decode_tok_s, prefill_tok_s: last.usage.prefill_tok_s, mean_tau: last.usage.dflash.mean_tau ?? null, accepted_tokens: last.usage.dflash.accepted_tokens ?? null });
+    await page.evaluate(() => { window.__last = null; });
+  }
+  await page.screenshot({ path: join(OUT, `demo-${engine}.png`), fullPage: true });
+  results.text = expected.text;
+  await page.close();
+  return results;
+}
+
+// The GPU engine on SwiftShader against the native GPU engine; the CPU engine (wasm
+// SIMD128 kernels) against the native CPU engine (AVX2/VNNI kernels): the same text
+// token for token, as the kernels are bit-identical by construction.
+test('the demo generates the native greedy text on both engines with DFlash off and on', { timeout: 900_000 }, async () => {
   const browser = await launch();
   try {
-    const page = await browser.newPage({ viewport: { width: 900, height: 900 } });
-    watch(page, 'demo');
-    const t0 = Date.now();
-    await page.goto(`${srv.url}/www/?max_tokens=${N}&block=4&temperature=0`);
-    await page.waitForFunction(() => ['ready', 'error', 'nogpu'].includes(document.body.dataset.state), null, { timeout: 600_000 });
-    const state = await page.evaluate(() => document.body.dataset.state);
-    assert.equal(state, 'ready', await page.textContent('#status'));
-    const info = await page.evaluate(() => window.__info);
-    const results = { adapter: info.adapter, load_s: info.load_s, page_load_s: (Date.now() - t0) / 1000, runs: [] };
-    for (const dflash of [false, true]) {
-      await page.setChecked('#dflash', dflash);
-      await page.fill('#prompt', PROMPT);
-      await page.click('#send');
-      await page.waitForFunction(() => ['done', 'error'].includes(document.body.dataset.state), null, { timeout: 600_000 });
-      const last = await page.evaluate(() => window.__last ?? window.__error);
-      assert.ok(last.text !== undefined, `generation failed: ${JSON.stringify(last)}`);
-      assert.equal(last.usage.completion_tokens, expected.tokens);
-      assert.equal(last.text, expected.text, `DFlash ${dflash ? 'on' : 'off'}: browser text differs from the native greedy text`);
-      assert.equal(last.usage.dflash.enabled, dflash);
-      results.runs.push({ dflash, decode_tok_s: last.usage.decode_tok_s, prefill_tok_s: last.usage.prefill_tok_s, mean_tau: last.usage.dflash.mean_tau ?? null, accepted_tokens: last.usage.dflash.accepted_tokens ?? null });
-      await page.evaluate(() => { window.__last = null; });
+    const all = {};
+    for (const [engine, device] of [['gpu', 'gpu'], ['cpu', 'cpu']]) {
+      const expected = nativeGreedy(PROMPT, N, device);
+      assert.equal(expected.tokens, N, 'the prompt should not end before N tokens');
+      all[engine] = await demoRun(browser, engine, expected);
     }
-    await page.screenshot({ path: join(OUT, 'demo.png'), fullPage: true });
-    results.text = expected.text;
-    writeFileSync(join(OUT, 'demo.json'), JSON.stringify(results, null, 2));
-    console.log(JSON.stringify(results));
+    writeFileSync(join(OUT, 'demo.json'), JSON.stringify(all, null, 2));
+    console.log(JSON.stringify(all));
   } finally {
     await browser.close();
   }
 });
 
-test('without WebGPU the page says so and the API throws NoWebGPU', { timeout: 120_000 }, async () => {
+test('without WebGPU the page runs the CPU engine and engine gpu throws NoWebGPU', { timeout: 300_000 }, async () => {
   const browser = await launch({ webgpu: false });
   try {
     const page = await browser.newPage();
+    watch(page, 'nogpu');
     await page.addInitScript(() => { Object.defineProperty(Navigator.prototype, 'gpu', { get: () => undefined, configurable: true }); });
-    await page.goto(`${srv.url}/www/`);
-    await page.waitForFunction(() => document.body.dataset.state === 'nogpu', null, { timeout: 60_000 });
-    assert.ok(await page.isVisible('#nogpu'));
-    assert.match(await page.textContent('#nogpu'), /WebGPU is not available/);
+    await page.goto(`${srv.url}/www/?dflash=0`);
+    await page.waitForFunction(() => ['ready', 'error', 'nogpu'].includes(document.body.dataset.state), null, { timeout: 240_000 });
+    assert.equal(await page.evaluate(() => document.body.dataset.state), 'ready', await page.textContent('#status'));
+    assert.equal(await page.evaluate(() => window.__info.engine), 'cpu');
+    assert.match(await page.textContent('#adapter'), /CPU engine/);
     const err = await page.evaluate(async () => {
       const m = await import('/pkg/index.js');
-      try { await m.createEngine({ model: '/models/none.gguf' }); return null; } catch (e) { return { name: e.name, code: e.code, isClass: e instanceof m.DFlashError }; }
+      const code = async (opts) => { try { await m.createEngine(opts); return null; } catch (e) { return { name: e.name, code: e.code, isClass: e instanceof m.DFlashError }; } };
+      return [await code({ model: '/models/none.gguf', engine: 'gpu' }), await code({ model: '/models/none.gguf', engine: 'tpu' })];
     });
-    assert.deepEqual(err, { name: 'DFlashError', code: 'NoWebGPU', isClass: true });
+    assert.deepEqual(err, [{ name: 'DFlashError', code: 'NoWebGPU', isClass: true }, { name: 'DFlashError', code: 'BadRequest', isClass: true }]);
   } finally {
     await browser.close();
   }

@@ -72,3 +72,31 @@ fn the_header_is_parsed_from_a_prefix() {
     let h = parse_header(&file, file.len() as u64).unwrap();
     assert_eq!(s.header().unwrap().data_offset, h.data_offset);
 }
+
+/// The CPU engine's streamed weights equal the whole-file loader's, tensor for tensor,
+/// and a cut stream is a typed error at `finish`.
+#[test]
+fn streamed_host_weights_equal_the_whole_file_load() {
+    use dflash_core::formats::gguf_weights_stream::{HostSink, WeightStream};
+    let c = tiny_config(Arch::Llama);
+    let file = write_gguf(&c, &random_weights(&c, 9), GgmlType::Q4_1);
+    let whole = dflash_core::model_files::load_gguf(&file).unwrap();
+    let mut s = WeightStream::new(HostSink, file.len() as u64);
+    for chunk in file.chunks(333) {
+        s.push(chunk).unwrap();
+    }
+    let (streamed, _) = s.finish().unwrap();
+    let (a, b) = (&streamed.weights, &whole.weights);
+    assert_eq!(a.config, b.config);
+    assert_eq!(a.embed.qs, b.embed.qs);
+    assert_eq!(a.norm, b.norm);
+    for (x, y) in a.layers.iter().zip(&b.layers) {
+        for (m, n) in [(&x.wq, &y.wq), (&x.w_down, &y.w_down)] {
+            assert_eq!((&m.qs, &m.scales, &m.mins), (&n.qs, &n.scales, &n.mins));
+        }
+        assert_eq!(x.attn_norm, y.attn_norm);
+    }
+    let mut cut = WeightStream::new(HostSink, file.len() as u64);
+    cut.push(&file[..file.len() - 10]).unwrap();
+    assert!(matches!(cut.finish(), Err(Error::Truncated { .. })));
+}

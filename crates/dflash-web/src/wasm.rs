@@ -1,12 +1,18 @@
-//! The wasm-bindgen surface the Web Worker drives: a `Loader` that opens WebGPU and
-//! takes the model file chunk by chunk (each tensor goes to the GPU as it completes,
-//! the bytes are hashed as they pass), then an `Engine` that answers chat requests,
-//! streaming text pieces through a callback. Everything else is the shared engine.
+//! The wasm-bindgen surface the Web Worker drives: a `Loader` that opens WebGPU (or the
+//! quantized CPU engine where there is no GPU adapter or only a software one) and takes
+//! the model file chunk by chunk (each tensor goes to the GPU, or into the CPU engine's
+//! 4/8-bit weights, as it completes; the bytes are hashed as they pass), then an
+//! `Engine` that answers chat requests, streaming text pieces through a callback.
+//! Everything else is the shared engine.
 
 use crate::errors::{js_error, to_js};
 use crate::request::{finish_reason, usage, BlockArg, ChatRequest};
-use dflash_core::drafter::{DrafterPrecision, DrafterWeights};
-use dflash_core::speculative::BlockSize;
+use dflash_core::cpu::quant_matmul::Kernel;
+use dflash_core::cpu::{CpuKernels, CpuModel};
+use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
+use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, WeightStream};
+use dflash_core::generate::generate_cpu;
+use dflash_core::speculative::{generate_speculative_cpu, BlockSize};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::{
     GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader, StreamedModel,
@@ -35,27 +41,50 @@ fn to_js_value(v: &serde_json::Value) -> JsValue {
 
 use serde::Serialize;
 
-/// Loads a model (GGUF) and optionally a DFlash drafter into WebGPU.
+/// Where the model goes while it loads.
+enum Target {
+    Gpu {
+        ctx: Rc<GpuContext>,
+        model: StreamLoader,
+    },
+    Cpu(WeightStream<HostSink>),
+}
+
+/// Loads a model (GGUF) and optionally a DFlash drafter into WebGPU or the CPU engine.
 #[wasm_bindgen]
 pub struct Loader {
-    ctx: Rc<GpuContext>,
-    model: StreamLoader,
+    target: Target,
     sha: Sha256,
     drafter: Option<DrafterWeights>,
 }
 
 #[wasm_bindgen]
 impl Loader {
-    /// Opens the WebGPU device (code `NoWebGPU` when there is none) and a loader for a
-    /// GGUF file of `total` bytes.
-    pub async fn open(total: f64) -> Result<Loader, JsValue> {
-        let ctx = GpuContext::new_async(&GpuOptions::default())
-            .await
-            .map_err(gpu_err)?;
-        let ctx = Rc::new(ctx);
+    /// A loader for a GGUF file of `total` bytes on `engine`: `"gpu"` opens the WebGPU
+    /// device (code `NoWebGPU` when there is none), `"cpu"` the quantized CPU engine,
+    /// `"auto"` (or nothing) WebGPU where a device opens and is not a CPU device, else the
+    /// CPU engine. (The worker asks for `"cpu"` when the browser's adapter is a software
+    /// fallback.)
+    pub async fn open(total: f64, engine: Option<String>) -> Result<Loader, JsValue> {
+        let target = match engine.as_deref().unwrap_or("auto") {
+            "cpu" => cpu_target(total),
+            "gpu" => gpu_target(total).await.map_err(gpu_err)?,
+            "auto" => match gpu_target(total).await {
+                Ok(Target::Gpu { ctx, .. }) if ctx.summary.device_type == "Cpu" => {
+                    cpu_target(total)
+                }
+                Ok(t) => t,
+                Err(_) => cpu_target(total),
+            },
+            other => {
+                return Err(js_error(
+                    "BadRequest",
+                    &format!("engine must be \"auto\", \"gpu\" or \"cpu\", not {other:?}"),
+                ))
+            }
+        };
         Ok(Loader {
-            model: StreamLoader::new(ctx.clone(), total as u64),
-            ctx,
+            target,
             sha: Sha256::new(),
             drafter: None,
         })
@@ -64,12 +93,18 @@ impl Loader {
     /// The next bytes of the model file.
     pub fn push(&mut self, chunk: &[u8]) -> Result<(), JsValue> {
         self.sha.update(chunk);
-        self.model.push(chunk).map_err(gpu_err)
+        match &mut self.target {
+            Target::Gpu { model, .. } => model.push(chunk).map_err(gpu_err),
+            Target::Cpu(model) => model.push(chunk).map_err(core_err),
+        }
     }
 
     /// Bytes received so far.
     pub fn received(&self) -> f64 {
-        self.model.received() as f64
+        match &self.target {
+            Target::Gpu { model, .. } => model.received() as f64,
+            Target::Cpu(model) => model.received() as f64,
+        }
     }
 
     /// Hex sha256 of the bytes received so far.
@@ -82,9 +117,12 @@ impl Loader {
             .collect()
     }
 
-    /// The adapter and its limits.
+    /// The adapter and its limits (null on the CPU engine).
     pub fn adapter(&self) -> JsValue {
-        to_js_value(&adapter_json(&self.ctx))
+        match &self.target {
+            Target::Gpu { ctx, .. } => to_js_value(&adapter_json(ctx)),
+            Target::Cpu(_) => JsValue::NULL,
+        }
     }
 
     /// A z-lab DFlash drafter: its config.json text and model.safetensors bytes (drafters
@@ -106,39 +144,76 @@ impl Loader {
     /// (and the drafter, validated against it).
     pub fn finish(self, context: u32) -> Result<Engine, JsValue> {
         let sha256 = self.sha256();
-        let taps = self
-            .drafter
-            .as_ref()
-            .map(|d| d.config.target_layer_ids.clone())
-            .unwrap_or_default();
-        let StreamedModel {
-            model,
-            tokenizer,
-            chat_template,
-        } = self
-            .model
-            .finish(&GpuModelOptions {
-                context: context as usize,
-                taps,
-                ..Default::default()
-            })
-            .map_err(gpu_err)?;
-        let context = model.context;
-        let (runner, drafter) = match &self.drafter {
-            Some(w) => (
-                Runner::Spec(Box::new(Speculative::new(model, w).map_err(gpu_err)?)),
-                Some(w.config.clone()),
-            ),
-            None => (Runner::Plain(model), None),
+        let (runner, tokenizer, chat_template, context, engine) = match self.target {
+            Target::Gpu { ctx, model } => {
+                let taps = self
+                    .drafter
+                    .as_ref()
+                    .map(|d| d.config.target_layer_ids.clone())
+                    .unwrap_or_default();
+                let StreamedModel {
+                    model,
+                    tokenizer,
+                    chat_template,
+                } = model
+                    .finish(&GpuModelOptions {
+                        context: context as usize,
+                        taps,
+                        ..Default::default()
+                    })
+                    .map_err(gpu_err)?;
+                let context = model.context;
+                let runner = match &self.drafter {
+                    Some(w) => Runner::Spec(Box::new(Speculative::new(model, w).map_err(gpu_err)?)),
+                    None => Runner::Plain(model),
+                };
+                let engine = serde_json::json!({"engine": "gpu", "adapter": adapter_json(&ctx)});
+                (runner, tokenizer, chat_template, context, engine)
+            }
+            Target::Cpu(model) => {
+                let (
+                    StreamedWeights {
+                        weights,
+                        tokenizer,
+                        chat_template,
+                    },
+                    _,
+                ) = model.finish().map_err(core_err)?;
+                let context = (context as usize).min(weights.config.max_position_embeddings);
+                let target = CpuModel::with_kernels(&weights, CpuKernels::Quantized);
+                let drafter = match &self.drafter {
+                    Some(w) => {
+                        w.config
+                            .validate_against(&weights.config)
+                            .map_err(core_err)?;
+                        Some(CpuDrafter::with_kernels(w, CpuKernels::Quantized))
+                    }
+                    None => None,
+                };
+                let engine = serde_json::json!({
+                    "engine": "cpu", "adapter": null,
+                    "cpu": {"kernel": Kernel::detect().name(), "threads": 1},
+                });
+                (
+                    Runner::Cpu(Box::new(CpuRunner { target, drafter })),
+                    tokenizer,
+                    chat_template,
+                    context,
+                    engine,
+                )
+            }
         };
-        let info = serde_json::json!({
-            "adapter": adapter_json(&self.ctx),
+        let drafter = self.drafter.as_ref().map(|d| &d.config);
+        let mut info = serde_json::json!({
             "context": context,
-            "drafter": drafter.as_ref().map(|d| serde_json::json!({
+            "drafter": drafter.map(|d| serde_json::json!({
                 "block_size": d.block_size, "layers": d.num_layers, "target_layer_ids": d.target_layer_ids,
             })),
             "sha256": sha256,
         });
+        if let (Some(i), Some(e)) = (info.as_object_mut(), engine.as_object()) {
+            i.extend(e.clone());
+        }
         Ok(Engine {
             inner: Rc::new(RefCell::new(Some(Inner {
                 runner,
@@ -150,6 +225,18 @@ impl Loader {
             info,
         })
     }
+}
+
+fn cpu_target(total: f64) -> Target {
+    Target::Cpu(WeightStream::new(HostSink, total as u64))
+}
+
+async fn gpu_target(total: f64) -> Result<Target, GpuError> {
+    let ctx = Rc::new(GpuContext::new_async(&GpuOptions::default()).await?);
+    Ok(Target::Gpu {
+        model: StreamLoader::new(ctx.clone(), total as u64),
+        ctx,
+    })
 }
 
 fn adapter_json(ctx: &GpuContext) -> serde_json::Value {
@@ -171,6 +258,13 @@ fn adapter_json(ctx: &GpuContext) -> serde_json::Value {
 enum Runner {
     Plain(GpuModel),
     Spec(Box<Speculative>),
+    /// The quantized CPU engine (single-threaded in the browser), with its drafter.
+    Cpu(Box<CpuRunner>),
+}
+
+struct CpuRunner {
+    target: CpuModel,
+    drafter: Option<CpuDrafter>,
 }
 
 struct Inner {
@@ -230,6 +324,46 @@ impl Engine {
                 }
             };
             let out = match &mut inner.runner {
+                Runner::Cpu(cpu) => {
+                    let CpuRunner { target, drafter } = &**cpu;
+                    let label = match (&req.block, &*drafter) {
+                        (_, None) => None,
+                        _ if req.dflash == Some(false) => None,
+                        (Some(BlockArg::Rows(n)), _) => Some((BlockSize::Fixed(*n), n.to_string())),
+                        (Some(BlockArg::Named(s)), _) if s != "auto" => {
+                            return Err(js_error(
+                                "BadRequest",
+                                &format!("block must be a number or \"auto\", not {s:?}"),
+                            ))
+                        }
+                        (_, Some(d)) => Some((
+                            BlockSize::auto_linear(d.config.block_size, 1.0),
+                            "auto".to_string(),
+                        )),
+                    };
+                    let mut on_text = |s: &str| on_piece(s, false);
+                    match (label, &*drafter) {
+                        (Some((policy, label)), Some(d)) => {
+                            let r = generate_speculative_cpu(
+                                target,
+                                d,
+                                &inner.tokenizer,
+                                &gen,
+                                &policy,
+                                &now_s,
+                                &mut on_text,
+                            )
+                            .map_err(core_err)?;
+                            serde_json::json!({ "text": r.result.text, "finish_reason": finish_reason(&r.result), "usage": usage(&r.result, Some((&r, &label))) })
+                        }
+                        _ => {
+                            let r =
+                                generate_cpu(target, &inner.tokenizer, &gen, &now_s, &mut on_text)
+                                    .map_err(core_err)?;
+                            serde_json::json!({ "text": r.text, "finish_reason": finish_reason(&r), "usage": usage(&r, None) })
+                        }
+                    }
+                }
                 Runner::Spec(spec) if req.dflash != Some(false) => {
                     let (policy, label) = match &req.block {
                         Some(BlockArg::Rows(n)) => (BlockSize::Fixed(*n), n.to_string()),
@@ -271,6 +405,7 @@ impl Engine {
                     let model = match runner {
                         Runner::Spec(spec) => &mut spec.target,
                         Runner::Plain(m) => m,
+                        Runner::Cpu(_) => unreachable!("matched above"),
                     };
                     let r = model
                         .generate_async(&inner.tokenizer, &gen, &now_s, &mut |s| on_piece(s, false))
@@ -283,7 +418,8 @@ impl Engine {
         })
     }
 
-    /// Frees the model's GPU buffers; later requests fail with code `Unloaded`.
+    /// Frees the model (GPU buffers or CPU weights); later requests fail with code
+    /// `Unloaded`.
     pub fn unload(&self) -> Result<(), JsValue> {
         let mut g = self
             .inner

@@ -232,10 +232,9 @@ impl Kernel {
         {
             all.push(Kernel::Avx2);
         }
-        match Kernel::detect() {
-            Kernel::Scalar => {}
-            k if all.contains(&k) => {}
-            k => all.push(k),
+        let best = Kernel::detect();
+        if !all.contains(&best) {
+            all.push(best);
         }
         all
     }
