@@ -166,7 +166,7 @@ fn have_gpu() -> bool {
 }
 
 #[test]
-fn gpu_and_cpu_devices_generate_the_same_greedy_tokens() {
+fn gpu_and_reference_devices_generate_the_same_greedy_tokens() {
     if !have_gpu() {
         return;
     }
@@ -199,7 +199,7 @@ fn gpu_and_cpu_devices_generate_the_same_greedy_tokens() {
         );
         serde_json::from_slice(&out.stdout).unwrap()
     };
-    let (g, c) = (run("gpu"), run("cpu"));
+    let (g, c) = (run("gpu"), run("reference"));
     assert_eq!(g["device"], "gpu");
     assert_eq!(g["tokens"], c["tokens"]);
     assert_eq!(g["text"], c["text"]);
