@@ -6,7 +6,7 @@ use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
 use dflash_core::generate::{generate_cpu, FinishReason, GenerateRequest, GenerateResult};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
-use dflash_core::speculative::{generate_speculative_cpu, BlockSize, SpeculativeResult};
+use dflash_core::speculative::{generate_speculative_cpu, BlockSize, DFlashCpu, SpeculativeResult};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
 use std::io::Write;
@@ -259,7 +259,12 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
             let r = match &drafter {
                 Some(w) => {
                     let d = CpuDrafter::with_kernels(w, kernels);
-                    let policy = block_policy(&a.block, w.config.block_size, None)?;
+                    let costs = if a.block == "auto" {
+                        Some(DFlashCpu::new(&d, &cpu)?.measure_step_costs(16, &clock)?)
+                    } else {
+                        None
+                    };
+                    let policy = block_policy(&a.block, w.config.block_size, costs)?;
                     let sr = generate_speculative_cpu(
                         &cpu,
                         &d,

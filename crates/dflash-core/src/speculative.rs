@@ -372,7 +372,11 @@ pub trait Proposer {
 pub struct DFlashCpu<'a> {
     pub drafter: &'a CpuDrafter,
     pub target: &'a CpuModel,
-    pub ctx: crate::drafter::DraftContext,
+    ctx: crate::drafter::DraftContext,
+    /// Committed tap rows not yet in the context. They join it in one batched pass when
+    /// the next block is drafted (the extension is batch invariant: the same context as
+    /// row by row), so steps that do not draft pay nothing for it.
+    pending: Vec<f32>,
 }
 
 impl<'a> DFlashCpu<'a> {
@@ -382,7 +386,69 @@ impl<'a> DFlashCpu<'a> {
             drafter,
             target,
             ctx: drafter.new_context(),
+            pending: Vec::new(),
         })
+    }
+
+    /// The context with every committed row in it.
+    fn context(&mut self) -> &crate::drafter::DraftContext {
+        if !self.pending.is_empty() {
+            self.drafter.extend_context(&mut self.ctx, &self.pending);
+            self.pending.clear();
+        }
+        &self.ctx
+    }
+
+    /// The drafter's final hidden rows for a block `[anchor, MASK...]` of `b` rows at
+    /// `pos`, and the target lm_head's logits of its `b - 1` draft rows.
+    fn block(&mut self, anchor: u32, pos: usize, b: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let h = self.target.config.hidden_size;
+        let mut ids = vec![anchor];
+        ids.extend(std::iter::repeat_n(
+            self.drafter.config.mask_token_id,
+            b - 1,
+        ));
+        let embeds = self.target.embed(&ids)?;
+        let (drafter, target) = (self.drafter, self.target);
+        let hidden = drafter.forward_block(self.context(), &embeds, pos);
+        let logits = target.lm_head_rows(&hidden[h..], b - 1);
+        Ok((hidden, logits))
+    }
+
+    /// The relative cost of a step of each block size up to `max` (`verify_cost[b]`; a
+    /// plain one-row step is 1), measured on this host: the target's pass over `b` rows
+    /// after a short prompt and, for `b > 1`, the drafter's block pass and the lm_head of
+    /// its draft rows; best of 3, interpolated between the sizes probed.
+    pub fn measure_step_costs(&mut self, max: usize, clock: &dyn Fn() -> f64) -> Result<Vec<f64>> {
+        let max = max.clamp(1, self.max_block());
+        let probe: Vec<usize> = [1, 2, 4, 8, 16]
+            .into_iter()
+            .filter(|&b| b <= max)
+            .chain((max > 16).then_some(max))
+            .collect();
+        let (taps, prompt) = (self.tap_layers(), vec![0u32; 8]);
+        let mut times = Vec::new();
+        for &b in &probe {
+            let mut best = f64::INFINITY;
+            for _ in 0..3 {
+                let mut cache = self.target.new_cache(prompt.len() + b);
+                let out = self
+                    .target
+                    .forward(&prompt, &mut cache, LogitRows::None, &taps)?;
+                let mut probe = DFlashCpu::new(self.drafter, self.target)?;
+                probe.commit(&out.taps);
+                probe.context();
+                let t0 = clock();
+                self.target
+                    .forward(&vec![0; b], &mut cache, LogitRows::All, &taps)?;
+                if b > 1 {
+                    probe.block(0, prompt.len(), b)?;
+                }
+                best = best.min(clock() - t0);
+            }
+            times.push((b, best));
+        }
+        Ok(interpolate_costs(&times, max))
     }
 }
 
@@ -394,22 +460,14 @@ impl Proposer for DFlashCpu<'_> {
         self.drafter.config.block_size
     }
     fn commit(&mut self, taps: &[f32]) {
-        self.drafter.extend_context(&mut self.ctx, taps);
+        self.pending.extend_from_slice(taps);
     }
     fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> Result<Vec<u32>> {
         let (h, vocab) = (
             self.target.config.hidden_size,
             self.target.config.vocab_size,
         );
-        let mut ids = vec![anchor];
-        ids.extend(std::iter::repeat_n(
-            self.drafter.config.mask_token_id,
-            b - 1,
-        ));
-        let hidden = self
-            .drafter
-            .forward_block(&self.ctx, &self.target.embed(&ids)?, pos);
-        let logits = self.target.lm_head_rows(&hidden[h..], b - 1);
+        let (hidden, logits) = self.block(anchor, pos, b)?;
         if self.drafter.is_dflash2() {
             return Ok(self.drafter.select(anchor, &hidden[h..], &logits));
         }
@@ -432,15 +490,7 @@ impl Proposer for DFlashCpu<'_> {
                 .collect());
         }
         let h = self.target.config.hidden_size;
-        let mut ids = vec![anchor];
-        ids.extend(std::iter::repeat_n(
-            self.drafter.config.mask_token_id,
-            b - 1,
-        ));
-        let hidden = self
-            .drafter
-            .forward_block(&self.ctx, &self.target.embed(&ids)?, pos);
-        let logits = self.target.lm_head_rows(&hidden[h..], b - 1);
+        let (hidden, logits) = self.block(anchor, pos, b)?;
         Ok(self.drafter.select_sampled(
             anchor,
             &hidden[h..],

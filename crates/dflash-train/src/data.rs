@@ -5,6 +5,7 @@
 use crate::prompts::Prompt;
 use crate::target::Target;
 use crate::TrainError;
+use dflash_core::cpu::{CpuModel, LogitRows};
 use dflash_core::model_files::LoadedModel;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -56,6 +57,57 @@ pub fn read_samples(path: &Path) -> Result<Vec<Sample>, TrainError> {
     Ok(out)
 }
 
+/// What answers the prompts greedily: each answer ends at (and includes) the first stop
+/// token, or has `max_new` tokens.
+pub trait Answerer {
+    fn answer(
+        &self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        is_stop: &dyn Fn(u32) -> bool,
+    ) -> Result<Vec<Vec<u32>>, TrainError>;
+}
+
+/// candle's f32 target, the prompts of a batch together (padded).
+impl Answerer for Target {
+    fn answer(
+        &self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        is_stop: &dyn Fn(u32) -> bool,
+    ) -> Result<Vec<Vec<u32>>, TrainError> {
+        Ok(self.generate_greedy(prompts, max_new, is_stop)?)
+    }
+}
+
+/// The quantized CPU engine, one prompt at a time (its products use every core).
+impl Answerer for CpuModel {
+    fn answer(
+        &self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        is_stop: &dyn Fn(u32) -> bool,
+    ) -> Result<Vec<Vec<u32>>, TrainError> {
+        prompts
+            .iter()
+            .map(|p| {
+                let mut cache = self.new_cache(p.len() + max_new);
+                let mut out = Vec::new();
+                let mut logits = self.forward(p, &mut cache, LogitRows::Last, &[])?.logits;
+                while out.len() < max_new {
+                    let t = self.argmax_last(&logits);
+                    out.push(t);
+                    if is_stop(t) || out.len() == max_new {
+                        break;
+                    }
+                    logits = self.forward(&[t], &mut cache, LogitRows::Last, &[])?.logits;
+                }
+                Ok(out)
+            })
+            .collect()
+    }
+}
+
 pub struct DataOptions {
     pub batch: usize,
     pub max_new_tokens: usize,
@@ -66,7 +118,7 @@ pub struct DataOptions {
 /// batch pads little), appending each batch's lines.
 pub fn distill(
     model: &LoadedModel,
-    target: &Target,
+    target: &dyn Answerer,
     prompts: &[Prompt],
     out: &Path,
     opts: &DataOptions,
@@ -110,8 +162,7 @@ pub fn distill(
     // sorted by length inside.
     for chunk in todo.chunks(opts.batch.max(1)) {
         let ids: Vec<Vec<u32>> = chunk.iter().map(|(_, i)| i.clone()).collect();
-        let answers =
-            target.generate_greedy(&ids, opts.max_new_tokens, &|t| model.tokenizer.is_stop(t))?;
+        let answers = target.answer(&ids, opts.max_new_tokens, &|t| model.tokenizer.is_stop(t))?;
         for ((p, ids), resp) in chunk.iter().zip(answers) {
             let s = Sample {
                 id: p.id.clone(),

@@ -154,6 +154,10 @@ struct DataArgs {
     stdlib: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// What answers: `cpu`, the quantized CPU engine (default; --batch is ignored), or
+    /// `candle`, candle's f32 target with --batch prompts together.
+    #[arg(long, default_value = "cpu")]
+    engine: String,
 }
 
 fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
@@ -172,14 +176,25 @@ fn run_data(a: DataArgs) -> Result<(), TrainError> {
     let stdlib = a.stdlib.clone().or_else(prompts::find_stdlib);
     let mut all = prompts::build(stdlib.as_deref(), a.seed);
     all.truncate(a.prompts);
-    let target = Target::new(&model.weights, &candle_core::Device::Cpu)?;
+    let target: Box<dyn dflash_train::data::Answerer> = match a.engine.as_str() {
+        "cpu" => Box::new(dflash_core::cpu::CpuModel::with_kernels(
+            &model.weights,
+            dflash_core::cpu::CpuKernels::Quantized,
+        )),
+        "candle" => Box::new(Target::new(&model.weights, &candle_core::Device::Cpu)?),
+        other => {
+            return Err(TrainError::Usage(format!(
+                "--engine {other}: cpu or candle"
+            )))
+        }
+    };
     let b = bar(all.len() as u64, "distill");
     let opts = DataOptions {
         batch: a.batch,
         max_new_tokens: a.max_new_tokens,
         max_prompt_tokens: a.max_prompt_tokens,
     };
-    let n = distill(&model, &target, &all, &a.out, &opts, &b)?;
+    let n = distill(&model, target.as_ref(), &all, &a.out, &opts, &b)?;
     b.finish();
     eprintln!("{n} new samples in {}", a.out.display());
     Ok(())

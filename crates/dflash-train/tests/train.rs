@@ -211,3 +211,42 @@ fn init_from_target_copies_the_top_layers_in_neox_order() {
     assert_eq!(fc.iter().filter(|&&x| x == 1.0).count(), h);
     assert_eq!(fc[(h - 1) * h + h - 1], 1.0);
 }
+
+/// The quantized CPU engine answers like the plain generation loop on the same engine:
+/// the same greedy tokens, each answer ending at (and keeping) its first stop token.
+#[test]
+fn the_quantized_engine_answers_as_plain_greedy_generation() {
+    use dflash_core::cpu::CpuKernels;
+    use dflash_core::generate::{generate_cpu, GenerateRequest};
+    use dflash_train::data::Answerer;
+    let c = tiny_drafter_target();
+    let m = load_gguf(&write_gguf(&c, &random_weights(&c, 5), GgmlType::Q8_0)).unwrap();
+    let cpu = CpuModel::with_kernels(&m.weights, CpuKernels::Quantized);
+    let prompts: Vec<Vec<u32>> = dflash_train::prompts::writing_prompts()[..4]
+        .iter()
+        .map(|p| m.chat_ids(None, &p.text).unwrap())
+        .collect();
+    let is_stop = |t: u32| m.tokenizer.is_stop(t);
+    let answers = cpu.answer(&prompts, 24, &is_stop).unwrap();
+    for (p, a) in prompts.iter().zip(&answers) {
+        let req = GenerateRequest {
+            prompt_ids: p.clone(),
+            max_new_tokens: 24,
+            sampling: Default::default(),
+            stop_strings: vec![],
+            context: p.len() + 32,
+        };
+        let plain = generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap();
+        let stop_at = a.iter().position(|&t| is_stop(t));
+        assert_eq!(
+            stop_at.map_or(a.len(), |i| i + 1),
+            a.len(),
+            "ends at its first stop"
+        );
+        assert_eq!(
+            &a[..stop_at.unwrap_or(a.len())],
+            &plain.tokens[..stop_at.unwrap_or(a.len())]
+        );
+        assert!(stop_at.is_some() || a.len() == 24);
+    }
+}

@@ -12,7 +12,7 @@ use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
 use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, WeightStream};
 use dflash_core::generate::generate_cpu;
-use dflash_core::speculative::{generate_speculative_cpu, BlockSize};
+use dflash_core::speculative::{generate_speculative_cpu, BlockSize, DFlashCpu};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::{
     GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader, StreamedModel,
@@ -336,10 +336,17 @@ impl Engine {
                                 &format!("block must be a number or \"auto\", not {s:?}"),
                             ))
                         }
-                        (_, Some(d)) => Some((
-                            BlockSize::auto_linear(d.config.block_size, 1.0),
-                            "auto".to_string(),
-                        )),
+                        (_, Some(d)) => {
+                            if inner.costs.is_none() {
+                                inner.costs = Some(
+                                    DFlashCpu::new(d, target)
+                                        .and_then(|mut p| p.measure_step_costs(16, &now_s))
+                                        .map_err(core_err)?,
+                                );
+                            }
+                            let verify_cost = inner.costs.clone().unwrap_or_default();
+                            Some((BlockSize::Auto { verify_cost }, "auto".to_string()))
+                        }
                     };
                     let mut on_text = |s: &str| on_piece(s, false);
                     match (label, &*drafter) {
