@@ -2,7 +2,7 @@
 //! attention over a KV cache, SwiGLU MLP, lm_head; optional hidden-state taps.
 
 use super::ops::{argmax, attention_row, matmul_t, rms_norm, rope, silu};
-use super::quant_matmul::{in_pool, quant_matmul, Kernel, QuantizedRows};
+use super::quant_matmul::{for_each_band, in_pool, quant_matmul, Kernel, QuantizedRows};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::quant::QuantMatrix;
@@ -403,9 +403,14 @@ impl CpuModel {
             cache.v[li].extend_from_slice(&v);
             let (kc, vc) = (&cache.k[li], &cache.v[li]);
             let mut att = vec![0f32; n * qd];
-            for r in 0..n {
-                let (qr, ar) = (&q[r * qd..(r + 1) * qd], &mut att[r * qd..(r + 1) * qd]);
-                attention_row(qr, kc, vc, start + r, nh, nkv, hd, ar);
+            // Rows on the engine's threads (each row's result is its own either way).
+            let row = |r: usize, ar: &mut [f32]| {
+                attention_row(&q[r * qd..(r + 1) * qd], kc, vc, start + r, nh, nkv, hd, ar)
+            };
+            if n > 1 {
+                for_each_band(&mut att, qd, row);
+            } else {
+                row(0, &mut att);
             }
             let o = l.wo.apply(&att, n);
             for i in 0..n * h {

@@ -251,24 +251,17 @@ impl Kernel {
         }
     }
 
-    /// One weight row against `R` activation rows (each result as if alone).
-    fn row_dots<const R: usize>(
-        self,
-        format: QFormat,
-        group: usize,
-        w: WeightRow,
-        xs: &[ActRow; R],
-    ) -> [f32; R] {
+    fn row_dot(self, format: QFormat, group: usize, w: WeightRow, x: ActRow) -> f32 {
         match self {
-            Kernel::Scalar => xs.map(|x| row_dot_scalar(format, group, w, x)),
+            Kernel::Scalar => row_dot_scalar(format, group, w, x),
             // SAFETY: `detect` chose this kernel only where the CPU has AVX2 and F16C.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe { avx2::row_dots::<false, R>(format, group, w, xs) },
+            Kernel::Avx2 => unsafe { avx2::row_dot::<false>(format, group, w, x) },
             // SAFETY: `detect` chose this kernel only where the CPU also has AVX-VNNI.
             #[cfg(target_arch = "x86_64")]
-            Kernel::AvxVnni => unsafe { avx2::row_dots_vnni::<R>(format, group, w, xs) },
+            Kernel::AvxVnni => unsafe { avx2::row_dot_vnni(format, group, w, x) },
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-            Kernel::Simd128 => xs.map(|x| simd128::row_dot(format, group, w, x)),
+            Kernel::Simd128 => simd128::row_dot(format, group, w, x),
         }
     }
 }
@@ -284,19 +277,11 @@ pub fn quant_matmul(w: &QuantMatrix, x: &QuantizedRows, kernel: Kernel) -> Vec<f
     let (n, m) = (x.n, w.rows);
     let mut by_weight_row = vec![0f32; m * n];
     let rows_per_task = (m / 64).clamp(16, 256);
-    let (format, group) = (w.format, w.group);
     let run = |first_row: usize, out: &mut [f32]| {
         for (i, o) in out.chunks_exact_mut(n).enumerate() {
             let wr = weight_row(w, first_row + i);
-            // Four activation rows per pass over the weight row where there are four.
-            let mut t = 0;
-            while t + 4 <= n {
-                let rows = [x.row(t), x.row(t + 1), x.row(t + 2), x.row(t + 3)];
-                o[t..t + 4].copy_from_slice(&kernel.row_dots(format, group, wr, &rows));
-                t += 4;
-            }
-            for (t, y) in o.iter_mut().enumerate().skip(t) {
-                *y = kernel.row_dots(format, group, wr, &[x.row(t)])[0];
+            for (t, y) in o.iter_mut().enumerate() {
+                *y = kernel.row_dot(w.format, w.group, wr, x.row(t));
             }
         }
     };
@@ -334,7 +319,11 @@ pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 
 /// Runs `f(band_index, band)` over `out` split into bands of `band_len`: on rayon's
 /// threads natively, in order on wasm.
-fn for_each_band(out: &mut [f32], band_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+pub(crate) fn for_each_band(
+    out: &mut [f32],
+    band_len: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) {
     #[cfg(not(target_arch = "wasm32"))]
     {
         use rayon::prelude::*;
@@ -370,33 +359,36 @@ mod avx2 {
         _mm256_add_epi32(lo, hi)
     }
 
-    /// One group's weights in the form every row's product takes: Q4 nibbles widened
-    /// low-then-high (16 bytes in), Q8 the signed bytes as they are (32 bytes in).
+    /// One group's weight bytes as unsigned values and its activations with the
+    /// weights' signs: Q4 (16 bytes, nibbles widened low-then-high) or Q8 group 32.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn weight_operand(format: QFormat, w: *const u8) -> __m256i {
+    unsafe fn group_operands(format: QFormat, w: *const u8, x: *const i8) -> (__m256i, __m256i) {
+        let xv = _mm256_loadu_si256(x.cast());
         match format {
             QFormat::Q4 => {
                 let packed = _mm_loadu_si128(w.cast());
                 let mask = _mm_set1_epi8(0x0F);
                 let lo = _mm_and_si128(packed, mask);
                 let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), mask);
-                _mm256_set_m128i(hi, lo)
+                (_mm256_set_m128i(hi, lo), xv)
             }
-            QFormat::Q8 => _mm256_loadu_si256(w.cast()),
+            QFormat::Q8 => {
+                let wv = _mm256_loadu_si256(w.cast());
+                (_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+            }
         }
     }
 
-    /// The 8 lanes of exact products of one group's weights with one row's activations
-    /// (lane `j`: bytes `4j..4j + 4`).
+    /// The 8 lanes of exact products of one group (lane `j`: bytes `4j..4j + 4`).
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn lanes<const VNNI: bool>(format: QFormat, wop: __m256i, x: *const i8) -> __m256i {
-        let xv = _mm256_loadu_si256(x.cast());
-        let (u, s) = match format {
-            QFormat::Q4 => (wop, xv),
-            QFormat::Q8 => (_mm256_sign_epi8(wop, wop), _mm256_sign_epi8(xv, wop)),
-        };
+    unsafe fn group_lanes<const VNNI: bool>(
+        format: QFormat,
+        w: *const u8,
+        x: *const i8,
+    ) -> __m256i {
+        let (u, s) = group_operands(format, w, x);
         if VNNI {
             dpbusd(u, s)
         } else {
@@ -415,127 +407,114 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,f16c,avxvnni")]
-    pub(super) unsafe fn row_dots_vnni<const R: usize>(
+    pub(super) unsafe fn row_dot_vnni(
         format: QFormat,
         group: usize,
         w: WeightRow,
-        xs: &[ActRow; R],
-    ) -> [f32; R] {
-        row_dots::<true, R>(format, group, w, xs)
+        x: ActRow,
+    ) -> f32 {
+        row_dot::<true>(format, group, w, x)
     }
 
-    /// For each of `R` rows, the exact sums of up to 8 consecutive groups from `g` (`k`
-    /// of them; lanes past `k` are 0), lane `j` for group `g + j`. Each group's weights
-    /// are read and unpacked once for all rows.
+    /// `row_dot` of the module's definition, 8 groups at a time where the group has 32
+    /// values; groups of 16 and the tail take the scalar steps.
+    /// The exact sums of up to 8 consecutive groups from `g` (`k` of them; lanes past
+    /// `k` are 0), lane `j` for group `g + j`.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn group_sums<const VNNI: bool, const R: usize>(
+    unsafe fn group_sums<const VNNI: bool>(
         format: QFormat,
         group: usize,
         w: WeightRow,
-        xs: &[ActRow; R],
+        x: ActRow,
         g: usize,
         k: usize,
-    ) -> [__m256i; R] {
+    ) -> __m256i {
         let wbytes = group * format.bits() / 8;
-        let mut v = [[_mm256_setzero_si256(); 8]; R];
+        let mut v = [_mm256_setzero_si256(); 8];
         if group == 32 {
-            for j in 0..k {
+            for (j, l) in v.iter_mut().enumerate().take(k) {
                 let gj = g + j;
-                let wop = weight_operand(format, w.qs.as_ptr().add(gj * wbytes));
-                for (vr, x) in v.iter_mut().zip(xs) {
-                    vr[j] = lanes::<VNNI>(format, wop, x.qs.as_ptr().add(gj * 32));
-                }
+                *l = group_lanes::<VNNI>(
+                    format,
+                    w.qs.as_ptr().add(gj * wbytes),
+                    x.qs.as_ptr().add(gj * 32),
+                );
             }
-            return std::array::from_fn(|r| hsum8(v[r]));
+            return hsum8(v);
         }
         // Groups of 16 (Q8 only), two per vector: lanes 0-3 the even group, 4-7 the odd.
-        debug_assert_eq!(format, QFormat::Q8);
-        for j in 0..k / 2 {
+        for (j, l) in v.iter_mut().enumerate().take(k / 2) {
             let gj = g + 2 * j;
-            let wop = weight_operand(format, w.qs.as_ptr().add(gj * wbytes));
-            for (vr, x) in v.iter_mut().zip(xs) {
-                vr[j] = lanes::<VNNI>(format, wop, x.qs.as_ptr().add(gj * 16));
-            }
+            *l = group_lanes::<VNNI>(
+                format,
+                w.qs.as_ptr().add(gj * wbytes),
+                x.qs.as_ptr().add(gj * 16),
+            );
         }
-        std::array::from_fn(|r| {
-            let a = _mm256_hadd_epi32(v[r][0], v[r][1]);
-            let b = _mm256_hadd_epi32(v[r][2], v[r][3]);
-            // Lanes [g0, g2, g4, g6 | g1, g3, g5, g7] into order.
-            _mm256_permutevar8x32_epi32(
-                _mm256_hadd_epi32(a, b),
-                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
-            )
-        })
+        let a = _mm256_hadd_epi32(v[0], v[1]);
+        let b = _mm256_hadd_epi32(v[2], v[3]);
+        // Lanes [g0, g2, g4, g6 | g1, g3, g5, g7] into order.
+        _mm256_permutevar8x32_epi32(
+            _mm256_hadd_epi32(a, b),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+        )
     }
 
-    /// 8 values from `at` (`k` of them, the rest 0).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn load8(v: &[f32], at: usize, k: usize) -> __m256 {
-        if k == 8 {
-            return _mm256_loadu_ps(v.as_ptr().add(at));
-        }
-        let mut a = [0f32; 8];
-        a[..k].copy_from_slice(&v[at..at + k]);
-        _mm256_loadu_ps(a.as_ptr())
-    }
-
-    /// 8 f16 values from `at` as f32 (`k` of them, the rest 0).
+    /// `row_dot` of the module's definition, 8 groups at a time (the last step masked).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn load8_f16(v: &[u16], at: usize, k: usize) -> __m256 {
-        if k == 8 {
-            return _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(at).cast()));
-        }
-        let mut a = [0u16; 8];
-        a[..k].copy_from_slice(&v[at..at + k]);
-        _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().cast()))
-    }
-
-    /// `row_dot` of the module's definition for `R` rows at once, 8 groups at a time
-    /// (the last step masked); each row's steps are those of a row alone.
-    #[inline]
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn row_dots<const VNNI: bool, const R: usize>(
+    pub(super) unsafe fn row_dot<const VNNI: bool>(
         format: QFormat,
         group: usize,
         w: WeightRow,
-        xs: &[ActRow; R],
-    ) -> [f32; R] {
+        x: ActRow,
+    ) -> f32 {
         let groups = w.scales.len();
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc = _mm256_setzero_ps();
         let mut g = 0;
         while g < groups {
             let k = (groups - g).min(8);
-            let isums = group_sums::<VNNI, R>(format, group, w, xs, g, k);
-            let sw = load8_f16(w.scales, g, k);
-            let mw = load8_f16(w.mins, g, k);
-            // Lanes past `k` keep their value exactly (adding 0 could flip a -0).
-            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            let keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), lane));
-            for ((a, x), isum) in acc.iter_mut().zip(xs).zip(isums) {
-                let term = _mm256_add_ps(
-                    _mm256_mul_ps(
-                        _mm256_mul_ps(sw, load8(x.scales, g, k)),
-                        _mm256_cvtepi32_ps(isum),
-                    ),
-                    _mm256_mul_ps(mw, load8(x.sums, g, k)),
-                );
-                let sum = _mm256_add_ps(*a, term);
-                *a = if k == 8 {
-                    sum
-                } else {
-                    _mm256_blendv_ps(*a, sum, keep)
-                };
-            }
+            let isum = _mm256_cvtepi32_ps(group_sums::<VNNI>(format, group, w, x, g, k));
+            let (sw, mw, sx, xs) = if k == 8 {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(w.scales.as_ptr().add(g).cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(w.mins.as_ptr().add(g).cast())),
+                    _mm256_loadu_ps(x.scales.as_ptr().add(g)),
+                    _mm256_loadu_ps(x.sums.as_ptr().add(g)),
+                )
+            } else {
+                let (mut a, mut b) = ([0u16; 8], [0u16; 8]);
+                let (mut c, mut d) = ([0f32; 8], [0f32; 8]);
+                a[..k].copy_from_slice(&w.scales[g..]);
+                b[..k].copy_from_slice(&w.mins[g..]);
+                c[..k].copy_from_slice(&x.scales[g..]);
+                d[..k].copy_from_slice(&x.sums[g..]);
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().cast())),
+                    _mm256_loadu_ps(c.as_ptr()),
+                    _mm256_loadu_ps(d.as_ptr()),
+                )
+            };
+            let term = _mm256_add_ps(
+                _mm256_mul_ps(_mm256_mul_ps(sw, sx), isum),
+                _mm256_mul_ps(mw, xs),
+            );
+            let sum = _mm256_add_ps(acc, term);
+            acc = if k == 8 {
+                sum
+            } else {
+                // Lanes past `k` keep their value exactly (adding 0 could flip a -0).
+                let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                let keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), lane);
+                _mm256_blendv_ps(acc, sum, _mm256_castsi256_ps(keep))
+            };
             g += 8;
         }
-        std::array::from_fn(|r| {
-            let mut a = [0f32; 8];
-            _mm256_storeu_ps(a.as_mut_ptr(), acc[r]);
-            combine(&a)
-        })
+        let mut a = [0f32; 8];
+        _mm256_storeu_ps(a.as_mut_ptr(), acc);
+        combine(&a)
     }
 }
 
@@ -665,7 +644,6 @@ mod tests {
             (QFormat::Q8, matrix(QFormat::Q8, 5, 576, 7)),
             (QFormat::Q8, matrix_g16(5, 576)),
         ] {
-            // 6 rows: one pass of four, then two alone.
             let x = QuantizedRows::new(&activations(6, 576), 6, 576, format, w.group);
             let fast = quant_matmul(&w, &x, kernel);
             let scalar = quant_matmul(&w, &x, Kernel::Scalar);
