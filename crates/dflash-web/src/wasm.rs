@@ -180,16 +180,16 @@ impl Loader {
                     _,
                 ) = model.finish().map_err(core_err)?;
                 let context = (context as usize).min(weights.config.max_position_embeddings);
-                let target = CpuModel::with_kernels(&weights, CpuKernels::Quantized);
-                let drafter = match &self.drafter {
-                    Some(w) => {
-                        w.config
-                            .validate_against(&weights.config)
-                            .map_err(core_err)?;
-                        Some(CpuDrafter::with_kernels(w, CpuKernels::Quantized))
-                    }
-                    None => None,
-                };
+                if let Some(w) = &self.drafter {
+                    w.config
+                        .validate_against(&weights.config)
+                        .map_err(core_err)?;
+                }
+                let target = CpuModel::from_weights(weights, CpuKernels::Quantized);
+                let drafter = self
+                    .drafter
+                    .as_ref()
+                    .map(|w| CpuDrafter::with_kernels(w, CpuKernels::Quantized));
                 let engine = serde_json::json!({
                     "engine": "cpu", "adapter": null,
                     "cpu": {"kernel": Kernel::detect().name(), "threads": 1},

@@ -53,6 +53,17 @@ pub(crate) enum Matrix {
 }
 
 impl Matrix {
+    /// `new` of a matrix the caller gives up (no copy of quantized weights).
+    pub(crate) fn owned(m: QuantMatrix, kernels: CpuKernels) -> Self {
+        match kernels {
+            CpuKernels::Reference => Self::new(&m, kernels),
+            CpuKernels::Quantized => Matrix::Quant {
+                m,
+                kernel: Kernel::detect(),
+            },
+        }
+    }
+
     pub(crate) fn new(m: &QuantMatrix, kernels: CpuKernels) -> Self {
         match kernels {
             CpuKernels::Reference => Matrix::Dense {
@@ -236,31 +247,38 @@ impl CpuModel {
     }
 
     pub fn with_kernels(w: &ModelWeights, kernels: CpuKernels) -> Self {
-        let mat = |m: &QuantMatrix| Matrix::new(m, kernels);
+        Self::from_weights(w.clone(), kernels)
+    }
+
+    /// The engine over `w`, consumed layer by layer (the browser holds the model once,
+    /// not twice, while it builds).
+    pub fn from_weights(w: ModelWeights, kernels: CpuKernels) -> Self {
+        let mat = |m: QuantMatrix| Matrix::owned(m, kernels);
+        let inv_freq = w.config.rope_inv_freq();
         let layers = w
             .layers
-            .iter()
+            .into_iter()
             .map(|l| Layer {
-                attn_norm: l.attn_norm.clone(),
                 qkv: Stacked::new(&[&l.wq, &l.wk, &l.wv], kernels),
-                wo: mat(&l.wo),
-                bq: l.bq.clone(),
-                bk: l.bk.clone(),
-                bv: l.bv.clone(),
-                q_norm: l.q_norm.clone(),
-                k_norm: l.k_norm.clone(),
-                ffn_norm: l.ffn_norm.clone(),
                 gate_up: Stacked::new(&[&l.w_gate, &l.w_up], kernels),
-                w_down: mat(&l.w_down),
+                attn_norm: l.attn_norm,
+                wo: mat(l.wo),
+                bq: l.bq,
+                bk: l.bk,
+                bv: l.bv,
+                q_norm: l.q_norm,
+                k_norm: l.k_norm,
+                ffn_norm: l.ffn_norm,
+                w_down: mat(l.w_down),
             })
             .collect();
         CpuModel {
-            config: w.config.clone(),
-            embed: mat(&w.embed),
+            config: w.config,
+            embed: mat(w.embed),
             layers,
-            norm: w.norm.clone(),
-            lm_head: w.lm_head.as_ref().map(mat),
-            inv_freq: w.config.rope_inv_freq(),
+            norm: w.norm,
+            lm_head: w.lm_head.map(mat),
+            inv_freq,
             kernels,
         }
     }
