@@ -205,24 +205,21 @@ impl ModelConfig {
         }
         self.rope.check_scaling().map_err(Error::BadConfig)?;
         // Guards against configs that would make us allocate absurd memory.
-        let limits = [
-            ("hidden_size", self.hidden_size, 1 << 16),
-            ("intermediate_size", self.intermediate_size, 1 << 18),
-            ("num_layers", self.num_layers, 1024),
-            ("num_heads", self.num_heads, 1024),
-            ("head_dim", self.head_dim, 1024),
-            ("vocab_size", self.vocab_size, 1 << 22),
-            (
-                "max_position_embeddings",
-                self.max_position_embeddings,
-                1 << 24,
-            ),
-        ];
-        for (name, v, lim) in limits {
-            if v > lim {
-                return bad(format!("{name} = {v} exceeds {lim}"));
-            }
-        }
+        crate::check_limit!("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE);
+        crate::check_limit!(
+            "intermediate_size",
+            self.intermediate_size,
+            MAX_INTERMEDIATE_SIZE
+        );
+        crate::check_limit!("num_layers", self.num_layers, MAX_LAYERS);
+        crate::check_limit!("num_heads", self.num_heads, MAX_HEADS);
+        crate::check_limit!("head_dim", self.head_dim, MAX_HEAD_DIM);
+        crate::check_limit!("vocab_size", self.vocab_size, MAX_VOCAB_SIZE);
+        crate::check_limit!(
+            "max_position_embeddings",
+            self.max_position_embeddings,
+            MAX_CONTEXT_TOKENS
+        );
         Ok(())
     }
 

@@ -14,9 +14,7 @@ use crate::error::{Error, Result};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value as Json;
 
-/// The largest block a drafter may declare (z-lab's drafters use 16 and 8, the GPU
-/// engine drafts at most 16 rows; the CPU reference takes any block up to this).
-pub const MAX_BLOCK_SIZE: usize = 256;
+pub use crate::limits::MAX_BLOCK_SIZE;
 
 /// The DFlash fields, as they appear in `dflash_config` or at the top level.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -224,21 +222,23 @@ impl TryFrom<DrafterFile> for DrafterConfig {
             ));
         }
         // Bounds against absurd allocations (the target's, plus the block).
-        for (name, v, limit) in [
-            ("block_size", block_size, MAX_BLOCK_SIZE),
-            ("hidden_size", f.hidden_size, 1 << 16),
-            ("intermediate_size", f.intermediate_size, 1 << 18),
-            ("num_hidden_layers", layers, 1024),
-            ("num_attention_heads", heads, 1024),
-            ("head_dim", head_dim, 1024),
-            ("vocab_size", f.vocab_size, 1 << 22),
-            ("num_target_layers", num_target_layers, 1024),
-            ("target_layer_ids (count)", target_layer_ids.len(), 1024),
-        ] {
-            if v > limit {
-                return not_a_drafter(format!("{name} = {v} exceeds {limit}"));
-            }
-        }
+        crate::check_limit!("block_size", block_size, MAX_BLOCK_SIZE);
+        crate::check_limit!("hidden_size", f.hidden_size, MAX_HIDDEN_SIZE);
+        crate::check_limit!(
+            "intermediate_size",
+            f.intermediate_size,
+            MAX_INTERMEDIATE_SIZE
+        );
+        crate::check_limit!("num_hidden_layers", layers, MAX_LAYERS);
+        crate::check_limit!("num_attention_heads", heads, MAX_HEADS);
+        crate::check_limit!("head_dim", head_dim, MAX_HEAD_DIM);
+        crate::check_limit!("vocab_size", f.vocab_size, MAX_VOCAB_SIZE);
+        crate::check_limit!("num_target_layers", num_target_layers, MAX_LAYERS);
+        crate::check_limit!(
+            "target_layer_ids (count)",
+            target_layer_ids.len(),
+            MAX_LAYERS
+        );
         // The drafter rotates whole heads in NEOX pairs; `partial_rotary_factor` is not read.
         let rope = f.rope.settings(head_dim)?;
         let dflash2 =

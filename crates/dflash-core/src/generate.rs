@@ -112,6 +112,7 @@ pub fn token_budget(prompt_tokens: usize, max_new_tokens: usize, context: usize)
 /// Returns (context, token budget).
 pub fn prepare(req: &GenerateRequest, cfg: &crate::config::ModelConfig) -> Result<(usize, usize)> {
     req.sampling.validate()?;
+    crate::check_limit!("context", req.context, MAX_CONTEXT_TOKENS);
     let context = req.context.min(cfg.max_position_embeddings).max(1);
     let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
     if let Some(&bad) = req

@@ -39,3 +39,38 @@ pub const MAX_CHAT_PROMPT_BYTES: usize = 64 << 20;
 /// can make (`isize::MAX` there). Real tensors: up to about 1 GB (an 8B model's F16
 /// embedding).
 pub const MAX_STREAM_TENSOR_BYTES: u64 = (1 << 31) - 1;
+
+/// Rows of a drafter's block. z-lab's drafters use 16 and 8; the GPU engine drafts at
+/// most 16 rows, the CPU engines any block up to this.
+pub const MAX_BLOCK_SIZE: u64 = 256;
+
+/// Tokens of a context: a model's `max_position_embeddings` and a request's KV cache
+/// capacity. Real models: up to 1M (Qwen2.5-1M).
+pub const MAX_CONTEXT_TOKENS: u64 = 1 << 24;
+
+/// Model dimensions, of targets and drafters alike. Real models: hidden 16384 and
+/// intermediate 53248 (Llama 3.1 405B), 126 layers, 128 heads, head_dim 256, a 262k
+/// vocabulary (Gemma 3).
+pub const MAX_HIDDEN_SIZE: u64 = 1 << 16;
+pub const MAX_INTERMEDIATE_SIZE: u64 = 1 << 18;
+pub const MAX_LAYERS: u64 = 1024;
+pub const MAX_HEADS: u64 = 1024;
+pub const MAX_HEAD_DIM: u64 = 1024;
+pub const MAX_VOCAB_SIZE: u64 = 1 << 22;
+
+/// `Err(LimitExceeded)` naming the constant when `value > $limit`.
+#[macro_export]
+macro_rules! check_limit {
+    ($what:expr, $value:expr, $limit:ident) => {{
+        let value = $value as u64;
+        if value > $crate::limits::$limit {
+            return Err($crate::Error::over_limit(
+                $what,
+                value,
+                stringify!($limit),
+                $crate::limits::$limit,
+            )
+            .into());
+        }
+    }};
+}

@@ -594,3 +594,51 @@ fn the_tiny_model_still_loads_and_streams() {
     let f = with_metadata(md);
     assert!(parse_header(&f, f.len() as u64).is_ok());
 }
+
+/// A model's dimensions and context, and a request's context, past `dflash_core::limits`:
+/// a GGUF whose header declares them loads to `LimitExceeded` naming the limit (before
+/// any weight is read), and so does a request for a larger context.
+#[test]
+fn dimensions_and_contexts_past_the_limits_name_the_limit() {
+    let c = tiny_config(Arch::Llama);
+    let good = write_gguf(&c, &random_weights(&c, 3), GgmlType::Q8_0);
+    for (key, value, want) in [
+        ("llama.embedding_length", 1u64 << 20, "MAX_HIDDEN_SIZE"),
+        (
+            "llama.feed_forward_length",
+            1 << 30,
+            "MAX_INTERMEDIATE_SIZE",
+        ),
+        ("llama.block_count", 1 << 20, "MAX_LAYERS"),
+        ("llama.context_length", 1 << 40, "MAX_CONTEXT_TOKENS"),
+    ] {
+        let mut meta = gguf_metadata(&c);
+        meta.retain(|(k, _)| k != key);
+        meta.push((key.to_string(), Value::U64(value)));
+        let file = with_metadata(meta);
+        let header = parse_header(&file, file.len() as u64).unwrap();
+        match dflash_core::model_files::gguf_meta(&header) {
+            Err(Error::LimitExceeded {
+                limit, value: v, ..
+            }) => {
+                assert_eq!((limit, v), (want, value), "{key}");
+            }
+            other => panic!(
+                "{key} = {value}: expected LimitExceeded {want}, got {:?}",
+                other.err()
+            ),
+        }
+    }
+    let m = load_gguf(&good).unwrap();
+    let req = dflash_core::generate::GenerateRequest {
+        prompt_ids: vec![1, 2, 3],
+        max_new_tokens: 4,
+        sampling: SamplingParams::default(),
+        stop_strings: vec![],
+        context: 1 << 30,
+    };
+    match dflash_core::generate::prepare(&req, m.config()) {
+        Err(Error::LimitExceeded { limit, .. }) => assert_eq!(limit, "MAX_CONTEXT_TOKENS"),
+        other => panic!("context 2^30: expected LimitExceeded, got {other:?}"),
+    }
+}

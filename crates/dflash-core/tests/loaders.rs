@@ -452,7 +452,13 @@ fn absurd_header_sizes_are_refused_before_allocating() {
         }
     }
     let f = writer::write(&md, &[]);
-    assert!(matches!(load_gguf(&f), Err(Error::BadConfig(_))));
+    assert!(matches!(
+        load_gguf(&f),
+        Err(Error::LimitExceeded {
+            limit: "MAX_HIDDEN_SIZE",
+            ..
+        })
+    ));
 }
 
 #[test]
