@@ -13,6 +13,7 @@ export type DFlashErrorCode =
   | 'IntegrityError'    // the file's sha256 differs from the one given
   | 'CacheCorrupt'
   | 'Busy'
+  | 'Aborted'           // the request's AbortSignal fired (create(req, { signal }))
   | 'Unloaded'
   | 'GpuError'
   | 'WorkerError'
@@ -92,7 +93,8 @@ export interface Usage {
     | { enabled: true; block: string; steps: number; mean_tau: number; accepted_tokens: number; acceptance_by_position: number[] };
 }
 
-export type FinishReason = 'stop' | 'length';
+/** 'abort': the request was interrupted (`engine.interrupt()`). */
+export type FinishReason = 'stop' | 'length' | 'abort';
 
 export interface ChatCompletion {
   id: string;
@@ -133,10 +135,13 @@ export interface Engine {
   readonly info: EngineInfo;
   chat: {
     completions: {
-      create(request: ChatCompletionRequest & { stream: true }): AsyncIterable<ChatCompletionChunk>;
-      create(request: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
+      /** `options.signal` aborts the request (code 'Aborted'); the worker stops it within one step. */
+      create(request: ChatCompletionRequest & { stream: true }, options?: { signal?: AbortSignal }): AsyncIterable<ChatCompletionChunk>;
+      create(request: ChatCompletionRequest & { stream?: false }, options?: { signal?: AbortSignal }): Promise<ChatCompletion>;
     };
   };
+  /** Ends the running request before its next token (finish_reason 'abort'); the engine stays usable. */
+  interrupt(): void;
   unload(): Promise<void>;
 }
 

@@ -66,12 +66,20 @@ class Rpc {
   }
   call(msg, handlers = {}) {
     const id = this.next++;
-    return new Promise((resolve, reject) => {
+    const p = new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject, ...handlers });
       this.worker.postMessage({ ...msg, id });
     });
+    p.id = id;
+    return p;
+  }
+  /** A message with no answer (the worker handles it at once, outside the queue). */
+  post(msg) {
+    this.worker.postMessage(msg);
   }
 }
+
+const aborted = () => new DFlashError('Aborted', 'the request was aborted');
 
 let completionCounter = 0;
 
@@ -80,20 +88,36 @@ class Completions {
     this.engine = engine;
   }
   /** OpenAI's chat.completions.create: a completion, or with `stream: true` an async
-   *  iterable of chunks (the last one carries finish_reason and usage). */
-  create(request) {
+   *  iterable of chunks (the last one carries finish_reason and usage). `options.signal`
+   *  (an AbortSignal) aborts the request: it rejects (or the stream throws) with code
+   *  `Aborted` and the worker stops generating it within one step. */
+  create(request, options = {}) {
     const e = this.engine;
     if (!e.rpc) return Promise.reject(new DFlashError('Unloaded', 'the engine was unloaded'));
+    const { signal } = options ?? {};
+    if (signal?.aborted) return Promise.reject(aborted());
     const id = `chatcmpl-dflash-${Date.now().toString(36)}-${++completionCounter}`;
     const created = Math.floor(Date.now() / 1000);
     const model = e.modelName;
     const { stream, ...req } = request;
+    // Tells the worker to stop this request (running or still queued).
+    const abortIn = (call) => {
+      if (!signal) return () => {};
+      const stop = () => e.rpc?.post({ type: 'interrupt', target: call.id });
+      signal.addEventListener('abort', stop, { once: true });
+      return () => signal.removeEventListener('abort', stop);
+    };
     if (!stream) {
-      return e.rpc.call({ type: 'chat', request: req }).then((r) => ({
-        id, object: 'chat.completion', created, model,
-        choices: [{ index: 0, message: { role: 'assistant', content: r.text }, finish_reason: r.finish_reason }],
-        usage: r.usage,
-      }));
+      const call = e.rpc.call({ type: 'chat', request: req });
+      const done = abortIn(call);
+      return new Promise((resolve, reject) => {
+        signal?.addEventListener('abort', () => reject(aborted()), { once: true });
+        call.then((r) => resolve({
+          id, object: 'chat.completion', created, model,
+          choices: [{ index: 0, message: { role: 'assistant', content: r.text }, finish_reason: r.finish_reason }],
+          usage: r.usage,
+        }), reject).finally(done);
+      });
     }
     const chunks = [];
     let wake = null;
@@ -104,12 +128,15 @@ class Completions {
     });
     chunks.push(chunk({ role: 'assistant', content: '' }));
     const push = (c) => { chunks.push(c); wake?.(); };
-    e.rpc.call({ type: 'chat', request: req }, {
-      onPiece: (text, drafted) => push(chunk({ content: text }, null, { dflash: { drafted } })),
-    }).then(
-      (r) => { push(chunk({}, r.finish_reason, { usage: r.usage })); finished = true; wake?.(); },
-      (err) => { failure = err; finished = true; wake?.(); },
-    );
+    const call = e.rpc.call({ type: 'chat', request: req }, {
+      onPiece: (text, drafted) => { if (!failure) push(chunk({ content: text }, null, { dflash: { drafted } })); },
+    });
+    const done = abortIn(call);
+    signal?.addEventListener('abort', () => { failure = aborted(); finished = true; chunks.length = 0; wake?.(); }, { once: true });
+    call.then(
+      (r) => { if (!failure) push(chunk({}, r.finish_reason, { usage: r.usage })); finished = true; wake?.(); },
+      (err) => { failure ??= err; finished = true; wake?.(); },
+    ).finally(done);
     return {
       async *[Symbol.asyncIterator]() {
         for (;;) {
@@ -130,6 +157,12 @@ class Engine {
     this.info = info;
     this.modelName = modelName;
     this.chat = { completions: new Completions(this) };
+  }
+  /** Ends the running request before its next token: it resolves with the text so far
+   *  and finish_reason 'abort'; the engine stays usable. (The CPU engine does not yield
+   *  while it generates, so there it takes effect only between requests.) */
+  interrupt() {
+    this.rpc?.post({ type: 'interrupt' });
   }
   /** Frees the GPU memory and stops the worker. */
   async unload() {

@@ -22,8 +22,18 @@ class WorkerError extends Error {
   }
 }
 
+// The request being answered, and queued requests aborted before they started.
+let running = null;
+const dropped = new Set();
+
 self.onmessage = (e) => {
   const m = e.data;
+  // An interrupt acts now, not after the request it interrupts.
+  if (m.type === 'interrupt') {
+    if (m.target === undefined || m.target === running) engine?.interrupt();
+    else dropped.add(m.target);
+    return;
+  }
   queue = queue.then(() => handle(m));
 };
 
@@ -42,8 +52,14 @@ async function handle(m) {
       post({ id: m.id, type: 'result', result: engine.info() });
     } else if (m.type === 'chat') {
       if (!engine) throw new WorkerError('Unloaded', 'no model is loaded');
-      const result = await engine.chat(m.request, (text, drafted) => post({ id: m.id, type: 'piece', text, drafted }));
-      post({ id: m.id, type: 'result', result });
+      if (dropped.delete(m.id)) throw new WorkerError('Aborted', 'the request was aborted before it started');
+      running = m.id;
+      try {
+        const result = await engine.chat(m.request, (text, drafted) => post({ id: m.id, type: 'piece', text, drafted }));
+        post({ id: m.id, type: 'result', result });
+      } finally {
+        running = null;
+      }
     } else if (m.type === 'unload') {
       engine?.unload();
       engine = null;
@@ -223,6 +239,7 @@ async function load(m, onProgress) {
   return {
     info: () => engineInfo,
     chat: (req, onPiece) => eng.chat(req, onPiece),
+    interrupt: () => eng.interrupt(),
     unload: () => { eng.unload(); eng.free(); },
   };
 }

@@ -116,3 +116,55 @@ test('a file that is not a model, a missing file and a mismatched drafter get ty
     await browser.close();
   }
 });
+
+// Aborting and interrupting: an AbortSignal rejects the request with code 'Aborted' at
+// once; engine.interrupt() ends the running request before its next token (on the GPU
+// engine, which yields between steps: finish_reason 'abort', fewer tokens than asked);
+// either way the engine answers the next request.
+test('an aborted or interrupted request ends and the engine answers the next one', { timeout: 600_000 }, async () => {
+  const browser = await launch();
+  try {
+    const page = await browser.newPage();
+    watch(page, 'abort');
+    await page.goto(`${srv.url}/www/index.html?model=none`);
+    const r = await page.evaluate(async () => {
+      const m = await import('/pkg/index.js');
+      const out = {};
+      for (const kind of ['gpu', 'cpu']) {
+        const engine = await m.createEngine({ model: '/models/SmolLM2-135M-Instruct.Q4_1.gguf', engine: kind });
+        const req = { messages: [{ role: 'user', content: 'Tell me a long story about a dragon and a knight.' }], max_tokens: 40, temperature: 0 };
+        const ac = new AbortController();
+        let pieces = 0;
+        let code = null;
+        try {
+          for await (const c of engine.chat.completions.create({ ...req, stream: true }, { signal: ac.signal })) {
+            if (c.choices[0].delta.content && ++pieces === 2) ac.abort();
+          }
+        } catch (e) { code = e.code; }
+        let interrupted = null;
+        let first = true;
+        for await (const c of engine.chat.completions.create({ ...req, stream: true })) {
+          if (c.choices[0].delta.content && first) { first = false; engine.interrupt(); }
+          if (c.usage) interrupted = { finish_reason: c.choices[0].finish_reason, completion_tokens: c.usage.completion_tokens };
+        }
+        const next = await engine.chat.completions.create({ ...req, max_tokens: 4 });
+        const preAborted = await engine.chat.completions.create(req, { signal: AbortSignal.abort() }).then(() => null, (e) => e.code);
+        out[kind] = { code, pieces, interrupted, next: next.usage.completion_tokens, preAborted };
+        await engine.unload();
+      }
+      return out;
+    });
+    console.log(JSON.stringify(r));
+    for (const kind of ['gpu', 'cpu']) {
+      assert.equal(r[kind].code, 'Aborted', kind);
+      assert.equal(r[kind].pieces, 2, `${kind}: no piece after the abort`);
+      assert.equal(r[kind].next, 4, `${kind}: the engine answers after an abort`);
+      assert.equal(r[kind].preAborted, 'Aborted', kind);
+    }
+    // The GPU engine stops within a step of the interrupt.
+    assert.equal(r.gpu.interrupted.finish_reason, 'abort');
+    assert.ok(r.gpu.interrupted.completion_tokens <= 3, JSON.stringify(r.gpu.interrupted));
+  } finally {
+    await browser.close();
+  }
+});

@@ -640,6 +640,7 @@ fn run_dflash(
         sampling: sampling.clone(),
         stop_strings: vec![],
         context,
+        interrupt: Default::default(),
     };
     // The plain run: through the tokenizer's stop handling when there is one.
     let run_plain = |plain: &mut GpuModel, ids: &[u32], n| -> Result<(Vec<u32>, f64), CliError> {

@@ -3,7 +3,7 @@
 use crate::{load, CliError, Device};
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
-use dflash_core::generate::{generate_cpu, FinishReason, GenerateRequest, GenerateResult};
+use dflash_core::generate::{generate_cpu, GenerateRequest, GenerateResult};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{generate_speculative_cpu, BlockSize, DFlashCpu, SpeculativeResult};
@@ -171,6 +171,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         sampling,
         stop_strings: a.stop.clone(),
         context: a.context,
+        interrupt: Default::default(),
     };
     let json = a.json;
     let mut out = std::io::stdout();
@@ -290,7 +291,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
             "text": r.text,
             "prompt_tokens": r.prompt_tokens,
             "completion_tokens": n,
-            "finish_reason": match r.finish_reason { FinishReason::Stop => "stop", FinishReason::Length => "length" },
+            "finish_reason": r.finish_reason.name(),
             "device": device,
             "adapter": adapter,
             "model": {"format": m.format, "arch": m.config().arch, "layers": m.config().num_layers, "hidden": m.config().hidden_size, "weight_bytes": m.weights.n_bytes()},

@@ -14,6 +14,26 @@ pub struct GenerateRequest {
     pub stop_strings: Vec<String>,
     /// Context length to run with (KV capacity); clipped to the model's maximum.
     pub context: usize,
+    /// Set from elsewhere to end generation early.
+    pub interrupt: Interrupt,
+}
+
+/// A request's interrupt switch: whoever holds a clone (the browser worker's message
+/// handler, a caller's other task) sets it, and generation ends before the next token is
+/// taken, with `FinishReason::Interrupted`. Clones share the switch.
+#[derive(Debug, Clone, Default)]
+pub struct Interrupt(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Interrupt {
+    pub fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub fn clear(&self) {
+        self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +42,19 @@ pub enum FinishReason {
     Stop,
     /// `max_new_tokens` or the context ran out.
     Length,
+    /// The request's `Interrupt` was set.
+    Interrupted,
+}
+
+impl FinishReason {
+    /// The OpenAI-style name (`abort` for an interrupted request, as WebLLM says).
+    pub fn name(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Interrupted => "abort",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -138,13 +171,15 @@ pub struct TokenSink<'a> {
     pub tokens: Vec<u32>,
     stream: StreamDecoder,
     stops: StopMatcher,
+    interrupt: Interrupt,
     pub finish: FinishReason,
 }
 
 impl<'a> TokenSink<'a> {
+    /// The sink of `req`: its stop strings and interrupt switch, `budget` tokens.
     pub fn new(
         tok: &'a TextTokenizer,
-        stop_strings: &[String],
+        req: &GenerateRequest,
         budget: usize,
         on_text: &'a mut dyn FnMut(&str),
     ) -> Self {
@@ -154,7 +189,8 @@ impl<'a> TokenSink<'a> {
             budget,
             tokens: Vec::new(),
             stream: StreamDecoder::default(),
-            stops: StopMatcher::new(stop_strings),
+            stops: StopMatcher::new(&req.stop_strings),
+            interrupt: req.interrupt.clone(),
             finish: FinishReason::Length,
         }
     }
@@ -167,6 +203,10 @@ impl<'a> TokenSink<'a> {
     /// Takes the next token; true when generation is over.
     pub fn push(&mut self, t: u32) -> Result<bool> {
         if self.tokens.len() >= self.budget {
+            return Ok(true);
+        }
+        if self.interrupt.is_set() {
+            self.finish = FinishReason::Interrupted;
             return Ok(true);
         }
         if self.tok.is_stop(t) {
@@ -219,7 +259,7 @@ pub fn generate_cpu(
         .logits;
     let t1 = clock();
     let mut history = req.prompt_ids.clone();
-    let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
+    let mut sink = TokenSink::new(tok, req, budget, on_text);
     loop {
         let next = sample(&logits, &req.sampling, &history, history.len());
         history.push(next);

@@ -541,7 +541,7 @@ pub fn generate_speculative_with(
     let mut anchor = sample(&out.logits, &req.sampling, &history, history.len());
     let t1 = clock();
 
-    let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
+    let mut sink = TokenSink::new(tok, req, budget, on_text);
     let mut blocks = BlockLoop::new(block, max_block);
     let rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
     let mut done = budget == 0 || sink.push(anchor)?;

@@ -399,6 +399,7 @@ fn a_dflash2_drafter_is_lossless_on_the_cpu() {
                 sampling: sp.clone(),
                 stop_strings: vec![],
                 context: 256,
+                interrupt: Default::default(),
             };
             let plain = generate_cpu(&cpu, &t.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap();
             for b in [

@@ -558,6 +558,7 @@ fn prompt_longer_than_the_context() {
         sampling: Default::default(),
         stop_strings: vec![],
         context: 32,
+        interrupt: Default::default(),
     };
     let e = generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap_err();
     assert!(

@@ -198,6 +198,7 @@ fn dflash2_speculative_sampling_keeps_the_target_distribution() {
             sampling: sp(s),
             stop_strings: vec![],
             context: 32,
+            interrupt: Default::default(),
         };
         let r = generate_speculative_cpu(
             &cpu,

@@ -61,6 +61,7 @@ fn req(prompt: &[u32], sampling: SamplingParams) -> GenerateRequest {
         sampling,
         stop_strings: vec![],
         context: 256,
+        interrupt: Default::default(),
     }
 }
 
@@ -503,5 +504,64 @@ fn prior_cost(p: &BlockSize, b: usize) -> f64 {
     match p {
         BlockSize::Auto { verify_cost } => verify_cost[b],
         BlockSize::Fixed(_) => unreachable!(),
+    }
+}
+
+/// An interrupt set while text streams ends generation before the next token, plain and
+/// speculative, with `FinishReason::Interrupted`; the tokens so far equal plain
+/// decoding's.
+#[test]
+fn an_interrupt_ends_generation_before_the_next_token() {
+    use dflash_core::generate::FinishReason;
+    let t = target();
+    let cpu = CpuModel::with_kernels(&t.weights, CpuKernels::Quantized);
+    let d = CpuDrafter::with_kernels(
+        &load(&write_drafter(t.config(), &spec(5))).unwrap(),
+        CpuKernels::Quantized,
+    );
+    let p = &prompts()[2];
+    let full = generate_cpu(
+        &cpu,
+        &t.tokenizer,
+        &req(p, Default::default()),
+        &|| 0.0,
+        &mut |_| {},
+    )
+    .unwrap();
+    for speculative in [false, true] {
+        let r = req(p, Default::default());
+        let switch = r.interrupt.clone();
+        let mut pieces = 0;
+        let mut on_text = |_: &str| {
+            pieces += 1;
+            if pieces == 3 {
+                switch.set();
+            }
+        };
+        let out = if speculative {
+            generate_speculative_cpu(
+                &cpu,
+                &d,
+                &t.tokenizer,
+                &r,
+                &BlockSize::Fixed(4),
+                &|| 0.0,
+                &mut on_text,
+            )
+            .unwrap()
+            .result
+        } else {
+            generate_cpu(&cpu, &t.tokenizer, &r, &|| 0.0, &mut on_text).unwrap()
+        };
+        assert_eq!(
+            out.finish_reason,
+            FinishReason::Interrupted,
+            "speculative {speculative}"
+        );
+        assert!(
+            out.tokens.len() < full.tokens.len(),
+            "speculative {speculative}"
+        );
+        assert_eq!(out.tokens, full.tokens[..out.tokens.len()]);
     }
 }

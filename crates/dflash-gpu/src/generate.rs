@@ -26,7 +26,7 @@ impl GpuModel {
         let t0 = clock();
         let next = self.prefill_with_async(&req.prompt_ids, head).await?;
         let t1 = clock();
-        let mut sink = TokenSink::new(tok, &req.stop_strings, budget, on_text);
+        let mut sink = TokenSink::new(tok, req, budget, on_text);
         if !sink.push(next)? {
             let max = sink.remaining();
             self.decode_async(next, max, head, &mut |t| Ok(sink.push(t)?))

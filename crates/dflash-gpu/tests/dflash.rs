@@ -85,6 +85,7 @@ fn req(p: &[u32], sp: &SamplingParams) -> GenerateRequest {
         sampling: sp.clone(),
         stop_strings: vec![],
         context: 128,
+        interrupt: Default::default(),
     }
 }
 

@@ -177,6 +177,7 @@ fn greedy_generation_equals_the_cpu_reference() {
         sampling: Default::default(),
         stop_strings: vec![],
         context: 128,
+        interrupt: Default::default(),
     };
     let want = dflash_core::generate::generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {})
         .unwrap()

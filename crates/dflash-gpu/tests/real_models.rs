@@ -77,6 +77,7 @@ fn smollm2_greedy_on_the_gpu_equals_the_cpu_reference() {
             sampling: Default::default(),
             stop_strings: vec![],
             context: 512,
+            interrupt: Default::default(),
         };
         let want = generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {})
             .unwrap()
@@ -200,6 +201,7 @@ fn dflash_is_lossless_on_smollm2(
                     sampling: sp.clone(),
                     stop_strings: vec![],
                     context: 256,
+                    interrupt: Default::default(),
                 };
                 let r = s
                     .generate(&m.tokenizer, &req, &b, &|| 0.0, &mut |_| {})

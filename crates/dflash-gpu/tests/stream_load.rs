@@ -80,6 +80,7 @@ fn a_streamed_model_generates_what_the_whole_file_generates() {
                     sampling: sp,
                     stop_strings: vec![],
                     context: 64,
+                    interrupt: Default::default(),
                 };
                 let a = whole
                     .generate(&m.tokenizer, &req, &|| 0.0, &mut |_| {})

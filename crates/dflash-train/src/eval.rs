@@ -68,6 +68,7 @@ pub fn evaluate(
             sampling: SamplingParams::default(),
             stop_strings: vec![],
             context: ids.len() + max_new_tokens + block + 1,
+            interrupt: Default::default(),
         };
         let r = generate_speculative_cpu(
             target,

@@ -2,7 +2,7 @@
 //! and turned into the engine's `GenerateRequest`, in plain Rust (tested natively).
 
 use dflash_core::chat::{ChatTemplate, Message};
-use dflash_core::generate::{FinishReason, GenerateRequest, GenerateResult};
+use dflash_core::generate::{GenerateRequest, GenerateResult};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::SpeculativeResult;
 use dflash_core::tokenizer::TextTokenizer;
@@ -145,6 +145,7 @@ impl ChatRequest {
             sampling: self.sampling(fallback_seed)?,
             stop_strings: self.stop_strings(),
             context,
+            interrupt: Default::default(),
         };
         dflash_core::generate::token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
         Ok(req)
@@ -179,8 +180,5 @@ pub fn usage(r: &GenerateResult, spec: Option<(&SpeculativeResult, &str)>) -> se
 }
 
 pub fn finish_reason(r: &GenerateResult) -> &'static str {
-    match r.finish_reason {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-    }
+    r.finish_reason.name()
 }

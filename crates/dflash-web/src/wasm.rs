@@ -11,7 +11,7 @@ use dflash_core::cpu::quant_matmul::Kernel;
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
 use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, WeightStream};
-use dflash_core::generate::generate_cpu;
+use dflash_core::generate::{generate_cpu, Interrupt};
 use dflash_core::speculative::{generate_speculative_cpu, BlockSize, DFlashCpu};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::{
@@ -223,6 +223,7 @@ impl Loader {
                 costs: None,
             }))),
             info,
+            interrupt: Interrupt::default(),
         })
     }
 }
@@ -281,6 +282,8 @@ struct Inner {
 pub struct Engine {
     inner: Rc<RefCell<Option<Inner>>>,
     info: serde_json::Value,
+    /// The running request's interrupt switch (outside `inner`, which the request holds).
+    interrupt: Interrupt,
 }
 
 #[wasm_bindgen]
@@ -295,6 +298,7 @@ impl Engine {
     /// to `{ text, finish_reason, usage }`.
     pub fn chat(&self, request: JsValue, on_piece: Option<js_sys::Function>) -> js_sys::Promise {
         let inner = self.inner.clone();
+        let interrupt = self.interrupt.clone();
         wasm_bindgen_futures::future_to_promise(async move {
             let v: serde_json::Value = serde_wasm_bindgen::from_value(request)
                 .map_err(|e| js_error("BadRequest", &format!("bad request: {e}")))?;
@@ -306,7 +310,7 @@ impl Engine {
                 .as_mut()
                 .ok_or_else(|| js_error("Unloaded", "the engine was unloaded"))?;
             let seed = (js_sys::Math::random() * 9007199254740992.0) as u64;
-            let gen = req
+            let mut gen = req
                 .to_generate(
                     &inner.tokenizer,
                     inner.chat_template.as_ref(),
@@ -314,6 +318,8 @@ impl Engine {
                     seed,
                 )
                 .map_err(core_err)?;
+            interrupt.clear();
+            gen.interrupt = interrupt;
             let mut on_piece = |s: &str, drafted: bool| {
                 if let Some(f) = &on_piece {
                     let _ = f.call2(
@@ -423,6 +429,15 @@ impl Engine {
             };
             Ok(to_js_value(&out))
         })
+    }
+
+    /// Ends the running request before its next token (it resolves with what it has,
+    /// `finish_reason: "abort"`); the engine stays usable. The GPU engine yields to the
+    /// worker between steps, so this takes effect within one step; the CPU engine runs a
+    /// request to its end without yielding, so there it only ends a request that has not
+    /// yet started its decoding.
+    pub fn interrupt(&self) {
+        self.interrupt.set();
     }
 
     /// Frees the model (GPU buffers or CPU weights); later requests fail with code

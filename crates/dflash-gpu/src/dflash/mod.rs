@@ -442,7 +442,7 @@ impl Speculative {
         let t1 = clock();
         let drafted = std::cell::Cell::new(false);
         let mut on_text = |s: &str| on_piece(s, drafted.get());
-        let mut sink = TokenSink::new(tok, &req.stop_strings, budget, &mut on_text);
+        let mut sink = TokenSink::new(tok, req, budget, &mut on_text);
         let mut blocks = BlockLoop::new(block, self.max_block());
         let mut done = budget == 0 || sink.push(anchor)?;
         while !done {
