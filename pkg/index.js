@@ -159,8 +159,8 @@ class Engine {
     this.chat = { completions: new Completions(this) };
   }
   /** Ends the running request before its next token: it resolves with the text so far
-   *  and finish_reason 'abort'; the engine stays usable. (The CPU engine does not yield
-   *  while it generates, so there it takes effect only between requests.) */
+   *  and finish_reason 'abort'; the engine stays usable. (DFlash on the CPU engine does
+   *  not yield while it generates: there it takes effect only between requests.) */
   interrupt() {
     this.rpc?.post({ type: 'interrupt' });
   }

@@ -251,25 +251,73 @@ pub fn generate_cpu(
     clock: &dyn Fn() -> f64,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerateResult> {
-    let (context, budget) = prepare(req, &model.config)?;
-    let mut cache = model.new_cache(context);
-    let t0 = clock();
-    let mut logits = model
-        .forward(&req.prompt_ids, &mut cache, LogitRows::Last, &[])?
-        .logits;
-    let t1 = clock();
-    let mut history = req.prompt_ids.clone();
-    let mut sink = TokenSink::new(tok, req, budget, on_text);
-    loop {
-        let next = sample(&logits, &req.sampling, &history, history.len());
-        history.push(next);
-        if sink.push(next)? {
-            break;
-        }
-        logits = model
-            .forward(&[next], &mut cache, LogitRows::Last, &[])?
+    let mut g = CpuGeneration::start(model, tok, req, clock, on_text)?;
+    while !g.step()? {}
+    Ok(g.finish(clock))
+}
+
+/// `generate_cpu` one token at a time, for hosts that must yield between tokens (the
+/// browser worker, so that an interrupt can arrive while the CPU engine generates).
+pub struct CpuGeneration<'a> {
+    model: &'a CpuModel,
+    req: &'a GenerateRequest,
+    cache: crate::cpu::KvCache,
+    logits: Vec<f32>,
+    history: Vec<u32>,
+    sink: TokenSink<'a>,
+    /// Start and end of the prefill.
+    times: (f64, f64),
+}
+
+impl<'a> CpuGeneration<'a> {
+    /// Checks the request and runs the prefill.
+    pub fn start(
+        model: &'a CpuModel,
+        tok: &'a TextTokenizer,
+        req: &'a GenerateRequest,
+        clock: &dyn Fn() -> f64,
+        on_text: &'a mut dyn FnMut(&str),
+    ) -> Result<Self> {
+        let (context, budget) = prepare(req, &model.config)?;
+        let mut cache = model.new_cache(context);
+        let t0 = clock();
+        let logits = model
+            .forward(&req.prompt_ids, &mut cache, LogitRows::Last, &[])?
             .logits;
+        Ok(CpuGeneration {
+            model,
+            req,
+            cache,
+            logits,
+            history: req.prompt_ids.clone(),
+            sink: TokenSink::new(tok, req, budget, on_text),
+            times: (t0, clock()),
+        })
     }
-    let t2 = clock();
-    Ok(sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1))
+
+    /// Takes the next token (and runs the pass that scores the one after); true when
+    /// generation is over.
+    pub fn step(&mut self) -> Result<bool> {
+        let next = sample(
+            &self.logits,
+            &self.req.sampling,
+            &self.history,
+            self.history.len(),
+        );
+        self.history.push(next);
+        if self.sink.push(next)? {
+            return Ok(true);
+        }
+        self.logits = self
+            .model
+            .forward(&[next], &mut self.cache, LogitRows::Last, &[])?
+            .logits;
+        Ok(false)
+    }
+
+    pub fn finish(self, clock: &dyn Fn() -> f64) -> GenerateResult {
+        let (t0, t1) = self.times;
+        self.sink
+            .finish(self.req.prompt_ids.len(), t1 - t0, clock() - t1)
+    }
 }

@@ -11,7 +11,7 @@ use dflash_core::cpu::quant_matmul::Kernel;
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
 use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, WeightStream};
-use dflash_core::generate::{generate_cpu, Interrupt};
+use dflash_core::generate::{CpuGeneration, Interrupt};
 use dflash_core::speculative::{generate_speculative_cpu, BlockSize, DFlashCpu};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::{
@@ -228,6 +228,27 @@ impl Loader {
     }
 }
 
+/// Lets the worker's event loop run (messages such as an interrupt) and resumes at once:
+/// a message to ourselves through a `MessageChannel` (a zero-delay `setTimeout` is
+/// clamped to 4 ms once nested).
+async fn yield_to_worker() -> Result<(), JsValue> {
+    use js_sys::{Array, Function, Promise, Reflect};
+    let global = js_sys::global();
+    let ctor: Function = Reflect::get(&global, &"MessageChannel".into())?.dyn_into()?;
+    let channel = Reflect::construct(&ctor, &Array::new())?;
+    let (rx, tx) = (
+        Reflect::get(&channel, &"port1".into())?,
+        Reflect::get(&channel, &"port2".into())?,
+    );
+    let arrived = Promise::new(&mut |resolve, _| {
+        let _ = Reflect::set(&rx, &"onmessage".into(), &resolve);
+    });
+    let post: Function = Reflect::get(&tx, &"postMessage".into())?.dyn_into()?;
+    post.call1(&tx, &JsValue::NULL)?;
+    wasm_bindgen_futures::JsFuture::from(arrived).await?;
+    Ok(())
+}
+
 fn cpu_target(total: f64) -> Target {
     Target::Cpu(WeightStream::new(HostSink, total as u64))
 }
@@ -370,9 +391,20 @@ impl Engine {
                             serde_json::json!({ "text": r.result.text, "finish_reason": finish_reason(&r.result), "usage": usage(&r.result, Some((&r, &label))) })
                         }
                         _ => {
-                            let r =
-                                generate_cpu(target, &inner.tokenizer, &gen, &now_s, &mut on_text)
-                                    .map_err(core_err)?;
+                            // A token at a time, yielding to the worker between tokens so
+                            // that an interrupt can arrive.
+                            let mut g = CpuGeneration::start(
+                                target,
+                                &inner.tokenizer,
+                                &gen,
+                                &now_s,
+                                &mut on_text,
+                            )
+                            .map_err(core_err)?;
+                            while !g.step().map_err(core_err)? {
+                                yield_to_worker().await?;
+                            }
+                            let r = g.finish(&now_s);
                             serde_json::json!({ "text": r.text, "finish_reason": finish_reason(&r), "usage": usage(&r, None) })
                         }
                     }
@@ -433,9 +465,9 @@ impl Engine {
 
     /// Ends the running request before its next token (it resolves with what it has,
     /// `finish_reason: "abort"`); the engine stays usable. The GPU engine yields to the
-    /// worker between steps, so this takes effect within one step; the CPU engine runs a
-    /// request to its end without yielding, so there it only ends a request that has not
-    /// yet started its decoding.
+    /// worker between steps and the CPU engine between tokens of plain decoding, so this
+    /// takes effect within one step; DFlash on the CPU engine runs its request to the end
+    /// without yielding.
     pub fn interrupt(&self) {
         self.interrupt.set();
     }
