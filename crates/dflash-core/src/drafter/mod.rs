@@ -88,8 +88,9 @@ impl DrafterConfig {
         let (lo, hi) = (1.0f64, n_target as f64 - 3.0);
         (0..n_draft)
             .map(|i| {
+                // Python's round, as z-lab's `build_target_layer_ids`: ties to even.
                 (lo + i as f64 * (hi - lo) / (n_draft - 1) as f64)
-                    .round()
+                    .round_ties_even()
                     .max(0.0) as usize
             })
             .collect()

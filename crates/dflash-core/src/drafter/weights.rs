@@ -131,6 +131,18 @@ impl DrafterWeights {
                 w_down: mat(&n("mlp.down_proj.weight"), h, ff)?,
             });
         }
+        // The selector's codebooks: z-lab's published files name them without `.weight`;
+        // the reference's `save_pretrained` of a freshly built model adds it.
+        let codebook = |which: &str, rank: usize| {
+            let bare = format!("candidate_selector.{which}_codebook");
+            let named = format!("{bare}.weight");
+            let name = if src.shape(&bare).is_none() && src.shape(&named).is_some() {
+                named
+            } else {
+                bare
+            };
+            checked_matrix(&src, &name, c.vocab_size, rank)
+        };
         let selector = match &c.dflash2 {
             Some(d) => Some(Selector {
                 hidden_projection: checked_matrix(
@@ -139,18 +151,8 @@ impl DrafterWeights {
                     d.selector_rank,
                     h,
                 )?,
-                predecessor: checked_matrix(
-                    &src,
-                    "candidate_selector.predecessor_codebook",
-                    c.vocab_size,
-                    d.selector_rank,
-                )?,
-                successor: checked_matrix(
-                    &src,
-                    "candidate_selector.successor_codebook",
-                    c.vocab_size,
-                    d.selector_rank,
-                )?,
+                predecessor: codebook("predecessor", d.selector_rank)?,
+                successor: codebook("successor", d.selector_rank)?,
             }),
             None => None,
         };
