@@ -296,6 +296,16 @@ impl BlockLoop {
     }
 }
 
+/// The block sizes whose step cost is measured for `auto` up to `max` (the rest are
+/// interpolated): powers of two to 16, and `max` past that.
+pub fn probe_block_sizes(max: usize) -> Vec<usize> {
+    [1, 2, 4, 8, 16]
+        .into_iter()
+        .filter(|&b| b <= max)
+        .chain((max > 16).then_some(max))
+        .collect()
+}
+
 /// Costs for every b in 1..=max relative to b = 1, linearly interpolated between the
 /// measured (b, seconds) points (index 0 unused).
 pub fn interpolate_costs(times: &[(usize, f64)], max: usize) -> Vec<f64> {
@@ -421,11 +431,7 @@ impl<'a> DFlashCpu<'a> {
     /// its draft rows; best of 3, interpolated between the sizes probed.
     pub fn measure_step_costs(&mut self, max: usize, clock: &dyn Fn() -> f64) -> Result<Vec<f64>> {
         let max = max.clamp(1, self.max_block());
-        let probe: Vec<usize> = [1, 2, 4, 8, 16]
-            .into_iter()
-            .filter(|&b| b <= max)
-            .chain((max > 16).then_some(max))
-            .collect();
+        let probe = probe_block_sizes(max);
         let (taps, prompt) = (self.tap_layers(), vec![0u32; 8]);
         let mut times = Vec::new();
         for &b in &probe {

@@ -121,7 +121,7 @@ impl Stacked {
     pub(crate) fn new(parts: &[&QuantMatrix], kernels: CpuKernels) -> Self {
         match QuantMatrix::stack_rows(parts) {
             Some(m) => Stacked::One {
-                m: Matrix::new(&m, kernels),
+                m: Matrix::owned(m, kernels),
                 rows: parts.iter().map(|p| p.rows).collect(),
             },
             None => Stacked::Each(parts.iter().map(|p| Matrix::new(p, kernels)).collect()),

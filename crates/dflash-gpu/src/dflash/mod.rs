@@ -339,11 +339,7 @@ impl Speculative {
         now: &dyn Fn() -> f64,
     ) -> Result<Vec<f64>> {
         let max = max.clamp(1, self.max_block());
-        let probe: Vec<usize> = [1, 2, 4, 8, 16]
-            .into_iter()
-            .filter(|&b| b <= max)
-            .chain((max > 16).then_some(max))
-            .collect();
+        let probe = dflash_core::speculative::probe_block_sizes(max);
         let host = self.host_drafts;
         self.host_drafts = false;
         let prompt = vec![0u32; 8];
