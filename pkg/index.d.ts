@@ -43,11 +43,18 @@ export interface EngineOptions {
   context?: number;
   /**
    * Which engine runs the model: 'gpu' (WebGPU; NoWebGPU without it), 'cpu' (the
-   * quantized wasm SIMD engine, single-threaded) or 'auto' (default: WebGPU unless the
-   * browser has none or only a software fallback adapter such as SwiftShader, where the
-   * CPU engine is faster).
+   * quantized wasm SIMD engine) or 'auto' (default: WebGPU unless the browser has none
+   * or only a software fallback adapter such as SwiftShader, where the CPU engine is
+   * faster).
    */
   engine?: 'auto' | 'gpu' | 'cpu';
+  /**
+   * Threads of the CPU engine (1-64; default: navigator.hardwareConcurrency, at most 8).
+   * More than one needs a cross-origin isolated page (COOP `same-origin` and COEP
+   * `require-corp` or `credentialless`, so that SharedArrayBuffer exists); elsewhere the
+   * engine runs on one thread. `info.cpu.threads` says how many run.
+   */
+  threads?: number;
   onProgress?: (p: Progress) => void;
   /** A worker running worker.js, when the bundler cannot resolve `new URL('./worker.js', import.meta.url)`. */
   worker?: Worker;
@@ -120,7 +127,7 @@ export interface ChatCompletionChunk {
 export interface EngineInfo {
   /** The engine that runs the model. */
   engine: 'gpu' | 'cpu';
-  /** On the CPU engine: its dot-product kernel ('simd128' or 'scalar') and threads. */
+  /** On the CPU engine: its dot-product kernel ('simd128' or 'scalar') and the threads it runs on. */
   cpu?: { kernel: string; threads: number };
   /** The WebGPU adapter (null on the CPU engine). */
   adapter: null | { name: string; backend: string; device_type: string; driver: string; shader_f16: boolean; kv_cache_f16: boolean; max_storage_buffer_binding_size: number; max_buffer_size: number };

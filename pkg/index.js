@@ -173,17 +173,23 @@ class Engine {
   }
 }
 
+/** The most threads the CPU engine takes (each is a Web Worker sharing the wasm memory). */
+const MAX_THREADS = 64;
+
 /** Loads a model (GGUF, a URL or a File) and optionally a DFlash drafter into a worker. */
 export async function createEngine(options) {
-  const { model, drafter, onProgress, context, worker, engine = 'auto' } = options ?? {};
+  const { model, drafter, onProgress, context, worker, engine = 'auto', threads } = options ?? {};
   if (!['auto', 'gpu', 'cpu'].includes(engine)) throw new DFlashError('BadRequest', `engine must be 'auto', 'gpu' or 'cpu', not ${JSON.stringify(engine)}`);
+  if (threads !== undefined && !(Number.isInteger(threads) && threads >= 1 && threads <= MAX_THREADS)) {
+    throw new DFlashError('BadRequest', `threads must be an integer from 1 to ${MAX_THREADS}, not ${JSON.stringify(threads)}`);
+  }
   if (engine === 'gpu' && !hasWebGPU()) throw new DFlashError('NoWebGPU', 'This browser does not support WebGPU (navigator.gpu is missing).');
   if (!model) throw new DFlashError('BadRequest', 'createEngine needs { model }');
   const w = worker ?? new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
   const rpc = new Rpc(w);
   const src = modelSource(model);
   try {
-    const info = await rpc.call({ type: 'load', model: src, drafter: drafterSource(drafter), context, engine }, { onProgress });
+    const info = await rpc.call({ type: 'load', model: src, drafter: drafterSource(drafter), context, engine, threads }, { onProgress });
     const name = typeof src.src === 'string' ? src.src.split('/').pop() : src.src.name ?? 'model';
     return new Engine(rpc, info, name);
   } catch (e) {

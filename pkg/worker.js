@@ -5,13 +5,37 @@
 // weights, as soon as it is complete, so the file is never whole in memory), checks the
 // sha256, then answers chat requests one at a time, posting text pieces as they come.
 
-import init, { Loader } from './dist/dflash_web.js';
+// Two builds of the engine: dist/ (one thread) and dist/threads/ (atomics and shared
+// memory: the CPU engine on a pool of Web Workers), which needs SharedArrayBuffer, that
+// is a cross-origin isolated page. Each is loaded on first use.
+const builds = {};
+
+async function wasmBuild(threads) {
+  const key = threads > 1 ? 'threads' : 'single';
+  builds[key] ??= (async () => {
+    if (key === 'single') {
+      const mod = await import('./dist/dflash_web.js');
+      await mod.default({ module_or_path: new URL('./dist/dflash_web_bg.wasm', import.meta.url) });
+      return { mod, threads: 1 };
+    }
+    const mod = await import('./dist/threads/dflash_web.js');
+    await mod.default({ module_or_path: new URL('./dist/threads/dflash_web_bg.wasm', import.meta.url) });
+    await mod.initThreadPool(threads);
+    return { mod, threads };
+  })();
+  return builds[key];
+}
+
+/** The CPU engine's threads: as asked (default: the cores, at most 8), 1 without isolation. */
+function cpuThreads(asked) {
+  if (!self.crossOriginIsolated || typeof SharedArrayBuffer === 'undefined') return 1;
+  return asked ?? Math.min(self.navigator?.hardwareConcurrency || 1, 8);
+}
 
 const CACHE = 'dflash-web-v1';
 // The file's size and sha256 live in a second cache under the same URL (Cache Storage
 // ignores URL fragments, so they cannot share one cache).
 const META = 'dflash-web-meta-v1';
-let ready = null;
 let engine = null;
 let queue = Promise.resolve();
 
@@ -43,8 +67,6 @@ function post(msg) {
 
 async function handle(m) {
   try {
-    ready ??= init({ module_or_path: new URL('./dist/dflash_web_bg.wasm', import.meta.url) });
-    await ready;
     if (m.type === 'load') {
       engine?.unload();
       engine = null;
@@ -173,7 +195,7 @@ async function chooseEngine(asked) {
   return software ? 'cpu' : 'auto';
 }
 
-async function loadModelOnce(model, engine, onProgress) {
+async function loadModelOnce(Loader, model, engine, onProgress) {
   const s = await openSource(model.src, 'model');
   const loader = await Loader.open(s.size, engine);
   let loaded = 0;
@@ -216,12 +238,14 @@ async function loadModelOnce(model, engine, onProgress) {
 async function load(m, onProgress) {
   const t0 = performance.now();
   const engine = await chooseEngine(m.engine ?? 'auto');
+  // The threaded build only where the CPU engine runs (the GPU engine gains nothing).
+  const { mod } = await wasmBuild(engine === 'cpu' ? cpuThreads(m.threads) : 1);
   let r;
   try {
-    r = await loadModelOnce(m.model, engine, onProgress);
+    r = await loadModelOnce(mod.Loader, m.model, engine, onProgress);
   } catch (e) {
     if (e.code !== 'CacheCorrupt') throw e;
-    r = await loadModelOnce(m.model, engine, onProgress); // the bad copy is gone: from the network
+    r = await loadModelOnce(mod.Loader, m.model, engine, onProgress); // the bad copy is gone: from the network
   }
   const { loader } = r;
   if (m.drafter) {

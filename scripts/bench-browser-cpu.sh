@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Browser CPU speeds in headless chromium on the prompts `dflash bench` uses: wllama
 # (llama.cpp in wasm, npm @wllama/wllama) single-threaded, then with 2 threads
-# (cross-origin isolated), then our pkg/ (--engine dflash, when pkg/dist is built).
+# (cross-origin isolated), then our pkg/ the same two ways (--engine dflash, when pkg/dist
+# is built).
 #   scripts/bench-browser-cpu.sh [PROMPTS (8)] [TOKENS (32)] [ENGINES ("wllama dflash")]
 # One JSON object per run on stdout (see tests/bench/README.md); progress on stderr.
 set -euo pipefail
@@ -13,9 +14,7 @@ for engine in $engines; do
     echo "[bench] skipping dflash: pkg/dist is not built (scripts/build-pkg.sh)" >&2
     continue
   fi
-  threads="1 2"
-  [ "$engine" = dflash ] && threads=1  # the pkg's threading is its own; one run
-  for t in $threads; do
+  for t in 1 2; do
     node tests/bench/wllama.mjs --engine "$engine" --threads "$t" --prompts "$prompts" --tokens "$tokens"
   done
 done

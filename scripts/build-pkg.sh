@@ -4,6 +4,9 @@
 # binaryen breaks current wasm-bindgen output). Installs what is missing: the wasm32
 # target, wasm-bindgen-cli of the same version as the crate, the npm tools (tests/).
 # Prints the wasm size before and after wasm-opt. `npm pack` in pkg/ then makes the tarball.
+# A second build with threads (feature `threads`: atomics and shared memory, so std is
+# rebuilt by the nightly toolchain, `-Z build-std`) goes to pkg/dist/threads/; the worker
+# loads it for the CPU engine where the page is cross-origin isolated.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
@@ -23,4 +26,22 @@ tests/node_modules/.bin/wasm-opt -Oz --enable-bulk-memory --enable-nontrapping-f
 mv pkg/dist/dflash_web_bg.opt.wasm pkg/dist/dflash_web_bg.wasm
 after=$(stat -c %s pkg/dist/dflash_web_bg.wasm)
 gz=$(gzip -9 -c pkg/dist/dflash_web_bg.wasm | wc -c)
-echo "{\"wasm_bytes_before_opt\": $before, \"wasm_bytes\": $after, \"wasm_gzip_bytes\": $gz}"
+
+# The threaded build: rust-src for build-std; the linker makes the memory shared and
+# imported (the thread workers instantiate the module on the same memory), with a 4 GiB
+# ceiling, and exports the TLS symbols wasm-bindgen's thread start uses. Its own target
+# dir, so that it rebuilds nothing of the first.
+rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
+rustup component add rust-src --toolchain nightly
+link="--shared-memory --import-memory --max-memory=4294967296 --export=__wasm_init_tls --export=__tls_size --export=__tls_align --export=__tls_base"
+RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+simd128 $(printf -- '-C link-arg=%s ' $link)" \
+  cargo +nightly build -Z build-std=panic_abort,std --release --locked -p dflash-web --features threads \
+  --target wasm32-unknown-unknown --target-dir target/wasm-threads
+wasm-bindgen --target web --out-dir pkg/dist/threads --no-typescript \
+  target/wasm-threads/wasm32-unknown-unknown/release/dflash_web.wasm
+tests/node_modules/.bin/wasm-opt -Oz --enable-threads --enable-bulk-memory --enable-nontrapping-float-to-int \
+  --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue --enable-simd \
+  pkg/dist/threads/dflash_web_bg.wasm -o pkg/dist/threads/dflash_web_bg.opt.wasm
+mv pkg/dist/threads/dflash_web_bg.opt.wasm pkg/dist/threads/dflash_web_bg.wasm
+threads=$(stat -c %s pkg/dist/threads/dflash_web_bg.wasm)
+echo "{\"wasm_bytes_before_opt\": $before, \"wasm_bytes\": $after, \"wasm_gzip_bytes\": $gz, \"threads_wasm_bytes\": $threads}"

@@ -2,7 +2,8 @@
 // through the npm package's API, streams chat answers with live tok/s and tau, and
 // highlights the tokens that came from accepted drafts. URL parameters override the
 // defaults: model, drafter, block, max_tokens, temperature, dflash=0, engine (auto, gpu,
-// cpu).
+// cpu), threads (the CPU engine's; more than one where the page is cross-origin
+// isolated, as www/serve.mjs serves it).
 import { createEngine } from '../pkg/index.js';
 
 const q = new URLSearchParams(location.search);
@@ -15,6 +16,7 @@ if (q.get('max_tokens')) $('max_tokens').value = q.get('max_tokens');
 if (q.get('dflash') === '0') $('dflash').checked = false;
 const temperature = Number(q.get('temperature') ?? 0);
 const ENGINE = q.get('engine') ?? 'auto';
+const THREADS = q.get('threads') ? Number(q.get('threads')) : undefined;
 
 let engine = null;
 let runs = 0;
@@ -28,6 +30,7 @@ async function main() {
       model: MODEL,
       drafter: DRAFTER === 'none' ? undefined : DRAFTER,
       engine: ENGINE,
+      threads: THREADS,
       onProgress: (p) => {
         $('progress').max = p.total || 1;
         $('progress').value = p.total ? p.loaded : 1;

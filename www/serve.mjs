@@ -1,7 +1,9 @@
 // The local dev server of the demo: serves the repository (www/, pkg/, drafters/) and
 // the model cache ($DFLASH_CACHE/models, default ~/.cache/dflash/models) under /models/,
-// on 127.0.0.1. No dependencies.
-//   node www/serve.mjs [--port 8080] [--root DIR]   (then open http://127.0.0.1:8080/)
+// on 127.0.0.1. No dependencies. The pages are cross-origin isolated (COOP same-origin,
+// COEP require-corp: SharedArrayBuffer exists, so the CPU engine runs on several
+// threads) unless --no-isolation.
+//   node www/serve.mjs [--port 8080] [--root DIR] [--no-isolation]   (then open http://127.0.0.1:8080/)
 import { createServer } from 'node:http';
 import { createReadStream, statSync } from 'node:fs';
 import { join, normalize, extname, resolve, dirname } from 'node:path';
@@ -13,8 +15,11 @@ const TYPES = {
   '.json': 'application/json', '.wasm': 'application/wasm', '.png': 'image/png', '.ts': 'text/plain',
 };
 
+/** The headers that make a page cross-origin isolated (everything here is same-origin). */
+const ISOLATION = { 'cross-origin-opener-policy': 'same-origin', 'cross-origin-embedder-policy': 'require-corp' };
+
 /** Starts the server; resolves to { server, port, url }. */
-export function serve({ port = 8080, root, models } = {}) {
+export function serve({ port = 8080, root, models, isolated = true } = {}) {
   root = resolve(root ?? join(dirname(fileURLToPath(import.meta.url)), '..'));
   models = resolve(models ?? join(process.env.DFLASH_CACHE ?? join(homedir(), '.cache', 'dflash'), 'models'));
   const server = createServer((req, res) => {
@@ -44,6 +49,7 @@ export function serve({ port = 8080, root, models } = {}) {
       'content-type': TYPES[extname(file)] ?? 'application/octet-stream',
       'content-length': st.size,
       'cache-control': 'no-cache',
+      ...(isolated ? ISOLATION : {}),
     });
     if (req.method === 'HEAD') return res.end();
     createReadStream(file).pipe(res);
@@ -56,6 +62,6 @@ export function serve({ port = 8080, root, models } = {}) {
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const arg = (name, d) => { const i = process.argv.indexOf(name); return i > 0 ? process.argv[i + 1] : d; };
-  const { url } = await serve({ port: Number(arg('--port', 8080)), root: arg('--root') });
+  const { url } = await serve({ port: Number(arg('--port', 8080)), root: arg('--root'), isolated: !process.argv.includes('--no-isolation') });
   console.log(`dflash-web demo: ${url}/www/`);
 }

@@ -122,10 +122,11 @@ async function runWllama({ wllamaBase, modelUrl, rows, tokens, threads, nCtx, wa
 
 // ---------------------------------------------------------------- dflash-web (our pkg/)
 
-async function runDflash({ pkgUrl, modelUrl, rows, tokens, nCtx, warmup, dflashEngine }) {
+async function runDflash({ pkgUrl, modelUrl, rows, tokens, threads, nCtx, warmup, dflashEngine }) {
   const { createEngine } = await import(pkgUrl);
   const tLoad = now();
-  const options = { model: modelUrl, context: nCtx };
+  // threads > 1 runs where the page is cross-origin isolated (the harness's --coi)
+  const options = { model: modelUrl, context: nCtx, threads };
   // engine: 'cpu' (the quantized wasm SIMD engine), 'gpu' or 'auto' (pkg/index.d.ts);
   // info.engine and info.cpu ({ kernel, threads }) say what runs
   if (dflashEngine) options.engine = dflashEngine;

@@ -1,6 +1,7 @@
 // The demo page in headless Chromium: loads SmolLM2-135M-Instruct and its DFlash drafter
 // from the dev server on the GPU engine (WebGPU on SwiftShader) and on the CPU engine
-// (wasm SIMD), generates 16 tokens greedily with DFlash off and on, and asserts every
+// (wasm SIMD; on one thread, and on two where the page is cross-origin isolated),
+// generates 16 tokens greedily with DFlash off and on, and asserts every
 // text equals the native engine's greedy text on the same kind of engine; saves
 // screenshots and the speeds (tests/e2e/out/). Error paths: no WebGPU (the CPU engine
 // runs; engine 'gpu' is a typed error) and a file that is not a model.
@@ -12,21 +13,26 @@ import { serve } from '../../www/serve.mjs';
 import { launch, nativeGreedy, watch, OUT, PROMPT, DRAFTER } from './common.mjs';
 
 const N = 16;
-let srv;
-before(async () => { srv = await serve({ port: 0 }); });
-after(() => srv.server.close());
+// The dev server without cross-origin isolation (one thread), and with it.
+let srv, isolated;
+before(async () => { srv = await serve({ port: 0, isolated: false }); isolated = await serve({ port: 0 }); });
+after(() => { srv.server.close(); isolated.server.close(); });
 
-/** Loads the demo on `engine` and generates N tokens with DFlash off and on. */
-async function demoRun(browser, engine, expected) {
+/** Loads the demo on `engine` (with `threads`, from the isolated server) and generates
+ *  N tokens with DFlash off and on. */
+async function demoRun(browser, engine, expected, threads) {
   const page = await browser.newPage({ viewport: { width: 900, height: 900 } });
-  watch(page, `demo ${engine}`);
+  const tag = threads ? `${engine}-${threads}threads` : engine;
+  watch(page, `demo ${tag}`);
   const t0 = Date.now();
-  await page.goto(`${srv.url}/www/?max_tokens=${N}&block=4&temperature=0&engine=${engine}`);
+  const base = threads ? `${isolated.url}/www/?threads=${threads}&` : `${srv.url}/www/?`;
+  await page.goto(`${base}max_tokens=${N}&block=4&temperature=0&engine=${engine}`);
   await page.waitForFunction(() => ['ready', 'error', 'nogpu'].includes(document.body.dataset.state), null, { timeout: 600_000 });
   const state = await page.evaluate(() => document.body.dataset.state);
   assert.equal(state, 'ready', await page.textContent('#status'));
   const info = await page.evaluate(() => window.__info);
   assert.equal(info.engine, engine);
+  if (engine === 'cpu') assert.equal(info.cpu.threads, threads ?? 1, 'the CPU engine runs on the threads asked for');
   const results = { engine, adapter: info.adapter, cpu: info.cpu ?? null, load_s: info.load_s, page_load_s: (Date.now() - t0) / 1000, runs: [] };
   for (const dflash of [false, true]) {
     await page.setChecked('#dflash', dflash);
@@ -41,7 +47,7 @@ async function demoRun(browser, engine, expected) {
     results.runs.push({ dflash, decode_tok_s: last.usage.decode_tok_s, prefill_tok_s: last.usage.prefill_tok_s, mean_tau: last.usage.dflash.mean_tau ?? null, accepted_tokens: last.usage.dflash.accepted_tokens ?? null });
     await page.evaluate(() => { window.__last = null; });
   }
-  await page.screenshot({ path: join(OUT, `demo-${engine}.png`), fullPage: true });
+  await page.screenshot({ path: join(OUT, `demo-${tag}.png`), fullPage: true });
   results.text = expected.text;
   await page.close();
   return results;
@@ -49,15 +55,16 @@ async function demoRun(browser, engine, expected) {
 
 // The GPU engine on SwiftShader against the native GPU engine; the CPU engine (wasm
 // SIMD128 kernels) against the native CPU engine (AVX2/VNNI kernels): the same text
-// token for token, as the kernels are bit-identical by construction.
+// token for token, as the kernels are bit-identical by construction and a row's sums
+// never depend on how the rows are split across threads.
 test('the demo generates the native greedy text on both engines with DFlash off and on', { timeout: 900_000 }, async () => {
   const browser = await launch();
   try {
     const all = {};
-    for (const [engine, device] of [['gpu', 'gpu'], ['cpu', 'cpu']]) {
+    for (const [engine, device, threads] of [['gpu', 'gpu'], ['cpu', 'cpu'], ['cpu', 'cpu', 2]]) {
       const expected = nativeGreedy(PROMPT, N, device);
       assert.equal(expected.tokens, N, 'the prompt should not end before N tokens');
-      all[engine] = await demoRun(browser, engine, expected);
+      all[threads ? `${engine}-${threads}threads` : engine] = await demoRun(browser, engine, expected, threads);
     }
     writeFileSync(join(OUT, 'demo.json'), JSON.stringify(all, null, 2));
     console.log(JSON.stringify(all));
@@ -80,9 +87,11 @@ test('without WebGPU the page runs the CPU engine and engine gpu throws NoWebGPU
     const err = await page.evaluate(async () => {
       const m = await import('/pkg/index.js');
       const code = async (opts) => { try { await m.createEngine(opts); return null; } catch (e) { return { name: e.name, code: e.code, isClass: e instanceof m.DFlashError }; } };
-      return [await code({ model: '/models/none.gguf', engine: 'gpu' }), await code({ model: '/models/none.gguf', engine: 'tpu' })];
+      return [await code({ model: '/models/none.gguf', engine: 'gpu' }), await code({ model: '/models/none.gguf', engine: 'tpu' }),
+        await code({ model: '/models/none.gguf', engine: 'cpu', threads: 0 })];
     });
-    assert.deepEqual(err, [{ name: 'DFlashError', code: 'NoWebGPU', isClass: true }, { name: 'DFlashError', code: 'BadRequest', isClass: true }]);
+    const bad = { name: 'DFlashError', code: 'BadRequest', isClass: true };
+    assert.deepEqual(err, [{ name: 'DFlashError', code: 'NoWebGPU', isClass: true }, bad, bad]);
   } finally {
     await browser.close();
   }

@@ -3,6 +3,9 @@
 //! adapter (the roofline), with the ratio between them. `--synthetic NAME` benches a
 //! model of a real shape with random weights made on the device (no file, no
 //! tokenizer: random token ids); `--accept-profile` simulates DFlash acceptance.
+//! `--device cpu` measures the quantized CPU engine the same way (`bench/cpu.rs`).
+
+mod cpu;
 
 use crate::generate::open_device;
 use crate::{load, CliError, Device};
@@ -41,6 +44,9 @@ pub struct BenchArgs {
     /// Repetitions of the GEMV and copy kernels per timed submission.
     #[arg(long, default_value_t = 4)]
     reps: usize,
+    /// gpu (default), cpu (the quantized CPU engine) or reference (the f32 oracle).
+    #[arg(long, value_enum, default_value = "gpu")]
+    device: Device,
     /// Choose the GPU adapter whose name contains this.
     #[arg(long)]
     adapter: Option<String>,
@@ -228,6 +234,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
     }
     if let (Some(p), Some(s)) = (&profile, &synthetic) {
         check_profile_len(p, s.drafter.block_size)?;
+    }
+    if let Some(kernels) = a.device.cpu_kernels() {
+        return cpu::run(a, kernels, synthetic.is_some(), profile.is_some());
     }
     if a.drafter.is_some() {
         return run_dflash(a, synthetic, profile);
@@ -528,6 +537,30 @@ fn dflash_ids(
     })
 }
 
+/// The rows of --prompts (each its fields and token ids), after --skip, at most --limit.
+fn prompt_rows(
+    a: &BenchArgs,
+    m: &LoadedModel,
+) -> Result<Vec<(serde_json::Value, Vec<u32>)>, CliError> {
+    let path = a
+        .prompts
+        .as_ref()
+        .expect("checked: --drafter needs --prompts");
+    let text =
+        std::fs::read_to_string(path).map_err(|e| CliError::Usage(format!("--prompts: {e}")))?;
+    let mut rows = dflash_core::prompt_file::parse(&text, m)?;
+    rows.drain(..a.skip.min(rows.len()));
+    if rows.is_empty() {
+        return Err(CliError::Usage(
+            "--prompts: no prompts left after --skip".into(),
+        ));
+    }
+    if let Some(n) = a.limit {
+        rows.truncate(n.max(1));
+    }
+    Ok(rows)
+}
+
 /// Plain and DFlash decoding of the same prompts in the same run, on the same adapter:
 /// a loaded model with a drafter folder and --prompts, or a synthetic pair on random
 /// prompts; acceptance measured, or simulated with --accept-profile.
@@ -558,19 +591,8 @@ fn run_dflash(
         (None, Some(s)) => s.config.clone(),
         (None, None) => unreachable!(),
     };
-    let mut rows_in: Vec<(serde_json::Value, Vec<u32>)> = match &loaded {
-        Some(m) => {
-            let text = std::fs::read_to_string(a.prompts.as_ref().unwrap())
-                .map_err(|e| CliError::Usage(format!("--prompts: {e}")))?;
-            let mut rows = dflash_core::prompt_file::parse(&text, m)?;
-            rows.drain(..a.skip.min(rows.len()));
-            if rows.is_empty() {
-                return Err(CliError::Usage(
-                    "--prompts: no prompts left after --skip".into(),
-                ));
-            }
-            rows
-        }
+    let rows_in: Vec<(serde_json::Value, Vec<u32>)> = match &loaded {
+        Some(m) => prompt_rows(&a, m)?,
         None => (0..a.limit.unwrap_or(1).max(1))
             .map(|i| {
                 let ids = random_ids(a.prompt_tokens, config.vocab_size, a.seed + i as u64);
@@ -578,9 +600,6 @@ fn run_dflash(
             })
             .collect(),
     };
-    if let Some(n) = a.limit {
-        rows_in.truncate(n.max(1));
-    }
     let ctx = open_device(Some(Device::Gpu), &gpu_options(&a, a.profile))?.expect("gpu");
     let context = a.context.min(config.max_position_embeddings);
     let (budget, budget_json) = memory_budget(&a, &ctx);
@@ -699,55 +718,13 @@ fn run_dflash(
         .collect();
     for (v, ids) in &rows_in {
         let (p_ids, p_decode_s) = run_plain(&mut plain, ids, a.max_new_tokens)?;
-        let pt = p_ids.len();
-        // Decode speed: tokens after the first over the decode time (prefill excluded).
-        let p_tok_s = pt.saturating_sub(1) as f64 / p_decode_s.max(1e-9);
-        plain_tokens += pt.saturating_sub(1);
+        plain_tokens += p_ids.len().saturating_sub(1);
         plain_s += p_decode_s;
         for ((policy, run), rng) in policies.iter().zip(&mut runs).zip(&mut rngs) {
             let s = run_spec(&mut spec, ids, a.max_new_tokens, &p_ids, policy, rng)?;
-            let lossless = p_ids == s.tokens;
-            run.lossless &= lossless;
-            let st = s.tokens.len();
-            let s_tok_s = st.saturating_sub(1) as f64 / s.decode_s.max(1e-9);
-            run.tokens += st.saturating_sub(1);
-            run.seconds += s.decode_s;
-            run.acceptance.add(&s.acceptance);
-            run.taus.extend(&s.taus);
-            let mut row = v.clone();
-            if let Some(o) = row.as_object_mut() {
-                o.remove("chat");
-                o.remove("prompt");
-                o.insert("prompt_tokens".into(), ids.len().into());
-                o.insert("tokens".into(), pt.into());
-                o.insert("plain_tok_s".into(), p_tok_s.into());
-                o.insert("dflash_tok_s".into(), s_tok_s.into());
-                o.insert("speedup".into(), (s_tok_s / p_tok_s.max(1e-9)).into());
-                o.insert("mean_tau".into(), s.mean_tau().into());
-                o.insert(
-                    "acceptance_by_position".into(),
-                    serde_json::json!(s.acceptance.rates()),
-                );
-                o.insert("lossless".into(), lossless.into());
-                // Raw totals, so that slices of a sweep add up exactly.
-                o.insert("plain_decode_s".into(), p_decode_s.into());
-                o.insert("dflash_tokens".into(), st.into());
-                o.insert("dflash_decode_s".into(), s.decode_s.into());
-                o.insert("steps".into(), s.taus.len().into());
-                o.insert("tau_sum".into(), s.taus.iter().sum::<usize>().into());
-                o.insert(
-                    "accepted_by_position".into(),
-                    serde_json::json!(s.acceptance.accepted),
-                );
-                o.insert(
-                    "tried_by_position".into(),
-                    serde_json::json!(s.acceptance.tried),
-                );
-            }
-            run.rows.push(row);
+            run.add(v, ids.len(), &p_ids, p_decode_s, s);
         }
     }
-    let plain_tok_s = plain_tokens as f64 / plain_s.max(1e-9);
     let profile = match (a.profile, rows_in.first()) {
         (true, Some((_, ids))) => {
             plain.truncate(0);
@@ -764,50 +741,26 @@ fn run_dflash(
     let mut all_lossless = true;
     let mut out = Vec::new();
     for (block, run) in blocks.iter().zip(runs) {
-        let dflash_tok_s = run.tokens as f64 / run.seconds.max(1e-9);
-        let mean_tau = if run.taus.is_empty() {
-            0.0
-        } else {
-            run.taus.iter().sum::<usize>() as f64 / run.taus.len() as f64
-        };
         all_lossless &= run.lossless;
-        let mut v = serde_json::json!({
-            "model": model_label(&a),
-            "drafter": a.drafter.as_ref().unwrap().display().to_string(),
-            "acceptance": if accept.is_some() { "simulated" } else { "measured" },
-            "accept_profile": accept.as_ref().map(|p| p.0.clone()),
-            "adapter": ctx.summary.name,
-            "block": block,
-            "step_costs": if block == "auto" { costs.clone() } else { None },
-            "temperature": a.temperature,
-            "top_p": a.top_p,
-            "seed": a.seed,
-            "max_new_tokens": a.max_new_tokens,
-            "prompts": run.rows.len(),
-            "plain_tok_s": plain_tok_s,
-            "dflash_tok_s": dflash_tok_s,
-            "speedup": dflash_tok_s / plain_tok_s.max(1e-9),
-            "mean_tau": mean_tau,
-            "steps": run.taus.len(),
-            "acceptance_by_position": run.acceptance.rates(),
-            "plain_tokens": plain_tokens,
-            "plain_decode_s": plain_s,
-            "dflash_tokens": run.tokens,
-            "dflash_decode_s": run.seconds,
-            "accepted_by_position": run.acceptance.accepted,
-            "tried_by_position": run.acceptance.tried,
-            "skip": a.skip,
-            "lossless": run.lossless,
-            "load_s": load_s,
-            "rows": run.rows,
-        });
+        let mut v = run.summary(&a, block, (plain_tokens, plain_s), load_s);
+        v["acceptance"] = if accept.is_some() {
+            "simulated"
+        } else {
+            "measured"
+        }
+        .into();
+        v["accept_profile"] = serde_json::json!(accept.as_ref().map(|p| p.0.clone()));
+        v["adapter"] = ctx.summary.name.clone().into();
+        v["step_costs"] = serde_json::json!(if block == "auto" { costs.clone() } else { None });
         if !a.json {
             outln!(
-                "{} block {block}: plain {plain_tok_s:.2} tok/s, DFlash {dflash_tok_s:.2} tok/s ({:.2}x), mean tau {mean_tau:.2}{}, lossless {}",
-                ctx.summary.name,
-                dflash_tok_s / plain_tok_s.max(1e-9),
-                if accept.is_some() { " (simulated acceptance)" } else { "" },
-                run.lossless
+                "{}{}",
+                run.line(&ctx.summary.name, block, (plain_tokens, plain_s)),
+                if accept.is_some() {
+                    " (simulated acceptance)"
+                } else {
+                    ""
+                }
             )?;
         }
         v["memory_budget"] = budget_json.clone();
@@ -819,6 +772,16 @@ fn run_dflash(
         }
         out.push(v);
     }
+    finish_dflash(&a, out, all_lossless)
+}
+
+/// Prints the JSON of every block size (one object, or an array of several); an error
+/// where DFlash's output differed from plain decoding.
+fn finish_dflash(
+    a: &BenchArgs,
+    mut out: Vec<serde_json::Value>,
+    all_lossless: bool,
+) -> Result<(), CliError> {
     if a.json {
         let v = if out.len() == 1 {
             out.pop().unwrap()
@@ -843,6 +806,114 @@ struct BlockRun {
     taus: Vec<usize>,
     lossless: bool,
     rows: Vec<serde_json::Value>,
+}
+
+impl BlockRun {
+    /// Adds one prompt's plain tokens (decoded in `plain_s` after the first) and DFlash
+    /// run: the totals, and the prompt's row (the prompt file's fields but the text).
+    fn add(
+        &mut self,
+        fields: &serde_json::Value,
+        prompt_tokens: usize,
+        plain: &[u32],
+        plain_s: f64,
+        s: IdsRun,
+    ) {
+        let lossless = plain == s.tokens.as_slice();
+        self.lossless &= lossless;
+        // Decode speed: tokens after the first over the decode time (prefill excluded).
+        let p_tok_s = plain.len().saturating_sub(1) as f64 / plain_s.max(1e-9);
+        let st = s.tokens.len();
+        let s_tok_s = st.saturating_sub(1) as f64 / s.decode_s.max(1e-9);
+        self.tokens += st.saturating_sub(1);
+        self.seconds += s.decode_s;
+        self.acceptance.add(&s.acceptance);
+        self.taus.extend(&s.taus);
+        let mut row = fields.clone();
+        if let Some(o) = row.as_object_mut() {
+            o.remove("chat");
+            o.remove("prompt");
+            let extra = serde_json::json!({
+                "prompt_tokens": prompt_tokens,
+                "tokens": plain.len(),
+                "plain_tok_s": p_tok_s,
+                "dflash_tok_s": s_tok_s,
+                "speedup": s_tok_s / p_tok_s.max(1e-9),
+                "mean_tau": s.mean_tau(),
+                "acceptance_by_position": s.acceptance.rates(),
+                "lossless": lossless,
+                // Raw totals, so that slices of a sweep add up exactly.
+                "plain_decode_s": plain_s,
+                "dflash_tokens": st,
+                "dflash_decode_s": s.decode_s,
+                "steps": s.taus.len(),
+                "tau_sum": s.taus.iter().sum::<usize>(),
+                "accepted_by_position": s.acceptance.accepted,
+                "tried_by_position": s.acceptance.tried,
+            });
+            o.extend(extra.as_object().cloned().unwrap_or_default());
+        }
+        self.rows.push(row);
+    }
+
+    fn mean_tau(&self) -> f64 {
+        if self.taus.is_empty() {
+            0.0
+        } else {
+            self.taus.iter().sum::<usize>() as f64 / self.taus.len() as f64
+        }
+    }
+
+    /// The JSON of this block size over every prompt, beside the plain totals (tokens
+    /// after the first, seconds).
+    fn summary(
+        &self,
+        a: &BenchArgs,
+        block: &str,
+        (plain_tokens, plain_s): (usize, f64),
+        load_s: f64,
+    ) -> serde_json::Value {
+        let plain_tok_s = plain_tokens as f64 / plain_s.max(1e-9);
+        let dflash_tok_s = self.tokens as f64 / self.seconds.max(1e-9);
+        serde_json::json!({
+            "model": model_label(a),
+            "drafter": a.drafter.as_ref().map(|d| d.display().to_string()),
+            "block": block,
+            "temperature": a.temperature,
+            "top_p": a.top_p,
+            "seed": a.seed,
+            "max_new_tokens": a.max_new_tokens,
+            "prompts": self.rows.len(),
+            "plain_tok_s": plain_tok_s,
+            "dflash_tok_s": dflash_tok_s,
+            "speedup": dflash_tok_s / plain_tok_s.max(1e-9),
+            "mean_tau": self.mean_tau(),
+            "steps": self.taus.len(),
+            "acceptance_by_position": self.acceptance.rates(),
+            "plain_tokens": plain_tokens,
+            "plain_decode_s": plain_s,
+            "dflash_tokens": self.tokens,
+            "dflash_decode_s": self.seconds,
+            "accepted_by_position": self.acceptance.accepted,
+            "tried_by_position": self.acceptance.tried,
+            "skip": a.skip,
+            "lossless": self.lossless,
+            "load_s": load_s,
+            "rows": self.rows,
+        })
+    }
+
+    /// The one-line text summary.
+    fn line(&self, device: &str, block: &str, (plain_tokens, plain_s): (usize, f64)) -> String {
+        let plain_tok_s = plain_tokens as f64 / plain_s.max(1e-9);
+        let dflash_tok_s = self.tokens as f64 / self.seconds.max(1e-9);
+        format!(
+            "{device} block {block}: plain {plain_tok_s:.2} tok/s, DFlash {dflash_tok_s:.2} tok/s ({:.2}x), mean tau {:.2}, lossless {}",
+            dflash_tok_s / plain_tok_s.max(1e-9),
+            self.mean_tau(),
+            self.lossless
+        )
+    }
 }
 
 impl Default for BlockRun {

@@ -234,6 +234,51 @@ fn gpu_and_reference_devices_generate_the_same_greedy_tokens() {
 }
 
 #[test]
+fn cpu_bench_reports_speed_and_bandwidth_and_refuses_gpu_flags() {
+    let c = tiny_config(Arch::Llama);
+    let path = tmp("bench-cpu").join("tiny.gguf");
+    std::fs::write(
+        &path,
+        write_gguf(&c, &random_weights(&c, 4), GgmlType::Q4_0),
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    for device in ["cpu", "reference"] {
+        let v = bench_json(&[
+            "--device",
+            device,
+            "--model",
+            p,
+            "--prompt-tokens",
+            "12",
+            "--decode-tokens",
+            "3",
+        ]);
+        for k in [
+            "decode_tok_s",
+            "prefill_tok_s",
+            "weight_bytes_per_token",
+            "decode_gbps",
+            "copy_gbps",
+            "decode_copy_ratio",
+        ] {
+            assert!(v[k].as_f64().unwrap() > 0.0, "{device} {k}");
+        }
+        assert_eq!(v["cpu"]["device"], device);
+        assert!(v["cpu"]["threads"].as_u64().unwrap() >= 1);
+    }
+    for flag in [
+        &["--synthetic", "test-tiny"][..],
+        &["--model", p, "--profile"],
+    ] {
+        let mut args = vec!["bench", "--device", "cpu"];
+        args.extend_from_slice(flag);
+        let err = usage_error(&args);
+        assert!(err.contains("for the GPU bench"), "{err}");
+    }
+}
+
+#[test]
 fn bench_reports_speed_bandwidth_and_memory() {
     if !have_gpu() {
         return;
@@ -340,9 +385,38 @@ fn dflash_generate_and_bench_are_lossless_on_a_tiny_model() {
             assert!(s["dflash"]["mean_tau"].as_f64().unwrap() >= 1.0);
         }
     }
+    let prompts = dir.join("p.jsonl");
+    std::fs::write(&prompts, "{\"id\": \"x\", \"prompt\": \"the hello\"}\n{\"id\": \"y\", \"chat\": \"say the hello\"}\n").unwrap();
+    // The CPU engine's bench: plain against DFlash on the same prompts, one object per
+    // block size, every one lossless (the bench fails otherwise).
+    let v = bench_json(&[
+        "--device",
+        "cpu",
+        "--model",
+        m,
+        "--drafter",
+        d.to_str().unwrap(),
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--max-new-tokens",
+        "12",
+        "--block",
+        "1,4,auto",
+    ]);
+    let runs = v.as_array().expect("one object per block size");
+    assert_eq!(runs.len(), 3);
+    for r in runs {
+        assert_eq!(r["lossless"], true, "{}", r["block"]);
+        assert_eq!(r["rows"].as_array().unwrap().len(), 2);
+        assert_eq!(r["cpu"]["device"], "cpu");
+        assert!(r["dflash_tok_s"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(runs[0]["mean_tau"], 1.0, "block 1 drafts nothing");
+    assert!(
+        runs[2]["step_costs"].is_array(),
+        "auto measures the step costs"
+    );
     if gpu {
-        let prompts = dir.join("p.jsonl");
-        std::fs::write(&prompts, "{\"id\": \"x\", \"prompt\": \"the hello\"}\n{\"id\": \"y\", \"chat\": \"say the hello\"}\n").unwrap();
         let out = dflash(&[
             "bench",
             "--model",

@@ -7,3 +7,7 @@ pub mod errors;
 pub mod request;
 #[cfg(target_arch = "wasm32")]
 mod wasm;
+
+/// `initThreadPool(n)`: starts the CPU engine's `n` threads (the threaded build only).
+#[cfg(all(target_arch = "wasm32", feature = "threads"))]
+pub use wasm_bindgen_rayon::init_thread_pool;

@@ -7,7 +7,7 @@
 
 use crate::errors::{js_error, to_js};
 use crate::request::{finish_reason, usage, BlockArg, ChatRequest};
-use dflash_core::cpu::quant_matmul::Kernel;
+use dflash_core::cpu::quant_matmul::{self, Kernel};
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
 use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, WeightStream};
@@ -192,7 +192,7 @@ impl Loader {
                     .map(|w| CpuDrafter::with_kernels(w, CpuKernels::Quantized));
                 let engine = serde_json::json!({
                     "engine": "cpu", "adapter": null,
-                    "cpu": {"kernel": Kernel::detect().name(), "threads": 1},
+                    "cpu": {"kernel": Kernel::detect().name(), "threads": quant_matmul::threads()},
                 });
                 (
                     Runner::Cpu(Box::new(CpuRunner { target, drafter })),

@@ -85,6 +85,14 @@ impl Matrix {
         }
     }
 
+    /// Bytes the matrix occupies (what a one-row product reads).
+    pub(crate) fn n_bytes(&self) -> usize {
+        match self {
+            Matrix::Dense { w, .. } => 4 * w.len(),
+            Matrix::Quant { m, .. } => m.n_bytes(),
+        }
+    }
+
     /// `x` (`[n, cols]`) times the transposed matrix: `[n, rows]`.
     pub(crate) fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
         match self {
@@ -125,6 +133,13 @@ impl Stacked {
                 rows: parts.iter().map(|p| p.rows).collect(),
             },
             None => Stacked::Each(parts.iter().map(|p| Matrix::new(p, kernels)).collect()),
+        }
+    }
+
+    pub(crate) fn n_bytes(&self) -> usize {
+        match self {
+            Stacked::One { m, .. } => m.n_bytes(),
+            Stacked::Each(ms) => ms.iter().map(Matrix::n_bytes).sum(),
         }
     }
 
@@ -285,6 +300,21 @@ impl CpuModel {
 
     pub fn kernels(&self) -> CpuKernels {
         self.kernels
+    }
+
+    /// Bytes of weights one decode step reads: every layer matrix, the norms and the
+    /// lm_head (the embedding when it is tied).
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        let lm = self.lm_head.as_ref().unwrap_or(&self.embed).n_bytes();
+        let norms = 2 * self.config.hidden_size * 4;
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.qkv.n_bytes() + l.wo.n_bytes() + l.gate_up.n_bytes() + l.w_down.n_bytes() + norms
+            })
+            .sum();
+        (lm + layers) as u64
     }
 
     pub fn new_cache(&self, capacity: usize) -> KvCache {

@@ -267,7 +267,7 @@ impl Kernel {
 }
 
 /// `y[t, o] = sum_k x[t, k] * w[o, k]` for the quantized rows `x` (`[n, k]`) and `w`
-/// (`[m, k]`), as `[n, m]`. Output rows are split across threads natively.
+/// (`[m, k]`), as `[n, m]`. Output rows are split across the engine's threads.
 pub fn quant_matmul(w: &QuantMatrix, x: &QuantizedRows, kernel: Kernel) -> Vec<f32> {
     assert_eq!(
         (w.format, w.group, w.cols),
@@ -300,9 +300,10 @@ pub fn quant_matmul(w: &QuantMatrix, x: &QuantizedRows, kernel: Kernel) -> Vec<f
     y
 }
 
-/// Runs `f` on the CPU engine's thread pool natively (so that the matrix products inside
-/// split their rows from a worker, without a wake-up of the caller per product), or
-/// right here on wasm.
+/// Runs `f` on the CPU engine's threads, so that the matrix products inside split their
+/// rows from a pool thread without a wake-up of the caller per product: natively on the
+/// engine's own pool; on wasm with threads (atomics) on rayon's global pool, which the
+/// page starts (`initThreadPool`); right here on wasm without threads.
 pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     #[cfg(not(target_arch = "wasm32"))]
     {
@@ -313,25 +314,44 @@ pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
             None => f(),
         }
     }
-    #[cfg(target_arch = "wasm32")]
+    // From outside the pool, a scope runs its body on a pool thread and blocks the caller.
+    #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+    {
+        rayon::scope(|_| f())
+    }
+    #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
     f()
 }
 
+/// The threads the CPU engine splits its work across (1 on wasm without threads).
+pub fn threads() -> usize {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        in_pool(rayon::current_num_threads)
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+    {
+        rayon::current_num_threads()
+    }
+    #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
+    1
+}
+
 /// Runs `f(band_index, band)` over `out` split into bands of `band_len`: on rayon's
-/// threads natively, in order on wasm.
+/// threads natively and on wasm with threads, in order on wasm without.
 pub(crate) fn for_each_band(
     out: &mut [f32],
     band_len: usize,
     f: impl Fn(usize, &mut [f32]) + Sync,
 ) {
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
     {
         use rayon::prelude::*;
         out.par_chunks_mut(band_len)
             .enumerate()
             .for_each(|(i, band)| f(i, band));
     }
-    #[cfg(target_arch = "wasm32")]
+    #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
     for (i, band) in out.chunks_mut(band_len).enumerate() {
         f(i, band);
     }

@@ -1,0 +1,228 @@
+//! `dflash bench --device cpu|reference`: the CPU engines measured as the GPU bench
+//! measures the GPU: prefill and decode of a real prompt, the bytes of weights a decode
+//! step reads against a plain memory copy on the same host (the roofline), and with a
+//! drafter, plain against DFlash decoding of the same prompts in the same run.
+
+use super::{bench_prompt, finish_dflash, model_label, prompt_rows, BenchArgs, BlockRun, IdsRun};
+use crate::{load, CliError};
+use dflash_core::cpu::quant_matmul::{self, Kernel};
+use dflash_core::cpu::{CpuKernels, CpuModel, LogitRows};
+use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
+use dflash_core::generate::{generate_cpu, GenerateRequest};
+use dflash_core::model_files::LoadedModel;
+use dflash_core::sampling::SamplingParams;
+use dflash_core::speculative::{generate_speculative_cpu, DFlashCpu};
+use std::time::Instant;
+
+/// The CPU bench: the usage checks of what only the GPU bench has, then plain or DFlash.
+pub(super) fn run(
+    a: BenchArgs,
+    kernels: CpuKernels,
+    synthetic: bool,
+    accept_profile: bool,
+) -> Result<(), CliError> {
+    let gpu_only = [
+        (synthetic, "--synthetic (its weights are made on the GPU)"),
+        (accept_profile, "--accept-profile"),
+        (a.profile, "--profile"),
+        (a.tuning.is_some(), "--tuning"),
+        (a.adapter.is_some(), "--adapter"),
+    ];
+    if let Some((_, flag)) = gpu_only.iter().find(|(set, _)| *set) {
+        return Err(CliError::Usage(format!(
+            "{flag} is for the GPU bench, not --device cpu or reference"
+        )));
+    }
+    let t_load = Instant::now();
+    let path = a
+        .model
+        .as_ref()
+        .expect("clap requires --model without --synthetic");
+    let loaded = load(path)?.0;
+    match &a.drafter {
+        Some(_) => run_dflash(&a, &loaded, kernels, t_load),
+        None => run_plain(&a, &loaded, kernels, t_load),
+    }
+}
+
+/// What the CPU engine runs on, for the JSON.
+fn engine_json(kernels: CpuKernels) -> serde_json::Value {
+    serde_json::json!({
+        "device": kernels.device_name(),
+        "kernel": match kernels {
+            CpuKernels::Quantized => Kernel::detect().name(),
+            CpuKernels::Reference => "f32",
+        },
+        "threads": quant_matmul::threads(),
+    })
+}
+
+/// Greedy decoding of `n` tokens after `first` by token id (no stop tokens).
+fn decode_ids(
+    cpu: &CpuModel,
+    cache: &mut dflash_core::cpu::KvCache,
+    first: u32,
+    n: usize,
+) -> Result<(), CliError> {
+    let mut t = first;
+    for _ in 0..n {
+        let out = cpu.forward(&[t], cache, LogitRows::Last, &[])?;
+        t = cpu.argmax_last(&out.logits);
+    }
+    Ok(())
+}
+
+/// Prefill of --prompt-tokens real tokens and greedy decode of --decode-tokens, with the
+/// decode's weight traffic against a memory copy of the same host.
+fn run_plain(
+    a: &BenchArgs,
+    m: &LoadedModel,
+    kernels: CpuKernels,
+    t_load: Instant,
+) -> Result<(), CliError> {
+    let cpu = CpuModel::with_kernels(&m.weights, kernels);
+    let context = (a.prompt_tokens + a.decode_tokens + 16).min(cpu.config.max_position_embeddings);
+    // Warm-up: the pool's threads and the caches.
+    let mut cache = cpu.new_cache(context);
+    let out = cpu.forward(&bench_prompt(m, 17)?, &mut cache, LogitRows::Last, &[])?;
+    decode_ids(&cpu, &mut cache, cpu.argmax_last(&out.logits), 2)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let prompt = bench_prompt(m, a.prompt_tokens)?;
+    let mut cache = cpu.new_cache(context);
+    let t0 = Instant::now();
+    let out = cpu.forward(&prompt, &mut cache, LogitRows::Last, &[])?;
+    let first = cpu.argmax_last(&out.logits);
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    decode_ids(&cpu, &mut cache, first, a.decode_tokens)?;
+    let decode_tok_s = a.decode_tokens as f64 / t1.elapsed().as_secs_f64();
+    let wbytes = cpu.weight_bytes_per_token();
+    let copy_gbps = memcpy_gbps((4 * wbytes).max(64 << 20));
+    let decode_gbps = wbytes as f64 * decode_tok_s / 1e9;
+    let mut v = serde_json::json!({
+        "model": model_label(a),
+        "prompt_tokens": a.prompt_tokens,
+        "decode_tokens": a.decode_tokens,
+        "prefill_tok_s": a.prompt_tokens as f64 / prefill_s,
+        "decode_tok_s": decode_tok_s,
+        "weight_bytes_per_token": wbytes,
+        "decode_gbps": decode_gbps,
+        "copy_gbps": copy_gbps,
+        "decode_copy_ratio": decode_gbps / copy_gbps,
+        "load_s": load_s,
+    });
+    v["cpu"] = engine_json(kernels);
+    if a.json {
+        outln!("{}", serde_json::to_string_pretty(&v).unwrap())?;
+    } else {
+        outln!(
+            "{} engine ({}, {} threads): prefill {:.1} tok/s, decode {decode_tok_s:.2} tok/s; weights {decode_gbps:.2} GB/s vs memcpy {copy_gbps:.2} GB/s ({:.0}%)",
+            kernels.device_name(),
+            v["cpu"]["kernel"].as_str().unwrap_or(""),
+            quant_matmul::threads(),
+            v["prefill_tok_s"].as_f64().unwrap_or(0.0),
+            100.0 * decode_gbps / copy_gbps
+        )?;
+    }
+    Ok(())
+}
+
+/// GB/s of one memcpy of `bytes` on this host (read + write counted, as the GPU copy
+/// kernel counts them), best of 3.
+fn memcpy_gbps(bytes: u64) -> f64 {
+    let src = vec![1u8; bytes as usize];
+    let mut dst = vec![0u8; bytes as usize];
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        dst.copy_from_slice(&src);
+        best = best.min(t0.elapsed().as_secs_f64());
+        std::hint::black_box(&dst);
+    }
+    2.0 * bytes as f64 / best.max(1e-9) / 1e9
+}
+
+/// Plain and DFlash decoding of --prompts on the CPU engine in the same run, through the
+/// tokenizer's stop handling, each block size of --block against the same plain outputs.
+fn run_dflash(
+    a: &BenchArgs,
+    m: &LoadedModel,
+    kernels: CpuKernels,
+    t_load: Instant,
+) -> Result<(), CliError> {
+    let w = load_drafter_dir(a.drafter.as_ref().unwrap(), DrafterPrecision::Q8)?;
+    w.config.validate_against(m.config())?;
+    let rows_in = prompt_rows(a, m)?;
+    let cpu = CpuModel::with_kernels(&m.weights, kernels);
+    let drafter = CpuDrafter::with_kernels(&w, kernels);
+    let context = a.context.min(cpu.config.max_position_embeddings);
+    let t0 = Instant::now();
+    let clock = move || t0.elapsed().as_secs_f64();
+    let blocks: Vec<String> = a.block.split(',').map(|b| b.trim().to_string()).collect();
+    let costs = if blocks.iter().any(|b| b == "auto") {
+        Some(DFlashCpu::new(&drafter, &cpu)?.measure_step_costs(16, &clock)?)
+    } else {
+        None
+    };
+    let policies = blocks
+        .iter()
+        .map(|b| crate::generate::block_policy(b, w.config.block_size, costs.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let request = |ids: &[u32]| GenerateRequest {
+        prompt_ids: ids.to_vec(),
+        max_new_tokens: a.max_new_tokens,
+        sampling: SamplingParams {
+            temperature: a.temperature,
+            top_p: a.top_p,
+            seed: a.seed,
+            ..Default::default()
+        },
+        stop_strings: vec![],
+        context,
+        interrupt: Default::default(),
+    };
+    let load_s = t_load.elapsed().as_secs_f64();
+    let (mut plain_tokens, mut plain_s) = (0usize, 0f64);
+    let mut runs: Vec<BlockRun> = blocks.iter().map(|_| BlockRun::default()).collect();
+    for (v, ids) in &rows_in {
+        let req = request(ids);
+        let p = generate_cpu(&cpu, &m.tokenizer, &req, &clock, &mut |_| {})?;
+        plain_tokens += p.tokens.len().saturating_sub(1);
+        plain_s += p.decode_s;
+        for (policy, run) in policies.iter().zip(&mut runs) {
+            let s = generate_speculative_cpu(
+                &cpu,
+                &drafter,
+                &m.tokenizer,
+                &req,
+                policy,
+                &clock,
+                &mut |_| {},
+            )?;
+            let s = IdsRun {
+                tokens: s.result.tokens,
+                decode_s: s.result.decode_s,
+                taus: s.taus,
+                acceptance: s.acceptance,
+            };
+            run.add(v, ids.len(), &p.tokens, p.decode_s, s);
+        }
+    }
+    let mut all_lossless = true;
+    let mut out = Vec::new();
+    for (block, run) in blocks.iter().zip(runs) {
+        all_lossless &= run.lossless;
+        let mut v = run.summary(a, block, (plain_tokens, plain_s), load_s);
+        v["acceptance"] = "measured".into();
+        v["cpu"] = engine_json(kernels);
+        v["step_costs"] = serde_json::json!(if block == "auto" { costs.clone() } else { None });
+        if !a.json {
+            outln!(
+                "{}",
+                run.line(kernels.device_name(), block, (plain_tokens, plain_s))
+            )?;
+        }
+        out.push(v);
+    }
+    finish_dflash(a, out, all_lossless)
+}
