@@ -65,9 +65,15 @@ fn key_range(r: u32) -> vec2<u32> {
             first = n_keys - p.window;
         }
     } else {
+        // Not causal (draft blocks): the whole block, and with a window only keys at
+        // positions k with |q - k| < window (q = state[0] + r).
         n_keys = state[0] + p.n_rows;
-        if (p.window > 0u && state[0] > p.window) {
-            first = state[0] - p.window;
+        if (p.window > 0u) {
+            let q = state[0] + r;
+            if (q + 1u > p.window) {
+                first = q + 1u - p.window;
+            }
+            n_keys = min(n_keys, q + p.window);
         }
     }
     return vec2<u32>(first, n_keys);

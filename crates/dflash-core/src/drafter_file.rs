@@ -88,13 +88,21 @@ pub struct DrafterFile {
     pub torch_dtype: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub use_cache: Option<bool>,
+    /// transformers' Qwen3Config keeps `sliding_window` only when this is true.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub use_sliding_window: Option<bool>,
-    /// None: 0 (needed by sliding layers).
+    /// The window of sliding layers (read only with `use_sliding_window: true`).
     pub sliding_window: Option<usize>,
-    /// "full_attention" / "sliding_attention" per layer; None: all full.
+    /// Without `layer_types`: layers from this index on slide (where there is a window).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_window_layers: Option<usize>,
+    /// "full_attention" / "sliding_attention" per layer; None: by `max_window_layers`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layer_types: Option<Vec<String>>,
+    /// Causal attention inside the block on every layer (true) or none (false); None:
+    /// sliding layers causal, full layers not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_causal: Option<bool>,
     /// The DFlash fields written at the top level (older files).
     #[serde(flatten)]
     pub top: DflashFields,
@@ -193,6 +201,12 @@ impl TryFrom<DrafterFile> for DrafterConfig {
         let target_layer_ids = f
             .dflash(|d| &d.target_layer_ids)
             .unwrap_or_else(|| DrafterConfig::default_target_layer_ids(layers, num_target_layers));
+        // As transformers' Qwen3Config reads them: the window only with
+        // `use_sliding_window`; without `layer_types`, layers from `max_window_layers` on
+        // slide where there is a window.
+        let window = f
+            .sliding_window
+            .filter(|_| f.use_sliding_window == Some(true));
         let layer_kinds = match &f.layer_types {
             Some(t) => t
                 .iter()
@@ -202,13 +216,26 @@ impl TryFrom<DrafterFile> for DrafterConfig {
                     other => not_a_drafter(format!("layer type {other:?}")),
                 })
                 .collect::<Result<Vec<_>>>()?,
-            None => vec![LayerKind::Full; layers],
+            None => (0..layers)
+                .map(|i| match window {
+                    Some(_) if i >= f.max_window_layers.unwrap_or(28) => LayerKind::Sliding,
+                    _ => LayerKind::Full,
+                })
+                .collect(),
         };
         if layer_kinds.len() != layers {
             return not_a_drafter(format!(
                 "{} layer_types for {layers} layers",
                 layer_kinds.len()
             ));
+        }
+        if f.attention_bias == Some(true) {
+            return not_a_drafter(
+                "attention_bias: true (the drafter's projections have no biases)",
+            );
+        }
+        if let Some(act) = f.hidden_act.as_deref().filter(|&a| a != "silu") {
+            return not_a_drafter(format!("hidden_act {act:?} (the drafter's MLP is SiLU)"));
         }
         let heads = f.num_attention_heads;
         if heads == 0 || f.hidden_size == 0 || block_size == 0 || target_layer_ids.is_empty() {
@@ -247,8 +274,13 @@ impl TryFrom<DrafterFile> for DrafterConfig {
             } else {
                 None
             };
+        let scales = draft_scales(&f)?;
         let cfg = DrafterConfig {
             dflash2,
+            input_embedding_scale: scales.0,
+            output_multiplier: scales.1,
+            final_logit_softcapping: scales.2,
+            is_causal: f.is_causal,
             hidden_size: f.hidden_size,
             intermediate_size: f.intermediate_size,
             num_layers: layers,
@@ -258,7 +290,7 @@ impl TryFrom<DrafterFile> for DrafterConfig {
             rms_norm_eps: f.rms_norm_eps.unwrap_or(1e-6),
             rope,
             vocab_size: f.vocab_size,
-            sliding_window: f.sliding_window.unwrap_or(0),
+            sliding_window: window.unwrap_or(0),
             layer_kinds,
             num_target_layers,
             block_size,
@@ -276,10 +308,38 @@ impl TryFrom<DrafterFile> for DrafterConfig {
             ));
         }
         if cfg.layer_kinds.contains(&LayerKind::Sliding) && cfg.sliding_window == 0 {
-            return not_a_drafter("sliding layers without sliding_window");
+            return not_a_drafter(
+                "sliding layers need use_sliding_window: true and a positive sliding_window",
+            );
         }
         Ok(cfg)
     }
+}
+
+/// `input_embedding_scale`, `output_multiplier` and `final_logit_softcapping` (every
+/// drafter; `dflash_config` first): 1, 1 and off when absent; a cap of 0 is off.
+fn draft_scales(f: &DrafterFile) -> Result<(f32, f32, Option<f32>)> {
+    let float = |k: &str, v: Option<f32>, default: f32| match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() => Ok(x),
+        Some(_) => not_a_drafter(format!("drafter field {k} is not a number")),
+    };
+    let output_multiplier = float("output_multiplier", f.dflash(|d| &d.output_multiplier), 1.0)?;
+    if output_multiplier <= 0.0 {
+        return not_a_drafter(format!(
+            "output_multiplier {output_multiplier} (must be positive)"
+        ));
+    }
+    let cap = f.dflash(|d| &d.final_logit_softcapping).flatten();
+    Ok((
+        float(
+            "input_embedding_scale",
+            f.dflash(|d| &d.input_embedding_scale),
+            1.0,
+        )?,
+        output_multiplier,
+        Some(float("final_logit_softcapping", cap, 0.0)?).filter(|&c| c > 0.0),
+    ))
 }
 
 /// DFlash2's fields and their checks against the drafter's sizes.
@@ -287,28 +347,11 @@ fn dflash2_fields(f: &DrafterFile, block_size: usize) -> Result<Dflash2Config> {
     let int = |k: &str, v: Option<usize>| {
         v.ok_or_else(|| Error::NotADrafter(format!("DFlash2 field {k} missing or not an integer")))
     };
-    let float = |k: &str, v: Option<f32>, default: f32| match v {
-        None => Ok(default),
-        Some(x) if x.is_finite() => Ok(x),
-        Some(_) => not_a_drafter(format!("DFlash2 field {k} is not a number")),
-    };
     let d = Dflash2Config {
         conv_kernel_size: int("conv_kernel_size", f.dflash(|d| &d.conv_kernel_size))?,
         conv_group_size: int("conv_group_size", f.dflash(|d| &d.conv_group_size))?,
         selector_rank: int("selector_rank", f.dflash(|d| &d.selector_rank))?,
         selector_top_k: int("selector_top_k", f.dflash(|d| &d.selector_top_k))?,
-        input_embedding_scale: float(
-            "input_embedding_scale",
-            f.dflash(|d| &d.input_embedding_scale),
-            1.0,
-        )?,
-        output_multiplier: float("output_multiplier", f.dflash(|d| &d.output_multiplier), 1.0)?,
-        final_logit_softcapping: Some(float(
-            "final_logit_softcapping",
-            f.dflash(|d| &d.final_logit_softcapping).flatten(),
-            0.0,
-        )?)
-        .filter(|&c| c > 0.0),
     };
     if d.conv_kernel_size == 0
         || d.selector_rank == 0
@@ -347,8 +390,9 @@ fn dflash2_fields(f: &DrafterFile, block_size: usize) -> Result<Dflash2Config> {
 
 impl From<&DrafterConfig> for DrafterFile {
     /// The file as the trainer writes it: a Qwen3 config with full or sliding layers,
-    /// `block_size` and `num_target_layers` at the top level, the mask token, the taps and
-    /// DFlash2's fields (`final_logit_softcapping` `null` when off) in `dflash_config`.
+    /// `block_size` and `num_target_layers` at the top level, the mask token, the taps,
+    /// the scales (`final_logit_softcapping` `null` when off; left out of a plain DFlash
+    /// drafter at their defaults) and DFlash2's fields in `dflash_config`.
     /// `max_position_embeddings` is not part of a `DrafterConfig`: the writer sets it.
     fn from(c: &DrafterConfig) -> Self {
         let mut dflash = DflashFields {
@@ -356,14 +400,18 @@ impl From<&DrafterConfig> for DrafterFile {
             target_layer_ids: Some(c.target_layer_ids.clone()),
             ..DflashFields::default()
         };
+        let default_scales = (c.input_embedding_scale, c.output_multiplier) == (1.0, 1.0)
+            && c.final_logit_softcapping.is_none();
+        if c.dflash2.is_some() || !default_scales {
+            dflash.input_embedding_scale = Some(c.input_embedding_scale);
+            dflash.output_multiplier = Some(c.output_multiplier);
+            dflash.final_logit_softcapping = Some(c.final_logit_softcapping);
+        }
         if let Some(d) = &c.dflash2 {
             dflash.conv_kernel_size = Some(d.conv_kernel_size);
             dflash.conv_group_size = Some(d.conv_group_size);
             dflash.selector_rank = Some(d.selector_rank);
             dflash.selector_top_k = Some(d.selector_top_k);
-            dflash.input_embedding_scale = Some(d.input_embedding_scale);
-            dflash.output_multiplier = Some(d.output_multiplier);
-            dflash.final_logit_softcapping = Some(d.final_logit_softcapping);
         }
         let sliding = c.layer_kinds.contains(&LayerKind::Sliding);
         DrafterFile {
@@ -387,6 +435,8 @@ impl From<&DrafterConfig> for DrafterFile {
             use_cache: Some(true),
             use_sliding_window: Some(sliding),
             sliding_window: (c.sliding_window > 0).then_some(c.sliding_window),
+            max_window_layers: None,
+            is_causal: c.is_causal,
             layer_types: Some(
                 c.layer_kinds
                     .iter()

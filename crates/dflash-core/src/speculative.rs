@@ -477,6 +477,16 @@ impl Proposer for DFlashCpu<'_> {
         if self.drafter.is_dflash2() {
             return Ok(self.drafter.select(anchor, &hidden[h..], &logits));
         }
+        // The reference's argmax of `compute_logits` (multiplier, soft-cap): the raw
+        // argmax but where the cap saturates two logits into a tie.
+        let c = &self.drafter.config;
+        let scaled: Vec<f32>;
+        let logits = if c.output_multiplier != 1.0 || c.final_logit_softcapping.is_some() {
+            scaled = logits.iter().map(|&x| c.draft_logit(x)).collect();
+            &scaled
+        } else {
+            &logits
+        };
         Ok((0..b - 1)
             .map(|j| argmax(&logits[j * vocab..(j + 1) * vocab]) as u32)
             .collect())

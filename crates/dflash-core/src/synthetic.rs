@@ -21,7 +21,7 @@ pub const NAMES: &[&str] = &[
 /// A named target shape and its drafter.
 #[derive(Debug, Clone)]
 pub struct SyntheticSpec {
-    pub name: &'static str,
+    pub name: String,
     pub config: ModelConfig,
     pub drafter: DrafterConfig,
 }
@@ -412,6 +412,10 @@ pub fn spec(name: &str) -> Option<SyntheticSpec> {
         vocab_size: config.vocab_size,
         layer_kinds: vec![LayerKind::Full; d.layers],
         sliding_window: 0,
+        is_causal: None,
+        input_embedding_scale: 1.0,
+        output_multiplier: 1.0,
+        final_logit_softcapping: None,
         num_target_layers: config.num_layers,
         block_size: 16,
         mask_token_id: d.mask,
@@ -420,10 +424,27 @@ pub fn spec(name: &str) -> Option<SyntheticSpec> {
         dflash2: None,
     };
     Some(SyntheticSpec {
-        name,
+        name: name.into(),
         config,
         drafter,
     })
+}
+
+impl SyntheticSpec {
+    /// A target and its drafter read from their `config.json` texts, each checked and
+    /// the drafter against the target, their weights in the formats of a Q4_K_M GGUF as
+    /// the loader repacks it (what `dflash plan` sizes published pairs by).
+    pub fn from_configs(name: &str, target_json: &str, drafter_json: &str) -> crate::Result<Self> {
+        let config = ModelConfig::from_hf_json(target_json)?;
+        config.validate()?;
+        let drafter = DrafterConfig::from_json(drafter_json)?;
+        drafter.validate_against(&config)?;
+        Ok(SyntheticSpec {
+            name: name.into(),
+            config,
+            drafter,
+        })
+    }
 }
 
 #[cfg(test)]

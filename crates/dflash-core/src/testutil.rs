@@ -499,3 +499,40 @@ pub fn cached_model(file: &str) -> Option<std::path::PathBuf> {
     );
     None
 }
+
+/// z-lab's reference fixtures (`fixtures/zlab/`, written by
+/// `scripts/make_zlab_fixtures.py`): the folder, its cases, their JSON and token ids.
+#[cfg(not(target_arch = "wasm32"))]
+pub mod zlab {
+    use serde_json::Value;
+    use std::path::{Path, PathBuf};
+
+    pub fn root() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/zlab")
+    }
+
+    /// Every case folder (one with a `reference.json`), sorted.
+    pub fn cases() -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(root())
+            .expect("fixtures/zlab")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join("reference.json").exists())
+            .collect();
+        v.sort();
+        assert!(!v.is_empty(), "no fixtures in fixtures/zlab");
+        v
+    }
+
+    pub fn json(p: &Path) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(p).expect("a fixture file")).expect("JSON")
+    }
+
+    /// A JSON array of token ids.
+    pub fn ids(v: &Value) -> Vec<u32> {
+        v.as_array()
+            .expect("an array of ids")
+            .iter()
+            .map(|x| x.as_u64().expect("an id") as u32)
+            .collect()
+    }
+}

@@ -72,7 +72,7 @@ fn logits_are_bit_identical_in_one_token_steps_chunks_and_one_pass() {
 }
 
 #[test]
-fn taps_are_the_residual_stream_after_the_chosen_layers() {
+fn taps_are_the_residual_stream_after_the_chosen_layers_the_last_one_normed() {
     let w = model(Arch::Qwen3);
     let c = &w.config;
     let cpu = CpuModel::new(&w);
@@ -84,19 +84,22 @@ fn taps_are_the_residual_stream_after_the_chosen_layers() {
         .unwrap();
     let h = c.hidden_size;
     assert_eq!(out.taps.len(), toks.len() * 2 * h);
-    // The tap after the last layer, through the final norm and lm_head, gives the logits.
+    // The tap of the last layer is after the final norm (as transformers'
+    // `output_hidden_states` gives it to z-lab's drafter): the lm_head of it gives the
+    // logits.
     let last_rows: Vec<f32> = (0..toks.len())
         .flat_map(|r| out.taps[r * 2 * h..r * 2 * h + h].to_vec())
         .collect();
-    let via_tap = cpu.logits_of(&last_rows, toks.len());
+    let via_tap = cpu.lm_head_rows(&last_rows, toks.len());
     assert!(via_tap
         .iter()
         .zip(&out.logits)
         .all(|(a, b)| a.to_bits() == b.to_bits()));
-    // The tap after layer 0 is the final residual of the same model cut to one layer.
+    // The tap after layer 0 is the residual after layer 0 of the same model cut to two
+    // layers (where it is not the last layer either).
     let mut one = w.clone();
-    one.layers.truncate(1);
-    one.config.num_layers = 1;
+    one.layers.truncate(2);
+    one.config.num_layers = 2;
     let cpu1 = CpuModel::new(&one);
     let mut c1 = cpu1.new_cache(16);
     let l1 = cpu1.forward(&toks, &mut c1, LogitRows::All, &[0]).unwrap();

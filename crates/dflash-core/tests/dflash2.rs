@@ -87,11 +87,12 @@ fn dflash2_drafters_load_with_the_published_names() {
         ),
         (2, 16, 32, 8)
     );
+    let c = &w.config;
     assert_eq!(
         (
-            d.output_multiplier,
-            d.final_logit_softcapping,
-            d.input_embedding_scale
+            c.output_multiplier,
+            c.final_logit_softcapping,
+            c.input_embedding_scale
         ),
         (0.5, Some(20.0), 1.0)
     );
@@ -124,13 +125,14 @@ fn dflash2_drafters_load_with_the_published_names() {
     });
     assert_eq!(load(&files).unwrap().config.rope.theta, 1e6);
     // Absent scalars take 1, 1 and no capping.
-    let w = load(&write_dflash2_drafter(t.config(), &spec(1), &d2())).unwrap();
-    let d = w.config.dflash2.unwrap();
+    let c = load(&write_dflash2_drafter(t.config(), &spec(1), &d2()))
+        .unwrap()
+        .config;
     assert_eq!(
         (
-            d.output_multiplier,
-            d.final_logit_softcapping,
-            d.input_embedding_scale
+            c.output_multiplier,
+            c.final_logit_softcapping,
+            c.input_embedding_scale
         ),
         (1.0, None, 1.0)
     );

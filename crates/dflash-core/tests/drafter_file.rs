@@ -42,6 +42,10 @@ fn smollm2_drafter() -> DrafterConfig {
         vocab_size: 49152,
         layer_kinds: vec![LayerKind::Full; 3],
         sliding_window: 0,
+        is_causal: None,
+        input_embedding_scale: 1.0,
+        output_multiplier: 1.0,
+        final_logit_softcapping: None,
         num_target_layers: 30,
         block_size: 16,
         mask_token_id: 16,
@@ -57,9 +61,6 @@ fn dflash2() -> Dflash2Config {
         conv_group_size: 16,
         selector_rank: 32,
         selector_top_k: 8,
-        input_embedding_scale: 1.0,
-        output_multiplier: 1.0,
-        final_logit_softcapping: None,
     }
 }
 
@@ -102,15 +103,20 @@ fn configs_survive_the_file_round_trip() {
         ..smollm2_drafter()
     };
     let d2_capped = DrafterConfig {
-        dflash2: Some(Dflash2Config {
-            input_embedding_scale: 0.5,
-            output_multiplier: 2.0,
-            final_logit_softcapping: Some(30.0),
-            ..dflash2()
-        }),
+        input_embedding_scale: 0.5,
+        output_multiplier: 2.0,
+        final_logit_softcapping: Some(30.0),
         ..d2.clone()
     };
-    for c in [smollm2_drafter(), sliding, llama3, d2, d2_capped] {
+    // The scale fields on a plain DFlash drafter, and is_causal.
+    let scaled = DrafterConfig {
+        input_embedding_scale: 1.5,
+        output_multiplier: 0.75,
+        final_logit_softcapping: Some(4.0),
+        is_causal: Some(false),
+        ..sliding.clone()
+    };
+    for c in [smollm2_drafter(), sliding, llama3, d2, d2_capped, scaled] {
         let text = DrafterFile::from(&c).to_json_pretty();
         assert_eq!(DrafterConfig::from_json(&text).unwrap(), c, "{text}");
     }

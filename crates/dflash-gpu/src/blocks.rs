@@ -111,6 +111,9 @@ pub(crate) struct LayerWeights<'a> {
     pub v_cache: &'a wgpu::Buffer,
     /// Keys visible before a query (0: all).
     pub window: usize,
+    /// Causal inside the pass for this layer even where the shape is not (a draft
+    /// block's sliding layers).
+    pub causal: bool,
     /// DFlash2: the attention and MLP sublayers' convolutions.
     pub conv: Option<[ConvWeights<'a>; 2]>,
 }
@@ -264,7 +267,7 @@ pub(crate) fn attention_block(
         n_kv_heads: s.n_kv_heads,
         head_dim: s.head_dim,
         window: w.window,
-        causal: s.causal,
+        causal: s.causal || w.causal,
         q_stride: row,
     };
     if ctx.tuning.chunked_attention {

@@ -38,7 +38,8 @@ impl MemoryPlan {
 pub struct GpuModelOptions {
     /// KV capacity in tokens.
     pub context: usize,
-    /// Layers whose residual output is written to the taps buffer, in this order.
+    /// Layers whose residual output is written to the taps buffer, in this order (the
+    /// last layer's after the final norm).
     pub taps: Vec<usize>,
     /// Refuse to load when the plan exceeds this many bytes (None: no budget).
     pub memory_budget: Option<u64>,
@@ -87,6 +88,7 @@ impl GpuLayer {
             k_cache: &self.k_cache,
             v_cache: &self.v_cache,
             window: 0,
+            causal: false,
             conv: None,
         }
     }
@@ -532,12 +534,21 @@ impl GpuModel {
             let w = l.weights();
             blocks::attention_block(ctx, &mut d, &shape, &w, &bufs, n)?;
             blocks::mlp_block(ctx, &mut d, &shape, &w, &bufs, n)?;
+            // A tap of the last layer is after the final norm (the reference's
+            // `output_hidden_states`); the head norms `x` again itself.
+            let last = li + 1 == self.layers.len();
+            let tapped = if last { &a.xn } else { &a.x };
+            let c = &self.config;
+            if last && self.taps.contains(&li) {
+                let (eps, h) = (c.rms_norm_eps, c.hidden_size);
+                d.push(ops::rmsnorm(ctx, eps, &self.out_norm, &a.x, &a.xn, n, h)?);
+            }
             for (ti, _) in self.taps.iter().enumerate().filter(|(_, &t)| t == li) {
-                let h = self.config.hidden_size;
+                let h = c.hidden_size;
                 let stride = self.taps.len() * h;
                 d.push(ops::copy_rows(
                     ctx,
-                    &a.x,
+                    tapped,
                     &a.taps,
                     &a.state,
                     n,

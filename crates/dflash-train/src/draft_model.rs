@@ -339,8 +339,8 @@ impl<'a> DraftTrainer<'a> {
         let (bcos, bsin) = self.rope.gather(&Tensor::from_vec(bpos, (a, b), dev)?)?;
         let mut x = self.embed.index_select(&btok, 0)?.reshape((a, b, h))?;
         let d2 = c.dflash2.as_ref();
-        if let Some(d) = d2.filter(|d| d.input_embedding_scale != 1.0) {
-            x = (x * d.input_embedding_scale as f64)?;
+        if c.input_embedding_scale != 1.0 {
+            x = (x * c.input_embedding_scale as f64)?;
         }
         // Context keys visible to block i: positions < anchor_i; block keys all visible.
         let mut mask = Vec::with_capacity(a * l);
@@ -545,15 +545,9 @@ impl<'a> DraftTrainer<'a> {
                 out.correct[slots[i]] += 1;
             }
         }
-        if let Some(d) = &c.dflash2 {
+        if c.dflash2.is_some() {
             // Rows whose label is a candidate; the selector's cross-entropy over the K.
-            let unary = |x: f32| {
-                let x = x * d.output_multiplier;
-                match d.final_logit_softcapping {
-                    Some(cap) => (x / cap).tanh() * cap,
-                    None => x,
-                }
-            };
+            let unary = |x: f32| c.draft_logit(x);
             let (mut keep, mut target, mut cand, mut un, mut pr, mut wk, mut kslot) = (
                 Vec::new(),
                 Vec::new(),

@@ -257,7 +257,11 @@ impl Target {
             x = (x + linear_t(&a, &l.w_down)?)?;
             for (ti, &tl) in taps.iter().enumerate() {
                 if tl == li {
-                    tapped[ti] = Some(x.clone());
+                    // The last layer's tap after the final norm, as the engines give it.
+                    tapped[ti] = Some(match li + 1 == self.layers.len() {
+                        true => rms_norm(&x, &self.norm, c.rms_norm_eps)?,
+                        false => x.clone(),
+                    });
                 }
             }
         }

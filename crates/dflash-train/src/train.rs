@@ -87,6 +87,10 @@ pub fn drafter_config(
         vocab_size: t.vocab_size,
         layer_kinds: vec![LayerKind::Full; layers],
         sliding_window: 0,
+        is_causal: None,
+        input_embedding_scale: 1.0,
+        output_multiplier: 1.0,
+        final_logit_softcapping: None,
         num_target_layers: t.num_layers,
         block_size: block,
         mask_token_id,
@@ -107,9 +111,6 @@ pub fn run_drafter_config(t: &ModelConfig, tc: &TrainConfig) -> DrafterConfig {
             conv_group_size: d.conv_group_size,
             selector_rank: d.selector_rank,
             selector_top_k: d.selector_top_k,
-            input_embedding_scale: 1.0,
-            output_multiplier: 1.0,
-            final_logit_softcapping: None,
         });
     }
     c

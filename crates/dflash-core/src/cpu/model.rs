@@ -250,8 +250,9 @@ pub enum LogitRows {
 pub struct ForwardOutput {
     /// `[rows, vocab]` for the rows asked for.
     pub logits: Vec<f32>,
-    /// `[n, taps.len() * hidden]`: the residual stream after each tapped layer, in the
-    /// order the taps were given, concatenated per token.
+    /// `[n, taps.len() * hidden]`: the residual stream after each tapped layer (after
+    /// the final norm for the last layer), in the order the taps were given,
+    /// concatenated per token.
     pub taps: Vec<f32>,
 }
 
@@ -478,10 +479,19 @@ impl CpuModel {
             for i in 0..n * h {
                 x[i] += d[i];
             }
+            // A tap of the last layer is after the final norm, as transformers'
+            // `output_hidden_states` gives it to the reference drafter.
+            let last = li + 1 == c.num_layers;
             for (ti, _) in taps.iter().enumerate().filter(|(_, &t)| t == li) {
                 for r in 0..n {
                     let dst = r * taps.len() * h + ti * h;
-                    tap_out[dst..dst + h].copy_from_slice(&x[r * h..(r + 1) * h]);
+                    let row = &x[r * h..(r + 1) * h];
+                    match last {
+                        true => {
+                            rms_norm(row, &self.norm, c.rms_norm_eps, &mut tap_out[dst..dst + h])
+                        }
+                        false => tap_out[dst..dst + h].copy_from_slice(row),
+                    }
                 }
             }
         }

@@ -97,7 +97,8 @@ pub struct CpuDrafter {
 pub struct DraftContext {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
-    /// Absolute position of the first cached row (sliding layers drop old rows).
+    /// Rows cached, one per position `0..len` (every row is kept: a sliding layer's
+    /// mask picks the rows its window sees).
     pub len: usize,
 }
 
@@ -111,6 +112,84 @@ impl DraftContext {
             self.len = len;
         }
     }
+}
+
+/// A draft layer's keys and values: the context's (positions `0..n_ctx`), then the
+/// block's (positions `start..`).
+struct BlockKeys<'a> {
+    k_ctx: &'a [f32],
+    v_ctx: &'a [f32],
+    n_ctx: usize,
+    k: &'a [f32],
+    v: &'a [f32],
+    start: usize,
+}
+
+impl BlockKeys<'_> {
+    /// The absolute position of key `j` (context rows first) and its row (key, value)
+    /// of `kv_dim` values.
+    fn row(&self, j: usize, kvd: usize) -> (usize, &[f32], &[f32]) {
+        let (pos, k, v, r) = if j < self.n_ctx {
+            (j, self.k_ctx, self.v_ctx, j)
+        } else {
+            let r = j - self.n_ctx;
+            (self.start + r, self.k, self.v, r)
+        };
+        (pos, &k[r * kvd..(r + 1) * kvd], &v[r * kvd..(r + 1) * kvd])
+    }
+}
+
+/// Whether a block query at position `q` sees a key at `p` on a layer of this kind, as
+/// the reference masks it: full layers see everything unless `is_causal`; causal layers
+/// only `p <= q`; sliding layers only `q - p < W` and, where not causal, `p - q < W`.
+fn visible(c: &DrafterConfig, kind: LayerKind, q: usize, p: usize) -> bool {
+    let window = c.window(kind);
+    if p <= q {
+        window.is_none_or(|w| q - p < w)
+    } else {
+        !c.is_causal(kind) && window.is_none_or(|w| p - q < w)
+    }
+}
+
+/// The attention output (`[b, q_dim]`) of the block's queries (`q`, rotated) over the
+/// keys each one sees, each row's softmax over its keys in position order.
+fn block_attention(
+    c: &DrafterConfig,
+    kind: LayerKind,
+    q: &[f32],
+    keys: &BlockKeys,
+    b: usize,
+) -> Vec<f32> {
+    let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
+    let (qd, kvd) = (c.q_dim(), c.kv_dim());
+    let scale = 1.0 / (hd as f32).sqrt();
+    let n_keys = keys.n_ctx + b;
+    let mut att = vec![0f32; b * qd];
+    for i in 0..b {
+        let qpos = keys.start + i;
+        let seen: Vec<(&[f32], &[f32])> = (0..n_keys)
+            .map(|j| keys.row(j, kvd))
+            .filter(|&(p, _, _)| visible(c, kind, qpos, p))
+            .map(|(_, k, v)| (k, v))
+            .collect();
+        let mut scores = vec![0f32; seen.len()];
+        for hh in 0..nh {
+            let kh = hh / (nh / nkv);
+            let head = kh * hd..(kh + 1) * hd;
+            let qh = &q[i * qd + hh * hd..i * qd + (hh + 1) * hd];
+            for (s, (k, _)) in scores.iter_mut().zip(&seen) {
+                *s = dot(qh, &k[head.clone()]) * scale;
+            }
+            softmax(&mut scores);
+            let o = &mut att[i * qd + hh * hd..i * qd + (hh + 1) * hd];
+            for (&p, (_, v)) in scores.iter().zip(&seen) {
+                for (od, vd) in o.iter_mut().zip(&v[head.clone()]) {
+                    *od += p * vd;
+                }
+            }
+        }
+    }
+    att
 }
 
 fn head_norm_rope(
@@ -255,8 +334,8 @@ impl CpuDrafter {
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let b = block_embeds.len() / h;
         let mut x = block_embeds.to_vec();
-        if let Some(d) = &c.dflash2 {
-            x.iter_mut().for_each(|v| *v *= d.input_embedding_scale);
+        if c.input_embedding_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= c.input_embedding_scale);
         }
         // DFlash2: one side of a layer's convolution, coefficients from `coef` rows.
         let conv = |cv: &CpuConv, x: &[f32], coef: &[f32], side: usize| -> Vec<f32> {
@@ -277,7 +356,6 @@ impl CpuDrafter {
             )
         };
         let mut hn = vec![0f32; b * h];
-        let scale = 1.0 / (hd as f32).sqrt();
         for (li, l) in self.layers.iter().enumerate() {
             for i in 0..b {
                 rms_norm(
@@ -314,49 +392,15 @@ impl CpuDrafter {
                     &self.inv_freq,
                 );
             }
-            // Keys: the context (the last `sliding_window` rows on sliding layers), then the block.
-            let n_ctx = ctx.len;
-            let first = if l.kind == LayerKind::Sliding {
-                n_ctx.saturating_sub(c.sliding_window)
-            } else {
-                0
+            let keys = BlockKeys {
+                k_ctx: &ctx.k[li],
+                v_ctx: &ctx.v[li],
+                n_ctx: ctx.len,
+                k: &k,
+                v: &v,
+                start,
             };
-            let (kc, vc) = (&ctx.k[li], &ctx.v[li]);
-            let n_keys = n_ctx - first + b;
-            let key = |j: usize, kh: usize| -> &[f32] {
-                if j < n_ctx - first {
-                    &kc[(first + j) * kvd + kh * hd..(first + j) * kvd + (kh + 1) * hd]
-                } else {
-                    let jb = j - (n_ctx - first);
-                    &k[jb * kvd + kh * hd..jb * kvd + (kh + 1) * hd]
-                }
-            };
-            let val = |j: usize, kh: usize| -> &[f32] {
-                if j < n_ctx - first {
-                    &vc[(first + j) * kvd + kh * hd..(first + j) * kvd + (kh + 1) * hd]
-                } else {
-                    let jb = j - (n_ctx - first);
-                    &v[jb * kvd + kh * hd..jb * kvd + (kh + 1) * hd]
-                }
-            };
-            let mut att = vec![0f32; b * qd];
-            let mut scores = vec![0f32; n_keys];
-            for i in 0..b {
-                for hh in 0..nh {
-                    let kh = hh / (nh / nkv);
-                    let qh = &q[i * qd + hh * hd..i * qd + (hh + 1) * hd];
-                    for (j, s) in scores.iter_mut().enumerate() {
-                        *s = dot(qh, key(j, kh)) * scale;
-                    }
-                    softmax(&mut scores);
-                    let o = &mut att[i * qd + hh * hd..i * qd + (hh + 1) * hd];
-                    for (j, &p) in scores.iter().enumerate() {
-                        for (od, vd) in o.iter_mut().zip(val(j, kh)) {
-                            *od += p * vd;
-                        }
-                    }
-                }
-            }
+            let att = block_attention(c, l.kind, &q, &keys, b);
             let mut o = l.wo.apply(&att, b);
             if let (Some(cv), Some(coef)) = (&l.conv, &coef_att) {
                 o = conv(&cv[0], &o, coef, 1);

@@ -26,17 +26,7 @@ impl CpuDrafter {
         for row in logits.chunks(v) {
             let top = top_k(row, d.selector_top_k);
             ids.push(top.iter().map(|t| t.0).collect());
-            unary.push(
-                top.iter()
-                    .map(|t| {
-                        let x = t.1 * d.output_multiplier;
-                        match d.final_logit_softcapping {
-                            Some(cap) => (x / cap).tanh() * cap,
-                            None => x,
-                        }
-                    })
-                    .collect(),
-            );
+            unary.push(top.iter().map(|t| self.config.draft_logit(t.1)).collect());
         }
         Candidates { ids, unary }
     }

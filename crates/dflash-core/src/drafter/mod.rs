@@ -4,7 +4,9 @@
 //! The drafter conditions on the target's hidden states: committed rows of taps
 //! (`target_layer_ids`, concatenated) go through `hidden_norm(fc(.))` into a persistent
 //! per-layer context K/V cache; a block `[anchor, MASK x (B-1)]` at absolute positions
-//! attends, without a mask, to `[context | block]`; the target's lm_head reads the block.
+//! attends to `[context | block]` (full layers without a mask; sliding layers causal in
+//! the block and within their window, as z-lab's reference masks them; `is_causal`
+//! overrides); the target's lm_head reads the block.
 
 use crate::config::{ModelConfig, Rope, RopeStyle};
 pub use crate::drafter_file::DrafterFile;
@@ -29,13 +31,24 @@ pub struct DrafterConfig {
     pub rope: Rope,
     pub vocab_size: usize,
     pub layer_kinds: Vec<LayerKind>,
+    /// The window of sliding layers: a block row at position q sees keys at p with
+    /// `q - p < sliding_window` (and, where the layer is not causal, `p - q <` it too).
     pub sliding_window: usize,
+    /// The file's `is_causal`, for every layer; None: sliding layers are causal inside
+    /// the block and full layers see the whole block (the reference's default).
+    pub is_causal: Option<bool>,
     pub num_target_layers: usize,
     pub block_size: usize,
     pub mask_token_id: u32,
     pub target_layer_ids: Vec<usize>,
     /// "DFlashDraftModel" or "DFlash2DraftModel".
     pub architecture: String,
+    /// Multiplies the block's input embeddings (1: off).
+    pub input_embedding_scale: f32,
+    /// Multiplies the draft logits before soft-capping (positive; 1: off).
+    pub output_multiplier: f32,
+    /// `tanh(x / cap) * cap` on the draft logits (None: off).
+    pub final_logit_softcapping: Option<f32>,
     /// The DFlash2 extras (grouped dynamic convolution, candidate selector).
     pub dflash2: Option<Dflash2Config>,
 }
@@ -50,12 +63,6 @@ pub struct Dflash2Config {
     pub selector_rank: usize,
     /// Candidates kept per slot from the lm_head.
     pub selector_top_k: usize,
-    /// Multiplies the block's input embeddings.
-    pub input_embedding_scale: f32,
-    /// Multiplies the candidates' logits before the selector scores them.
-    pub output_multiplier: f32,
-    /// `tanh(x / cap) * cap` on the candidates' logits (None: off).
-    pub final_logit_softcapping: Option<f32>,
 }
 
 impl Dflash2Config {
@@ -77,6 +84,26 @@ impl DrafterConfig {
     }
     pub fn n_taps(&self) -> usize {
         self.target_layer_ids.len()
+    }
+
+    /// Whether a layer of this kind is causal inside the block.
+    pub fn is_causal(&self, kind: LayerKind) -> bool {
+        self.is_causal.unwrap_or(kind == LayerKind::Sliding)
+    }
+
+    /// The window of a layer of this kind (None on full layers).
+    pub fn window(&self, kind: LayerKind) -> Option<usize> {
+        (kind == LayerKind::Sliding).then_some(self.sliding_window)
+    }
+
+    /// A draft logit as the reference's `compute_logits` gives it: times
+    /// `output_multiplier`, then soft-capped.
+    pub fn draft_logit(&self, x: f32) -> f32 {
+        let x = x * self.output_multiplier;
+        match self.final_logit_softcapping {
+            Some(cap) => (x / cap).tanh() * cap,
+            None => x,
+        }
     }
 
     /// The default tap layers: one draft layer taps the middle target layer; otherwise

@@ -14,7 +14,7 @@ use crate::pipelines::{Dispatch, Kernel, Shader};
 use crate::upload::{concat_rows, f32_buffer, upload_matrix, work_buffer, GpuMatrix};
 use dflash_core::config::RopeStyle;
 use dflash_core::cpu::ops::rope_cos_sin;
-use dflash_core::drafter::{DrafterWeights, LayerKind};
+use dflash_core::drafter::DrafterWeights;
 
 struct DraftLayer {
     input_norm: wgpu::Buffer,
@@ -30,6 +30,8 @@ struct DraftLayer {
     k_ctx: wgpu::Buffer,
     v_ctx: wgpu::Buffer,
     window: usize,
+    /// Causal inside the block (the reference's default for sliding layers).
+    causal: bool,
     /// DFlash2: the (attention, MLP) convolutions.
     conv: Option<[GpuConv; 2]>,
 }
@@ -361,11 +363,8 @@ impl GpuDrafter {
                 w_down: l.w_down,
                 k_ctx: work_buffer(ctx, "d.k_ctx", kv_bytes),
                 v_ctx: work_buffer(ctx, "d.v_ctx", kv_bytes),
-                window: if *kind == LayerKind::Sliding {
-                    c.sliding_window
-                } else {
-                    0
-                },
+                window: c.window(*kind).unwrap_or(0),
+                causal: c.is_causal(*kind),
                 conv,
             })
             .collect::<Vec<DraftLayer>>();
@@ -483,7 +482,8 @@ impl GpuDrafter {
         }
     }
 
-    /// The sizes of the block pass's layers: every row sees the whole context and block.
+    /// The sizes of the block pass's layers: every row sees the whole context and block
+    /// (but where a layer is causal or has a window, `LayerWeights`).
     fn layer_shape(&self) -> LayerShape {
         let (c, q) = (&self.config, self.qkv_shape());
         LayerShape {
@@ -544,6 +544,7 @@ impl GpuDrafter {
             k_cache: &l.k_ctx,
             v_cache: &l.v_ctx,
             window: l.window,
+            causal: l.causal,
             conv,
         }
     }
@@ -569,17 +570,8 @@ impl GpuDrafter {
         // A block of one row is the anchor alone: no drafts, no drafter pass.
         if (!host || pass) && b > 1 {
             d.extend(ops::embedding(ctx, &t.embed, &self.ids, &self.x, b)?);
-            if let Some(s) = self
-                .d2
-                .as_ref()
-                .filter(|s| s.config.input_embedding_scale != 1.0)
-            {
-                d.push(ops::scale(
-                    ctx,
-                    &self.x,
-                    b * h,
-                    s.config.input_embedding_scale,
-                )?);
+            if c.input_embedding_scale != 1.0 {
+                d.push(ops::scale(ctx, &self.x, b * h, c.input_embedding_scale)?);
             }
             let (shape, bufs) = (self.layer_shape(), self.layer_buffers(st));
             for l in &self.layers {
@@ -612,8 +604,8 @@ impl GpuDrafter {
                         b - 1,
                         v,
                         dc.selector_top_k,
-                        dc.output_multiplier,
-                        dc.final_logit_softcapping.unwrap_or(0.0),
+                        c.output_multiplier,
+                        c.final_logit_softcapping.unwrap_or(0.0),
                     )?);
                     let wb = ops::WalkBuffers {
                         ids: &s.cand_ids,
