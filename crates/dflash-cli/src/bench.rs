@@ -16,6 +16,7 @@ use dflash_core::speculative::{AcceptProfile, Acceptance, BlockSize};
 use dflash_core::synthetic::SyntheticSpec;
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::model::{Head, MAX_ROWS};
+use dflash_gpu::synthetic::Planned;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -111,7 +112,7 @@ pub struct BenchArgs {
 }
 
 /// `--memory-budget`: bytes, or a number with a K/M/G/T suffix (powers of 1024).
-fn parse_bytes(s: &str) -> Result<u64, String> {
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, mul) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
@@ -318,7 +319,7 @@ fn run_plain(a: BenchArgs, synthetic: Option<SyntheticSpec>) -> Result<(), CliEr
     let mut g = match (&loaded, &synthetic) {
         (Some(m), _) => GpuModel::new(ctx.clone(), &m.weights, &opts)?,
         (None, Some(s)) => {
-            dflash_gpu::synthetic::plan(&ctx, s, context, false, budget)?;
+            dflash_gpu::synthetic::plan(&ctx, s, context, Planned::Plain, budget)?;
             let (w, _) = dflash_gpu::synthetic::build(&ctx, s, a.seed, false)?;
             GpuModel::from_gpu_weights(ctx.clone(), w, &opts)?
         }
@@ -622,7 +623,7 @@ fn run_dflash(
         (None, Some(s), _) => {
             // Checked whole (both models' KV caches, the drafter) before any allocation;
             // the plain model and the target share the weight buffers.
-            dflash_gpu::synthetic::plan(&ctx, s, context, true, budget)?;
+            dflash_gpu::synthetic::plan(&ctx, s, context, Planned::PlainAndDFlash, budget)?;
             let (w, d) = dflash_gpu::synthetic::build(&ctx, s, a.seed, true)?;
             let taps = GpuModelOptions {
                 taps: s.drafter.target_layer_ids.clone(),

@@ -15,6 +15,7 @@ macro_rules! outln {
 
 mod bench;
 mod generate;
+mod plan;
 mod profile;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -61,6 +62,8 @@ enum Cmd {
     Generate(generate::GenerateArgs),
     /// Measure prefill and decode speed and memory bandwidth on the GPU engine.
     Bench(bench::BenchArgs),
+    /// The GPU memory a target and its drafter would take, from their config.json files.
+    Plan(plan::PlanArgs),
     /// Print the token ids of a text (special tokens in the text are recognised).
     Tokenize {
         #[arg(long)]
@@ -123,6 +126,7 @@ fn main() {
     let result = match cli.cmd {
         Cmd::Generate(a) => generate::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Plan(a) => plan::run(a),
         Cmd::Tokenize { model, text } => tokenize(&model, &text),
         Cmd::Adapters => adapters(),
         Cmd::MakeRandomDrafter {

@@ -701,3 +701,75 @@ fn non_finite_sampling_arguments_are_clear_errors() {
         );
     }
 }
+
+/// `dflash plan` of a pair of `fixtures/published/`: its JSON (stdout) and exit status.
+fn plan_of(pair: &str, extra: &[&str]) -> (serde_json::Value, Option<i32>, String) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/published")
+        .join(pair);
+    let (config, drafter) = (dir.join("config.json"), dir.join("drafter.json"));
+    let mut args = vec![
+        "plan",
+        "--config",
+        config.to_str().unwrap(),
+        "--drafter",
+        drafter.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = dflash(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{pair}: {stderr}"));
+    (v, out.status.code(), stderr)
+}
+
+/// The published pairs users load: each passes validation and gets a plan at 4k and 32k
+/// tokens of context; where one does not fit 32 GiB the typed error names the budget.
+#[test]
+fn published_pairs_validate_and_get_memory_plans() {
+    if !have_gpu() {
+        return;
+    }
+    let gib = |x: &serde_json::Value| x.as_u64().unwrap() as f64 / (1u64 << 30) as f64;
+    for pair in [
+        "qwen3-4b-dflash-b16",
+        "qwen3-8b-dflash-b16",
+        "llama-3.1-8b-instruct-dflash-b16",
+    ] {
+        let (v, code, err) = plan_of(pair, &[]);
+        assert_eq!(code, Some(0), "{pair}: {err}");
+        let plans = v["plans"].as_array().unwrap();
+        assert_eq!(plans.len(), 2);
+        for p in plans {
+            assert_eq!(p["fits"], true);
+            let parts = ["weights", "kv_cache", "activations"].map(|k| p[k].as_u64().unwrap());
+            assert_eq!(parts.iter().sum::<u64>(), p["total"].as_u64().unwrap());
+        }
+        // The KV cache grows with the context, the weights do not.
+        assert_eq!(plans[0]["weights"], plans[1]["weights"]);
+        assert!(gib(&plans[1]["kv_cache"]) > 7.0 * gib(&plans[0]["kv_cache"]));
+        assert!((3.0..9.0).contains(&gib(&plans[0]["weights"])), "{pair}");
+    }
+    // 32B in 4 bits fits 32 GiB at 4k tokens, not at 32k.
+    let (v, code, err) = plan_of("qwen2.5-32b-instruct-w4a16-dflash2", &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(v["plans"][0]["fits"], true);
+    assert_eq!(v["plans"][1]["fits"], false);
+    assert!(
+        err.starts_with("error: ") && err.contains("budget is 34359738368"),
+        "{err}"
+    );
+    // 70B does not fit at all; within the browser's limits the same error.
+    for extra in [&[][..], &["--browser-limits", "--context", "4096"]] {
+        let (v, code, err) = plan_of("llama-3.3-70b-instruct-w4a16-dflash2", extra);
+        assert_eq!(code, Some(1), "{err}");
+        assert_eq!(v["plans"][0]["fits"], false);
+        assert!(err.contains("budget"), "{err}");
+    }
+    // A larger budget fits it.
+    let (v, code, _) = plan_of(
+        "llama-3.3-70b-instruct-w4a16-dflash2",
+        &["--memory-budget", "80G", "--context", "4096"],
+    );
+    assert_eq!((code, &v["plans"][0]["fits"]), (Some(0), &true.into()));
+}

@@ -58,18 +58,30 @@ impl SyntheticPlan {
     }
 }
 
-/// The plan of `spec` at `context` tokens (with its drafter when `with_drafter`):
-/// `LimitExceeded` when a buffer would not fit the adapter, `OverBudget` when the total
-/// exceeds `budget`. Allocates nothing.
+/// What a plan holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Planned {
+    /// The target alone (a plain bench).
+    Plain,
+    /// The plain model beside the target with taps and the drafter, sharing the weights
+    /// (a DFlash bench).
+    PlainAndDFlash,
+    /// The target with taps and the drafter (what serving with DFlash takes).
+    DFlash,
+}
+
+/// The plan of `spec` at `context` tokens: `LimitExceeded` when a buffer would not fit
+/// the adapter, `OverBudget` when the total exceeds `budget`. Allocates nothing.
 pub fn plan(
     ctx: &GpuContext,
     spec: &SyntheticSpec,
     context: usize,
-    with_drafter: bool,
+    what: Planned,
     budget: Option<u64>,
 ) -> Result<SyntheticPlan> {
     let c = &spec.config;
     let max = ctx.max_binding();
+    let with_drafter = what != Planned::Plain;
     let mut matrices = spec.target_matrices();
     if with_drafter {
         matrices.extend(spec.drafter_matrices());
@@ -83,17 +95,25 @@ pub fn plan(
         taps: vec![],
         memory_budget: None,
     };
-    let plain = plan_buffers(ctx, c, spec.target_weight_bytes(), &opts)?;
-    let (target, drafter, drafter_weights) = if with_drafter {
-        let taps = GpuModelOptions {
-            taps: spec.drafter.target_layer_ids.clone(),
-            ..opts
-        };
-        let t = plan_buffers(ctx, c, 0, &taps)?;
+    let taps = GpuModelOptions {
+        taps: spec.drafter.target_layer_ids.clone(),
+        ..opts.clone()
+    };
+    let weights = spec.target_weight_bytes();
+    let (plain, target) = match what {
+        Planned::Plain => (plan_buffers(ctx, c, weights, &opts)?, None),
+        Planned::PlainAndDFlash => (
+            plan_buffers(ctx, c, weights, &opts)?,
+            Some(plan_buffers(ctx, c, 0, &taps)?),
+        ),
+        // The target with taps in the place of the plain model.
+        Planned::DFlash => (plan_buffers(ctx, c, weights, &taps)?, None),
+    };
+    let (drafter, drafter_weights) = if with_drafter {
         let d = GpuDrafter::plan(ctx, &spec.drafter, c, context)?;
-        (Some(t), Some(d), spec.drafter_weight_bytes())
+        (Some(d), spec.drafter_weight_bytes())
     } else {
-        (None, None, 0)
+        (None, 0)
     };
     let p = SyntheticPlan {
         plain,

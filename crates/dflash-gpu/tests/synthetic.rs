@@ -9,7 +9,7 @@ use dflash_core::rng::Rng;
 use dflash_core::synthetic::{spec, NAMES};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::model::Head;
-use dflash_gpu::synthetic::{build, plan};
+use dflash_gpu::synthetic::{build, plan, Planned};
 use dflash_gpu::{GpuError, GpuModel, GpuModelOptions, GpuOptions};
 use std::time::Instant;
 
@@ -19,7 +19,7 @@ fn a_tiny_synthetic_model_decodes_finite_logits() {
         return;
     };
     let s = spec("test-tiny").unwrap();
-    let p = plan(&ctx, &s, 64, false, None).unwrap();
+    let p = plan(&ctx, &s, 64, Planned::Plain, None).unwrap();
     let (w, d) = build(&ctx, &s, 7, false).unwrap();
     assert!(d.is_none());
     let opts = GpuModelOptions {
@@ -66,7 +66,7 @@ fn a_shape_that_does_not_fit_is_refused_before_allocation() {
     // Every named shape plans (or states the limit it exceeds) without allocating.
     for &n in NAMES {
         let s = spec(n).unwrap();
-        match plan(&ctx, &s, 2048, true, None) {
+        match plan(&ctx, &s, 2048, Planned::PlainAndDFlash, None) {
             Ok(p) => assert!(p.total().weights > s.target_weight_bytes()),
             Err(GpuError::LimitExceeded { .. }) => {}
             Err(e) => panic!("{n}: {e}"),
@@ -74,7 +74,7 @@ fn a_shape_that_does_not_fit_is_refused_before_allocation() {
     }
     let s = spec("qwen2.5-32b").unwrap();
     let t = Instant::now();
-    match plan(&ctx, &s, 2048, true, Some(1 << 30)) {
+    match plan(&ctx, &s, 2048, Planned::PlainAndDFlash, Some(1 << 30)) {
         Err(GpuError::OverBudget {
             need,
             weights,
@@ -96,7 +96,7 @@ fn a_shape_that_does_not_fit_is_refused_before_allocation() {
     let c = &s.config;
     let elt = if ctx.f16 { 2 } else { 4 };
     let kv_layer = (c.max_position_embeddings * c.kv_dim() * elt) as u64;
-    match plan(&ctx, &s, c.max_position_embeddings, false, None) {
+    match plan(&ctx, &s, c.max_position_embeddings, Planned::Plain, None) {
         Err(GpuError::LimitExceeded { need, limit, .. }) => {
             assert!(need > limit);
             assert!(kv_layer > ctx.max_binding());
@@ -112,7 +112,7 @@ fn simulated_acceptance_replays_plain_tokens_through_the_real_step() {
         return;
     };
     let s = spec("test-tiny").unwrap();
-    plan(&ctx, &s, 128, true, None).unwrap();
+    plan(&ctx, &s, 128, Planned::PlainAndDFlash, None).unwrap();
     let (w, d) = build(&ctx, &s, 1, true).unwrap();
     let opts = GpuModelOptions {
         context: 128,
