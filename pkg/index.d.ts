@@ -85,6 +85,10 @@ export interface ChatCompletionRequest {
   /** At temperature > 0: verify drafts by rejection sampling (the model's distribution,
    *  more drafts accepted) instead of matching the plain sampler's tokens. Default false. */
   rejection_sampling?: boolean;
+  /** With rejection_sampling: a DFlash drafter's drafts drawn from its own distribution
+   *  (its top 16 at the temperature, as z-lab's reference does) instead of its argmax.
+   *  DFlash2 drafters always draw. Default false. */
+  sampled_drafts?: boolean;
 }
 
 export interface Usage {

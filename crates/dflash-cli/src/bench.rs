@@ -89,6 +89,15 @@ pub struct BenchArgs {
     block: String,
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
+    /// With --drafter at T > 0: verify by rejection sampling, drafts sampled from the
+    /// drafter (the target's distribution, more drafts accepted; not token for token
+    /// plain sampling, so the runs are not checked equal).
+    #[arg(long, requires = "drafter", conflicts_with = "accept_profile")]
+    rejection_sampling: bool,
+    /// With --rejection-sampling: a DFlash drafter's drafts drawn from its distribution
+    /// (its top 16 at --temperature) instead of its argmax.
+    #[arg(long, requires = "rejection_sampling")]
+    sampled_drafts: bool,
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
     /// Seed of the sampler, and of the synthetic weights, prompts and simulated drafts.
@@ -652,6 +661,8 @@ fn run_dflash(
         temperature: a.temperature,
         top_p: a.top_p,
         seed: a.seed,
+        speculative_rejection: a.rejection_sampling,
+        sampled_drafts: a.sampled_drafts,
         ..Default::default()
     };
     let request = |ids: &[u32], max_new_tokens| GenerateRequest {
@@ -791,7 +802,7 @@ fn finish_dflash(
         };
         outln!("{}", serde_json::to_string_pretty(&v).unwrap())?;
     }
-    if !all_lossless {
+    if !all_lossless && !a.rejection_sampling {
         return Err(CliError::Usage(
             "DFlash output differed from plain decoding".into(),
         ));
@@ -883,6 +894,8 @@ impl BlockRun {
             "temperature": a.temperature,
             "top_p": a.top_p,
             "seed": a.seed,
+            "rejection_sampling": a.rejection_sampling,
+            "sampled_drafts": a.sampled_drafts,
             "max_new_tokens": a.max_new_tokens,
             "prompts": self.rows.len(),
             "plain_tok_s": plain_tok_s,

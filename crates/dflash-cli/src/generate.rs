@@ -68,9 +68,15 @@ pub struct GenerateArgs {
     #[arg(long)]
     json: bool,
     /// With --drafter at T > 0: verify drafts by rejection sampling (the target's
-    /// distribution, more drafts accepted, not token for token plain sampling).
+    /// distribution, more drafts accepted, not token for token plain sampling); DFlash2
+    /// drafts are drawn through its selector's walk.
     #[arg(long, requires = "drafter")]
     rejection_sampling: bool,
+    /// With --rejection-sampling: a DFlash drafter's drafts drawn from its distribution
+    /// (each slot among its top 16 draft logits at --temperature, as z-lab's reference
+    /// does) instead of its argmax proposed with certainty.
+    #[arg(long, requires = "rejection_sampling")]
+    sampled_drafts: bool,
 }
 
 /// `--block N|auto` for a device: auto uses the measured (GPU) or linear (CPU) cost of
@@ -163,6 +169,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         repetition_penalty: a.repetition_penalty,
         seed: a.seed,
         speculative_rejection: a.rejection_sampling,
+        sampled_drafts: a.sampled_drafts,
     };
     sampling.validate()?;
     let req = GenerateRequest {

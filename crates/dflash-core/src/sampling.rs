@@ -27,6 +27,11 @@ pub struct SamplingParams {
     /// when it equals the target's own position-keyed sample (bit-identical to plain
     /// sampling).
     pub speculative_rejection: bool,
+    /// With `speculative_rejection`: a plain DFlash drafter's drafts are drawn from its
+    /// own distribution (each slot among its top 16 draft logits at the temperature, as
+    /// z-lab's reference samples drafts) instead of its argmax proposed with certainty.
+    /// A DFlash2 drafter always draws through its selector's walk there.
+    pub sampled_drafts: bool,
 }
 
 impl Default for SamplingParams {
@@ -39,6 +44,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             seed: 0,
             speculative_rejection: false,
+            sampled_drafts: false,
         }
     }
 }

@@ -498,7 +498,7 @@ impl Proposer for DFlashCpu<'_> {
         b: usize,
         sampling: &SamplingParams,
     ) -> Result<Vec<Proposed>> {
-        if !self.drafter.is_dflash2() || sampling.is_greedy() {
+        if sampling.is_greedy() || !(self.drafter.is_dflash2() || sampling.sampled_drafts) {
             return Ok(self
                 .draft(anchor, pos, b)?
                 .into_iter()
@@ -507,14 +507,13 @@ impl Proposer for DFlashCpu<'_> {
         }
         let h = self.target.config.hidden_size;
         let (hidden, logits) = self.block(anchor, pos, b)?;
-        Ok(self.drafter.select_sampled(
-            anchor,
-            &hidden[h..],
-            &logits,
-            sampling.temperature,
-            sampling.seed,
-            pos + 1,
-        ))
+        let (t, seed) = (sampling.temperature, sampling.seed);
+        Ok(match self.drafter.is_dflash2() {
+            true => self
+                .drafter
+                .select_sampled(anchor, &hidden[h..], &logits, t, seed, pos + 1),
+            false => self.drafter.sample_plain(&logits, t, seed, pos + 1),
+        })
     }
 }
 

@@ -13,8 +13,8 @@ use dflash_core::rejection::{verify, Proposed, Verdict};
 use dflash_core::sampling::{distribution, inverse_cdf, random_uniform, SamplingParams};
 use dflash_core::speculative::{generate_speculative_cpu, BlockSize};
 use dflash_core::testutil::{
-    random_weights, tiny_drafter_target, write_dflash2_drafter, write_gguf, Dflash2Spec,
-    DrafterSpec, Rng,
+    random_weights, tiny_drafter_target, write_dflash2_drafter, write_drafter, write_gguf,
+    Dflash2Spec, DrafterSpec, Rng,
 };
 
 fn erfc(x: f64) -> f64 {
@@ -126,11 +126,9 @@ fn one_position_keeps_the_target_distribution() {
     }
 }
 
-#[test]
-fn dflash2_speculative_sampling_keeps_the_target_distribution() {
-    let c = tiny_drafter_target();
-    let t = load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap();
-    let cpu = CpuModel::new(&t.weights);
+/// A DFlash2 drafter (the selector's walk proposes) and a plain DFlash drafter (each
+/// slot drawn among its top candidates) for the tiny target, through the file format.
+fn drafters(c: &dflash_core::config::ModelConfig) -> Vec<(&'static str, DrafterWeights)> {
     let spec = DrafterSpec {
         layers: 1,
         block_size: 4,
@@ -150,14 +148,48 @@ fn dflash2_speculative_sampling_keeps_the_target_distribution() {
         final_logit_softcapping: None,
         input_embedding_scale: None,
     };
-    let files = write_dflash2_drafter(&c, &spec, &d2);
-    let w = DrafterWeights::load(
-        std::str::from_utf8(&files["config.json"]).unwrap(),
-        vec![("model.safetensors", &files["model.safetensors"][..])],
-        DrafterPrecision::Q8,
-    )
-    .unwrap();
-    let d = CpuDrafter::new(&w);
+    let load = |files: std::collections::BTreeMap<String, Vec<u8>>| {
+        DrafterWeights::load(
+            std::str::from_utf8(&files["config.json"]).unwrap(),
+            vec![("model.safetensors", &files["model.safetensors"][..])],
+            DrafterPrecision::Q8,
+        )
+        .unwrap()
+    };
+    vec![
+        ("DFlash2", load(write_dflash2_drafter(c, &spec, &d2))),
+        ("DFlash", load(write_drafter(c, &spec))),
+    ]
+}
+
+/// Speculative sampling commits tokens distributed as the target's (the first two new
+/// tokens' joint distribution, chi-square) with every proposal: DFlash2's walk, a plain
+/// drafter's argmax proposed with certainty, and its drafts sampled among its top
+/// candidates at the request's temperature (`sampled_drafts`).
+#[test]
+fn speculative_sampling_keeps_the_target_distribution() {
+    let c = tiny_drafter_target();
+    let t = load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap();
+    let cpu = CpuModel::new(&t.weights);
+    for (name, w) in drafters(&c) {
+        for sampled in [true, false] {
+            if name == "DFlash2" && !sampled {
+                continue; // its walk always draws
+            }
+            joint_of_two_tokens_is_the_targets(&cpu, &t, &w, name, sampled);
+        }
+    }
+}
+
+fn joint_of_two_tokens_is_the_targets(
+    cpu: &CpuModel,
+    t: &dflash_core::model_files::LoadedModel,
+    w: &DrafterWeights,
+    name: &str,
+    sampled_drafts: bool,
+) {
+    let c = &cpu.config;
+    let d = CpuDrafter::new(w);
     let v = c.vocab_size;
     let prompt: Vec<u32> = vec![17, 99, 4, 250, 31];
     // top-k 6 keeps the joint support small (36 cells) so that every cell is tested.
@@ -166,6 +198,7 @@ fn dflash2_speculative_sampling_keeps_the_target_distribution() {
         top_k: 6,
         seed,
         speculative_rejection: true,
+        sampled_drafts,
         ..Default::default()
     };
     // Exact joint distribution of the first two new tokens: p(t1) p(t2 | t1).
@@ -201,7 +234,7 @@ fn dflash2_speculative_sampling_keeps_the_target_distribution() {
             interrupt: Default::default(),
         };
         let r = generate_speculative_cpu(
-            &cpu,
+            cpu,
             &d,
             &t.tokenizer,
             &req,
@@ -221,13 +254,13 @@ fn dflash2_speculative_sampling_keeps_the_target_distribution() {
     let exp_total: f64 = expected.iter().sum();
     let expected: Vec<f64> = expected.iter().map(|e| e * total / exp_total).collect();
     let (x2, df, pv) = chi_square(&counts, &expected);
-    eprintln!("DFlash2 rejection sampling: chi2 {x2:.1} df {df} p {pv:.3}; {accepted} drafts accepted in {steps} steps");
+    eprintln!("{name} rejection sampling (sampled drafts {sampled_drafts}): chi2 {x2:.1} df {df} p {pv:.3}; {accepted} drafts accepted in {steps} steps");
     assert!(
         accepted > 100,
-        "the test should exercise accepted drafts too ({accepted})"
+        "{name}: the test should exercise accepted drafts too ({accepted})"
     );
     assert!(
         pv > 1e-3,
-        "speculative samples are not distributed as the target's (chi2 {x2}, df {df}, p {pv})"
+        "{name}: speculative samples are not distributed as the target's (chi2 {x2}, df {df}, p {pv})"
     );
 }

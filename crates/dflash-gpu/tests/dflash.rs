@@ -422,7 +422,13 @@ fn rejection_sampling_on_the_gpu_follows_the_cpu_reference() {
     use dflash_core::speculative::generate_speculative_cpu;
     let t = target();
     let cpu_t = CpuModel::new(&t.weights);
-    for w in [drafter(&t, 21), dflash2_drafter(&t, 22)] {
+    // A DFlash drafter proposing its argmax, the same drafting (`sampled_drafts`), and
+    // DFlash2 (its walk draws).
+    for (w, sampled_drafts) in [
+        (drafter(&t, 21), false),
+        (drafter(&t, 21), true),
+        (dflash2_drafter(&t, 22), false),
+    ] {
         let cpu_d = CpuDrafter::new(&w);
         for ctx in contexts().into_iter().take(1) {
             let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
@@ -434,6 +440,7 @@ fn rejection_sampling_on_the_gpu_follows_the_cpu_reference() {
                     top_k: 8,
                     seed,
                     speculative_rejection: true,
+                    sampled_drafts,
                     ..Default::default()
                 };
                 let p = &prompts()[seed as usize % prompts().len()];
@@ -456,7 +463,7 @@ fn rejection_sampling_on_the_gpu_follows_the_cpu_reference() {
                 accepted += g.taus.iter().map(|x| x - 1).sum::<usize>();
             }
             eprintln!(
-                "{}: {same}/{total} sequences equal, {accepted} drafts accepted on the GPU",
+                "{} (sampled drafts {sampled_drafts}): {same}/{total} sequences equal, {accepted} drafts accepted on the GPU",
                 w.config.architecture
             );
             assert!(same * 4 >= total * 3, "{same} of {total} equal");

@@ -59,6 +59,10 @@ pub struct ChatRequest {
     /// accepted, but it is not the plain sampler's token sequence for the seed.
     #[serde(default)]
     pub rejection_sampling: Option<bool>,
+    /// With rejection sampling: a DFlash drafter's drafts drawn from its distribution
+    /// (its top 16 at the temperature) instead of its argmax.
+    #[serde(default)]
+    pub sampled_drafts: Option<bool>,
 }
 
 /// The request's numeric fields: null in any of them is an error, not the default.
@@ -113,6 +117,7 @@ impl ChatRequest {
             repetition_penalty: 1.0,
             seed: self.seed.unwrap_or(fallback_seed),
             speculative_rejection: self.rejection_sampling.unwrap_or(false),
+            sampled_drafts: self.sampled_drafts.unwrap_or(false),
         };
         sp.validate()?;
         Ok(sp)

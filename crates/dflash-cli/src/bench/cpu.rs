@@ -175,6 +175,8 @@ fn run_dflash(
             temperature: a.temperature,
             top_p: a.top_p,
             seed: a.seed,
+            speculative_rejection: a.rejection_sampling,
+            sampled_drafts: a.sampled_drafts,
             ..Default::default()
         },
         stop_strings: vec![],

@@ -18,13 +18,13 @@ impl CpuDrafter {
         self.selector.is_some()
     }
 
-    /// The top-K candidates of each slot from its lm_head logits (`[slots, V]`).
+    /// The top-K candidates of each slot from its lm_head logits (`[slots, V]`), K the
+    /// config's `candidate_count`.
     pub fn candidates(&self, logits: &[f32]) -> Candidates {
-        let d = self.config.dflash2.as_ref().expect("a DFlash2 drafter");
         let v = self.config.vocab_size;
         let (mut ids, mut unary) = (Vec::new(), Vec::new());
         for row in logits.chunks(v) {
-            let top = top_k(row, d.selector_top_k);
+            let top = top_k(row, self.config.candidate_count());
             ids.push(top.iter().map(|t| t.0).collect());
             unary.push(top.iter().map(|t| self.config.draft_logit(t.1)).collect());
         }
@@ -78,6 +78,26 @@ impl CpuDrafter {
                 crate::rejection::gumbel_pick(ids, scores, t, seed, (first_position + l) as u32);
             (pick.token, pick)
         })
+    }
+
+    /// A plain DFlash drafter's proposal at temperature `t` > 0 for rejection sampling:
+    /// each slot draws among its candidates from softmax(draft logits / t) by Gumbel-max
+    /// (keyed by seed, the slot's absolute position and the token, as DFlash2's walk)
+    /// and records that distribution as q. `first_position`: the position of slot 1.
+    pub fn sample_plain(
+        &self,
+        logits: &[f32],
+        t: f32,
+        seed: u64,
+        first_position: usize,
+    ) -> Vec<crate::rejection::Proposed> {
+        let cand = self.candidates(logits);
+        (0..cand.ids.len())
+            .map(|l| {
+                let pos = (first_position + l) as u32;
+                crate::rejection::gumbel_pick(&cand.ids[l], &cand.unary[l], t, seed, pos)
+            })
+            .collect()
     }
 
     /// The walk from the anchor: slot by slot, `pick(slot, candidate ids, scores after

@@ -12,6 +12,10 @@ use crate::config::{ModelConfig, Rope, RopeStyle};
 pub use crate::drafter_file::DrafterFile;
 use crate::error::{Error, Result};
 
+/// A plain DFlash drafter's sampled proposal (rejection sampling at T > 0) draws each
+/// slot among its top this many draft logits, at the request's temperature.
+pub const PLAIN_DRAFT_CANDIDATES: usize = 16;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerKind {
     Full,
@@ -94,6 +98,16 @@ impl DrafterConfig {
     /// The window of a layer of this kind (None on full layers).
     pub fn window(&self, kind: LayerKind) -> Option<usize> {
         (kind == LayerKind::Sliding).then_some(self.sliding_window)
+    }
+
+    /// The candidates a sampled proposal draws among per slot (rejection sampling at
+    /// T > 0): DFlash2's `selector_top_k`, a plain drafter's top
+    /// [`PLAIN_DRAFT_CANDIDATES`] draft logits.
+    pub fn candidate_count(&self) -> usize {
+        self.dflash2
+            .as_ref()
+            .map_or(PLAIN_DRAFT_CANDIDATES, |d| d.selector_top_k)
+            .min(self.vocab_size)
     }
 
     /// A draft logit as the reference's `compute_logits` gives it: times

@@ -60,6 +60,16 @@ pub(super) struct Dflash2Gpu {
     pub(super) q_vals: wgpu::Buffer,
 }
 
+/// A plain drafter's sampled proposal (rejection sampling at T > 0): each slot's top
+/// candidates of the draft logits and the q the walk draws them from (dflash2.wgsl's
+/// walk with rank 0: no selector term; `none` stands in for the selector's buffers).
+pub(super) struct SampledProposal {
+    pub(super) ids: wgpu::Buffer,
+    vals: wgpu::Buffer,
+    pub(super) q: wgpu::Buffer,
+    none: wgpu::Buffer,
+}
+
 /// The drafter's weights, context cache and activations on the GPU.
 pub struct GpuDrafter {
     pub config: dflash_core::drafter::DrafterConfig,
@@ -88,6 +98,8 @@ pub struct GpuDrafter {
     /// Rejection sampling: per block row (accepted, token).
     pub(super) verdict: wgpu::Buffer,
     pub(super) d2: Option<Dflash2Gpu>,
+    /// Plain drafters only.
+    pub(super) sampled: Option<SampledProposal>,
     pub n_bytes: u64,
 }
 
@@ -416,6 +428,15 @@ impl GpuDrafter {
             drafts: work_buffer(ctx, "d.drafts", 64),
             host_drafts: work_buffer(ctx, "d.host", (host_draft_capacity.max(1) * 4) as u64),
             verdict: work_buffer(ctx, "d.verdict", (MAX_ROWS * 2 * 4) as u64),
+            sampled: d2.is_none().then(|| {
+                let bytes = (MAX_ROWS * 4 * c.candidate_count()) as u64;
+                SampledProposal {
+                    ids: work_buffer(ctx, "d.sample_ids", bytes),
+                    vals: work_buffer(ctx, "d.sample_vals", bytes),
+                    q: work_buffer(ctx, "d.sample_q", bytes),
+                    none: work_buffer(ctx, "d.no_selector", 16),
+                }
+            }),
             d2,
             n_bytes,
             config: c.clone(),
@@ -627,6 +648,40 @@ impl GpuDrafter {
                         1,
                         sampled,
                     )?);
+                }
+                // DFlash, sampled (rejection sampling at T > 0): the top candidates of
+                // each slot and a draw among them at the sampler's temperature.
+                None if sampled => {
+                    let p = self.sampled.as_ref().expect("a plain drafter's buffers");
+                    let k = c.candidate_count();
+                    d.extend(ops::gemv(ctx, lm, &self.xn, &t.act.logits, b, false)?);
+                    let cap = c.final_logit_softcapping.unwrap_or(0.0);
+                    let (ids, vals) = (&p.ids, &p.vals);
+                    let mult = c.output_multiplier;
+                    d.push(ops::top_k(
+                        ctx,
+                        &t.act.logits,
+                        ids,
+                        vals,
+                        1,
+                        b - 1,
+                        v,
+                        k,
+                        mult,
+                        cap,
+                    )?);
+                    let wb = ops::WalkBuffers {
+                        ids,
+                        vals,
+                        hp: &p.none,
+                        predecessor: &p.none,
+                        successor: &p.none,
+                        state: st,
+                        drafts: &self.drafts,
+                        sample_params: &t.act.sample_params,
+                        q_vals: &p.q,
+                    };
+                    d.push(ops::selector_walk(ctx, &wb, b - 1, k, 0, 0, true)?);
                 }
                 // DFlash: the greedy drafts, the argmax in the lm_head's epilogue (the
                 // target's partials buffer: its head runs later in the step).

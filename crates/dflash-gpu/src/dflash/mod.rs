@@ -28,8 +28,8 @@ pub struct StepResult {
 
 /// Target and drafter on one device, with the step plans per (block, head).
 /// A step plan's key: (rows of taps the context grows by, block, head, host drafts,
-/// drafter pass despite host drafts, rejection sampling).
-type StepKey = (usize, usize, Head, bool, bool, bool);
+/// drafter pass despite host drafts, rejection sampling, sampled drafts).
+type StepKey = (usize, usize, Head, bool, bool, bool, bool);
 
 pub struct Speculative {
     pub target: GpuModel,
@@ -48,6 +48,8 @@ pub struct Speculative {
     pub simulate: bool,
     /// Verify by rejection sampling (set from the request's sampling parameters).
     rejection: bool,
+    /// With rejection sampling, a plain drafter's drafts sampled (`sampled_drafts`).
+    sampled_drafts: bool,
 }
 
 impl Speculative {
@@ -79,6 +81,7 @@ impl Speculative {
             host_drafts: false,
             simulate: false,
             rejection: false,
+            sampled_drafts: false,
         }
     }
 
@@ -155,8 +158,18 @@ impl Speculative {
     /// The plan of a step of `b` rows after the current previous block, built once.
     fn ensure_plan(&mut self, b: usize, head: Head) -> Result<StepKey> {
         let rejection = self.rejection && head == Head::Sample;
+        // DFlash2's walk always samples under rejection; a plain drafter where asked.
+        let sampled = rejection && (self.drafter.d2.is_some() || self.sampled_drafts);
         let pass = self.host_drafts && self.simulate;
-        let key = (self.prev_block, b, head, self.host_drafts, pass, rejection);
+        let key = (
+            self.prev_block,
+            b,
+            head,
+            self.host_drafts,
+            pass,
+            rejection,
+            sampled,
+        );
         if !self.plans.contains_key(&key) {
             let ctx = self.target.ctx.clone();
             let mut d = if self.prev_block > 0 {
@@ -171,15 +184,18 @@ impl Speculative {
                 b,
                 self.host_drafts,
                 pass,
-                rejection,
+                sampled,
             )?);
             d.extend(self.target.build_plan(b, head)?);
             if rejection {
                 if b > 1 {
                     let dr = &self.drafter;
-                    // DFlash2 proposes from its walk's q; DFlash drafts with certainty.
-                    let (q_ids, q_vals, qk) = match (&dr.d2, self.host_drafts) {
-                        (Some(s), false) => (&s.cand_ids, &s.q_vals, s.config.selector_top_k),
+                    // The drafter proposes from its walk's q (DFlash2's selector, or a
+                    // plain drafter's top candidates); host drafts come with certainty.
+                    let k = dr.config.candidate_count();
+                    let (q_ids, q_vals, qk) = match (&dr.d2, &dr.sampled, self.host_drafts) {
+                        (Some(s), _, false) => (&s.cand_ids, &s.q_vals, k),
+                        (None, Some(p), false) if sampled => (&p.ids, &p.q, k),
                         _ => (&dr.drafts, &dr.host_drafts, 0),
                     };
                     let a = &self.target.act;
@@ -427,6 +443,7 @@ impl Speculative {
         cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
         let (_, budget) = prepare(req, &cfg)?;
         self.rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
+        self.sampled_drafts = req.sampling.sampled_drafts;
         let head = if req.sampling.is_greedy() {
             Head::Argmax
         } else {
