@@ -47,7 +47,7 @@ echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
 # model on SwiftShader runs in the browser tests below, through the actual browser)
 VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json DFLASH_BROWSER_LIMITS=1 \
   DFLASH_QUICK=1 DFLASH_GPU_TOKENS=12 DFLASH_SPEC_TOKENS=6 \
-  cargo test --release --locked -p dflash-gpu --lib --test ops --test fused --test engine --test dflash --test stream_load -- --test-threads 1
+  cargo test --release --locked -p dflash-gpu --lib --test ops --test fused --test engine --test dflash --test stream_load --test zlab -- --test-threads 1
 
 echo "== [$SECONDS s] the browser product (wasm in a Worker, npm package, demo) in headless Chromium"
 # The same engine built for wasm32: the core and the GPU engine must stay free of

@@ -4,8 +4,9 @@
 //! layers are the reference's `build_target_layer_ids`; and our speculative loop gives
 //! the reference's `dflash_generate` tokens at T=0 up to the target's first near-tie (our
 //! target keeps its weights in 8 bits, the reference's in f32, so a near-tie may fall the
-//! other way) while staying equal to our plain decoding token for token.
-//!
+//! other way) while staying equal to our plain decoding token for token; its acceptance
+//! lengths, in the reference's convention, equal the reference's in most runs (14 of 24
+//! now: the drafter's 8-bit weights break some draft near-ties the other way).
 //!
 //! And, array by array, our CPU reference against the reference's intermediate outputs
 //! (`reference.safetensors`): the target's taps and logits, and, fed the reference's own
@@ -57,8 +58,26 @@ fn default_tap_layers_are_the_references() {
     assert!(checked > 100, "{checked} pairs checked");
 }
 
+/// Our per-step committed tokens in the reference's `acceptance_lengths` convention: the
+/// first new token comes from the prefill, so the steps' sum is capped at `n - 1`.
+fn acceptance_lengths(taus: &[usize], n: usize) -> Vec<usize> {
+    let mut left = n.saturating_sub(1);
+    taus.iter()
+        .map(|&t| {
+            let k = t.min(left);
+            left -= k;
+            k
+        })
+        .filter(|&k| k > 0)
+        .collect()
+}
+
 #[test]
 fn reference_written_pairs_load_and_generate_the_reference_tokens() {
+    // Runs whose acceptance lengths equal the reference's, of all runs: our drafter's
+    // 8-bit weights can break a draft's near-tie the other way, which changes acceptance
+    // (never the tokens).
+    let (mut same_acceptance, mut runs) = (0, 0);
     for dir in cases() {
         let name = dir.file_name().unwrap().to_string_lossy().to_string();
         let r = json(&dir.join("reference.json"));
@@ -120,12 +139,24 @@ fn reference_written_pairs_load_and_generate_the_reference_tokens() {
                 plain.tokens,
                 want
             );
+            let ours = acceptance_lengths(&spec.taus, spec.result.tokens.len());
+            let theirs: Vec<usize> = ids(&g["acceptance_lengths"])
+                .iter()
+                .map(|&x| x as usize)
+                .collect();
+            runs += 1;
+            same_acceptance += (ours == theirs) as usize;
             eprintln!(
-                "{name} prompt {} block {}: {n}/{} tokens equal (first near-tie at {sure}); taus ours {:?}, reference {}",
-                g["prompt_index"], g["block_size"], want.len(), spec.taus, g["acceptance_lengths"]
+                "{name} prompt {} block {}: {n}/{} tokens equal (first near-tie at {sure}); acceptance lengths ours {ours:?}, reference {theirs:?}",
+                g["prompt_index"], g["block_size"], want.len()
             );
         }
     }
+    eprintln!("acceptance lengths equal to the reference's in {same_acceptance} of {runs} runs");
+    assert!(
+        same_acceptance * 2 >= runs,
+        "acceptance lengths equal in only {same_acceptance} of {runs} runs"
+    );
 }
 
 /// The float32 arrays of a case's `reference.safetensors`.
