@@ -158,9 +158,8 @@ class Engine {
     this.modelName = modelName;
     this.chat = { completions: new Completions(this) };
   }
-  /** Ends the running request before its next token: it resolves with the text so far
-   *  and finish_reason 'abort'; the engine stays usable. (DFlash on the CPU engine does
-   *  not yield while it generates: there it takes effect only between requests.) */
+  /** Ends the running request before its next token (within one step of DFlash): it
+   *  resolves with the text so far and finish_reason 'abort'; the engine stays usable. */
   interrupt() {
     this.rpc?.post({ type: 'interrupt' });
   }

@@ -128,7 +128,8 @@ test('a file that is not a model, a missing file and a mismatched drafter get ty
 
 // Aborting and interrupting: an AbortSignal rejects the request with code 'Aborted' at
 // once; engine.interrupt() ends the running request before its next token
-// (finish_reason 'abort', fewer tokens than asked) on both engines; either way the
+// (finish_reason 'abort', fewer tokens than asked) on both engines, the CPU engine with
+// DFlash too; either way the
 // engine answers the next request.
 test('an aborted or interrupted request ends and the engine answers the next one', { timeout: 600_000 }, async () => {
   const browser = await launch();
@@ -139,9 +140,11 @@ test('an aborted or interrupted request ends and the engine answers the next one
     const r = await page.evaluate(async () => {
       const m = await import('/pkg/index.js');
       const out = {};
-      for (const kind of ['gpu', 'cpu']) {
-        const engine = await m.createEngine({ model: '/models/SmolLM2-135M-Instruct.Q4_1.gguf', engine: kind });
-        const req = { messages: [{ role: 'user', content: 'Tell me a long story about a dragon and a knight.' }], max_tokens: 40, temperature: 0 };
+      // The CPU engine with DFlash too (block 4): it yields between steps.
+      const kinds = [['gpu', 'gpu'], ['cpu', 'cpu'], ['cpu-dflash', 'cpu', '/drafters/smollm2-135m-instruct-dflash-b16/']];
+      for (const [kind, engineKind, drafter] of kinds) {
+        const engine = await m.createEngine({ model: '/models/SmolLM2-135M-Instruct.Q4_1.gguf', engine: engineKind, drafter });
+        const req = { messages: [{ role: 'user', content: 'Tell me a long story about a dragon and a knight.' }], max_tokens: 40, temperature: 0, block: 4 };
         const ac = new AbortController();
         let pieces = 0;
         let code = null;
@@ -164,17 +167,18 @@ test('an aborted or interrupted request ends and the engine answers the next one
       return out;
     });
     console.log(JSON.stringify(r));
-    for (const kind of ['gpu', 'cpu']) {
+    for (const kind of ['gpu', 'cpu', 'cpu-dflash']) {
       assert.equal(r[kind].code, 'Aborted', kind);
       assert.equal(r[kind].pieces, 2, `${kind}: no piece after the abort`);
       assert.equal(r[kind].next, 4, `${kind}: the engine answers after an abort`);
       assert.equal(r[kind].preAborted, 'Aborted', kind);
     }
     // Both engines stop within a step of the interrupt (the CPU engine yields to the
-    // worker between tokens).
-    for (const kind of ['gpu', 'cpu']) {
+    // worker between tokens, and between DFlash steps: at most the first token and two
+    // blocks of 4 there).
+    for (const [kind, most] of [['gpu', 3], ['cpu', 3], ['cpu-dflash', 9]]) {
       assert.equal(r[kind].interrupted.finish_reason, 'abort', kind);
-      assert.ok(r[kind].interrupted.completion_tokens <= 3, `${kind}: ${JSON.stringify(r[kind].interrupted)}`);
+      assert.ok(r[kind].interrupted.completion_tokens <= most, `${kind}: ${JSON.stringify(r[kind].interrupted)}`);
     }
   } finally {
     await browser.close();

@@ -541,39 +541,114 @@ pub fn generate_speculative_with(
     clock: &dyn Fn() -> f64,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<SpeculativeResult> {
-    let (context, budget) = prepare(req, &target.config)?;
-    let vocab = target.config.vocab_size;
-    let taps = proposer.tap_layers();
-    let h = target.config.hidden_size;
-    let tap_w = taps.len() * h;
-    let max_block = proposer.max_block().max(1);
+    let mut g = SpeculativeGeneration::start(target, proposer, tok, req, block, clock, on_text)?;
+    while !g.step(clock)? {}
+    Ok(g.finish(clock))
+}
 
-    let mut cache = target.new_cache(context);
-    let t0 = clock();
-    let out = target.forward(&req.prompt_ids, &mut cache, LogitRows::Last, &taps)?;
-    proposer.commit(&out.taps);
-    let mut history = req.prompt_ids.clone();
-    let mut anchor = sample(&out.logits, &req.sampling, &history, history.len());
-    let t1 = clock();
+/// `generate_speculative_with` one step at a time, for hosts that must yield between
+/// steps (the browser worker, so that an interrupt can arrive while DFlash runs on the
+/// CPU engine).
+pub struct SpeculativeGeneration<'a> {
+    target: &'a CpuModel,
+    proposer: &'a mut dyn Proposer,
+    req: &'a GenerateRequest,
+    context: usize,
+    taps: Vec<usize>,
+    cache: crate::cpu::KvCache,
+    history: Vec<u32>,
+    anchor: u32,
+    sink: TokenSink<'a>,
+    blocks: BlockLoop,
+    done: bool,
+    /// Start and end of the prefill.
+    times: (f64, f64),
+}
 
-    let mut sink = TokenSink::new(tok, req, budget, on_text);
-    let mut blocks = BlockLoop::new(block, max_block);
-    let rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
-    let mut done = budget == 0 || sink.push(anchor)?;
-    while !done {
-        let pos = cache.len();
-        let b = blocks.next_block(context - pos);
+impl<'a> SpeculativeGeneration<'a> {
+    /// Checks the request, runs the prefill (its taps to the proposer) and takes the
+    /// first token.
+    pub fn start(
+        target: &'a CpuModel,
+        proposer: &'a mut dyn Proposer,
+        tok: &'a TextTokenizer,
+        req: &'a GenerateRequest,
+        block: &BlockSize,
+        clock: &dyn Fn() -> f64,
+        on_text: &'a mut dyn FnMut(&str),
+    ) -> Result<Self> {
+        let (context, budget) = prepare(req, &target.config)?;
+        let taps = proposer.tap_layers();
+        let max_block = proposer.max_block().max(1);
+        let mut cache = target.new_cache(context);
+        let t0 = clock();
+        let out = target.forward(&req.prompt_ids, &mut cache, LogitRows::Last, &taps)?;
+        proposer.commit(&out.taps);
+        let history = req.prompt_ids.clone();
+        let anchor = sample(&out.logits, &req.sampling, &history, history.len());
+        let t1 = clock();
+        let mut sink = TokenSink::new(tok, req, budget, on_text);
+        let done = budget == 0 || sink.push(anchor)?;
+        Ok(SpeculativeGeneration {
+            target,
+            proposer,
+            req,
+            context,
+            taps,
+            cache,
+            history,
+            anchor,
+            sink,
+            blocks: BlockLoop::new(block, max_block),
+            done,
+            times: (t0, t1),
+        })
+    }
+
+    /// One draft + verify step; true when generation has ended.
+    pub fn step(&mut self, clock: &dyn Fn() -> f64) -> Result<bool> {
+        if self.done {
+            return Ok(true);
+        }
+        let target = self.target;
+        let vocab = target.config.vocab_size;
+        let tap_w = self.taps.len() * target.config.hidden_size;
+        let pos = self.cache.len();
+        let b = self.blocks.next_block(self.context - pos);
         let t_step = clock();
-        // Draft: one drafter pass over [anchor, MASK x (b-1)].
-        let mut block_ids = vec![anchor];
+        let (block_ids, proposed) = self.draft(pos, b)?;
+        // Verify: one target pass over the block, with taps.
+        let out = target.forward(&block_ids, &mut self.cache, LogitRows::All, &self.taps)?;
+        self.history.push(self.anchor);
+        let (acc, bonus) = self.accept(&out.logits, &block_ids, &proposed, pos, vocab);
+        // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
+        self.cache.truncate(pos + acc + 1);
+        self.proposer.commit(&out.taps[..(acc + 1) * tap_w]);
+        self.blocks.record(b, clock() - t_step, acc);
+        for &t in block_ids[1..=acc].iter().chain([&bonus]) {
+            self.done = self.sink.push(t)?;
+            if self.done {
+                break;
+            }
+        }
+        self.anchor = bonus;
+        Ok(self.done)
+    }
+
+    /// The block `[anchor, drafts]` of `b` rows at `pos`, and the proposals drawn
+    /// (rejection sampling) or none.
+    fn draft(&mut self, pos: usize, b: usize) -> Result<(Vec<u32>, Vec<Proposed>)> {
+        let mut block_ids = vec![self.anchor];
         let mut proposed = Vec::new();
         if b > 1 {
-            let drafts = if rejection {
-                proposed = proposer.propose(anchor, pos, b, &req.sampling)?;
+            let sampling = &self.req.sampling;
+            let drafts = if sampling.speculative_rejection && !sampling.is_greedy() {
+                proposed = self.proposer.propose(self.anchor, pos, b, sampling)?;
                 proposed.iter().map(|p| p.token).collect()
             } else {
-                proposer.draft(anchor, pos, b)?
+                self.proposer.draft(self.anchor, pos, b)?
             };
+            let vocab = self.target.config.vocab_size;
             if drafts.len() != b - 1 || drafts.iter().any(|&d| d as usize >= vocab) {
                 return Err(Error::Internal(format!(
                     "the proposer returned {} drafts for a block of {b}",
@@ -582,52 +657,52 @@ pub fn generate_speculative_with(
             }
             block_ids.extend(drafts);
         }
-        // Verify: one target pass over the block, with taps.
-        let out = target.forward(&block_ids, &mut cache, LogitRows::All, &taps)?;
-        history.push(anchor);
-        let mut acc = 0;
-        let mut bonus = 0;
+        Ok((block_ids, proposed))
+    }
+
+    /// The accepted drafts and the bonus token of a verified block: exact match against
+    /// the position-keyed sample, or rejection sampling against the proposals.
+    fn accept(
+        &mut self,
+        logits: &[f32],
+        block_ids: &[u32],
+        proposed: &[Proposed],
+        pos: usize,
+        vocab: usize,
+    ) -> (usize, u32) {
+        let sampling = &self.req.sampling;
+        let b = block_ids.len();
         for j in 0..b {
-            let row = &out.logits[j * vocab..(j + 1) * vocab];
-            if rejection && j + 1 < b {
+            let row = &logits[j * vocab..(j + 1) * vocab];
+            if !proposed.is_empty() && j + 1 < b {
                 // Rejection sampling against the proposal: the committed token has the
                 // target's distribution.
-                let p = distribution(row, &req.sampling, &history);
-                match verify(&p, &proposed[j], req.sampling.seed, (pos + j + 1) as u32) {
+                let p = distribution(row, sampling, &self.history);
+                match verify(&p, &proposed[j], sampling.seed, (pos + j + 1) as u32) {
                     Verdict::Accept => {
-                        acc += 1;
-                        history.push(block_ids[j + 1]);
+                        self.history.push(block_ids[j + 1]);
                         continue;
                     }
-                    Verdict::Reject(t) => {
-                        bonus = t;
-                        break;
-                    }
+                    Verdict::Reject(t) => return (j, t),
                 }
             }
-            let t = sample(row, &req.sampling, &history, pos + j + 1);
+            let t = sample(row, sampling, &self.history, pos + j + 1);
             if j + 1 < b && block_ids[j + 1] == t {
-                acc += 1;
-                history.push(t);
+                self.history.push(t);
             } else {
-                bonus = t;
-                break;
+                return (j, t);
             }
         }
-        // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
-        cache.truncate(pos + acc + 1);
-        proposer.commit(&out.taps[..(acc + 1) * tap_w]);
-        blocks.record(b, clock() - t_step, acc);
-        for &t in block_ids[1..=acc].iter().chain([&bonus]) {
-            done = sink.push(t)?;
-            if done {
-                break;
-            }
-        }
-        anchor = bonus;
+        unreachable!("the last row of a block always gives the bonus token")
     }
-    let t2 = clock();
-    Ok(blocks.result(sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1)))
+
+    /// The result: tokens, text, finish reason, timings and acceptance.
+    pub fn finish(self, clock: &dyn Fn() -> f64) -> SpeculativeResult {
+        let (t0, t1) = self.times;
+        let n = self.req.prompt_ids.len();
+        self.blocks
+            .result(self.sink.finish(n, t1 - t0, clock() - t1))
+    }
 }
 
 /// Simulated acceptance (`dflash bench --accept-profile P1,P2,...`): entry j is the

@@ -565,3 +565,59 @@ fn an_interrupt_ends_generation_before_the_next_token() {
         assert_eq!(out.tokens, full.tokens[..out.tokens.len()]);
     }
 }
+
+/// The stepwise loop (what the browser worker drives, yielding between steps) gives
+/// `generate_speculative_cpu`'s tokens and steps; an interrupt set between two steps ends
+/// generation at the next one, with the tokens so far.
+#[test]
+fn stepwise_speculation_equals_the_loop_and_stops_between_steps() {
+    use dflash_core::generate::FinishReason;
+    use dflash_core::speculative::{DFlashCpu, SpeculativeGeneration};
+    let t = target();
+    let cpu = CpuModel::with_kernels(&t.weights, CpuKernels::Quantized);
+    let d = CpuDrafter::with_kernels(
+        &load(&write_drafter(t.config(), &spec(5))).unwrap(),
+        CpuKernels::Quantized,
+    );
+    let p = &prompts()[1];
+    let block = BlockSize::Fixed(4);
+    let r = req(p, Default::default());
+    let whole =
+        generate_speculative_cpu(&cpu, &d, &t.tokenizer, &r, &block, &|| 0.0, &mut |_| {}).unwrap();
+    for interrupt_after in [None, Some(2)] {
+        let r = req(p, Default::default());
+        let switch = r.interrupt.clone();
+        let mut proposer = DFlashCpu::new(&d, &cpu).unwrap();
+        let mut on_text = |_: &str| {};
+        let mut g = SpeculativeGeneration::start(
+            &cpu,
+            &mut proposer,
+            &t.tokenizer,
+            &r,
+            &block,
+            &|| 0.0,
+            &mut on_text,
+        )
+        .unwrap();
+        let mut steps = 0;
+        while !g.step(&|| 0.0).unwrap() {
+            steps += 1;
+            if Some(steps) == interrupt_after {
+                switch.set();
+            }
+        }
+        let out = g.finish(&|| 0.0);
+        match interrupt_after {
+            None => {
+                assert_eq!(out.result.tokens, whole.result.tokens);
+                assert_eq!(out.taus, whole.taus);
+            }
+            Some(n) => {
+                assert_eq!(out.result.finish_reason, FinishReason::Interrupted);
+                assert_eq!(out.taus.len(), n + 1, "one more step, then the stop");
+                let k = out.result.tokens.len();
+                assert_eq!(out.result.tokens, whole.result.tokens[..k]);
+            }
+        }
+    }
+}

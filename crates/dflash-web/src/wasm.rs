@@ -12,7 +12,7 @@ use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
 use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, WeightStream};
 use dflash_core::generate::{CpuGeneration, Interrupt};
-use dflash_core::speculative::{generate_speculative_cpu, BlockSize, DFlashCpu};
+use dflash_core::speculative::{BlockSize, DFlashCpu, SpeculativeGeneration};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::{
     GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader, StreamedModel,
@@ -378,9 +378,11 @@ impl Engine {
                     let mut on_text = |s: &str| on_piece(s, false);
                     match (label, &*drafter) {
                         (Some((policy, label)), Some(d)) => {
-                            let r = generate_speculative_cpu(
+                            // A step at a time, yielding to the worker between steps.
+                            let mut p = DFlashCpu::new(d, target).map_err(core_err)?;
+                            let mut g = SpeculativeGeneration::start(
                                 target,
-                                d,
+                                &mut p,
                                 &inner.tokenizer,
                                 &gen,
                                 &policy,
@@ -388,6 +390,10 @@ impl Engine {
                                 &mut on_text,
                             )
                             .map_err(core_err)?;
+                            while !g.step(&now_s).map_err(core_err)? {
+                                yield_to_worker().await?;
+                            }
+                            let r = g.finish(&now_s);
                             serde_json::json!({ "text": r.result.text, "finish_reason": finish_reason(&r.result), "usage": usage(&r.result, Some((&r, &label))) })
                         }
                         _ => {
@@ -465,9 +471,8 @@ impl Engine {
 
     /// Ends the running request before its next token (it resolves with what it has,
     /// `finish_reason: "abort"`); the engine stays usable. The GPU engine yields to the
-    /// worker between steps and the CPU engine between tokens of plain decoding, so this
-    /// takes effect within one step; DFlash on the CPU engine runs its request to the end
-    /// without yielding.
+    /// worker between steps, the CPU engine between tokens of plain decoding and between
+    /// DFlash steps, so this takes effect within one step.
     pub fn interrupt(&self) {
         self.interrupt.set();
     }
