@@ -27,6 +27,12 @@ pub const MAX_GGUF_KEYS: u64 = 1 << 16;
 /// tensor), so a few thousand at most.
 pub const MAX_GGUF_TENSORS: u64 = 1 << 16;
 
+/// Merges derived from a SentencePiece vocabulary (every split of a piece into two
+/// pieces). Each is held as a JSON pair while the tokenizer builds, so this bounds that
+/// memory. A piece of n characters has at most n - 1 splits; this allows 32 per piece of
+/// a 262k vocabulary (Gemma 3's), whose pieces are mostly a few characters long.
+pub const MAX_SPM_MERGES: u64 = 1 << 23;
+
 /// Fuel of one chat template rendering (minijinja instructions). A real template over a
 /// long conversation uses tens of thousands; a runaway loop ends in well under a second.
 pub const CHAT_TEMPLATE_FUEL: u64 = 20_000_000;

@@ -258,61 +258,118 @@ pub fn load_hf(files: &HfFiles) -> Result<LoadedModel> {
 }
 
 /// Loads from the file system: a `.gguf` file or a Hugging Face folder.
+///
+/// Files are read, never mapped: a file truncated or rewritten while it loads is a
+/// typed error (`Truncated`, `Io`), where a map would fault (SIGBUS) on the lost pages.
+/// A GGUF file streams through [`WeightStream`] in chunks, so the host holds its header
+/// and one raw tensor at a time, as the browser's loader does.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn load_path(path: &std::path::Path) -> Result<LoadedModel> {
-    let io = |e: std::io::Error| Error::Io {
-        path: path.display().to_string(),
-        source: e,
-    };
-    let map = |p: &std::path::Path| -> Result<memmap2::Mmap> {
-        require_regular_file(p)?;
-        let f = std::fs::File::open(p).map_err(|e| Error::Io {
-            path: p.display().to_string(),
-            source: e,
-        })?;
-        // SAFETY: the model file is opened read-only; the map is dropped before return.
-        unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::Io {
-            path: p.display().to_string(),
-            source: e,
-        })
-    };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if meta.is_dir() {
-        let mut maps: Vec<(String, memmap2::Mmap)> = Vec::new();
-        for name in [
-            "config.json",
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "generation_config.json",
-            "chat_template.jinja",
-            "model.safetensors.index.json",
-        ] {
-            let p = path.join(name);
-            if p.exists() {
-                maps.push((name.into(), map(&p)?));
-            }
-        }
-        let index = maps
-            .iter()
-            .find(|(n, _)| n == "model.safetensors.index.json")
-            .map(|(_, m)| m.to_vec());
-        for n in hf_weight_files(index.as_deref())? {
-            let p = path.join(&n);
-            if p.exists() {
-                maps.push((n, map(&p)?));
-            }
-        }
-        let files: HfFiles = maps.iter().map(|(n, m)| (n.clone(), &m[..])).collect();
-        load_hf(&files)
-    } else {
-        let m = map(path)?;
-        if m.len() >= 4 && &m[..4] == crate::formats::gguf::GGUF_MAGIC {
-            load_gguf(&m)
-        } else {
-            Err(Error::BadMagic {
-                expected: "GGUF",
-                found: m[..m.len().min(4)].to_vec(),
-            })
+    let meta = std::fs::metadata(path).map_err(|e| io_error(path, e))?;
+    if !meta.is_dir() {
+        return load_gguf_file(path);
+    }
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    for name in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "chat_template.jinja",
+        "model.safetensors.index.json",
+    ] {
+        let p = path.join(name);
+        if p.exists() {
+            files.push((name.into(), read_regular_file(&p)?));
         }
     }
+    let index = files
+        .iter()
+        .find(|(n, _)| n == "model.safetensors.index.json")
+        .map(|(_, b)| b.clone());
+    for n in hf_weight_files(index.as_deref())? {
+        let p = path.join(&n);
+        if p.exists() {
+            let bytes = read_regular_file(&p)?;
+            files.push((n, bytes));
+        }
+    }
+    let files: HfFiles = files.iter().map(|(n, b)| (n.clone(), &b[..])).collect();
+    load_hf(&files)
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn io_error(path: &std::path::Path, e: std::io::Error) -> Error {
+    Error::Io {
+        path: path.display().to_string(),
+        source: e,
+    }
+}
+
+/// The whole of a regular file (not a FIFO or device, which could block forever).
+#[cfg(not(target_arch = "wasm32"))]
+fn read_regular_file(path: &std::path::Path) -> Result<Vec<u8>> {
+    require_regular_file(path)?;
+    std::fs::read(path).map_err(|e| io_error(path, e))
+}
+
+/// A GGUF file read in chunks through the streaming loader; its length is taken when
+/// it opens.
+#[cfg(not(target_arch = "wasm32"))]
+fn load_gguf_file(path: &std::path::Path) -> Result<LoadedModel> {
+    require_regular_file(path)?;
+    let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
+    let total = file.metadata().map_err(|e| io_error(path, e))?.len();
+    load_gguf_reader(file, total).map_err(|e| match e {
+        Error::Io { source, .. } => io_error(path, source),
+        e => e,
+    })
+}
+
+/// A GGUF model of `total` bytes read from `reader` in chunks through the streaming
+/// loader: a reader that ends early is `Truncated`, one that gives more is refused.
+pub fn load_gguf_reader(mut reader: impl std::io::Read, total: u64) -> Result<LoadedModel> {
+    use crate::formats::gguf_weights_stream::{HostSink, WeightStream};
+    const CHUNK: usize = 8 << 20;
+    let io = |e| Error::Io {
+        path: "GGUF stream".into(),
+        source: e,
+    };
+    let mut magic = [0u8; 4];
+    let got = read_up_to(&mut reader, &mut magic).map_err(io)?;
+    if got < 4 || &magic != crate::formats::gguf::GGUF_MAGIC {
+        return Err(Error::BadMagic {
+            expected: "GGUF",
+            found: magic[..got].to_vec(),
+        });
+    }
+    let mut stream = WeightStream::new(HostSink, total);
+    stream.push(&magic)?;
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = reader.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        stream.push(&buf[..n])?;
+    }
+    let (streamed, HostSink) = stream.finish()?;
+    Ok(LoadedModel {
+        weights: streamed.weights,
+        tokenizer: streamed.tokenizer,
+        chat_template: streamed.chat_template,
+        format: "gguf",
+    })
+}
+
+/// Reads until `buf` is full or the reader ends; the bytes read.
+fn read_up_to(reader: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match reader.read(&mut buf[got..])? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    Ok(got)
 }

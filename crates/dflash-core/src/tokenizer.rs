@@ -2,6 +2,7 @@
 //! vocabularies with merges, `llama` SentencePiece vocabularies with scores) or from a
 //! Hugging Face `tokenizer.json`.
 
+use crate::check_limit;
 use crate::error::{Error, Result};
 use crate::formats::gguf::{GgufHeader, Value};
 use serde_json::{json, Value as Json};
@@ -153,7 +154,7 @@ impl TextTokenizer {
                         "scores and tokens differ in length".into(),
                     ));
                 }
-                let merges = spm_merges(&tokens, &scores, &types);
+                let merges = spm_merges(&tokens, &scores, &types)?;
                 let add_space = h
                     .get("tokenizer.ggml.add_space_prefix")
                     .and_then(Value::as_bool)
@@ -283,26 +284,104 @@ impl TextTokenizer {
 /// Merges of a SentencePiece BPE vocabulary: every split of a piece into two pieces of
 /// the vocabulary, ranked by the merged piece's score (highest first), the order in
 /// which SentencePiece (and llama.cpp) apply them.
-fn spm_merges(tokens: &[&str], scores: &[f32], types: &[i64]) -> Vec<Json> {
-    let index: std::collections::HashMap<&str, usize> =
-        tokens.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+///
+/// Each piece's splits are found in time linear in its length (prefix hashes, see
+/// [`PieceHashes`]), so a hostile vocabulary of very long pieces costs its own size,
+/// not its square; the merges are bounded by `MAX_SPM_MERGES`.
+fn spm_merges(tokens: &[&str], scores: &[f32], types: &[i64]) -> Result<Vec<Json>> {
+    let mut hashes = PieceHashes::default();
+    let mut index = std::collections::HashMap::with_capacity(tokens.len());
+    for (id, t) in tokens.iter().enumerate() {
+        index.insert((t.len(), hashes.of(t.as_bytes())), id);
+    }
     let mut merges: Vec<(f32, usize, usize, usize)> = Vec::new();
     for (id, t) in tokens.iter().enumerate() {
         if types[id] != TOKEN_TYPE_NORMAL && types[id] != TOKEN_TYPE_USER_DEFINED {
             continue;
         }
+        hashes.prefixes(t.as_bytes());
         for (pos, _) in t.char_indices().skip(1) {
-            let (a, b) = t.split_at(pos);
-            if let (Some(&ia), Some(&ib)) = (index.get(a), index.get(b)) {
-                merges.push((scores[id], id, ia, ib));
+            let a = index.get(&(pos, hashes.prefix(pos)));
+            let b = index.get(&(t.len() - pos, hashes.suffix(pos)));
+            if let (Some(&ia), Some(&ib)) = (a, b) {
+                // A hash match is checked, so a collision never makes a false merge.
+                if tokens[ia].len() + tokens[ib].len() == t.len() && t.starts_with(tokens[ia]) {
+                    merges.push((scores[id], id, ia, ib));
+                    check_limit!("SentencePiece merges", merges.len(), MAX_SPM_MERGES);
+                }
             }
         }
     }
     merges.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
-    merges
+    Ok(merges
         .into_iter()
         .map(|(_, _, a, b)| json!([tokens[a], tokens[b]]))
-        .collect()
+        .collect())
+}
+
+/// Polynomial hashes of byte strings modulo the Mersenne prime 2^61 - 1: the hash of a
+/// whole piece, and after [`PieceHashes::prefixes`] the hash of any prefix or suffix of
+/// one piece in constant time.
+#[derive(Default)]
+struct PieceHashes {
+    /// Hashes of the current piece's prefixes (`prefix[i]` of its first `i` bytes).
+    prefix: Vec<u64>,
+    /// Powers of the base.
+    powers: Vec<u64>,
+}
+
+impl PieceHashes {
+    const MODULUS: u64 = (1 << 61) - 1;
+    const BASE: u64 = 0x1d6a_8c3f_52b9_e471 % Self::MODULUS;
+
+    fn mul(a: u64, b: u64) -> u64 {
+        let p = a as u128 * b as u128;
+        let folded = (p & Self::MODULUS as u128) as u64 + (p >> 61) as u64;
+        Self::reduce(folded)
+    }
+
+    fn reduce(x: u64) -> u64 {
+        let x = (x & Self::MODULUS) + (x >> 61);
+        if x >= Self::MODULUS {
+            x - Self::MODULUS
+        } else {
+            x
+        }
+    }
+
+    fn of(&mut self, bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0, |h, &c| {
+            Self::reduce(Self::mul(h, Self::BASE) + c as u64 + 1)
+        })
+    }
+
+    fn prefixes(&mut self, bytes: &[u8]) {
+        self.prefix.clear();
+        self.prefix.push(0);
+        for &c in bytes {
+            let h = *self.prefix.last().unwrap();
+            self.prefix
+                .push(Self::reduce(Self::mul(h, Self::BASE) + c as u64 + 1));
+        }
+        if self.powers.is_empty() {
+            self.powers.push(1);
+        }
+        while self.powers.len() <= bytes.len() {
+            let p = *self.powers.last().unwrap();
+            self.powers.push(Self::mul(p, Self::BASE));
+        }
+    }
+
+    fn prefix(&self, len: usize) -> u64 {
+        self.prefix[len]
+    }
+
+    /// The hash of the piece's bytes from `start` to its end.
+    fn suffix(&self, start: usize) -> u64 {
+        let end = self.prefix.len() - 1;
+        let shifted = Self::mul(self.prefix[start], self.powers[end - start]);
+        Self::reduce(self.prefix[end] + Self::MODULUS - shifted)
+    }
 }
 
 /// Turns a growing list of generated ids into text pieces, holding back bytes that do

@@ -643,3 +643,63 @@ fn dimensions_and_contexts_past_the_limits_name_the_limit() {
         other => panic!("context 2^30: expected LimitExceeded, got {other:?}"),
     }
 }
+
+// ---------- (7) a model file that changes while it loads ----------
+
+/// Reads a file; after the magic, truncates it to `keep` bytes through a second handle
+/// (as another process rewriting the model would), then goes on reading.
+struct ShrinksAfterMagic {
+    file: std::fs::File,
+    path: PathBuf,
+    keep: u64,
+    reads: usize,
+}
+
+impl std::io::Read for ShrinksAfterMagic {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.reads += 1;
+        if self.reads == 2 {
+            let other = std::fs::OpenOptions::new().write(true).open(&self.path)?;
+            other.set_len(self.keep)?;
+        }
+        let n = buf.len().min(if self.reads == 1 { 4 } else { buf.len() });
+        self.file.read(&mut buf[..n])
+    }
+}
+
+#[test]
+fn a_gguf_file_truncated_while_it_loads_is_a_typed_error_not_a_fault() {
+    use dflash_core::model_files::load_gguf_reader;
+    let f = tiny_q4_1();
+    let dir = tmp("shrinks");
+    let path = dir.join("model.gguf");
+    std::fs::write(&path, &f).unwrap();
+    // The file system path reads (never maps) the file and gives what memory gives.
+    let (read, in_memory) = (load_path(&path).unwrap(), load_gguf(&f).unwrap());
+    assert_eq!(
+        format!("{:?}", read.weights),
+        format!("{:?}", in_memory.weights)
+    );
+    assert_eq!(read.format, "gguf");
+    // Shrunk to the header's middle, to the tensor data's middle and to nothing, after
+    // the loader took its length: Truncated (a mapped file would SIGBUS instead).
+    for keep in [64, f.len() as u64 / 2, 0] {
+        let reader = ShrinksAfterMagic {
+            file: std::fs::File::open(&path).unwrap(),
+            path: path.clone(),
+            keep,
+            reads: 0,
+        };
+        let e = load_gguf_reader(reader, f.len() as u64)
+            .err()
+            .expect("a shrunk file loaded");
+        assert!(matches!(e, Error::Truncated { .. }), "kept {keep}: {e}");
+        std::fs::write(&path, &f).unwrap();
+    }
+    // A reader longer than announced is refused too.
+    let e = load_gguf_reader(&f[..], f.len() as u64 - 1)
+        .err()
+        .expect("a longer stream loaded");
+    assert!(!matches!(e, Error::Truncated { .. }), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}

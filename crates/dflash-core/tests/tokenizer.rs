@@ -6,15 +6,6 @@ use dflash_core::generate::StopMatcher;
 use dflash_core::tokenizer::{StreamDecoder, TextTokenizer};
 
 fn spm_tokenizer() -> TextTokenizer {
-    // id: 0 <unk>, 1 <s>, 2 </s>, 3..259 bytes, then pieces with scores.
-    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
-    let mut types = vec![2i32, 3, 3];
-    let mut scores = vec![0f32; 3];
-    for b in 0..256 {
-        tokens.push(format!("<0x{b:02X}>"));
-        types.push(6);
-        scores.push(0.0);
-    }
     let pieces = [
         ("\u{2581}", -1.0),
         ("h", -2.0),
@@ -35,10 +26,25 @@ fn spm_tokenizer() -> TextTokenizer {
         ("ld", -3.2),
         ("\u{2581}world", -7.0),
     ];
+    let pieces: Vec<(String, f32)> = pieces.iter().map(|(p, s)| (p.to_string(), *s)).collect();
+    spm_vocabulary(&pieces).unwrap()
+}
+
+/// A SentencePiece vocabulary: id 0 <unk>, 1 <s>, 2 </s>, 3..259 bytes, then `pieces`
+/// (normal tokens) with their scores.
+fn spm_vocabulary(pieces: &[(String, f32)]) -> dflash_core::Result<TextTokenizer> {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut types = vec![2i32, 3, 3];
+    let mut scores = vec![0f32; 3];
+    for b in 0..256 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+        scores.push(0.0);
+    }
     for (p, s) in pieces {
-        tokens.push(p.into());
+        tokens.push(p.clone());
         types.push(1);
-        scores.push(s);
+        scores.push(*s);
     }
     let md = vec![
         (
@@ -63,7 +69,7 @@ fn spm_tokenizer() -> TextTokenizer {
         ("tokenizer.ggml.unknown_token_id".into(), Value::U32(0)),
     ];
     let f = writer::write(&md, &[]);
-    TextTokenizer::from_gguf(&parse_header(&f, f.len() as u64).unwrap()).unwrap()
+    TextTokenizer::from_gguf(&parse_header(&f, f.len() as u64).unwrap())
 }
 
 #[test]
@@ -109,4 +115,38 @@ fn stop_strings_cut_the_text_even_across_pieces() {
     let (a, _) = m.push("abc ST");
     assert_eq!(a, "abc ");
     assert_eq!(m.flush(), "ST");
+}
+
+#[test]
+fn a_600k_character_piece_builds_in_linear_time() {
+    // Was quadratic: every split of a piece hashed both halves (over 60 s for this one).
+    let long = "ab".repeat(300_000);
+    let half = "ab".repeat(150_000);
+    let pieces = vec![
+        ("a".to_string(), -1.0),
+        ("b".to_string(), -1.0),
+        ("ab".to_string(), -2.0),
+        (half, -3.0),
+        (long.clone(), -4.0),
+    ];
+    let t0 = std::time::Instant::now();
+    let t = spm_vocabulary(&pieces).unwrap();
+    // A hang guard, far above the time it takes (well under a second), not a benchmark.
+    assert!(t0.elapsed().as_secs() < 20, "{:?}", t0.elapsed());
+    // The vocabulary works: "ab" (id 261, after the specials and bytes) is the merge of
+    // "a" and "b"; the space prefix's "\u{2581}" falls back to its three bytes.
+    let ids = t.encode("ab", false).unwrap();
+    assert_eq!(ids.last(), Some(&261), "{ids:?}");
+}
+
+#[test]
+fn a_vocabulary_past_the_merge_limit_names_it() {
+    use dflash_core::limits::MAX_SPM_MERGES;
+    // "a", "aa", ..., a^k: piece a^n splits n - 1 ways, k^2 / 2 merges in all.
+    let k = ((2 * MAX_SPM_MERGES) as f64).sqrt() as usize + 8;
+    let pieces: Vec<(String, f32)> = (1..=k).map(|n| ("a".repeat(n), -(n as f32))).collect();
+    match spm_vocabulary(&pieces) {
+        Err(dflash_core::Error::LimitExceeded { limit, .. }) => assert_eq!(limit, "MAX_SPM_MERGES"),
+        other => panic!("expected LimitExceeded, got {:?}", other.err()),
+    }
 }
