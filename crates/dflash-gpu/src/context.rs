@@ -383,6 +383,13 @@ impl GpuContext {
         Ok(())
     }
 
+    /// An out-of-memory error scope: allocations until `OomScope::close` that the GPU
+    /// refuses are reported there (in the browser a failed allocation is reported only
+    /// through a scope, never at the call).
+    pub fn oom_scope(&self) -> OomScope {
+        OomScope(self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory))
+    }
+
     /// Destroys the device (what a driver reset or `GPUDevice.destroy()` does): every
     /// later call answers `DeviceLost`.
     pub fn destroy_device(&self) {
@@ -567,6 +574,29 @@ impl std::future::Future for MapFuture {
     }
 }
 
+/// An open out-of-memory error scope (`GpuContext::oom_scope`). Scopes nest: one opened
+/// inside must be closed (or dropped) first.
+pub struct OomScope(wgpu::ErrorScopeGuard);
+
+impl OomScope {
+    /// Closes the scope: `OutOfMemory` naming `what` if an allocation failed inside it.
+    pub async fn close(self, what: &str) -> Result<()> {
+        scope_result(what, self.0.pop().await)
+    }
+}
+
+/// What an error scope caught, as the engine's error: out of memory is `OutOfMemory`,
+/// anything else (a scope of another filter) `Validation`.
+pub fn scope_result(what: &str, caught: Option<wgpu::Error>) -> Result<()> {
+    match caught {
+        None => Ok(()),
+        Some(e @ wgpu::Error::OutOfMemory { .. }) => {
+            Err(GpuError::OutOfMemory(format!("{what}: {e}")))
+        }
+        Some(e) => Err(GpuError::Validation(format!("{what}: {e}"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -588,5 +618,19 @@ mod tests {
         assert_eq!(h200.gemv_lanes(151_936, 4096), 16);
         assert_eq!(cpu.gemv_lanes(4096, 4096), 1);
         assert_eq!(Tuning::gpu().with_uniform_lanes(8).gemv_lanes(1, 1), 8);
+    }
+
+    /// What the browser's out-of-memory scope catches around a load is `OutOfMemory`
+    /// (the JS code of the same name), naming the phase.
+    #[test]
+    fn an_allocation_refused_in_a_scope_is_out_of_memory() {
+        assert!(scope_result("x", None).is_ok());
+        let oom = wgpu::Error::OutOfMemory {
+            source: Box::new(std::io::Error::other("no memory")),
+        };
+        match scope_result("loading the model", Some(oom)) {
+            Err(GpuError::OutOfMemory(m)) => assert!(m.starts_with("loading the model"), "{m}"),
+            other => panic!("{:?}", other.err()),
+        }
     }
 }

@@ -336,7 +336,10 @@ impl GpuModel {
         Ok(model)
     }
 
-    fn checked_options(c: &ModelConfig, opts: &GpuModelOptions) -> Result<GpuModelOptions> {
+    pub(crate) fn checked_options(
+        c: &ModelConfig,
+        opts: &GpuModelOptions,
+    ) -> Result<GpuModelOptions> {
         if let Some(&bad) = opts.taps.iter().find(|&&t| t >= c.num_layers) {
             return Err(GpuError::Core(dflash_core::Error::BadConfig(format!(
                 "tap layer {bad} >= {} layers",

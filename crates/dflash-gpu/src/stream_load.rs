@@ -6,7 +6,7 @@
 
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
-use crate::model::{GpuModel, GpuModelOptions};
+use crate::model::{plan_buffers, GpuModel, GpuModelOptions};
 use crate::upload::{f32_buffer, upload_matrix, GpuMatrix};
 use dflash_core::chat::ChatTemplate;
 use dflash_core::config::ModelConfig;
@@ -41,6 +41,10 @@ impl TensorSink for Upload {
 
 pub struct StreamLoader {
     stream: WeightStream<Upload>,
+    /// The context to check the buffers' sizes for once the header has arrived (None:
+    /// checked only at `finish`).
+    context: Option<usize>,
+    checked: bool,
 }
 
 impl StreamLoader {
@@ -48,6 +52,18 @@ impl StreamLoader {
     pub fn new(ctx: Rc<GpuContext>, total: u64) -> Self {
         StreamLoader {
             stream: WeightStream::new(Upload { ctx }, total),
+            context: None,
+            checked: false,
+        }
+    }
+
+    /// A loader that checks, as soon as the header has arrived, that the KV cache,
+    /// activations and tables of a `context`-token model fit the adapter's limits
+    /// (`LimitExceeded` naming the limit), before the bulk of the file downloads.
+    pub fn with_context(ctx: Rc<GpuContext>, total: u64, context: usize) -> Self {
+        StreamLoader {
+            context: Some(context),
+            ..Self::new(ctx, total)
         }
     }
 
@@ -67,7 +83,21 @@ impl StreamLoader {
 
     /// The next bytes of the file: completes and uploads the tensors they finish.
     pub fn push(&mut self, chunk: &[u8]) -> Result<()> {
-        self.stream.push(chunk)
+        self.stream.push(chunk)?;
+        if let (false, Some(context), Some(c)) = (self.checked, self.context, self.stream.config())
+        {
+            let opts = GpuModel::checked_options(
+                c,
+                &GpuModelOptions {
+                    context,
+                    ..Default::default()
+                },
+            )?;
+            // The weights' own chunks are checked as each matrix arrives (upload_matrix).
+            plan_buffers(&self.stream.sink.ctx, c, 0, &opts)?;
+            self.checked = true;
+        }
+        Ok(())
     }
 
     /// Checks the whole file arrived and every tensor the config needs is there with its

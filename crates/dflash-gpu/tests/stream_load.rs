@@ -150,3 +150,38 @@ fn cut_corrupt_and_misshapen_streams_are_typed_errors() {
         );
     }
 }
+
+/// A model whose buffers cannot fit the adapter (here a KV cache of one layer larger
+/// than a binding may be) is refused as soon as its header has arrived, naming the
+/// limit, before its weights download; without the context given, only at `finish`.
+#[test]
+fn a_model_over_the_adapters_limits_is_refused_at_its_header() {
+    for ctx in contexts() {
+        let mut c = tiny_config(Arch::Llama);
+        // One token of one layer's K (or V) cache is kv_dim f32s (f16 at most halves it).
+        let per_token = (c.kv_dim() * 2) as u64;
+        let context = (ctx.max_binding() / per_token + 1).min(u32::MAX as u64) as usize;
+        c.max_position_embeddings = context;
+        let file = write_gguf(&c, &random_weights(&c, 23), GgmlType::Q8_0);
+        let mut l = StreamLoader::with_context(ctx.clone(), file.len() as u64, context);
+        let mut sent = 0;
+        let e = file
+            .chunks(256)
+            .try_for_each(|ch| {
+                sent += ch.len();
+                l.push(ch)
+            })
+            .unwrap_err();
+        match e {
+            GpuError::LimitExceeded { limit_name, .. } => {
+                assert_eq!(limit_name, "max_storage_buffer_binding_size")
+            }
+            e => panic!("{e}"),
+        }
+        assert!(
+            sent < file.len() / 2,
+            "refused after {sent} of {} bytes",
+            file.len()
+        );
+    }
+}
