@@ -66,7 +66,7 @@ pub struct ChatRequest {
 }
 
 /// The request's numeric fields: null in any of them is an error, not the default.
-const NUMERIC_FIELDS: [&str; 7] = [
+const NUMERIC_FIELDS: [&str; 8] = [
     "max_tokens",
     "max_completion_tokens",
     "temperature",
@@ -74,7 +74,63 @@ const NUMERIC_FIELDS: [&str; 7] = [
     "top_k",
     "min_p",
     "seed",
+    "block",
 ];
+
+/// Fields that take a non-negative integer (serde's own error would not name the field).
+const COUNT_FIELDS: [&str; 4] = ["max_tokens", "max_completion_tokens", "top_k", "seed"];
+const FLOAT_FIELDS: [&str; 3] = ["temperature", "top_p", "min_p"];
+const BOOL_FIELDS: [&str; 4] = ["stream", "dflash", "rejection_sampling", "sampled_drafts"];
+
+/// The first field of `v` with the wrong JSON type, as an error naming it.
+fn check_types(v: &serde_json::Value) -> Result<(), Error> {
+    let bad = |k: &str, want: &str| {
+        Err(Error::BadRequest(format!(
+            "`{k}` must be {want}, not {}",
+            v[k]
+        )))
+    };
+    if !v.is_object() {
+        return Err(Error::BadRequest(format!(
+            "the request must be an object, not {v}"
+        )));
+    }
+    for k in COUNT_FIELDS {
+        if v.get(k).is_some_and(|x| !x.is_u64()) {
+            return bad(k, "a non-negative integer");
+        }
+    }
+    for k in FLOAT_FIELDS {
+        if v.get(k).is_some_and(|x| !x.is_number()) {
+            return bad(k, "a number");
+        }
+    }
+    for k in BOOL_FIELDS {
+        if v.get(k).is_some_and(|x| !x.is_boolean()) {
+            return bad(k, "true or false");
+        }
+    }
+    if v.get("block").is_some_and(|x| !x.is_u64() && x != "auto") {
+        return bad("block", "a positive integer or \"auto\"");
+    }
+    match v.get("messages") {
+        None => return Err(Error::BadRequest("`messages` is missing".into())),
+        Some(serde_json::Value::Array(ms)) => {
+            for (i, m) in ms.iter().enumerate() {
+                for k in ["role", "content"] {
+                    if !m.get(k).is_some_and(|x| x.is_string()) {
+                        return Err(Error::BadRequest(format!(
+                            "`messages[{i}].{k}` must be a string, not {}",
+                            m.get(k).unwrap_or(&serde_json::Value::Null)
+                        )));
+                    }
+                }
+            }
+        }
+        Some(_) => return bad("messages", "an array of { role, content }"),
+    }
+    Ok(())
+}
 
 /// Tokens generated when the request does not say.
 pub const DEFAULT_MAX_TOKENS: usize = 256;
@@ -92,6 +148,7 @@ impl ChatRequest {
                 "`{k}` is null (NaN and Infinity arrive as null); give a finite number or leave it out"
             )));
         }
+        check_types(&v)?;
         let r: ChatRequest =
             serde_json::from_value(v).map_err(|e| Error::BadRequest(e.to_string()))?;
         if r.messages.is_empty() {
@@ -105,6 +162,17 @@ impl ChatRequest {
             return Err(Error::BadRequest(format!("unknown role {:?}", m.role)));
         }
         Ok(r)
+    }
+
+    /// Everything that can be checked without the model: the fields (`from_json`), the
+    /// sampling parameters and the block size. What the worker checks before a request
+    /// runs (`validateRequest` in JS).
+    pub fn validate(&self) -> Result<(), Error> {
+        self.sampling(0)?;
+        if let Some(BlockArg::Rows(0)) = self.block {
+            return Err(Error::BadRequest("`block` must be at least 1".into()));
+        }
+        Ok(())
     }
 
     /// Sampling parameters; `fallback_seed` when the request gives none.

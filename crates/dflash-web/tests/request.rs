@@ -151,3 +151,62 @@ fn nan_and_infinity_are_typed_errors_not_defaults() {
     .unwrap();
     assert_eq!(code(ChatRequest::from_json(v).unwrap_err()), "BadRequest");
 }
+
+/// A field of the wrong type or sign is refused with a message that names it (serde's
+/// own message would not), before the sampler's checks; `validate` adds the sampling
+/// parameters and the block size, as `validateRequest` does in JS.
+#[test]
+fn wrong_types_and_values_name_their_field() {
+    let ok = json!([{"role": "user", "content": "hi"}]);
+    for (field, value) in [
+        ("max_tokens", json!(-1)),
+        ("max_tokens", json!(2.5)),
+        ("max_completion_tokens", json!("8")),
+        ("top_k", json!(-3)),
+        ("seed", json!(-1)),
+        ("temperature", json!("0.5")),
+        ("top_p", json!(true)),
+        ("min_p", json!([0.1])),
+        ("dflash", json!("yes")),
+        ("stream", json!(1)),
+        ("rejection_sampling", json!(0)),
+        ("block", json!(-2)),
+        ("block", json!("big")),
+    ] {
+        let mut v = json!({"messages": ok});
+        v[field] = value.clone();
+        let e = ChatRequest::from_json(v).unwrap_err();
+        assert!(e.to_string().contains(field), "{field} = {value}: {e}");
+        assert_eq!(code(e), "BadRequest");
+    }
+    for (bad, field) in [
+        (
+            json!({"messages": [{"role": "user"}]}),
+            "messages[0].content",
+        ),
+        (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
+        (
+            json!({"messages": [{"role": "user", "content": 3}]}),
+            "messages[0].content",
+        ),
+        (json!({}), "messages"),
+        (json!([1]), "object"),
+    ] {
+        let e = ChatRequest::from_json(bad).unwrap_err();
+        assert!(e.to_string().contains(field), "{field}: {e}");
+    }
+    for (field, value) in [
+        ("temperature", json!(-1)),
+        ("top_p", json!(1.5)),
+        ("block", json!(0)),
+    ] {
+        let mut v = json!({"messages": ok});
+        v[field] = value;
+        let r = ChatRequest::from_json(v).unwrap();
+        let e = r.validate().unwrap_err();
+        assert!(e.to_string().contains(field), "{e}");
+        assert_eq!(code(e), "BadRequest");
+    }
+    let r = ChatRequest::from_json(json!({"messages": ok, "block": "auto", "seed": 3})).unwrap();
+    r.validate().unwrap();
+}
