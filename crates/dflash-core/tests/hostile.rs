@@ -703,3 +703,30 @@ fn a_gguf_file_truncated_while_it_loads_is_a_typed_error_not_a_fault() {
     assert!(!matches!(e, Error::Truncated { .. }), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+// ---------- (2) found by dflash-fuzz ----------
+
+#[test]
+fn a_tokenizer_json_with_a_syntax_error_in_its_decoder_is_a_typed_error() {
+    // tokenizers 0.23 reads the decoder through `expect("Helper")`: a syntax error met
+    // there panicked (dflash-fuzz, hf-folder target).
+    use dflash_core::model_files::{load_hf, HfFiles};
+    let c = tiny_config(Arch::Qwen3);
+    let mut files =
+        dflash_core::testutil::write_hf(&c, &random_weights(&c, 3), safetensors::Dtype::F16, 1);
+    let good = String::from_utf8(files["tokenizer.json"].clone()).unwrap();
+    for broken in [
+        r#""decoder":{"trim":tru,"#,
+        "\"decoder\":{\"x\":\"\u{1}\",",
+        r#""decoder":{,,"#,
+    ] {
+        let bad = good.replacen(r#""decoder":{"#, broken, 1);
+        assert_ne!(bad, good);
+        files.insert("tokenizer.json".into(), bad.into_bytes());
+        let view: HfFiles = files.iter().map(|(n, b)| (n.clone(), &b[..])).collect();
+        let e = load_hf(&view)
+            .err()
+            .expect("a broken tokenizer.json loaded");
+        assert!(matches!(e, Error::Tokenizer(_)), "{e}");
+    }
+}
