@@ -204,6 +204,11 @@ fn synthetic_json(s: &SyntheticSpec, with_drafter: bool) -> serde_json::Value {
 
 pub fn run(a: BenchArgs) -> Result<(), CliError> {
     // Every usage check before anything is loaded or allocated.
+    if a.prompt_tokens == 0 || a.decode_tokens == 0 {
+        return Err(CliError::Usage(
+            "--prompt-tokens and --decode-tokens must be at least 1".into(),
+        ));
+    }
     let profile = match &a.accept_profile {
         Some(_) if a.drafter.is_none() => return Err(CliError::Usage(
             "--accept-profile needs --drafter (a drafter folder, or `synthetic` with --synthetic)"

@@ -773,3 +773,25 @@ fn published_pairs_validate_and_get_memory_plans() {
     );
     assert_eq!((code, &v["plans"][0]["fits"]), (Some(0), &true.into()));
 }
+
+#[test]
+fn zero_prompt_or_decode_tokens_are_usage_errors() {
+    // `bench --prompt-tokens 0` panicked in the CPU engine's argmax (found by
+    // scripts/hostile-battery.py).
+    for (flag, device) in [
+        ("--prompt-tokens", "cpu"),
+        ("--decode-tokens", "cpu"),
+        ("--prompt-tokens", "gpu"),
+    ] {
+        let err = usage_error(&[
+            "bench",
+            "--synthetic",
+            "test-tiny",
+            "--device",
+            device,
+            flag,
+            "0",
+        ]);
+        assert!(err.contains("at least 1"), "{err}");
+    }
+}

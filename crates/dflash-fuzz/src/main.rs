@@ -56,6 +56,10 @@ struct Args {
     /// Where findings are written.
     #[arg(long, default_value = "target/fuzz-findings")]
     findings: PathBuf,
+    /// Write each target's seeds under this folder (DIR/target/n/part) and exit: the
+    /// starting points of scripts/hostile-battery.py.
+    #[arg(long)]
+    dump_seeds: Option<PathBuf>,
 }
 
 /// The execution under way, for the watchdog.
@@ -86,6 +90,15 @@ fn main() {
     } else {
         args.targets.clone()
     };
+    if let Some(dir) = &args.dump_seeds {
+        for name in &names {
+            let t = targets::target(name).expect("a known target");
+            for (n, seed) in t.seeds.iter().enumerate() {
+                write_parts(&dir.join(name).join(n.to_string()), &seed.parts);
+            }
+        }
+        return;
+    }
     // Panics are caught and reported as findings; the default hook would print each.
     std::panic::set_hook(Box::new(|_| {}));
     let current = Current::default();
@@ -189,11 +202,15 @@ fn save(dir: &Path, target: &str, parts: &[Part]) -> PathBuf {
             (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
         });
     let d = dir.join(target).join(format!("{hash:016x}"));
-    let _ = std::fs::create_dir_all(&d);
-    for p in parts {
-        let _ = std::fs::write(d.join(&p.name), &p.bytes);
-    }
+    write_parts(&d, parts);
     d
+}
+
+fn write_parts(dir: &Path, parts: &[Part]) {
+    let _ = std::fs::create_dir_all(dir);
+    for p in parts {
+        let _ = std::fs::write(dir.join(&p.name), &p.bytes);
+    }
 }
 
 /// Ends the process when one execution runs past a minute: a hang is a finding too.
