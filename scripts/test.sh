@@ -5,7 +5,8 @@
 # into $DFLASH_CACHE, then runs
 #   1. the workspace tests on the default adapter (lavapipe without a GPU), with the
 #      real-model and GPU tests required, then a short run of the fuzzer (dflash-fuzz)
-#      over every parser a file or request reaches;
+#      over every parser a file or request reaches, and `dflash serve` against the
+#      official openai Python client and curl;
 #   2. the GPU engine's tests again on Chromium's SwiftShader within the browser's
 #      WebGPU limits (no f16, 1 GiB bindings, 256 invocations);
 #   3. the browser product: the npm package built for wasm32 (scripts/build-pkg.sh), the
@@ -17,6 +18,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
 command -v cc >/dev/null || need_apt+=(build-essential)
+python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+command -v curl >/dev/null || need_apt+=(curl)
 [ -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || [ -e /usr/share/vulkan/icd.d/lvp_icd.json ] || need_apt+=(mesa-vulkan-drivers)
 ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 || need_apt+=(libvulkan1)
 [ -e /usr/lib/chromium/vk_swiftshader_icd.json ] || need_apt+=(chromium)
@@ -47,6 +50,11 @@ echo "== [$SECONDS s] fuzzing: every parser a file or request reaches, 12 s per 
 # (the same release build as the tests above; a long run for a closing note:
 # cargo run --release -p dflash-fuzz -- --seconds 600)
 cargo run --release --locked -p dflash-fuzz -- --seconds 12
+
+echo "== [$SECONDS s] dflash serve against the official openai Python client and curl"
+[ -x target/openai-venv/bin/python ] || python3 -m venv target/openai-venv
+target/openai-venv/bin/pip install -q openai==3.57.0
+target/openai-venv/bin/python tests/serve/openai_client.py
 
 echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
 # (fewer tokens and prompts: SwiftShader is about 3x slower than lavapipe here; the real

@@ -2,7 +2,7 @@
 
 use crate::{load, CliError, Device};
 use dflash_core::cpu::{CpuKernels, CpuModel};
-use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
+use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision, DrafterWeights};
 use dflash_core::generate::{generate_cpu, GenerateRequest, GenerateResult};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
@@ -13,6 +13,30 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Instant;
+
+/// Where a model runs: `--device`, `--adapter`, `--no-f16`.
+#[derive(clap::Args)]
+pub struct DeviceArgs {
+    /// gpu (default when an adapter exists) or cpu.
+    #[arg(long, value_enum)]
+    pub device: Option<Device>,
+    /// Choose the GPU adapter whose name contains this.
+    #[arg(long)]
+    pub adapter: Option<String>,
+    /// Keep the KV cache in f32 even where the adapter has shader-f16.
+    #[arg(long)]
+    pub no_f16: bool,
+}
+
+impl DeviceArgs {
+    pub fn gpu_options(&self) -> GpuOptions {
+        GpuOptions {
+            adapter: self.adapter.clone(),
+            no_f16: self.no_f16,
+            ..Default::default()
+        }
+    }
+}
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
@@ -48,15 +72,8 @@ pub struct GenerateArgs {
     /// Context length (KV capacity) to run with.
     #[arg(long, default_value_t = 4096)]
     context: usize,
-    /// gpu (default when an adapter exists) or cpu.
-    #[arg(long, value_enum)]
-    device: Option<Device>,
-    /// Choose the GPU adapter whose name contains this.
-    #[arg(long)]
-    adapter: Option<String>,
-    /// Keep the KV cache in f32 even where the adapter has shader-f16.
-    #[arg(long)]
-    no_f16: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// A DFlash drafter folder (z-lab format): speculative decoding, lossless.
     #[arg(long)]
     pub drafter: Option<PathBuf>,
@@ -158,6 +175,24 @@ pub fn generate_gpu(
     )?)
 }
 
+/// The target on the GPU for `context` tokens, with the taps the drafter reads.
+pub fn gpu_target(
+    ctx: Rc<GpuContext>,
+    m: &LoadedModel,
+    drafter: Option<&DrafterWeights>,
+    context: usize,
+) -> Result<GpuModel, CliError> {
+    let taps = drafter
+        .map(|d| d.config.target_layer_ids.clone())
+        .unwrap_or_default();
+    let options = GpuModelOptions {
+        context,
+        taps,
+        ..Default::default()
+    };
+    Ok(GpuModel::new(ctx, &m.weights, &options)?)
+}
+
 pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     let (m, load_s) = load(&a.model)?;
     let ids = prompt_ids(&m, &a)?;
@@ -192,7 +227,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         }
     };
     let t_prep = Instant::now();
-    let mut device_choice = a.device;
+    let mut device_choice = a.device.device;
     if req.sampling.repetition_penalty != 1.0 {
         match device_choice {
             Some(Device::Gpu) => {
@@ -210,12 +245,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
             Some(Device::Cpu | Device::Reference) => {}
         }
     }
-    let opts = GpuOptions {
-        adapter: a.adapter.clone(),
-        no_f16: a.no_f16,
-        ..Default::default()
-    };
-    let gpu = open_device(device_choice, &opts)?;
+    let gpu = open_device(device_choice, &a.device.gpu_options())?;
     let drafter = match &a.drafter {
         Some(p) => Some(load_drafter_dir(p, DrafterPrecision::Q8)?),
         None => None,
@@ -227,19 +257,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         Some(ctx) => {
             let adapter = ctx.summary.name.clone();
             let context = a.context.min(m.config().max_position_embeddings);
-            let taps = drafter
-                .as_ref()
-                .map(|d| d.config.target_layer_ids.clone())
-                .unwrap_or_default();
-            let mut g = GpuModel::new(
-                ctx,
-                &m.weights,
-                &GpuModelOptions {
-                    context,
-                    taps,
-                    ..Default::default()
-                },
-            )?;
+            let mut g = gpu_target(ctx, &m, drafter.as_ref(), context)?;
             let prep = t_prep.elapsed().as_secs_f64();
             let r = match &drafter {
                 Some(w) => {

@@ -17,6 +17,7 @@ mod bench;
 mod generate;
 mod plan;
 mod profile;
+mod serve;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dflash_core::model_files::{load_path, LoadedModel};
@@ -64,6 +65,9 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// The GPU memory a target and its drafter would take, from their config.json files.
     Plan(plan::PlanArgs),
+    /// An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions,
+    /// /v1/models, /health) over one model and optional DFlash drafter.
+    Serve(serve::ServeArgs),
     /// Print the token ids of a text (special tokens in the text are recognised).
     Tokenize {
         #[arg(long)]
@@ -127,6 +131,7 @@ fn main() {
         Cmd::Generate(a) => generate::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Plan(a) => plan::run(a),
+        Cmd::Serve(a) => serve::run(a),
         Cmd::Tokenize { model, text } => tokenize(&model, &text),
         Cmd::Adapters => adapters(),
         Cmd::MakeRandomDrafter {

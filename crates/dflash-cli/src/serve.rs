@@ -1,0 +1,620 @@
+//! `dflash serve`: an OpenAI-compatible HTTP server over one loaded model (and DFlash
+//! drafter): `/v1/chat/completions` and `/v1/completions` (streamed as server-sent
+//! events or whole, with usage), `/v1/models` and `/health`.
+//!
+//! The engine runs one sequence at a time, on the main thread (the GPU engine is not
+//! `Send`). Each connection has a thread that parses its request with the browser
+//! package's parser (`dflash_web::request`) and queues a job; the queue is bounded and a
+//! request past it is answered 503 at once. A client that disconnects interrupts its
+//! job within a token (or a DFlash step).
+
+mod http;
+
+use crate::generate::{block_policy, gpu_target, open_device, DeviceArgs};
+use crate::{load, CliError, Device};
+use dflash_core::chat::ChatTemplate;
+use dflash_core::cpu::{CpuKernels, CpuModel};
+use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
+use dflash_core::generate::{generate_cpu, GenerateRequest, GenerateResult, Interrupt};
+use dflash_core::speculative::{generate_speculative_cpu, BlockSize, DFlashCpu};
+use dflash_core::tokenizer::TextTokenizer;
+use dflash_gpu::dflash::Speculative;
+use dflash_gpu::GpuModel;
+use dflash_web::request::{finish_reason, usage, BlockArg, ChatRequest};
+use http::{client_gone, read_request, write_error, write_event, write_json};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// A .gguf file or a Hugging Face model folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// A DFlash drafter folder (z-lab format): requests decode speculatively unless they
+    /// say `"dflash": false`.
+    #[arg(long)]
+    drafter: Option<PathBuf>,
+    /// The address to listen on (only this machine by default).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// The port (0: any free port; the address is printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Context length (KV capacity) of every request.
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
+    /// Requests waiting behind the running one; past this a request gets 503.
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body: usize,
+}
+
+/// Connections handled at once (each has a thread); past this a connection gets 503.
+const MAX_CONNECTIONS: usize = 64;
+
+/// What a job sends back to its connection.
+enum Event {
+    Piece(String),
+    Done(Value),
+    Failed(u16, String, String),
+}
+
+/// A generation request waiting for the engine.
+struct Job {
+    request: ChatRequest,
+    /// For `/v1/completions`: the raw prompt, not the chat template.
+    raw_prompt: Option<String>,
+    interrupt: Interrupt,
+    events: Sender<Event>,
+}
+
+/// Figures `/health` reports.
+#[derive(Default)]
+struct Counters {
+    served: AtomicU64,
+    interrupted: AtomicU64,
+    rejected: AtomicU64,
+    failed: AtomicU64,
+    connections: AtomicUsize,
+}
+
+struct Shared {
+    model_id: String,
+    counters: Counters,
+    queue: SyncSender<Job>,
+    max_body: usize,
+    drafter: bool,
+}
+
+pub fn run(a: ServeArgs) -> Result<(), CliError> {
+    let mut engine = Engine::load(&a)?;
+    let listener = TcpListener::bind((a.host.as_str(), a.port))
+        .map_err(|e| CliError::Usage(format!("cannot listen on {}:{}: {e}", a.host, a.port)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let (queue, jobs) = mpsc::sync_channel(a.queue);
+    let shared = Arc::new(Shared {
+        model_id: model_id(&a.model),
+        counters: Counters::default(),
+        queue,
+        max_body: a.max_body,
+        drafter: a.drafter.is_some(),
+    });
+    let _ = writeln!(
+        std::io::stderr(),
+        "dflash serve: {} on {} listening on http://{addr}",
+        shared.model_id,
+        engine.device
+    );
+    let acceptor = shared.clone();
+    std::thread::spawn(move || accept(listener, acceptor));
+    engine.serve(jobs, &shared);
+    Ok(())
+}
+
+/// The model's name in `/v1/models` and the answers: the file's stem or the folder's name.
+fn model_id(path: &std::path::Path) -> String {
+    let name = if path.is_dir() {
+        path.file_name()
+    } else {
+        path.file_stem()
+    };
+    name.map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
+
+fn accept(listener: TcpListener, shared: Arc<Shared>) {
+    for stream in listener.incoming().flatten() {
+        let open = shared.counters.connections.fetch_add(1, Ordering::SeqCst);
+        let s = shared.clone();
+        if open >= MAX_CONNECTIONS {
+            s.counters.connections.fetch_sub(1, Ordering::SeqCst);
+            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            let _ = write_error(&stream, 503, "Busy", "too many connections");
+            continue;
+        }
+        std::thread::spawn(move || {
+            handle(&stream, &s);
+            s.counters.connections.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+}
+
+fn handle(stream: &TcpStream, s: &Shared) {
+    let req = match read_request(stream, s.max_body) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = write_error(stream, e.status, "BadRequest", &e.message);
+            http::linger(stream);
+            return;
+        }
+    };
+    let _ = match (req.method.as_str(), req.path.as_str()) {
+        ("GET", "/health") => write_json(stream, 200, &health(s)),
+        ("GET", "/v1/models") => write_json(
+            stream,
+            200,
+            &json!({"object": "list", "data": [{"id": s.model_id, "object": "model", "created": 0, "owned_by": "dflash"}]}),
+        ),
+        ("POST", "/v1/chat/completions") => complete(stream, s, &req.body, false),
+        ("POST", "/v1/completions") => complete(stream, s, &req.body, true),
+        (_, "/health" | "/v1/models" | "/v1/chat/completions" | "/v1/completions") => write_error(
+            stream,
+            405,
+            "BadRequest",
+            &format!("{} is not allowed on {}", req.method, req.path),
+        ),
+        _ => write_error(stream, 404, "NotFound", &format!("no route {}", req.path)),
+    };
+}
+
+fn health(s: &Shared) -> Value {
+    let c = &s.counters;
+    json!({
+        "status": "ok",
+        "model": s.model_id,
+        "drafter": s.drafter,
+        "requests": {
+            "served": c.served.load(Ordering::Relaxed),
+            "interrupted": c.interrupted.load(Ordering::Relaxed),
+            "rejected": c.rejected.load(Ordering::Relaxed),
+            "failed": c.failed.load(Ordering::Relaxed),
+        }
+    })
+}
+
+/// Parses a (chat) completion request, queues it and answers it, streamed or whole.
+fn complete(stream: &TcpStream, s: &Shared, body: &[u8], raw: bool) -> std::io::Result<()> {
+    let (request, raw_prompt, stream_it) = match parse(body, raw) {
+        Ok(p) => p,
+        Err(e) => return write_error(stream, 400, "BadRequest", &e),
+    };
+    let (events, rx) = mpsc::channel();
+    let interrupt = Interrupt::default();
+    let job = Job {
+        request,
+        raw_prompt,
+        interrupt: interrupt.clone(),
+        events,
+    };
+    match s.queue.try_send(job) {
+        Ok(()) => {}
+        Err(TrySendError::Full(_)) => {
+            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            return write_error(
+                stream,
+                503,
+                "Busy",
+                "the request queue is full (--queue); try again later",
+            );
+        }
+        Err(TrySendError::Disconnected(_)) => {
+            return write_error(stream, 503, "Busy", "the engine has stopped")
+        }
+    }
+    let reply = Reply {
+        id: format!(
+            "{}-dflash-{:x}",
+            if raw { "cmpl" } else { "chatcmpl" },
+            rand_id()
+        ),
+        created: unix_time(),
+        model: s.model_id.clone(),
+        raw,
+    };
+    let outcome = if stream_it {
+        reply.stream(stream, &rx, &interrupt)
+    } else {
+        reply.whole(stream, &rx, &interrupt)
+    };
+    if outcome.is_err() || client_gone(stream) {
+        interrupt.set();
+    }
+    outcome
+}
+
+/// The request, the raw prompt of `/v1/completions`, and whether to stream.
+fn parse(body: &[u8], raw: bool) -> Result<(ChatRequest, Option<String>, bool), String> {
+    let mut v: Value =
+        serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+    let Some(obj) = v.as_object_mut() else {
+        return Err("the body must be a JSON object".into());
+    };
+    let raw_prompt = if raw {
+        let prompt = match obj.remove("prompt") {
+            Some(Value::String(p)) => p,
+            Some(_) => return Err("`prompt` must be a string".into()),
+            None => return Err("`prompt` is required".into()),
+        };
+        // The rest of the fields are the chat request's; the message only passes its checks.
+        obj.insert("messages".into(), json!([{"role": "user", "content": ""}]));
+        Some(prompt)
+    } else {
+        None
+    };
+    let stream_it = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let r = ChatRequest::from_json(v).map_err(|e| e.to_string())?;
+    r.validate().map_err(|e| e.to_string())?;
+    Ok((r, raw_prompt, stream_it))
+}
+
+fn rand_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed) ^ (unix_time() << 20)
+}
+
+fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The answer's envelope: OpenAI's chat.completion (or text_completion) objects.
+struct Reply {
+    id: String,
+    created: u64,
+    model: String,
+    raw: bool,
+}
+
+impl Reply {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.raw, chunk) {
+            (true, _) => "text_completion",
+            (false, false) => "chat.completion",
+            (false, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn choice(&self, text: Option<&str>, finish: Value, chunk: bool) -> Value {
+        match (self.raw, chunk) {
+            (true, _) => {
+                json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null})
+            }
+            (false, false) => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text.unwrap_or("")}, "finish_reason": finish})
+            }
+            (false, true) => {
+                let delta = text.map_or(json!({}), |t| json!({"content": t}));
+                json!({"index": 0, "delta": delta, "finish_reason": finish})
+            }
+        }
+    }
+
+    fn envelope(&self, choice: Value, chunk: bool) -> Value {
+        json!({"id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": [choice]})
+    }
+
+    /// Waits for the next event, checking every 200 ms that the client is still there.
+    fn next(stream: &TcpStream, rx: &Receiver<Event>, interrupt: &Interrupt) -> Option<Event> {
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(e) => return Some(e),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if client_gone(stream) {
+                        interrupt.set();
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
+    fn whole(
+        &self,
+        stream: &TcpStream,
+        rx: &Receiver<Event>,
+        interrupt: &Interrupt,
+    ) -> std::io::Result<()> {
+        let mut text = String::new();
+        while let Some(e) = Self::next(stream, rx, interrupt) {
+            match e {
+                Event::Piece(p) => text.push_str(&p),
+                Event::Done(d) => {
+                    let mut v = self.envelope(
+                        self.choice(Some(&text), d["finish_reason"].clone(), false),
+                        false,
+                    );
+                    v["usage"] = d["usage"].clone();
+                    return write_json(stream, 200, &v);
+                }
+                Event::Failed(status, code, message) => {
+                    return write_error(stream, status, &code, &message)
+                }
+            }
+        }
+        write_error(stream, 500, "Internal", "the engine dropped the request")
+    }
+
+    fn stream(
+        &self,
+        stream: &TcpStream,
+        rx: &Receiver<Event>,
+        interrupt: &Interrupt,
+    ) -> std::io::Result<()> {
+        // Errors before the first piece keep their status; after it they end the stream.
+        let first = match Self::next(stream, rx, interrupt) {
+            Some(Event::Failed(status, code, message)) => {
+                return write_error(stream, status, &code, &message)
+            }
+            Some(e) => e,
+            None => return write_error(stream, 500, "Internal", "the engine dropped the request"),
+        };
+        http::start_events(stream)?;
+        if !self.raw {
+            let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
+            write_event(stream, &self.envelope(role, true).to_string())?;
+        }
+        let mut event = Some(first);
+        while let Some(e) = event {
+            match e {
+                Event::Piece(p) => write_event(
+                    stream,
+                    &self
+                        .envelope(self.choice(Some(&p), Value::Null, true), true)
+                        .to_string(),
+                )?,
+                Event::Done(d) => {
+                    let mut v =
+                        self.envelope(self.choice(None, d["finish_reason"].clone(), true), true);
+                    v["usage"] = d["usage"].clone();
+                    write_event(stream, &v.to_string())?;
+                    return write_event(stream, "[DONE]");
+                }
+                Event::Failed(_, code, message) => {
+                    return write_event(stream, &http::error_body(500, &code, &message).to_string())
+                }
+            }
+            event = Self::next(stream, rx, interrupt);
+        }
+        Ok(())
+    }
+}
+
+/// The loaded model on its device, answering jobs one at a time.
+struct Engine {
+    runner: Runner,
+    tokenizer: TextTokenizer,
+    chat_template: Option<ChatTemplate>,
+    context: usize,
+    device: String,
+    /// Measured once, at the first `auto` request.
+    costs: Option<Vec<f64>>,
+}
+
+enum Runner {
+    Cpu {
+        target: CpuModel,
+        drafter: Option<CpuDrafter>,
+    },
+    Gpu(GpuModel),
+    Spec(Box<Speculative>),
+}
+
+impl Engine {
+    fn load(a: &ServeArgs) -> Result<Self, CliError> {
+        let (m, _) = load(&a.model)?;
+        let context = a.context.min(m.config().max_position_embeddings);
+        let drafter = match &a.drafter {
+            Some(p) => Some(load_drafter_dir(p, DrafterPrecision::Q8)?),
+            None => None,
+        };
+        if let Some(d) = &drafter {
+            d.config.validate_against(m.config())?;
+        }
+        let (runner, device) = match open_device(a.device.device, &a.device.gpu_options())? {
+            Some(ctx) => {
+                let name = ctx.summary.name.clone();
+                let g = gpu_target(ctx, &m, drafter.as_ref(), context)?;
+                match &drafter {
+                    Some(w) => (Runner::Spec(Box::new(Speculative::new(g, w)?)), name),
+                    None => (Runner::Gpu(g), name),
+                }
+            }
+            None => {
+                let kernels = a
+                    .device
+                    .device
+                    .and_then(Device::cpu_kernels)
+                    .unwrap_or(CpuKernels::Quantized);
+                let drafter = drafter
+                    .as_ref()
+                    .map(|w| CpuDrafter::with_kernels(w, kernels));
+                let target = CpuModel::from_weights(m.weights, kernels);
+                (
+                    Runner::Cpu { target, drafter },
+                    kernels.device_name().to_string(),
+                )
+            }
+        };
+        Ok(Engine {
+            runner,
+            tokenizer: m.tokenizer,
+            chat_template: m.chat_template,
+            context,
+            device,
+            costs: None,
+        })
+    }
+
+    fn serve(&mut self, jobs: Receiver<Job>, s: &Shared) {
+        for job in jobs {
+            if job.interrupt.is_set() {
+                s.counters.interrupted.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let events = job.events.clone();
+            let mut on_text = |t: &str| {
+                let _ = events.send(Event::Piece(t.to_string()));
+            };
+            match self.answer(&job, &mut on_text) {
+                Ok(done) => {
+                    let counter = if done["finish_reason"] == "abort" {
+                        &s.counters.interrupted
+                    } else {
+                        &s.counters.served
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    let _ = job.events.send(Event::Done(done));
+                }
+                Err(e) => {
+                    s.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    let (status, code) = error_status(&e);
+                    let _ = job
+                        .events
+                        .send(Event::Failed(status, code.into(), e.to_string()));
+                }
+            }
+        }
+    }
+
+    /// The engine's request for a job: the chat template (or the raw prompt), the
+    /// sampling parameters and the token budget.
+    fn request(&self, job: &Job) -> Result<GenerateRequest, CliError> {
+        let seed = unix_time() ^ rand_id();
+        let mut g = match &job.raw_prompt {
+            None => job.request.to_generate(
+                &self.tokenizer,
+                self.chat_template.as_ref(),
+                self.context,
+                seed,
+            )?,
+            Some(p) => {
+                let r = &job.request;
+                let g = GenerateRequest {
+                    prompt_ids: self.tokenizer.encode(p, true)?,
+                    max_new_tokens: r
+                        .max_tokens
+                        .unwrap_or(dflash_web::request::DEFAULT_MAX_TOKENS),
+                    sampling: r.sampling(seed)?,
+                    stop_strings: r.stop_strings(),
+                    context: self.context,
+                    interrupt: Default::default(),
+                };
+                if g.prompt_ids.is_empty() {
+                    return Err(dflash_core::Error::EmptyPrompt.into());
+                }
+                dflash_core::generate::token_budget(
+                    g.prompt_ids.len(),
+                    g.max_new_tokens,
+                    self.context,
+                )?;
+                g
+            }
+        };
+        g.interrupt = job.interrupt.clone();
+        Ok(g)
+    }
+
+    /// Runs one job: `{finish_reason, usage}`.
+    fn answer(&mut self, job: &Job, on_text: &mut dyn FnMut(&str)) -> Result<Value, CliError> {
+        let g = self.request(job)?;
+        let t0 = Instant::now();
+        let clock = move || t0.elapsed().as_secs_f64();
+        let dflash = job.request.dflash != Some(false);
+        let block = match &job.request.block {
+            Some(BlockArg::Rows(n)) => n.to_string(),
+            Some(BlockArg::Named(s)) => s.clone(),
+            None => "auto".into(),
+        };
+        let (r, spec): (GenerateResult, _) = match &mut self.runner {
+            Runner::Cpu {
+                target,
+                drafter: Some(d),
+            } if dflash => {
+                if block == "auto" && self.costs.is_none() {
+                    self.costs = Some(DFlashCpu::new(d, target)?.measure_step_costs(16, &clock)?);
+                }
+                let costs = if block == "auto" {
+                    self.costs.clone()
+                } else {
+                    None
+                };
+                let policy = block_policy(&block, d.config.block_size, costs)?;
+                let sr = generate_speculative_cpu(
+                    target,
+                    d,
+                    &self.tokenizer,
+                    &g,
+                    &policy,
+                    &clock,
+                    on_text,
+                )?;
+                let stats = usage(&sr.result, Some((&sr, &block)));
+                (sr.result, Some(stats))
+            }
+            Runner::Cpu { target, .. } => (
+                generate_cpu(target, &self.tokenizer, &g, &clock, on_text)?,
+                None,
+            ),
+            Runner::Spec(spec) if dflash => {
+                if block == "auto" && self.costs.is_none() {
+                    self.costs = Some(spec.measure_step_costs(16, &clock)?);
+                }
+                let policy = match (&block[..], &self.costs) {
+                    ("auto", Some(c)) => BlockSize::Auto {
+                        verify_cost: c.clone(),
+                    },
+                    _ => block_policy(&block, spec.max_block(), None)?,
+                };
+                let sr = spec.generate(&self.tokenizer, &g, &policy, &clock, on_text)?;
+                let stats = usage(&sr.result, Some((&sr, &block)));
+                (sr.result, Some(stats))
+            }
+            Runner::Spec(spec) => (
+                spec.target.generate(&self.tokenizer, &g, &clock, on_text)?,
+                None,
+            ),
+            Runner::Gpu(model) => (model.generate(&self.tokenizer, &g, &clock, on_text)?, None),
+        };
+        let usage = spec.unwrap_or_else(|| usage(&r, None));
+        Ok(json!({"finish_reason": finish_reason(&r), "usage": usage}))
+    }
+}
+
+/// The HTTP status and error code of an engine error: the request's fault (400) or the
+/// server's (500).
+fn error_status(e: &CliError) -> (u16, &'static str) {
+    use dflash_core::Error as E;
+    match e {
+        CliError::Usage(_) => (400, "BadRequest"),
+        CliError::Core(E::BadRequest(_) | E::EmptyPrompt | E::BadSampling(_)) => {
+            (400, "BadRequest")
+        }
+        CliError::Core(E::ContextOverflow { .. }) => (400, "ContextOverflow"),
+        CliError::Core(E::ChatTemplate(_)) => (400, "ChatTemplate"),
+        CliError::Core(E::LimitExceeded { .. }) => (400, "LimitExceeded"),
+        _ => (500, "Internal"),
+    }
+}

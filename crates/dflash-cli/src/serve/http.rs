@@ -1,0 +1,215 @@
+//! The little HTTP/1.1 `dflash serve` needs, on std's TcpStream: one request per
+//! connection (`Connection: close`), bodies by Content-Length only, bounded header and
+//! body sizes and a read timeout; JSON responses, OpenAI's error object, and
+//! server-sent events for streaming.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// Bytes of the request line and headers together.
+const MAX_HEAD_BYTES: usize = 16 << 10;
+/// A client that sends nothing for this long is answered 408.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub body: Vec<u8>,
+}
+
+/// A request the server answers with an error status before routing it.
+#[derive(Debug)]
+pub struct HttpError {
+    pub status: u16,
+    pub message: String,
+}
+
+fn http_error(status: u16, message: impl Into<String>) -> HttpError {
+    HttpError {
+        status,
+        message: message.into(),
+    }
+}
+
+/// Reads one request: its line, headers (at most `MAX_HEAD_BYTES`) and a body of at
+/// most `max_body` bytes given by Content-Length.
+pub fn read_request(stream: &TcpStream, max_body: usize) -> Result<Request, HttpError> {
+    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
+    let mut reader = BufReader::new(stream.take(MAX_HEAD_BYTES as u64 + max_body as u64));
+    let mut head = Vec::new();
+    let mut content_length = None;
+    let mut request_line = None;
+    loop {
+        let mut line = Vec::new();
+        let n = reader.read_until(b'\n', &mut line).map_err(read_failed)?;
+        head.extend_from_slice(&line);
+        if n == 0 || head.len() > MAX_HEAD_BYTES {
+            return Err(http_error(
+                431,
+                "the request head is too long or incomplete",
+            ));
+        }
+        let line = String::from_utf8_lossy(&line);
+        let line = line.trim_end_matches(['\r', '\n']);
+        if line.is_empty() {
+            break;
+        }
+        if request_line.is_none() {
+            request_line = Some(line.to_string());
+            continue;
+        }
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| http_error(400, format!("a malformed header line {line:?}")))?;
+        match name.trim().to_ascii_lowercase().as_str() {
+            "content-length" => {
+                let n = value.trim().parse::<usize>().map_err(|_| {
+                    http_error(
+                        400,
+                        format!("Content-Length {:?} is not a number", value.trim()),
+                    )
+                })?;
+                content_length = Some(n);
+            }
+            "transfer-encoding" => {
+                return Err(http_error(
+                    411,
+                    "chunked request bodies are not supported; send Content-Length",
+                ))
+            }
+            _ => {}
+        }
+    }
+    let request_line = request_line.unwrap_or_default();
+    let mut parts = request_line.split(' ');
+    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(http_error(
+            400,
+            format!("a malformed request line {request_line:?}"),
+        ));
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Err(http_error(505, format!("{version} is not supported")));
+    }
+    let length = content_length.unwrap_or(0);
+    if length > max_body {
+        return Err(http_error(
+            413,
+            format!(
+                "the body is {length} bytes, over the server's limit of {max_body} (--max-body)"
+            ),
+        ));
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).map_err(read_failed)?;
+    let path = target.split('?').next().unwrap_or("").to_string();
+    Ok(Request {
+        method: method.to_string(),
+        path,
+        body,
+    })
+}
+
+fn read_failed(e: std::io::Error) -> HttpError {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            http_error(408, "the request did not arrive in time")
+        }
+        _ => http_error(400, format!("reading the request: {e}")),
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        411 => "Length Required",
+        413 => "Payload Too Large",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        505 => "HTTP Version Not Supported",
+        _ => "",
+    }
+}
+
+/// A whole JSON response.
+pub fn write_json(
+    mut stream: &TcpStream,
+    status: u16,
+    v: &serde_json::Value,
+) -> std::io::Result<()> {
+    let body = v.to_string();
+    write!(
+        stream,
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        reason(status),
+        body.len()
+    )?;
+    stream.flush()
+}
+
+/// OpenAI's error object: `{"error": {"message", "type", "param", "code"}}`.
+pub fn error_body(status: u16, code: &str, message: &str) -> serde_json::Value {
+    let kind = match status {
+        400..=499 => "invalid_request_error",
+        503 => "server_busy",
+        _ => "server_error",
+    };
+    serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+}
+
+pub fn write_error(
+    stream: &TcpStream,
+    status: u16,
+    code: &str,
+    message: &str,
+) -> std::io::Result<()> {
+    write_json(stream, status, &error_body(status, code, message))
+}
+
+/// The head of a server-sent-events response; the events follow, and the body ends when
+/// the connection closes.
+pub fn start_events(mut stream: &TcpStream) -> std::io::Result<()> {
+    stream.write_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
+    )?;
+    stream.flush()
+}
+
+/// One event (`data: ...`), sent at once.
+pub fn write_event(mut stream: &TcpStream, data: &str) -> std::io::Result<()> {
+    write!(stream, "data: {data}\n\n")?;
+    stream.flush()
+}
+
+/// Whether the client has closed its side (it sends nothing more after its request, so
+/// a readable end of stream means it went away).
+pub fn client_gone(stream: &TcpStream) -> bool {
+    let _ = stream.set_nonblocking(true);
+    let mut b = [0u8; 1];
+    let gone = matches!(stream.peek(&mut b), Ok(0));
+    let _ = stream.set_nonblocking(false);
+    gone
+}
+
+/// After answering a request that was not read to its end: stops sending, then reads
+/// and drops what the client still sends (for a moment, at most 1 MiB), so that closing
+/// does not reset the connection before the client has read the answer.
+pub fn linger(mut stream: &TcpStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = [0u8; 16 << 10];
+    let mut total = 0;
+    while total < 1 << 20 {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => total += n,
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! `dflash serve` over HTTP on 127.0.0.1: the answers equal `dflash generate`'s (whole,
+//! streamed, raw completions), bad requests get 4xx with OpenAI's error object, a full
+//! queue answers 503 while every accepted request gets its whole, correct answer, and a
+//! client that disconnects interrupts its request.
+
+use dflash_core::config::Arch;
+use dflash_core::formats::ggml::GgmlType;
+use dflash_core::testutil::{cached_model, random_weights, tiny_config, write_gguf};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// A running server, stopped when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(model: &Path, extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dflash"))
+        .args([
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--port",
+            "0",
+            "--device",
+            "cpu",
+        ])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    Server { child, port }
+}
+
+fn tiny_model() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dflash-serve-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let c = tiny_config(Arch::Qwen2);
+    let path = d.join("tiny.gguf");
+    std::fs::write(
+        &path,
+        write_gguf(&c, &random_weights(&c, 3), GgmlType::Q8_0),
+    )
+    .unwrap();
+    path
+}
+
+/// One HTTP request: (status, body).
+fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_string())
+}
+
+fn post(port: u16, path: &str, v: &Value) -> (u16, Value) {
+    let (status, body) = http(port, "POST", path, v.to_string().as_bytes());
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// The events of a streamed answer (the `data:` payloads, `[DONE]` last).
+fn events(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(String::from)
+        .collect()
+}
+
+/// `dflash generate`'s greedy text on the CPU engine.
+fn generate(model: &Path, how: &str, text: &str, n: usize) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_dflash"))
+        .args(["generate", "--model", model.to_str().unwrap(), how, text])
+        .args([
+            "--max-new-tokens",
+            &n.to_string(),
+            "--device",
+            "cpu",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Value>(&out.stdout).unwrap()["text"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn chat(content: &str, n: usize) -> Value {
+    json!({"model": "any", "messages": [{"role": "user", "content": content}], "max_tokens": n, "temperature": 0})
+}
+
+#[test]
+fn answers_equal_generate_whole_streamed_and_raw() {
+    let model = tiny_model();
+    let srv = serve(&model, &[]);
+    let want = generate(&model, "--chat", "say the hello", 8);
+    let (status, v) = post(srv.port, "/v1/chat/completions", &chat("say the hello", 8));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], want.as_str());
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    assert_eq!(v["model"], "tiny");
+    // Streamed: the role chunk, the pieces, the finish chunk with usage, [DONE].
+    let mut req = chat("say the hello", 8);
+    req["stream"] = json!(true);
+    let (status, body) = http(
+        srv.port,
+        "POST",
+        "/v1/chat/completions",
+        req.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200);
+    let ev = events(&body);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, want);
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 8);
+    // /v1/completions: the raw prompt, not the chat template.
+    let (status, v) = post(
+        srv.port,
+        "/v1/completions",
+        &json!({"prompt": "the hello", "max_tokens": 6, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(
+        v["choices"][0]["text"],
+        generate(&model, "--prompt", "the hello", 6).as_str()
+    );
+    let (_, models) = http(srv.port, "GET", "/v1/models", b"");
+    assert_eq!(
+        serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"],
+        "tiny"
+    );
+    let (_, health) = http(srv.port, "GET", "/health", b"");
+    assert_eq!(
+        serde_json::from_str::<Value>(&health).unwrap()["requests"]["served"],
+        3
+    );
+}
+
+#[test]
+fn bad_requests_get_4xx_with_openai_error_objects() {
+    let model = tiny_model();
+    let srv = serve(&model, &["--max-body", "2000", "--context", "64"]);
+    let cases: Vec<(&str, &str, Vec<u8>, u16, &str)> = vec![
+        (
+            "POST",
+            "/v1/chat/completions",
+            b"{not json".to_vec(),
+            400,
+            "not JSON",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            b"[1, 2]".to_vec(),
+            400,
+            "JSON object",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            br#"{"messages": []}"#.to_vec(),
+            400,
+            "empty",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": "x"}], "temperature": -1}"#.to_vec(),
+            400,
+            "temperature",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            format!(r#"{{"prompt": "{}"}}"#, "hello ".repeat(100)).into_bytes(),
+            400,
+            "context",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            br#"{"max_tokens": 4}"#.to_vec(),
+            400,
+            "prompt",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            vec![b' '; 3000],
+            413,
+            "limit",
+        ),
+        ("GET", "/v1/chat/completions", vec![], 405, "not allowed"),
+        ("GET", "/v2/anything", vec![], 404, "no route"),
+    ];
+    for (method, path, body, status, says) in cases {
+        let (got, text) = http(srv.port, method, path, &body);
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{path}: {text}"));
+        assert_eq!(got, status, "{method} {path}: {text}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{method} {path}: {message}");
+        assert!(v["error"]["type"].is_string());
+    }
+    // A head that never ends, and then the server still answers.
+    let mut s = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+    s.write_all(format!("GET /health HTTP/1.1\r\nX: {}\r\n", "a".repeat(20_000)).as_bytes())
+        .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 431"), "{out}");
+    assert_eq!(http(srv.port, "GET", "/health", b"").0, 200);
+}
+
+/// SmolLM2 decodes slowly enough on the CPU that requests overlap.
+fn smollm2() -> Option<PathBuf> {
+    let p = cached_model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.is_none() && std::env::var_os("DFLASH_REQUIRE_MODELS").is_some() {
+        panic!("SmolLM2 is required (DFLASH_REQUIRE_MODELS)");
+    }
+    p
+}
+
+/// `n` clients at once, each asking for the same greedy answer: (status, text) each.
+fn clients(port: u16, n: usize, tokens: usize) -> Vec<(u16, String)> {
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let (status, v) = post(
+                    port,
+                    "/v1/chat/completions",
+                    &chat("Write a haiku about rain.", tokens),
+                );
+                (
+                    status,
+                    v["choices"][0]["message"]["content"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                )
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+#[test]
+fn concurrent_clients_queue_in_order_or_get_503() {
+    let Some(model) = smollm2() else { return };
+    let want = generate(&model, "--chat", "Write a haiku about rain.", 24);
+    // A queue for all: every request gets its whole, correct answer.
+    let srv = serve(&model, &["--queue", "8"]);
+    for (status, text) in clients(srv.port, 6, 24) {
+        assert_eq!((status, text.as_str()), (200, want.as_str()));
+    }
+    drop(srv);
+    // A queue of 1: one waits while one runs (a request arriving before the engine took
+    // the first from the queue finds it full), the rest are refused at once with 503.
+    let srv = serve(&model, &["--queue", "1"]);
+    let got = clients(srv.port, 6, 48);
+    let ok: Vec<_> = got.iter().filter(|(s, _)| *s == 200).collect();
+    let busy = got.iter().filter(|(s, _)| *s == 503).count();
+    assert_eq!(ok.len() + busy, 6, "{got:?}");
+    assert!(busy >= 1 && !ok.is_empty(), "{got:?}");
+    let want48 = generate(&model, "--chat", "Write a haiku about rain.", 48);
+    assert!(ok.iter().all(|(_, t)| *t == want48), "{got:?}");
+    let (_, health) = http(srv.port, "GET", "/health", b"");
+    let h: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(h["requests"]["rejected"], busy as u64);
+}
+
+#[test]
+fn a_client_that_disconnects_interrupts_its_request() {
+    let Some(model) = smollm2() else { return };
+    let srv = serve(&model, &[]);
+    let mut req = chat("Tell me a long story.", 2000);
+    req["stream"] = json!(true);
+    let body = req.to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 64];
+    s.read_exact(&mut first).unwrap();
+    assert!(first.starts_with(b"HTTP/1.1 200"));
+    drop(s);
+    // Interrupted within moments (2000 tokens would take a minute), and the engine is free.
+    let t = std::time::Instant::now();
+    loop {
+        let (_, health) = http(srv.port, "GET", "/health", b"");
+        if serde_json::from_str::<Value>(&health).unwrap()["requests"]["interrupted"] == 1 {
+            break;
+        }
+        assert!(t.elapsed().as_secs() < 20, "not interrupted: {health}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (status, v) = post(srv.port, "/v1/chat/completions", &chat("Hi", 4));
+    assert_eq!(
+        (status, v["usage"]["completion_tokens"].clone()),
+        (200, json!(4))
+    );
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""`dflash serve` against the official `openai` Python client and curl.
+
+Starts `target/release/dflash serve` on SmolLM2 with its DFlash drafter (CPU engine,
+port chosen by the server), then checks with the `openai` client: models.list; a chat
+completion at T=0 whose text equals `dflash generate --json`'s greedy text, DFlash on and
+off; the same streamed (deltas joined, usage in the last chunk); a legacy completion;
+a bad request raising openai.BadRequestError with the server's message; and with curl
+the same non-streamed answer. Prints one JSON line of what it saw.
+
+  python3 tests/serve/openai_client.py   (needs `pip install openai`; curl)
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+
+ROOT = Path(__file__).resolve().parents[2]
+DFLASH = ROOT / "target/release/dflash"
+MODEL = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache/dflash")) / "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+DRAFTER = ROOT / "drafters/smollm2-135m-instruct-dflash-b16"
+PROMPT = "Write a Python function that returns the n-th Fibonacci number."
+N = 24
+
+
+def greedy(how, text, n=N):
+    out = subprocess.run([DFLASH, "generate", "--model", MODEL, how, text, "--max-new-tokens", str(n),
+                          "--device", "cpu", "--json"], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["text"]
+
+
+def main():
+    server = subprocess.Popen([DFLASH, "serve", "--model", MODEL, "--drafter", DRAFTER, "--device", "cpu",
+                               "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stderr.readline()
+        base = line.strip().rsplit(" ", 1)[-1]
+        assert base.startswith("http://127.0.0.1:"), line
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none")
+        seen = {"openai": openai.__version__}
+        models = [m.id for m in client.models.list()]
+        assert models == ["SmolLM2-135M-Instruct.Q4_1"], models
+        want = greedy("--chat", PROMPT)
+        messages = [{"role": "user", "content": PROMPT}]
+        for dflash in (True, False):
+            r = client.chat.completions.create(model=models[0], messages=messages, max_tokens=N, temperature=0,
+                                               extra_body={"dflash": dflash, "block": 4})
+            assert r.choices[0].message.content == want, (dflash, r.choices[0].message.content, want)
+            assert r.usage.completion_tokens == N
+            seen[f"dflash_{dflash}"] = r.usage.model_extra.get("dflash")
+        stream = client.chat.completions.create(model=models[0], messages=messages, max_tokens=N, temperature=0,
+                                                stream=True)
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == want, (text, want)
+        assert chunks[-1].usage.completion_tokens == N
+        seen["stream_chunks"] = len(chunks)
+        c = client.completions.create(model=models[0], prompt="def fib(n):", max_tokens=8, temperature=0)
+        assert c.choices[0].text == greedy("--prompt", "def fib(n):", 8), c.choices[0].text
+        try:
+            client.chat.completions.create(model=models[0], messages=[], max_tokens=4)
+            raise AssertionError("an empty conversation was answered")
+        except openai.BadRequestError as e:
+            assert "messages" in str(e), e
+            seen["bad_request"] = str(e)[:120]
+        body = json.dumps({"messages": messages, "max_tokens": N, "temperature": 0})
+        out = subprocess.run(["curl", "-sS", "-H", "Content-Type: application/json", "-d", body,
+                              f"{base}/v1/chat/completions"], check=True, capture_output=True, text=True).stdout
+        assert json.loads(out)["choices"][0]["message"]["content"] == want
+        seen["curl"] = "ok"
+        print(json.dumps(seen))
+    finally:
+        server.kill()
+        server.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
