@@ -2,18 +2,19 @@
 
 export type DFlashErrorCode =
   | 'NoWebGPU'          // no navigator.gpu, or no adapter / device
-  | 'OutOfMemory'       // GPU memory ran out, or the model exceeds the memory budget
-  | 'LimitsExceeded'    // a buffer exceeds the adapter's limits (binding size, ...)
+  | 'OutOfMemory'       // GPU memory ran out while the model loaded, or it exceeds the memory budget
+  | 'LimitsExceeded'    // a buffer exceeds the adapter's limits (binding size, ...), found from the header
   | 'BadModelFile'      // not a GGUF, truncated, corrupt, unsupported tensor types or architecture
   | 'DrafterMismatch'   // the drafter does not fit the model (hidden size, vocab, layers, ...)
   | 'DeviceLost'        // the GPU device was lost; create a new engine
   | 'ContextOverflow'   // prompt + max_tokens exceed the context
   | 'BadRequest'        // invalid messages or sampling parameters
-  | 'NetworkError'      // a weight file could not be fetched
+  | 'NetworkError'      // a weight file could not be fetched, or its download failed or ended short (nothing is cached)
   | 'IntegrityError'    // the file's sha256 differs from the one given
-  | 'CacheCorrupt'
-  | 'Busy'
+  | 'CacheCorrupt'      // a cached copy could not be read (it is dropped and fetched again first)
+  | 'Busy'              // with ifBusy: 'reject', a request made while another is unanswered
   | 'Aborted'           // the request's AbortSignal fired (create(req, { signal }))
+  | 'Panic'             // the engine panicked (a bug); the message is the panic's. The worker is replaced and the model reloaded
   | 'Unloaded'
   | 'GpuError'
   | 'WorkerError'
@@ -56,8 +57,17 @@ export interface EngineOptions {
    */
   threads?: number;
   onProgress?: (p: Progress) => void;
-  /** A worker running worker.js, when the bundler cannot resolve `new URL('./worker.js', import.meta.url)`. */
-  worker?: Worker;
+  /**
+   * A worker running worker.js, when the bundler cannot resolve `new URL('./worker.js',
+   * import.meta.url)`. Prefer a function returning a new one: after a panic the engine
+   * replaces its worker; with a Worker instance it cannot, and fails what was waiting.
+   */
+  worker?: Worker | (() => Worker);
+  /**
+   * A chat request made while another is unanswered: 'queue' (default) runs it after the
+   * ones before it; 'reject' fails it at once with code 'Busy'.
+   */
+  ifBusy?: 'queue' | 'reject';
 }
 
 export interface ChatMessage {
@@ -151,9 +161,17 @@ export interface Engine {
       create(request: ChatCompletionRequest & { stream?: false }, options?: { signal?: AbortSignal }): Promise<ChatCompletion>;
     };
   };
+  /** Chat requests not yet answered: the running one and those queued behind it. */
+  readonly pending: number;
+  /** Times the worker was replaced after a panic (the model reloaded from the cache). */
+  readonly restarts: number;
   /** Ends the running request before its next token (finish_reason 'abort'); the engine stays usable. */
   interrupt(): void;
   unload(): Promise<void>;
+  /** TEST ONLY: panics inside the engine: rejects with code 'Panic' and `message`, and the worker is replaced. */
+  __testTrap(message: string): Promise<never>;
+  /** TEST ONLY: destroys the GPU device (GPUDevice.destroy()): later requests fail with 'DeviceLost'. */
+  __testLoseDevice(): Promise<void>;
 }
 
 export declare function hasWebGPU(): boolean;

@@ -42,13 +42,25 @@ function drafterSource(d) {
   return { config: absolute(d.config), weights: absolute(d.weights) };
 }
 
+/**
+ * Calls into the worker, answered by id. A worker whose wasm trapped (a panic) answers
+ * one 'fatal' message: its request fails with code 'Panic', and `onFatal` replaces the
+ * worker (`replace`), after which the calls still unanswered are sent again.
+ */
 class Rpc {
-  constructor(worker) {
-    this.worker = worker;
+  constructor(worker, onFatal) {
     this.next = 1;
     this.pending = new Map();
+    this.onFatal = onFatal;
+    // While a replacement worker loads: calls wait (sent once it is ready).
+    this.held = null;
+    this.attach(worker);
+  }
+  attach(worker) {
+    this.worker = worker;
     worker.onmessage = (e) => {
       const m = e.data;
+      if (m.type === 'fatal') return this.fatal(m);
       const p = this.pending.get(m.id);
       if (!p) return;
       if (m.type === 'progress') p.onProgress?.(m.progress);
@@ -59,22 +71,54 @@ class Rpc {
         else p.resolve(m.result);
       }
     };
-    worker.onerror = (e) => {
-      for (const p of this.pending.values()) p.reject(new DFlashError('WorkerError', e.message ?? 'the worker failed'));
-      this.pending.clear();
-    };
+    worker.onerror = (e) => this.failAll(new DFlashError('WorkerError', e.message ?? 'the worker failed'));
+  }
+  failAll(err) {
+    for (const p of this.pending.values()) p.reject(err);
+    this.pending.clear();
+    this.held = null;
+  }
+  /** The worker trapped: its current call fails with the panic; the others wait. */
+  fatal(m) {
+    const p = this.pending.get(m.id);
+    this.pending.delete(m.id);
+    p?.reject(new DFlashError(m.error.code, m.error.message));
+    this.held ??= [];
+    this.onFatal(m.error);
+  }
+  /** Moves to `worker` (its model loaded by `load`), then resends what is unanswered. */
+  async replace(worker, load) {
+    this.worker.terminate();
+    this.attach(worker);
+    this.held ??= [];
+    try {
+      const result = await this.send({ ...load, id: this.next++ }, {}, true);
+      for (const msg of this.held) worker.postMessage(msg);
+      for (const [id, p] of this.pending) worker.postMessage({ ...p.msg, id });
+      this.held = null;
+      return result;
+    } catch (e) {
+      this.failAll(e);
+      throw e;
+    }
+  }
+  send(msg, handlers, now = false) {
+    return new Promise((resolve, reject) => {
+      const { id, ...rest } = msg;
+      this.pending.set(id, { resolve, reject, msg: rest, ...handlers });
+      if (now || !this.held) this.worker.postMessage(msg);
+    });
   }
   call(msg, handlers = {}) {
     const id = this.next++;
-    const p = new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject, ...handlers });
-      this.worker.postMessage({ ...msg, id });
-    });
+    const p = this.send({ ...msg, id }, handlers);
     p.id = id;
     return p;
   }
   /** A message with no answer (the worker handles it at once, outside the queue). */
   post(msg) {
+    // An abort of a call waiting for the new worker reaches it before the call.
+    if (this.held) { if (msg.target !== undefined) this.held.push(msg); return; }
     this.worker.postMessage(msg);
   }
 }
@@ -93,9 +137,13 @@ class Completions {
    *  `Aborted` and the worker stops generating it within one step. */
   create(request, options = {}) {
     const e = this.engine;
-    if (!e.rpc) return Promise.reject(new DFlashError('Unloaded', 'the engine was unloaded'));
     const { signal } = options ?? {};
-    if (signal?.aborted) return Promise.reject(aborted());
+    const early = !e.rpc ? new DFlashError('Unloaded', 'the engine was unloaded')
+      : signal?.aborted ? aborted()
+      : e.ifBusy === 'reject' && e.pending > 0 ? new DFlashError('Busy', `the engine is answering ${e.pending === 1 ? 'another request' : `${e.pending} requests`} (ifBusy: 'reject')`)
+      : null;
+    // Refused before it starts: a stream throws when iterated, as it would later.
+    if (early) return request?.stream ? { async *[Symbol.asyncIterator]() { throw early; } } : Promise.reject(early);
     const id = `chatcmpl-dflash-${Date.now().toString(36)}-${++completionCounter}`;
     const created = Math.floor(Date.now() / 1000);
     const model = e.modelName;
@@ -108,7 +156,7 @@ class Completions {
       return () => signal.removeEventListener('abort', stop);
     };
     if (!stream) {
-      const call = e.rpc.call({ type: 'chat', request: req });
+      const call = e.track(e.rpc.call({ type: 'chat', request: req }));
       const done = abortIn(call);
       return new Promise((resolve, reject) => {
         signal?.addEventListener('abort', () => reject(aborted()), { once: true });
@@ -128,9 +176,9 @@ class Completions {
     });
     chunks.push(chunk({ role: 'assistant', content: '' }));
     const push = (c) => { chunks.push(c); wake?.(); };
-    const call = e.rpc.call({ type: 'chat', request: req }, {
+    const call = e.track(e.rpc.call({ type: 'chat', request: req }, {
       onPiece: (text, drafted) => { if (!failure) push(chunk({ content: text }, null, { dflash: { drafted } })); },
-    });
+    }));
     const done = abortIn(call);
     signal?.addEventListener('abort', () => { failure = aborted(); finished = true; chunks.length = 0; wake?.(); }, { once: true });
     call.then(
@@ -152,11 +200,56 @@ class Completions {
 }
 
 class Engine {
-  constructor(rpc, info, modelName) {
-    this.rpc = rpc;
+  constructor({ info, modelName, ifBusy, load, spawn }) {
     this.info = info;
     this.modelName = modelName;
+    this.ifBusy = ifBusy;
+    /** Chat requests not yet answered: the running one and those queued behind it. */
+    this.pending = 0;
+    this.load = load;
+    this.spawn = spawn;
+    /** Workers replaced after a trap. */
+    this.restarts = 0;
+    this.reloading = null;
     this.chat = { completions: new Completions(this) };
+  }
+  track(call) {
+    this.pending++;
+    const done = () => { this.pending--; };
+    call.then(done, done);
+    return call;
+  }
+  /**
+   * The worker's wasm trapped (the request it ran failed with code 'Panic'): a new
+   * worker loads the same model and drafter (from Cache Storage) and takes the requests
+   * that were waiting. Without a way to start a worker (a `worker` instance was given)
+   * they fail with the panic.
+   */
+  restart(error) {
+    if (this.reloading || !this.rpc) return;
+    const rpc = this.rpc;
+    const worker = this.spawn?.();
+    if (!worker) {
+      rpc.worker.terminate();
+      rpc.failAll(new DFlashError(error.code, `${error.message} (the worker cannot be restarted: pass worker as a function)`));
+      this.rpc = null;
+      return;
+    }
+    this.restarts++;
+    this.reloading = rpc.replace(worker, this.load).then(
+      (info) => { this.info = info; },
+      () => { this.rpc = null; },
+    ).finally(() => { this.reloading = null; });
+  }
+  /** TEST ONLY: a panic inside the engine (the call fails with code 'Panic' and
+   *  `message`; the worker is replaced). */
+  __testTrap(message) {
+    return this.rpc.call({ type: '__trap', message });
+  }
+  /** TEST ONLY: destroys the GPU device (GPUDevice.destroy()); requests then fail with
+   *  code 'DeviceLost'. */
+  __testLoseDevice() {
+    return this.rpc.call({ type: '__loseDevice' });
   }
   /** Ends the running request before its next token (within one step of DFlash): it
    *  resolves with the text so far and finish_reason 'abort'; the engine stays usable. */
@@ -177,22 +270,36 @@ const MAX_THREADS = 64;
 
 /** Loads a model (GGUF, a URL or a File) and optionally a DFlash drafter into a worker. */
 export async function createEngine(options) {
-  const { model, drafter, onProgress, context, worker, engine = 'auto', threads } = options ?? {};
+  const { model, drafter, onProgress, context, worker, engine = 'auto', threads, ifBusy = 'queue' } = options ?? {};
   if (!['auto', 'gpu', 'cpu'].includes(engine)) throw new DFlashError('BadRequest', `engine must be 'auto', 'gpu' or 'cpu', not ${JSON.stringify(engine)}`);
   if (threads !== undefined && !(Number.isInteger(threads) && threads >= 1 && threads <= MAX_THREADS)) {
     throw new DFlashError('BadRequest', `threads must be an integer from 1 to ${MAX_THREADS}, not ${JSON.stringify(threads)}`);
   }
+  if (!['queue', 'reject'].includes(ifBusy)) throw new DFlashError('BadRequest', `ifBusy must be 'queue' or 'reject', not ${JSON.stringify(ifBusy)}`);
+  if (context !== undefined && !(Number.isInteger(context) && context >= 1)) {
+    throw new DFlashError('BadRequest', `context must be a positive integer, not ${JSON.stringify(context)}`);
+  }
+  if (worker !== undefined && typeof worker !== 'function' && typeof worker?.postMessage !== 'function') {
+    throw new DFlashError('BadRequest', 'worker must be a Worker or a function that returns one');
+  }
   if (engine === 'gpu' && !hasWebGPU()) throw new DFlashError('NoWebGPU', 'This browser does not support WebGPU (navigator.gpu is missing).');
   if (!model) throw new DFlashError('BadRequest', 'createEngine needs { model }');
-  const w = worker ?? new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
-  const rpc = new Rpc(w);
+  // A function can start the replacement of a worker that trapped; an instance cannot.
+  const spawn = typeof worker === 'function' ? worker
+    : worker ? null : () => new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+  const w = typeof worker === 'object' ? worker : spawn();
+  let eng = null;
+  const rpc = new Rpc(w, (error) => eng?.restart(error));
   const src = modelSource(model);
+  const load = { type: 'load', model: src, drafter: drafterSource(drafter), context, engine, threads };
   try {
-    const info = await rpc.call({ type: 'load', model: src, drafter: drafterSource(drafter), context, engine, threads }, { onProgress });
-    const name = typeof src.src === 'string' ? src.src.split('/').pop() : src.src.name ?? 'model';
-    return new Engine(rpc, info, name);
+    const info = await rpc.call(load, { onProgress });
+    const modelName = typeof src.src === 'string' ? src.src.split('/').pop() : src.src.name ?? 'model';
+    eng = new Engine({ info, modelName, ifBusy, load, spawn });
+    eng.rpc = rpc;
+    return eng;
   } catch (e) {
-    w.terminate();
+    rpc.worker.terminate();
     throw e;
   }
 }

@@ -4,11 +4,15 @@
 // the wasm loader (each tensor goes to the GPU, or into the CPU engine's quantized
 // weights, as soon as it is complete, so the file is never whole in memory), checks the
 // sha256, then answers chat requests one at a time, posting text pieces as they come.
+// A panic in the wasm traps the instance for good: the worker then answers only with a
+// 'fatal' message carrying the panic's text, and the main thread replaces it.
 
 // Two builds of the engine: dist/ (one thread) and dist/threads/ (atomics and shared
 // memory: the CPU engine on a pool of Web Workers), which needs SharedArrayBuffer, that
 // is a cross-origin isolated page. Each is loaded on first use.
 const builds = {};
+// The loaded modules, to read a panic's message from after a trap.
+const loaded = [];
 
 async function wasmBuild(threads) {
   const key = threads > 1 ? 'threads' : 'single';
@@ -16,11 +20,13 @@ async function wasmBuild(threads) {
     if (key === 'single') {
       const mod = await import('./dist/dflash_web.js');
       await mod.default({ module_or_path: new URL('./dist/dflash_web_bg.wasm', import.meta.url) });
+      loaded.push(mod);
       return { mod, threads: 1 };
     }
     const mod = await import('./dist/threads/dflash_web.js');
     await mod.default({ module_or_path: new URL('./dist/threads/dflash_web_bg.wasm', import.meta.url) });
     await mod.initThreadPool(threads);
+    loaded.push(mod);
     return { mod, threads };
   })();
   return builds[key];
@@ -49,9 +55,35 @@ class WorkerError extends Error {
 // The request being answered, and queued requests aborted before they started.
 let running = null;
 const dropped = new Set();
+// The message being handled (any type): the one a trap is charged to.
+let current = null;
+// Set once the wasm trapped: nothing more is handled.
+let dead = false;
+
+/** A wasm trap (a Rust panic is `unreachable`): the instance must not be used again. */
+function isTrap(err) {
+  return typeof WebAssembly !== 'undefined' && err instanceof WebAssembly.RuntimeError;
+}
+
+/** Reports a trap once, with the panic's own message where the hook stored one. */
+function fatal(err) {
+  if (dead) return;
+  dead = true;
+  let panic = null;
+  for (const mod of loaded) {
+    try { panic ??= mod.takePanic(); } catch { /* the instance may be past reading */ }
+  }
+  post({ type: 'fatal', id: current, error: { code: 'Panic', message: panic ?? `the engine trapped: ${err.message ?? err}` } });
+}
+
+// A trap inside a running future (a chat request) surfaces here, not in its promise,
+// which never settles.
+self.addEventListener('error', (e) => { if (isTrap(e.error)) { e.preventDefault(); fatal(e.error); } });
+self.addEventListener('unhandledrejection', (e) => { if (isTrap(e.reason)) { e.preventDefault(); fatal(e.reason); } });
 
 self.onmessage = (e) => {
   const m = e.data;
+  if (dead) return;
   // An interrupt acts now, not after the request it interrupts.
   if (m.type === 'interrupt') {
     if (m.target === undefined || m.target === running) engine?.interrupt();
@@ -66,6 +98,8 @@ function post(msg) {
 }
 
 async function handle(m) {
+  if (dead) return;
+  current = m.id;
   try {
     if (m.type === 'load') {
       engine?.unload();
@@ -86,11 +120,22 @@ async function handle(m) {
       engine?.unload();
       engine = null;
       post({ id: m.id, type: 'result', result: null });
+    } else if (m.type === '__trap') {
+      // TEST ONLY: a panic inside a running wasm future.
+      await (engine?.mod ?? (await wasmBuild(1)).mod).__testTrap(m.message);
+    } else if (m.type === '__loseDevice') {
+      // TEST ONLY: GPUDevice.destroy() on the engine's device.
+      if (!engine) throw new WorkerError('Unloaded', 'no model is loaded');
+      engine.loseDevice();
+      post({ id: m.id, type: 'result', result: null });
     } else {
       throw new WorkerError('BadRequest', `unknown request ${m.type}`);
     }
   } catch (err) {
+    if (isTrap(err)) return fatal(err);
     post({ id: m.id, type: 'error', error: { code: err?.code ?? 'Error', message: String(err?.message ?? err) } });
+  } finally {
+    current = null;
   }
 }
 
@@ -104,22 +149,35 @@ async function openCaches() {
   }
 }
 
-/** { size, reader, cached, finishCache(sha256), dropCache() } for one file. */
+const noCache = { finishCache: async () => {}, dropCache: async () => {} };
+/** Errors that mean the file itself is bad: a copy that gave one is never kept. */
+const FILE_FAULTS = ['BadModelFile', 'CacheCorrupt', 'IntegrityError', 'NetworkError'];
+
+/**
+ * { size, reader, cached, finishCache(sha256), dropCache() } for one file. A network
+ * copy is written to the cache as it is read, but counts only once `finishCache` writes
+ * its meta entry (after the file has loaded); `dropCache` removes both entries.
+ */
 async function openSource(src, phase) {
   if (typeof Blob !== 'undefined' && src instanceof Blob) {
-    return { size: src.size, reader: src.stream().getReader(), cached: false, finishCache: async () => {}, dropCache: async () => {} };
+    return { size: src.size, reader: src.stream().getReader(), cached: false, ...noCache };
   }
   const url = String(src);
   const [cache, metas] = await openCaches();
-  const drop = async () => { await cache.delete(url); await metas.delete(url); };
   if (cache) {
     const hit = await cache.match(url);
     const meta = await metas.match(url);
     if (hit && meta) {
       const m = await meta.json();
+      const reader = hit.body.getReader();
       return {
-        size: m.size, reader: hit.body.getReader(), cached: true, expectedSha: m.sha256,
-        finishCache: async () => {}, dropCache: drop,
+        size: m.size, cached: true, expectedSha: m.sha256, finishCache: async () => {},
+        // A cached copy that cannot be read is as corrupt as one that does not parse.
+        reader: {
+          read: () => reader.read().catch((e) => { throw new WorkerError('CacheCorrupt', `reading the cached ${phase}: ${e.message ?? e}`); }),
+          cancel: (e) => reader.cancel(e).catch(() => {}),
+        },
+        dropCache: async () => { await cache.delete(url); await metas.delete(url); },
       };
     }
   }
@@ -133,45 +191,79 @@ async function openSource(src, phase) {
   const size = Number(resp.headers.get('content-length'));
   if (!size) throw new WorkerError('NetworkError', `${url}: the server sent no Content-Length`);
   const reader = resp.body.getReader();
-  if (!cache) return { size, reader, cached: false, finishCache: async () => {}, dropCache: async () => {} };
+  if (!cache) return { size, reader: checkedLength(reader, url, size, null), cached: false, ...noCache };
   // The cache copy is written in step with the read (no tee buffering a whole file).
   const ts = new TransformStream();
   const writer = ts.writable.getWriter();
   const put = cache.put(url, new Response(ts.readable, { headers: { 'content-length': String(size) } })).catch(() => {});
-  const wrapped = {
-    async read() {
-      const r = await reader.read();
-      if (r.done) await writer.close();
-      else { await writer.ready; writer.write(r.value); }
-      return r;
-    },
-    cancel: (e) => { writer.abort(e).catch(() => {}); return reader.cancel(e); },
-  };
+  const wrapped = checkedLength(reader, url, size, writer);
   return {
     size, reader: wrapped, cached: false,
     finishCache: async (sha256) => {
       await put;
       await metas.put(url, new Response(JSON.stringify({ size, sha256, url, phase })));
     },
-    dropCache: drop,
+    // A failed put (its stream aborted) stores nothing; a finished one is deleted.
+    dropCache: async () => { wrapped.cancel(); await put; await cache.delete(url); await metas.delete(url); },
   };
 }
 
+/**
+ * `reader` of a `size`-byte body whose bytes also go to `writer` (the cache copy): a
+ * body that fails, ends short or runs long is a NetworkError and aborts the copy, so
+ * that no partial file is ever stored.
+ */
+function checkedLength(reader, url, size, writer) {
+  let got = 0;
+  const fail = (why) => {
+    writer?.abort(why).catch(() => {});
+    reader.cancel(why).catch(() => {});
+    return new WorkerError('NetworkError', `fetching ${url}: ${why}`);
+  };
+  return {
+    async read() {
+      let r;
+      try {
+        r = await reader.read();
+      } catch (e) {
+        throw fail(e.message ?? String(e));
+      }
+      if (r.done) {
+        if (got !== size) throw fail(`the body ended after ${got} of ${size} bytes`);
+        await writer?.close();
+        return r;
+      }
+      got += r.value.length;
+      if (got > size) throw fail(`the body is longer than its ${size} bytes`);
+      if (writer) { await writer.ready; writer.write(r.value).catch(() => {}); }
+      return r;
+    },
+    cancel: (e) => { writer?.abort(e).catch(() => {}); return reader.cancel(e).catch(() => {}); },
+  };
+}
+
+/** A whole small file: { bytes, cached, finishCache, dropCache }. */
 async function readAll(src, name, onProgress) {
   const s = await openSource(src, name);
   const out = new Uint8Array(s.size);
   let off = 0;
-  for (;;) {
-    const { done, value } = await s.reader.read();
-    if (done) break;
-    if (off + value.length > out.length) throw new WorkerError('BadModelFile', `${name} is longer than announced`);
-    out.set(value, off);
-    off += value.length;
-    onProgress({ phase: s.cached ? 'cache' : 'download', file: name, loaded: off, total: s.size });
+  try {
+    for (;;) {
+      const { done, value } = await s.reader.read();
+      if (done) break;
+      if (off + value.length > out.length) throw new WorkerError('BadModelFile', `${name} is longer than announced`);
+      out.set(value, off);
+      off += value.length;
+      onProgress({ phase: s.cached ? 'cache' : 'download', file: name, loaded: off, total: s.size });
+    }
+    if (off !== s.size) throw new WorkerError('BadModelFile', `${name}: got ${off} of ${s.size} bytes`);
+  } catch (e) {
+    const fault = FILE_FAULTS.includes(e.code);
+    if (!s.cached || fault) await s.dropCache();
+    e.retry = s.cached && fault;
+    throw e;
   }
-  if (off !== s.size) throw new WorkerError('BadModelFile', `${name}: got ${off} of ${s.size} bytes`);
-  await s.finishCache(null);
-  return out;
+  return { bytes: out, cached: s.cached, finishCache: () => s.finishCache(null), dropCache: s.dropCache };
 }
 
 // --- loading ---------------------------------------------------------------------
@@ -195,12 +287,14 @@ async function chooseEngine(asked) {
   return software ? 'cpu' : 'auto';
 }
 
-async function loadModelOnce(Loader, model, engine, onProgress) {
-  const s = await openSource(model.src, 'model');
-  const loader = await Loader.open(s.size, engine);
+/** The model streamed into a new loader: { loader, sha, source }. */
+async function streamModel(mod, m, engine, onProgress) {
+  const s = await openSource(m.model.src, 'model');
+  let loader = null;
   let loaded = 0;
   let last = 0;
   try {
+    loader = await mod.Loader.open(s.size, engine, m.context ?? 2048);
     for (;;) {
       const { done, value } = await s.reader.read();
       if (done) break;
@@ -212,27 +306,77 @@ async function loadModelOnce(Loader, model, engine, onProgress) {
         onProgress({ phase: s.cached ? 'cache' : 'download', file: 'model', loaded, total: s.size });
       }
     }
+    const sha = loader.sha256();
+    if (s.cached && s.expectedSha !== sha) {
+      throw new WorkerError('CacheCorrupt', `cached model sha256 is ${sha}, stored ${s.expectedSha}`);
+    }
+    if (m.model.sha256 && m.model.sha256.toLowerCase() !== sha) {
+      throw new WorkerError('IntegrityError', `model sha256 is ${sha}, expected ${m.model.sha256}`);
+    }
+    return { loader, sha, source: s };
   } catch (e) {
     s.reader.cancel?.(e);
-    loader.free();
-    if (!e.code) throw new WorkerError('NetworkError', `reading the model: ${e.message ?? e}`);
+    loader?.free();
+    if (isTrap(e)) throw e;
+    // A network copy is incomplete here, never kept; a cached one goes if it is at fault.
+    const fault = FILE_FAULTS.includes(e.code);
+    if (!s.cached || fault) await s.dropCache();
+    e.retry = s.cached && fault;
     throw e;
   }
-  const sha = loader.sha256();
-  if (s.cached && s.expectedSha !== sha) {
-    // The cached copy changed since it was stored: drop it (the caller fetches again).
-    loader.free();
-    await s.dropCache();
-    throw new WorkerError('CacheCorrupt', `cached model sha256 is ${sha}, stored ${s.expectedSha}`);
+}
+
+/** The drafter's two files set on `loader`; a drafter that does not load leaves neither
+ *  file cached, and a cached pair that is corrupt or does not parse is fetched once more.
+ *  Returns the pair's sources, committed after the load. */
+async function setDrafter(loader, d, onProgress) {
+  for (let attempt = 0; ; attempt++) {
+    const files = [];
+    try {
+      files.push(await readAll(d.config, 'drafter config', onProgress));
+      files.push(await readAll(d.weights, 'drafter weights', onProgress));
+      loader.setDrafter(new TextDecoder().decode(files[0].bytes), files[1].bytes);
+      return files;
+    } catch (e) {
+      if (isTrap(e)) throw e;
+      for (const f of files) await f.dropCache();
+      const unparsable = files.length === 2 && e.code === 'BadModelFile' && files.some((f) => f.cached);
+      if (attempt > 0 || !(e.retry || unparsable)) throw e;
+    }
   }
-  if (model.sha256 && model.sha256.toLowerCase() !== sha) {
-    loader.free();
-    if (!s.cached) await s.finishCache(sha);
-    await s.dropCache();
-    throw new WorkerError('IntegrityError', `model sha256 is ${sha}, expected ${model.sha256}`);
+}
+
+/**
+ * The model (and drafter) built once. A failure the model file is to blame for drops
+ * its copy; `e.retry` says the copy came from the cache, so the network may do better.
+ * A copy is committed to the cache only once it has loaded.
+ */
+async function loadOnce(mod, m, engine, onProgress) {
+  const { loader, sha, source } = await streamModel(mod, m, engine, onProgress);
+  let drafter = [];
+  let pending = loader;
+  let building = false;
+  try {
+    if (m.drafter) drafter = await setDrafter(loader, m.drafter, onProgress);
+    onProgress({ phase: 'build', file: 'model', loaded: 0, total: 0 });
+    pending = null; // finish takes the loader
+    building = true;
+    const eng = await loader.finish(m.context ?? 2048);
+    await source.finishCache(sha);
+    for (const f of drafter) await f.finishCache();
+    return { eng, cached: source.cached };
+  } catch (e) {
+    pending?.free();
+    if (isTrap(e)) throw e;
+    if (building && e.code === 'BadModelFile') {
+      // The model's own parse failed (a drafter's fails in setDrafter).
+      await source.dropCache();
+      e.retry = source.cached;
+    } else if (!source.cached) {
+      await source.finishCache(sha); // the file is good; the failure is elsewhere
+    }
+    throw e;
   }
-  await s.finishCache(sha);
-  return { loader, cached: s.cached };
 }
 
 async function load(m, onProgress) {
@@ -242,28 +386,23 @@ async function load(m, onProgress) {
   const { mod } = await wasmBuild(engine === 'cpu' ? cpuThreads(m.threads) : 1);
   let r;
   try {
-    r = await loadModelOnce(mod.Loader, m.model, engine, onProgress);
+    r = await loadOnce(mod, m, engine, onProgress);
   } catch (e) {
-    if (e.code !== 'CacheCorrupt') throw e;
-    r = await loadModelOnce(mod.Loader, m.model, engine, onProgress); // the bad copy is gone: from the network
+    // A cached copy that is corrupt or does not parse is gone: once more from the network.
+    if (!e.retry) throw e;
+    r = await loadOnce(mod, m, engine, onProgress);
   }
-  const { loader } = r;
-  if (m.drafter) {
-    const d = m.drafter;
-    const config = new TextDecoder().decode(await readAll(d.config, 'drafter config', onProgress));
-    const weights = await readAll(d.weights, 'drafter weights', onProgress);
-    loader.setDrafter(config, weights);
-  }
-  onProgress({ phase: 'build', file: 'model', loaded: 0, total: 0 });
-  const eng = loader.finish(m.context ?? 2048);
+  const { eng } = r;
   const info = eng.info();
   info.load_s = (performance.now() - t0) / 1000;
   info.from_cache = r.cached;
   const engineInfo = info;
   return {
+    mod,
     info: () => engineInfo,
     chat: (req, onPiece) => eng.chat(req, onPiece),
     interrupt: () => eng.interrupt(),
+    loseDevice: () => eng.__testLoseDevice(),
     unload: () => { eng.unload(); eng.free(); },
   };
 }

@@ -14,9 +14,7 @@ use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, Weigh
 use dflash_core::generate::{CpuGeneration, Interrupt};
 use dflash_core::speculative::{BlockSize, DFlashCpu, SpeculativeGeneration};
 use dflash_gpu::dflash::Speculative;
-use dflash_gpu::{
-    GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader, StreamedModel,
-};
+use dflash_gpu::{GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader};
 use sha2::{Digest, Sha256};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -41,11 +39,77 @@ fn to_js_value(v: &serde_json::Value) -> JsValue {
 
 use serde::Serialize;
 
+/// The last panic's message and place. A panic aborts the wasm instance with a trap
+/// (`RuntimeError: unreachable`) that says nothing of its cause: the worker reads this
+/// after catching the trap (`takePanic`) and hands it to the caller as code `Panic`.
+static LAST_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = console, js_name = error)]
+    fn console_error(s: &str);
+}
+
+/// Installs the panic hook when the module is instantiated.
+#[wasm_bindgen(start)]
+fn start() {
+    std::panic::set_hook(Box::new(|info| {
+        let payload = info.payload();
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        let msg = match info.location() {
+            Some(l) => format!("{what} (at {}:{})", l.file(), l.line()),
+            None => what,
+        };
+        console_error(&format!("dflash-web panicked: {msg}"));
+        if let Ok(mut g) = LAST_PANIC.lock() {
+            *g = Some(msg);
+        }
+    }));
+}
+
+/// The message of the panic that trapped the instance, once (null if none happened).
+#[wasm_bindgen(js_name = takePanic)]
+pub fn take_panic() -> Option<String> {
+    LAST_PANIC.lock().ok().and_then(|mut g| g.take())
+}
+
+/// TEST ONLY: panics with `message` after yielding to the event loop once, so that the
+/// trap comes from a running future, as a bug in a chat request's would.
+#[wasm_bindgen(js_name = __testTrap)]
+pub async fn test_trap(message: String) -> Result<(), JsValue> {
+    yield_to_worker().await?;
+    panic!("{message}");
+}
+
+/// The request parsed and checked as `Engine::chat` does before it runs.
+fn parse_request(request: JsValue) -> Result<ChatRequest, JsValue> {
+    let v: serde_json::Value = serde_wasm_bindgen::from_value(request)
+        .map_err(|e| js_error("BadRequest", &format!("bad request: {e}")))?;
+    let req = ChatRequest::from_json(v).map_err(core_err)?;
+    req.validate().map_err(core_err)?;
+    Ok(req)
+}
+
+/// Checks a chat request without a model (fields, types, sampling parameters): throws
+/// the `{ code: 'BadRequest', message }` error the engine would.
+#[wasm_bindgen(js_name = validateRequest)]
+pub fn validate_request(request: JsValue) -> Result<(), JsValue> {
+    parse_request(request).map(|_| ())
+}
+
 /// Where the model goes while it loads.
 enum Target {
     Gpu {
         ctx: Rc<GpuContext>,
         model: StreamLoader,
+        /// Every buffer of the load (weights, KV cache, activations) is made inside this
+        /// out-of-memory error scope: the browser reports a failed allocation only
+        /// through a scope (or as an uncaptured error), never at the call.
+        oom: dflash_gpu::context::OomScope,
     },
     Cpu(WeightStream<HostSink>),
 }
@@ -64,12 +128,20 @@ impl Loader {
     /// device (code `NoWebGPU` when there is none), `"cpu"` the quantized CPU engine,
     /// `"auto"` (or nothing) WebGPU where a device opens and is not a CPU device, else the
     /// CPU engine. (The worker asks for `"cpu"` when the browser's adapter is a software
-    /// fallback.)
-    pub async fn open(total: f64, engine: Option<String>) -> Result<Loader, JsValue> {
+    /// fallback.) On the GPU, `context` (tokens, default 2048) lets the loader check,
+    /// as soon as the header has arrived, that every buffer of the model fits the
+    /// adapter's limits (code `LimitsExceeded`, naming the limit), before the weights
+    /// download.
+    pub async fn open(
+        total: f64,
+        engine: Option<String>,
+        context: Option<u32>,
+    ) -> Result<Loader, JsValue> {
+        let context = context.unwrap_or(2048) as usize;
         let target = match engine.as_deref().unwrap_or("auto") {
             "cpu" => cpu_target(total),
-            "gpu" => gpu_target(total).await.map_err(gpu_err)?,
-            "auto" => match gpu_target(total).await {
+            "gpu" => gpu_target(total, context).await.map_err(gpu_err)?,
+            "auto" => match gpu_target(total, context).await {
                 Ok(Target::Gpu { ctx, .. }) if ctx.summary.device_type == "Cpu" => {
                     cpu_target(total)
                 }
@@ -141,32 +213,35 @@ impl Loader {
     }
 
     /// Checks the whole file arrived, builds the model for a context of `context` tokens
-    /// (and the drafter, validated against it).
-    pub fn finish(self, context: u32) -> Result<Engine, JsValue> {
+    /// (and the drafter, validated against it). An allocation the GPU refused during the
+    /// load is code `OutOfMemory`.
+    pub async fn finish(self, context: u32) -> Result<Engine, JsValue> {
         let sha256 = self.sha256();
         let (runner, tokenizer, chat_template, context, engine) = match self.target {
-            Target::Gpu { ctx, model } => {
+            Target::Gpu { ctx, model, oom } => {
                 let taps = self
                     .drafter
                     .as_ref()
                     .map(|d| d.config.target_layer_ids.clone())
                     .unwrap_or_default();
-                let StreamedModel {
-                    model,
-                    tokenizer,
-                    chat_template,
-                } = model
+                let built = model
                     .finish(&GpuModelOptions {
                         context: context as usize,
                         taps,
                         ..Default::default()
                     })
-                    .map_err(gpu_err)?;
-                let context = model.context;
-                let runner = match &self.drafter {
-                    Some(w) => Runner::Spec(Box::new(Speculative::new(model, w).map_err(gpu_err)?)),
-                    None => Runner::Plain(model),
-                };
+                    .and_then(|m| {
+                        let context = m.model.context;
+                        let runner = match &self.drafter {
+                            Some(w) => Runner::Spec(Box::new(Speculative::new(m.model, w)?)),
+                            None => Runner::Plain(m.model),
+                        };
+                        Ok((runner, m.tokenizer, m.chat_template, context))
+                    });
+                // A refused allocation explains whatever failed after it: reported first.
+                oom.close("loading the model").await.map_err(gpu_err)?;
+                let (runner, tokenizer, chat_template, context) = built.map_err(gpu_err)?;
+                ctx.check_lost().map_err(gpu_err)?;
                 let engine = serde_json::json!({"engine": "gpu", "adapter": adapter_json(&ctx)});
                 (runner, tokenizer, chat_template, context, engine)
             }
@@ -253,10 +328,11 @@ fn cpu_target(total: f64) -> Target {
     Target::Cpu(WeightStream::new(HostSink, total as u64))
 }
 
-async fn gpu_target(total: f64) -> Result<Target, GpuError> {
+async fn gpu_target(total: f64, context: usize) -> Result<Target, GpuError> {
     let ctx = Rc::new(GpuContext::new_async(&GpuOptions::default()).await?);
     Ok(Target::Gpu {
-        model: StreamLoader::new(ctx.clone(), total as u64),
+        oom: ctx.oom_scope(),
+        model: StreamLoader::with_context(ctx.clone(), total as u64, context),
         ctx,
     })
 }
@@ -321,9 +397,7 @@ impl Engine {
         let inner = self.inner.clone();
         let interrupt = self.interrupt.clone();
         wasm_bindgen_futures::future_to_promise(async move {
-            let v: serde_json::Value = serde_wasm_bindgen::from_value(request)
-                .map_err(|e| js_error("BadRequest", &format!("bad request: {e}")))?;
-            let req = ChatRequest::from_json(v).map_err(core_err)?;
+            let req = parse_request(request)?;
             let mut guard = inner
                 .try_borrow_mut()
                 .map_err(|_| js_error("Busy", "the engine is answering another request"))?;
@@ -467,6 +541,23 @@ impl Engine {
             };
             Ok(to_js_value(&out))
         })
+    }
+
+    /// TEST ONLY: destroys the engine's GPU device (`GPUDevice.destroy()`, what a driver
+    /// reset does): later requests fail with code `DeviceLost`. Nothing on the CPU engine.
+    #[wasm_bindgen(js_name = __testLoseDevice)]
+    pub fn test_lose_device(&self) -> Result<(), JsValue> {
+        let g = self
+            .inner
+            .try_borrow()
+            .map_err(|_| js_error("Busy", "the engine is answering a request"))?;
+        let ctx = match g.as_ref().map(|i| &i.runner) {
+            Some(Runner::Plain(m)) => &m.ctx,
+            Some(Runner::Spec(s)) => &s.target.ctx,
+            _ => return Ok(()),
+        };
+        ctx.destroy_device();
+        Ok(())
     }
 
     /// Ends the running request before its next token (it resolves with what it has,

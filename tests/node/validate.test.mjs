@@ -1,0 +1,136 @@
+// The package's checks without a browser: the wasm's validateRequest (the checks the
+// worker runs before a chat request) loaded in node with initSync, the panic hook that
+// names a trap's cause, and createEngine's own option checks (pkg/index.js touches
+// Worker and navigator only after them). Needs pkg/dist (scripts/build-pkg.sh).
+//   node --test tests/node/
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { join, dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const GLUE = join(ROOT, 'pkg', 'dist', 'dflash_web.js');
+const WASM = join(ROOT, 'pkg', 'dist', 'dflash_web_bg.wasm');
+
+const wasm = await import(GLUE);
+wasm.initSync({ module: readFileSync(WASM) });
+
+/** The error validateRequest throws, as { code, message }, or null. */
+function check(request) {
+  try {
+    wasm.validateRequest(request);
+    return null;
+  } catch (e) {
+    return { name: e.name, code: e.code, message: e.message };
+  }
+}
+
+const ok = [{ role: 'user', content: 'hi' }];
+
+test('valid requests pass', () => {
+  for (const r of [
+    { messages: ok },
+    { messages: ok, temperature: 0, max_tokens: 8, top_p: 0.9, top_k: 40, min_p: 0.05, seed: 7 },
+    { messages: ok, stop: ['\n'], stream: true, dflash: false, block: 'auto', model: 'x' },
+    { messages: [{ role: 'system', content: 's' }, ...ok, { role: 'assistant', content: 'a' }], block: 4 },
+    { messages: ok, rejection_sampling: true, sampled_drafts: true, temperature: 0.8 },
+  ]) {
+    assert.equal(check(r), null, JSON.stringify(r));
+  }
+});
+
+// Each bad request is a BadRequest whose message names the field: a NaN arrives as
+// null (serde_wasm_bindgen) and must never become the field's default.
+test('bad requests are BadRequest naming the field', () => {
+  const cases = [
+    [{ messages: ok, temperature: NaN }, 'temperature'],
+    [{ messages: ok, temperature: Infinity }, 'temperature'],
+    [{ messages: ok, top_p: -Infinity }, 'top_p'],
+    [{ messages: ok, min_p: NaN }, 'min_p'],
+    [{ messages: ok, max_tokens: NaN }, 'max_tokens'],
+    [{ messages: ok, max_completion_tokens: Infinity }, 'max_completion_tokens'],
+    [{ messages: ok, top_k: NaN }, 'top_k'],
+    [{ messages: ok, seed: NaN }, 'seed'],
+    [{ messages: ok, block: NaN }, 'block'],
+    [{ messages: ok, temperature: -1 }, 'temperature'],
+    [{ messages: ok, top_p: 0 }, 'top_p'],
+    [{ messages: ok, top_p: 1.5 }, 'top_p'],
+    [{ messages: ok, min_p: -0.1 }, 'min_p'],
+    [{ messages: ok, max_tokens: -1 }, 'max_tokens'],
+    [{ messages: ok, max_tokens: 2.5 }, 'max_tokens'],
+    [{ messages: ok, top_k: -3 }, 'top_k'],
+    [{ messages: ok, seed: -1 }, 'seed'],
+    [{ messages: ok, block: 0 }, 'block'],
+    [{ messages: ok, block: -2 }, 'block'],
+    [{ messages: ok, block: 'big' }, 'block'],
+    [{ messages: ok, temperature: '0.5' }, 'temperature'],
+    [{ messages: ok, max_tokens: '16' }, 'max_tokens'],
+    [{ messages: ok, dflash: 'yes' }, 'dflash'],
+    [{ messages: ok, stream: 1 }, 'stream'],
+    [{ messages: [] }, 'messages'],
+    [{}, 'messages'],
+    [{ messages: 'hi' }, 'messages'],
+    [{ messages: [{ role: 'tool', content: 'x' }] }, 'role'],
+    [{ messages: [{ role: 'user' }] }, 'messages[0].content'],
+    [{ messages: [{ role: 'user', content: 5 }] }, 'messages[0].content'],
+    [{ messages: [{ content: 'x' }] }, 'messages[0].role'],
+    [{ messages: ok, temprature: 0.5 }, 'temprature'],
+  ];
+  for (const [r, field] of cases) {
+    const e = check(r);
+    assert.ok(e, `accepted: ${JSON.stringify(r)}`);
+    assert.equal(e.code, 'BadRequest', `${field}: ${e.message}`);
+    assert.equal(e.name, 'DFlashError');
+    assert.ok(e.message.includes(field), `${JSON.stringify(r)}: the message should name ${field}: ${e.message}`);
+  }
+  for (const r of [null, 5, 'hi', [ok]]) assert.equal(check(r)?.code, 'BadRequest', JSON.stringify(r));
+});
+
+// A trap in a running wasm future surfaces as an uncaught RuntimeError ('unreachable')
+// that says nothing of the cause; the panic hook kept the message for takePanic. (In a
+// child process: the trap is an uncaught exception there, as in the worker.)
+test('a panic is named by takePanic after the trap', () => {
+  const script = `
+    import { readFileSync } from 'node:fs';
+    const m = await import(${JSON.stringify(GLUE)});
+    m.initSync({ module: readFileSync(${JSON.stringify(WASM)}) });
+    process.on('uncaughtException', (e) => {
+      console.log(JSON.stringify({ trap: e instanceof WebAssembly.RuntimeError, panic: m.takePanic(), again: m.takePanic() ?? null }));
+      process.exit(0);
+    });
+    m.__testTrap('deliberate test panic 42');
+  `;
+  const out = execFileSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
+  const r = JSON.parse(out.trim().split('\n').pop());
+  assert.equal(r.trap, true);
+  assert.match(r.panic, /^deliberate test panic 42 \(at .*wasm\.rs:\d+\)$/);
+  assert.equal(r.again, null, 'taken once');
+});
+
+test("createEngine's own option checks are BadRequest (NoWebGPU for engine 'gpu' without WebGPU)", async () => {
+  const { createEngine, DFlashError, hasWebGPU } = await import(join(ROOT, 'pkg', 'index.js'));
+  assert.equal(hasWebGPU(), false);
+  const code = async (opts) => {
+    try {
+      await createEngine(opts);
+      return null;
+    } catch (e) {
+      assert.ok(e instanceof DFlashError, String(e));
+      return e.code;
+    }
+  };
+  const model = '/models/x.gguf';
+  for (const opts of [
+    undefined, {}, { model: '' },
+    { model, engine: 'tpu' }, { model, engine: null },
+    { model, threads: 0 }, { model, threads: 65 }, { model, threads: 1.5 }, { model, threads: '2' }, { model, threads: NaN },
+    { model, ifBusy: 'wait' }, { model, ifBusy: null },
+    { model, context: 0 }, { model, context: NaN }, { model, context: '2048' },
+    { model, worker: 5 },
+  ]) {
+    assert.equal(await code(opts), 'BadRequest', JSON.stringify(opts));
+  }
+  assert.equal(await code({ model, engine: 'gpu' }), 'NoWebGPU');
+});
