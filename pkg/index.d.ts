@@ -70,9 +70,12 @@ export interface EngineOptions {
   ifBusy?: 'queue' | 'reject';
 }
 
+/** 'developer' is taken as 'system'; content may be OpenAI's text parts (joined);
+ *  `name` is accepted and ignored. */
 export interface ChatMessage {
-  role: 'system' | 'user' | 'assistant';
-  content: string;
+  role: 'system' | 'user' | 'assistant' | 'developer';
+  content: string | { type: 'text'; text: string }[];
+  name?: string;
 }
 
 export interface ChatCompletionRequest {
@@ -86,8 +89,36 @@ export interface ChatCompletionRequest {
   top_p?: number;
   top_k?: number;
   min_p?: number;
+  /** OpenAI's penalties, in [-2, 2] (CPU engine; the GPU sampler refuses them with
+   *  `Unsupported`): a token's logit minus frequency_penalty times its count in the
+   *  sequence so far, and minus presence_penalty if it occurs. */
+  frequency_penalty?: number;
+  presence_penalty?: number;
+  /** CTRL's repetition penalty (> 0, 1 disables; CPU engine). */
+  repetition_penalty?: number;
   seed?: number;
   stop?: string | string[];
+  /** include_usage: one more chunk after the finish chunk, with `choices: []` and the
+   *  usage, as OpenAI sends (the finish chunk carries the usage either way). */
+  stream_options?: { include_usage?: boolean };
+  // OpenAI fields accepted at the values that change nothing (anything else is
+  // BadRequest naming the field): code written for OpenAI's client or WebLLM runs as is.
+  n?: 1;
+  logprobs?: false | null;
+  top_logprobs?: 0 | null;
+  logit_bias?: Record<string, never> | null;
+  response_format?: { type: 'text' } | null;
+  tools?: [] | null;
+  functions?: [] | null;
+  tool_choice?: 'none' | 'auto' | null;
+  function_call?: 'none' | 'auto' | null;
+  // Accepted and ignored.
+  user?: string;
+  metadata?: Record<string, string>;
+  store?: boolean;
+  service_tier?: string;
+  parallel_tool_calls?: boolean;
+  modalities?: string[];
   /** DFlash speculative decoding (default: on when a drafter is loaded). Lossless. */
   dflash?: boolean;
   /** Block size of DFlash: rows verified per step, or 'auto' (default). */
@@ -109,6 +140,8 @@ export interface Usage {
   decode_s: number;
   prefill_tok_s: number;
   decode_tok_s: number;
+  /** Seconds from the start of this request's prefill to its first token. */
+  time_to_first_token_s: number;
   dflash:
     | { enabled: false }
     | { enabled: true; block: string; steps: number; mean_tau: number; accepted_tokens: number; acceptance_by_position: number[] };

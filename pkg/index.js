@@ -182,7 +182,15 @@ class Completions {
     const done = abortIn(call);
     signal?.addEventListener('abort', () => { failure = aborted(); finished = true; chunks.length = 0; wake?.(); }, { once: true });
     call.then(
-      (r) => { if (!failure) push(chunk({}, r.finish_reason, { usage: r.usage })); finished = true; wake?.(); },
+      (r) => {
+        if (!failure) {
+          push(chunk({}, r.finish_reason, { usage: r.usage }));
+          // OpenAI's stream_options.include_usage: a last chunk with no choices.
+          if (req.stream_options?.include_usage) push({ ...chunk({}), choices: [], usage: r.usage });
+        }
+        finished = true;
+        wake?.();
+      },
       (err) => { failure ??= err; finished = true; wake?.(); },
     ).finally(done);
     return {

@@ -11,7 +11,8 @@
 #      WebGPU limits (no f16, 1 GiB bindings, 256 invocations);
 #   3. the browser product: the npm package built for wasm32 (scripts/build-pkg.sh), the
 #      demo page and the packed npm package in headless Chromium (WebGPU on SwiftShader)
-#      against the native engine's greedy text, and the error paths (tests/e2e/).
+#      against the native engine's greedy text, and the error and fault paths
+#      (tests/e2e/); the request validation in node (tests/node/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,6 +69,8 @@ echo "== [$SECONDS s] the browser product (wasm in a Worker, npm package, demo) 
 # native-only code.
 scripts/build-pkg.sh
 (cd tests && npm ci --no-audit --no-fund >/dev/null)
+echo "== [$SECONDS s] the package's request validation and option checks in node (no browser)"
+node --test tests/node/
 for t in tests/e2e/*.test.mjs; do
   node --test "$t"
 done

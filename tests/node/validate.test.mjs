@@ -134,3 +134,24 @@ test("createEngine's own option checks are BadRequest (NoWebGPU for engine 'gpu'
   }
   assert.equal(await code({ model, engine: 'gpu' }), 'NoWebGPU');
 });
+
+test('index.d.ts declares exactly the request fields the parser takes', () => {
+  const dts = readFileSync(join(ROOT, 'pkg', 'index.d.ts'), 'utf8');
+  const body = dts.split('export interface ChatCompletionRequest {')[1].split('\n}')[0];
+  const declared = [...body.matchAll(/^\s{2}(\w+)\??:/gm)].map((m) => m[1]).sort();
+  assert.deepEqual(declared, [...wasm.requestFields()].sort());
+});
+
+test('OpenAI default fields pass; values that would change the answer name the field', () => {
+  const webllm = {
+    messages: [{ role: 'developer', content: 's', name: 'd' }, { role: 'user', content: [{ type: 'text', text: 'hi' }] }],
+    n: 1, frequency_penalty: 0, presence_penalty: 0, logprobs: false, user: 'u', stream: true,
+    stream_options: { include_usage: true }, tools: [], tool_choice: 'none', response_format: { type: 'text' },
+  };
+  assert.equal(check(webllm), null);
+  for (const [k, v] of [['n', 2], ['logprobs', true], ['tools', [{ type: 'function' }]], ['frequency_penalty', NaN]]) {
+    const e = check({ ...webllm, [k]: v });
+    assert.equal(e?.code, 'BadRequest', k);
+    assert.match(e.message, new RegExp(k), k);
+  }
+});

@@ -51,13 +51,20 @@ def main():
             assert r.choices[0].message.content == want, (dflash, r.choices[0].message.content, want)
             assert r.usage.completion_tokens == N
             seen[f"dflash_{dflash}"] = r.usage.model_extra.get("dflash")
+        # With the fields OpenAI clients send by default set explicitly, and include_usage.
         stream = client.chat.completions.create(model=models[0], messages=messages, max_tokens=N, temperature=0,
-                                                stream=True)
+                                                stream=True, stream_options={"include_usage": True}, n=1,
+                                                frequency_penalty=0, presence_penalty=0, user="u", logprobs=False)
         chunks = list(stream)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text == want, (text, want)
-        assert chunks[-1].usage.completion_tokens == N
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == N, chunks[-1]
         seen["stream_chunks"] = len(chunks)
+        # Penalties run on the CPU engine: a different, still deterministic answer.
+        pen = [client.chat.completions.create(model=models[0], messages=messages, max_tokens=N, temperature=0,
+                                              frequency_penalty=1.5).choices[0].message.content for _ in range(2)]
+        assert pen[0] == pen[1] and pen[0] != want, pen
+        seen["frequency_penalty"] = "changes the answer"
         c = client.completions.create(model=models[0], prompt="def fib(n):", max_tokens=8, temperature=0)
         assert c.choices[0].text == greedy("--prompt", "def fib(n):", 8), c.choices[0].text
         try:

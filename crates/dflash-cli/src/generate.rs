@@ -64,6 +64,12 @@ pub struct GenerateArgs {
     min_p: f32,
     #[arg(long, default_value_t = 1.0)]
     repetition_penalty: f32,
+    /// OpenAI's frequency penalty (CPU engine): a token's logit minus this times its count.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// OpenAI's presence penalty (CPU engine): a token's logit minus this if it occurred.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Stop strings (repeatable).
@@ -202,6 +208,8 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         top_p: a.top_p,
         min_p: a.min_p,
         repetition_penalty: a.repetition_penalty,
+        frequency_penalty: a.frequency_penalty,
+        presence_penalty: a.presence_penalty,
         seed: a.seed,
         speculative_rejection: a.rejection_sampling,
         sampled_drafts: a.sampled_drafts,
@@ -228,18 +236,15 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     };
     let t_prep = Instant::now();
     let mut device_choice = a.device.device;
-    if req.sampling.repetition_penalty != 1.0 {
+    if req.sampling.has_penalties() {
         match device_choice {
             Some(Device::Gpu) => {
                 return Err(CliError::Usage(
-                    "the GPU sampler has no repetition penalty yet; use --device cpu".into(),
+                    "the GPU sampler has no penalties yet; use --device cpu".into(),
                 ))
             }
             None => {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "note: --repetition-penalty runs on the CPU engine"
-                );
+                let _ = writeln!(std::io::stderr(), "note: penalties run on the CPU engine");
                 device_choice = Some(Device::Cpu);
             }
             Some(Device::Cpu | Device::Reference) => {}

@@ -202,6 +202,10 @@ fn complete(stream: &TcpStream, s: &Shared, body: &[u8], raw: bool) -> std::io::
     };
     let (events, rx) = mpsc::channel();
     let interrupt = Interrupt::default();
+    let include_usage = request
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
     let job = Job {
         request,
         raw_prompt,
@@ -232,6 +236,7 @@ fn complete(stream: &TcpStream, s: &Shared, body: &[u8], raw: bool) -> std::io::
         created: unix_time(),
         model: s.model_id.clone(),
         raw,
+        include_usage,
     };
     let outcome = if stream_it {
         reply.stream(stream, &rx, &interrupt)
@@ -286,6 +291,8 @@ struct Reply {
     created: u64,
     model: String,
     raw: bool,
+    /// `stream_options.include_usage`: a last chunk with no choices and the usage.
+    include_usage: bool,
 }
 
 impl Reply {
@@ -390,6 +397,12 @@ impl Reply {
                         self.envelope(self.choice(None, d["finish_reason"].clone(), true), true);
                     v["usage"] = d["usage"].clone();
                     write_event(stream, &v.to_string())?;
+                    if self.include_usage {
+                        let mut u = self.envelope(Value::Null, true);
+                        u["choices"] = json!([]);
+                        u["usage"] = d["usage"].clone();
+                        write_event(stream, &u.to_string())?;
+                    }
                     return write_event(stream, "[DONE]");
                 }
                 Event::Failed(_, code, message) => {
@@ -615,6 +628,7 @@ fn error_status(e: &CliError) -> (u16, &'static str) {
         CliError::Core(E::ContextOverflow { .. }) => (400, "ContextOverflow"),
         CliError::Core(E::ChatTemplate(_)) => (400, "ChatTemplate"),
         CliError::Core(E::LimitExceeded { .. }) => (400, "LimitExceeded"),
+        CliError::Gpu(dflash_gpu::GpuError::Unsupported(_)) => (400, "Unsupported"),
         _ => (500, "Internal"),
     }
 }

@@ -19,6 +19,13 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// 1 disables. Applied to every token already in the sequence (prompt included).
     pub repetition_penalty: f32,
+    /// OpenAI's penalties, 0 disables: a token's logit is lowered by
+    /// `frequency_penalty` times its count in the sequence so far (prompt included, as
+    /// llama.cpp counts) and by `presence_penalty` if it occurs at all. In [-2, 2].
+    #[serde(default)]
+    pub frequency_penalty: f32,
+    #[serde(default)]
+    pub presence_penalty: f32,
     pub seed: u64,
     /// Speculative decoding at T > 0: verify drafts by rejection sampling against the
     /// drafter's proposal distribution (accept with min(1, p/q), else resample from
@@ -42,6 +49,8 @@ impl Default for SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: 0,
             speculative_rejection: false,
             sampled_drafts: false,
@@ -64,10 +73,22 @@ impl SamplingParams {
         if !(self.repetition_penalty > 0.0) || !self.repetition_penalty.is_finite() {
             return bad("repetition_penalty must be > 0");
         }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("frequency_penalty must be in [-2, 2]");
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return bad("presence_penalty must be in [-2, 2]");
+        }
         Ok(())
     }
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
+    }
+    /// Whether any penalty depends on the tokens so far (the GPU sampler has none).
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
     }
 }
 
@@ -98,18 +119,25 @@ pub fn random_uniform(seed: u64, position: u32, stream: u32) -> f32 {
     (random_u32(seed, position, stream) >> 8) as f32 * (1.0 / 16_777_216.0)
 }
 
-/// Applies the repetition penalty of CTRL / transformers: for each distinct token in
-/// `history`, a positive logit is divided by the penalty, a negative one multiplied.
-pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f32) {
-    if penalty == 1.0 {
+/// Applies the penalties over the tokens in `history`: first the repetition penalty of
+/// CTRL / transformers (for each distinct token a positive logit is divided by it, a
+/// negative one multiplied), then OpenAI's frequency and presence penalties
+/// (`count * frequency + presence` subtracted), as llama.cpp orders them.
+pub fn apply_penalties(logits: &mut [f32], history: &[u32], params: &SamplingParams) {
+    if !params.has_penalties() {
         return;
     }
-    let mut seen = std::collections::HashSet::new();
+    let mut counts = std::collections::HashMap::new();
     for &t in history {
+        *counts.entry(t).or_insert(0u32) += 1;
+    }
+    let penalty = params.repetition_penalty;
+    for (&t, &n) in &counts {
         if let Some(l) = logits.get_mut(t as usize) {
-            if seen.insert(t) {
+            if penalty != 1.0 {
                 *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
             }
+            *l -= n as f32 * params.frequency_penalty + params.presence_penalty;
         }
     }
 }
@@ -141,7 +169,7 @@ pub fn order_key(v: f32) -> u32 {
 pub fn sample(logits: &[f32], params: &SamplingParams, history: &[u32], position: usize) -> u32 {
     if params.is_greedy() {
         let mut l = logits.to_vec();
-        apply_repetition_penalty(&mut l, history, params.repetition_penalty);
+        apply_penalties(&mut l, history, params);
         return argmax(&l) as u32;
     }
     let (w, total) = kept_weights(logits, params, history);
@@ -170,7 +198,7 @@ pub fn inverse_cdf(w: &[f32], u: f32) -> u32 {
 /// tokens, 0 for the others) and their sum: `sample`'s distribution is `w / total`.
 pub fn kept_weights(logits: &[f32], params: &SamplingParams, history: &[u32]) -> (Vec<f32>, f32) {
     let mut l = logits.to_vec();
-    apply_repetition_penalty(&mut l, history, params.repetition_penalty);
+    apply_penalties(&mut l, history, params);
     let inv_t = 1.0 / params.temperature;
     let z: Vec<f32> = l.iter().map(|v| v * inv_t).collect();
     let m = z

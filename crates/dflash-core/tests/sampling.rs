@@ -142,3 +142,55 @@ fn bad_parameters_are_typed_errors() {
         );
     }
 }
+
+#[test]
+fn frequency_and_presence_penalties_follow_openai_and_compose_with_repetition() {
+    use dflash_core::sampling::{apply_penalties, kept_weights};
+    let logits = [2.0f32, -1.0, 0.5, 3.0];
+    let history = [0u32, 0, 0, 1, 3];
+    let p = SamplingParams {
+        frequency_penalty: 0.5,
+        presence_penalty: 0.25,
+        ..params(0.0)
+    };
+    let mut l = logits.to_vec();
+    apply_penalties(&mut l, &history, &p);
+    // logit - count * 0.5 - 0.25 for tokens that occur; token 2 untouched.
+    assert_eq!(
+        l,
+        vec![2.0 - 1.5 - 0.25, -1.0 - 0.5 - 0.25, 0.5, 3.0 - 0.5 - 0.25]
+    );
+    // The repetition penalty first (2 / 2, -1 * 2, 3 / 2), then the others.
+    let p2 = SamplingParams {
+        repetition_penalty: 2.0,
+        ..p.clone()
+    };
+    let mut l2 = logits.to_vec();
+    apply_penalties(&mut l2, &history, &p2);
+    assert_eq!(l2, vec![1.0 - 1.75, -2.0 - 0.75, 0.5, 1.5 - 0.75]);
+    // Greedy and sampled paths both see them: token 3 (the argmax) loses to token 0
+    // when its count grows, and the sampler's weights change the same way.
+    let heavy = SamplingParams {
+        frequency_penalty: 2.0,
+        ..params(0.0)
+    };
+    assert_eq!(sample(&logits, &params(0.0), &[3, 3], 9), 3);
+    assert_eq!(sample(&logits, &heavy, &[3, 3], 9), 0);
+    let (w, _) = kept_weights(
+        &logits,
+        &SamplingParams {
+            temperature: 1.0,
+            ..heavy.clone()
+        },
+        &[3, 3],
+    );
+    assert!(w[3] < w[0]);
+    // Out of OpenAI's range: a typed error.
+    for bad in [2.5f32, -2.5, f32::NAN] {
+        let q = SamplingParams {
+            presence_penalty: bad,
+            ..params(0.0)
+        };
+        assert!(q.validate().is_err(), "{bad}");
+    }
+}

@@ -814,9 +814,9 @@ impl GpuModel {
     /// served by the argmax head instead).
     pub fn set_sampling(&self, sp: &dflash_core::sampling::SamplingParams) -> Result<()> {
         sp.validate()?;
-        if sp.repetition_penalty != 1.0 {
+        if sp.has_penalties() {
             return Err(GpuError::Unsupported(
-                "repetition penalty on the GPU sampler".into(),
+                "repetition, frequency and presence penalties on the GPU sampler (use the CPU engine)".into(),
             ));
         }
         let v = self.config.vocab_size;

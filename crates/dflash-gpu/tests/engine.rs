@@ -381,3 +381,32 @@ fn a_lost_device_is_an_error_not_a_hang() {
         Err(GpuError::DeviceLost(_))
     ));
 }
+
+#[test]
+fn the_gpu_sampler_refuses_penalties_it_does_not_have() {
+    let Some(ctx) = gpu_context(&GpuOptions::default()) else {
+        return;
+    };
+    let w = tiny(Arch::Qwen2, GgmlType::Q8_0, 4);
+    let g = GpuModel::new(ctx, &w, &GpuModelOptions::default()).unwrap();
+    use dflash_core::sampling::SamplingParams;
+    for sp in [
+        SamplingParams {
+            repetition_penalty: 1.1,
+            ..Default::default()
+        },
+        SamplingParams {
+            frequency_penalty: 0.5,
+            ..Default::default()
+        },
+        SamplingParams {
+            presence_penalty: -0.5,
+            temperature: 0.7,
+            ..Default::default()
+        },
+    ] {
+        let e = g.set_sampling(&sp).unwrap_err();
+        assert!(matches!(e, dflash_gpu::GpuError::Unsupported(_)), "{e}");
+    }
+    assert!(g.set_sampling(&SamplingParams::default()).is_ok());
+}

@@ -16,6 +16,13 @@ pub enum Stop {
     Many(Vec<String>),
 }
 
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
 /// `block`: a number of rows or "auto".
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -34,6 +41,10 @@ pub struct ChatRequest {
     pub model: Option<String>,
     #[serde(default)]
     pub stream: Option<bool>,
+    /// `include_usage`: a last chunk with empty `choices` and the usage, as OpenAI sends
+    /// (the finish chunk carries the usage either way).
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
     #[serde(default, alias = "max_completion_tokens")]
     pub max_tokens: Option<usize>,
     /// OpenAI's default is 1.
@@ -45,6 +56,14 @@ pub struct ChatRequest {
     pub top_k: Option<usize>,
     #[serde(default)]
     pub min_p: Option<f32>,
+    /// OpenAI's penalties and the CTRL repetition penalty (the CPU engine has them; the
+    /// GPU sampler refuses them with `Unsupported`).
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
     #[serde(default)]
     pub seed: Option<u64>,
     #[serde(default)]
@@ -66,21 +85,162 @@ pub struct ChatRequest {
 }
 
 /// The request's numeric fields: null in any of them is an error, not the default.
-const NUMERIC_FIELDS: [&str; 8] = [
+const NUMERIC_FIELDS: [&str; 11] = [
     "max_tokens",
     "max_completion_tokens",
     "temperature",
     "top_p",
     "top_k",
     "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
     "seed",
     "block",
 ];
 
 /// Fields that take a non-negative integer (serde's own error would not name the field).
 const COUNT_FIELDS: [&str; 4] = ["max_tokens", "max_completion_tokens", "top_k", "seed"];
-const FLOAT_FIELDS: [&str; 3] = ["temperature", "top_p", "min_p"];
+const FLOAT_FIELDS: [&str; 6] = [
+    "temperature",
+    "top_p",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+];
 const BOOL_FIELDS: [&str; 4] = ["stream", "dflash", "rejection_sampling", "sampled_drafts"];
+
+/// Every top-level field a request may have: `ChatRequest`'s own (and the alias
+/// `max_completion_tokens`), `NEUTRAL_FIELDS`, `tool_choice` / `function_call` and
+/// `IGNORED_FIELDS`. The
+/// package's `index.d.ts` declares exactly these (tests on both sides).
+pub const REQUEST_FIELDS: [&str; 34] = [
+    "messages",
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "dflash",
+    "block",
+    "rejection_sampling",
+    "sampled_drafts",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "response_format",
+    "tools",
+    "functions",
+    "tool_choice",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "modalities",
+    "function_call",
+];
+
+/// Fields OpenAI clients (and WebLLM code) send that change nothing at these values.
+const NEUTRAL_FIELDS: [(&str, &str); 7] = [
+    ("n", "1"),
+    ("logprobs", "false"),
+    ("top_logprobs", "0"),
+    ("logit_bias", "{}"),
+    ("response_format", r#"{"type":"text"}"#),
+    ("tools", "[]"),
+    ("functions", "[]"),
+];
+
+/// Fields that never change the answer (who asks, what to store, how to bill).
+const IGNORED_FIELDS: [&str; 6] = [
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "modalities",
+];
+
+/// Accepts and drops what OpenAI's API allows and that changes nothing here: the
+/// neutral values of `NEUTRAL_FIELDS` (or null), `tool_choice` / `function_call`
+/// "none" or "auto" (without tools), `IGNORED_FIELDS`, a message's `name`, content given as text parts (joined),
+/// and the `developer` role (a system message). Any other value of those fields would
+/// change the answer in a way the engine does not implement: `BadRequest` naming it.
+fn accept_openai_defaults(v: &mut serde_json::Value) -> Result<(), Error> {
+    let Some(obj) = v.as_object_mut() else {
+        return Ok(());
+    };
+    for (k, neutral) in NEUTRAL_FIELDS {
+        if let Some(x) = obj.remove(k) {
+            let want: serde_json::Value = serde_json::from_str(neutral).expect("neutral value");
+            if !x.is_null() && x != want && !(k == "n" && x == 1.0) {
+                return Err(Error::BadRequest(format!(
+                    "`{k}` is not supported except as {neutral}, not {x}"
+                )));
+            }
+        }
+    }
+    for k in ["tool_choice", "function_call"] {
+        if let Some(x) = obj.remove(k) {
+            if !(x.is_null() || x == "none" || x == "auto") {
+                return Err(Error::BadRequest(format!(
+                    "`{k}` {x}: function calling is not supported"
+                )));
+            }
+        }
+    }
+    for k in IGNORED_FIELDS {
+        obj.remove(k);
+    }
+    if let Some(serde_json::Value::Array(ms)) = obj.get_mut("messages") {
+        for (i, m) in ms.iter_mut().enumerate() {
+            openai_message(i, m)?;
+        }
+    }
+    Ok(())
+}
+
+/// One message in OpenAI's forms: `name` dropped, text parts joined, `developer` as
+/// `system`.
+fn openai_message(i: usize, m: &mut serde_json::Value) -> Result<(), Error> {
+    let Some(m) = m.as_object_mut() else {
+        return Ok(());
+    };
+    if m.get("name").is_some_and(|n| n.is_string()) {
+        m.remove("name");
+    }
+    if m.get("role").is_some_and(|r| r == "developer") {
+        m.insert("role".into(), "system".into());
+    }
+    if let Some(serde_json::Value::Array(parts)) = m.get("content") {
+        let mut text = String::new();
+        for (j, p) in parts.iter().enumerate() {
+            match (p.get("type").and_then(|t| t.as_str()), p.get("text")) {
+                (Some("text"), Some(serde_json::Value::String(t))) => text.push_str(t),
+                (kind, _) => {
+                    return Err(Error::BadRequest(format!(
+                        "`messages[{i}].content[{j}]` of type {} is not supported: only text parts",
+                        kind.unwrap_or("(none)")
+                    )))
+                }
+            }
+        }
+        m.insert("content".into(), text.into());
+    }
+    Ok(())
+}
 
 /// The first field of `v` with the wrong JSON type, as an error naming it.
 fn check_types(v: &serde_json::Value) -> Result<(), Error> {
@@ -148,6 +308,8 @@ impl ChatRequest {
                 "`{k}` is null (NaN and Infinity arrive as null); give a finite number or leave it out"
             )));
         }
+        let mut v = v;
+        accept_openai_defaults(&mut v)?;
         check_types(&v)?;
         let r: ChatRequest =
             serde_json::from_value(v).map_err(|e| Error::BadRequest(e.to_string()))?;
@@ -182,7 +344,9 @@ impl ChatRequest {
             top_k: self.top_k.unwrap_or(0),
             top_p: self.top_p.unwrap_or(1.0),
             min_p: self.min_p.unwrap_or(0.0),
-            repetition_penalty: 1.0,
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
             seed: self.seed.unwrap_or(fallback_seed),
             speculative_rejection: self.rejection_sampling.unwrap_or(false),
             sampled_drafts: self.sampled_drafts.unwrap_or(false),
@@ -235,7 +399,9 @@ pub fn usage(r: &GenerateResult, spec: Option<(&SpeculativeResult, &str)>) -> se
         "prefill_s": r.prefill_s,
         "decode_s": r.decode_s,
         "prefill_tok_s": r.prompt_tokens as f64 / r.prefill_s.max(1e-9),
-        // The first token comes from the prefill.
+        // The first token comes from the prefill: its time is the time to first token
+        // (from the start of this request's prefill; a queued request waited before).
+        "time_to_first_token_s": r.prefill_s,
         "decode_tok_s": completion.saturating_sub(1) as f64 / r.decode_s.max(1e-9),
     });
     u["dflash"] = match spec {

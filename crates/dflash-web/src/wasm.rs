@@ -96,6 +96,15 @@ fn parse_request(request: JsValue) -> Result<ChatRequest, JsValue> {
 
 /// Checks a chat request without a model (fields, types, sampling parameters): throws
 /// the `{ code: 'BadRequest', message }` error the engine would.
+/// Every field a chat request may have (`index.d.ts` declares exactly these).
+#[wasm_bindgen(js_name = requestFields)]
+pub fn request_fields() -> Vec<String> {
+    crate::request::REQUEST_FIELDS
+        .iter()
+        .map(|f| f.to_string())
+        .collect()
+}
+
 #[wasm_bindgen(js_name = validateRequest)]
 pub fn validate_request(request: JsValue) -> Result<(), JsValue> {
     parse_request(request).map(|_| ())

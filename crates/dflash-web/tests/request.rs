@@ -210,3 +210,143 @@ fn wrong_types_and_values_name_their_field() {
     let r = ChatRequest::from_json(json!({"messages": ok, "block": "auto", "seed": 3})).unwrap();
     r.validate().unwrap();
 }
+
+/// What OpenAI's client and code written for WebLLM send by default.
+fn webllm_style() -> serde_json::Value {
+    json!({
+        "model": "x", "n": 1, "frequency_penalty": 0, "presence_penalty": 0, "user": "u-1",
+        "logprobs": false, "top_logprobs": null, "logit_bias": {}, "stream": true,
+        "stream_options": {"include_usage": true}, "response_format": {"type": "text"},
+        "tools": [], "tool_choice": "none", "parallel_tool_calls": true, "store": false,
+        "metadata": {"k": "v"}, "seed": 1, "temperature": 0,
+        "messages": [
+            {"role": "developer", "content": "Be brief.", "name": "dev"},
+            {"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}], "name": "ann"},
+        ]
+    })
+}
+
+#[test]
+fn openai_default_fields_are_accepted_and_change_nothing() {
+    let c = tiny_config(Arch::Qwen2);
+    let m = load_gguf(&write_gguf(&c, &random_weights(&c, 1), GgmlType::Q8_0)).unwrap();
+    let r = ChatRequest::from_json(webllm_style()).unwrap();
+    assert!(r.stream_options.as_ref().unwrap().include_usage);
+    // The same engine request as the plain form: developer is system, parts joined.
+    let plain = ChatRequest::from_json(json!({"seed": 1, "temperature": 0, "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]}))
+    .unwrap();
+    let tpl = m.chat_template.as_ref();
+    let g = r.to_generate(&m.tokenizer, tpl, 256, 0).unwrap();
+    let want = plain.to_generate(&m.tokenizer, tpl, 256, 0).unwrap();
+    assert_eq!(g.prompt_ids, want.prompt_ids);
+    assert_eq!(g.sampling, want.sampling);
+}
+
+#[test]
+fn openai_fields_that_would_change_the_answer_are_refused_by_name() {
+    for (field, value) in [
+        ("n", json!(2)),
+        ("logprobs", json!(true)),
+        ("top_logprobs", json!(3)),
+        ("logit_bias", json!({"42": 5})),
+        ("response_format", json!({"type": "json_object"})),
+        (
+            "tools",
+            json!([{"type": "function", "function": {"name": "f"}}]),
+        ),
+        ("tool_choice", json!("required")),
+        ("stream_options", json!({"include_usage": true, "x": 1})),
+        ("reasoning_effort", json!("high")),
+    ] {
+        let mut v = webllm_style();
+        v[field] = value;
+        let e = ChatRequest::from_json(v).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(code(e), "BadRequest");
+        let named = if field == "stream_options" {
+            "x"
+        } else {
+            field
+        };
+        assert!(msg.contains(named), "{field}: {msg}");
+    }
+    let mut v = webllm_style();
+    v["messages"][1]["content"] = json!([{"type": "image_url", "image_url": {"url": "data:"}}]);
+    let msg = ChatRequest::from_json(v).unwrap_err().to_string();
+    assert!(
+        msg.contains("messages[1].content[0]") && msg.contains("image_url"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn penalties_reach_the_sampler_and_are_checked() {
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let r = ChatRequest::from_json(json!({"messages": msgs, "frequency_penalty": 0.5, "presence_penalty": -0.25, "repetition_penalty": 1.1})).unwrap();
+    let sp = r.sampling(0).unwrap();
+    assert_eq!(
+        (
+            sp.frequency_penalty,
+            sp.presence_penalty,
+            sp.repetition_penalty
+        ),
+        (0.5, -0.25, 1.1)
+    );
+    for (k, bad) in [
+        ("frequency_penalty", 2.5),
+        ("presence_penalty", -3.0),
+        ("repetition_penalty", 0.0),
+    ] {
+        let mut v = json!({"messages": msgs});
+        v[k] = json!(bad);
+        let e = ChatRequest::from_json(v).unwrap().validate().unwrap_err();
+        assert!(e.to_string().contains(k), "{e}");
+    }
+}
+
+#[test]
+fn request_fields_lists_exactly_the_fields_the_parser_takes() {
+    use dflash_web::request::REQUEST_FIELDS;
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    // serde names the struct's own fields when it refuses an unknown one.
+    let e = ChatRequest::from_json(json!({"messages": msgs, "no_such_field": 1})).unwrap_err();
+    let msg = e.to_string();
+    let listed = msg
+        .split("expected one of")
+        .nth(1)
+        .expect("serde's field list");
+    let own: Vec<&str> = listed.split('`').skip(1).step_by(2).collect();
+    for f in &own {
+        assert!(
+            REQUEST_FIELDS.contains(f),
+            "{f} is missing from REQUEST_FIELDS"
+        );
+    }
+    // Every listed field is taken (at a neutral value) rather than refused as unknown.
+    let neutral = |f: &str| match f {
+        "messages" => msgs.clone(),
+        "n" | "repetition_penalty" => json!(1),
+        "stream"
+        | "dflash"
+        | "rejection_sampling"
+        | "sampled_drafts"
+        | "logprobs"
+        | "store"
+        | "parallel_tool_calls" => json!(false),
+        "stream_options" | "logit_bias" | "metadata" => json!({}),
+        "response_format" => json!({"type": "text"}),
+        "tools" | "functions" | "modalities" => json!([]),
+        "tool_choice" | "function_call" => json!("none"),
+        "block" => json!("auto"),
+        "model" | "user" | "service_tier" | "stop" => json!("x"),
+        _ => json!(0),
+    };
+    for f in REQUEST_FIELDS {
+        let mut v = json!({"messages": msgs});
+        v[f] = neutral(f);
+        if let Err(e) = ChatRequest::from_json(v) {
+            panic!("{f}: {e}");
+        }
+    }
+}
