@@ -198,6 +198,10 @@ impl TryFrom<DrafterFile> for DrafterConfig {
             .or_else(|| f.dflash_config.as_ref()?.num_target_layers)
             .ok_or_else(|| Error::NotADrafter("num_target_layers missing".into()))?;
         let layers = f.num_hidden_layers;
+        // Before anything is sized by them (the default taps, the layer kinds): a huge
+        // count aborted on its allocation (found by dflash-fuzz).
+        crate::check_limit!("num_hidden_layers", layers, MAX_LAYERS);
+        crate::check_limit!("num_target_layers", num_target_layers, MAX_LAYERS);
         let target_layer_ids = f
             .dflash(|d| &d.target_layer_ids)
             .unwrap_or_else(|| DrafterConfig::default_target_layer_ids(layers, num_target_layers));
@@ -256,11 +260,9 @@ impl TryFrom<DrafterFile> for DrafterConfig {
             f.intermediate_size,
             MAX_INTERMEDIATE_SIZE
         );
-        crate::check_limit!("num_hidden_layers", layers, MAX_LAYERS);
         crate::check_limit!("num_attention_heads", heads, MAX_HEADS);
         crate::check_limit!("head_dim", head_dim, MAX_HEAD_DIM);
         crate::check_limit!("vocab_size", f.vocab_size, MAX_VOCAB_SIZE);
-        crate::check_limit!("num_target_layers", num_target_layers, MAX_LAYERS);
         crate::check_limit!(
             "target_layer_ids (count)",
             target_layer_ids.len(),

@@ -730,3 +730,27 @@ fn a_tokenizer_json_with_a_syntax_error_in_its_decoder_is_a_typed_error() {
         assert!(matches!(e, Error::Tokenizer(_)), "{e}");
     }
 }
+
+#[test]
+fn a_drafter_with_ten_billion_layers_is_a_limit_not_an_abort() {
+    // The default taps were sized by num_hidden_layers before its limit was checked: a
+    // 343 GB allocation aborted the process (dflash-fuzz, drafter target).
+    use dflash_core::drafter::DrafterConfig;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/zlab/qwen3_dflash_b16/drafter");
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    v["dflash_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("target_layer_ids");
+    for (field, value, limit) in [
+        ("num_hidden_layers", 42_949_672_963u64, "MAX_LAYERS"),
+        ("num_target_layers", 1 << 40, "MAX_LAYERS"),
+    ] {
+        let mut c = v.clone();
+        c[field] = value.into();
+        let e = DrafterConfig::from_json(&c.to_string()).unwrap_err();
+        assert_eq!(limit_of(&e), Some(limit), "{field}: {e}");
+    }
+}

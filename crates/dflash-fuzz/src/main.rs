@@ -56,6 +56,11 @@ struct Args {
     /// Where findings are written.
     #[arg(long, default_value = "target/fuzz-findings")]
     findings: PathBuf,
+    /// Reproducing a crash that ends the process (an allocation failure aborts before
+    /// anything can be saved): print the execution count every 10000 executions, and
+    /// write each input from execution N on to FINDINGS/TARGET/current/ before it runs.
+    #[arg(long)]
+    record_after: Option<u64>,
     /// Write each target's seeds under this folder (DIR/target/n/part) and exit: the
     /// starting points of scripts/hostile-battery.py.
     #[arg(long)]
@@ -152,6 +157,15 @@ fn fuzz(t: &targets::Target, args: &Args, current: &Mutex<Running>) -> Report {
             mutate(&mut rng, &mut i, pool, t.dictionary);
             i
         });
+        if let Some(n) = args.record_after {
+            if report.executions % 10_000 == 0 {
+                eprintln!("{}: {} executions", t.name, report.executions);
+            }
+            if report.executions >= n {
+                let _ = std::fs::remove_dir_all(args.findings.join(t.name).join("current"));
+                write_parts(&args.findings.join(t.name).join("current"), &input.parts);
+            }
+        }
         *current.lock().unwrap() = Running {
             target: t.name.to_string(),
             parts: input.parts.clone(),
