@@ -158,7 +158,7 @@ fn fuzz(t: &targets::Target, args: &Args, current: &Mutex<Running>) -> Report {
             i
         });
         if let Some(n) = args.record_after {
-            if report.executions % 10_000 == 0 {
+            if report.executions.is_multiple_of(10_000) {
                 eprintln!("{}: {} executions", t.name, report.executions);
             }
             if report.executions >= n {
