@@ -158,6 +158,9 @@ fn cut_corrupt_and_misshapen_streams_are_typed_errors() {
 fn a_model_over_the_adapters_limits_is_refused_at_its_header() {
     for ctx in contexts() {
         let mut c = tiny_config(Arch::Llama);
+        // Four KV heads: a token's K row large enough that SwiftShader's 1 GiB binding is
+        // passed within MAX_CONTEXT_TOKENS (which the header check would name first).
+        c.num_kv_heads = 4;
         // One token of one layer's K (or V) cache is kv_dim f32s (f16 at most halves it).
         let per_token = (c.kv_dim() * 2) as u64;
         let context = (ctx.max_binding() / per_token + 1).min(u32::MAX as u64) as usize;
