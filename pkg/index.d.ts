@@ -91,7 +91,7 @@ export interface ChatCompletionRequest {
   min_p?: number;
   /** OpenAI's penalties, in [-2, 2] (CPU engine; the GPU sampler refuses them with
    *  `Unsupported`): a token's logit minus frequency_penalty times its count in the
-   *  sequence so far, and minus presence_penalty if it occurs. */
+   *  completion so far, and minus presence_penalty if it occurs there (as OpenAI). */
   frequency_penalty?: number;
   presence_penalty?: number;
   /** CTRL's repetition penalty (> 0, 1 disables; CPU engine). */

@@ -53,7 +53,11 @@ def run(args, during=None):
     p = subprocess.Popen([str(DFLASH), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, preexec_fn=limits, env=env)
     if during:
-        during(p)
+        try:
+            during(p)
+        except BaseException:
+            p.kill()
+            raise
     errors = []
     reader = threading.Thread(target=lambda: errors.append(p.stderr.read()))
     reader.start()

@@ -210,6 +210,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         repetition_penalty: a.repetition_penalty,
         frequency_penalty: a.frequency_penalty,
         presence_penalty: a.presence_penalty,
+        penalized_from: ids.len(),
         seed: a.seed,
         speculative_rejection: a.rejection_sampling,
         sampled_drafts: a.sampled_drafts,

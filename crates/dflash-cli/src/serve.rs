@@ -16,6 +16,7 @@ use dflash_core::chat::ChatTemplate;
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
 use dflash_core::generate::{generate_cpu, GenerateRequest, GenerateResult, Interrupt};
+use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{generate_speculative_cpu, BlockSize, DFlashCpu};
 use dflash_core::tokenizer::TextTokenizer;
 use dflash_gpu::dflash::Speculative;
@@ -57,6 +58,10 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     max_body: usize,
+    /// Seconds a request may take to arrive (in all, however slowly it trickles in),
+    /// and a client may leave its answer unread, before the connection is dropped.
+    #[arg(long, default_value_t = 30.0)]
+    client_timeout: f64,
 }
 
 /// Connections handled at once (each has a thread); past this a connection gets 503.
@@ -93,10 +98,16 @@ struct Shared {
     counters: Counters,
     queue: SyncSender<Job>,
     max_body: usize,
+    client_timeout: Duration,
     drafter: bool,
 }
 
 pub fn run(a: ServeArgs) -> Result<(), CliError> {
+    if !(a.client_timeout > 0.0 && a.client_timeout <= 86_400.0) {
+        return Err(CliError::Usage(
+            "--client-timeout takes seconds in (0, 86400]".into(),
+        ));
+    }
     let mut engine = Engine::load(&a)?;
     let listener = TcpListener::bind((a.host.as_str(), a.port))
         .map_err(|e| CliError::Usage(format!("cannot listen on {}:{}: {e}", a.host, a.port)))?;
@@ -109,6 +120,7 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
         counters: Counters::default(),
         queue,
         max_body: a.max_body,
+        client_timeout: Duration::from_secs_f64(a.client_timeout),
         drafter: a.drafter.is_some(),
     });
     let _ = writeln!(
@@ -134,25 +146,50 @@ fn model_id(path: &std::path::Path) -> String {
         .unwrap_or_else(|| "model".into())
 }
 
+/// A connection counted open until its thread ends, however it ends.
+struct Open(Arc<Shared>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.counters.connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn accept(listener: TcpListener, shared: Arc<Shared>) {
     for stream in listener.incoming().flatten() {
         let open = shared.counters.connections.fetch_add(1, Ordering::SeqCst);
-        let s = shared.clone();
+        let guard = Open(shared.clone());
+        let refuse = |stream: &TcpStream, why: &str| {
+            shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            let _ = write_error(stream, 503, "Busy", why);
+            http::linger(stream);
+        };
         if open >= MAX_CONNECTIONS {
-            s.counters.connections.fetch_sub(1, Ordering::SeqCst);
-            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            let _ = write_error(&stream, 503, "Busy", "too many connections");
+            drop(guard);
+            refuse(&stream, "too many connections");
             continue;
         }
-        std::thread::spawn(move || {
+        let spare = stream.try_clone();
+        let spawned = std::thread::Builder::new().spawn(move || {
+            let s = guard.0.clone();
             handle(&stream, &s);
-            s.counters.connections.fetch_sub(1, Ordering::SeqCst);
+            drop(guard);
         });
+        if spawned.is_err() {
+            if let Ok(stream) = spare {
+                refuse(
+                    &stream,
+                    "the server cannot start a thread for this connection",
+                );
+            }
+        }
     }
 }
 
 fn handle(stream: &TcpStream, s: &Shared) {
-    let req = match read_request(stream, s.max_body) {
+    // A client that stops taking its answer is dropped (and its request interrupted).
+    let _ = stream.set_write_timeout(Some(s.client_timeout));
+    let req = match read_request(stream, s.max_body, s.client_timeout) {
         Ok(r) => r,
         Err(e) => {
             let _ = write_error(stream, e.status, "BadRequest", &e.message);
@@ -323,16 +360,25 @@ impl Reply {
         json!({"id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": [choice]})
     }
 
-    /// Waits for the next event, checking every 200 ms that the client is still there.
-    fn next(stream: &TcpStream, rx: &Receiver<Event>, interrupt: &Interrupt) -> Option<Event> {
+    /// Waits for the next event, checking every 200 ms (whether or not events come)
+    /// that the client is still there, and interrupting the job when it is not.
+    fn next(
+        stream: &TcpStream,
+        rx: &Receiver<Event>,
+        interrupt: &Interrupt,
+        checked: &mut Instant,
+    ) -> Option<Event> {
+        const EVERY: Duration = Duration::from_millis(200);
         loop {
-            match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(e) => return Some(e),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if client_gone(stream) {
-                        interrupt.set();
-                    }
+            if checked.elapsed() >= EVERY {
+                *checked = Instant::now();
+                if client_gone(stream) {
+                    interrupt.set();
                 }
+            }
+            match rx.recv_timeout(EVERY) {
+                Ok(e) => return Some(e),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => return None,
             }
         }
@@ -345,7 +391,8 @@ impl Reply {
         interrupt: &Interrupt,
     ) -> std::io::Result<()> {
         let mut text = String::new();
-        while let Some(e) = Self::next(stream, rx, interrupt) {
+        let mut checked = Instant::now();
+        while let Some(e) = Self::next(stream, rx, interrupt, &mut checked) {
             match e {
                 Event::Piece(p) => text.push_str(&p),
                 Event::Done(d) => {
@@ -371,7 +418,8 @@ impl Reply {
         interrupt: &Interrupt,
     ) -> std::io::Result<()> {
         // Errors before the first piece keep their status; after it they end the stream.
-        let first = match Self::next(stream, rx, interrupt) {
+        let mut checked = Instant::now();
+        let first = match Self::next(stream, rx, interrupt, &mut checked) {
             Some(Event::Failed(status, code, message)) => {
                 return write_error(stream, status, &code, &message)
             }
@@ -409,7 +457,7 @@ impl Reply {
                     return write_event(stream, &http::error_body(500, &code, &message).to_string())
                 }
             }
-            event = Self::next(stream, rx, interrupt);
+            event = Self::next(stream, rx, interrupt, &mut checked);
         }
         Ok(())
     }
@@ -491,8 +539,16 @@ impl Engine {
             let mut on_text = |t: &str| {
                 let _ = events.send(Event::Piece(t.to_string()));
             };
-            match self.answer(&job, &mut on_text) {
-                Ok(done) => {
+            // A panic in the engine fails its request, not the server.
+            let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.answer(&job, &mut on_text)
+            }));
+            let failed = |status, code: &str, message: String| {
+                s.counters.failed.fetch_add(1, Ordering::Relaxed);
+                let _ = job.events.send(Event::Failed(status, code.into(), message));
+            };
+            match answered {
+                Ok(Ok(done)) => {
                     let counter = if done["finish_reason"] == "abort" {
                         &s.counters.interrupted
                     } else {
@@ -501,12 +557,17 @@ impl Engine {
                     counter.fetch_add(1, Ordering::Relaxed);
                     let _ = job.events.send(Event::Done(done));
                 }
-                Err(e) => {
-                    s.counters.failed.fetch_add(1, Ordering::Relaxed);
+                Ok(Err(e)) => {
                     let (status, code) = error_status(&e);
-                    let _ = job
-                        .events
-                        .send(Event::Failed(status, code.into(), e.to_string()));
+                    failed(status, code, e.to_string());
+                }
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|m| m.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    failed(500, "Panic", format!("the engine panicked: {what}"));
                 }
             }
         }
@@ -525,12 +586,17 @@ impl Engine {
             )?,
             Some(p) => {
                 let r = &job.request;
+                let prompt_ids = self.tokenizer.encode(p, true)?;
+                let sampling = SamplingParams {
+                    penalized_from: prompt_ids.len(),
+                    ..r.sampling(seed)?
+                };
                 let g = GenerateRequest {
-                    prompt_ids: self.tokenizer.encode(p, true)?,
+                    prompt_ids,
                     max_new_tokens: r
                         .max_tokens
                         .unwrap_or(dflash_web::request::DEFAULT_MAX_TOKENS),
-                    sampling: r.sampling(seed)?,
+                    sampling,
                     stop_strings: r.stop_strings(),
                     context: self.context,
                     interrupt: Default::default(),

@@ -356,3 +356,76 @@ fn a_client_that_disconnects_interrupts_its_request() {
         (200, json!(4))
     );
 }
+
+/// Sends `head` raw, then `trickle` one byte every 300 ms; the status line of the answer.
+fn raw_status(port: u16, head: &str, trickle: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    for b in trickle.bytes() {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        if s.write_all(&[b]).is_err() {
+            break;
+        }
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.lines().next().unwrap_or("").to_string()
+}
+
+#[test]
+fn slow_and_malformed_heads_are_refused_in_bounded_time() {
+    let model = tiny_model();
+    let srv = serve(&model, &["--client-timeout", "2"]);
+    // A head trickled a byte at a time: 408 at the 2 s deadline, not per byte.
+    let t = std::time::Instant::now();
+    let status = raw_status(
+        srv.port,
+        "GET /health HTTP/1.1\r\n",
+        &"X-Slow: a\r\n".repeat(3),
+    );
+    assert!(status.starts_with("HTTP/1.1 408"), "{status}");
+    assert!(t.elapsed().as_secs_f64() < 8.0, "{:?}", t.elapsed());
+    for (head, code) in [
+        (
+            "POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            "400",
+        ),
+        (
+            "POST /v1/completions HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+            "400",
+        ),
+        (
+            "POST /v1/completions HTTP/1.1\r\nContent-Length : 5\r\n\r\n",
+            "400",
+        ),
+        (
+            "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "411",
+        ),
+        ("GET /health HTTP/2.0\r\n\r\n", "505"),
+    ] {
+        let status = raw_status(srv.port, head, "");
+        assert!(
+            status.starts_with(&format!("HTTP/1.1 {code}")),
+            "{head:?}: {status}"
+        );
+    }
+    assert_eq!(http(srv.port, "GET", "/health", b"").0, 200);
+    // Out of range timeouts are usage errors.
+    let out = Command::new(env!("CARGO_BIN_EXE_dflash"))
+        .args([
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--client-timeout",
+            "NaN",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

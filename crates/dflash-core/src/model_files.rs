@@ -319,7 +319,15 @@ fn read_regular_file(path: &std::path::Path) -> Result<Vec<u8>> {
 fn load_gguf_file(path: &std::path::Path) -> Result<LoadedModel> {
     require_regular_file(path)?;
     let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
-    let total = file.metadata().map_err(|e| io_error(path, e))?.len();
+    let meta = file.metadata().map_err(|e| io_error(path, e))?;
+    // Again on the open file: the path may have been replaced since the check.
+    if !meta.is_file() {
+        return Err(Error::NotAModel(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    let total = meta.len();
     load_gguf_reader(file, total).map_err(|e| match e {
         Error::Io { source, .. } => io_error(path, source),
         e => e,
@@ -347,10 +355,12 @@ pub fn load_gguf_reader(mut reader: impl std::io::Read, total: u64) -> Result<Lo
     stream.push(&magic)?;
     let mut buf = vec![0u8; CHUNK];
     loop {
-        let n = reader.read(&mut buf).map_err(io)?;
-        if n == 0 {
-            break;
-        }
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io(e)),
+        };
         stream.push(&buf[..n])?;
     }
     let (streamed, HostSink) = stream.finish()?;
@@ -366,9 +376,11 @@ pub fn load_gguf_reader(mut reader: impl std::io::Read, total: u64) -> Result<Lo
 fn read_up_to(reader: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
-        match reader.read(&mut buf[got..])? {
-            0 => break,
-            n => got += n,
+        match reader.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(got)

@@ -20,12 +20,17 @@ pub struct SamplingParams {
     /// 1 disables. Applied to every token already in the sequence (prompt included).
     pub repetition_penalty: f32,
     /// OpenAI's penalties, 0 disables: a token's logit is lowered by
-    /// `frequency_penalty` times its count in the sequence so far (prompt included, as
-    /// llama.cpp counts) and by `presence_penalty` if it occurs at all. In [-2, 2].
+    /// `frequency_penalty` times its count among the tokens from position
+    /// `penalized_from` on and by `presence_penalty` if it occurs there. In [-2, 2].
     #[serde(default)]
     pub frequency_penalty: f32,
     #[serde(default)]
     pub presence_penalty: f32,
+    /// Where the frequency and presence penalties start counting: the prompt's length
+    /// counts the completion only, as OpenAI and vLLM do (a chat template's many
+    /// end-of-turn tokens would otherwise push the stop token down); 0 counts the prompt.
+    #[serde(default)]
+    pub penalized_from: usize,
     pub seed: u64,
     /// Speculative decoding at T > 0: verify drafts by rejection sampling against the
     /// drafter's proposal distribution (accept with min(1, p/q), else resample from
@@ -51,6 +56,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
+            penalized_from: 0,
             seed: 0,
             speculative_rejection: false,
             sampled_drafts: false,
@@ -119,24 +125,32 @@ pub fn random_uniform(seed: u64, position: u32, stream: u32) -> f32 {
     (random_u32(seed, position, stream) >> 8) as f32 * (1.0 / 16_777_216.0)
 }
 
-/// Applies the penalties over the tokens in `history`: first the repetition penalty of
-/// CTRL / transformers (for each distinct token a positive logit is divided by it, a
-/// negative one multiplied), then OpenAI's frequency and presence penalties
-/// (`count * frequency + presence` subtracted), as llama.cpp orders them.
+/// Applies the penalties: first the repetition penalty of CTRL / transformers over every
+/// token of `history` (for each distinct one a positive logit is divided by it, a
+/// negative one multiplied), then OpenAI's frequency and presence penalties over the
+/// tokens from `penalized_from` on (`count * frequency + presence` subtracted).
 pub fn apply_penalties(logits: &mut [f32], history: &[u32], params: &SamplingParams) {
     if !params.has_penalties() {
         return;
     }
-    let mut counts = std::collections::HashMap::new();
-    for &t in history {
-        *counts.entry(t).or_insert(0u32) += 1;
-    }
     let penalty = params.repetition_penalty;
-    for (&t, &n) in &counts {
-        if let Some(l) = logits.get_mut(t as usize) {
-            if penalty != 1.0 {
+    if penalty != 1.0 {
+        let seen: std::collections::HashSet<u32> = history.iter().copied().collect();
+        for t in seen {
+            if let Some(l) = logits.get_mut(t as usize) {
                 *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
             }
+        }
+    }
+    if params.frequency_penalty == 0.0 && params.presence_penalty == 0.0 {
+        return;
+    }
+    let mut counts = std::collections::HashMap::new();
+    for &t in &history[params.penalized_from.min(history.len())..] {
+        *counts.entry(t).or_insert(0u32) += 1;
+    }
+    for (t, n) in counts {
+        if let Some(l) = logits.get_mut(t as usize) {
             *l -= n as f32 * params.frequency_penalty + params.presence_penalty;
         }
     }

@@ -291,9 +291,12 @@ impl TextTokenizer {
 ///
 /// Each piece's splits are found in time linear in its length (prefix hashes, see
 /// [`PieceHashes`]), so a hostile vocabulary of very long pieces costs its own size,
-/// not its square; the merges are bounded by `MAX_SPM_MERGES`.
+/// not its square; the merges are bounded by `MAX_SPM_MERGES`. Matches are not compared
+/// as strings (that would bring the square back): the hash's base is random per
+/// process, so two pieces of length n collide with probability below n / 2^61 and no
+/// file can be made to collide in advance.
 fn spm_merges(tokens: &[&str], scores: &[f32], types: &[i64]) -> Result<Vec<Json>> {
-    let mut hashes = PieceHashes::default();
+    let mut hashes = PieceHashes::new();
     let mut index = std::collections::HashMap::with_capacity(tokens.len());
     for (id, t) in tokens.iter().enumerate() {
         index.insert((t.len(), hashes.of(t.as_bytes())), id);
@@ -308,11 +311,8 @@ fn spm_merges(tokens: &[&str], scores: &[f32], types: &[i64]) -> Result<Vec<Json
             let a = index.get(&(pos, hashes.prefix(pos)));
             let b = index.get(&(t.len() - pos, hashes.suffix(pos)));
             if let (Some(&ia), Some(&ib)) = (a, b) {
-                // A hash match is checked, so a collision never makes a false merge.
-                if tokens[ia].len() + tokens[ib].len() == t.len() && t.starts_with(tokens[ia]) {
-                    merges.push((scores[id], id, ia, ib));
-                    check_limit!("SentencePiece merges", merges.len(), MAX_SPM_MERGES);
-                }
+                merges.push((scores[id], id, ia, ib));
+                check_limit!("SentencePiece merges", merges.len(), MAX_SPM_MERGES);
             }
         }
     }
@@ -326,8 +326,9 @@ fn spm_merges(tokens: &[&str], scores: &[f32], types: &[i64]) -> Result<Vec<Json
 /// Polynomial hashes of byte strings modulo the Mersenne prime 2^61 - 1: the hash of a
 /// whole piece, and after [`PieceHashes::prefixes`] the hash of any prefix or suffix of
 /// one piece in constant time.
-#[derive(Default)]
 struct PieceHashes {
+    /// The polynomial's base, random in [2^32, 2^61 - 1).
+    base: u64,
     /// Hashes of the current piece's prefixes (`prefix[i]` of its first `i` bytes).
     prefix: Vec<u64>,
     /// Powers of the base.
@@ -336,7 +337,18 @@ struct PieceHashes {
 
 impl PieceHashes {
     const MODULUS: u64 = (1 << 61) - 1;
-    const BASE: u64 = 0x1d6a_8c3f_52b9_e471 % Self::MODULUS;
+
+    fn new() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        // std's hasher keys are drawn from the OS at random, once per process.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(0x5eed);
+        PieceHashes {
+            base: (1 << 32) + h.finish() % (Self::MODULUS - (1 << 32) - 1),
+            prefix: Vec::new(),
+            powers: Vec::new(),
+        }
+    }
 
     fn mul(a: u64, b: u64) -> u64 {
         let p = a as u128 * b as u128;
@@ -355,7 +367,7 @@ impl PieceHashes {
 
     fn of(&mut self, bytes: &[u8]) -> u64 {
         bytes.iter().fold(0, |h, &c| {
-            Self::reduce(Self::mul(h, Self::BASE) + c as u64 + 1)
+            Self::reduce(Self::mul(h, self.base) + c as u64 + 1)
         })
     }
 
@@ -365,14 +377,14 @@ impl PieceHashes {
         for &c in bytes {
             let h = *self.prefix.last().unwrap();
             self.prefix
-                .push(Self::reduce(Self::mul(h, Self::BASE) + c as u64 + 1));
+                .push(Self::reduce(Self::mul(h, self.base) + c as u64 + 1));
         }
         if self.powers.is_empty() {
             self.powers.push(1);
         }
         while self.powers.len() <= bytes.len() {
             let p = *self.powers.last().unwrap();
-            self.powers.push(Self::mul(p, Self::BASE));
+            self.powers.push(Self::mul(p, self.base));
         }
     }
 

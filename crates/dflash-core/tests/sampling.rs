@@ -160,6 +160,18 @@ fn frequency_and_presence_penalties_follow_openai_and_compose_with_repetition() 
         l,
         vec![2.0 - 1.5 - 0.25, -1.0 - 0.5 - 0.25, 0.5, 3.0 - 0.5 - 0.25]
     );
+    // Counting from position 3 on (the completion after a 3-token prompt): tokens 1 and
+    // 3 once each, token 0 not at all.
+    let mut l3 = logits.to_vec();
+    apply_penalties(
+        &mut l3,
+        &history,
+        &SamplingParams {
+            penalized_from: 3,
+            ..p.clone()
+        },
+    );
+    assert_eq!(l3, vec![2.0, -1.0 - 0.75, 0.5, 3.0 - 0.75]);
     // The repetition penalty first (2 / 2, -1 * 2, 3 / 2), then the others.
     let p2 = SamplingParams {
         repetition_penalty: 2.0,

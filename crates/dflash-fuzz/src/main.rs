@@ -135,7 +135,11 @@ fn main() {
 }
 
 fn fuzz(t: &targets::Target, args: &Args, current: &Mutex<Running>) -> Report {
-    let mut rng = Rng::new(args.seed ^ t.name.len() as u64);
+    // Each target its own stream (FNV-1a of its name mixed into the seed).
+    let name_hash = t.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    let mut rng = Rng::new(args.seed ^ name_hash);
     let mut corpus: Vec<Input> = Vec::new();
     let mut seen = HashSet::new();
     let mut report = Report {

@@ -347,6 +347,7 @@ impl ChatRequest {
             repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            penalized_from: 0,
             seed: self.seed.unwrap_or(fallback_seed),
             speculative_rejection: self.rejection_sampling.unwrap_or(false),
             sampled_drafts: self.sampled_drafts.unwrap_or(false),
@@ -376,10 +377,14 @@ impl ChatRequest {
         let text = tpl.render(&self.messages, true)?;
         let prompt_ids = tok.encode(&text, true)?;
         let max_new_tokens = self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        let sampling = SamplingParams {
+            penalized_from: prompt_ids.len(),
+            ..self.sampling(fallback_seed)?
+        };
         let req = GenerateRequest {
             prompt_ids,
             max_new_tokens,
-            sampling: self.sampling(fallback_seed)?,
+            sampling,
             stop_strings: self.stop_strings(),
             context,
             interrupt: Default::default(),

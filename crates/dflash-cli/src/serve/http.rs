@@ -5,12 +5,10 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bytes of the request line and headers together.
 const MAX_HEAD_BYTES: usize = 16 << 10;
-/// A client that sends nothing for this long is answered 408.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct Request {
     pub method: String,
@@ -32,23 +30,52 @@ fn http_error(status: u16, message: impl Into<String>) -> HttpError {
     }
 }
 
-/// Reads one request: its line, headers (at most `MAX_HEAD_BYTES`) and a body of at
-/// most `max_body` bytes given by Content-Length.
-pub fn read_request(stream: &TcpStream, max_body: usize) -> Result<Request, HttpError> {
-    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
-    let mut reader = BufReader::new(stream.take(MAX_HEAD_BYTES as u64 + max_body as u64));
-    let mut head = Vec::new();
+/// A reader of the connection that ends the whole request at a deadline: each read
+/// waits at most for the time left (a client trickling a byte at a time gets no more).
+struct Deadline<'a> {
+    stream: &'a TcpStream,
+    until: Instant,
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut s = self.stream;
+        s.read(buf)
+    }
+}
+
+/// Reads one request within `timeout` in all (else 408): its line and headers (at most
+/// `MAX_HEAD_BYTES`) and a body of at most `max_body` bytes given by Content-Length.
+pub fn read_request(
+    stream: &TcpStream,
+    max_body: usize,
+    timeout: Duration,
+) -> Result<Request, HttpError> {
+    let mut reader = BufReader::new(Deadline {
+        stream,
+        until: Instant::now() + timeout,
+    });
+    let mut head_bytes = 0;
     let mut content_length = None;
     let mut request_line = None;
     loop {
         let mut line = Vec::new();
-        let n = reader.read_until(b'\n', &mut line).map_err(read_failed)?;
-        head.extend_from_slice(&line);
-        if n == 0 || head.len() > MAX_HEAD_BYTES {
-            return Err(http_error(
-                431,
-                "the request head is too long or incomplete",
-            ));
+        let left = (MAX_HEAD_BYTES - head_bytes) as u64;
+        let n = (&mut reader)
+            .take(left)
+            .read_until(b'\n', &mut line)
+            .map_err(read_failed)?;
+        head_bytes += n;
+        if !line.ends_with(b"\n") {
+            return Err(match n as u64 == left {
+                true => http_error(431, "the request head is over 16 KiB"),
+                false => http_error(400, "the connection closed before the request was complete"),
+            });
         }
         let line = String::from_utf8_lossy(&line);
         let line = line.trim_end_matches(['\r', '\n']);
@@ -59,27 +86,7 @@ pub fn read_request(stream: &TcpStream, max_body: usize) -> Result<Request, Http
             request_line = Some(line.to_string());
             continue;
         }
-        let (name, value) = line
-            .split_once(':')
-            .ok_or_else(|| http_error(400, format!("a malformed header line {line:?}")))?;
-        match name.trim().to_ascii_lowercase().as_str() {
-            "content-length" => {
-                let n = value.trim().parse::<usize>().map_err(|_| {
-                    http_error(
-                        400,
-                        format!("Content-Length {:?} is not a number", value.trim()),
-                    )
-                })?;
-                content_length = Some(n);
-            }
-            "transfer-encoding" => {
-                return Err(http_error(
-                    411,
-                    "chunked request bodies are not supported; send Content-Length",
-                ))
-            }
-            _ => {}
-        }
+        header(line, &mut content_length)?;
     }
     let request_line = request_line.unwrap_or_default();
     let mut parts = request_line.split(' ');
@@ -102,14 +109,56 @@ pub fn read_request(stream: &TcpStream, max_body: usize) -> Result<Request, Http
             ),
         ));
     }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).map_err(read_failed)?;
+    // Grown as bytes arrive, not allocated from the header's claim.
+    let mut body = Vec::new();
+    (&mut reader)
+        .take(length as u64)
+        .read_to_end(&mut body)
+        .map_err(read_failed)?;
+    if body.len() < length {
+        return Err(http_error(
+            400,
+            format!("the body ended after {} of {length} bytes", body.len()),
+        ));
+    }
     let path = target.split('?').next().unwrap_or("").to_string();
     Ok(Request {
         method: method.to_string(),
         path,
         body,
     })
+}
+
+/// One header line: Content-Length strictly (digits only, once, no space before the
+/// colon, as RFC 9112 asks), a refusal of chunked bodies, the rest ignored.
+fn header(line: &str, content_length: &mut Option<usize>) -> Result<(), HttpError> {
+    let (name, value) = line
+        .split_once(':')
+        .ok_or_else(|| http_error(400, format!("a malformed header line {line:?}")))?;
+    if name.is_empty() || name.ends_with([' ', '\t']) {
+        return Err(http_error(400, format!("a malformed header name {name:?}")));
+    }
+    match name.to_ascii_lowercase().as_str() {
+        "content-length" => {
+            let v = value.trim();
+            let n = v
+                .parse::<usize>()
+                .ok()
+                .filter(|_| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .ok_or_else(|| http_error(400, format!("Content-Length {v:?} is not a number")))?;
+            if content_length.replace(n).is_some_and(|old| old != n) {
+                return Err(http_error(400, "two different Content-Length headers"));
+            }
+        }
+        "transfer-encoding" => {
+            return Err(http_error(
+                411,
+                "chunked request bodies are not supported; send Content-Length",
+            ))
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn read_failed(e: std::io::Error) -> HttpError {
@@ -188,25 +237,41 @@ pub fn write_event(mut stream: &TcpStream, data: &str) -> std::io::Result<()> {
     stream.flush()
 }
 
-/// Whether the client has closed its side (it sends nothing more after its request, so
-/// a readable end of stream means it went away).
-pub fn client_gone(stream: &TcpStream) -> bool {
-    let _ = stream.set_nonblocking(true);
-    let mut b = [0u8; 1];
-    let gone = matches!(stream.peek(&mut b), Ok(0));
+/// Whether the client has closed the connection. It sends nothing after its request,
+/// so bytes found now are dropped and the end of the stream (or a reset) means it went
+/// away; a client that half-closes after its request is taken as gone too (documented
+/// in `dflash serve --help`).
+pub fn client_gone(mut stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let mut buf = [0u8; 4096];
+    let gone = loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break true,
+        }
+    };
     let _ = stream.set_nonblocking(false);
     gone
 }
 
 /// After answering a request that was not read to its end: stops sending, then reads
-/// and drops what the client still sends (for a moment, at most 1 MiB), so that closing
+/// and drops what the client still sends (for 2 s, at most 1 MiB, in all), so that closing
 /// does not reset the connection before the client has read the answer.
 pub fn linger(mut stream: &TcpStream) {
     let _ = stream.shutdown(std::net::Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let until = Instant::now() + Duration::from_secs(2);
     let mut buf = [0u8; 16 << 10];
     let mut total = 0;
     while total < 1 << 20 {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
         match stream.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => total += n,
