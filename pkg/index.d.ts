@@ -9,6 +9,7 @@ export type DFlashErrorCode =
   | 'DeviceLost'        // the GPU device was lost; create a new engine
   | 'ContextOverflow'   // prompt + max_tokens exceed the context
   | 'BadRequest'        // invalid messages or sampling parameters
+  | 'Unsupported'       // a valid request this engine cannot run (penalties on the GPU sampler)
   | 'NetworkError'      // a weight file could not be fetched, or its download failed or ended short (nothing is cached)
   | 'IntegrityError'    // the file's sha256 differs from the one given
   | 'CacheCorrupt'      // a cached copy could not be read (it is dropped and fetched again first)

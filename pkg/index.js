@@ -98,6 +98,8 @@ class Rpc {
       this.held = null;
       return result;
     } catch (e) {
+      // The new worker did not load: it goes too (its memory and device with it).
+      worker.terminate();
       this.failAll(e);
       throw e;
     }
@@ -236,7 +238,12 @@ class Engine {
   restart(error) {
     if (this.reloading || !this.rpc) return;
     const rpc = this.rpc;
-    const worker = this.spawn?.();
+    let worker = null;
+    try {
+      worker = this.spawn?.();
+    } catch {
+      worker = null; // a worker that cannot start: as if none could be
+    }
     if (!worker) {
       rpc.worker.terminate();
       rpc.failAll(new DFlashError(error.code, `${error.message} (the worker cannot be restarted: pass worker as a function)`));
@@ -273,6 +280,9 @@ class Engine {
   }
 }
 
+/** The largest context (tokens): dflash_core::limits::MAX_CONTEXT_TOKENS. */
+const MAX_CONTEXT = 1 << 24;
+
 /** The most threads the CPU engine takes (each is a Web Worker sharing the wasm memory). */
 const MAX_THREADS = 64;
 
@@ -284,8 +294,8 @@ export async function createEngine(options) {
     throw new DFlashError('BadRequest', `threads must be an integer from 1 to ${MAX_THREADS}, not ${JSON.stringify(threads)}`);
   }
   if (!['queue', 'reject'].includes(ifBusy)) throw new DFlashError('BadRequest', `ifBusy must be 'queue' or 'reject', not ${JSON.stringify(ifBusy)}`);
-  if (context !== undefined && !(Number.isInteger(context) && context >= 1)) {
-    throw new DFlashError('BadRequest', `context must be a positive integer, not ${JSON.stringify(context)}`);
+  if (context !== undefined && !(Number.isInteger(context) && context >= 1 && context <= MAX_CONTEXT)) {
+    throw new DFlashError('BadRequest', `context must be an integer from 1 to ${MAX_CONTEXT}, not ${JSON.stringify(context)}`);
   }
   if (worker !== undefined && typeof worker !== 'function' && typeof worker?.postMessage !== 'function') {
     throw new DFlashError('BadRequest', 'worker must be a Worker or a function that returns one');

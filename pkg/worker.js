@@ -193,15 +193,17 @@ async function openSource(src, phase) {
   const reader = resp.body.getReader();
   if (!cache) return { size, reader: checkedLength(reader, url, size, null), cached: false, ...noCache };
   // The cache copy is written in step with the read (no tee buffering a whole file).
+  // A copy the cache refuses (over its quota, say) is given up, not the load.
   const ts = new TransformStream();
-  const writer = ts.writable.getWriter();
-  const put = cache.put(url, new Response(ts.readable, { headers: { 'content-length': String(size) } })).catch(() => {});
-  const wrapped = checkedLength(reader, url, size, writer);
+  const copy = { writer: ts.writable.getWriter(), failed: false };
+  const put = cache.put(url, new Response(ts.readable, { headers: { 'content-length': String(size) } }))
+    .then(() => true, () => { copy.failed = true; return false; });
+  const wrapped = checkedLength(reader, url, size, copy);
   return {
     size, reader: wrapped, cached: false,
+    // The meta entry only for a copy the cache took whole.
     finishCache: async (sha256) => {
-      await put;
-      await metas.put(url, new Response(JSON.stringify({ size, sha256, url, phase })));
+      if (await put) await metas.put(url, new Response(JSON.stringify({ size, sha256, url, phase })));
     },
     // A failed put (its stream aborted) stores nothing; a finished one is deleted.
     dropCache: async () => { wrapped.cancel(); await put; await cache.delete(url); await metas.delete(url); },
@@ -209,12 +211,15 @@ async function openSource(src, phase) {
 }
 
 /**
- * `reader` of a `size`-byte body whose bytes also go to `writer` (the cache copy): a
- * body that fails, ends short or runs long is a NetworkError and aborts the copy, so
- * that no partial file is ever stored.
+ * `reader` of a `size`-byte body whose bytes also go to `copy.writer` (the cache copy,
+ * while `copy.failed` is false): a body that fails, ends short or runs long is a
+ * NetworkError and aborts the copy, so that no partial file is ever stored; a copy that
+ * fails only stops being written.
  */
-function checkedLength(reader, url, size, writer) {
+function checkedLength(reader, url, size, copy) {
   let got = 0;
+  const writer = copy?.writer;
+  const failedCopy = () => { copy.failed = true; };
   const fail = (why) => {
     writer?.abort(why).catch(() => {});
     reader.cancel(why).catch(() => {});
@@ -230,12 +235,19 @@ function checkedLength(reader, url, size, writer) {
       }
       if (r.done) {
         if (got !== size) throw fail(`the body ended after ${got} of ${size} bytes`);
-        await writer?.close();
+        if (copy && !copy.failed) await writer.close().catch(failedCopy);
         return r;
       }
       got += r.value.length;
       if (got > size) throw fail(`the body is longer than its ${size} bytes`);
-      if (writer) { await writer.ready; writer.write(r.value).catch(() => {}); }
+      if (copy && !copy.failed) {
+        try {
+          await writer.ready;
+          writer.write(r.value).catch(failedCopy);
+        } catch {
+          failedCopy();
+        }
+      }
       return r;
     },
     cancel: (e) => { writer?.abort(e).catch(() => {}); return reader.cancel(e).catch(() => {}); },
@@ -375,6 +387,8 @@ async function loadOnce(mod, m, engine, onProgress) {
     } else if (!source.cached) {
       await source.finishCache(sha); // the file is good; the failure is elsewhere
     }
+    // The drafter's files parsed in setDrafter: they are good too.
+    for (const f of drafter) await f.finishCache();
     throw e;
   }
 }

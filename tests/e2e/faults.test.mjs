@@ -148,8 +148,11 @@ test('a cached copy that is corrupt or does not parse is dropped, fetched again 
     const meta = async () => (await metas.match(url))?.json();
     const first = await load();
     const good = await meta();
-    // 1. Garbage in place of the file, the meta kept: its sha256 differs.
-    await files.put(url, new Response(garbage));
+    // 1. One byte of the tensor data flipped, length and meta kept: the file still
+    // parses, only its sha256 differs (CacheCorrupt, then the network).
+    const flipped = new Uint8Array(await (await files.match(url)).arrayBuffer());
+    flipped[flipped.length - 1000] ^= 0x5a;
+    await files.put(url, new Response(flipped));
     const wrongHash = await load();
     const afterWrongHash = await meta();
     const cachedAgain = await load();
@@ -159,7 +162,8 @@ test('a cached copy that is corrupt or does not parse is dropped, fetched again 
     const unparsable = await load();
     const afterUnparsable = await meta();
     const last = await load();
-    // 3. The drafter's weights replaced by garbage (its meta kept): they do not parse.
+    // 3. The drafter's weights replaced by garbage of their own length (the meta kept):
+    // read whole, they do not parse.
     const drafter = '/drafters/smollm2-135m-instruct-dflash-b16/';
     const withDrafter = async () => {
       try {
@@ -172,7 +176,7 @@ test('a cached copy that is corrupt or does not parse is dropped, fetched again 
     const weightsUrl = new URL(drafter + 'model.safetensors', location.href).href;
     const drafterFirst = await withDrafter();
     const drafterSize = (await (await files.match(weightsUrl)).arrayBuffer()).byteLength;
-    await files.put(weightsUrl, new Response(garbage));
+    await files.put(weightsUrl, new Response(new Uint8Array(drafterSize).map((_, i) => (i * 7919) % 251)));
     const drafterAgain = await withDrafter();
     const drafterRecached = (await (await files.match(weightsUrl)).arrayBuffer()).byteLength;
     return { first, good, wrongHash, afterWrongHash, cachedAgain, unparsable, afterUnparsable, last, drafterFirst, drafterSize, drafterAgain, drafterRecached };

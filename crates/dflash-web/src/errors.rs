@@ -7,7 +7,8 @@ use dflash_gpu::GpuError;
 pub fn error_code(e: &GpuError) -> &'static str {
     match e {
         GpuError::NoAdapter(_) | GpuError::RequestDevice(_) => "NoWebGPU",
-        GpuError::LimitExceeded { .. } | GpuError::Unsupported(_) => "LimitsExceeded",
+        GpuError::LimitExceeded { .. } => "LimitsExceeded",
+        GpuError::Unsupported(_) => "Unsupported",
         GpuError::OverBudget { .. } | GpuError::OutOfMemory(_) => "OutOfMemory",
         GpuError::DeviceLost(_) => "DeviceLost",
         GpuError::Validation(_) | GpuError::Readback(_) => "GpuError",

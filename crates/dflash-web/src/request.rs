@@ -327,8 +327,8 @@ impl ChatRequest {
     }
 
     /// Everything that can be checked without the model: the fields (`from_json`), the
-    /// sampling parameters and the block size. What the worker checks before a request
-    /// runs (`validateRequest` in JS).
+    /// sampling parameters and the block size. The wasm exports it as `validateRequest`
+    /// (for tests and tools; the engine's `chat` runs the same checks).
     pub fn validate(&self) -> Result<(), Error> {
         self.sampling(0)?;
         if let Some(BlockArg::Rows(0)) = self.block {

@@ -94,8 +94,6 @@ fn parse_request(request: JsValue) -> Result<ChatRequest, JsValue> {
     Ok(req)
 }
 
-/// Checks a chat request without a model (fields, types, sampling parameters): throws
-/// the `{ code: 'BadRequest', message }` error the engine would.
 /// Every field a chat request may have (`index.d.ts` declares exactly these).
 #[wasm_bindgen(js_name = requestFields)]
 pub fn request_fields() -> Vec<String> {
@@ -105,6 +103,8 @@ pub fn request_fields() -> Vec<String> {
         .collect()
 }
 
+/// Checks a chat request without a model (fields, types, sampling parameters): throws
+/// the `{ code: 'BadRequest', message }` error the engine would.
 #[wasm_bindgen(js_name = validateRequest)]
 pub fn validate_request(request: JsValue) -> Result<(), JsValue> {
     parse_request(request).map(|_| ())

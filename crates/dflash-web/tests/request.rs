@@ -293,6 +293,9 @@ fn penalties_reach_the_sampler_and_are_checked() {
         ),
         (0.5, -0.25, 1.1)
     );
+    // The GPU sampler's refusal has its own code.
+    let refused = dflash_gpu::GpuError::Unsupported("penalties on the GPU sampler".into());
+    assert_eq!(error_code(&refused), "Unsupported");
     for (k, bad) in [
         ("frequency_penalty", 2.5),
         ("presence_penalty", -3.0),
