@@ -7,7 +7,7 @@ export type DFlashErrorCode =
   | 'BadModelFile'      // not a GGUF, truncated, corrupt, unsupported tensor types or architecture
   | 'DrafterMismatch'   // the drafter does not fit the model (hidden size, vocab, layers, ...)
   | 'DeviceLost'        // the GPU device was lost; create a new engine
-  | 'ContextOverflow'   // prompt + max_tokens exceed the context
+  | 'ContextOverflow'   // the prompt fills the context (max_tokens is cut to the room left, finish_reason 'length')
   | 'BadRequest'        // invalid messages or sampling parameters
   | 'Unsupported'       // a valid request this engine cannot run (penalties on the GPU sampler)
   | 'NetworkError'      // a weight file could not be fetched, or its download failed or ended short (nothing is cached)

@@ -167,7 +167,7 @@ def gguf_layout(b):
 
 def malformed_gguf(rng, work, seeds):
     tiny = sorted((seeds / "gguf-load").glob("*/model.gguf"))
-    for i in range(300):
+    for i in range(600):
         src = tiny[i % len(tiny)].read_bytes()
         f = work / f"tiny-{i}.gguf"
         f.write_bytes(mutate_bytes(rng, src))
@@ -191,13 +191,13 @@ def mutated_smollm2(rng, work):
             os.truncate(f, cut)
 
     cases = []
-    for i in range(40):  # bit flips and edge values in the tensor table
+    for i in range(120):  # bit flips and edge values in the tensor table
         lo = entries[0][0] - 64
         b = bytearray(head)
         at = rng.randrange(lo, table_end)
         b[at] ^= 1 << rng.randrange(8)
         cases.append((f"table flip @{at}", bytes(b), None))
-    for i in range(30):  # anywhere in the metadata and table
+    for i in range(90):  # anywhere in the metadata and table
         cases.append((f"header mutation #{i}", mutate_bytes(rng, head, table_end), None))
     for t in [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 29, 30, 31, 99, 0xFFFFFFFF]:
         b = bytearray(head)
