@@ -84,21 +84,6 @@ pub struct ChatRequest {
     pub sampled_drafts: Option<bool>,
 }
 
-/// The request's numeric fields: null in any of them is an error, not the default.
-const NUMERIC_FIELDS: [&str; 11] = [
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "seed",
-    "block",
-];
-
 /// Fields that take a non-negative integer (serde's own error would not name the field).
 const COUNT_FIELDS: [&str; 4] = ["max_tokens", "max_completion_tokens", "top_k", "seed"];
 const FLOAT_FIELDS: [&str; 6] = [
@@ -111,10 +96,18 @@ const FLOAT_FIELDS: [&str; 6] = [
 ];
 const BOOL_FIELDS: [&str; 4] = ["stream", "dflash", "rejection_sampling", "sampled_drafts"];
 
+/// The request's numeric fields (null in any of them is an error, not the default).
+fn numeric_fields() -> impl Iterator<Item = &'static str> {
+    COUNT_FIELDS
+        .into_iter()
+        .chain(FLOAT_FIELDS)
+        .chain(["block"])
+}
+
 /// Every top-level field a request may have: `ChatRequest`'s own (and the alias
 /// `max_completion_tokens`), `NEUTRAL_FIELDS`, `tool_choice` / `function_call` and
-/// `IGNORED_FIELDS`. The
-/// package's `index.d.ts` declares exactly these (tests on both sides).
+/// `IGNORED_FIELDS`. The package's `index.d.ts` declares exactly these (tests on both
+/// sides).
 pub const REQUEST_FIELDS: [&str; 34] = [
     "messages",
     "model",
@@ -300,10 +293,7 @@ impl ChatRequest {
         // A NaN or an Infinity reaches here as null (JSON has neither, and
         // serde_wasm_bindgen turns a non-finite JS number into null): refused, never taken
         // for "not given" (leave the field out for the default).
-        if let Some(k) = NUMERIC_FIELDS
-            .iter()
-            .find(|k| v.get(**k).is_some_and(|x| x.is_null()))
-        {
+        if let Some(k) = numeric_fields().find(|k| v.get(*k).is_some_and(|x| x.is_null())) {
             return Err(Error::BadRequest(format!(
                 "`{k}` is null (NaN and Infinity arrive as null); give a finite number or leave it out"
             )));
