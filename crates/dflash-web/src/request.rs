@@ -104,11 +104,8 @@ fn numeric_fields() -> impl Iterator<Item = &'static str> {
         .chain(["block"])
 }
 
-/// Every top-level field a request may have: `ChatRequest`'s own (and the alias
-/// `max_completion_tokens`), `NEUTRAL_FIELDS`, `tool_choice` / `function_call` and
-/// `IGNORED_FIELDS`. The package's `index.d.ts` declares exactly these (tests on both
-/// sides).
-pub const REQUEST_FIELDS: [&str; 34] = [
+/// `ChatRequest`'s own fields and the alias `max_completion_tokens`.
+const CHAT_FIELDS: [&str; 19] = [
     "messages",
     "model",
     "stream",
@@ -128,22 +125,18 @@ pub const REQUEST_FIELDS: [&str; 34] = [
     "block",
     "rejection_sampling",
     "sampled_drafts",
-    "n",
-    "logprobs",
-    "top_logprobs",
-    "logit_bias",
-    "response_format",
-    "tools",
-    "functions",
-    "tool_choice",
-    "user",
-    "metadata",
-    "store",
-    "service_tier",
-    "parallel_tool_calls",
-    "modalities",
-    "function_call",
 ];
+
+/// Every top-level field a request may have: `CHAT_FIELDS`, `NEUTRAL_FIELDS`,
+/// `CHOICE_FIELDS` and `IGNORED_FIELDS`. The package's `index.d.ts` declares exactly
+/// these (tests on both sides).
+pub fn request_fields() -> impl Iterator<Item = &'static str> {
+    CHAT_FIELDS
+        .into_iter()
+        .chain(NEUTRAL_FIELDS.map(|(k, _)| k))
+        .chain(CHOICE_FIELDS)
+        .chain(IGNORED_FIELDS)
+}
 
 /// Fields OpenAI clients (and WebLLM code) send that change nothing at these values.
 const NEUTRAL_FIELDS: [(&str, &str); 7] = [
@@ -155,6 +148,9 @@ const NEUTRAL_FIELDS: [(&str, &str); 7] = [
     ("tools", "[]"),
     ("functions", "[]"),
 ];
+
+/// Function calling, accepted only as "none" or "auto" (without tools).
+const CHOICE_FIELDS: [&str; 2] = ["tool_choice", "function_call"];
 
 /// Fields that never change the answer (who asks, what to store, how to bill).
 const IGNORED_FIELDS: [&str; 6] = [
@@ -185,7 +181,7 @@ fn accept_openai_defaults(v: &mut serde_json::Value) -> Result<(), Error> {
             }
         }
     }
-    for k in ["tool_choice", "function_call"] {
+    for k in CHOICE_FIELDS {
         if let Some(x) = obj.remove(k) {
             if !(x.is_null() || x == "none" || x == "auto") {
                 return Err(Error::BadRequest(format!(

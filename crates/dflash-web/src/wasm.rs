@@ -97,10 +97,7 @@ fn parse_request(request: JsValue) -> Result<ChatRequest, JsValue> {
 /// Every field a chat request may have (`index.d.ts` declares exactly these).
 #[wasm_bindgen(js_name = requestFields)]
 pub fn request_fields() -> Vec<String> {
-    crate::request::REQUEST_FIELDS
-        .iter()
-        .map(|f| f.to_string())
-        .collect()
+    crate::request::request_fields().map(String::from).collect()
 }
 
 /// Checks a chat request without a model (fields, types, sampling parameters): throws
