@@ -15,9 +15,11 @@ use crate::{load, CliError, Device};
 use dflash_core::chat::ChatTemplate;
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
-use dflash_core::generate::{generate_cpu, GenerateRequest, GenerateResult, Interrupt};
+use dflash_core::generate::{
+    CpuGeneration, CpuSession, GenerateRequest, GenerateResult, Interrupt,
+};
 use dflash_core::sampling::SamplingParams;
-use dflash_core::speculative::{generate_speculative_cpu, BlockSize, DFlashCpu};
+use dflash_core::speculative::{BlockSize, DFlashCpu, DraftState, SpeculativeGeneration};
 use dflash_core::tokenizer::TextTokenizer;
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::GpuModel;
@@ -478,6 +480,9 @@ enum Runner {
     Cpu {
         target: CpuModel,
         drafter: Option<CpuDrafter>,
+        /// The KV rows and drafter context kept for the next request (multi-turn reuse).
+        session: CpuSession,
+        draft: DraftState,
     },
     Gpu(GpuModel),
     Spec(Box<Speculative>),
@@ -514,7 +519,12 @@ impl Engine {
                     .map(|w| CpuDrafter::with_kernels(w, kernels));
                 let target = CpuModel::from_weights(m.weights, kernels);
                 (
-                    Runner::Cpu { target, drafter },
+                    Runner::Cpu {
+                        target,
+                        drafter,
+                        session: CpuSession::default(),
+                        draft: DraftState::default(),
+                    },
                     kernels.device_name().to_string(),
                 )
             }
@@ -631,6 +641,8 @@ impl Engine {
             Runner::Cpu {
                 target,
                 drafter: Some(d),
+                session,
+                draft,
             } if dflash => {
                 if block == "auto" && self.costs.is_none() {
                     self.costs = Some(DFlashCpu::new(d, target)?.measure_step_costs(16, &clock)?);
@@ -641,22 +653,31 @@ impl Engine {
                     None
                 };
                 let policy = block_policy(&block, d.config.block_size, costs)?;
-                let sr = generate_speculative_cpu(
+                let mut p = DFlashCpu::resume(d, target, std::mem::take(draft))?;
+                let mut run = SpeculativeGeneration::start(
+                    session,
                     target,
-                    d,
+                    &mut p,
                     &self.tokenizer,
                     &g,
                     &policy,
                     &clock,
                     on_text,
                 )?;
+                while !run.step(&clock)? {}
+                let sr = run.finish(&clock);
+                *draft = p.into_state();
                 let stats = usage(&sr.result, Some((&sr, &block)));
                 (sr.result, Some(stats))
             }
-            Runner::Cpu { target, .. } => (
-                generate_cpu(target, &self.tokenizer, &g, &clock, on_text)?,
-                None,
-            ),
+            Runner::Cpu {
+                target, session, ..
+            } => {
+                let mut run =
+                    CpuGeneration::start(session, target, &self.tokenizer, &g, &clock, on_text)?;
+                while !run.step()? {}
+                (run.finish(&clock), None)
+            }
             Runner::Spec(spec) if dflash => {
                 if block == "auto" && self.costs.is_none() {
                     self.costs = Some(spec.measure_step_costs(16, &clock)?);

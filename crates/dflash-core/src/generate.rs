@@ -62,6 +62,9 @@ pub struct GenerateResult {
     pub tokens: Vec<u32>,
     pub text: String,
     pub prompt_tokens: usize,
+    /// Leading prompt tokens whose keys and values were kept from the previous request
+    /// (multi-turn KV reuse) and not computed again.
+    pub cached_tokens: usize,
     pub finish_reason: FinishReason,
     pub prefill_s: f64,
     pub decode_s: f64,
@@ -235,10 +238,104 @@ impl<'a> TokenSink<'a> {
             text: self.stops.text().to_string(),
             tokens: self.tokens,
             prompt_tokens,
+            cached_tokens: 0,
             finish_reason: self.finish,
             prefill_s,
             decode_s,
         }
+    }
+}
+
+/// How many leading positions of `prompt` a KV cache holding the rows of `cached` can
+/// keep: their longest common prefix, less the prompt's last token (its pass gives the
+/// logits of the first new token, so at least one row is always computed). Kept rows are
+/// the same bits as recomputed ones, since every kernel is batch invariant.
+pub fn reusable_prefix(cached: &[u32], prompt: &[u32]) -> usize {
+    let common = cached
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count();
+    common.min(prompt.len().saturating_sub(1))
+}
+
+/// What the CPU engine keeps between the requests of a conversation: the target's KV
+/// cache and the token id of each of its rows, and how many leading rows the drafter's
+/// context (kept by the host, see `DFlashCpu::resume`) agrees with. A new prompt's
+/// longest common prefix with the rows is kept; only the rest is prefilled.
+#[derive(Clone, Default)]
+pub struct CpuSession {
+    cache: Option<crate::cpu::KvCache>,
+    /// The token of each cached row that is known (at most `cache.len()` of them).
+    ids: Vec<u32>,
+    /// Leading rows whose drafter context matches the cache.
+    pub(crate) drafted: usize,
+}
+
+impl CpuSession {
+    /// Forgets every row (`resetChat`).
+    pub fn reset(&mut self) {
+        *self = CpuSession::default();
+    }
+
+    /// Rows kept from the last request.
+    pub fn cached_tokens(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Keeps the rows `prompt` can reuse (none unless the cache has `context` rows of
+    /// room) and returns how many; `drafted_too` limits them to the rows the drafter's
+    /// context also holds.
+    pub(crate) fn keep_prefix(
+        &mut self,
+        model: &CpuModel,
+        prompt: &[u32],
+        context: usize,
+        drafted_too: bool,
+    ) -> usize {
+        if self.cache.as_ref().map(|c| c.capacity()) != Some(context) {
+            self.reset();
+            self.cache = Some(model.new_cache(context));
+        }
+        let mut k = reusable_prefix(&self.ids, prompt);
+        if drafted_too {
+            k = k.min(self.drafted);
+        }
+        self.truncate(k);
+        k
+    }
+
+    pub(crate) fn truncate(&mut self, len: usize) {
+        if let Some(c) = &mut self.cache {
+            c.truncate(len);
+        }
+        self.ids.truncate(len);
+        self.drafted = self.drafted.min(len);
+    }
+
+    /// The target's pass over `tokens` at the next rows; their ids are recorded once it
+    /// succeeds (a failed pass leaves rows without ids, which are never reused).
+    pub(crate) fn forward(
+        &mut self,
+        model: &CpuModel,
+        tokens: &[u32],
+        rows: LogitRows,
+        taps: &[usize],
+    ) -> Result<crate::cpu::ForwardOutput> {
+        let cache = self
+            .cache
+            .as_mut()
+            .ok_or_else(|| Error::Internal("the session has no cache".into()))?;
+        let at = cache.len();
+        self.ids.truncate(at);
+        let out = model.forward(tokens, cache, rows, taps)?;
+        self.ids.extend_from_slice(tokens);
+        Ok(out)
+    }
+
+    /// Cached rows.
+    pub(crate) fn len(&self) -> usize {
+        self.cache.as_ref().map_or(0, |c| c.len())
     }
 }
 
@@ -251,27 +348,32 @@ pub fn generate_cpu(
     clock: &dyn Fn() -> f64,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerateResult> {
-    let mut g = CpuGeneration::start(model, tok, req, clock, on_text)?;
+    let mut session = CpuSession::default();
+    let mut g = CpuGeneration::start(&mut session, model, tok, req, clock, on_text)?;
     while !g.step()? {}
     Ok(g.finish(clock))
 }
 
 /// `generate_cpu` one token at a time, for hosts that must yield between tokens (the
-/// browser worker, so that an interrupt can arrive while the CPU engine generates).
+/// browser worker, so that an interrupt can arrive while the CPU engine generates), in a
+/// session whose rows the prompt may reuse.
 pub struct CpuGeneration<'a> {
     model: &'a CpuModel,
     req: &'a GenerateRequest,
-    cache: crate::cpu::KvCache,
+    session: &'a mut CpuSession,
     logits: Vec<f32>,
     history: Vec<u32>,
     sink: TokenSink<'a>,
+    cached_tokens: usize,
     /// Start and end of the prefill.
     times: (f64, f64),
 }
 
 impl<'a> CpuGeneration<'a> {
-    /// Checks the request and runs the prefill.
+    /// Checks the request and runs the prefill of the prompt past the rows `session`
+    /// already holds.
     pub fn start(
+        session: &'a mut CpuSession,
         model: &'a CpuModel,
         tok: &'a TextTokenizer,
         req: &'a GenerateRequest,
@@ -279,18 +381,19 @@ impl<'a> CpuGeneration<'a> {
         on_text: &'a mut dyn FnMut(&str),
     ) -> Result<Self> {
         let (context, budget) = prepare(req, &model.config)?;
-        let mut cache = model.new_cache(context);
         let t0 = clock();
-        let logits = model
-            .forward(&req.prompt_ids, &mut cache, LogitRows::Last, &[])?
+        let k = session.keep_prefix(model, &req.prompt_ids, context, false);
+        let logits = session
+            .forward(model, &req.prompt_ids[k..], LogitRows::Last, &[])?
             .logits;
         Ok(CpuGeneration {
             model,
             req,
-            cache,
+            session,
             logits,
             history: req.prompt_ids.clone(),
             sink: TokenSink::new(tok, req, budget, on_text),
+            cached_tokens: k,
             times: (t0, clock()),
         })
     }
@@ -309,15 +412,18 @@ impl<'a> CpuGeneration<'a> {
             return Ok(true);
         }
         self.logits = self
-            .model
-            .forward(&[next], &mut self.cache, LogitRows::Last, &[])?
+            .session
+            .forward(self.model, &[next], LogitRows::Last, &[])?
             .logits;
         Ok(false)
     }
 
     pub fn finish(self, clock: &dyn Fn() -> f64) -> GenerateResult {
         let (t0, t1) = self.times;
-        self.sink
-            .finish(self.req.prompt_ids.len(), t1 - t0, clock() - t1)
+        let mut r = self
+            .sink
+            .finish(self.req.prompt_ids.len(), t1 - t0, clock() - t1);
+        r.cached_tokens = self.cached_tokens;
+        r
     }
 }

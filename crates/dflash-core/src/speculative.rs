@@ -9,7 +9,7 @@ use crate::cpu::ops::argmax;
 use crate::cpu::{CpuModel, LogitRows};
 use crate::drafter::CpuDrafter;
 use crate::error::{Error, Result};
-use crate::generate::{prepare, GenerateRequest, GenerateResult, TokenSink};
+use crate::generate::{prepare, CpuSession, GenerateRequest, GenerateResult, TokenSink};
 use crate::rejection::{verify, Proposed, Verdict};
 use crate::sampling::{distribution, sample, SamplingParams};
 use crate::tokenizer::TextTokenizer;
@@ -357,6 +357,15 @@ pub trait Proposer {
     fn max_block(&self) -> usize;
     /// Committed tap rows (`[r, n_taps * H]`) for the next positions.
     fn commit(&mut self, taps: &[f32]);
+    /// Rows of committed taps it holds (`usize::MAX` for a proposer without context).
+    fn context_rows(&self) -> usize {
+        usize::MAX
+    }
+    /// Forgets the committed rows from `len` on (before a prompt that keeps `len` rows of
+    /// the last request's cache).
+    fn truncate(&mut self, len: usize) {
+        let _ = len;
+    }
     /// `b - 1` draft tokens following `anchor` at absolute position `pos`.
     fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> Result<Vec<u32>>;
     /// Drafts with the distributions they were drawn from, for rejection sampling at
@@ -382,6 +391,12 @@ pub trait Proposer {
 pub struct DFlashCpu<'a> {
     pub drafter: &'a CpuDrafter,
     pub target: &'a CpuModel,
+    state: DraftState,
+}
+
+/// The drafter's context between requests (kept by the host beside its `CpuSession`).
+#[derive(Clone, Default)]
+pub struct DraftState {
     ctx: crate::drafter::DraftContext,
     /// Committed tap rows not yet in the context. They join it in one batched pass when
     /// the next block is drafted (the extension is batch invariant: the same context as
@@ -391,22 +406,50 @@ pub struct DFlashCpu<'a> {
 
 impl<'a> DFlashCpu<'a> {
     pub fn new(drafter: &'a CpuDrafter, target: &'a CpuModel) -> Result<Self> {
+        Self::resume(drafter, target, DraftState::default())
+    }
+
+    /// A proposer continuing from the context `state` of an earlier request (see
+    /// `into_state`); a state of another drafter is dropped.
+    pub fn resume(
+        drafter: &'a CpuDrafter,
+        target: &'a CpuModel,
+        state: DraftState,
+    ) -> Result<Self> {
         drafter.config.validate_against(&target.config)?;
+        let fits = state.ctx.layers() == drafter.config.num_layers
+            && state.pending.len() % (drafter.config.n_taps() * target.config.hidden_size).max(1)
+                == 0;
         Ok(DFlashCpu {
             drafter,
             target,
-            ctx: drafter.new_context(),
-            pending: Vec::new(),
+            state: match fits {
+                true => state,
+                false => DraftState {
+                    ctx: drafter.new_context(),
+                    pending: Vec::new(),
+                },
+            },
         })
+    }
+
+    /// The context, for the next request to `resume` from.
+    pub fn into_state(self) -> DraftState {
+        self.state
     }
 
     /// The context with every committed row in it.
     fn context(&mut self) -> &crate::drafter::DraftContext {
-        if !self.pending.is_empty() {
-            self.drafter.extend_context(&mut self.ctx, &self.pending);
-            self.pending.clear();
+        let st = &mut self.state;
+        if !st.pending.is_empty() {
+            self.drafter.extend_context(&mut st.ctx, &st.pending);
+            st.pending.clear();
         }
-        &self.ctx
+        &st.ctx
+    }
+
+    fn tap_width(&self) -> usize {
+        self.drafter.config.n_taps() * self.target.config.hidden_size
     }
 
     /// The drafter's final hidden rows for a block `[anchor, MASK...]` of `b` rows at
@@ -466,7 +509,20 @@ impl Proposer for DFlashCpu<'_> {
         self.drafter.config.block_size
     }
     fn commit(&mut self, taps: &[f32]) {
-        self.pending.extend_from_slice(taps);
+        self.state.pending.extend_from_slice(taps);
+    }
+    fn context_rows(&self) -> usize {
+        self.state.ctx.len + self.state.pending.len() / self.tap_width().max(1)
+    }
+    fn truncate(&mut self, len: usize) {
+        let tap_w = self.tap_width();
+        let st = &mut self.state;
+        if len >= st.ctx.len {
+            st.pending.truncate((len - st.ctx.len) * tap_w);
+        } else {
+            st.pending.clear();
+            st.ctx.truncate(len, self.drafter.config.kv_dim());
+        }
     }
     fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> Result<Vec<u32>> {
         let (h, vocab) = (
@@ -541,7 +597,17 @@ pub fn generate_speculative_with(
     clock: &dyn Fn() -> f64,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<SpeculativeResult> {
-    let mut g = SpeculativeGeneration::start(target, proposer, tok, req, block, clock, on_text)?;
+    let mut session = CpuSession::default();
+    let mut g = SpeculativeGeneration::start(
+        &mut session,
+        target,
+        proposer,
+        tok,
+        req,
+        block,
+        clock,
+        on_text,
+    )?;
     while !g.step(clock)? {}
     Ok(g.finish(clock))
 }
@@ -555,7 +621,8 @@ pub struct SpeculativeGeneration<'a> {
     req: &'a GenerateRequest,
     context: usize,
     taps: Vec<usize>,
-    cache: crate::cpu::KvCache,
+    session: &'a mut CpuSession,
+    cached_tokens: usize,
     history: Vec<u32>,
     anchor: u32,
     sink: TokenSink<'a>,
@@ -566,9 +633,11 @@ pub struct SpeculativeGeneration<'a> {
 }
 
 impl<'a> SpeculativeGeneration<'a> {
-    /// Checks the request, runs the prefill (its taps to the proposer) and takes the
-    /// first token.
+    /// Checks the request, runs the prefill of the prompt past the rows `session` and
+    /// the proposer already hold (its taps to the proposer) and takes the first token.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
+        session: &'a mut CpuSession,
         target: &'a CpuModel,
         proposer: &'a mut dyn Proposer,
         tok: &'a TextTokenizer,
@@ -580,10 +649,15 @@ impl<'a> SpeculativeGeneration<'a> {
         let (context, budget) = prepare(req, &target.config)?;
         let taps = proposer.tap_layers();
         let max_block = proposer.max_block().max(1);
-        let mut cache = target.new_cache(context);
         let t0 = clock();
-        let out = target.forward(&req.prompt_ids, &mut cache, LogitRows::Last, &taps)?;
+        let k = session
+            .keep_prefix(target, &req.prompt_ids, context, true)
+            .min(proposer.context_rows());
+        session.truncate(k);
+        proposer.truncate(k);
+        let out = session.forward(target, &req.prompt_ids[k..], LogitRows::Last, &taps)?;
         proposer.commit(&out.taps);
+        session.drafted = session.len();
         let history = req.prompt_ids.clone();
         let anchor = sample(&out.logits, &req.sampling, &history, history.len());
         let t1 = clock();
@@ -595,7 +669,8 @@ impl<'a> SpeculativeGeneration<'a> {
             req,
             context,
             taps,
-            cache,
+            session,
+            cached_tokens: k,
             history,
             anchor,
             sink,
@@ -613,17 +688,20 @@ impl<'a> SpeculativeGeneration<'a> {
         let target = self.target;
         let vocab = target.config.vocab_size;
         let tap_w = self.taps.len() * target.config.hidden_size;
-        let pos = self.cache.len();
+        let pos = self.session.len();
         let b = self.blocks.next_block(self.context - pos);
         let t_step = clock();
         let (block_ids, proposed) = self.draft(pos, b)?;
         // Verify: one target pass over the block, with taps.
-        let out = target.forward(&block_ids, &mut self.cache, LogitRows::All, &self.taps)?;
+        let out = self
+            .session
+            .forward(target, &block_ids, LogitRows::All, &self.taps)?;
         self.history.push(self.anchor);
         let (acc, bonus) = self.accept(&out.logits, &block_ids, &proposed, pos, vocab);
         // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
-        self.cache.truncate(pos + acc + 1);
+        self.session.truncate(pos + acc + 1);
         self.proposer.commit(&out.taps[..(acc + 1) * tap_w]);
+        self.session.drafted = pos + acc + 1;
         self.blocks.record(b, clock() - t_step, acc);
         for &t in block_ids[1..=acc].iter().chain([&bonus]) {
             self.done = self.sink.push(t)?;
@@ -700,8 +778,9 @@ impl<'a> SpeculativeGeneration<'a> {
     pub fn finish(self, clock: &dyn Fn() -> f64) -> SpeculativeResult {
         let (t0, t1) = self.times;
         let n = self.req.prompt_ids.len();
-        self.blocks
-            .result(self.sink.finish(n, t1 - t0, clock() - t1))
+        let mut r = self.sink.finish(n, t1 - t0, clock() - t1);
+        r.cached_tokens = self.cached_tokens;
+        self.blocks.result(r)
     }
 }
 

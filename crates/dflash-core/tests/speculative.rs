@@ -589,7 +589,9 @@ fn stepwise_speculation_equals_the_loop_and_stops_between_steps() {
         let switch = r.interrupt.clone();
         let mut proposer = DFlashCpu::new(&d, &cpu).unwrap();
         let mut on_text = |_: &str| {};
+        let mut session = dflash_core::generate::CpuSession::default();
         let mut g = SpeculativeGeneration::start(
+            &mut session,
             &cpu,
             &mut proposer,
             &t.tokenizer,

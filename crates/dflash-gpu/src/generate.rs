@@ -9,6 +9,8 @@ use dflash_core::tokenizer::TextTokenizer;
 
 impl GpuModel {
     /// Plain generation for event-loop hosts; `clock` gives seconds (the host's timer).
+    /// The prompt's longest common prefix with the rows the cache holds from the last
+    /// request is kept (multi-turn reuse; `forget_cached` prefills everything).
     pub async fn generate_async(
         &mut self,
         tok: &TextTokenizer,
@@ -24,7 +26,8 @@ impl GpuModel {
         };
         self.set_sampling(&req.sampling)?;
         let t0 = clock();
-        let next = self.prefill_with_async(&req.prompt_ids, head).await?;
+        let keep = self.reusable_rows(&req.prompt_ids, false);
+        let next = self.prefill_from_async(&req.prompt_ids, keep, head).await?;
         let t1 = clock();
         let mut sink = TokenSink::new(tok, req, budget, on_text);
         if !sink.push(next)? {
@@ -32,7 +35,9 @@ impl GpuModel {
             self.decode_async(next, max, head, &mut |t| Ok(sink.push(t)?))
                 .await?;
         }
-        Ok(sink.finish(req.prompt_ids.len(), t1 - t0, clock() - t1))
+        let mut r = sink.finish(req.prompt_ids.len(), t1 - t0, clock() - t1);
+        r.cached_tokens = keep;
+        Ok(r)
     }
 
     /// Up to `max` tokens after `first` (the token the prefill chose), one row per step,
@@ -88,6 +93,9 @@ impl GpuModel {
         let mut in_flight = Some((self.submit_fed_step(Some(first), head, 0)?, 0));
         let mut submitted = 1;
         while let Some((index, slot)) = in_flight.take() {
+            // The row this step wrote (the last submitted); its token is the next row's
+            // input.
+            let row = self.len - 1;
             // This step's token is asked for before the next step is queued.
             let map = self
                 .ctx
@@ -103,11 +111,15 @@ impl GpuModel {
                 submitted += 1;
             }
             let read = self.ctx.finish_map(map).await;
-            let done = read.and_then(|bytes| push(bytemuck::cast_slice::<u8, u32>(&bytes)[0]));
+            let token = read.map(|bytes| bytemuck::cast_slice::<u8, u32>(&bytes)[0]);
+            if let (Ok(t), Some(id)) = (&token, self.kv_ids.get_mut(row + 1)) {
+                *id = *t;
+            }
+            let done = token.and_then(|t| push(t));
             if !matches!(done, Ok(false)) {
                 // Over (or failed): the step in flight, if any, is not committed (later
                 // work is queued behind it, so nothing waits for it).
-                self.len -= in_flight.map_or(0, |_| 1);
+                self.truncate(self.len - in_flight.map_or(0, |_| 1));
                 return done.map(|_| ());
             }
         }

@@ -177,7 +177,16 @@ pub struct GpuModel {
     pub(crate) plans: HashMap<(usize, Head), Vec<Dispatch>>,
     /// Committed positions in the KV cache.
     pub(crate) len: usize,
+    /// The token of each leading row of the KV cache that is known (at most `len`;
+    /// `UNKNOWN_ID` where a fed step's input is not read back yet): what the next prompt
+    /// is matched against for multi-turn reuse.
+    pub(crate) kv_ids: Vec<u32>,
+    /// Leading rows whose drafter context (DFlash) matches the cache.
+    pub(crate) drafted: usize,
 }
+
+/// A row's token the host has not seen (never equal to a token id).
+pub(crate) const UNKNOWN_ID: u32 = u32::MAX;
 
 /// Bytes of chunked attention's two partials buffers where the adapter chunks attention.
 pub(crate) fn attention_parts_bytes(
@@ -503,6 +512,8 @@ impl GpuModel {
             act,
             plans: HashMap::new(),
             len: 0,
+            kv_ids: Vec::new(),
+            drafted: 0,
             memory,
             context,
             taps: opts.taps.clone(),
@@ -522,6 +533,33 @@ impl GpuModel {
     /// Rolls the KV cache back to `len` positions (rows past it are overwritten later).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+        self.kv_ids.truncate(self.len);
+        self.drafted = self.drafted.min(self.len);
+    }
+
+    /// Forgets which tokens the KV cache holds, so that the next prompt is prefilled
+    /// whole (`resetChat`).
+    pub fn forget_cached(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Rows of the cache the next prompt may reuse (see `reusable_prefix`); with
+    /// `drafted_too`, only rows the drafter's context holds as well.
+    pub(crate) fn reusable_rows(&self, prompt: &[u32], drafted_too: bool) -> usize {
+        let k = dflash_core::generate::reusable_prefix(&self.kv_ids, prompt);
+        match drafted_too {
+            true => k.min(self.drafted),
+            false => k,
+        }
+    }
+
+    /// Records the tokens of the rows `at..at + tokens.len()` (rows past them are
+    /// forgotten).
+    pub(crate) fn record_ids(&mut self, at: usize, tokens: &[u32]) {
+        self.kv_ids.truncate(at);
+        if self.kv_ids.len() == at {
+            self.kv_ids.extend_from_slice(tokens);
+        }
     }
 
     pub fn pipelines_compiled(&self) -> usize {
@@ -643,6 +681,7 @@ impl GpuModel {
         self.prepare_pass(tokens, head)?;
         let cb = self.encode_pass(tokens.len(), head);
         self.ctx.queue.submit([cb]);
+        self.record_ids(self.len, tokens);
         self.len += tokens.len();
         Ok(())
     }
@@ -723,6 +762,8 @@ impl GpuModel {
     ) -> Result<crate::profile::PlanProfile> {
         let keep = self.len;
         self.len = pos.min(self.context.saturating_sub(n));
+        self.kv_ids.truncate(self.len);
+        self.drafted = self.drafted.min(self.len);
         let r = self.prepare_pass(&vec![0; n], head);
         let keys = self.len + n;
         self.len = keep;
@@ -751,6 +792,7 @@ impl GpuModel {
             let t2 = now();
             let bytes = self.ctx.read_mapped(&self.act.readback)?;
             let t3 = now();
+            self.record_ids(self.len, &[token]);
             self.len += 1;
             token = bytemuck::cast_slice::<u8, u32>(&bytes)[0];
             t.0.push(t1 - t0);
@@ -806,6 +848,7 @@ impl GpuModel {
         let out = &self.act.token_readback[slot];
         enc.copy_buffer_to_buffer(&self.act.out_tokens, 0, out, 0, 4);
         let index = self.ctx.queue.submit([enc.finish()]);
+        self.record_ids(self.len, &[token.unwrap_or(UNKNOWN_ID)]);
         self.len += 1;
         Ok(index)
     }
@@ -857,11 +900,22 @@ impl GpuModel {
 
     /// `prefill_with` for event-loop hosts.
     pub async fn prefill_with_async(&mut self, tokens: &[u32], head: Head) -> Result<u32> {
-        self.len = 0;
-        if tokens.is_empty() {
+        self.prefill_from_async(tokens, 0, head).await
+    }
+
+    /// The prefill of `tokens` past their first `keep` rows, which the cache holds from
+    /// the last request (`reusable_rows`).
+    pub(crate) async fn prefill_from_async(
+        &mut self,
+        tokens: &[u32],
+        keep: usize,
+        head: Head,
+    ) -> Result<u32> {
+        self.truncate(keep);
+        if tokens.len() <= keep {
             return Err(GpuError::Core(dflash_core::Error::EmptyPrompt));
         }
-        let chunks: Vec<&[u32]> = tokens.chunks(MAX_ROWS).collect();
+        let chunks: Vec<&[u32]> = tokens[keep..].chunks(MAX_ROWS).collect();
         for ch in &chunks[..chunks.len() - 1] {
             self.submit_pass(ch, Head::None)?;
         }
@@ -932,11 +986,11 @@ impl GpuModel {
         let mut times = Vec::new();
         for &b in &probe {
             let toks = vec![0u32; b];
-            self.len = 0;
+            self.truncate(0);
             self.step(&toks)?; // compile and warm up
             let mut best = f64::INFINITY;
             for _ in 0..2 {
-                self.len = 0;
+                self.truncate(0);
                 let t0 = now();
                 self.step(&toks)?;
                 best = best.min(now() - t0);
@@ -944,6 +998,7 @@ impl GpuModel {
             times.push((b, best));
         }
         self.len = keep;
+        self.kv_ids.truncate(keep);
         Ok(dflash_core::speculative::interpolate_costs(&times, max))
     }
 

@@ -387,6 +387,9 @@ pub fn usage(r: &GenerateResult, spec: Option<(&SpeculativeResult, &str)>) -> se
         "prompt_tokens": r.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": r.prompt_tokens + completion,
+        // OpenAI's field for prompt tokens served from the cache (here: the KV rows kept
+        // from the previous request of the conversation).
+        "prompt_tokens_details": { "cached_tokens": r.cached_tokens },
         "prefill_s": r.prefill_s,
         "decode_s": r.decode_s,
         "prefill_tok_s": r.prompt_tokens as f64 / r.prefill_s.max(1e-9),

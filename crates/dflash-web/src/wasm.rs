@@ -11,8 +11,8 @@ use dflash_core::cpu::quant_matmul::{self, Kernel};
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
 use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, WeightStream};
-use dflash_core::generate::{CpuGeneration, Interrupt};
-use dflash_core::speculative::{BlockSize, DFlashCpu, SpeculativeGeneration};
+use dflash_core::generate::{CpuGeneration, CpuSession, Interrupt};
+use dflash_core::speculative::{BlockSize, DFlashCpu, DraftState, SpeculativeGeneration};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::{GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader};
 use sha2::{Digest, Sha256};
@@ -276,7 +276,12 @@ impl Loader {
                     "cpu": {"kernel": Kernel::detect().name(), "threads": quant_matmul::threads()},
                 });
                 (
-                    Runner::Cpu(Box::new(CpuRunner { target, drafter })),
+                    Runner::Cpu(Box::new(CpuRunner {
+                        target,
+                        drafter,
+                        session: CpuSession::default(),
+                        draft: DraftState::default(),
+                    })),
                     tokenizer,
                     chat_template,
                     context,
@@ -369,6 +374,10 @@ enum Runner {
 struct CpuRunner {
     target: CpuModel,
     drafter: Option<CpuDrafter>,
+    /// The KV rows kept for the next request of the conversation.
+    session: CpuSession,
+    /// The drafter's context kept beside them.
+    draft: DraftState,
 }
 
 struct Inner {
@@ -432,7 +441,12 @@ impl Engine {
             };
             let out = match &mut inner.runner {
                 Runner::Cpu(cpu) => {
-                    let CpuRunner { target, drafter } = &**cpu;
+                    let CpuRunner {
+                        target,
+                        drafter,
+                        session,
+                        draft,
+                    } = &mut **cpu;
                     let label = match (&req.block, &*drafter) {
                         (_, None) => None,
                         _ if req.dflash == Some(false) => None,
@@ -459,8 +473,10 @@ impl Engine {
                     match (label, &*drafter) {
                         (Some((policy, label)), Some(d)) => {
                             // A step at a time, yielding to the worker between steps.
-                            let mut p = DFlashCpu::new(d, target).map_err(core_err)?;
+                            let state = std::mem::take(draft);
+                            let mut p = DFlashCpu::resume(d, target, state).map_err(core_err)?;
                             let mut g = SpeculativeGeneration::start(
+                                session,
                                 target,
                                 &mut p,
                                 &inner.tokenizer,
@@ -474,12 +490,14 @@ impl Engine {
                                 yield_to_worker().await?;
                             }
                             let r = g.finish(&now_s);
+                            *draft = p.into_state();
                             serde_json::json!({ "text": r.result.text, "finish_reason": finish_reason(&r.result), "usage": usage(&r.result, Some((&r, &label))) })
                         }
                         _ => {
                             // A token at a time, yielding to the worker between tokens so
                             // that an interrupt can arrive.
                             let mut g = CpuGeneration::start(
+                                session,
                                 target,
                                 &inner.tokenizer,
                                 &gen,
@@ -563,6 +581,26 @@ impl Engine {
             _ => return Ok(()),
         };
         ctx.destroy_device();
+        Ok(())
+    }
+
+    /// Forgets the conversation: the next request prefills its whole prompt instead of
+    /// keeping the KV rows its longest common prefix with the last one shares.
+    #[wasm_bindgen(js_name = resetChat)]
+    pub fn reset_chat(&self) -> Result<(), JsValue> {
+        let mut g = self
+            .inner
+            .try_borrow_mut()
+            .map_err(|_| js_error("Busy", "the engine is answering a request"))?;
+        match g.as_mut().map(|i| &mut i.runner) {
+            Some(Runner::Plain(m)) => m.forget_cached(),
+            Some(Runner::Spec(s)) => s.target.forget_cached(),
+            Some(Runner::Cpu(c)) => {
+                c.session.reset();
+                c.draft = DraftState::default();
+            }
+            None => {}
+        }
         Ok(())
     }
 

@@ -103,6 +103,10 @@ pub struct DraftContext {
 }
 
 impl DraftContext {
+    /// Draft layers it holds rows for.
+    pub fn layers(&self) -> usize {
+        self.k.len()
+    }
     pub fn truncate(&mut self, len: usize, kv_dim: usize) {
         if len < self.len {
             for l in 0..self.k.len() {

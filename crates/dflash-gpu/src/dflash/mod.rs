@@ -40,6 +40,9 @@ pub struct Speculative {
     /// Rows the last verify pass computed (its committed rows feed the next step's
     /// context extension); 0 right after a prefill, which extends the context itself.
     prev_block: usize,
+    /// The next block's first token (the prefill's token, then each step's bonus), which
+    /// stays on the GPU; the host keeps it to know the rows the step writes.
+    anchor: u32,
     /// Drafts come from the host buffer (tests that force acceptance patterns).
     pub host_drafts: bool,
     /// With host drafts, the drafter's block pass still runs (its drafts unused): a step
@@ -78,6 +81,7 @@ impl Speculative {
             plans: HashMap::new(),
             ext_plans: HashMap::new(),
             prev_block: 0,
+            anchor: 0,
             host_drafts: false,
             simulate: false,
             rejection: false,
@@ -119,12 +123,18 @@ impl Speculative {
 
     /// `prefill` for event-loop hosts.
     pub async fn prefill_async(&mut self, prompt: &[u32], head: Head) -> Result<u32> {
-        if prompt.is_empty() {
+        self.prefill_from_async(prompt, 0, head).await
+    }
+
+    /// The prefill of `prompt` past its first `keep` rows, which the target's cache and
+    /// the drafter's context hold from the last request (`GpuModel::reusable_rows`).
+    async fn prefill_from_async(&mut self, prompt: &[u32], keep: usize, head: Head) -> Result<u32> {
+        self.target.truncate(keep);
+        if prompt.len() <= keep {
             return Err(GpuError::Core(dflash_core::Error::EmptyPrompt));
         }
-        self.target.truncate(0);
         let ctx = self.target.ctx.clone();
-        let chunks: Vec<&[u32]> = prompt.chunks(MAX_ROWS).collect();
+        let chunks: Vec<&[u32]> = prompt[keep..].chunks(MAX_ROWS).collect();
         let mut first = 0;
         for (i, ch) in chunks.iter().enumerate() {
             let start = self.target.len();
@@ -152,6 +162,8 @@ impl Speculative {
         state.write(&ctx, &self.target.act.state);
         PassState::at(pos).write(&ctx, &self.target.act.ext_state);
         self.prev_block = 0;
+        self.anchor = first;
+        self.target.drafted = pos;
         Ok(first)
     }
 
@@ -329,7 +341,14 @@ impl Speculative {
                 "accepted {acc} of a block of {b}"
             )));
         }
+        // The block's rows: the anchor (the last token of the previous step, or of the
+        // prefill), then the accepted drafts; the step extended the drafter's context to
+        // `pos`.
         self.target.len = pos + acc + 1;
+        self.target.record_ids(pos, &[self.anchor]);
+        self.target.record_ids(pos + 1, &r[1..acc + 1]);
+        self.anchor = r[acc + 1];
+        self.target.drafted = pos;
         self.prev_block = b;
         Ok(StepResult {
             accepted: acc,
@@ -451,7 +470,8 @@ impl Speculative {
         };
         self.target.set_sampling(&req.sampling)?;
         let t0 = clock();
-        let anchor = self.prefill_async(&req.prompt_ids, head).await?;
+        let keep = self.target.reusable_rows(&req.prompt_ids, true);
+        let anchor = self.prefill_from_async(&req.prompt_ids, keep, head).await?;
         let t1 = clock();
         let drafted = std::cell::Cell::new(false);
         let mut on_text = |s: &str| on_piece(s, drafted.get());
@@ -472,6 +492,8 @@ impl Speculative {
             }
         }
         let t2 = clock();
-        Ok(blocks.result(sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1)))
+        let mut r = sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1);
+        r.cached_tokens = keep;
+        Ok(blocks.result(r))
     }
 }
