@@ -3,8 +3,11 @@
 //! adapter (the roofline), with the ratio between them. `--synthetic NAME` benches a
 //! model of a real shape with random weights made on the device (no file, no
 //! tokenizer: random token ids); `--accept-profile` simulates DFlash acceptance.
-//! `--device cpu` measures the quantized CPU engine the same way (`bench/cpu.rs`).
+//! `--device cpu` measures the quantized CPU engine the same way (`bench/cpu.rs`);
+//! `--turns N` the time to first token of a conversation's turns with and without
+//! multi-turn KV reuse (`bench/conversation.rs`).
 
+mod conversation;
 mod cpu;
 
 use crate::generate::open_device;
@@ -118,6 +121,11 @@ pub struct BenchArgs {
     /// GPU).
     #[arg(long, value_enum)]
     tuning: Option<TuningChoice>,
+    /// A conversation of N turns (the `chat` messages of --prompts, each reply kept):
+    /// the time to first token of every turn with multi-turn KV reuse against the same
+    /// turn prefilled whole.
+    #[arg(long, requires = "prompts")]
+    turns: Option<usize>,
 }
 
 /// `--memory-budget`: bytes, or a number with a K/M/G/T suffix (powers of 1024).
@@ -249,6 +257,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
     }
     if let (Some(p), Some(s)) = (&profile, &synthetic) {
         check_profile_len(p, s.drafter.block_size)?;
+    }
+    if let Some(turns) = a.turns {
+        return conversation::run(a, turns);
     }
     if let Some(kernels) = a.device.cpu_kernels() {
         return cpu::run(a, kernels, synthetic.is_some(), profile.is_some());

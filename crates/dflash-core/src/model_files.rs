@@ -26,16 +26,22 @@ impl LoadedModel {
     /// Token ids of a user message (after an optional system message) rendered through
     /// the model's own chat template, with the generation prompt added.
     pub fn chat_ids(&self, system: Option<&str>, user: &str) -> Result<Vec<u32>> {
-        let tpl = self
-            .chat_template
-            .as_ref()
-            .ok_or_else(|| Error::ChatTemplate("the model has no chat template".into()))?;
         let mut msgs = Vec::new();
         if let Some(s) = system {
             msgs.push(crate::chat::Message::new("system", s));
         }
         msgs.push(crate::chat::Message::new("user", user));
-        self.tokenizer.encode(&tpl.render(&msgs, true)?, true)
+        self.conversation_ids(&msgs)
+    }
+
+    /// Token ids of a conversation rendered through the model's own chat template, with
+    /// the generation prompt added.
+    pub fn conversation_ids(&self, messages: &[crate::chat::Message]) -> Result<Vec<u32>> {
+        let tpl = self
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| Error::ChatTemplate("the model has no chat template".into()))?;
+        self.tokenizer.encode(&tpl.render(messages, true)?, true)
     }
 }
 

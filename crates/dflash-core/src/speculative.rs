@@ -418,8 +418,10 @@ impl<'a> DFlashCpu<'a> {
     ) -> Result<Self> {
         drafter.config.validate_against(&target.config)?;
         let fits = state.ctx.layers() == drafter.config.num_layers
-            && state.pending.len() % (drafter.config.n_taps() * target.config.hidden_size).max(1)
-                == 0;
+            && state
+                .pending
+                .len()
+                .is_multiple_of((drafter.config.n_taps() * target.config.hidden_size).max(1));
         Ok(DFlashCpu {
             drafter,
             target,

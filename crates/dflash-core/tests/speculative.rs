@@ -623,3 +623,146 @@ fn stepwise_speculation_equals_the_loop_and_stops_between_steps() {
         }
     }
 }
+
+/// A DFlash proposer that records every block it drafts (position and drafts).
+struct Recording<'a> {
+    inner: dflash_core::speculative::DFlashCpu<'a>,
+    drafts: Vec<(usize, Vec<u32>)>,
+}
+
+impl Proposer for Recording<'_> {
+    fn tap_layers(&self) -> Vec<usize> {
+        self.inner.tap_layers()
+    }
+    fn max_block(&self) -> usize {
+        self.inner.max_block()
+    }
+    fn commit(&mut self, taps: &[f32]) {
+        self.inner.commit(taps)
+    }
+    fn context_rows(&self) -> usize {
+        self.inner.context_rows()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.inner.truncate(len)
+    }
+    fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> dflash_core::Result<Vec<u32>> {
+        let d = self.inner.draft(anchor, pos, b)?;
+        self.drafts.push((pos, d.clone()));
+        Ok(d)
+    }
+}
+
+/// One turn of a conversation on the CPU engine, in `session` (and the drafter's `draft`
+/// context with DFlash), as the browser worker and `dflash serve` run it; with the blocks
+/// the drafter proposed.
+fn turn_in_session(
+    session: &mut dflash_core::generate::CpuSession,
+    draft: &mut dflash_core::speculative::DraftState,
+    cpu: &CpuModel,
+    d: Option<&CpuDrafter>,
+    t: &LoadedModel,
+    r: &GenerateRequest,
+) -> (
+    dflash_core::generate::GenerateResult,
+    Vec<(usize, Vec<u32>)>,
+) {
+    use dflash_core::generate::CpuGeneration;
+    use dflash_core::speculative::{DFlashCpu, SpeculativeGeneration};
+    let block = BlockSize::Fixed(4);
+    let mut on_text = |_: &str| {};
+    match d {
+        Some(d) => {
+            let mut p = Recording {
+                inner: DFlashCpu::resume(d, cpu, std::mem::take(draft)).unwrap(),
+                drafts: vec![],
+            };
+            let mut g = SpeculativeGeneration::start(
+                session,
+                cpu,
+                &mut p,
+                &t.tokenizer,
+                r,
+                &block,
+                &|| 0.0,
+                &mut on_text,
+            )
+            .unwrap();
+            while !g.step(&|| 0.0).unwrap() {}
+            let out = g.finish(&|| 0.0);
+            *draft = p.inner.into_state();
+            (out.result, p.drafts)
+        }
+        None => {
+            let mut g =
+                CpuGeneration::start(session, cpu, &t.tokenizer, r, &|| 0.0, &mut on_text).unwrap();
+            while !g.step().unwrap() {}
+            (g.finish(&|| 0.0), vec![])
+        }
+    }
+}
+
+/// Multi-turn KV reuse on the CPU engine: five turns in one session, each prompt the last
+/// prompt, its reply and a few new tokens, give the tokens of the same turns prefilled
+/// from an empty cache, with DFlash on, off and switched between turns, greedy and seeded
+/// sampling; each turn keeps at least the whole previous prompt. An edited history keeps
+/// exactly the rows before the edit, and a reset session keeps none.
+#[test]
+fn a_conversation_that_reuses_its_kv_rows_equals_one_prefilled_every_turn() {
+    use dflash_core::generate::CpuSession;
+    use dflash_core::speculative::DraftState;
+    let t = target();
+    let cpu = CpuModel::with_kernels(&t.weights, CpuKernels::Quantized);
+    let d = CpuDrafter::with_kernels(
+        &load(&write_drafter(t.config(), &spec(5))).unwrap(),
+        CpuKernels::Quantized,
+    );
+    let patterns: [[bool; 5]; 3] = [[true; 5], [false; 5], [true, false, false, true, true]];
+    for sp in samplings().into_iter().take(2) {
+        for dflash in patterns {
+            let (mut session, mut draft) = (CpuSession::default(), DraftState::default());
+            let mut rng = Rng(9);
+            let mut prompt: Vec<u32> = (0..7).map(|_| rng.below(260) as u32).collect();
+            for (turn, &on) in dflash.iter().enumerate() {
+                let mut r = req(&prompt, sp.clone());
+                r.max_new_tokens = 10;
+                let d = on.then_some(&d);
+                let (mut s0, mut d0) = (CpuSession::default(), DraftState::default());
+                let (fresh, fresh_drafts) = turn_in_session(&mut s0, &mut d0, &cpu, d, &t, &r);
+                let (reused, drafts) = turn_in_session(&mut session, &mut draft, &cpu, d, &t, &r);
+                let what = format!("T={} turn {turn} dflash {dflash:?}", sp.temperature);
+                assert_eq!(reused.tokens, fresh.tokens, "{what}");
+                // The same drafts: the drafter's kept context is the one it rebuilds.
+                assert_eq!(drafts, fresh_drafts, "{what}");
+                assert_eq!(reused.text, fresh.text, "{what}");
+                assert_eq!(fresh.cached_tokens, 0);
+                // The last prompt and every token of its reply fed back (all but the last).
+                let kept_at_least = match turn {
+                    0 => 0,
+                    // A DFlash turn after a plain one keeps the rows the drafter saw last.
+                    _ if on && !dflash[turn - 1] => 7,
+                    _ => prompt.len() - 4,
+                };
+                let kept = reused.cached_tokens;
+                assert!(kept >= kept_at_least, "{what}: {kept} < {kept_at_least}");
+                assert!(kept < prompt.len(), "{what}");
+                prompt.extend(&reused.tokens);
+                prompt.extend((0..3).map(|_| rng.below(260) as u32));
+            }
+            // An edit at position 4: the rows before it are kept, the rest prefilled.
+            let mut edited = prompt.clone();
+            edited[4] = (edited[4] + 1) % 260;
+            let r = req(&edited, sp.clone());
+            let last = dflash[4].then_some(&d);
+            let (mut s0, mut d0) = (CpuSession::default(), DraftState::default());
+            let (fresh, fresh_drafts) = turn_in_session(&mut s0, &mut d0, &cpu, last, &t, &r);
+            let (reused, drafts) = turn_in_session(&mut session, &mut draft, &cpu, last, &t, &r);
+            assert_eq!(reused.tokens, fresh.tokens);
+            assert_eq!(drafts, fresh_drafts);
+            assert_eq!(reused.cached_tokens, 4);
+            session.reset();
+            let (again, _) = turn_in_session(&mut session, &mut draft, &cpu, None, &t, &r);
+            assert_eq!(again.cached_tokens, 0);
+        }
+    }
+}

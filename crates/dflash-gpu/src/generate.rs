@@ -115,7 +115,7 @@ impl GpuModel {
             if let (Ok(t), Some(id)) = (&token, self.kv_ids.get_mut(row + 1)) {
                 *id = *t;
             }
-            let done = token.and_then(|t| push(t));
+            let done = token.and_then(&mut *push);
             if !matches!(done, Ok(false)) {
                 // Over (or failed): the step in flight, if any, is not committed (later
                 // work is queued behind it, so nothing waits for it).

@@ -519,3 +519,99 @@ fn pipelined_plain_generation_equals_step_by_step_decoding() {
         }
     }
 }
+
+/// One turn of a conversation on `spec`'s GPU engine: DFlash at block 4, or plain
+/// decoding on its target (as the browser worker runs a request with `dflash: false`).
+fn gpu_turn(
+    spec: &mut Speculative,
+    t: &LoadedModel,
+    r: &GenerateRequest,
+    dflash: bool,
+) -> (dflash_core::generate::GenerateResult, Vec<usize>) {
+    match dflash {
+        true => {
+            let s = spec
+                .generate(&t.tokenizer, r, &BlockSize::Fixed(4), &|| 0.0, &mut |_| {})
+                .unwrap();
+            (s.result, s.taus)
+        }
+        false => {
+            let g = spec.target.generate(&t.tokenizer, r, &|| 0.0, &mut |_| {});
+            (g.unwrap(), vec![])
+        }
+    }
+}
+
+/// Multi-turn KV reuse on the GPU: five turns on one engine, each prompt the last prompt,
+/// its reply and three new tokens, give the tokens of an engine that forgets its cache
+/// before every turn, with DFlash switched on and off between turns, greedy and seeded
+/// sampling; each turn after a turn of the same kind keeps the last prompt and its reply
+/// (all but the last token); an edit keeps exactly the rows before it; `forget_cached`
+/// keeps none.
+#[test]
+fn a_conversation_that_reuses_its_kv_rows_equals_one_prefilled_every_turn() {
+    let t = target();
+    let w = drafter(&t, 7);
+    // DFlash after DFlash, plain after DFlash, plain after plain, DFlash after plain.
+    let patterns = [[true, true, false, false, true]];
+    for ctx in contexts() {
+        let taps = w.config.target_layer_ids.clone();
+        let mut spec = Speculative::new(gpu_target(&ctx, &t, taps.clone()), &w).unwrap();
+        let mut fresh = Speculative::new(gpu_target(&ctx, &t, taps), &w).unwrap();
+        for sp in [
+            SamplingParams::default(),
+            SamplingParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                seed: 3,
+                ..Default::default()
+            },
+        ] {
+            for dflash in &patterns {
+                spec.target.forget_cached();
+                let mut rng = Rng(19);
+                let mut prompt: Vec<u32> = (0..7).map(|_| rng.below(260) as u32).collect();
+                for (turn, &on) in dflash.iter().enumerate() {
+                    let mut r = req(&prompt, &sp);
+                    r.max_new_tokens = 8;
+                    fresh.target.forget_cached();
+                    let (want, want_taus) = gpu_turn(&mut fresh, &t, &r, on);
+                    let (got, taus) = gpu_turn(&mut spec, &t, &r, on);
+                    let what = format!(
+                        "T={} turn {turn} dflash {dflash:?} f16={}",
+                        sp.temperature, ctx.f16
+                    );
+                    assert_eq!(got.tokens, want.tokens, "{what}");
+                    // The same drafts: the drafter's kept context is the one it rebuilds.
+                    assert_eq!(taus, want_taus, "{what}");
+                    if on {
+                        let drafts = spec.read_drafts(4).unwrap();
+                        assert_eq!(drafts, fresh.read_drafts(4).unwrap(), "{what}");
+                    }
+                    assert_eq!(want.cached_tokens, 0, "{what}");
+                    let kept_at_least = match turn {
+                        0 => 0,
+                        _ if on != dflash[turn - 1] => 0,
+                        _ => prompt.len() - 4 - usize::from(on) * 4,
+                    };
+                    let kept = got.cached_tokens;
+                    assert!(kept >= kept_at_least, "{what}: {kept} < {kept_at_least}");
+                    assert!(kept < prompt.len(), "{what}");
+                    prompt.extend(&got.tokens);
+                    prompt.extend((0..3).map(|_| rng.below(260) as u32));
+                }
+                let mut edited = prompt.clone();
+                edited[4] = (edited[4] + 1) % 260;
+                let r = req(&edited, &sp);
+                fresh.target.forget_cached();
+                let (want, want_taus) = gpu_turn(&mut fresh, &t, &r, dflash[4]);
+                let (got, taus) = gpu_turn(&mut spec, &t, &r, dflash[4]);
+                assert_eq!(got.tokens, want.tokens);
+                assert_eq!(taus, want_taus);
+                assert_eq!(got.cached_tokens, 4);
+                spec.target.forget_cached();
+                assert_eq!(gpu_turn(&mut spec, &t, &r, false).0.cached_tokens, 0);
+            }
+        }
+    }
+}

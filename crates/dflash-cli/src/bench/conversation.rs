@@ -1,0 +1,183 @@
+//! `dflash bench --turns N`: the time to first token of each turn of a conversation with
+//! multi-turn KV reuse (the prompt's longest common prefix with the rows the cache holds
+//! is kept, only the rest is prefilled) against the same turn prefilled whole, on the
+//! GPU engine, plain or with DFlash (`--drafter`). The user messages are the `chat`
+//! fields of `--prompts`, one per turn; each reply joins the conversation as the
+//! assistant's message. Both runs of a turn must give the same tokens.
+
+use super::{gpu_options, model_label, BenchArgs};
+use crate::generate::{block_policy, gpu_target, open_device};
+use crate::{load, CliError, Device};
+use dflash_core::chat::Message;
+use dflash_core::drafter::{load_drafter_dir, DrafterPrecision};
+use dflash_core::generate::{GenerateRequest, GenerateResult};
+use dflash_core::model_files::LoadedModel;
+use dflash_core::sampling::SamplingParams;
+use dflash_core::speculative::BlockSize;
+use dflash_gpu::dflash::Speculative;
+use dflash_gpu::GpuModel;
+use std::time::Instant;
+
+/// The engine a conversation runs on.
+enum Engine {
+    Plain(Box<GpuModel>),
+    DFlash(Box<Speculative>, BlockSize),
+}
+
+impl Engine {
+    fn target(&mut self) -> &mut GpuModel {
+        match self {
+            Engine::Plain(m) => m,
+            Engine::DFlash(s, _) => &mut s.target,
+        }
+    }
+
+    fn generate(
+        &mut self,
+        m: &LoadedModel,
+        req: &GenerateRequest,
+        clock: &dyn Fn() -> f64,
+    ) -> Result<GenerateResult, CliError> {
+        Ok(match self {
+            Engine::Plain(g) => g.generate(&m.tokenizer, req, clock, &mut |_| {})?,
+            Engine::DFlash(s, block) => {
+                s.generate(&m.tokenizer, req, block, clock, &mut |_| {})?
+                    .result
+            }
+        })
+    }
+}
+
+/// The user messages of the turns: the `chat` field of the first `turns` prompts.
+fn user_messages(a: &BenchArgs, turns: usize) -> Result<Vec<String>, CliError> {
+    let path = a
+        .prompts
+        .as_ref()
+        .ok_or_else(|| CliError::Usage("--turns needs --prompts (the user messages)".into()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| CliError::Usage(format!("{} line {}: {e}", path.display(), i + 1)))?;
+        if let Some(c) = v.get("chat").and_then(|c| c.as_str()) {
+            out.push(c.to_string());
+        }
+    }
+    let out: Vec<String> = out.into_iter().skip(a.skip).take(turns).collect();
+    if out.len() < turns {
+        return Err(CliError::Usage(format!(
+            "--turns {turns}: --prompts has only {} `chat` messages after --skip",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
+
+pub(super) fn run(a: BenchArgs, turns: usize) -> Result<(), CliError> {
+    if a.synthetic.is_some() || a.device.cpu_kernels().is_some() || a.block.contains(',') {
+        return Err(CliError::Usage(
+            "--turns runs a chat on the GPU engine: a --model with a chat template, one --block"
+                .into(),
+        ));
+    }
+    if turns == 0 {
+        return Err(CliError::Usage("--turns must be at least 1".into()));
+    }
+    let users = user_messages(&a, turns)?;
+    let (m, _) = load(a.model.as_ref().expect("clap requires --model"))?;
+    let drafter = match &a.drafter {
+        Some(d) => Some(load_drafter_dir(d, DrafterPrecision::Q8)?),
+        None => None,
+    };
+    let ctx = open_device(Some(Device::Gpu), &gpu_options(&a, false))?.expect("gpu");
+    let context = a.context.min(m.config().max_position_embeddings);
+    let target = gpu_target(ctx.clone(), &m, drafter.as_ref(), context)?;
+    let t0 = Instant::now();
+    let clock = move || t0.elapsed().as_secs_f64();
+    let mut engine = match &drafter {
+        Some(w) => {
+            let mut s = Speculative::new(target, w)?;
+            let costs = match a.block == "auto" {
+                true => Some(s.measure_step_costs(16, &clock)?),
+                false => None,
+            };
+            let policy = block_policy(&a.block, s.max_block(), costs)?;
+            Engine::DFlash(Box::new(s), policy)
+        }
+        None => Engine::Plain(Box::new(target)),
+    };
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        seed: a.seed,
+        ..Default::default()
+    };
+    let request = |ids: Vec<u32>| GenerateRequest {
+        prompt_ids: ids,
+        max_new_tokens: a.max_new_tokens,
+        sampling: sampling.clone(),
+        stop_strings: vec![],
+        context,
+        interrupt: Default::default(),
+    };
+    // Warm-up: every plan of a prefill and of decoding compiled.
+    let warm = m.conversation_ids(&[Message::new("user", &users[0])])?;
+    engine.generate(&m, &request(warm), &clock)?;
+    let mut messages = Vec::new();
+    let mut rows = Vec::new();
+    let mut same = true;
+    for (turn, user) in users.iter().enumerate() {
+        messages.push(Message::new("user", user));
+        let ids = m.conversation_ids(&messages)?;
+        // The turn on the cache the last turn left, then again prefilled whole; the
+        // second run leaves the cache as the first would (the same rows, bit for bit).
+        let reused = engine.generate(&m, &request(ids.clone()), &clock)?;
+        engine.target().forget_cached();
+        let whole = engine.generate(&m, &request(ids.clone()), &clock)?;
+        same &= reused.tokens == whole.tokens;
+        let row = serde_json::json!({
+            "turn": turn + 1,
+            "prompt_tokens": ids.len(),
+            "cached_tokens": reused.cached_tokens,
+            "completion_tokens": reused.tokens.len(),
+            "ttft_reuse_s": reused.prefill_s,
+            "ttft_whole_s": whole.prefill_s,
+            "ttft_speedup": whole.prefill_s / reused.prefill_s.max(1e-9),
+            "same_tokens": reused.tokens == whole.tokens,
+        });
+        if !a.json {
+            outln!(
+                "turn {}: {} prompt tokens, {} kept; first token {:.1} ms with reuse, {:.1} ms prefilled whole ({:.2}x){}",
+                turn + 1,
+                ids.len(),
+                reused.cached_tokens,
+                reused.prefill_s * 1e3,
+                whole.prefill_s * 1e3,
+                row["ttft_speedup"].as_f64().unwrap_or(0.0),
+                if reused.tokens == whole.tokens { "" } else { " DIFFERENT TOKENS" }
+            )?;
+        }
+        rows.push(row);
+        messages.push(Message::new("assistant", &reused.text));
+    }
+    if a.json {
+        let out = serde_json::json!({
+            "bench": "conversation",
+            "model": model_label(&a),
+            "drafter": a.drafter.as_ref().map(|d| d.display().to_string()),
+            "block": drafter.as_ref().map(|_| a.block.clone()),
+            "adapter": ctx.summary.name,
+            "temperature": a.temperature,
+            "turns": rows,
+            "all_same_tokens": same,
+        });
+        outln!("{}", serde_json::to_string_pretty(&out).unwrap())?;
+    }
+    if !same {
+        return Err(CliError::Usage(
+            "a turn with KV reuse gave other tokens than the turn prefilled whole".into(),
+        ));
+    }
+    Ok(())
+}
