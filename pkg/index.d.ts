@@ -143,6 +143,9 @@ export interface Usage {
   decode_tok_s: number;
   /** Seconds from the start of this request's prefill to its first token. */
   time_to_first_token_s: number;
+  /** Leading prompt tokens whose KV rows were kept from the previous request (multi-turn
+   *  reuse: the prompt's longest common prefix with what the cache holds), not prefilled. */
+  prompt_tokens_details: { cached_tokens: number };
   dflash:
     | { enabled: false }
     | { enabled: true; block: string; steps: number; mean_tau: number; accepted_tokens: number; acceptance_by_position: number[] };
@@ -201,6 +204,10 @@ export interface Engine {
   readonly restarts: number;
   /** Ends the running request before its next token (finish_reason 'abort'); the engine stays usable. */
   interrupt(): void;
+  /** Forgets the conversation held in the KV cache, after the requests already made: the
+   *  next request prefills its whole prompt. Without it, each request keeps the rows of
+   *  its prompt's longest common prefix with the last one (the same tokens either way). */
+  resetChat(): Promise<void>;
   unload(): Promise<void>;
   /** TEST ONLY: panics inside the engine: rejects with code 'Panic' and `message`, and the worker is replaced. */
   __testTrap(message: string): Promise<never>;

@@ -271,6 +271,13 @@ class Engine {
   interrupt() {
     this.rpc?.post({ type: 'interrupt' });
   }
+  /** Forgets the conversation held in the KV cache, after the requests already made:
+   *  the next request prefills its whole prompt (otherwise it keeps the rows of its
+   *  longest common prefix with the last one; the tokens are the same either way). */
+  resetChat() {
+    if (!this.rpc) return Promise.reject(new DFlashError('Unloaded', 'the engine is unloaded'));
+    return this.rpc.call({ type: 'resetChat' });
+  }
   /** Frees the GPU memory and stops the worker. */
   async unload() {
     if (!this.rpc) return;

@@ -116,6 +116,10 @@ async function handle(m) {
       } finally {
         running = null;
       }
+    } else if (m.type === 'resetChat') {
+      if (!engine) throw new WorkerError('Unloaded', 'no model is loaded');
+      engine.resetChat();
+      post({ id: m.id, type: 'result', result: null });
     } else if (m.type === 'unload') {
       engine?.unload();
       engine = null;
@@ -416,6 +420,7 @@ async function load(m, onProgress) {
     info: () => engineInfo,
     chat: (req, onPiece) => eng.chat(req, onPiece),
     interrupt: () => eng.interrupt(),
+    resetChat: () => eng.resetChat(),
     loseDevice: () => eng.__testLoseDevice(),
     unload: () => { eng.unload(); eng.free(); },
   };

@@ -1,7 +1,10 @@
 // The npm package as a user gets it: `npm pack` in pkg/, the tarball installed into an
 // empty folder, a page that imports it from node_modules and runs a chat (plain and
 // streamed) in headless Chromium on the default engine (the CPU engine, as the only
-// adapter is SwiftShader); the answer equals the native CPU engine's greedy text.
+// adapter is SwiftShader); the answer equals the native CPU engine's greedy text. A
+// five-turn conversation keeps its KV rows between turns (usage's cached_tokens) and
+// gives the texts of the same turns after resetChat(); turn 5's time to first token is
+// printed both ways.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -13,6 +16,9 @@ import { serve } from '../../www/serve.mjs';
 import { ROOT, launch, nativeGreedy, watch, PROMPT, MODEL, MODEL_FILE } from './common.mjs';
 
 const N = 8;
+// The user messages of the multi-turn conversation, and the tokens of each reply.
+const TURNS = ['Hi! Who are you?', 'What is two plus two?', 'And three plus three?', 'Name a colour.', 'Thanks, goodbye.'];
+const TURN_TOKENS = 6;
 
 test('the packed npm package installs into an empty folder and chats', { timeout: 900_000 }, async () => {
   const dir = mkdtempSync(join(tmpdir(), 'dflash-consumer-'));
@@ -41,7 +47,26 @@ try {
     const r = await engine.chat.completions.create({ ...req, temperature: 0.8, top_p: 0.95, seed: 5 });
     sampled.push(r.choices[0].message.content);
   }
+  // Multi-turn KV reuse: five turns, each keeping the rows its prompt shares with the
+  // last, against the same turns after resetChat() (each prefilled whole).
+  const conversation = async (reset) => {
+    const messages = [], out = [];
+    await engine.resetChat();
+    for (const content of ${JSON.stringify(TURNS)}) {
+      messages.push({ role: 'user', content });
+      if (reset) await engine.resetChat();
+      const r = await engine.chat.completions.create({ messages, max_tokens: ${TURN_TOKENS}, temperature: 0 });
+      const u = r.usage;
+      out.push({ text: r.choices[0].message.content, prompt: u.prompt_tokens, cached: u.prompt_tokens_details.cached_tokens, ttft: u.time_to_first_token_s });
+      messages.push({ role: 'assistant', content: r.choices[0].message.content });
+    }
+    return out;
+  };
+  const reused = await conversation(false);
+  const whole = await conversation(true);
   await engine.unload();
+  let unloadedReset = null;
+  try { await engine.resetChat(); } catch (e) { unloadedReset = e.code; }
   // The second load comes from Cache Storage, hash-checked; a wrong pinned hash is refused.
   const cached = await cachedFiles();
   const again = await createEngine({ model });
@@ -51,7 +76,7 @@ try {
   try { await createEngine({ model: { url: model, sha256: '00'.repeat(32) } }); } catch (e) { wrongHash = e.code; }
   await clearCache();
   const afterClear = await cachedFiles();
-  window.__result = { whole, streamed, last, n, first: engine.info, cached, info2, wrongHash, afterClear, sampled };
+  window.__result = { whole, streamed, last, n, first: engine.info, cached, info2, wrongHash, afterClear, sampled, turns: { reused, whole }, unloadedReset };
 } catch (e) { window.__result = { error: e.code + ': ' + e.message }; }
 </script>`);
   // Chromium's only adapter here is SwiftShader, a software fallback: the default engine
@@ -89,7 +114,20 @@ try {
     assert.equal(r.info2.sha256, sha);
     assert.equal(r.wrongHash, 'IntegrityError');
     assert.deepEqual(r.afterClear, []);
-    console.log(JSON.stringify({ load_s: r.first.load_s, cached_load_s: r.info2.load_s }));
+    // KV reuse: the same texts; from turn 2 on, at least the last turn's prompt kept.
+    const { reused, whole: fresh } = r.turns;
+    assert.deepEqual(reused.map((t) => t.text), fresh.map((t) => t.text));
+    assert.deepEqual(fresh.map((t) => t.cached), fresh.map(() => 0));
+    for (let i = 1; i < reused.length; i++) {
+      assert.ok(reused[i].cached >= reused[i - 1].prompt, `turn ${i + 1} kept ${reused[i].cached} of ${reused[i].prompt}`);
+      assert.ok(reused[i].cached < reused[i].prompt);
+    }
+    assert.equal(r.unloadedReset, 'Unloaded');
+    const last = reused.length - 1;
+    console.log(JSON.stringify({
+      load_s: r.first.load_s, cached_load_s: r.info2.load_s, engine: r.first.engine,
+      turn5: { prompt_tokens: reused[last].prompt, cached_tokens: reused[last].cached, ttft_reuse_s: reused[last].ttft, ttft_whole_s: fresh[last].ttft },
+    }));
   } finally {
     await browser.close();
     srv.server.close();

@@ -6,7 +6,9 @@ use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision, Draft
 use dflash_core::generate::{generate_cpu, GenerateRequest, GenerateResult};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
-use dflash_core::speculative::{generate_speculative_cpu, BlockSize, DFlashCpu, SpeculativeResult};
+use dflash_core::speculative::{
+    generate_speculative_cpu, BlockSize, SpeculativeResult, StepCostPrior,
+};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
 use std::io::Write;
@@ -268,11 +270,10 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
             let r = match &drafter {
                 Some(w) => {
                     let mut s = Speculative::new(g, w)?;
-                    let costs = if a.block == "auto" {
-                        Some(s.measure_step_costs(16, &clock)?)
-                    } else {
-                        None
-                    };
+                    // Auto starts from the device's prior; the steps refine it.
+                    let summary = &s.target.ctx.summary;
+                    let prior = StepCostPrior::for_adapter(&summary.device_type, &summary.name);
+                    let costs = Some(prior.costs(s.max_block()));
                     let policy = block_policy(&a.block, s.max_block(), costs)?;
                     let sr = s.generate(&m.tokenizer, &req, &policy, &clock, &mut on_text)?;
                     spec_stats = Some(dflash_json(&sr, &a.block));
@@ -291,11 +292,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
             let r = match &drafter {
                 Some(w) => {
                     let d = CpuDrafter::with_kernels(w, kernels);
-                    let costs = if a.block == "auto" {
-                        Some(DFlashCpu::new(&d, &cpu)?.measure_step_costs(16, &clock)?)
-                    } else {
-                        None
-                    };
+                    let costs = Some(StepCostPrior::CpuEngine.costs(w.config.block_size));
                     let policy = block_policy(&a.block, w.config.block_size, costs)?;
                     let sr = generate_speculative_cpu(
                         &cpu,

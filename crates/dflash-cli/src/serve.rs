@@ -19,7 +19,7 @@ use dflash_core::generate::{
     CpuGeneration, CpuSession, GenerateRequest, GenerateResult, Interrupt,
 };
 use dflash_core::sampling::SamplingParams;
-use dflash_core::speculative::{BlockSize, DFlashCpu, DraftState, SpeculativeGeneration};
+use dflash_core::speculative::{DFlashCpu, DraftState, SpeculativeGeneration, StepCostPrior};
 use dflash_core::tokenizer::TextTokenizer;
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::GpuModel;
@@ -472,7 +472,8 @@ struct Engine {
     chat_template: Option<ChatTemplate>,
     context: usize,
     device: String,
-    /// Measured once, at the first `auto` request.
+    /// Auto mode's step costs: the device's prior at the first `auto` request, then as
+    /// each auto request's steps refined them (no request waits on a measurement).
     costs: Option<Vec<f64>>,
 }
 
@@ -644,14 +645,8 @@ impl Engine {
                 session,
                 draft,
             } if dflash => {
-                if block == "auto" && self.costs.is_none() {
-                    self.costs = Some(DFlashCpu::new(d, target)?.measure_step_costs(16, &clock)?);
-                }
-                let costs = if block == "auto" {
-                    self.costs.clone()
-                } else {
-                    None
-                };
+                let prior = || StepCostPrior::CpuEngine.costs(d.config.block_size);
+                let costs = (block == "auto").then(|| self.costs.get_or_insert_with(prior).clone());
                 let policy = block_policy(&block, d.config.block_size, costs)?;
                 let mut p = DFlashCpu::resume(d, target, std::mem::take(draft))?;
                 let mut run = SpeculativeGeneration::start(
@@ -667,6 +662,9 @@ impl Engine {
                 while !run.step(&clock)? {}
                 let sr = run.finish(&clock);
                 *draft = p.into_state();
+                if let Some(c) = &sr.step_costs {
+                    self.costs = Some(c.clone());
+                }
                 let stats = usage(&sr.result, Some((&sr, &block)));
                 (sr.result, Some(stats))
             }
@@ -679,16 +677,16 @@ impl Engine {
                 (run.finish(&clock), None)
             }
             Runner::Spec(spec) if dflash => {
-                if block == "auto" && self.costs.is_none() {
-                    self.costs = Some(spec.measure_step_costs(16, &clock)?);
-                }
-                let policy = match (&block[..], &self.costs) {
-                    ("auto", Some(c)) => BlockSize::Auto {
-                        verify_cost: c.clone(),
-                    },
-                    _ => block_policy(&block, spec.max_block(), None)?,
-                };
+                let a = &spec.target.ctx.summary;
+                let prior = StepCostPrior::for_adapter(&a.device_type, &a.name);
+                let max = spec.max_block();
+                let costs = (block == "auto")
+                    .then(|| self.costs.get_or_insert_with(|| prior.costs(max)).clone());
+                let policy = block_policy(&block, max, costs)?;
                 let sr = spec.generate(&self.tokenizer, &g, &policy, &clock, on_text)?;
+                if let Some(c) = &sr.step_costs {
+                    self.costs = Some(c.clone());
+                }
                 let stats = usage(&sr.result, Some((&sr, &block)));
                 (sr.result, Some(stats))
             }

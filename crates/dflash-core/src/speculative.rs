@@ -37,6 +37,54 @@ impl BlockSize {
     }
 }
 
+/// Where a speculative loop runs: the prior of auto mode's step costs, so that a request
+/// starts at once instead of waiting on a measurement (the loop refines the costs from
+/// its own steps, `StepCosts`, and hosts keep the refined costs for the next request).
+/// Each is a fit of `1 + fixed + slope * (b - 1)` one-row steps for b > 1 to measured
+/// DFlash step costs of SmolLM2-135M with its drafter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepCostPrior {
+    /// A hardware GPU: 1.75 one-row steps at b = 4, 3.9 at b = 16 on an H200
+    /// (`results/h200-smollm2-dflash.jsonl`).
+    Gpu,
+    /// A CPU Vulkan or WebGPU adapter (lavapipe, SwiftShader): 3.8 at b = 4, 14 at b = 16
+    /// (`results/lavapipe-engine-profile.jsonl`).
+    CpuAdapter,
+    /// The quantized CPU engine: 1.83 at b = 2, 3.07 at b = 4 on 2 threads
+    /// (`results/cpu-side-by-side-smollm2-2threads.json`).
+    CpuEngine,
+}
+
+impl StepCostPrior {
+    /// The prior for a wgpu adapter of this `device_type` (wgpu's name, `Cpu` for a
+    /// software rasteriser) and name (a browser may not tell the type of SwiftShader).
+    pub fn for_adapter(device_type: &str, name: &str) -> Self {
+        let name = name.to_lowercase();
+        match device_type {
+            "Cpu" => StepCostPrior::CpuAdapter,
+            _ if name.contains("swiftshader") || name.contains("llvmpipe") => {
+                StepCostPrior::CpuAdapter
+            }
+            _ => StepCostPrior::Gpu,
+        }
+    }
+
+    /// Relative costs of a step of b rows for b in 0..=max (index 0 unused, b = 1 is 1).
+    pub fn costs(self, max: usize) -> Vec<f64> {
+        let (fixed, slope) = match self {
+            StepCostPrior::Gpu => (0.21, 0.18),
+            StepCostPrior::CpuAdapter => (0.25, 0.85),
+            StepCostPrior::CpuEngine => (0.21, 0.62),
+        };
+        (0..=max.max(1))
+            .map(|b| match b {
+                0 | 1 => 1.0,
+                _ => 1.0 + fixed + slope * (b - 1) as f64,
+            })
+            .collect()
+    }
+}
+
 /// Per-position acceptance: `accepted[j]` of `tried[j]` drafts at block slot j+1.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Acceptance {
@@ -184,13 +232,18 @@ impl StepCosts {
 
     /// The policy with the current costs.
     pub fn policy(&self) -> BlockSize {
+        BlockSize::Auto {
+            verify_cost: self.verify_cost(),
+        }
+    }
+
+    /// The current costs: measured where a size has run, the prior scaled elsewhere.
+    pub fn verify_cost(&self) -> Vec<f64> {
         let measured: Vec<usize> = (1..self.seen.len())
             .filter(|&b| self.seen[b] >= 2)
             .collect();
         if measured.is_empty() {
-            return BlockSize::Auto {
-                verify_cost: self.prior.clone(),
-            };
+            return self.prior.clone();
         }
         // Seconds per unit of prior cost, over the sizes that have run.
         let unit = measured.iter().map(|&b| self.seconds[b]).sum::<f64>()
@@ -199,7 +252,7 @@ impl StepCosts {
                 .map(|&b| self.prior[b])
                 .sum::<f64>()
                 .max(1e-12);
-        let verify_cost = (0..self.prior.len())
+        (0..self.prior.len())
             .map(|b| {
                 if self.seen[b] >= 2 {
                     self.seconds[b] / unit.max(1e-12)
@@ -207,8 +260,7 @@ impl StepCosts {
                     self.prior[b]
                 }
             })
-            .collect();
-        BlockSize::Auto { verify_cost }
+            .collect()
     }
 }
 
@@ -287,7 +339,9 @@ impl BlockLoop {
 
     /// The run's result around the sink's.
     pub fn result(self, result: GenerateResult) -> SpeculativeResult {
+        let step_costs = self.costs.as_ref().map(StepCosts::verify_cost);
         SpeculativeResult {
+            step_costs,
             result,
             steps: self.taus.len(),
             taus: self.taus,
@@ -337,6 +391,9 @@ pub struct SpeculativeResult {
     /// Tokens committed per step (tau), one entry per step.
     pub taus: Vec<usize>,
     pub acceptance: Acceptance,
+    /// In auto mode, the step costs as the run's own steps refined them: the prior of
+    /// the next request on the same engine.
+    pub step_costs: Option<Vec<f64>>,
 }
 
 impl SpeculativeResult {

@@ -12,7 +12,9 @@ use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
 use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, WeightStream};
 use dflash_core::generate::{CpuGeneration, CpuSession, Interrupt};
-use dflash_core::speculative::{BlockSize, DFlashCpu, DraftState, SpeculativeGeneration};
+use dflash_core::speculative::{
+    BlockSize, DFlashCpu, DraftState, SpeculativeGeneration, StepCostPrior,
+};
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::{GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader};
 use sha2::{Digest, Sha256};
@@ -385,7 +387,8 @@ struct Inner {
     tokenizer: dflash_core::tokenizer::TextTokenizer,
     chat_template: Option<dflash_core::chat::ChatTemplate>,
     context: usize,
-    /// Measured step costs for auto mode (on the first auto request).
+    /// Auto mode's step costs: the prior of the engine's device at first, then as the
+    /// steps of each auto request refined them.
     costs: Option<Vec<f64>>,
 }
 
@@ -458,14 +461,9 @@ impl Engine {
                             ))
                         }
                         (_, Some(d)) => {
-                            if inner.costs.is_none() {
-                                inner.costs = Some(
-                                    DFlashCpu::new(d, target)
-                                        .and_then(|mut p| p.measure_step_costs(16, &now_s))
-                                        .map_err(core_err)?,
-                                );
-                            }
-                            let verify_cost = inner.costs.clone().unwrap_or_default();
+                            // From the prior at once; each run's steps refine the costs.
+                            let prior = StepCostPrior::CpuEngine.costs(d.config.block_size);
+                            let verify_cost = inner.costs.get_or_insert(prior).clone();
                             Some((BlockSize::Auto { verify_cost }, "auto".to_string()))
                         }
                     };
@@ -491,6 +489,9 @@ impl Engine {
                             }
                             let r = g.finish(&now_s);
                             *draft = p.into_state();
+                            if let Some(c) = &r.step_costs {
+                                inner.costs = Some(c.clone());
+                            }
                             serde_json::json!({ "text": r.result.text, "finish_reason": finish_reason(&r.result), "usage": usage(&r.result, Some((&r, &label))) })
                         }
                         _ => {
@@ -523,19 +524,12 @@ impl Engine {
                             ))
                         }
                         _ => {
-                            if inner.costs.is_none() {
-                                inner.costs = Some(
-                                    spec.measure_step_costs_async(16, &now_s)
-                                        .await
-                                        .map_err(gpu_err)?,
-                                );
-                            }
-                            (
-                                BlockSize::Auto {
-                                    verify_cost: inner.costs.clone().unwrap_or_default(),
-                                },
-                                "auto".to_string(),
-                            )
+                            // From the prior at once; each run's steps refine the costs.
+                            let a = &spec.target.ctx.summary;
+                            let prior = StepCostPrior::for_adapter(&a.device_type, &a.name)
+                                .costs(spec.max_block());
+                            let verify_cost = inner.costs.get_or_insert(prior).clone();
+                            (BlockSize::Auto { verify_cost }, "auto".to_string())
                         }
                     };
                     let r = spec
@@ -548,6 +542,9 @@ impl Engine {
                         )
                         .await
                         .map_err(gpu_err)?;
+                    if let Some(c) = &r.step_costs {
+                        inner.costs = Some(c.clone());
+                    }
                     serde_json::json!({ "text": r.result.text, "finish_reason": finish_reason(&r.result), "usage": usage(&r.result, Some((&r, &label))) })
                 }
                 runner => {
