@@ -39,8 +39,19 @@ export interface Progress {
 export interface EngineOptions {
   /** A GGUF file, optionally with its expected sha256 (hex). */
   model: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
-  /** A DFlash drafter: a folder URL holding config.json and model.safetensors, or both files. */
-  drafter?: string | URL | { config: FileSource; weights: FileSource };
+  /** A DFlash drafter: a folder URL holding config.json and model.safetensors, the folder
+   *  with pinned sha256s (hex) of its files, or both files, each optionally pinned. Every
+   *  file's sha256 is stored with its cached copy and checked on each load, as the model's:
+   *  a pinned hash that differs is 'IntegrityError', a cached copy that changed is fetched
+   *  again. */
+  drafter?:
+    | string
+    | URL
+    | { url: string | URL; sha256?: { config?: string; weights?: string } }
+    | {
+        config: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
+        weights: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
+      };
   /** KV cache capacity in tokens (default 2048). */
   context?: number;
   /**

@@ -32,14 +32,30 @@ function modelSource(model) {
 }
 
 /** A drafter folder URL (".../config.json" and ".../model.safetensors" inside it, as on
- *  the Hugging Face hub: ".../resolve/main/") or { config, weights } URLs / Files. */
+ *  the Hugging Face hub: ".../resolve/main/"), { url, sha256: { config, weights } } (the
+ *  folder with pinned hashes), or { config, weights }, each a URL, a File or
+ *  { url, sha256 }. Returns { config, weights, sha256: { config, weights } }. */
 function drafterSource(d) {
   if (!d) return null;
-  if (typeof d === 'string' || d instanceof URL) {
-    const base = absolute(d).replace(/\/?$/, '/');
-    return { config: base + 'config.json', weights: base + 'model.safetensors' };
+  const pin = (h, what) => {
+    if (h === undefined || (typeof h === 'string' && /^[0-9a-fA-F]{64}$/.test(h))) return h;
+    throw new DFlashError('BadRequest', `${what} must be 64 hex digits (a sha256), not ${JSON.stringify(h)}`);
+  };
+  if (d.sha256 !== undefined && (typeof d.sha256 !== 'object' || d.sha256 === null)) {
+    throw new DFlashError('BadRequest', 'drafter.sha256 must be { config?, weights? }');
   }
-  return { config: absolute(d.config), weights: absolute(d.weights) };
+  for (const k of ['config', 'weights']) pin(d.sha256?.[k], `drafter.sha256.${k}`);
+  for (const k of ['config', 'weights']) pin(d[k]?.sha256, `drafter.${k}.sha256`);
+  const folder = (url, sha256) => {
+    const base = absolute(url).replace(/\/?$/, '/');
+    return { config: base + 'config.json', weights: base + 'model.safetensors', sha256: { ...sha256 } };
+  };
+  if (typeof d === 'string' || d instanceof URL) return folder(d, {});
+  if (d.url !== undefined) return folder(d.url, d.sha256);
+  const file = (f) => (f && typeof f === 'object' && !(f instanceof Blob) && !(f instanceof URL)
+    ? { src: absolute(f.url ?? f.file), sha256: f.sha256 } : { src: absolute(f) });
+  const [config, weights] = [file(d.config), file(d.weights)];
+  return { config: config.src, weights: weights.src, sha256: { config: config.sha256, weights: weights.sha256 } };
 }
 
 /**
@@ -309,6 +325,7 @@ export async function createEngine(options) {
   }
   if (engine === 'gpu' && !hasWebGPU()) throw new DFlashError('NoWebGPU', 'This browser does not support WebGPU (navigator.gpu is missing).');
   if (!model) throw new DFlashError('BadRequest', 'createEngine needs { model }');
+  const drafterSrc = drafterSource(drafter);
   // A function can start the replacement of a worker that trapped; an instance cannot.
   const spawn = typeof worker === 'function' ? worker
     : worker ? null : () => new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
@@ -316,7 +333,7 @@ export async function createEngine(options) {
   let eng = null;
   const rpc = new Rpc(w, (error) => eng?.restart(error));
   const src = modelSource(model);
-  const load = { type: 'load', model: src, drafter: drafterSource(drafter), context, engine, threads };
+  const load = { type: 'load', model: src, drafter: drafterSrc, context, engine, threads };
   try {
     const info = await rpc.call(load, { onProgress });
     const modelName = typeof src.src === 'string' ? src.src.split('/').pop() : src.src.name ?? 'model';

@@ -175,7 +175,9 @@ async function openSource(src, phase) {
       const m = await meta.json();
       const reader = hit.body.getReader();
       return {
-        size: m.size, cached: true, expectedSha: m.sha256, finishCache: async () => {},
+        size: m.size, cached: true, expectedSha: m.sha256,
+        // A copy cached before its sha256 was stored gets it once it has loaded.
+        finishCache: async (sha256) => { if (!m.sha256 && sha256) await metas.put(url, new Response(JSON.stringify({ ...m, sha256 }))); },
         // A cached copy that cannot be read is as corrupt as one that does not parse.
         reader: {
           read: () => reader.read().catch((e) => { throw new WorkerError('CacheCorrupt', `reading the cached ${phase}: ${e.message ?? e}`); }),
@@ -279,7 +281,33 @@ async function readAll(src, name, onProgress) {
     e.retry = s.cached && fault;
     throw e;
   }
-  return { bytes: out, cached: s.cached, finishCache: () => s.finishCache(null), dropCache: s.dropCache };
+  const file = {
+    bytes: out, cached: s.cached, expectedSha: s.expectedSha, sha: null,
+    finishCache: () => s.finishCache(file.sha), dropCache: s.dropCache,
+  };
+  return file;
+}
+
+/** Checks a whole file's sha256 (`mod.sha256Hex`) against the one stored with its cached
+ *  copy (CacheCorrupt: fetched again) and the one the page pinned (IntegrityError);
+ *  keeps it on `file` for the cache's meta entry. */
+async function checkSha(mod, file, name, pinned) {
+  // Web Crypto where the page is a secure context (no copy into the wasm memory), else
+  // the engine's own sha2.
+  const subtle = globalThis.crypto?.subtle;
+  file.sha = subtle
+    ? [...new Uint8Array(await subtle.digest('SHA-256', file.bytes))].map((b) => b.toString(16).padStart(2, '0')).join('')
+    : mod.sha256Hex(file.bytes);
+  if (file.cached && file.expectedSha && file.expectedSha !== file.sha) {
+    const e = new WorkerError('CacheCorrupt', `cached ${name} sha256 is ${file.sha}, stored ${file.expectedSha}`);
+    e.retry = true;
+    throw e;
+  }
+  if (pinned && pinned.toLowerCase() !== file.sha) {
+    const e = new WorkerError('IntegrityError', `${name} sha256 is ${file.sha}, expected ${pinned}`);
+    e.retry = file.cached; // a cached copy may be an older version: the network may have the pinned one
+    throw e;
+  }
 }
 
 // --- loading ---------------------------------------------------------------------
@@ -345,12 +373,14 @@ async function streamModel(mod, m, engine, onProgress) {
 /** The drafter's two files set on `loader`; a drafter that does not load leaves neither
  *  file cached, and a cached pair that is corrupt or does not parse is fetched once more.
  *  Returns the pair's sources, committed after the load. */
-async function setDrafter(loader, d, onProgress) {
+async function setDrafter(mod, loader, d, onProgress) {
   for (let attempt = 0; ; attempt++) {
     const files = [];
     try {
       files.push(await readAll(d.config, 'drafter config', onProgress));
+      await checkSha(mod, files[0], 'drafter config', d.sha256?.config);
       files.push(await readAll(d.weights, 'drafter weights', onProgress));
+      await checkSha(mod, files[1], 'drafter weights', d.sha256?.weights);
       loader.setDrafter(new TextDecoder().decode(files[0].bytes), files[1].bytes);
       return files;
     } catch (e) {
@@ -373,7 +403,7 @@ async function loadOnce(mod, m, engine, onProgress) {
   let pending = loader;
   let building = false;
   try {
-    if (m.drafter) drafter = await setDrafter(loader, m.drafter, onProgress);
+    if (m.drafter) drafter = await setDrafter(mod, loader, m.drafter, onProgress);
     onProgress({ phase: 'build', file: 'model', loaded: 0, total: 0 });
     pending = null; // finish takes the loader
     building = true;

@@ -3,14 +3,15 @@
 // replaced and the engine answers on; concurrent requests queue or fail with 'Busy'; a
 // download cut mid-file or a short file leaves nothing in Cache Storage and a retry
 // loads; a cached copy (model or drafter) that is corrupt or does not parse is fetched
-// again and re-cached; a lost GPU device is 'DeviceLost' and a new engine loads. One
+// again and re-cached, and a drafter's pinned sha256s are checked as the model's; a lost GPU device is 'DeviceLost' and a new engine loads. One
 // browser, one context per test (each starts with an empty cache).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { serve } from '../../www/serve.mjs';
-import { launch, watch, MODEL, MODEL_FILE } from './common.mjs';
+import { launch, watch, DRAFTER, MODEL, MODEL_FILE } from './common.mjs';
 
 const URL_PATH = `/models/${MODEL_FILE}`;
 let srv, browser;
@@ -132,7 +133,11 @@ test('a download cut mid-file or a short file leaves nothing in Cache Storage, a
 test('a cached copy that is corrupt or does not parse is dropped, fetched again and re-cached', { timeout: 300_000 }, async () => {
   const page = await freshPage('corrupt');
   const sha = createHash('sha256').update(readFileSync(MODEL)).digest('hex');
-  const r = await page.evaluate(async (model) => {
+  const drafterSha = {
+    config: createHash('sha256').update(readFileSync(join(DRAFTER, 'config.json'))).digest('hex'),
+    weights: createHash('sha256').update(readFileSync(join(DRAFTER, 'model.safetensors'))).digest('hex'),
+  };
+  const r = await page.evaluate(async ({ model, drafterSha }) => {
     const url = new URL(model, location.href).href;
     const load = async () => {
       try {
@@ -162,12 +167,12 @@ test('a cached copy that is corrupt or does not parse is dropped, fetched again 
     const unparsable = await load();
     const afterUnparsable = await meta();
     const last = await load();
-    // 3. The drafter's weights replaced by garbage of their own length (the meta kept):
-    // read whole, they do not parse.
+    // 3. The drafter's weights replaced by garbage of their own length whose meta agrees
+    // (size and sha256): read whole, they do not parse.
     const drafter = '/drafters/smollm2-135m-instruct-dflash-b16/';
-    const withDrafter = async () => {
+    const withDrafter = async (source = drafter) => {
       try {
-        const e = await m.createEngine({ model, drafter, engine: 'cpu' });
+        const e = await m.createEngine({ model, drafter: source, engine: 'cpu' });
         const r = await e.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2, temperature: 0, block: 4 });
         await e.unload();
         return { layers: e.info.drafter?.layers, tokens: r.usage.completion_tokens };
@@ -176,11 +181,29 @@ test('a cached copy that is corrupt or does not parse is dropped, fetched again 
     const weightsUrl = new URL(drafter + 'model.safetensors', location.href).href;
     const drafterFirst = await withDrafter();
     const drafterSize = (await (await files.match(weightsUrl)).arrayBuffer()).byteLength;
-    await files.put(weightsUrl, new Response(new Uint8Array(drafterSize).map((_, i) => (i * 7919) % 251)));
+    const junk = new Uint8Array(drafterSize).map((_, i) => (i * 7919) % 251);
+    await files.put(weightsUrl, new Response(junk));
+    const weightsMeta = await (await metas.match(weightsUrl)).json();
+    await metas.put(weightsUrl, new Response(JSON.stringify({ ...weightsMeta, sha256: await hex(junk) })));
     const drafterAgain = await withDrafter();
     const drafterRecached = (await (await files.match(weightsUrl)).arrayBuffer()).byteLength;
-    return { first, good, wrongHash, afterWrongHash, cachedAgain, unparsable, afterUnparsable, last, drafterFirst, drafterSize, drafterAgain, drafterRecached };
-  }, URL_PATH);
+    // 4. One byte of the cached weights flipped (they still parse): the sha256 stored
+    // with the copy tells, and the file is fetched again.
+    const weights = new Uint8Array(await (await files.match(weightsUrl)).arrayBuffer());
+    weights[weights.length - 100] ^= 0x5a;
+    await files.put(weightsUrl, new Response(weights));
+    const drafterFlipped = await withDrafter();
+    const weightsSha = await hex(await (await files.match(weightsUrl)).arrayBuffer());
+    const storedSha = (await (await metas.match(weightsUrl)).json()).sha256;
+    // 5. Pinned hashes: the right ones load; a wrong one is IntegrityError, not cached.
+    const pinned = await withDrafter({ url: drafter, sha256: drafterSha });
+    const wrongPin = await withDrafter({ url: drafter, sha256: { weights: '00'.repeat(32) } });
+    const afterWrongPin = !!(await files.match(weightsUrl)) || !!(await metas.match(weightsUrl));
+    return {
+      first, good, wrongHash, afterWrongHash, cachedAgain, unparsable, afterUnparsable, last, drafterFirst, drafterSize,
+      drafterAgain, drafterRecached, drafterFlipped, weightsSha, storedSha, pinned, wrongPin, afterWrongPin,
+    };
+  }, { model: URL_PATH, drafterSha });
   console.log(JSON.stringify(r));
   const fromNetwork = { fromCache: false, sha, tokens: 2 };
   const fromCache = { fromCache: true, sha, tokens: 2 };
@@ -196,6 +219,12 @@ test('a cached copy that is corrupt or does not parse is dropped, fetched again 
   assert.ok(r.drafterFirst.layers > 0);
   assert.deepEqual(r.drafterAgain, r.drafterFirst, 'a cached drafter that does not parse is fetched again');
   assert.equal(r.drafterRecached, r.drafterSize, 'and re-cached whole');
+  assert.deepEqual(r.drafterFlipped, r.drafterFirst, 'a cached drafter whose hash changed is fetched again');
+  assert.equal(r.weightsSha, drafterSha.weights, 'and re-cached as it is');
+  assert.equal(r.storedSha, drafterSha.weights, 'with its sha256');
+  assert.deepEqual(r.pinned, r.drafterFirst, 'pinned hashes that agree load');
+  assert.equal(r.wrongPin.code, 'IntegrityError', JSON.stringify(r.wrongPin));
+  assert.equal(r.afterWrongPin, false, 'a drafter file that fails its pin is not kept');
 });
 
 test('a lost GPU device is DeviceLost, and a new engine loads and answers', { timeout: 600_000 }, async () => {

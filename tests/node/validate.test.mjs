@@ -129,6 +129,10 @@ test("createEngine's own option checks are BadRequest (NoWebGPU for engine 'gpu'
     { model, ifBusy: 'wait' }, { model, ifBusy: null },
     { model, context: 0 }, { model, context: NaN }, { model, context: '2048' },
     { model, worker: 5 },
+    // Drafter pins that are not sha256s.
+    { model, drafter: { url: '/d/', sha256: 'ab' } }, { model, drafter: { url: '/d/', sha256: { weights: 'xyz' } } },
+    { model, drafter: { url: '/d/', sha256: { config: 12 } } },
+    { model, drafter: { config: '/c.json', weights: { url: '/w', sha256: '0'.repeat(63) } } },
   ]) {
     assert.equal(await code(opts), 'BadRequest', JSON.stringify(opts));
   }

@@ -573,6 +573,8 @@ impl Engine {
                     failed(status, code, e.to_string());
                 }
                 Err(panic) => {
+                    // Whatever the engine held may be half written: nothing is reused.
+                    self.forget_conversation();
                     let what = panic
                         .downcast_ref::<&str>()
                         .map(|m| m.to_string())
@@ -581,6 +583,18 @@ impl Engine {
                     failed(500, "Panic", format!("the engine panicked: {what}"));
                 }
             }
+        }
+    }
+
+    /// Forgets the KV rows and drafter context kept for the next request.
+    fn forget_conversation(&mut self) {
+        match &mut self.runner {
+            Runner::Cpu { session, draft, .. } => {
+                session.reset();
+                *draft = DraftState::default();
+            }
+            Runner::Gpu(m) => m.forget_cached(),
+            Runner::Spec(s) => s.target.forget_cached(),
         }
     }
 
@@ -649,19 +663,24 @@ impl Engine {
                 let costs = (block == "auto").then(|| self.costs.get_or_insert_with(prior).clone());
                 let policy = block_policy(&block, d.config.block_size, costs)?;
                 let mut p = DFlashCpu::resume(d, target, std::mem::take(draft))?;
-                let mut run = SpeculativeGeneration::start(
-                    session,
-                    target,
-                    &mut p,
-                    &self.tokenizer,
-                    &g,
-                    &policy,
-                    &clock,
-                    on_text,
-                )?;
-                while !run.step(&clock)? {}
-                let sr = run.finish(&clock);
+                // The drafter's context goes back whether or not the request succeeds
+                // (its rows and the session's stay consistent on every error).
+                let run = (|| {
+                    let mut run = SpeculativeGeneration::start(
+                        session,
+                        target,
+                        &mut p,
+                        &self.tokenizer,
+                        &g,
+                        &policy,
+                        &clock,
+                        on_text,
+                    )?;
+                    while !run.step(&clock)? {}
+                    Ok::<_, CliError>(run.finish(&clock))
+                })();
                 *draft = p.into_state();
+                let sr = run?;
                 if let Some(c) = &sr.step_costs {
                     self.costs = Some(c.clone());
                 }

@@ -61,6 +61,19 @@ fn drafter(t: &LoadedModel, seed: u64) -> DrafterWeights {
     .unwrap()
 }
 
+/// Greedy decoding and seeded top-p sampling at T = 0.8.
+fn greedy_and_seeded() -> [SamplingParams; 2] {
+    [
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            seed: 3,
+            ..Default::default()
+        },
+    ]
+}
+
 /// DFLASH_QUICK=1 (the SwiftShader pass of CI) runs one prompt and three block sizes.
 fn quick() -> bool {
     std::env::var("DFLASH_QUICK").as_deref() == Ok("1")
@@ -124,15 +137,7 @@ fn speculative_equals_plain_on_the_gpu_at_every_block_size() {
         let taps = w.config.target_layer_ids.clone();
         let tm = gpu_target(&ctx, &t, taps);
         let mut spec = Speculative::new(tm, &w).unwrap();
-        for sp in [
-            SamplingParams::default(),
-            SamplingParams {
-                temperature: 0.8,
-                top_p: 0.95,
-                seed: 3,
-                ..Default::default()
-            },
-        ] {
+        for sp in greedy_and_seeded() {
             for p in prompts() {
                 let plain = plain_gpu(&mut plain_model, &p, &sp, 40, &|x| t.tokenizer.is_stop(x));
                 let blocks = if quick() {
@@ -380,15 +385,7 @@ fn dflash2_speculation_equals_plain_decoding_on_the_gpu() {
         let mut plain_model = gpu_target(&ctx, &t, vec![]);
         let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
         let mut spec = Speculative::new(tm, &w).unwrap();
-        for sp in [
-            SamplingParams::default(),
-            SamplingParams {
-                temperature: 0.8,
-                top_p: 0.95,
-                seed: 3,
-                ..Default::default()
-            },
-        ] {
+        for sp in greedy_and_seeded() {
             // (SwiftShader in CI: one prompt, two block sizes)
             for p in prompts().into_iter().take(if quick() { 1 } else { 4 }) {
                 let plain = plain_gpu(&mut plain_model, &p, &sp, 40, &|x| t.tokenizer.is_stop(x));
@@ -558,15 +555,7 @@ fn a_conversation_that_reuses_its_kv_rows_equals_one_prefilled_every_turn() {
         let taps = w.config.target_layer_ids.clone();
         let mut spec = Speculative::new(gpu_target(&ctx, &t, taps.clone()), &w).unwrap();
         let mut fresh = Speculative::new(gpu_target(&ctx, &t, taps), &w).unwrap();
-        for sp in [
-            SamplingParams::default(),
-            SamplingParams {
-                temperature: 0.8,
-                top_p: 0.95,
-                seed: 3,
-                ..Default::default()
-            },
-        ] {
+        for sp in greedy_and_seeded() {
             for dflash in &patterns {
                 spec.target.forget_cached();
                 let mut rng = Rng(19);

@@ -73,6 +73,18 @@ fn start() {
     }));
 }
 
+/// Lower-case hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The hex sha256 of a whole file (the drafter's files: checked against the hash the
+/// page pinned and the one stored with a cached copy, as the model's are).
+#[wasm_bindgen(js_name = sha256Hex)]
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
 /// The message of the panic that trapped the instance, once (null if none happened).
 #[wasm_bindgen(js_name = takePanic)]
 pub fn take_panic() -> Option<String> {
@@ -189,12 +201,7 @@ impl Loader {
 
     /// Hex sha256 of the bytes received so far.
     pub fn sha256(&self) -> String {
-        self.sha
-            .clone()
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        hex(&self.sha.clone().finalize())
     }
 
     /// The adapter and its limits (null on the CPU engine).
@@ -473,22 +480,28 @@ impl Engine {
                             // A step at a time, yielding to the worker between steps.
                             let state = std::mem::take(draft);
                             let mut p = DFlashCpu::resume(d, target, state).map_err(core_err)?;
-                            let mut g = SpeculativeGeneration::start(
-                                session,
-                                target,
-                                &mut p,
-                                &inner.tokenizer,
-                                &gen,
-                                &policy,
-                                &now_s,
-                                &mut on_text,
-                            )
-                            .map_err(core_err)?;
-                            while !g.step(&now_s).map_err(core_err)? {
-                                yield_to_worker().await?;
+                            // The drafter's context goes back whether or not the request
+                            // succeeds (its rows and the session's stay consistent).
+                            let run = async {
+                                let mut g = SpeculativeGeneration::start(
+                                    session,
+                                    target,
+                                    &mut p,
+                                    &inner.tokenizer,
+                                    &gen,
+                                    &policy,
+                                    &now_s,
+                                    &mut on_text,
+                                )
+                                .map_err(core_err)?;
+                                while !g.step(&now_s).map_err(core_err)? {
+                                    yield_to_worker().await?;
+                                }
+                                Ok::<_, JsValue>(g.finish(&now_s))
                             }
-                            let r = g.finish(&now_s);
+                            .await;
                             *draft = p.into_state();
+                            let r = run?;
                             if let Some(c) = &r.step_costs {
                                 inner.costs = Some(c.clone());
                             }

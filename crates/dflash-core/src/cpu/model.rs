@@ -226,14 +226,14 @@ impl KvCache {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
-    /// Drops every position from `len` on (speculative rollback).
+    /// Drops every position from `len` on (speculative rollback, multi-turn reuse). Each
+    /// layer's rows are cut to the kept ones too, so that rows a failed pass appended to
+    /// some layers only are gone.
     pub fn truncate(&mut self, len: usize) {
-        if len < self.len {
-            self.len = len;
-            for l in 0..self.k.len() {
-                self.k[l].truncate(len * self.kv_dim);
-                self.v[l].truncate(len * self.kv_dim);
-            }
+        self.len = self.len.min(len);
+        for l in 0..self.k.len() {
+            self.k[l].truncate(self.len * self.kv_dim);
+            self.v[l].truncate(self.len * self.kv_dim);
         }
     }
 }
