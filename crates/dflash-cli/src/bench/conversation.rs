@@ -15,6 +15,7 @@ use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::BlockSize;
 use dflash_gpu::dflash::Speculative;
+use dflash_gpu::model::MAX_ROWS;
 use dflash_gpu::GpuModel;
 use std::time::Instant;
 
@@ -121,9 +122,17 @@ pub(super) fn run(a: BenchArgs, turns: usize) -> Result<(), CliError> {
         context,
         interrupt: Default::default(),
     };
-    // Warm-up: every plan of a prefill and of decoding compiled.
+    // Warm-up: the plans of every prefill chunk size (1 to 16 rows) and of decoding
+    // compiled, so that no turn's time to first token includes a pipeline compile; then
+    // an empty cache for turn 1.
     let warm = m.conversation_ids(&[Message::new("user", &users[0])])?;
-    engine.generate(&m, &request(warm), &clock)?;
+    for n in 1..=MAX_ROWS.min(warm.len()) {
+        engine.target().forget_cached();
+        let mut r = request(warm[..n].to_vec());
+        r.max_new_tokens = 2;
+        engine.generate(&m, &r, &clock)?;
+    }
+    engine.target().forget_cached();
     let mut messages = Vec::new();
     let mut rows = Vec::new();
     let mut same = true;
