@@ -63,7 +63,7 @@ try {
     return out;
   };
   const reused = await conversation(false);
-  const whole = await conversation(true);
+  const prefilled = await conversation(true);
   await engine.unload();
   let unloadedReset = null;
   try { await engine.resetChat(); } catch (e) { unloadedReset = e.code; }
@@ -76,7 +76,7 @@ try {
   try { await createEngine({ model: { url: model, sha256: '00'.repeat(32) } }); } catch (e) { wrongHash = e.code; }
   await clearCache();
   const afterClear = await cachedFiles();
-  window.__result = { whole, streamed, last, n, first: engine.info, cached, info2, wrongHash, afterClear, sampled, turns: { reused, whole }, unloadedReset };
+  window.__result = { whole, streamed, last, n, first: engine.info, cached, info2, wrongHash, afterClear, sampled, turns: { reused, prefilled }, unloadedReset };
 } catch (e) { window.__result = { error: e.code + ': ' + e.message }; }
 </script>`);
   // Chromium's only adapter here is SwiftShader, a software fallback: the default engine
@@ -115,7 +115,7 @@ try {
     assert.equal(r.wrongHash, 'IntegrityError');
     assert.deepEqual(r.afterClear, []);
     // KV reuse: the same texts; from turn 2 on, at least the last turn's prompt kept.
-    const { reused, whole: fresh } = r.turns;
+    const { reused, prefilled: fresh } = r.turns;
     assert.deepEqual(reused.map((t) => t.text), fresh.map((t) => t.text));
     assert.deepEqual(fresh.map((t) => t.cached), fresh.map(() => 0));
     for (let i = 1; i < reused.length; i++) {
