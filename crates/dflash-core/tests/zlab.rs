@@ -9,9 +9,12 @@
 //! now: the drafter's 8-bit weights break some draft near-ties the other way).
 //!
 //! And, array by array, our CPU reference against the reference's intermediate outputs
-//! (`reference.safetensors`): the target's taps and logits, and, fed the reference's own
-//! taps, the drafter's block hidden rows, draft logits, drafts and DFlash2's selected
-//! path. Each fix of a difference found has a test here that names it: sliding layers
+//! (`reference.safetensors`, every array of every case): the target's taps and logits,
+//! and, fed the reference's own taps, the drafter's context rows, block embeddings, each
+//! layer's output, block hidden rows, draft logits and drafts; for DFlash2 each grouped
+//! convolution's input, kernel, prepared input, sublayer output and finished output, the
+//! selector's projection, the top-K candidate sets, their unary and edge scores along the
+//! reference's path, and the selected path (the drafter's probes, `forward_block_probed`). Each fix of a difference found has a test here that names it: sliding layers
 //! (causal inside the block with a per-query window), the scale fields on plain DFlash
 //! drafters, and a tap of the target's last layer (after the final norm).
 
@@ -240,14 +243,39 @@ fn taps_block_hidden_and_draft_logits_match_the_references_arrays() {
             .unwrap();
         // The drafter, fed the reference's taps: every block row after its final norm,
         // and the draft rows' logits (multiplier and soft-cap applied).
+        // Every intermediate the probes report, layer outputs concatenated as [L, B, H].
+        let mut probed = std::collections::BTreeMap::<String, Vec<f32>>::new();
+        let mut probe = |name: &str, rows: &[f32]| {
+            probed.entry(name.to_string()).or_default().extend(rows);
+        };
         let mut ctx = d.new_context();
-        d.extend_context(&mut ctx, &a["taps"]);
+        d.extend_context_probed(&mut ctx, &a["taps"], &mut probe);
         let block_ids = ids(&block["block_ids"]);
-        let hidden = d.forward_block(&ctx, &cpu.embed(&block_ids).unwrap(), prompt.len());
+        let embeds = cpu.embed(&block_ids).unwrap();
+        let hidden = d.forward_block_probed(&ctx, &embeds, prompt.len(), &mut probe);
         let (h, b, v) = (dw.config.hidden_size, block_ids.len(), dw.config.vocab_size);
         let raw = cpu.lm_head_rows(&hidden[h..], b - 1);
         let logits: Vec<f32> = raw.iter().map(|&x| dw.config.draft_logit(x)).collect();
         let mut largest = 0.0;
+        let fixture_arrays = ["taps", "target_logits", "block_hidden", "draft_logits"];
+        assert!(
+            a.keys()
+                .filter(|k| !fixture_arrays.contains(&k.as_str()))
+                .filter(|k| !k.starts_with("candidate_") && !k.starts_with("selector_"))
+                .filter(|k| *k != "target_hidden_states")
+                .all(|k| probed.contains_key(k)),
+            "{name}: arrays no probe reports: {:?}",
+            a.keys()
+                .filter(|k| !probed.contains_key(*k))
+                .collect::<Vec<_>>()
+        );
+        for (what, ours) in &probed {
+            let (rms, max, _) = errors(ours, &a[what]);
+            eprintln!("{name}: {what}: relative error rms {rms:.4}, max {max:.4}");
+            if rms >= RMS_TOLERANCE || max >= MAX_TOLERANCE {
+                failures.push(format!("{name}: {what}: rms {rms:.4}, max {max:.4}"));
+            }
+        }
         for (what, ours, want) in [
             ("taps", &out.taps, "taps"),
             ("target logits", &out.logits, "target_logits"),
@@ -278,6 +306,17 @@ fn taps_block_hidden_and_draft_logits_match_the_references_arrays() {
             margins.len()
         );
         if let Some(path) = block.get("selected_path") {
+            let path = ids(path);
+            failures.extend(candidates_match(
+                &name,
+                &d,
+                &a,
+                &r,
+                &path,
+                &hidden[h..],
+                &raw,
+                largest,
+            ));
             let ours = d.select(block_ids[0], &hidden[h..], &raw);
             let margins = block["selector_score_margin"].as_array().unwrap();
             // The walk: a slot's choice is checked while every choice so far was clear
@@ -286,11 +325,100 @@ fn taps_block_hidden_and_draft_logits_match_the_references_arrays() {
                 .iter()
                 .take_while(|m| m.as_f64().unwrap() > 4.0 * largest)
                 .count();
-            assert_eq!(ours[..clear], ids(path)[..clear], "{name}: selected path");
+            assert_eq!(ours[..clear], path[..clear], "{name}: selected path");
             eprintln!("{name}: selected path equal for the first {clear} slots");
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// DFlash2's selection against the reference's arrays: the selector's projection of the
+/// slots' hidden rows; each slot's top-K candidates (as a set, wherever the reference's
+/// gap between its K-th and (K+1)-th logit clears twice our largest draft-logit error,
+/// so that the set cannot differ); and their unary and edge scores along the reference's
+/// path, computed by our code for the reference's candidate ids. Returns the failures.
+#[allow(clippy::too_many_arguments)]
+fn candidates_match(
+    name: &str,
+    d: &CpuDrafter,
+    a: &std::collections::HashMap<String, Vec<f32>>,
+    r: &Value,
+    path: &[u32],
+    hidden: &[f32],
+    raw_logits: &[f32],
+    largest: f64,
+) -> Vec<String> {
+    let k = d.config.candidate_count();
+    let v = d.config.vocab_size;
+    let want_ids = candidate_ids(&root().join(name).join("reference.safetensors"));
+    let slots = want_ids.len() / k;
+    let hp = d.selector_projection(hidden);
+    let rank = hp.len() / slots;
+    let want_logits = &a["draft_logits"];
+    let ours = d.candidates(raw_logits);
+    let mut clear_sets = 0;
+    for l in 0..slots {
+        let want: std::collections::BTreeSet<u32> =
+            want_ids[l * k..(l + 1) * k].iter().copied().collect();
+        let mut row: Vec<f32> = want_logits[l * v..(l + 1) * v].to_vec();
+        row.sort_by(|x, y| y.total_cmp(x));
+        if (row[k - 1] - row[k]) as f64 > 2.0 * largest {
+            let got: std::collections::BTreeSet<u32> = ours.ids[l].iter().copied().collect();
+            assert_eq!(got, want, "{name}: slot {} candidates", l + 1);
+            clear_sets += 1;
+        }
+    }
+    eprintln!("{name}: {clear_sets} of {slots} candidate sets clear of our error, all equal");
+    // Unary and edge scores for the reference's candidates, along its path.
+    let theirs = dflash_core::drafter::Candidates {
+        ids: (0..slots)
+            .map(|l| want_ids[l * k..(l + 1) * k].to_vec())
+            .collect(),
+        unary: (0..slots)
+            .map(|l| {
+                want_ids[l * k..(l + 1) * k]
+                    .iter()
+                    .map(|&c| d.config.draft_logit(raw_logits[l * v + c as usize]))
+                    .collect()
+            })
+            .collect(),
+    };
+    let anchor = r["block"]["anchor"].as_u64().unwrap() as u32;
+    let mut scores = vec![];
+    for l in 0..slots {
+        let pred = if l == 0 { anchor } else { path[l - 1] };
+        scores.extend(d.edge_scores(&theirs, l, pred, &hp[l * rank..(l + 1) * rank]));
+    }
+    let unary: Vec<f32> = theirs.unary.concat();
+    let mut failures = vec![];
+    for (what, ours, want) in [
+        (
+            "selector_hidden_projection",
+            &hp,
+            "selector_hidden_projection",
+        ),
+        ("candidate_unary", &unary, "candidate_unary"),
+        ("candidate_scores", &scores, "candidate_scores"),
+    ] {
+        let (rms, max, _) = errors(ours, &a[want]);
+        eprintln!("{name}: {what}: relative error rms {rms:.4}, max {max:.4}");
+        if rms >= RMS_TOLERANCE || max >= MAX_TOLERANCE {
+            failures.push(format!("{name}: {what}: rms {rms:.4}, max {max:.4}"));
+        }
+    }
+    failures
+}
+
+/// The int32 `candidate_ids` array of a DFlash2 case's `reference.safetensors`.
+fn candidate_ids(path: &Path) -> Vec<u32> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("candidate_ids").unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::I32);
+    t.data()
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u32)
+        .collect()
 }
 
 /// A copy of a case's drafter folder with `config.json` and `model.safetensors` edited.

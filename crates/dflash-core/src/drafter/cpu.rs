@@ -81,6 +81,12 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<(u32, f32)> {
     idx.into_iter().map(|i| (i, x[i as usize])).collect()
 }
 
+/// Where a forward pass reports its intermediates: `(name, rows)`, named as the arrays of
+/// z-lab's reference fixtures (fixtures/zlab/README.md): `context`, `block_embeds`,
+/// `layer_outputs` (once per layer), and DFlash2's `conv.{layer}.{attention_conv |
+/// mlp_conv}.{in | kernel | prepared | sublayer_out | finished}`.
+pub type Probe<'a> = &'a mut (dyn FnMut(&str, &[f32]) + Send);
+
 /// The CPU reference of the drafter.
 pub struct CpuDrafter {
     pub config: DrafterConfig,
@@ -276,10 +282,15 @@ impl CpuDrafter {
     /// context cache: `c = hidden_norm(fc(taps))`, then per layer `k_norm(c Wk)` with RoPE
     /// at the rows' positions, and `c Wv`.
     pub fn extend_context(&self, ctx: &mut DraftContext, taps: &[f32]) {
-        in_pool(|| self.extend_context_here(ctx, taps))
+        in_pool(|| self.extend_context_here(ctx, taps, &mut |_, _| {}))
     }
 
-    fn extend_context_here(&self, ctx: &mut DraftContext, taps: &[f32]) {
+    /// `extend_context`, reporting the context rows `c` to `probe`.
+    pub fn extend_context_probed(&self, ctx: &mut DraftContext, taps: &[f32], probe: Probe) {
+        in_pool(|| self.extend_context_here(ctx, taps, probe))
+    }
+
+    fn extend_context_here(&self, ctx: &mut DraftContext, taps: &[f32], probe: Probe) {
         let c = &self.config;
         let (h, hd) = (c.hidden_size, c.head_dim);
         let r = taps.len() / (c.n_taps() * h);
@@ -296,6 +307,7 @@ impl CpuDrafter {
                 &mut cn[i * h..(i + 1) * h],
             );
         }
+        probe("context", &cn);
         for (li, l) in self.layers.iter().enumerate() {
             let mut k = l.wk.apply(&cn, r);
             let v = l.wv.apply(&cn, r);
@@ -324,7 +336,18 @@ impl CpuDrafter {
         block_embeds: &[f32],
         start: usize,
     ) -> Vec<f32> {
-        in_pool(|| self.forward_block_here(ctx, block_embeds, start))
+        in_pool(|| self.forward_block_here(ctx, block_embeds, start, &mut |_, _| {}))
+    }
+
+    /// `forward_block`, reporting its intermediates to `probe`.
+    pub fn forward_block_probed(
+        &self,
+        ctx: &DraftContext,
+        block_embeds: &[f32],
+        start: usize,
+        probe: Probe,
+    ) -> Vec<f32> {
+        in_pool(|| self.forward_block_here(ctx, block_embeds, start, probe))
     }
 
     fn forward_block_here(
@@ -332,6 +355,7 @@ impl CpuDrafter {
         ctx: &DraftContext,
         block_embeds: &[f32],
         start: usize,
+        probe: Probe,
     ) -> Vec<f32> {
         let c = &self.config;
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
@@ -341,6 +365,7 @@ impl CpuDrafter {
         if c.input_embedding_scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= c.input_embedding_scale);
         }
+        probe("block_embeds", &x);
         // DFlash2: one side of a layer's convolution, coefficients from `coef` rows.
         let conv = |cv: &CpuConv, x: &[f32], coef: &[f32], side: usize| -> Vec<f32> {
             let d = c
@@ -371,7 +396,10 @@ impl CpuDrafter {
             }
             let coef_att = l.conv.as_ref().map(|cv| cv[0].projection.apply(&hn, b));
             if let (Some(cv), Some(coef)) = (&l.conv, &coef_att) {
+                probe(&format!("conv.{li}.attention_conv.in"), &hn);
+                probe(&format!("conv.{li}.attention_conv.kernel"), coef);
                 hn = conv(&cv[0], &hn, coef, 0);
+                probe(&format!("conv.{li}.attention_conv.prepared"), &hn);
             }
             let mut q = l.wq.apply(&hn, b);
             let mut k = l.wk.apply(&hn, b);
@@ -407,7 +435,9 @@ impl CpuDrafter {
             let att = block_attention(c, l.kind, &q, &keys, b);
             let mut o = l.wo.apply(&att, b);
             if let (Some(cv), Some(coef)) = (&l.conv, &coef_att) {
+                probe(&format!("conv.{li}.attention_conv.sublayer_out"), &o);
                 o = conv(&cv[0], &o, coef, 1);
+                probe(&format!("conv.{li}.attention_conv.finished"), &o);
             }
             for i in 0..b * h {
                 x[i] += o[i];
@@ -422,18 +452,24 @@ impl CpuDrafter {
             }
             let coef_mlp = l.conv.as_ref().map(|cv| cv[1].projection.apply(&hn, b));
             if let (Some(cv), Some(coef)) = (&l.conv, &coef_mlp) {
+                probe(&format!("conv.{li}.mlp_conv.in"), &hn);
+                probe(&format!("conv.{li}.mlp_conv.kernel"), coef);
                 hn = conv(&cv[1], &hn, coef, 0);
+                probe(&format!("conv.{li}.mlp_conv.prepared"), &hn);
             }
             let g = l.w_gate.apply(&hn, b);
             let u = l.w_up.apply(&hn, b);
             let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
             let mut d = l.w_down.apply(&a, b);
             if let (Some(cv), Some(coef)) = (&l.conv, &coef_mlp) {
+                probe(&format!("conv.{li}.mlp_conv.sublayer_out"), &d);
                 d = conv(&cv[1], &d, coef, 1);
+                probe(&format!("conv.{li}.mlp_conv.finished"), &d);
             }
             for i in 0..b * h {
                 x[i] += d[i];
             }
+            probe("layer_outputs", &x);
         }
         let mut out = vec![0f32; b * h];
         for i in 0..b {

@@ -31,6 +31,13 @@ impl CpuDrafter {
         Candidates { ids, unary }
     }
 
+    /// The selector's projection of the slots' final hidden rows (`[slots, rank]`).
+    pub fn selector_projection(&self, hidden: &[f32]) -> Vec<f32> {
+        let s = self.selector.as_ref().expect("a DFlash2 drafter");
+        s.hidden_projection
+            .apply(hidden, hidden.len() / self.config.hidden_size)
+    }
+
     /// Selector scores of slot `l`'s candidates after predecessor token `pred`:
     /// `unary[c] + sum_r A[pred, r] * hp[r] * B[c, r]`, `hp` the slot's projected hidden.
     pub fn edge_scores(&self, cand: &Candidates, l: usize, pred: u32, hp: &[f32]) -> Vec<f32> {
@@ -109,10 +116,9 @@ impl CpuDrafter {
         logits: &[f32],
         mut pick: impl FnMut(usize, &[u32], &[f32]) -> (u32, T),
     ) -> Vec<T> {
-        let s = self.selector.as_ref().expect("a DFlash2 drafter");
         let slots = hidden.len() / self.config.hidden_size;
         let cand = self.candidates(logits);
-        let hp = s.hidden_projection.apply(hidden, slots);
+        let hp = self.selector_projection(hidden);
         let rank = hp.len() / slots.max(1);
         let mut pred = anchor;
         let mut out = Vec::with_capacity(slots);

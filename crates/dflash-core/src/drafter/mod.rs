@@ -205,7 +205,7 @@ mod cpu;
 mod dflash2;
 pub mod random;
 mod weights;
-pub use cpu::{grouped_conv, top_k, CpuDrafter, DraftContext};
+pub use cpu::{grouped_conv, top_k, CpuDrafter, DraftContext, Probe};
 pub use dflash2::Candidates;
 #[cfg(not(target_arch = "wasm32"))]
 pub use weights::load_drafter_dir;
