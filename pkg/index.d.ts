@@ -32,28 +32,87 @@ export type FileSource = string | URL | Blob;
 export interface Progress {
   phase: 'download' | 'cache' | 'build';
   file: 'model' | 'drafter config' | 'drafter weights';
+  /** The file's bytes so far, of `total`. */
   loaded: number;
   total: number;
+  /** For the model: which part of a split GGUF (1-based), of `parts`. */
+  part?: number;
+  parts?: number;
+  /** Bytes over every file of the load (a file counts from the catalogue's size, else
+   *  once it opens). */
+  overall: { loaded: number; total: number };
+  /** A line for people: which file, MB of MB, the speed, and the whole. */
+  text: string;
+}
+
+/** One file on the Hugging Face hub: `https://huggingface.co/{repo}/resolve/{revision}/{file}`. */
+export interface HuggingFaceFile {
+  repo: string;
+  file: string;
+  /** Default 'main'. */
+  revision?: string;
+  sha256?: string;
+  size?: number;
+}
+
+/** One file of a model or drafter: a URL, a File, or a pinned or Hugging Face file. */
+export type ModelFile = FileSource | { url?: string | URL; file?: Blob; sha256?: string; size?: number } | HuggingFaceFile;
+
+/** A model + drafter pair of the catalogue (`CATALOG`), loaded by its id. */
+export interface CatalogEntry {
+  id: string;
+  name: string;
+  /** The model's shape (the engine's named shapes), by which `planModel` sizes it. */
+  shape: string;
+  /** The GGUF file, or every part of a split one, in order. */
+  files: (HuggingFaceFile & { size: number; sha256: string })[];
+  /** Its DFlash drafter, or null. */
+  drafter: null | { repo: string; revision?: string } | { config: ModelFile; weights: ModelFile };
+  /** WebGPU features needed beyond the defaults. */
+  requires: string[];
+}
+
+/** What a catalogue model needs here (planModel), in bytes; the GPU figures are null on the CPU engine. */
+export interface ModelPlan {
+  engine: 'gpu' | 'cpu' | 'auto';
+  /** The files' bytes, where the catalogue knows every size. */
+  download: number | null;
+  weights: number | null;
+  kv_cache: number | null;
+  activations: number | null;
+  total: number | null;
 }
 
 export interface EngineOptions {
-  /** A GGUF file, optionally with its expected sha256 (hex). */
-  model: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
+  /**
+   * A catalogue id (`CATALOG`, e.g. 'qwen3-8b-q4_k_m': its files, hashes and drafter; the
+   * adapter is checked against the model's memory plan before anything downloads), a
+   * GGUF URL (naming one part of a split GGUF, NAME-00001-of-00003.gguf, loads every
+   * part), a File, a pinned `{ url, sha256 }`, a Hugging Face `{ repo, file, revision }`,
+   * or `{ parts: [...] }` listing a split model's files in order.
+   */
+  model: string | ModelFile | { parts: ModelFile[] };
   /** A DFlash drafter: a folder URL holding config.json and model.safetensors, the folder
    *  with pinned sha256s (hex) of its files, or both files, each optionally pinned. Every
    *  file's sha256 is stored with its cached copy and checked on each load, as the model's:
    *  a pinned hash that differs is 'IntegrityError', a cached copy that changed is fetched
    *  again. */
   drafter?:
+    | null
+    | false
     | string
     | URL
     | { url: string | URL; sha256?: { config?: string; weights?: string } }
+    | { repo: string; revision?: string; sha256?: { config?: string; weights?: string } }
     | {
         config: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
         weights: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
       };
   /** KV cache capacity in tokens (default 2048). */
   context?: number;
+  /** Bytes the model may take on the GPU: a catalogue model whose plan needs more fails
+   *  with 'OutOfMemory' before it downloads. */
+  memoryBudget?: number;
   /**
    * Which engine runs the model: 'gpu' (WebGPU; NoWebGPU without it), 'cpu' (the
    * quantized wasm SIMD engine) or 'auto' (default: WebGPU unless the browser has none
@@ -195,7 +254,10 @@ export interface EngineInfo {
   adapter: null | { name: string; backend: string; device_type: string; driver: string; shader_f16: boolean; kv_cache_f16: boolean; max_storage_buffer_binding_size: number; max_buffer_size: number };
   context: number;
   drafter: { block_size: number; layers: number; target_layer_ids: number[] } | null;
+  /** The model file's sha256 (a split model's first part; every part's in part_sha256). */
   sha256: string;
+  parts: number;
+  part_sha256: string[];
   load_s: number;
   from_cache: boolean;
 }
@@ -228,5 +290,21 @@ export interface Engine {
 
 export declare function hasWebGPU(): boolean;
 export declare function createEngine(options: EngineOptions): Promise<Engine>;
-export declare function cachedFiles(): Promise<{ url: string; size: number; sha256: string }[]>;
+/** The catalogue of model + drafter pairs. */
+export declare const CATALOG: CatalogEntry[];
+export declare function catalogEntry(id: string): CatalogEntry | undefined;
+/** What a catalogue model needs on this browser, from the engine's memory plan; rejects with
+ *  'LimitsExceeded' (naming the limit) or 'OutOfMemory' (past memoryBudget). Downloads nothing. */
+export declare function planModel(
+  id: string,
+  options?: { context?: number; dflash?: boolean; engine?: 'auto' | 'gpu' | 'cpu'; memoryBudget?: number; worker?: Worker | (() => Worker) },
+): Promise<ModelPlan>;
+/** Whether every file of a catalogue model (by id) or of a model URL is in the weight cache. */
+export declare function hasCached(idOrUrl: string): Promise<boolean>;
+/** `https://huggingface.co/{repo}/resolve/{revision}/{file}`. */
+export declare function huggingFaceUrl(f: { repo: string; file?: string; revision?: string }): string;
+/** Every part's URL of a split GGUF named by one of its parts; else [url]. */
+export declare function splitParts(url: string): string[];
+/** The files in the weight cache, each with the catalogue model it belongs to (or null). */
+export declare function cachedFiles(): Promise<{ url: string; size: number; sha256: string; model: string | null }[]>;
 export declare function clearCache(url?: string): Promise<void>;

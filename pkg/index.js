@@ -2,8 +2,12 @@
 // speculative decoding. The engine runs in a dedicated Web Worker; this module is the
 // main-thread API with the shape of OpenAI's client: engine.chat.completions.create().
 
+import { CATALOG } from './catalog.js';
+
 const CACHE = 'dflash-web-v1';
 const META = 'dflash-web-meta-v1';
+
+export { CATALOG };
 
 /** Every failure of the API: `code` is one of the names listed in index.d.ts. */
 export class DFlashError extends Error {
@@ -20,21 +24,91 @@ export function hasWebGPU() {
 }
 
 function absolute(src) {
-  if (typeof src === 'string' || src instanceof URL) return new URL(String(src), globalThis.location?.href).href;
+  if (typeof src === 'string' || src instanceof URL) {
+    try {
+      return new URL(String(src), globalThis.location?.href).href;
+    } catch {
+      throw new DFlashError('BadRequest', `not a URL: ${JSON.stringify(String(src))}`);
+    }
+  }
   return src; // File / Blob: structured-cloned to the worker
 }
 
-function modelSource(model) {
-  if (model && typeof model === 'object' && !(model instanceof Blob) && !(model instanceof URL)) {
-    return { src: absolute(model.url ?? model.file), sha256: model.sha256 };
+/** The catalogue's record of `id`, or undefined. */
+export function catalogEntry(id) {
+  return CATALOG.find((m) => m.id === id);
+}
+
+/** Hugging Face's `{ repo, file, revision }` (revision default 'main') as its resolve URL. */
+export function huggingFaceUrl({ repo, file = '', revision = 'main' }) {
+  if (typeof repo !== 'string' || !/^[\w.-]+\/[\w.-]+$/.test(repo)) {
+    throw new DFlashError('BadRequest', `repo must be "owner/name", not ${JSON.stringify(repo)}`);
   }
-  return { src: absolute(model) };
+  if (typeof file !== 'string' || file.split('/').some((p) => p === '..')) {
+    throw new DFlashError('BadRequest', `file must be a path inside the repo, not ${JSON.stringify(file)}`);
+  }
+  if (typeof revision !== 'string' || !/^[\w./-]+$/.test(revision)) {
+    throw new DFlashError('BadRequest', `revision must be a branch, tag or commit, not ${JSON.stringify(revision)}`);
+  }
+  const path = file.split('/').map(encodeURIComponent).join('/');
+  return `https://huggingface.co/${repo}/resolve/${encodeURIComponent(revision)}/${path}`;
+}
+
+/** Every part's URL when `url` names a part of a model split by llama.cpp's gguf-split
+ *  ("NAME-00002-of-00003.gguf"), in order; else [url]. */
+export function splitParts(url) {
+  const m = /^(.*)-(\d{5})-of-(\d{5})\.gguf(\?.*)?$/.exec(url);
+  if (!m || Number(m[2]) < 1 || Number(m[2]) > Number(m[3])) return [url];
+  const count = Number(m[3]);
+  return Array.from({ length: count }, (_, i) => `${m[1]}-${String(i + 1).padStart(5, '0')}-of-${m[3]}.gguf${m[4] ?? ''}`);
+}
+
+/** One file: a URL, a File/Blob, `{ url, sha256 }`, `{ file, sha256 }` (a Blob) or
+ *  `{ repo, file, revision, sha256 }` (Hugging Face). Returns { src, sha256, size }. */
+function fileSource(f, what) {
+  if (typeof f === 'string' || f instanceof URL || (typeof Blob !== 'undefined' && f instanceof Blob)) return { src: absolute(f) };
+  if (!f || typeof f !== 'object') throw new DFlashError('BadRequest', `${what} must be a URL, a File or { url | repo, file }, not ${JSON.stringify(f)}`);
+  if (f.sha256 !== undefined && !(typeof f.sha256 === 'string' && /^[0-9a-fA-F]{64}$/.test(f.sha256))) {
+    throw new DFlashError('BadRequest', `${what}.sha256 must be 64 hex digits (a sha256), not ${JSON.stringify(f.sha256)}`);
+  }
+  const src = f.repo !== undefined ? huggingFaceUrl(f) : absolute(f.url ?? f.file);
+  if (src === undefined) throw new DFlashError('BadRequest', `${what} needs url, file or repo`);
+  return { src, sha256: f.sha256, size: f.size };
+}
+
+/**
+ * The model's files: { parts: [{ src, sha256, size }], name, entry }. `model` is a
+ * catalogue id, a URL (every part of a split GGUF when it names one), a File,
+ * `{ url | file | repo, sha256 }`, or `{ parts: [...] }` of those.
+ */
+function modelSource(model) {
+  const entry = typeof model === 'string' ? catalogEntry(model) : undefined;
+  if (entry || (typeof model === 'string' && !/[/:]/.test(model) && !/\.gguf$/i.test(model))) {
+    if (!entry) {
+      throw new DFlashError('BadRequest', `no model ${JSON.stringify(model)} in the catalogue (ids: ${CATALOG.map((m) => m.id).join(', ')})`);
+    }
+    return { parts: entry.files.map((f) => fileSource(f, `model ${entry.id}`)), name: entry.id, entry };
+  }
+  let parts;
+  if (model && typeof model === 'object' && Array.isArray(model.parts)) {
+    if (model.parts.length === 0) throw new DFlashError('BadRequest', 'model.parts is empty');
+    parts = model.parts.map((p, i) => fileSource(p, `model.parts[${i}]`));
+  } else {
+    const one = fileSource(model, 'model');
+    parts = typeof one.src === 'string' && !one.sha256
+      ? splitParts(one.src).map((src) => ({ src }))
+      : [one];
+  }
+  const first = parts[0].src;
+  const name = typeof first === 'string' ? decodeURIComponent(first.split('?')[0].split('/').pop()) : first.name ?? 'model';
+  return { parts, name, entry: null };
 }
 
 /** A drafter folder URL (".../config.json" and ".../model.safetensors" inside it, as on
  *  the Hugging Face hub: ".../resolve/main/"), { url, sha256: { config, weights } } (the
- *  folder with pinned hashes), or { config, weights }, each a URL, a File or
- *  { url, sha256 }. Returns { config, weights, sha256: { config, weights } }. */
+ *  folder with pinned hashes), { repo, revision, sha256 } (a Hugging Face repo), or
+ *  { config, weights }, each a URL, a File or { url, sha256 }. Returns { config, weights,
+ *  sha256: { config, weights } }. */
 function drafterSource(d) {
   if (!d) return null;
   const pin = (h, what) => {
@@ -46,16 +120,18 @@ function drafterSource(d) {
   }
   for (const k of ['config', 'weights']) pin(d.sha256?.[k], `drafter.sha256.${k}`);
   for (const k of ['config', 'weights']) pin(d[k]?.sha256, `drafter.${k}.sha256`);
-  const folder = (url, sha256) => {
+  const folder = (url, sha256, size) => {
     const base = absolute(url).replace(/\/?$/, '/');
-    return { config: base + 'config.json', weights: base + 'model.safetensors', sha256: { ...sha256 } };
+    return { config: base + 'config.json', weights: base + 'model.safetensors', sha256: { ...sha256 }, size: { ...size } };
   };
   if (typeof d === 'string' || d instanceof URL) return folder(d, {});
-  if (d.url !== undefined) return folder(d.url, d.sha256);
-  const file = (f) => (f && typeof f === 'object' && !(f instanceof Blob) && !(f instanceof URL)
-    ? { src: absolute(f.url ?? f.file), sha256: f.sha256 } : { src: absolute(f) });
-  const [config, weights] = [file(d.config), file(d.weights)];
-  return { config: config.src, weights: weights.src, sha256: { config: config.sha256, weights: weights.sha256 } };
+  if (d.url !== undefined) return folder(d.url, d.sha256, d.size);
+  if (d.repo !== undefined) return folder(huggingFaceUrl({ repo: d.repo, revision: d.revision }), d.sha256, d.size);
+  const [config, weights] = [fileSource(d.config, 'drafter.config'), fileSource(d.weights, 'drafter.weights')];
+  return {
+    config: config.src, weights: weights.src,
+    sha256: { config: config.sha256, weights: weights.sha256 }, size: { config: config.size, weights: weights.size },
+  };
 }
 
 /**
@@ -309,35 +385,69 @@ const MAX_CONTEXT = 1 << 24;
 /** The most threads the CPU engine takes (each is a Web Worker sharing the wasm memory). */
 const MAX_THREADS = 64;
 
-/** Loads a model (GGUF, a URL or a File) and optionally a DFlash drafter into a worker. */
+/** The worker running worker.js: the page's (`worker`, an instance or a function) or
+ *  a new one; `spawn` starts a replacement (null for an instance). */
+function checkWorker(worker) {
+  if (worker !== undefined && typeof worker !== 'function' && typeof worker?.postMessage !== 'function') {
+    throw new DFlashError('BadRequest', 'worker must be a Worker or a function that returns one');
+  }
+}
+
+function startWorker(worker) {
+  checkWorker(worker);
+  // A function can start the replacement of a worker that trapped; an instance cannot.
+  const spawn = typeof worker === 'function' ? worker
+    : worker ? null : () => new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+  return { w: typeof worker === 'object' ? worker : spawn(), spawn };
+}
+
+function checkContext(context) {
+  if (context !== undefined && !(Number.isInteger(context) && context >= 1 && context <= MAX_CONTEXT)) {
+    throw new DFlashError('BadRequest', `context must be an integer from 1 to ${MAX_CONTEXT}, not ${JSON.stringify(context)}`);
+  }
+}
+
+function checkBudget(memoryBudget) {
+  if (memoryBudget !== undefined && !(Number.isSafeInteger(memoryBudget) && memoryBudget > 0)) {
+    throw new DFlashError('BadRequest', `memoryBudget must be a positive integer (bytes), not ${JSON.stringify(memoryBudget)}`);
+  }
+}
+
+/** What the worker checks before it downloads anything: the catalogue model's shape
+ *  against the adapter (or the CPU engine's memory), and the bytes of every file. */
+function loadPlan(src, drafterSrc, memoryBudget) {
+  const sizes = [...src.parts.map((p) => p.size), ...(drafterSrc ? [drafterSrc.size?.config, drafterSrc.size?.weights] : [])];
+  const download = sizes.every((x) => Number.isFinite(x)) ? sizes.reduce((a, b) => a + b, 0) : null;
+  return { shape: src.entry?.shape ?? null, dflash: !!drafterSrc, budget: memoryBudget, download };
+}
+
+/**
+ * Loads a model and optionally a DFlash drafter into a worker. `model` is a catalogue id
+ * (`CATALOG`; its drafter comes with it unless `drafter: null`), a GGUF URL (every part
+ * of a split GGUF), a File, `{ url | repo, file, revision, sha256 }` or `{ parts }`.
+ */
 export async function createEngine(options) {
-  const { model, drafter, onProgress, context, worker, engine = 'auto', threads, ifBusy = 'queue' } = options ?? {};
+  const { model, onProgress, context, worker, engine = 'auto', threads, ifBusy = 'queue', memoryBudget } = options ?? {};
   if (!['auto', 'gpu', 'cpu'].includes(engine)) throw new DFlashError('BadRequest', `engine must be 'auto', 'gpu' or 'cpu', not ${JSON.stringify(engine)}`);
   if (threads !== undefined && !(Number.isInteger(threads) && threads >= 1 && threads <= MAX_THREADS)) {
     throw new DFlashError('BadRequest', `threads must be an integer from 1 to ${MAX_THREADS}, not ${JSON.stringify(threads)}`);
   }
   if (!['queue', 'reject'].includes(ifBusy)) throw new DFlashError('BadRequest', `ifBusy must be 'queue' or 'reject', not ${JSON.stringify(ifBusy)}`);
-  if (context !== undefined && !(Number.isInteger(context) && context >= 1 && context <= MAX_CONTEXT)) {
-    throw new DFlashError('BadRequest', `context must be an integer from 1 to ${MAX_CONTEXT}, not ${JSON.stringify(context)}`);
-  }
-  if (worker !== undefined && typeof worker !== 'function' && typeof worker?.postMessage !== 'function') {
-    throw new DFlashError('BadRequest', 'worker must be a Worker or a function that returns one');
-  }
+  checkContext(context);
+  checkBudget(memoryBudget);
+  checkWorker(worker);
   if (engine === 'gpu' && !hasWebGPU()) throw new DFlashError('NoWebGPU', 'This browser does not support WebGPU (navigator.gpu is missing).');
   if (!model) throw new DFlashError('BadRequest', 'createEngine needs { model }');
-  const drafterSrc = drafterSource(drafter);
-  // A function can start the replacement of a worker that trapped; an instance cannot.
-  const spawn = typeof worker === 'function' ? worker
-    : worker ? null : () => new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
-  const w = typeof worker === 'object' ? worker : spawn();
+  const src = modelSource(model);
+  const drafterSrc = drafterSource(options.drafter === undefined ? src.entry?.drafter : options.drafter);
+  const plan = loadPlan(src, drafterSrc, memoryBudget);
+  const { w, spawn } = startWorker(worker);
   let eng = null;
   const rpc = new Rpc(w, (error) => eng?.restart(error));
-  const src = modelSource(model);
-  const load = { type: 'load', model: src, drafter: drafterSrc, context, engine, threads };
+  const load = { type: 'load', model: { parts: src.parts }, drafter: drafterSrc, context, engine, threads, plan };
   try {
     const info = await rpc.call(load, { onProgress });
-    const modelName = typeof src.src === 'string' ? src.src.split('/').pop() : src.src.name ?? 'model';
-    eng = new Engine({ info, modelName, ifBusy, load, spawn });
+    eng = new Engine({ info, modelName: src.name, ifBusy, load, spawn });
     eng.rpc = rpc;
     return eng;
   } catch (e) {
@@ -346,15 +456,56 @@ export async function createEngine(options) {
   }
 }
 
-/** The files in the weight cache: [{ url, size, sha256 }]. */
+/**
+ * What a catalogue model needs on this browser, without downloading it: `{ engine,
+ * download, weights, kv_cache, activations, total }` (bytes; the GPU figures from the
+ * engine's own memory plan at `context` tokens, with the drafter unless `dflash:
+ * false`). Rejects with `LimitsExceeded` naming the limit where it cannot run here, and
+ * `OutOfMemory` past `memoryBudget`.
+ */
+export async function planModel(id, { context = 2048, dflash = true, engine = 'auto', memoryBudget, worker } = {}) {
+  checkContext(context);
+  checkBudget(memoryBudget);
+  const entry = catalogEntry(id);
+  if (!entry) throw new DFlashError('BadRequest', `no model ${JSON.stringify(id)} in the catalogue`);
+  const src = modelSource(id);
+  const drafterSrc = dflash ? drafterSource(entry.drafter) : null;
+  const { w } = startWorker(worker);
+  const rpc = new Rpc(w, () => {});
+  try {
+    return await rpc.call({ type: 'plan', context, engine, plan: loadPlan(src, drafterSrc, memoryBudget) });
+  } finally {
+    if (typeof worker !== 'object') rpc.worker.terminate();
+  }
+}
+
+/** The files of a catalogue model (id) or the URL(s) of a model: [url]. */
+function filesOf(idOrUrl) {
+  const entry = catalogEntry(idOrUrl);
+  if (!entry) return splitParts(new URL(String(idOrUrl), globalThis.location?.href).href);
+  const d = drafterSource(entry.drafter);
+  return [...modelSource(entry.id).parts.map((p) => p.src), ...(d ? [d.config, d.weights] : [])];
+}
+
+/** Whether every file of a catalogue model (its id: the model's parts and its drafter)
+ *  or of a model URL is in the weight cache. */
+export async function hasCached(idOrUrl) {
+  if (!globalThis.caches) return false;
+  const have = new Set((await cachedFiles()).map((f) => f.url));
+  return filesOf(idOrUrl).every((u) => have.has(u));
+}
+
+/** The files in the weight cache: [{ url, size, sha256, model }], `model` the id of the
+ *  catalogue model the file belongs to (null for others). */
 export async function cachedFiles() {
   if (!globalThis.caches) return [];
   const [cache, metas] = [await caches.open(CACHE), await caches.open(META)];
+  const owner = new Map(CATALOG.flatMap((m) => filesOf(m.id).map((u) => [u, m.id])));
   const out = [];
   for (const req of await metas.keys()) {
     if (!(await cache.match(req))) continue;
     const m = await (await metas.match(req)).json();
-    out.push({ url: m.url, size: m.size, sha256: m.sha256 });
+    out.push({ url: m.url, size: m.size, sha256: m.sha256, model: owner.get(m.url) ?? null });
   }
   return out;
 }

@@ -116,6 +116,10 @@ async function handle(m) {
       } finally {
         running = null;
       }
+    } else if (m.type === 'plan') {
+      const engine = await chooseEngine(m.engine ?? 'auto');
+      const { mod } = await wasmBuild(1);
+      post({ id: m.id, type: 'result', result: await checkPlan(mod, engine, m.plan, m.context ?? 2048) });
     } else if (m.type === 'resetChat') {
       if (!engine) throw new WorkerError('Unloaded', 'no model is loaded');
       engine.resetChat();
@@ -167,6 +171,7 @@ async function openSource(src, phase) {
     return { size: src.size, reader: src.stream().getReader(), cached: false, ...noCache };
   }
   const url = String(src);
+  if (!/^https?:/i.test(url)) return smallUrlSource(url);
   const [cache, metas] = await openCaches();
   if (cache) {
     const hit = await cache.match(url);
@@ -214,6 +219,20 @@ async function openSource(src, phase) {
     // A failed put (its stream aborted) stores nothing; a finished one is deleted.
     dropCache: async () => { wrapped.cancel(); await put; await cache.delete(url); await metas.delete(url); },
   };
+}
+
+/** A data: or blob: URL (a bundler inlines small assets as data: URLs): read whole,
+ *  never cached (Cache Storage keeps http(s) only). */
+async function smallUrlSource(url) {
+  let blob;
+  try {
+    const resp = await fetch(url);
+    if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+    blob = await resp.blob();
+  } catch (e) {
+    throw new WorkerError('NetworkError', `fetching ${url.slice(0, 64)}: ${e.message ?? e}`);
+  }
+  return { size: blob.size, reader: blob.stream().getReader(), cached: false, ...noCache };
 }
 
 /**
@@ -331,43 +350,77 @@ async function chooseEngine(asked) {
   return software ? 'cpu' : 'auto';
 }
 
-/** The model streamed into a new loader: { loader, sha, source }. */
+/**
+ * The model streamed into a new loader, part after part (a model split by llama.cpp's
+ * gguf-split comes as several files): { loader, source }, where `source` commits or
+ * drops every part's cache copy at once. Each part's sha256 is checked against its
+ * cached copy's and the pinned one as soon as it has arrived.
+ */
 async function streamModel(mod, m, engine, onProgress) {
-  const s = await openSource(m.model.src, 'model');
+  const parts = m.model.parts;
+  const sources = [];
+  const shas = [];
   let loader = null;
-  let loaded = 0;
-  let last = 0;
+  let s = null;
   try {
-    loader = await mod.Loader.open(s.size, engine, m.context ?? 2048);
-    for (;;) {
-      const { done, value } = await s.reader.read();
-      if (done) break;
-      loader.push(value);
-      loaded += value.length;
-      const now = performance.now();
-      if (now - last > 100 || loaded === s.size) {
-        last = now;
-        onProgress({ phase: s.cached ? 'cache' : 'download', file: 'model', loaded, total: s.size });
+    for (const [i, part] of parts.entries()) {
+      s = null; // the part that fails, if this one does (a part before it has loaded)
+      s = await openSource(part.src, parts.length > 1 ? `model part ${i + 1} of ${parts.length}` : 'model');
+      sources.push(s);
+      if (i === 0) loader = await mod.Loader.open(s.size, engine, m.context ?? 2048);
+      else loader.nextPart(s.size);
+      await streamPart(loader, s, (loaded) => onProgress({
+        phase: s.cached ? 'cache' : 'download', file: 'model', part: i + 1, parts: parts.length, loaded, total: s.size,
+      }));
+      const sha = loader.sha256();
+      const what = parts.length > 1 ? `model part ${i + 1}` : 'model';
+      if (s.cached && s.expectedSha !== sha) {
+        throw new WorkerError('CacheCorrupt', `cached ${what} sha256 is ${sha}, stored ${s.expectedSha}`);
       }
+      if (part.sha256 && part.sha256.toLowerCase() !== sha) {
+        throw new WorkerError('IntegrityError', `${what} sha256 is ${sha}, expected ${part.sha256}`);
+      }
+      shas.push(sha);
     }
-    const sha = loader.sha256();
-    if (s.cached && s.expectedSha !== sha) {
-      throw new WorkerError('CacheCorrupt', `cached model sha256 is ${sha}, stored ${s.expectedSha}`);
-    }
-    if (m.model.sha256 && m.model.sha256.toLowerCase() !== sha) {
-      throw new WorkerError('IntegrityError', `model sha256 is ${sha}, expected ${m.model.sha256}`);
-    }
-    return { loader, sha, source: s };
+    return { loader, sha: shas[0], source: allParts(sources, shas) };
   } catch (e) {
-    s.reader.cancel?.(e);
+    s?.reader.cancel?.(e);
     loader?.free();
     if (isTrap(e)) throw e;
-    // A network copy is incomplete here, never kept; a cached one goes if it is at fault.
+    // A network copy is incomplete here, never kept; a cached one goes if it is at
+    // fault. The parts before it loaded: they are good.
     const fault = FILE_FAULTS.includes(e.code);
-    if (!s.cached || fault) await s.dropCache();
-    e.retry = s.cached && fault;
+    if (s && (!s.cached || fault)) await s.dropCache();
+    for (const [i, done] of sources.slice(0, shas.length).entries()) await done.finishCache(shas[i]);
+    e.retry = !!s?.cached && fault;
     throw e;
   }
+}
+
+/** One file's chunks into the loader; `onLoaded(bytes)` at most every 100 ms. */
+async function streamPart(loader, s, onLoaded) {
+  let loaded = 0;
+  let last = 0;
+  for (;;) {
+    const { done, value } = await s.reader.read();
+    if (done) return;
+    loader.push(value);
+    loaded += value.length;
+    const now = performance.now();
+    if (now - last > 100 || loaded === s.size) {
+      last = now;
+      onLoaded(loaded);
+    }
+  }
+}
+
+/** The parts' sources as one: cached when every part came from the cache. */
+function allParts(sources, shas) {
+  return {
+    cached: sources.every((x) => x.cached),
+    finishCache: async () => { for (const [i, x] of sources.entries()) await x.finishCache(shas[i]); },
+    dropCache: async () => { for (const x of sources) await x.dropCache(); },
+  };
 }
 
 /** The drafter's two files set on `loader`; a drafter that does not load leaves neither
@@ -398,7 +451,7 @@ async function setDrafter(mod, loader, d, onProgress) {
  * A copy is committed to the cache only once it has loaded.
  */
 async function loadOnce(mod, m, engine, onProgress) {
-  const { loader, sha, source } = await streamModel(mod, m, engine, onProgress);
+  const { loader, source } = await streamModel(mod, m, engine, onProgress);
   let drafter = [];
   let pending = loader;
   let building = false;
@@ -408,7 +461,7 @@ async function loadOnce(mod, m, engine, onProgress) {
     pending = null; // finish takes the loader
     building = true;
     const eng = await loader.finish(m.context ?? 2048);
-    await source.finishCache(sha);
+    await source.finishCache();
     for (const f of drafter) await f.finishCache();
     return { eng, cached: source.cached };
   } catch (e) {
@@ -419,7 +472,7 @@ async function loadOnce(mod, m, engine, onProgress) {
       await source.dropCache();
       e.retry = source.cached;
     } else if (!source.cached) {
-      await source.finishCache(sha); // the file is good; the failure is elsewhere
+      await source.finishCache(); // the files are good; the failure is elsewhere
     }
     // The drafter's files parsed in setDrafter: they are good too.
     for (const f of drafter) await f.finishCache();
@@ -427,11 +480,82 @@ async function loadOnce(mod, m, engine, onProgress) {
   }
 }
 
+/** The most a model may take on the CPU engine: its wasm memory (4 GiB), less room for
+ *  the engine's own allocations. */
+const CPU_ENGINE_BYTES = 3.5 * 2 ** 30;
+
+/**
+ * What a load needs, checked before anything downloads: on the GPU, the engine's memory
+ * plan of the catalogue model's shape against the adapter's limits (LimitsExceeded) and
+ * the budget (OutOfMemory); on the CPU engine, the files' bytes against its memory.
+ * Returns { engine, download, weights, kv_cache, activations, total } (null figures
+ * where nothing says).
+ */
+async function checkPlan(mod, engine, plan, context) {
+  const none = { weights: null, kv_cache: null, activations: null, total: null };
+  if (!plan) return { engine, download: null, ...none };
+  if (engine === 'cpu') {
+    if (plan.download !== null && plan.download > CPU_ENGINE_BYTES) {
+      throw new WorkerError('LimitsExceeded', `the model's files are ${(plan.download / 2 ** 30).toFixed(1)} GiB; the CPU engine holds at most ${(CPU_ENGINE_BYTES / 2 ** 30).toFixed(1)} GiB (its wasm memory is 4 GiB)`);
+    }
+    return { engine, download: plan.download, ...none };
+  }
+  if (!plan.shape) return { engine: 'gpu', download: plan.download, ...none };
+  let p;
+  try {
+    p = await mod.planShape(plan.shape, context, plan.dflash, plan.budget);
+  } catch (e) {
+    // 'auto' loads on the CPU engine where no device opens.
+    if (engine === 'auto' && e.code === 'NoWebGPU') return checkPlan(mod, 'cpu', plan, context);
+    throw e;
+  }
+  return { engine: 'gpu', download: plan.download, ...p };
+}
+
+/**
+ * The load's progress as one: each event also carries `overall` ({ loaded, total }
+ * bytes over every file; a file's size counts from the catalogue, else once it opens)
+ * and `text`, a line for people: which file, MB of MB, the speed, and the whole.
+ */
+function overallProgress(onProgress, m) {
+  const key = (p) => (p.file === 'model' ? `model ${p.part ?? 1}` : p.file);
+  const size = new Map();
+  const got = new Map();
+  const started = new Map();
+  m.model.parts.forEach((p, i) => size.set(`model ${i + 1}`, p.size ?? 0));
+  if (m.drafter) {
+    size.set('drafter config', m.drafter.size?.config ?? 0);
+    size.set('drafter weights', m.drafter.size?.weights ?? 0);
+  }
+  const sum = (map) => [...map.values()].reduce((a, b) => a + b, 0);
+  const mb = (b) => (b / 1e6).toFixed(1);
+  return (p) => {
+    const k = key(p);
+    if (p.phase !== 'build') {
+      size.set(k, p.total);
+      got.set(k, p.loaded);
+      if (!started.has(k)) started.set(k, performance.now());
+    }
+    const overall = { loaded: sum(got), total: sum(size) };
+    let text = 'building the model…';
+    if (p.phase !== 'build') {
+      const s = (performance.now() - started.get(k)) / 1000;
+      const name = p.parts > 1 ? `model part ${p.part} of ${p.parts}` : p.file;
+      const speed = s > 0.2 ? `, ${mb(p.loaded / s)} MB/s` : '';
+      text = `${p.phase === 'cache' ? 'reading from the cache' : 'downloading'} ${name}: ${mb(p.loaded)} of ${mb(p.total)} MB${speed}`
+        + (size.size > 1 ? ` · ${mb(overall.loaded)} of ${mb(overall.total)} MB in all` : '');
+    }
+    onProgress({ ...p, overall, text });
+  };
+}
+
 async function load(m, onProgress) {
   const t0 = performance.now();
   const engine = await chooseEngine(m.engine ?? 'auto');
   // The threaded build only where the CPU engine runs (the GPU engine gains nothing).
   const { mod } = await wasmBuild(engine === 'cpu' ? cpuThreads(m.threads) : 1);
+  await checkPlan(mod, engine, m.plan, m.context ?? 2048);
+  onProgress = overallProgress(onProgress, m);
   let r;
   try {
     r = await loadOnce(mod, m, engine, onProgress);

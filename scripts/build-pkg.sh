@@ -4,6 +4,7 @@
 # binaryen breaks current wasm-bindgen output). Installs what is missing: the wasm32
 # target, wasm-bindgen-cli of the same version as the crate, the npm tools (tests/).
 # Prints the wasm size before and after wasm-opt. `npm pack` in pkg/ then makes the tarball.
+# The catalogue's SmolLM2 drafter is copied into pkg/drafters/.
 # A second build with threads (feature `threads`: atomics and shared memory, so std is
 # rebuilt by the nightly toolchain, `-Z build-std`) goes to pkg/dist/threads/; the worker
 # loads it for the CPU engine where the page is cross-origin isolated.
@@ -44,4 +45,7 @@ tests/node_modules/.bin/wasm-opt -Oz --enable-threads --enable-bulk-memory --ena
   pkg/dist/threads/dflash_web_bg.wasm -o pkg/dist/threads/dflash_web_bg.opt.wasm
 mv pkg/dist/threads/dflash_web_bg.opt.wasm pkg/dist/threads/dflash_web_bg.wasm
 threads=$(stat -c %s pkg/dist/threads/dflash_web_bg.wasm)
+# The catalogue's SmolLM2 drafter ships in the package (pkg/catalog.js names it).
+rm -rf pkg/drafters && mkdir -p pkg/drafters/smollm2-135m-instruct-dflash-b16
+cp drafters/smollm2-135m-instruct-dflash-b16/{config.json,model.safetensors,README.md} pkg/drafters/smollm2-135m-instruct-dflash-b16/
 echo "{\"wasm_bytes_before_opt\": $before, \"wasm_bytes\": $after, \"wasm_gzip_bytes\": $gz, \"threads_wasm_bytes\": $threads}"

@@ -36,6 +36,8 @@ async function demoRun(browser, engine, expected, threads) {
   const results = { engine, adapter: info.adapter, cpu: info.cpu ?? null, load_s: info.load_s, page_load_s: (Date.now() - t0) / 1000, runs: [] };
   for (const dflash of [false, true]) {
     await page.setChecked('#dflash', dflash);
+    // Each run a conversation of its own (the demo keeps the last one otherwise).
+    await page.click('#newchat');
     await page.fill('#prompt', PROMPT);
     await page.click('#send');
     await page.waitForFunction(() => ['done', 'error'].includes(document.body.dataset.state), null, { timeout: 600_000 });
@@ -68,6 +70,73 @@ test('the demo generates the native greedy text on both engines with DFlash off 
     }
     writeFileSync(join(OUT, 'demo.json'), JSON.stringify(all, null, 2));
     console.log(JSON.stringify(all));
+  } finally {
+    await browser.close();
+  }
+});
+
+// The picker lists the catalogue and says what a catalogue model needs on this adapter
+// (from the engine's memory plan, nothing downloaded); a model named by URL loads with
+// one progress bar for all its files; the conversation is kept across turns (the second
+// turn keeps the first's KV rows); Stop ends a long answer early; 'compare with plain'
+// runs the turn again without DFlash and shows the speedup, with the same text.
+test("the demo's picker, progress, conversation, Stop and comparison", { timeout: 600_000 }, async () => {
+  const browser = await launch();
+  try {
+    const page = await browser.newPage({ viewport: { width: 900, height: 1000 } });
+    watch(page, 'demo picker');
+    await page.goto(`${srv.url}/www/?model=none&engine=cpu&max_tokens=8&block=4&temperature=0`);
+    const { ids, options } = await page.evaluate(async () => ({
+      ids: (await import('/pkg/index.js')).CATALOG.map((m) => m.id),
+      options: [...document.querySelectorAll('#model option')].map((o) => o.value),
+    }));
+    assert.deepEqual(options, ['local', ...ids, 'custom']);
+    await page.selectOption('#model', 'qwen2.5-32b-instruct-q4_k_m');
+    await page.waitForFunction(() => /to download|cannot run/.test(document.getElementById('plan').textContent), null, { timeout: 60_000 });
+    const plan = await page.textContent('#plan');
+    // The CPU engine (asked for here) cannot hold 19.9 GB: refused before any download.
+    assert.match(plan, /cannot run here \(LimitsExceeded\)/, plan);
+    await page.screenshot({ path: join(OUT, 'demo-picker.png'), fullPage: true });
+    await page.selectOption('#model', 'custom');
+    await page.fill('#model_url', '/models/SmolLM2-135M-Instruct.Q4_1.gguf');
+    await page.fill('#drafter_url', '/drafters/smollm2-135m-instruct-dflash-b16/');
+    const texts = [];
+    await page.exposeFunction('__progressText', (t) => texts.push(t));
+    await page.evaluate(() => new MutationObserver(() => window.__progressText(document.getElementById('status').textContent))
+      .observe(document.getElementById('status'), { childList: true, characterData: true, subtree: true }));
+    await page.click('#load');
+    await page.waitForFunction(() => ['ready', 'error'].includes(document.body.dataset.state), null, { timeout: 300_000 });
+    assert.equal(await page.evaluate(() => document.body.dataset.state), 'ready', await page.textContent('#status'));
+    assert.ok(texts.some((t) => /model: [\d.]+ of [\d.]+ MB/.test(t) && /MB in all/.test(t)), texts.join('\n'));
+    assert.ok(texts.some((t) => /drafter weights/.test(t)), texts.join('\n'));
+    const turn = async () => {
+      await page.click('#send');
+      await page.waitForFunction(() => ['done', 'error'].includes(document.body.dataset.state), null, { timeout: 300_000 });
+      return page.evaluate(() => window.__last ?? window.__error);
+    };
+    await page.fill('#prompt', 'Hi! Who are you?');
+    const first = await turn();
+    await page.fill('#prompt', 'And what can you do?');
+    await page.setChecked('#compare', true);
+    const second = await turn();
+    assert.ok(second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens, JSON.stringify(second.usage));
+    const compare = await page.evaluate(() => window.__compare);
+    assert.equal(compare.same, true, 'the plain run gives the same text');
+    assert.match(await page.textContent('#compare_result'), /DFlash [\d.]+× plain decoding/);
+    await page.screenshot({ path: join(OUT, 'demo-conversation.png'), fullPage: true });
+    // Stop: a long answer ends at the next step, with the text so far.
+    await page.setChecked('#compare', false);
+    await page.fill('#max_tokens', '200');
+    await page.fill('#prompt', 'Tell me a long story about a dragon.');
+    await page.click('#send');
+    await page.waitForFunction(() => document.getElementById('output').textContent.length > 0, null, { timeout: 120_000 });
+    await page.click('#stop');
+    await page.waitForFunction(() => ['done', 'error'].includes(document.body.dataset.state), null, { timeout: 120_000 });
+    const stopped = await page.evaluate(() => window.__last ?? window.__error);
+    assert.equal(stopped.finish_reason, 'abort', JSON.stringify(stopped));
+    assert.ok(stopped.usage.completion_tokens < 200);
+    assert.match(await page.textContent('#stats'), /stopped/);
+    await page.screenshot({ path: join(OUT, 'demo-stopped.png'), fullPage: true });
   } finally {
     await browser.close();
   }

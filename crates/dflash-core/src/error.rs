@@ -102,6 +102,14 @@ pub enum Error {
     PromptFile { line: usize, reason: String },
     #[error("not a model: {0}")]
     NotAModel(String),
+    /// A model split in several GGUF files (llama.cpp's `gguf-split`) whose parts do not
+    /// add up: one missing, out of order, from another model, or a tensor in two.
+    #[error("split GGUF, part {part} of {count}: {reason}")]
+    SplitPart {
+        part: usize,
+        count: usize,
+        reason: String,
+    },
     #[error("not a DFlash drafter: {0}")]
     NotADrafter(String),
     #[error("the drafter does not match the target: {field} is {drafter} in the drafter but {target} in the target")]

@@ -319,10 +319,33 @@ fn read_regular_file(path: &std::path::Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| io_error(path, e))
 }
 
-/// A GGUF file read in chunks through the streaming loader; its length is taken when
-/// it opens.
+/// A GGUF model read in chunks through the streaming loader: one file, or every part of
+/// a model split by llama.cpp's `gguf-split` when `path` is named as one of its parts
+/// (`NAME-00001-of-00003.gguf`; any part names them all). Each file's length is taken
+/// when it opens.
 #[cfg(not(target_arch = "wasm32"))]
 fn load_gguf_file(path: &std::path::Path) -> Result<LoadedModel> {
+    let paths = split_part_paths(path).unwrap_or_else(|| vec![path.to_path_buf()]);
+    let mut parts = Vec::with_capacity(paths.len());
+    for (i, p) in paths.iter().enumerate() {
+        if paths.len() > 1 && !p.exists() {
+            return Err(Error::SplitPart {
+                part: i + 1,
+                count: paths.len(),
+                reason: format!("{} does not exist", p.display()),
+            });
+        }
+        parts.push(open_regular_file(p)?);
+    }
+    load_gguf_parts(parts.iter_mut().map(|(f, n)| (f, *n))).map_err(|e| match e {
+        Error::Io { source, .. } => io_error(path, source),
+        e => e,
+    })
+}
+
+/// An open regular file and its length.
+#[cfg(not(target_arch = "wasm32"))]
+fn open_regular_file(path: &std::path::Path) -> Result<(std::fs::File, u64)> {
     require_regular_file(path)?;
     let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
     let meta = file.metadata().map_err(|e| io_error(path, e))?;
@@ -333,17 +356,65 @@ fn load_gguf_file(path: &std::path::Path) -> Result<LoadedModel> {
             path.display()
         )));
     }
-    let total = meta.len();
-    load_gguf_reader(file, total).map_err(|e| match e {
-        Error::Io { source, .. } => io_error(path, source),
-        e => e,
-    })
+    Ok((file, meta.len()))
+}
+
+/// The paths of every part when `path` is named as a part of a split GGUF
+/// (`NAME-00002-of-00003.gguf`), in order; None for any other name.
+pub fn split_part_paths(path: &std::path::Path) -> Option<Vec<std::path::PathBuf>> {
+    let name = path.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".gguf")?;
+    let (rest, count) = stem.rsplit_once("-of-")?;
+    let (base, no) = rest.rsplit_once('-')?;
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(no) || !digits(count) || base.is_empty() {
+        return None;
+    }
+    let (no, count): (usize, usize) = (no.parse().ok()?, count.parse().ok()?);
+    if no == 0 || no > count {
+        return None;
+    }
+    Some(
+        (1..=count)
+            .map(|i| path.with_file_name(format!("{base}-{i:05}-of-{count:05}.gguf")))
+            .collect(),
+    )
 }
 
 /// A GGUF model of `total` bytes read from `reader` in chunks through the streaming
 /// loader: a reader that ends early is `Truncated`, one that gives more is refused.
-pub fn load_gguf_reader(mut reader: impl std::io::Read, total: u64) -> Result<LoadedModel> {
+pub fn load_gguf_reader(reader: impl std::io::Read, total: u64) -> Result<LoadedModel> {
+    load_gguf_parts([(reader, total)])
+}
+
+/// A GGUF model in one or more parts (`gguf-split`), each a reader and its length.
+pub fn load_gguf_parts<R: std::io::Read>(
+    parts: impl IntoIterator<Item = (R, u64)>,
+) -> Result<LoadedModel> {
     use crate::formats::gguf_weights_stream::{HostSink, WeightStream};
+    let mut stream: Option<WeightStream<HostSink>> = None;
+    for (reader, total) in parts {
+        match &mut stream {
+            None => stream = Some(WeightStream::new(HostSink, total)),
+            Some(s) => s.next_part(total)?,
+        }
+        stream_part(stream.as_mut().expect("set above"), reader)?;
+    }
+    let stream = stream.ok_or_else(|| Error::NotAModel("no GGUF file".into()))?;
+    let (streamed, HostSink) = stream.finish()?;
+    Ok(LoadedModel {
+        weights: streamed.weights,
+        tokenizer: streamed.tokenizer,
+        chat_template: streamed.chat_template,
+        format: "gguf",
+    })
+}
+
+/// One GGUF file's bytes into `stream`, in 8 MiB chunks; its magic is checked first.
+fn stream_part<S: crate::formats::gguf_weights_stream::TensorSink>(
+    stream: &mut crate::formats::gguf_weights_stream::WeightStream<S>,
+    mut reader: impl std::io::Read,
+) -> std::result::Result<(), S::Error> {
     const CHUNK: usize = 8 << 20;
     let io = |e| Error::Io {
         path: "GGUF stream".into(),
@@ -355,27 +426,20 @@ pub fn load_gguf_reader(mut reader: impl std::io::Read, total: u64) -> Result<Lo
         return Err(Error::BadMagic {
             expected: "GGUF",
             found: magic[..got].to_vec(),
-        });
+        }
+        .into());
     }
-    let mut stream = WeightStream::new(HostSink, total);
     stream.push(&magic)?;
     let mut buf = vec![0u8; CHUNK];
     loop {
         let n = match reader.read(&mut buf) {
-            Ok(0) => break,
+            Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io(e)),
+            Err(e) => return Err(io(e).into()),
         };
         stream.push(&buf[..n])?;
     }
-    let (streamed, HostSink) = stream.finish()?;
-    Ok(LoadedModel {
-        weights: streamed.weights,
-        tokenizer: streamed.tokenizer,
-        chat_template: streamed.chat_template,
-        format: "gguf",
-    })
 }
 
 /// Reads until `buf` is full or the reader ends; the bytes read.

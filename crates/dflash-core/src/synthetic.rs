@@ -15,6 +15,8 @@ pub const NAMES: &[&str] = &[
     "qwen3-8b",
     "llama-3.1-8b",
     "qwen2.5-32b",
+    "qwen2.5-coder-0.5b",
+    "qwen2.5-coder-1.5b",
     "test-tiny",
 ];
 
@@ -248,6 +250,22 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
         tied,
         llama3: None,
     };
+    // The small Qwen2.5 models: 2 KV heads, tied embeddings, 32k positions.
+    let qwen2 = |hidden, intermediate, layers, heads, head_dim| Target {
+        arch: Arch::Qwen2,
+        hidden,
+        intermediate,
+        layers,
+        heads,
+        kv_heads: 2,
+        head_dim,
+        vocab: 151936,
+        eps: 1e-6,
+        theta: 1e6,
+        max_pos: 32768,
+        tied: true,
+        llama3: None,
+    };
     // Qwen3 drafters' mask token: `<|MASK|>`-style id past the Qwen3 specials (z-lab).
     let qwen_mask = 151669;
     let (t, d) = match name {
@@ -336,6 +354,22 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
             },
             Drafter {
                 layers: 5,
+                mask: qwen_mask,
+            },
+        ),
+        // Qwen2.5-Coder-0.5B / 1.5B(-Instruct): no published drafter; a 3-layer one of
+        // the z-lab shape.
+        "qwen2.5-coder-0.5b" => (
+            qwen2(896, 4864, 24, 14, 64),
+            Drafter {
+                layers: 3,
+                mask: qwen_mask,
+            },
+        ),
+        "qwen2.5-coder-1.5b" => (
+            qwen2(1536, 8960, 28, 12, 128),
+            Drafter {
+                layers: 3,
                 mask: qwen_mask,
             },
         ),

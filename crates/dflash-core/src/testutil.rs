@@ -363,6 +363,52 @@ fn hf_name(gguf: &str) -> String {
     }
 }
 
+/// `file` split as llama.cpp's `gguf-split` does: `parts` GGUF files, the tensors in
+/// file order in contiguous runs, the first part with all the metadata and each with
+/// `split.no`, `split.count` and `split.tensors.count`.
+pub fn split_gguf(file: &[u8], parts: usize) -> Vec<Vec<u8>> {
+    let h = crate::formats::gguf::parse_header(file, file.len() as u64).unwrap();
+    let mut tensors: Vec<_> = h.tensors.iter().collect();
+    tensors.sort_by_key(|t| t.offset);
+    let per_part = tensors.len().div_ceil(parts);
+    let split_keys = |no: usize| {
+        vec![
+            ("split.no".to_string(), Value::U16(no as u16)),
+            ("split.count".to_string(), Value::U16(parts as u16)),
+            (
+                "split.tensors.count".to_string(),
+                Value::I32(h.tensors.len() as i32),
+            ),
+        ]
+    };
+    (0..parts)
+        .map(|no| {
+            let mut meta = if no == 0 {
+                h.metadata
+                    .iter()
+                    .filter(|(k, _)| k.as_str() != "general.alignment")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            meta.extend(split_keys(no));
+            let data = tensors
+                .iter()
+                .skip(no * per_part)
+                .take(per_part)
+                .map(|t| writer::TensorData {
+                    name: t.name.clone(),
+                    dims: t.dims.clone(),
+                    dtype: t.dtype,
+                    bytes: file[t.offset as usize..(t.offset + t.n_bytes) as usize].to_vec(),
+                })
+                .collect::<Vec<_>>();
+            writer::write(&meta, &data)
+        })
+        .collect()
+}
+
 /// The `tokenizer.json` of the tiny vocabulary.
 pub fn tiny_tokenizer_json() -> String {
     let voc = tiny_vocab();

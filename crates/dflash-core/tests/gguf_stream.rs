@@ -100,3 +100,102 @@ fn streamed_host_weights_equal_the_whole_file_load() {
     cut.push(&file[..file.len() - 10]).unwrap();
     assert!(matches!(cut.finish(), Err(Error::Truncated { .. })));
 }
+
+/// A model split in parts by `gguf-split` (the metadata in the first part, `output.weight`
+/// in a later one) streams part after part into the same weights as the whole file, and
+/// `load_path` finds every part from the name of any of them.
+#[test]
+fn a_split_model_loads_like_the_whole_file() {
+    use dflash_core::formats::gguf_weights_stream::{HostSink, WeightStream};
+    use dflash_core::testutil::split_gguf;
+    let c = tiny_config(Arch::Qwen2);
+    let file = write_gguf(&c, &random_weights(&c, 12), GgmlType::Q4_1);
+    let whole = dflash_core::model_files::load_gguf(&file).unwrap();
+    let parts = split_gguf(&file, 3);
+    let last = parse_header(&parts[2], parts[2].len() as u64).unwrap();
+    assert!(
+        last.tensor("output.weight").is_some() || last.tensor("token_embd.weight").is_some(),
+        "the test needs a matrix the config depends on in a later part"
+    );
+    let mut s = WeightStream::new(HostSink, parts[0].len() as u64);
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            s.next_part(p.len() as u64).unwrap();
+        }
+        for chunk in p.chunks(500) {
+            s.push(chunk).unwrap();
+        }
+        assert_eq!(s.parts(), Some(3));
+    }
+    let (streamed, _) = s.finish().unwrap();
+    assert_eq!(streamed.weights.config, whole.weights.config);
+    assert!(!streamed.weights.config.tie_word_embeddings);
+    assert_eq!(streamed.weights.lm_head().qs, whole.weights.lm_head().qs);
+    assert_eq!(streamed.weights.embed.qs, whole.weights.embed.qs);
+
+    let dir = std::env::temp_dir().join(format!("dflash-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = |i: usize| dir.join(format!("tiny-{i:05}-of-00003.gguf"));
+    for (i, p) in parts.iter().enumerate() {
+        std::fs::write(name(i + 1), p).unwrap();
+    }
+    let loaded = dflash_core::model_files::load_path(&name(2)).unwrap();
+    assert_eq!(loaded.weights.config, whole.weights.config);
+    assert_eq!(
+        loaded.weights.layers[2].w_down.qs,
+        whole.weights.layers[2].w_down.qs
+    );
+    std::fs::remove_file(name(3)).unwrap();
+    match dflash_core::model_files::load_path(&name(1)) {
+        Err(Error::SplitPart {
+            part: 3,
+            count: 3,
+            reason,
+        }) => {
+            assert!(reason.contains("tiny-00003-of-00003.gguf"), "{reason}")
+        }
+        other => panic!("a missing part gave {:?}", other.err()),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Parts out of order, one too many, a stream that stops after the first part, and
+/// the same part twice: each a `SplitPart` error naming the part.
+#[test]
+fn split_parts_that_do_not_add_up_are_typed_errors() {
+    use dflash_core::formats::gguf_weights_stream::{HostSink, WeightStream};
+    use dflash_core::testutil::split_gguf;
+    let c = tiny_config(Arch::Llama);
+    let file = write_gguf(&c, &random_weights(&c, 13), GgmlType::Q8_0);
+    let parts = split_gguf(&file, 3);
+    let stream = |order: &[usize]| {
+        let mut s = WeightStream::new(HostSink, parts[order[0]].len() as u64);
+        for (k, &i) in order.iter().enumerate() {
+            if k > 0 {
+                s.next_part(parts[i].len() as u64)?;
+            }
+            s.push(&parts[i])?;
+        }
+        s.finish().map(|_| ())
+    };
+    let part_of = |r: Result<(), Error>| match r {
+        Err(Error::SplitPart { part, count: 3, .. }) => part,
+        other => panic!("expected a SplitPart error, got {other:?}"),
+    };
+    assert_eq!(part_of(stream(&[0, 2, 1])), 2);
+    assert_eq!(part_of(stream(&[0])), 2);
+    assert_eq!(part_of(stream(&[0, 1, 1])), 3);
+    assert_eq!(part_of(stream(&[0, 1, 2, 2])), 4);
+    // A file in one piece has no next part.
+    let mut s = WeightStream::new(HostSink, file.len() as u64);
+    s.push(&file).unwrap();
+    assert!(matches!(
+        s.next_part(10),
+        Err(Error::SplitPart {
+            part: 2,
+            count: 1,
+            ..
+        })
+    ));
+    stream(&[0, 1, 2]).unwrap();
+}

@@ -100,6 +100,12 @@ impl StreamLoader {
         Ok(())
     }
 
+    /// Ends the current part of a split model (all of it arrived) and starts the next,
+    /// a GGUF file of `total` bytes (see [`WeightStream::next_part`]).
+    pub fn next_part(&mut self, total: u64) -> Result<()> {
+        self.stream.next_part(total)
+    }
+
     /// Checks the whole file arrived and every tensor the config needs is there with its
     /// shape; builds the model (KV cache and activations for `opts`).
     pub fn finish(self, opts: &GpuModelOptions) -> Result<StreamedModel> {

@@ -43,6 +43,22 @@ fn stream_part(
     Ok(l)
 }
 
+fn request(
+    prompt_ids: Vec<u32>,
+    max_new_tokens: usize,
+    sampling: SamplingParams,
+    context: usize,
+) -> GenerateRequest {
+    GenerateRequest {
+        prompt_ids,
+        max_new_tokens,
+        sampling,
+        stop_strings: vec![],
+        context,
+        interrupt: Default::default(),
+    }
+}
+
 #[test]
 fn a_streamed_model_generates_what_the_whole_file_generates() {
     for (arch, t) in [
@@ -74,14 +90,7 @@ fn a_streamed_model_generates_what_the_whole_file_generates() {
                     ..Default::default()
                 },
             ] {
-                let req = GenerateRequest {
-                    prompt_ids: vec![1, 5, 9, 3, 7],
-                    max_new_tokens: 12,
-                    sampling: sp,
-                    stop_strings: vec![],
-                    context: 64,
-                    interrupt: Default::default(),
-                };
+                let req = request(vec![1, 5, 9, 3, 7], 12, sp, 64);
                 let a = whole
                     .generate(&m.tokenizer, &req, &|| 0.0, &mut |_| {})
                     .unwrap();
@@ -93,6 +102,54 @@ fn a_streamed_model_generates_what_the_whole_file_generates() {
                 assert_eq!(a.text, b.text);
             }
         }
+    }
+}
+
+/// A model split in three GGUF parts (`gguf-split`; the untied head in the last one)
+/// streams part after part into the GPU and generates what the whole file generates; a
+/// stream that stops after two parts is a `SplitPart` error.
+#[test]
+fn a_split_model_streams_part_after_part() {
+    use dflash_core::testutil::split_gguf;
+    let c = tiny_config(Arch::Qwen3);
+    let file = write_gguf(&c, &random_weights(&c, 23), GgmlType::Q8_0);
+    let m = load_gguf(&file).unwrap();
+    let parts = split_gguf(&file, 3);
+    let opts = GpuModelOptions {
+        context: 32,
+        ..Default::default()
+    };
+    let Some(ctx) = contexts().into_iter().next() else {
+        return;
+    };
+    let load = |n: usize| -> Result<StreamLoader, GpuError> {
+        let mut l = StreamLoader::with_context(ctx.clone(), parts[0].len() as u64, 32);
+        for (i, p) in parts[..n].iter().enumerate() {
+            if i > 0 {
+                l.next_part(p.len() as u64)?;
+            }
+            for chunk in p.chunks(777) {
+                l.push(chunk)?;
+            }
+        }
+        Ok(l)
+    };
+    let mut s = load(3).unwrap().finish(&opts).unwrap();
+    let mut whole = GpuModel::new(ctx.clone(), &m.weights, &opts).unwrap();
+    let req = request(vec![2, 4, 6], 8, SamplingParams::default(), 32);
+    let a = whole
+        .generate(&m.tokenizer, &req, &|| 0.0, &mut |_| {})
+        .unwrap();
+    let b = s
+        .model
+        .generate(&s.tokenizer, &req, &|| 0.0, &mut |_| {})
+        .unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    match load(2).unwrap().finish(&opts) {
+        Err(GpuError::Core(Error::SplitPart {
+            part: 3, count: 3, ..
+        })) => {}
+        other => panic!("a missing last part gave {:?}", other.err()),
     }
 }
 

@@ -48,7 +48,8 @@ fn core_code(e: &CoreError) -> &'static str {
         | CoreError::Tokenizer(_)
         | CoreError::SafeTensors { .. }
         | CoreError::UnsupportedQuantization(_)
-        | CoreError::NotAModel(_) => "BadModelFile",
+        | CoreError::NotAModel(_)
+        | CoreError::SplitPart { .. } => "BadModelFile",
         CoreError::Internal(_) => "Error",
     }
 }

@@ -134,11 +134,77 @@ enum Target {
     Cpu(WeightStream<HostSink>),
 }
 
+/// A named model shape's sizes without a device: `{ layers, hidden_size, vocab_size,
+/// weight_bytes, drafter_weight_bytes }` (the weights as the loader repacks a Q4_K_M
+/// GGUF), for the catalogue's checks; `BadRequest` for an unknown name.
+#[wasm_bindgen(js_name = shapeInfo)]
+pub fn shape_info(shape: &str) -> Result<JsValue, JsValue> {
+    let s = named_shape(shape)?;
+    Ok(to_js_value(&serde_json::json!({
+        "layers": s.config.num_layers, "hidden_size": s.config.hidden_size,
+        "vocab_size": s.config.vocab_size, "weight_bytes": s.target_weight_bytes(),
+        "drafter_weight_bytes": s.drafter_weight_bytes(),
+    })))
+}
+
+fn named_shape(shape: &str) -> Result<dflash_core::synthetic::SyntheticSpec, JsValue> {
+    dflash_core::synthetic::spec(shape).ok_or_else(|| {
+        js_error(
+            "BadRequest",
+            &format!(
+                "no model shape {shape:?} (known: {})",
+                dflash_core::synthetic::NAMES.join(", ")
+            ),
+        )
+    })
+}
+
+/// The memory plan of a model of the named shape (`dflash_core::synthetic::NAMES`:
+/// "qwen3-8b", "llama-3.1-8b", ...; the catalogue's models name theirs) on this browser's
+/// WebGPU adapter at `context` tokens, with its z-lab drafter when `dflash`: `{ weights,
+/// kv_cache, activations, total }` in bytes. Code `LimitsExceeded`, naming the limit,
+/// where a buffer would not fit the adapter; `OutOfMemory` past `budget` bytes;
+/// `NoWebGPU` without a device. Nothing is allocated and nothing downloaded: the worker
+/// asks before it fetches a catalogue model.
+#[wasm_bindgen(js_name = planShape)]
+pub async fn plan_shape(
+    shape: String,
+    context: u32,
+    dflash: bool,
+    budget: Option<f64>,
+) -> Result<JsValue, JsValue> {
+    use dflash_gpu::synthetic::{plan, Planned};
+    let spec = named_shape(&shape)?;
+    let ctx = GpuContext::new_async(&GpuOptions::default())
+        .await
+        .map_err(gpu_err)?;
+    let what = if dflash {
+        Planned::DFlash
+    } else {
+        Planned::Plain
+    };
+    let p = plan(
+        &ctx,
+        &spec,
+        context as usize,
+        what,
+        budget.map(|b| b as u64),
+    )
+    .map_err(gpu_err)?
+    .total();
+    Ok(to_js_value(&serde_json::json!({
+        "weights": p.weights, "kv_cache": p.kv_cache, "activations": p.activations,
+        "total": p.weights + p.kv_cache + p.activations,
+    })))
+}
+
 /// Loads a model (GGUF) and optionally a DFlash drafter into WebGPU or the CPU engine.
 #[wasm_bindgen]
 pub struct Loader {
     target: Target,
     sha: Sha256,
+    /// The sha256 of each finished part of a split model.
+    part_shas: Vec<String>,
     drafter: Option<DrafterWeights>,
 }
 
@@ -178,6 +244,7 @@ impl Loader {
         Ok(Loader {
             target,
             sha: Sha256::new(),
+            part_shas: Vec::new(),
             drafter: None,
         })
     }
@@ -191,7 +258,21 @@ impl Loader {
         }
     }
 
-    /// Bytes received so far.
+    /// Ends the current part of a model split in several GGUF files (llama.cpp's
+    /// `gguf-split`; all of the part must have arrived) and starts the next, of `total`
+    /// bytes. Read the finished part's `sha256()` first: it starts again for the new one.
+    #[wasm_bindgen(js_name = nextPart)]
+    pub fn next_part(&mut self, total: f64) -> Result<(), JsValue> {
+        match &mut self.target {
+            Target::Gpu { model, .. } => model.next_part(total as u64).map_err(gpu_err)?,
+            Target::Cpu(model) => model.next_part(total as u64).map_err(core_err)?,
+        }
+        self.part_shas.push(self.sha256());
+        self.sha = Sha256::new();
+        Ok(())
+    }
+
+    /// Bytes received so far, over every part.
     pub fn received(&self) -> f64 {
         match &self.target {
             Target::Gpu { model, .. } => model.received() as f64,
@@ -199,7 +280,7 @@ impl Loader {
         }
     }
 
-    /// Hex sha256 of the bytes received so far.
+    /// Hex sha256 of the bytes of the current part received so far.
     pub fn sha256(&self) -> String {
         hex(&self.sha.clone().finalize())
     }
@@ -231,7 +312,8 @@ impl Loader {
     /// (and the drafter, validated against it). An allocation the GPU refused during the
     /// load is code `OutOfMemory`.
     pub async fn finish(self, context: u32) -> Result<Engine, JsValue> {
-        let sha256 = self.sha256();
+        let mut part_shas = self.part_shas.clone();
+        part_shas.push(self.sha256());
         let (runner, tokenizer, chat_template, context, engine) = match self.target {
             Target::Gpu { ctx, model, oom } => {
                 let taps = self
@@ -304,7 +386,10 @@ impl Loader {
             "drafter": drafter.map(|d| serde_json::json!({
                 "block_size": d.block_size, "layers": d.num_layers, "target_layer_ids": d.target_layer_ids,
             })),
-            "sha256": sha256,
+            // A split model: its first part's, and every part's in `part_sha256`.
+            "sha256": part_shas[0],
+            "parts": part_shas.len(),
+            "part_sha256": part_shas,
         });
         if let (Some(i), Some(e)) = (info.as_object_mut(), engine.as_object()) {
             i.extend(e.clone());

@@ -47,6 +47,11 @@ impl GgufStream {
         self.header.as_ref()
     }
 
+    /// The header, once the stream is done with.
+    pub fn into_header(self) -> Option<GgufHeader> {
+        self.header
+    }
+
     pub fn received(&self) -> u64 {
         self.received
     }

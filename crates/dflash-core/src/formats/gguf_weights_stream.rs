@@ -3,11 +3,15 @@
 //! sink (kept in host memory for the CPU engine, uploaded and dropped for the GPU), so
 //! the host never holds more than the header and one raw tensor. The header is checked
 //! (config, tokenizer, chat template) as soon as it has arrived, before the weights.
+//! A model split in several files by llama.cpp's `gguf-split` streams part after part
+//! ([`WeightStream::next_part`]): the first part's header holds the metadata, each part
+//! its own tensors.
 
 use crate::chat::ChatTemplate;
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::Error;
 use crate::formats::ggml;
+use crate::formats::gguf::GgufHeader;
 use crate::formats::gguf_stream::{GgufStream, StreamTensor};
 use crate::model_files::gguf_meta;
 use crate::quant::QuantMatrix;
@@ -55,7 +59,13 @@ pub type Finished<S> = (
 
 pub struct WeightStream<S: TensorSink> {
     pub sink: S,
+    /// The part streaming now, and the headers of the parts before it.
     stream: GgufStream,
+    parts_done: Vec<GgufHeader>,
+    received_before: u64,
+    /// `split.count` and `split.tensors.count` of the first part's header (1 and its own
+    /// tensor count for a file in one piece).
+    split: Option<Split>,
     meta: Option<(ModelConfig, TextTokenizer, Option<ChatTemplate>)>,
     matrices: HashMap<String, S::Matrix>,
     vectors: HashMap<String, S::Vector>,
@@ -69,6 +79,9 @@ impl<S: TensorSink> WeightStream<S> {
         WeightStream {
             sink,
             stream: GgufStream::new(total),
+            parts_done: Vec::new(),
+            received_before: 0,
+            split: None,
             meta: None,
             matrices: HashMap::new(),
             vectors: HashMap::new(),
@@ -82,29 +95,58 @@ impl<S: TensorSink> WeightStream<S> {
         self.meta.as_ref().map(|m| &m.0)
     }
 
+    /// Bytes received, over every part so far.
     pub fn received(&self) -> u64 {
-        self.stream.received()
+        self.received_before + self.stream.received()
     }
 
     /// Tensors done so far, of how many (0 until the header has arrived).
     pub fn progress(&self) -> (usize, usize) {
-        (
-            self.tensors_done,
-            self.stream.header().map_or(0, |h| h.tensors.len()),
-        )
+        (self.tensors_done, self.split.map_or(0, |s| s.tensors))
     }
 
-    /// The next bytes of the file: completes the tensors they finish.
+    /// Parts of the model (`split.count`; 1 for a file in one piece), once the first
+    /// header has arrived.
+    pub fn parts(&self) -> Option<usize> {
+        self.split.map(|s| s.count)
+    }
+
+    /// The next bytes of the current part: completes the tensors they finish.
     pub fn push(&mut self, chunk: &[u8]) -> Result<(), S::Error> {
+        let had_header = self.stream.header().is_some();
         let done = self.stream.push(chunk)?;
-        if self.meta.is_none() {
+        if !had_header {
             if let Some(h) = self.stream.header() {
-                self.meta = Some(gguf_meta(h)?);
+                check_part_header(&mut self.split, self.parts_done.len() + 1, h)?;
+                if self.meta.is_none() {
+                    self.meta = Some(gguf_meta(h)?);
+                }
             }
         }
         for t in done {
             self.take(t)?;
         }
+        Ok(())
+    }
+
+    /// Ends the current part (all of it must have arrived) and starts the next one, a
+    /// GGUF file of `total` bytes: the model is split and has more parts.
+    pub fn next_part(&mut self, total: u64) -> Result<(), S::Error> {
+        self.stream.finish()?;
+        let count = self.split.map_or(1, |s| s.count);
+        let part = self.parts_done.len() + 2;
+        if part > count {
+            return Err(Error::SplitPart {
+                part,
+                count,
+                reason: format!("the model has {count} part(s), there is no part {part}"),
+            }
+            .into());
+        }
+        let stream = std::mem::replace(&mut self.stream, GgufStream::new(total));
+        self.received_before += stream.received();
+        self.parts_done
+            .push(stream.into_header().expect("finish() checked the header"));
         Ok(())
     }
 
@@ -144,19 +186,30 @@ impl<S: TensorSink> WeightStream<S> {
         Ok(())
     }
 
-    /// Checks the whole file arrived and every tensor the config needs is there with its
-    /// shape; returns the weights and the sink.
+    /// Checks the whole file (every part) arrived and every tensor the config needs is
+    /// there with its shape; returns the weights and the sink.
     pub fn finish(self) -> Result<Finished<S>, S::Error> {
         self.stream.finish()?;
-        let (mut config, tokenizer, chat_template) = self
-            .meta
-            .ok_or_else(|| Error::BadMetadata("no GGUF header".into()))?;
+        let mut parts = self.parts_done;
+        parts.push(
+            self.stream
+                .into_header()
+                .expect("finish() checked the header"),
+        );
+        let header = merged_header(parts, self.split.expect("the header was checked"))?;
+        let (mut config, tokenizer, chat_template) = match self.meta {
+            // The first part's header may lack the tensors of the later ones
+            // (`output.weight`, which says whether the head is tied): read it again whole.
+            Some(_) if self.split.is_some_and(|s| s.count > 1) => gguf_meta(&header)?,
+            Some(meta) => meta,
+            None => return Err(Error::BadMetadata("no GGUF header".into()).into()),
+        };
         if let Some(f) = self.rope_freqs {
             config.rope.scaling = RopeScaling::Factors(f);
             config.validate()?;
         }
         let src = Taken {
-            header: self.stream.header().expect("finish() checked the header"),
+            header: &header,
             matrices: RefCell::new(self.matrices),
             vectors: RefCell::new(self.vectors),
         };
@@ -170,10 +223,116 @@ impl<S: TensorSink> WeightStream<S> {
     }
 }
 
+/// `gguf-split`'s fields of one part's header.
+#[derive(Clone, Copy)]
+struct Split {
+    /// 1-based, as in the file names (`split.no` is 0-based).
+    no: usize,
+    count: usize,
+    tensors: usize,
+}
+
+impl Split {
+    /// The split fields of part `part` (1-based); a file without them is one whole part.
+    fn of(h: &GgufHeader, part: usize) -> Result<Split, Error> {
+        let field = |key: &str| h.get(key).map(|v| v.as_u64());
+        match (
+            field("split.no"),
+            field("split.count"),
+            field("split.tensors.count"),
+        ) {
+            (None, None, None) => Ok(Split {
+                no: 1,
+                count: 1,
+                tensors: h.tensors.len(),
+            }),
+            (Some(Some(no)), Some(Some(count)), Some(Some(tensors)))
+                if count >= 1 && no < count && count <= MAX_SPLIT_PARTS =>
+            {
+                Ok(Split {
+                    no: no as usize + 1,
+                    count: count as usize,
+                    tensors: tensors.min(MAX_TENSORS) as usize,
+                })
+            }
+            _ => Err(Error::SplitPart {
+                part,
+                count: 0,
+                reason: "split.no, split.count and split.tensors.count must all be set, \
+                         as integers with split.no < split.count"
+                    .into(),
+            }),
+        }
+    }
+}
+
+/// The split fields of part `part`'s header (1-based) against the first part's (`split`,
+/// set from it when it is the first).
+fn check_part_header(split: &mut Option<Split>, part: usize, h: &GgufHeader) -> Result<(), Error> {
+    let here = Split::of(h, part)?;
+    let first = *split.get_or_insert(here);
+    if here.count != first.count || here.no != part || here.tensors != first.tensors {
+        return Err(Error::SplitPart {
+            part,
+            count: first.count,
+            reason: format!(
+                "its header says part {} of {} ({} tensors in all), expected part {part} of {} ({})",
+                here.no, here.count, here.tensors, first.count, first.tensors
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Most parts a split model may have (`gguf-split` numbers them with five digits).
+const MAX_SPLIT_PARTS: u64 = 99_999;
+/// More tensors than any header may hold (`split.tensors.count` is checked against the
+/// parts' own counts, which their parsing bounds).
+const MAX_TENSORS: u64 = u32::MAX as u64;
+
+/// One header for a model whose parts have all arrived: the first part's metadata and
+/// every part's tensors. A missing part, a tensor in two parts or a count that differs
+/// from `split.tensors.count` is a `SplitPart` error.
+fn merged_header(mut parts: Vec<GgufHeader>, split: Split) -> Result<GgufHeader, Error> {
+    let count = split.count;
+    if parts.len() < count {
+        return Err(Error::SplitPart {
+            part: parts.len() + 1,
+            count,
+            reason: "this part is missing (the stream ended after the part before it)".into(),
+        });
+    }
+    let mut merged = parts.remove(0);
+    for p in parts {
+        merged.tensors.extend(p.tensors);
+    }
+    let mut names: Vec<&str> = merged.tensors.iter().map(|t| t.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(Error::SplitPart {
+            part: count,
+            count,
+            reason: format!("tensor {} is in two parts", w[0]),
+        });
+    }
+    if merged.tensors.len() != split.tensors {
+        return Err(Error::SplitPart {
+            part: count,
+            count,
+            reason: format!(
+                "the parts hold {} tensors, split.tensors.count says {}",
+                merged.tensors.len(),
+                split.tensors
+            ),
+        });
+    }
+    Ok(merged)
+}
+
 /// The completed tensors as a tensor source (each handed out once), with the header's
 /// shapes.
 struct Taken<'a, M, V> {
-    header: &'a crate::formats::gguf::GgufHeader,
+    header: &'a GgufHeader,
     matrices: RefCell<HashMap<String, M>>,
     vectors: RefCell<HashMap<String, V>>,
 }
