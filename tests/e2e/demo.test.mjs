@@ -97,6 +97,18 @@ test("the demo's picker, progress, conversation, Stop and comparison", { timeout
     // The CPU engine (asked for here) cannot hold 19.9 GB: refused before any download.
     assert.match(plan, /cannot run here \(LimitsExceeded\)/, plan);
     await page.screenshot({ path: join(OUT, 'demo-picker.png'), fullPage: true });
+    // On the GPU (SwiftShader here) the engine's own memory plan of the shape: a plan
+    // (weights at least the files' bytes, as repacked) or the limit it exceeds; a budget
+    // too small for it is OutOfMemory. Nothing is downloaded.
+    const gpuPlans = await page.evaluate(async () => {
+      const m = await import('/pkg/index.js');
+      const plan = (id, opts) => m.planModel(id, { engine: 'gpu', ...opts }).catch((e) => ({ code: e.code, message: e.message }));
+      return { qwen3: await plan('qwen3-8b-q4_k_m'), budget: await plan('qwen3-4b-q4_k_m', { memoryBudget: 1e9 }) };
+    });
+    const q = gpuPlans.qwen3;
+    assert.ok(q.code === 'LimitsExceeded' || (q.engine === 'gpu' && q.weights > 5e9 && q.total > q.weights), JSON.stringify(q));
+    assert.ok(['OutOfMemory', 'LimitsExceeded'].includes(gpuPlans.budget.code), JSON.stringify(gpuPlans.budget));
+    console.log(JSON.stringify({ gpu_plans: gpuPlans }));
     await page.selectOption('#model', 'custom');
     await page.fill('#model_url', '/models/SmolLM2-135M-Instruct.Q4_1.gguf');
     await page.fill('#drafter_url', '/drafters/smollm2-135m-instruct-dflash-b16/');
