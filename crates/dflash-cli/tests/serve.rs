@@ -274,11 +274,13 @@ fn smollm2() -> Option<PathBuf> {
     p
 }
 
-/// `n` clients at once, each asking for the same greedy answer: (status, text) each.
-fn clients(port: u16, n: usize, tokens: usize) -> Vec<(u16, String)> {
+/// `n` clients at once, each asking for the same greedy answer: (status, text, seconds)
+/// each.
+fn clients(port: u16, n: usize, tokens: usize) -> Vec<(u16, String, f64)> {
     let threads: Vec<_> = (0..n)
         .map(|_| {
             std::thread::spawn(move || {
+                let t = std::time::Instant::now();
                 let (status, v) = post(
                     port,
                     "/v1/chat/completions",
@@ -290,11 +292,29 @@ fn clients(port: u16, n: usize, tokens: usize) -> Vec<(u16, String)> {
                         .as_str()
                         .unwrap_or("")
                         .to_string(),
+                    t.elapsed().as_secs_f64(),
                 )
             })
         })
         .collect();
     threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// The figures of one concurrency run, printed as a JSON line: requests, answered and
+/// correct, refused with 503, and the latency percentiles of the answered ones.
+fn print_figures(queue: usize, got: &[(u16, String, f64)], want: &str) {
+    let mut ok: Vec<f64> = got.iter().filter(|g| g.0 == 200).map(|g| g.2).collect();
+    ok.sort_by(f64::total_cmp);
+    let pct = |p: f64| ok[((ok.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "{}",
+        json!({
+            "queue": queue, "requests": got.len(), "answered": ok.len(),
+            "all_correct": got.iter().filter(|g| g.0 == 200).all(|g| g.1 == want),
+            "rejected_503": got.iter().filter(|g| g.0 == 503).count(),
+            "p50_s": pct(0.5), "p99_s": pct(0.99),
+        })
+    );
 }
 
 #[test]
@@ -303,20 +323,23 @@ fn concurrent_clients_queue_in_order_or_get_503() {
     let want = generate(&model, "--chat", "Write a haiku about rain.", 24);
     // A queue for all: every request gets its whole, correct answer.
     let srv = serve(&model, &["--queue", "8"]);
-    for (status, text) in clients(srv.port, 6, 24) {
-        assert_eq!((status, text.as_str()), (200, want.as_str()));
+    let got = clients(srv.port, 6, 24);
+    print_figures(8, &got, &want);
+    for (status, text, _) in &got {
+        assert_eq!((*status, text.as_str()), (200, want.as_str()));
     }
     drop(srv);
     // A queue of 1: one waits while one runs (a request arriving before the engine took
     // the first from the queue finds it full), the rest are refused at once with 503.
     let srv = serve(&model, &["--queue", "1"]);
     let got = clients(srv.port, 6, 48);
-    let ok: Vec<_> = got.iter().filter(|(s, _)| *s == 200).collect();
-    let busy = got.iter().filter(|(s, _)| *s == 503).count();
+    let want48 = generate(&model, "--chat", "Write a haiku about rain.", 48);
+    print_figures(1, &got, &want48);
+    let ok: Vec<_> = got.iter().filter(|g| g.0 == 200).collect();
+    let busy = got.iter().filter(|g| g.0 == 503).count();
     assert_eq!(ok.len() + busy, 6, "{got:?}");
     assert!(busy >= 1 && !ok.is_empty(), "{got:?}");
-    let want48 = generate(&model, "--chat", "Write a haiku about rain.", 48);
-    assert!(ok.iter().all(|(_, t)| *t == want48), "{got:?}");
+    assert!(ok.iter().all(|g| g.1 == want48), "{got:?}");
     let (_, health) = http(srv.port, "GET", "/health", b"");
     let h: Value = serde_json::from_str(&health).unwrap();
     assert_eq!(h["requests"]["rejected"], busy as u64);
