@@ -3,11 +3,9 @@
 // main-thread API with the shape of OpenAI's client: engine.chat.completions.create().
 
 import { CATALOG } from './catalog.js';
+import { CACHE, META, MSG, CODE, CODES } from './protocol.js';
 
-const CACHE = 'dflash-web-v1';
-const META = 'dflash-web-meta-v1';
-
-export { CATALOG };
+export { CATALOG, CODES };
 
 /** Every failure of the API: `code` is one of the names listed in index.d.ts. */
 export class DFlashError extends Error {
@@ -28,7 +26,7 @@ function absolute(src) {
     try {
       return new URL(String(src), globalThis.location?.href).href;
     } catch {
-      throw new DFlashError('BadRequest', `not a URL: ${JSON.stringify(String(src))}`);
+      throw new DFlashError(CODE.BadRequest, `not a URL: ${JSON.stringify(String(src))}`);
     }
   }
   return src; // File / Blob: structured-cloned to the worker
@@ -42,13 +40,13 @@ export function catalogEntry(id) {
 /** Hugging Face's `{ repo, file, revision }` (revision default 'main') as its resolve URL. */
 export function huggingFaceUrl({ repo, file = '', revision = 'main' }) {
   if (typeof repo !== 'string' || !/^[\w.-]+\/[\w.-]+$/.test(repo)) {
-    throw new DFlashError('BadRequest', `repo must be "owner/name", not ${JSON.stringify(repo)}`);
+    throw new DFlashError(CODE.BadRequest, `repo must be "owner/name", not ${JSON.stringify(repo)}`);
   }
   if (typeof file !== 'string' || file.split('/').some((p) => p === '..')) {
-    throw new DFlashError('BadRequest', `file must be a path inside the repo, not ${JSON.stringify(file)}`);
+    throw new DFlashError(CODE.BadRequest, `file must be a path inside the repo, not ${JSON.stringify(file)}`);
   }
   if (typeof revision !== 'string' || !/^[\w./-]+$/.test(revision)) {
-    throw new DFlashError('BadRequest', `revision must be a branch, tag or commit, not ${JSON.stringify(revision)}`);
+    throw new DFlashError(CODE.BadRequest, `revision must be a branch, tag or commit, not ${JSON.stringify(revision)}`);
   }
   const path = file.split('/').map(encodeURIComponent).join('/');
   return `https://huggingface.co/${repo}/resolve/${encodeURIComponent(revision)}/${path}`;
@@ -67,12 +65,12 @@ export function splitParts(url) {
  *  `{ repo, file, revision, sha256 }` (Hugging Face). Returns { src, sha256, size }. */
 function fileSource(f, what) {
   if (typeof f === 'string' || f instanceof URL || (typeof Blob !== 'undefined' && f instanceof Blob)) return { src: absolute(f) };
-  if (!f || typeof f !== 'object') throw new DFlashError('BadRequest', `${what} must be a URL, a File or { url | repo, file }, not ${JSON.stringify(f)}`);
+  if (!f || typeof f !== 'object') throw new DFlashError(CODE.BadRequest, `${what} must be a URL, a File or { url | repo, file }, not ${JSON.stringify(f)}`);
   if (f.sha256 !== undefined && !(typeof f.sha256 === 'string' && /^[0-9a-fA-F]{64}$/.test(f.sha256))) {
-    throw new DFlashError('BadRequest', `${what}.sha256 must be 64 hex digits (a sha256), not ${JSON.stringify(f.sha256)}`);
+    throw new DFlashError(CODE.BadRequest, `${what}.sha256 must be 64 hex digits (a sha256), not ${JSON.stringify(f.sha256)}`);
   }
   const src = f.repo !== undefined ? huggingFaceUrl(f) : absolute(f.url ?? f.file);
-  if (src === undefined) throw new DFlashError('BadRequest', `${what} needs url, file or repo`);
+  if (src === undefined) throw new DFlashError(CODE.BadRequest, `${what} needs url, file or repo`);
   return { src, sha256: f.sha256, size: f.size };
 }
 
@@ -85,13 +83,13 @@ function modelSource(model) {
   const entry = typeof model === 'string' ? catalogEntry(model) : undefined;
   if (entry || (typeof model === 'string' && !/[/:]/.test(model) && !/\.gguf$/i.test(model))) {
     if (!entry) {
-      throw new DFlashError('BadRequest', `no model ${JSON.stringify(model)} in the catalogue (ids: ${CATALOG.map((m) => m.id).join(', ')})`);
+      throw new DFlashError(CODE.BadRequest, `no model ${JSON.stringify(model)} in the catalogue (ids: ${CATALOG.map((m) => m.id).join(', ')})`);
     }
     return { parts: entry.files.map((f) => fileSource(f, `model ${entry.id}`)), name: entry.id, entry };
   }
   let parts;
   if (model && typeof model === 'object' && Array.isArray(model.parts)) {
-    if (model.parts.length === 0) throw new DFlashError('BadRequest', 'model.parts is empty');
+    if (model.parts.length === 0) throw new DFlashError(CODE.BadRequest, 'model.parts is empty');
     parts = model.parts.map((p, i) => fileSource(p, `model.parts[${i}]`));
   } else {
     const one = fileSource(model, 'model');
@@ -113,10 +111,10 @@ function drafterSource(d) {
   if (!d) return null;
   const pin = (h, what) => {
     if (h === undefined || (typeof h === 'string' && /^[0-9a-fA-F]{64}$/.test(h))) return h;
-    throw new DFlashError('BadRequest', `${what} must be 64 hex digits (a sha256), not ${JSON.stringify(h)}`);
+    throw new DFlashError(CODE.BadRequest, `${what} must be 64 hex digits (a sha256), not ${JSON.stringify(h)}`);
   };
   if (d.sha256 !== undefined && (typeof d.sha256 !== 'object' || d.sha256 === null)) {
-    throw new DFlashError('BadRequest', 'drafter.sha256 must be { config?, weights? }');
+    throw new DFlashError(CODE.BadRequest, 'drafter.sha256 must be { config?, weights? }');
   }
   for (const k of ['config', 'weights']) pin(d.sha256?.[k], `drafter.sha256.${k}`);
   for (const k of ['config', 'weights']) pin(d[k]?.sha256, `drafter.${k}.sha256`);
@@ -152,18 +150,18 @@ class Rpc {
     this.worker = worker;
     worker.onmessage = (e) => {
       const m = e.data;
-      if (m.type === 'fatal') return this.fatal(m);
+      if (m.type === MSG.fatal) return this.fatal(m);
       const p = this.pending.get(m.id);
       if (!p) return;
-      if (m.type === 'progress') p.onProgress?.(m.progress);
-      else if (m.type === 'piece') p.onPiece?.(m.text, m.drafted);
+      if (m.type === MSG.progress) p.onProgress?.(m.progress);
+      else if (m.type === MSG.piece) p.onPiece?.(m.text, m.drafted);
       else {
         this.pending.delete(m.id);
-        if (m.type === 'error') p.reject(new DFlashError(m.error.code, m.error.message));
+        if (m.type === MSG.error) p.reject(new DFlashError(m.error.code, m.error.message));
         else p.resolve(m.result);
       }
     };
-    worker.onerror = (e) => this.failAll(new DFlashError('WorkerError', e.message ?? 'the worker failed'));
+    worker.onerror = (e) => this.failAll(new DFlashError(CODE.WorkerError, e.message ?? 'the worker failed'));
   }
   failAll(err) {
     for (const p of this.pending.values()) p.reject(err);
@@ -217,7 +215,7 @@ class Rpc {
   }
 }
 
-const aborted = () => new DFlashError('Aborted', 'the request was aborted');
+const aborted = () => new DFlashError(CODE.Aborted, 'the request was aborted');
 
 let completionCounter = 0;
 
@@ -232,9 +230,9 @@ class Completions {
   create(request, options = {}) {
     const e = this.engine;
     const { signal } = options ?? {};
-    const early = !e.rpc ? new DFlashError('Unloaded', 'the engine was unloaded')
+    const early = !e.rpc ? new DFlashError(CODE.Unloaded, 'the engine was unloaded')
       : signal?.aborted ? aborted()
-      : e.ifBusy === 'reject' && e.pending > 0 ? new DFlashError('Busy', `the engine is answering ${e.pending === 1 ? 'another request' : `${e.pending} requests`} (ifBusy: 'reject')`)
+      : e.ifBusy === 'reject' && e.pending > 0 ? new DFlashError(CODE.Busy, `the engine is answering ${e.pending === 1 ? 'another request' : `${e.pending} requests`} (ifBusy: 'reject')`)
       : null;
     // Refused before it starts: a stream throws when iterated, as it would later.
     if (early) return request?.stream ? { async *[Symbol.asyncIterator]() { throw early; } } : Promise.reject(early);
@@ -245,12 +243,12 @@ class Completions {
     // Tells the worker to stop this request (running or still queued).
     const abortIn = (call) => {
       if (!signal) return () => {};
-      const stop = () => e.rpc?.post({ type: 'interrupt', target: call.id });
+      const stop = () => e.rpc?.post({ type: MSG.interrupt, target: call.id });
       signal.addEventListener('abort', stop, { once: true });
       return () => signal.removeEventListener('abort', stop);
     };
     if (!stream) {
-      const call = e.track(e.rpc.call({ type: 'chat', request: req }));
+      const call = e.track(e.rpc.call({ type: MSG.chat, request: req }));
       const done = abortIn(call);
       return new Promise((resolve, reject) => {
         signal?.addEventListener('abort', () => reject(aborted()), { once: true });
@@ -270,7 +268,7 @@ class Completions {
     });
     chunks.push(chunk({ role: 'assistant', content: '' }));
     const push = (c) => { chunks.push(c); wake?.(); };
-    const call = e.track(e.rpc.call({ type: 'chat', request: req }, {
+    const call = e.track(e.rpc.call({ type: MSG.chat, request: req }, {
       onPiece: (text, drafted) => { if (!failure) push(chunk({ content: text }, null, { dflash: { drafted } })); },
     }));
     const done = abortIn(call);
@@ -351,31 +349,31 @@ class Engine {
   /** TEST ONLY: a panic inside the engine (the call fails with code 'Panic' and
    *  `message`; the worker is replaced). */
   __testTrap(message) {
-    return this.rpc.call({ type: '__trap', message });
+    return this.rpc.call({ type: MSG.testTrap, message });
   }
   /** TEST ONLY: destroys the GPU device (GPUDevice.destroy()); requests then fail with
    *  code 'DeviceLost'. */
   __testLoseDevice() {
-    return this.rpc.call({ type: '__loseDevice' });
+    return this.rpc.call({ type: MSG.testLoseDevice });
   }
   /** Ends the running request before its next token (within one step of DFlash): it
    *  resolves with the text so far and finish_reason 'abort'; the engine stays usable. */
   interrupt() {
-    this.rpc?.post({ type: 'interrupt' });
+    this.rpc?.post({ type: MSG.interrupt });
   }
   /** Forgets the conversation held in the KV cache, after the requests already made:
    *  the next request prefills its whole prompt (otherwise it keeps the rows of its
    *  longest common prefix with the last one; the tokens are the same either way). */
   resetChat() {
-    if (!this.rpc) return Promise.reject(new DFlashError('Unloaded', 'the engine is unloaded'));
-    return this.rpc.call({ type: 'resetChat' });
+    if (!this.rpc) return Promise.reject(new DFlashError(CODE.Unloaded, 'the engine is unloaded'));
+    return this.rpc.call({ type: MSG.resetChat });
   }
   /** Frees the GPU memory and stops the worker. */
   async unload() {
     if (!this.rpc) return;
     const rpc = this.rpc;
     this.rpc = null;
-    try { await rpc.call({ type: 'unload' }); } finally { rpc.worker.terminate(); }
+    try { await rpc.call({ type: MSG.unload }); } finally { rpc.worker.terminate(); }
   }
 }
 
@@ -389,7 +387,7 @@ const MAX_THREADS = 64;
  *  a new one; `spawn` starts a replacement (null for an instance). */
 function checkWorker(worker) {
   if (worker !== undefined && typeof worker !== 'function' && typeof worker?.postMessage !== 'function') {
-    throw new DFlashError('BadRequest', 'worker must be a Worker or a function that returns one');
+    throw new DFlashError(CODE.BadRequest, 'worker must be a Worker or a function that returns one');
   }
 }
 
@@ -403,13 +401,13 @@ function startWorker(worker) {
 
 function checkContext(context) {
   if (context !== undefined && !(Number.isInteger(context) && context >= 1 && context <= MAX_CONTEXT)) {
-    throw new DFlashError('BadRequest', `context must be an integer from 1 to ${MAX_CONTEXT}, not ${JSON.stringify(context)}`);
+    throw new DFlashError(CODE.BadRequest, `context must be an integer from 1 to ${MAX_CONTEXT}, not ${JSON.stringify(context)}`);
   }
 }
 
 function checkBudget(memoryBudget) {
   if (memoryBudget !== undefined && !(Number.isSafeInteger(memoryBudget) && memoryBudget > 0)) {
-    throw new DFlashError('BadRequest', `memoryBudget must be a positive integer (bytes), not ${JSON.stringify(memoryBudget)}`);
+    throw new DFlashError(CODE.BadRequest, `memoryBudget must be a positive integer (bytes), not ${JSON.stringify(memoryBudget)}`);
   }
 }
 
@@ -428,23 +426,23 @@ function loadPlan(src, drafterSrc, memoryBudget) {
  */
 export async function createEngine(options) {
   const { model, onProgress, context, worker, engine = 'auto', threads, ifBusy = 'queue', memoryBudget } = options ?? {};
-  if (!['auto', 'gpu', 'cpu'].includes(engine)) throw new DFlashError('BadRequest', `engine must be 'auto', 'gpu' or 'cpu', not ${JSON.stringify(engine)}`);
+  if (!['auto', 'gpu', 'cpu'].includes(engine)) throw new DFlashError(CODE.BadRequest, `engine must be 'auto', 'gpu' or 'cpu', not ${JSON.stringify(engine)}`);
   if (threads !== undefined && !(Number.isInteger(threads) && threads >= 1 && threads <= MAX_THREADS)) {
-    throw new DFlashError('BadRequest', `threads must be an integer from 1 to ${MAX_THREADS}, not ${JSON.stringify(threads)}`);
+    throw new DFlashError(CODE.BadRequest, `threads must be an integer from 1 to ${MAX_THREADS}, not ${JSON.stringify(threads)}`);
   }
-  if (!['queue', 'reject'].includes(ifBusy)) throw new DFlashError('BadRequest', `ifBusy must be 'queue' or 'reject', not ${JSON.stringify(ifBusy)}`);
+  if (!['queue', 'reject'].includes(ifBusy)) throw new DFlashError(CODE.BadRequest, `ifBusy must be 'queue' or 'reject', not ${JSON.stringify(ifBusy)}`);
   checkContext(context);
   checkBudget(memoryBudget);
   checkWorker(worker);
-  if (engine === 'gpu' && !hasWebGPU()) throw new DFlashError('NoWebGPU', 'This browser does not support WebGPU (navigator.gpu is missing).');
-  if (!model) throw new DFlashError('BadRequest', 'createEngine needs { model }');
+  if (engine === 'gpu' && !hasWebGPU()) throw new DFlashError(CODE.NoWebGPU, 'This browser does not support WebGPU (navigator.gpu is missing).');
+  if (!model) throw new DFlashError(CODE.BadRequest, 'createEngine needs { model }');
   const src = modelSource(model);
   const drafterSrc = drafterSource(options.drafter === undefined ? src.entry?.drafter : options.drafter);
   const plan = loadPlan(src, drafterSrc, memoryBudget);
   const { w, spawn } = startWorker(worker);
   let eng = null;
   const rpc = new Rpc(w, (error) => eng?.restart(error));
-  const load = { type: 'load', model: { parts: src.parts }, drafter: drafterSrc, context, engine, threads, plan };
+  const load = { type: MSG.load, model: { parts: src.parts }, drafter: drafterSrc, context, engine, threads, plan };
   try {
     const info = await rpc.call(load, { onProgress });
     eng = new Engine({ info, modelName: src.name, ifBusy, load, spawn });
@@ -467,13 +465,13 @@ export async function planModel(id, { context = 2048, dflash = true, engine = 'a
   checkContext(context);
   checkBudget(memoryBudget);
   const entry = catalogEntry(id);
-  if (!entry) throw new DFlashError('BadRequest', `no model ${JSON.stringify(id)} in the catalogue`);
+  if (!entry) throw new DFlashError(CODE.BadRequest, `no model ${JSON.stringify(id)} in the catalogue`);
   const src = modelSource(id);
   const drafterSrc = dflash ? drafterSource(entry.drafter) : null;
   const { w } = startWorker(worker);
   const rpc = new Rpc(w, () => {});
   try {
-    return await rpc.call({ type: 'plan', context, engine, plan: loadPlan(src, drafterSrc, memoryBudget) });
+    return await rpc.call({ type: MSG.plan, context, engine, plan: loadPlan(src, drafterSrc, memoryBudget) });
   } finally {
     if (typeof worker !== 'object') rpc.worker.terminate();
   }

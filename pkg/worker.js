@@ -7,6 +7,8 @@
 // A panic in the wasm traps the instance for good: the worker then answers only with a
 // 'fatal' message carrying the panic's text, and the main thread replaces it.
 
+import { CACHE, META, MSG, CODE } from './protocol.js';
+
 // Two builds of the engine: dist/ (one thread) and dist/threads/ (atomics and shared
 // memory: the CPU engine on a pool of Web Workers), which needs SharedArrayBuffer, that
 // is a cross-origin isolated page. Each is loaded on first use.
@@ -38,10 +40,6 @@ function cpuThreads(asked) {
   return asked ?? Math.min(self.navigator?.hardwareConcurrency || 1, 8);
 }
 
-const CACHE = 'dflash-web-v1';
-// The file's size and sha256 live in a second cache under the same URL (Cache Storage
-// ignores URL fragments, so they cannot share one cache).
-const META = 'dflash-web-meta-v1';
 let engine = null;
 let queue = Promise.resolve();
 
@@ -73,7 +71,7 @@ function fatal(err) {
   for (const mod of loaded) {
     try { panic ??= mod.takePanic(); } catch { /* the instance may be past reading */ }
   }
-  post({ type: 'fatal', id: current, error: { code: 'Panic', message: panic ?? `the engine trapped: ${err.message ?? err}` } });
+  post({ type: MSG.fatal, id: current, error: { code: CODE.Panic, message: panic ?? `the engine trapped: ${err.message ?? err}` } });
 }
 
 // A trap inside a running future (a chat request) surfaces here, not in its promise,
@@ -85,7 +83,7 @@ self.onmessage = (e) => {
   const m = e.data;
   if (dead) return;
   // An interrupt acts now, not after the request it interrupts.
-  if (m.type === 'interrupt') {
+  if (m.type === MSG.interrupt) {
     if (m.target === undefined || m.target === running) engine?.interrupt();
     else dropped.add(m.target);
     return;
@@ -101,47 +99,47 @@ async function handle(m) {
   if (dead) return;
   current = m.id;
   try {
-    if (m.type === 'load') {
+    if (m.type === MSG.load) {
       engine?.unload();
       engine = null;
-      engine = await load(m, (p) => post({ id: m.id, type: 'progress', progress: p }));
-      post({ id: m.id, type: 'result', result: engine.info() });
-    } else if (m.type === 'chat') {
-      if (!engine) throw new WorkerError('Unloaded', 'no model is loaded');
-      if (dropped.delete(m.id)) throw new WorkerError('Aborted', 'the request was aborted before it started');
+      engine = await load(m, (p) => post({ id: m.id, type: MSG.progress, progress: p }));
+      post({ id: m.id, type: MSG.result, result: engine.info() });
+    } else if (m.type === MSG.chat) {
+      if (!engine) throw new WorkerError(CODE.Unloaded, 'no model is loaded');
+      if (dropped.delete(m.id)) throw new WorkerError(CODE.Aborted, 'the request was aborted before it started');
       running = m.id;
       try {
-        const result = await engine.chat(m.request, (text, drafted) => post({ id: m.id, type: 'piece', text, drafted }));
-        post({ id: m.id, type: 'result', result });
+        const result = await engine.chat(m.request, (text, drafted) => post({ id: m.id, type: MSG.piece, text, drafted }));
+        post({ id: m.id, type: MSG.result, result });
       } finally {
         running = null;
       }
-    } else if (m.type === 'plan') {
+    } else if (m.type === MSG.plan) {
       const engine = await chooseEngine(m.engine ?? 'auto');
       const { mod } = await wasmBuild(1);
-      post({ id: m.id, type: 'result', result: await checkPlan(mod, engine, m.plan, m.context ?? 2048) });
-    } else if (m.type === 'resetChat') {
-      if (!engine) throw new WorkerError('Unloaded', 'no model is loaded');
+      post({ id: m.id, type: MSG.result, result: await checkPlan(mod, engine, m.plan, m.context ?? 2048) });
+    } else if (m.type === MSG.resetChat) {
+      if (!engine) throw new WorkerError(CODE.Unloaded, 'no model is loaded');
       engine.resetChat();
-      post({ id: m.id, type: 'result', result: null });
-    } else if (m.type === 'unload') {
+      post({ id: m.id, type: MSG.result, result: null });
+    } else if (m.type === MSG.unload) {
       engine?.unload();
       engine = null;
-      post({ id: m.id, type: 'result', result: null });
-    } else if (m.type === '__trap') {
+      post({ id: m.id, type: MSG.result, result: null });
+    } else if (m.type === MSG.testTrap) {
       // TEST ONLY: a panic inside a running wasm future.
       await (engine?.mod ?? (await wasmBuild(1)).mod).__testTrap(m.message);
-    } else if (m.type === '__loseDevice') {
+    } else if (m.type === MSG.testLoseDevice) {
       // TEST ONLY: GPUDevice.destroy() on the engine's device.
-      if (!engine) throw new WorkerError('Unloaded', 'no model is loaded');
+      if (!engine) throw new WorkerError(CODE.Unloaded, 'no model is loaded');
       engine.loseDevice();
-      post({ id: m.id, type: 'result', result: null });
+      post({ id: m.id, type: MSG.result, result: null });
     } else {
-      throw new WorkerError('BadRequest', `unknown request ${m.type}`);
+      throw new WorkerError(CODE.BadRequest, `unknown request ${m.type}`);
     }
   } catch (err) {
     if (isTrap(err)) return fatal(err);
-    post({ id: m.id, type: 'error', error: { code: err?.code ?? 'Error', message: String(err?.message ?? err) } });
+    post({ id: m.id, type: MSG.error, error: { code: err?.code ?? CODE.Error, message: String(err?.message ?? err) } });
   } finally {
     current = null;
   }
@@ -159,7 +157,7 @@ async function openCaches() {
 
 const noCache = { finishCache: async () => {}, dropCache: async () => {} };
 /** Errors that mean the file itself is bad: a copy that gave one is never kept. */
-const FILE_FAULTS = ['BadModelFile', 'CacheCorrupt', 'IntegrityError', 'NetworkError'];
+const FILE_FAULTS = [CODE.BadModelFile, CODE.CacheCorrupt, CODE.IntegrityError, CODE.NetworkError];
 
 /**
  * { size, reader, cached, finishCache(sha256), dropCache() } for one file. A network
@@ -185,7 +183,7 @@ async function openSource(src, phase) {
         finishCache: async (sha256) => { if (!m.sha256 && sha256) await metas.put(url, new Response(JSON.stringify({ ...m, sha256 }))); },
         // A cached copy that cannot be read is as corrupt as one that does not parse.
         reader: {
-          read: () => reader.read().catch((e) => { throw new WorkerError('CacheCorrupt', `reading the cached ${phase}: ${e.message ?? e}`); }),
+          read: () => reader.read().catch((e) => { throw new WorkerError(CODE.CacheCorrupt, `reading the cached ${phase}: ${e.message ?? e}`); }),
           cancel: (e) => reader.cancel(e).catch(() => {}),
         },
         dropCache: async () => { await cache.delete(url); await metas.delete(url); },
@@ -196,11 +194,11 @@ async function openSource(src, phase) {
   try {
     resp = await fetch(url);
   } catch (e) {
-    throw new WorkerError('NetworkError', `fetching ${url}: ${e.message ?? e}`);
+    throw new WorkerError(CODE.NetworkError, `fetching ${url}: ${e.message ?? e}`);
   }
-  if (!resp.ok) throw new WorkerError('NetworkError', `fetching ${url}: HTTP ${resp.status}`);
+  if (!resp.ok) throw new WorkerError(CODE.NetworkError, `fetching ${url}: HTTP ${resp.status}`);
   const size = Number(resp.headers.get('content-length'));
-  if (!size) throw new WorkerError('NetworkError', `${url}: the server sent no Content-Length`);
+  if (!size) throw new WorkerError(CODE.NetworkError, `${url}: the server sent no Content-Length`);
   const reader = resp.body.getReader();
   if (!cache) return { size, reader: checkedLength(reader, url, size, null), cached: false, ...noCache };
   // The cache copy is written in step with the read (no tee buffering a whole file).
@@ -230,7 +228,7 @@ async function smallUrlSource(url) {
     if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
     blob = await resp.blob();
   } catch (e) {
-    throw new WorkerError('NetworkError', `fetching ${url.slice(0, 64)}: ${e.message ?? e}`);
+    throw new WorkerError(CODE.NetworkError, `fetching ${url.slice(0, 64)}: ${e.message ?? e}`);
   }
   return { size: blob.size, reader: blob.stream().getReader(), cached: false, ...noCache };
 }
@@ -248,7 +246,7 @@ function checkedLength(reader, url, size, copy) {
   const fail = (why) => {
     writer?.abort(why).catch(() => {});
     reader.cancel(why).catch(() => {});
-    return new WorkerError('NetworkError', `fetching ${url}: ${why}`);
+    return new WorkerError(CODE.NetworkError, `fetching ${url}: ${why}`);
   };
   return {
     async read() {
@@ -288,12 +286,12 @@ async function readAll(src, name, onProgress) {
     for (;;) {
       const { done, value } = await s.reader.read();
       if (done) break;
-      if (off + value.length > out.length) throw new WorkerError('BadModelFile', `${name} is longer than announced`);
+      if (off + value.length > out.length) throw new WorkerError(CODE.BadModelFile, `${name} is longer than announced`);
       out.set(value, off);
       off += value.length;
       onProgress({ phase: s.cached ? 'cache' : 'download', file: name, loaded: off, total: s.size });
     }
-    if (off !== s.size) throw new WorkerError('BadModelFile', `${name}: got ${off} of ${s.size} bytes`);
+    if (off !== s.size) throw new WorkerError(CODE.BadModelFile, `${name}: got ${off} of ${s.size} bytes`);
   } catch (e) {
     const fault = FILE_FAULTS.includes(e.code);
     if (!s.cached || fault) await s.dropCache();
@@ -318,12 +316,12 @@ async function checkSha(mod, file, name, pinned) {
     ? [...new Uint8Array(await subtle.digest('SHA-256', file.bytes))].map((b) => b.toString(16).padStart(2, '0')).join('')
     : mod.sha256Hex(file.bytes);
   if (file.cached && file.expectedSha && file.expectedSha !== file.sha) {
-    const e = new WorkerError('CacheCorrupt', `cached ${name} sha256 is ${file.sha}, stored ${file.expectedSha}`);
+    const e = new WorkerError(CODE.CacheCorrupt, `cached ${name} sha256 is ${file.sha}, stored ${file.expectedSha}`);
     e.retry = true;
     throw e;
   }
   if (pinned && pinned.toLowerCase() !== file.sha) {
-    const e = new WorkerError('IntegrityError', `${name} sha256 is ${file.sha}, expected ${pinned}`);
+    const e = new WorkerError(CODE.IntegrityError, `${name} sha256 is ${file.sha}, expected ${pinned}`);
     e.retry = file.cached; // a cached copy may be an older version: the network may have the pinned one
     throw e;
   }
@@ -375,10 +373,10 @@ async function streamModel(mod, m, engine, onProgress) {
       const sha = loader.sha256();
       const what = parts.length > 1 ? `model part ${i + 1}` : 'model';
       if (s.cached && s.expectedSha !== sha) {
-        throw new WorkerError('CacheCorrupt', `cached ${what} sha256 is ${sha}, stored ${s.expectedSha}`);
+        throw new WorkerError(CODE.CacheCorrupt, `cached ${what} sha256 is ${sha}, stored ${s.expectedSha}`);
       }
       if (part.sha256 && part.sha256.toLowerCase() !== sha) {
-        throw new WorkerError('IntegrityError', `${what} sha256 is ${sha}, expected ${part.sha256}`);
+        throw new WorkerError(CODE.IntegrityError, `${what} sha256 is ${sha}, expected ${part.sha256}`);
       }
       shas.push(sha);
     }
@@ -439,7 +437,7 @@ async function setDrafter(mod, loader, d, onProgress) {
     } catch (e) {
       if (isTrap(e)) throw e;
       for (const f of files) await f.dropCache();
-      const unparsable = files.length === 2 && e.code === 'BadModelFile' && files.some((f) => f.cached);
+      const unparsable = files.length === 2 && e.code === CODE.BadModelFile && files.some((f) => f.cached);
       if (attempt > 0 || !(e.retry || unparsable)) throw e;
     }
   }
@@ -467,7 +465,7 @@ async function loadOnce(mod, m, engine, onProgress) {
   } catch (e) {
     pending?.free();
     if (isTrap(e)) throw e;
-    if (building && e.code === 'BadModelFile') {
+    if (building && e.code === CODE.BadModelFile) {
       // The model's own parse failed (a drafter's fails in setDrafter).
       await source.dropCache();
       e.retry = source.cached;
@@ -496,7 +494,7 @@ async function checkPlan(mod, engine, plan, context) {
   if (!plan) return { engine, download: null, ...none };
   if (engine === 'cpu') {
     if (plan.download !== null && plan.download > CPU_ENGINE_BYTES) {
-      throw new WorkerError('LimitsExceeded', `the model's files are ${(plan.download / 2 ** 30).toFixed(1)} GiB; the CPU engine holds at most ${(CPU_ENGINE_BYTES / 2 ** 30).toFixed(1)} GiB (its wasm memory is 4 GiB)`);
+      throw new WorkerError(CODE.LimitsExceeded, `the model's files are ${(plan.download / 2 ** 30).toFixed(1)} GiB; the CPU engine holds at most ${(CPU_ENGINE_BYTES / 2 ** 30).toFixed(1)} GiB (its wasm memory is 4 GiB)`);
     }
     return { engine, download: plan.download, ...none };
   }
@@ -506,7 +504,7 @@ async function checkPlan(mod, engine, plan, context) {
     p = await mod.planShape(plan.shape, context, plan.dflash, plan.budget);
   } catch (e) {
     // 'auto' loads on the CPU engine where no device opens.
-    if (engine === 'auto' && e.code === 'NoWebGPU') return checkPlan(mod, 'cpu', plan, context);
+    if (engine === 'auto' && e.code === CODE.NoWebGPU) return checkPlan(mod, 'cpu', plan, context);
     throw e;
   }
   return { engine: 'gpu', download: plan.download, ...p };

@@ -26,7 +26,7 @@ test('the packed npm package installs into an empty folder and chats', { timeout
   writeFileSync(join(dir, 'package.json'), JSON.stringify({ name: 'consumer', private: true, type: 'module' }));
   execFileSync('npm', ['install', '--no-audit', '--no-fund', '--offline', join(dir, tgz)], { cwd: dir, stdio: 'inherit' });
   const files = readdirSync(join(dir, 'node_modules', 'dflash-web')).sort();
-  assert.deepEqual(files.filter((f) => !f.startsWith('.')), ['README.md', 'catalog.js', 'dist', 'drafters', 'index.d.ts', 'index.js', 'package.json', 'worker.js']);
+  assert.deepEqual(files.filter((f) => !f.startsWith('.')), ['README.md', 'catalog.js', 'dist', 'drafters', 'index.d.ts', 'index.js', 'package.json', 'protocol.js', 'worker.js']);
   writeFileSync(join(dir, 'index.html'), `<!doctype html><meta charset="utf-8"><link rel="icon" href="data:,">
 <script type="module">
 import { createEngine, cachedFiles, clearCache } from './node_modules/dflash-web/index.js';

@@ -30,8 +30,9 @@ async function freshPage(tag) {
 
 /** What Cache Storage holds: the keys of the weight cache and of the meta cache. */
 const CACHE_KEYS = async () => {
+  const { CACHE, META } = await import('/pkg/protocol.js');
   const keys = async (name) => (await (await caches.open(name)).keys()).map((r) => new URL(r.url).pathname);
-  return { files: await keys('dflash-web-v1'), metas: await keys('dflash-web-meta-v1') };
+  return { files: await keys(CACHE), metas: await keys(META) };
 };
 
 test('a panic in the worker fails its request with code Panic; a new worker reloads and answers the queued requests', { timeout: 300_000 }, async () => {
@@ -149,7 +150,8 @@ test('a cached copy that is corrupt or does not parse is dropped, fetched again 
     };
     const garbage = new Uint8Array(1 << 20).map((_, i) => (i * 7919) % 251);
     const hex = async (b) => [...new Uint8Array(await crypto.subtle.digest('SHA-256', b))].map((x) => x.toString(16).padStart(2, '0')).join('');
-    const [files, metas] = [await caches.open('dflash-web-v1'), await caches.open('dflash-web-meta-v1')];
+    const { CACHE, META } = await import('/pkg/protocol.js');
+    const [files, metas] = [await caches.open(CACHE), await caches.open(META)];
     const meta = async () => (await metas.match(url))?.json();
     const first = await load();
     const good = await meta();

@@ -18,7 +18,7 @@ use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{AcceptProfile, Acceptance, BlockSize};
 use dflash_core::synthetic::SyntheticSpec;
 use dflash_gpu::dflash::Speculative;
-use dflash_gpu::model::{Head, MAX_ROWS};
+use dflash_gpu::model::{OutputHead, MAX_ROWS};
 use dflash_gpu::synthetic::Planned;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions};
 use std::path::{Path, PathBuf};
@@ -443,11 +443,11 @@ fn run_plain(a: BenchArgs, synthetic: Option<SyntheticSpec>) -> Result<(), CliEr
 }
 
 /// The sampler's head for `sampling`.
-fn head_of(sampling: &SamplingParams) -> Head {
+fn head_of(sampling: &SamplingParams) -> OutputHead {
     if sampling.is_greedy() {
-        Head::Argmax
+        OutputHead::Argmax
     } else {
-        Head::Sample
+        OutputHead::Sample
     }
 }
 
@@ -757,7 +757,7 @@ fn run_dflash(
         (true, Some((_, ids))) => {
             plain.truncate(0);
             plain.prefill(ids)?;
-            spec.prefill(ids, dflash_gpu::model::Head::Argmax)?;
+            spec.prefill(ids, dflash_gpu::model::OutputHead::Argmax)?;
             let p = crate::profile::profile(&ctx, &mut plain, Some(&mut spec), ids.len(), &clock)?;
             if !a.json {
                 crate::profile::print(&p)?;

@@ -195,7 +195,7 @@ fn make_random_drafter(
     dflash2: bool,
 ) -> Result<(), CliError> {
     use dflash_core::drafter::random::{
-        write_dflash2_drafter, write_dir, write_drafter, Dflash2Spec, DrafterSpec,
+        write_dflash2_drafter, write_dir, write_drafter, DFlash2Spec, DrafterSpec,
     };
     let (m, _) = load(model)?;
     let c = m.config();
@@ -210,15 +210,7 @@ fn make_random_drafter(
         seed,
     };
     let files = if dflash2 {
-        let d = Dflash2Spec {
-            conv_kernel_size: 2,
-            conv_group_size: 16,
-            selector_rank: 64,
-            selector_top_k: 16,
-            output_multiplier: None,
-            final_logit_softcapping: None,
-            input_embedding_scale: None,
-        };
+        let d = DFlash2Spec::new(2, 16, 64, 16);
         write_dflash2_drafter(c, &spec, &d)
     } else {
         write_drafter(c, &spec)

@@ -6,7 +6,7 @@
 
 use crate::CliError;
 use dflash_gpu::dflash::Speculative;
-use dflash_gpu::model::Head;
+use dflash_gpu::model::OutputHead;
 use dflash_gpu::profile::{self, PlanProfile};
 use dflash_gpu::{GpuContext, GpuModel};
 use serde_json::{json, Value};
@@ -34,10 +34,10 @@ pub fn profile(
     pos: usize,
     now: &dyn Fn() -> f64,
 ) -> Result<Value, CliError> {
-    let one = g.profile_pass(1, Head::Argmax, pos, RUNS, now)?;
+    let one = g.profile_pass(1, OutputHead::Argmax, pos, RUNS, now)?;
     let sixteen = match spec {
         Some(s) => s.profile_step(16, RUNS, now)?,
-        None => g.profile_pass(16, Head::Argmax, pos, RUNS, now)?,
+        None => g.profile_pass(16, OutputHead::Argmax, pos, RUNS, now)?,
     };
     let host = g.host_times(5, now)?;
     let cal = profile::calibrate(ctx, &g.weight_matrices(), calibration_bytes(ctx), now)?;

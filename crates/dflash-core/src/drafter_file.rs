@@ -9,7 +9,7 @@
 //! `rope_parameters`, absent optional fields at their defaults, unknown fields ignored.
 
 use crate::config::HfRope;
-use crate::drafter::{Dflash2Config, DrafterConfig, LayerKind};
+use crate::drafter::{DFlash2Config, DrafterConfig, LayerKind};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value as Json;
@@ -18,7 +18,7 @@ pub use crate::limits::MAX_BLOCK_SIZE;
 
 /// The DFlash fields, as they appear in `dflash_config` or at the top level.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct DflashFields {
+pub struct DFlashFields {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block_size: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -105,14 +105,14 @@ pub struct DrafterFile {
     pub is_causal: Option<bool>,
     /// The DFlash fields written at the top level (older files).
     #[serde(flatten)]
-    pub top: DflashFields,
+    pub top: DFlashFields,
     /// Present (even as `null`) marks a drafter whatever `architectures` says.
     #[serde(
         default,
         deserialize_with = "present_or_empty",
         skip_serializing_if = "Option::is_none"
     )]
-    pub dflash_config: Option<DflashFields>,
+    pub dflash_config: Option<DFlashFields>,
 }
 
 /// A present field, `null` included, as `Some`.
@@ -125,8 +125,8 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
 /// A present `dflash_config`, `null` read as an empty one.
 fn present_or_empty<'de, D: Deserializer<'de>>(
     d: D,
-) -> std::result::Result<Option<DflashFields>, D::Error> {
-    Option::<DflashFields>::deserialize(d).map(|f| Some(f.unwrap_or_default()))
+) -> std::result::Result<Option<DFlashFields>, D::Error> {
+    Option::<DFlashFields>::deserialize(d).map(|f| Some(f.unwrap_or_default()))
 }
 
 /// The string entries of an array; anything that is not an array reads as none.
@@ -157,7 +157,7 @@ impl DrafterFile {
     }
 
     /// A DFlash field: `dflash_config` first, then the top level.
-    fn dflash<T: Clone>(&self, f: impl Fn(&DflashFields) -> &Option<T>) -> Option<T> {
+    fn dflash<T: Clone>(&self, f: impl Fn(&DFlashFields) -> &Option<T>) -> Option<T> {
         self.dflash_config
             .as_ref()
             .and_then(|d| f(d).clone())
@@ -345,11 +345,11 @@ fn draft_scales(f: &DrafterFile) -> Result<(f32, f32, Option<f32>)> {
 }
 
 /// DFlash2's fields and their checks against the drafter's sizes.
-fn dflash2_fields(f: &DrafterFile, block_size: usize) -> Result<Dflash2Config> {
+fn dflash2_fields(f: &DrafterFile, block_size: usize) -> Result<DFlash2Config> {
     let int = |k: &str, v: Option<usize>| {
         v.ok_or_else(|| Error::NotADrafter(format!("DFlash2 field {k} missing or not an integer")))
     };
-    let d = Dflash2Config {
+    let d = DFlash2Config {
         conv_kernel_size: int("conv_kernel_size", f.dflash(|d| &d.conv_kernel_size))?,
         conv_group_size: int("conv_group_size", f.dflash(|d| &d.conv_group_size))?,
         selector_rank: int("selector_rank", f.dflash(|d| &d.selector_rank))?,
@@ -397,10 +397,10 @@ impl From<&DrafterConfig> for DrafterFile {
     /// drafter at their defaults) and DFlash2's fields in `dflash_config`.
     /// `max_position_embeddings` is not part of a `DrafterConfig`: the writer sets it.
     fn from(c: &DrafterConfig) -> Self {
-        let mut dflash = DflashFields {
+        let mut dflash = DFlashFields {
             mask_token_id: Some(c.mask_token_id),
             target_layer_ids: Some(c.target_layer_ids.clone()),
-            ..DflashFields::default()
+            ..DFlashFields::default()
         };
         let default_scales = (c.input_embedding_scale, c.output_multiplier) == (1.0, 1.0)
             && c.final_logit_softcapping.is_none();
@@ -448,10 +448,10 @@ impl From<&DrafterConfig> for DrafterFile {
                     })
                     .collect(),
             ),
-            top: DflashFields {
+            top: DFlashFields {
                 block_size: Some(c.block_size),
                 num_target_layers: Some(c.num_target_layers),
-                ..DflashFields::default()
+                ..DFlashFields::default()
             },
             dflash_config: Some(dflash),
         }

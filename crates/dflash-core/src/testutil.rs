@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use crate::drafter::random::write_dir;
-pub use crate::drafter::random::{write_dflash2_drafter, write_drafter, Dflash2Spec, DrafterSpec};
+pub use crate::drafter::random::{write_dflash2_drafter, write_drafter, DFlash2Spec, DrafterSpec};
 pub use crate::rng::Rng;
 
 /// GPT-2's byte-to-unicode table: the visible characters byte-level BPE uses.

@@ -11,7 +11,7 @@ use dflash_core::model_files::{load_gguf, LoadedModel};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{generate_speculative_cpu, BlockSize};
 use dflash_core::testutil::{
-    random_weights, tiny_drafter_target, write_dflash2_drafter, write_gguf, Dflash2Spec,
+    random_weights, tiny_drafter_target, write_dflash2_drafter, write_gguf, DFlash2Spec,
     DrafterSpec, Rng,
 };
 use dflash_core::Error;
@@ -36,16 +36,8 @@ fn spec(seed: u64) -> DrafterSpec {
     }
 }
 
-fn d2() -> Dflash2Spec {
-    Dflash2Spec {
-        conv_kernel_size: 2,
-        conv_group_size: 16,
-        selector_rank: 32,
-        selector_top_k: 8,
-        output_multiplier: None,
-        final_logit_softcapping: None,
-        input_embedding_scale: None,
-    }
+fn d2() -> DFlash2Spec {
+    DFlash2Spec::new(2, 16, 32, 8)
 }
 
 fn load(files: &BTreeMap<String, Vec<u8>>) -> dflash_core::Result<DrafterWeights> {

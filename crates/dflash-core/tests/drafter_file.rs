@@ -3,7 +3,7 @@
 //! variant of the z-lab format reads the same, and every bad field is a typed error.
 
 use dflash_core::config::{Rope, RopeScaling, RopeStyle};
-use dflash_core::drafter::{Dflash2Config, DrafterConfig, DrafterFile, LayerKind};
+use dflash_core::drafter::{DFlash2Config, DrafterConfig, DrafterFile, LayerKind};
 use dflash_core::drafter_file::MAX_BLOCK_SIZE;
 use dflash_core::Error;
 use serde_json::{json, Value};
@@ -55,8 +55,8 @@ fn smollm2_drafter() -> DrafterConfig {
     }
 }
 
-fn dflash2() -> Dflash2Config {
-    Dflash2Config {
+fn dflash2() -> DFlash2Config {
+    DFlash2Config {
         conv_kernel_size: 2,
         conv_group_size: 16,
         selector_rank: 32,

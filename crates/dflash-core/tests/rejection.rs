@@ -14,7 +14,7 @@ use dflash_core::sampling::{distribution, inverse_cdf, random_uniform, SamplingP
 use dflash_core::speculative::{generate_speculative_cpu, BlockSize};
 use dflash_core::testutil::{
     random_weights, tiny_drafter_target, write_dflash2_drafter, write_drafter, write_gguf,
-    Dflash2Spec, DrafterSpec, Rng,
+    DFlash2Spec, DrafterSpec, Rng,
 };
 
 fn erfc(x: f64) -> f64 {
@@ -139,15 +139,7 @@ fn drafters(c: &dflash_core::config::ModelConfig) -> Vec<(&'static str, DrafterW
         mask_token_id: c.vocab_size as u32 - 1,
         seed: 3,
     };
-    let d2 = Dflash2Spec {
-        conv_kernel_size: 2,
-        conv_group_size: 16,
-        selector_rank: 32,
-        selector_top_k: 16,
-        output_multiplier: None,
-        final_logit_softcapping: None,
-        input_embedding_scale: None,
-    };
+    let d2 = DFlash2Spec::new(2, 16, 32, 16);
     let load = |files: std::collections::BTreeMap<String, Vec<u8>>| {
         DrafterWeights::load(
             std::str::from_utf8(&files["config.json"]).unwrap(),

@@ -3,7 +3,7 @@
 //! step; the host reads back one token id per step.
 
 use crate::error::Result;
-use crate::model::{GpuModel, Head};
+use crate::model::{GpuModel, OutputHead};
 use dflash_core::generate::{token_budget, GenerateRequest, GenerateResult, TokenSink};
 use dflash_core::tokenizer::TextTokenizer;
 
@@ -20,9 +20,9 @@ impl GpuModel {
     ) -> Result<GenerateResult> {
         let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, self.context)?;
         let head = if req.sampling.is_greedy() {
-            Head::Argmax
+            OutputHead::Argmax
         } else {
-            Head::Sample
+            OutputHead::Sample
         };
         self.set_sampling(&req.sampling)?;
         let t0 = clock();
@@ -47,7 +47,7 @@ impl GpuModel {
         &mut self,
         first: u32,
         max: usize,
-        head: Head,
+        head: OutputHead,
         push: &mut dyn FnMut(u32) -> Result<bool>,
     ) -> Result<()> {
         if self.ctx.tuning.pipelined_decode {
@@ -69,7 +69,7 @@ impl GpuModel {
         &mut self,
         first: u32,
         max: usize,
-        head: Head,
+        head: OutputHead,
         push: &mut dyn FnMut(u32) -> Result<bool>,
     ) -> Result<()> {
         pollster::block_on(self.decode_async(first, max, head, push))
@@ -84,7 +84,7 @@ impl GpuModel {
         &mut self,
         first: u32,
         max: usize,
-        head: Head,
+        head: OutputHead,
         push: &mut dyn FnMut(u32) -> Result<bool>,
     ) -> Result<()> {
         if max == 0 {

@@ -151,9 +151,10 @@ pub(crate) struct Activations {
     pub(crate) token_readback: [wgpu::Buffer; 2],
 }
 
-/// What a pass produces beyond the KV cache.
+/// What a pass produces beyond the KV cache: its output head (the lm_head and what
+/// follows it), not to be confused with attention heads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Head {
+pub enum OutputHead {
     /// No lm_head (prefill chunks before the last).
     None,
     /// lm_head and argmax for every row.
@@ -174,7 +175,7 @@ pub struct GpuModel {
     rope_table: wgpu::Buffer,
     layers: Vec<GpuLayer>,
     pub(crate) act: Activations,
-    pub(crate) plans: HashMap<(usize, Head), Vec<Dispatch>>,
+    pub(crate) plans: HashMap<(usize, OutputHead), Vec<Dispatch>>,
     /// Committed positions in the KV cache.
     pub(crate) len: usize,
     /// The token of each leading row of the KV cache that is known (at most `len`;
@@ -566,7 +567,7 @@ impl GpuModel {
         self.ctx.pipelines.len()
     }
 
-    pub(crate) fn build_plan(&self, n: usize, head: Head) -> Result<Vec<Dispatch>> {
+    pub(crate) fn build_plan(&self, n: usize, head: OutputHead) -> Result<Vec<Dispatch>> {
         let ctx: &GpuContext = &self.ctx;
         let a = &self.act;
         let mut d = ops::embedding(ctx, &self.embed, &a.tokens, &a.x, n)?;
@@ -599,7 +600,7 @@ impl GpuModel {
                 )?);
             }
         }
-        if head != Head::None {
+        if head != OutputHead::None {
             self.head(&mut d, n, head)?;
         }
         Ok(d)
@@ -641,7 +642,7 @@ impl GpuModel {
 
     /// Final RMSNorm + lm_head (one GEMV), then the greedy head's reduction (its first
     /// half is the lm_head's epilogue) or the sampler.
-    fn head(&self, d: &mut Vec<Dispatch>, n: usize, head: Head) -> Result<()> {
+    fn head(&self, d: &mut Vec<Dispatch>, n: usize, head: OutputHead) -> Result<()> {
         let (ctx, a) = (&*self.ctx, &self.act);
         let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
         let c = &self.config;
@@ -653,7 +654,7 @@ impl GpuModel {
             n,
             c.hidden_size,
         )?;
-        if head == Head::Sample {
+        if head == OutputHead::Sample {
             d.extend(ops::gemv_fused(ctx, lm, x, &a.logits, n, &norm)?);
             d.push(ops::sample(
                 ctx,
@@ -677,7 +678,7 @@ impl GpuModel {
 
     /// Encodes and submits one pass over `tokens` (at most 16) at positions
     /// `len..len+n`. Nothing is read back.
-    pub(crate) fn submit_pass(&mut self, tokens: &[u32], head: Head) -> Result<()> {
+    pub(crate) fn submit_pass(&mut self, tokens: &[u32], head: OutputHead) -> Result<()> {
         self.prepare_pass(tokens, head)?;
         let cb = self.encode_pass(tokens.len(), head);
         self.ctx.queue.submit([cb]);
@@ -687,7 +688,7 @@ impl GpuModel {
     }
 
     /// Checks a pass over `tokens`, builds its plan once, writes the tokens and state.
-    fn prepare_pass(&mut self, tokens: &[u32], head: Head) -> Result<()> {
+    fn prepare_pass(&mut self, tokens: &[u32], head: OutputHead) -> Result<()> {
         let n = tokens.len();
         assert!((1..=MAX_ROWS).contains(&n));
         if self.len + n > self.context {
@@ -721,7 +722,7 @@ impl GpuModel {
 
     /// The command buffer of a prepared pass of `n` rows (and the copy of its tokens to
     /// the read-back buffer when it has a head).
-    fn encode_pass(&self, n: usize, head: Head) -> wgpu::CommandBuffer {
+    fn encode_pass(&self, n: usize, head: OutputHead) -> wgpu::CommandBuffer {
         let mut enc = self
             .ctx
             .device
@@ -737,7 +738,7 @@ impl GpuModel {
                 disp.encode(&mut pass);
             }
         }
-        if head != Head::None {
+        if head != OutputHead::None {
             enc.copy_buffer_to_buffer(
                 &self.act.out_tokens,
                 0,
@@ -755,7 +756,7 @@ impl GpuModel {
     pub fn profile_pass(
         &mut self,
         n: usize,
-        head: Head,
+        head: OutputHead,
         pos: usize,
         runs: usize,
         now: &dyn Fn() -> f64,
@@ -784,9 +785,9 @@ impl GpuModel {
         let mut t = (Vec::new(), Vec::new(), Vec::new());
         let mut token = 0;
         for _ in 0..steps.max(1) {
-            self.prepare_pass(&[token], Head::Argmax)?;
+            self.prepare_pass(&[token], OutputHead::Argmax)?;
             let t0 = now();
-            let cb = self.encode_pass(1, Head::Argmax);
+            let cb = self.encode_pass(1, OutputHead::Argmax);
             let t1 = now();
             self.ctx.queue.submit([cb]);
             let t2 = now();
@@ -819,7 +820,7 @@ impl GpuModel {
     /// The host reads back only those ids (4 bytes per row).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn step(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
-        self.step_with(tokens, Head::Argmax)
+        self.step_with(tokens, OutputHead::Argmax)
     }
 
     /// Submits a one-row decode step without waiting for the previous one's token: the
@@ -829,7 +830,7 @@ impl GpuModel {
     pub(crate) fn submit_fed_step(
         &mut self,
         token: Option<u32>,
-        head: Head,
+        head: OutputHead,
         slot: usize,
     ) -> Result<wgpu::SubmissionIndex> {
         // The check and the plan of a one-row pass (a token the GPU feeds is in range).
@@ -853,7 +854,7 @@ impl GpuModel {
         Ok(index)
     }
 
-    /// Sets the sampler's parameters for `Head::Sample` passes (greedy parameters are
+    /// Sets the sampler's parameters for `OutputHead::Sample` passes (greedy parameters are
     /// served by the argmax head instead).
     pub fn set_sampling(&self, sp: &dflash_core::sampling::SamplingParams) -> Result<()> {
         sp.validate()?;
@@ -873,12 +874,12 @@ impl GpuModel {
 
     /// One step; the next token of every row from the given head.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn step_with(&mut self, tokens: &[u32], head: Head) -> Result<Vec<u32>> {
+    pub fn step_with(&mut self, tokens: &[u32], head: OutputHead) -> Result<Vec<u32>> {
         pollster::block_on(self.step_with_async(tokens, head))
     }
 
     /// `step_with` for hosts whose GPU answers through the event loop (the browser).
-    pub async fn step_with_async(&mut self, tokens: &[u32], head: Head) -> Result<Vec<u32>> {
+    pub async fn step_with_async(&mut self, tokens: &[u32], head: OutputHead) -> Result<Vec<u32>> {
         self.submit_pass(tokens, head)?;
         let bytes = self.ctx.read_mapped_async(&self.act.readback).await?;
         Ok(bytemuck::cast_slice::<u8, u32>(&bytes)[..tokens.len()].to_vec())
@@ -888,18 +889,18 @@ impl GpuModel {
     /// results are the same bits as in a one-row step); returns the greedy next token.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<u32> {
-        self.prefill_with(tokens, Head::Argmax)
+        self.prefill_with(tokens, OutputHead::Argmax)
     }
 
     /// Prefill of a new sequence (from position 0), choosing the next token with `head`
     /// (Argmax or Sample).
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn prefill_with(&mut self, tokens: &[u32], head: Head) -> Result<u32> {
+    pub fn prefill_with(&mut self, tokens: &[u32], head: OutputHead) -> Result<u32> {
         pollster::block_on(self.prefill_with_async(tokens, head))
     }
 
     /// `prefill_with` for event-loop hosts.
-    pub async fn prefill_with_async(&mut self, tokens: &[u32], head: Head) -> Result<u32> {
+    pub async fn prefill_with_async(&mut self, tokens: &[u32], head: OutputHead) -> Result<u32> {
         self.prefill_from_async(tokens, 0, head).await
     }
 
@@ -909,7 +910,7 @@ impl GpuModel {
         &mut self,
         tokens: &[u32],
         keep: usize,
-        head: Head,
+        head: OutputHead,
     ) -> Result<u32> {
         self.truncate(keep);
         if tokens.len() <= keep {
@@ -917,7 +918,7 @@ impl GpuModel {
         }
         let chunks: Vec<&[u32]> = tokens[keep..].chunks(MAX_ROWS).collect();
         for ch in &chunks[..chunks.len() - 1] {
-            self.submit_pass(ch, Head::None)?;
+            self.submit_pass(ch, OutputHead::None)?;
         }
         let last = self.step_with_async(chunks[chunks.len() - 1], head).await?;
         Ok(*last.last().unwrap())

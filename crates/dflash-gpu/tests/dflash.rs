@@ -15,7 +15,7 @@ use dflash_core::testutil::{
     random_weights, tiny_drafter_target, write_drafter, write_gguf, DrafterSpec, Rng,
 };
 use dflash_gpu::dflash::Speculative;
-use dflash_gpu::model::Head;
+use dflash_gpu::model::OutputHead;
 use dflash_gpu::{GpuModel, GpuModelOptions};
 
 fn target() -> LoadedModel {
@@ -115,9 +115,9 @@ fn plain_gpu(
     is_stop: &dyn Fn(u32) -> bool,
 ) -> Vec<u32> {
     let head = if sp.is_greedy() {
-        Head::Argmax
+        OutputHead::Argmax
     } else {
-        Head::Sample
+        OutputHead::Sample
     };
     g.set_sampling(sp).unwrap();
     g.truncate(0);
@@ -274,9 +274,9 @@ fn the_drafter_forward_matches_the_cpu_reference() {
         let p = &p;
         let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
         let mut spec = Speculative::new(tm, &w).unwrap();
-        let anchor = spec.prefill(p, Head::Argmax).unwrap();
+        let anchor = spec.prefill(p, OutputHead::Argmax).unwrap();
         let b = 8;
-        spec.step(b, Head::Argmax).unwrap();
+        spec.step(b, OutputHead::Argmax).unwrap();
         let got = spec.read_draft_hidden(b).unwrap();
         // CPU: the same context (the prompt rows) and block.
         let mut cache = cpu_t.new_cache(128);
@@ -310,7 +310,7 @@ fn the_drafter_forward_matches_the_cpu_reference() {
 }
 
 fn dflash2_drafter(t: &LoadedModel, seed: u64) -> DrafterWeights {
-    use dflash_core::testutil::{write_dflash2_drafter, Dflash2Spec};
+    use dflash_core::testutil::{write_dflash2_drafter, DFlash2Spec};
     let s = DrafterSpec {
         layers: 2,
         block_size: 8,
@@ -321,14 +321,11 @@ fn dflash2_drafter(t: &LoadedModel, seed: u64) -> DrafterWeights {
         mask_token_id: t.config().vocab_size as u32 - 1,
         seed,
     };
-    let d = Dflash2Spec {
-        conv_kernel_size: 2,
-        conv_group_size: 16,
-        selector_rank: 32,
-        selector_top_k: 8,
+    let d = DFlash2Spec {
         output_multiplier: Some(0.8),
         final_logit_softcapping: Some(6.0),
         input_embedding_scale: Some(1.25),
+        ..DFlash2Spec::new(2, 16, 32, 8)
     };
     let files = write_dflash2_drafter(t.config(), &s, &d);
     DrafterWeights::load(
@@ -353,9 +350,9 @@ fn the_dflash2_drafter_matches_the_cpu_reference() {
         for p in prompts().into_iter().take(if quick() { 2 } else { 4 }) {
             let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
             let mut spec = Speculative::new(tm, &w).unwrap();
-            let anchor = spec.prefill(&p, Head::Argmax).unwrap();
+            let anchor = spec.prefill(&p, OutputHead::Argmax).unwrap();
             let b = 8;
-            spec.step(b, Head::Argmax).unwrap();
+            spec.step(b, OutputHead::Argmax).unwrap();
             let got = spec.read_draft_hidden(b).unwrap();
             let drafts = spec.read_drafts(b).unwrap();
             let mut cache = cpu_t.new_cache(128);

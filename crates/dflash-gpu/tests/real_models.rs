@@ -142,11 +142,11 @@ fn plain_tokens(
     sp: &dflash_core::sampling::SamplingParams,
     n: usize,
 ) -> Vec<u32> {
-    use dflash_gpu::model::Head;
+    use dflash_gpu::model::OutputHead;
     let head = if sp.is_greedy() {
-        Head::Argmax
+        OutputHead::Argmax
     } else {
-        Head::Sample
+        OutputHead::Sample
     };
     plain.set_sampling(sp).unwrap();
     let mut want = vec![plain.prefill_with(prompt, head).unwrap()];
@@ -182,7 +182,7 @@ fn smollm2_dflash_and_dflash2_are_lossless_and_the_trained_drafter_accepts_draft
     use dflash_core::generate::GenerateRequest;
     use dflash_core::sampling::SamplingParams;
     use dflash_core::speculative::BlockSize;
-    use dflash_core::testutil::{write_dflash2_drafter, write_drafter, Dflash2Spec, DrafterSpec};
+    use dflash_core::testutil::{write_dflash2_drafter, write_drafter, DFlash2Spec, DrafterSpec};
     use dflash_gpu::dflash::Speculative;
     let Some(path) = smollm2() else { return };
     let Some(ctx) = gpu_context(&GpuOptions::default()) else {
@@ -230,15 +230,7 @@ fn smollm2_dflash_and_dflash2_are_lossless_and_the_trained_drafter_accepts_draft
         mask_token_id: c.vocab_size as u32 - 1,
         seed,
     };
-    let dflash2 = Dflash2Spec {
-        conv_kernel_size: 2,
-        conv_group_size: 16,
-        selector_rank: 32,
-        selector_top_k: 16,
-        output_multiplier: None,
-        final_logit_softcapping: None,
-        input_embedding_scale: None,
-    };
+    let dflash2 = DFlash2Spec::new(2, 16, 32, 16);
     let trained_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../drafters/smollm2-135m-instruct-dflash-b16");
     let mut drafters: Vec<(&str, DrafterWeights, Vec<Run>)> = vec![

@@ -8,7 +8,7 @@ mod common;
 use dflash_core::rng::Rng;
 use dflash_core::synthetic::{spec, NAMES};
 use dflash_gpu::dflash::Speculative;
-use dflash_gpu::model::Head;
+use dflash_gpu::model::OutputHead;
 use dflash_gpu::synthetic::{build, plan, Planned};
 use dflash_gpu::{GpuError, GpuModel, GpuModelOptions, GpuOptions};
 use std::time::Instant;
@@ -132,16 +132,16 @@ fn simulated_acceptance_replays_plain_tokens_through_the_real_step() {
     let prompt: Vec<u32> = (0..12).map(|i| (i * 37 % 512) as u32).collect();
     let truth = plain.generate_greedy(&prompt, 30, &|_| false).unwrap();
     // The drafter's own drafts (random weights): lossless.
-    let anchor = spec_.prefill(&prompt, Head::Argmax).unwrap();
+    let anchor = spec_.prefill(&prompt, OutputHead::Argmax).unwrap();
     let mut got = vec![anchor];
     while got.len() < truth.len() {
-        got.extend(spec_.step(8, Head::Argmax).unwrap().tokens);
+        got.extend(spec_.step(8, OutputHead::Argmax).unwrap().tokens);
     }
     got.truncate(truth.len());
     assert_eq!(got, truth);
     // Host drafts with the drafter pass still running: the first three slots right.
     spec_.simulate = true;
-    let anchor = spec_.prefill(&prompt, Head::Argmax).unwrap();
+    let anchor = spec_.prefill(&prompt, OutputHead::Argmax).unwrap();
     let mut got = vec![anchor];
     let mut taus = Vec::new();
     while got.len() < truth.len() {
@@ -154,7 +154,7 @@ fn simulated_acceptance_replays_plain_tokens_through_the_real_step() {
             })
             .collect();
         spec_.set_host_drafts_at(start + 1, &drafts);
-        let r = spec_.step(8, Head::Argmax).unwrap();
+        let r = spec_.step(8, OutputHead::Argmax).unwrap();
         taus.push(r.accepted + 1);
         got.extend(r.tokens);
     }

@@ -16,7 +16,7 @@ use dflash_core::model_files::load_path;
 use dflash_core::speculative::BlockSize;
 use dflash_core::testutil::zlab::{cases, ids, json};
 use dflash_gpu::dflash::Speculative;
-use dflash_gpu::model::Head;
+use dflash_gpu::model::OutputHead;
 use dflash_gpu::{GpuModel, GpuModelOptions};
 
 /// A top-2 logit margin of the reference's target under this may fall either way.
@@ -46,8 +46,8 @@ fn the_gpu_drafter_and_loop_agree_with_the_cpu_reference_and_z_lab() {
             // One block after the fixture's block prompt, against the CPU reference.
             let p = ids(&r["prompts"][r["block"]["prompt_index"].as_u64().unwrap() as usize]);
             let b = w.config.block_size.min(8);
-            let anchor = spec.prefill(&p, Head::Argmax).unwrap();
-            spec.step(b, Head::Argmax).unwrap();
+            let anchor = spec.prefill(&p, OutputHead::Argmax).unwrap();
+            spec.step(b, OutputHead::Argmax).unwrap();
             let got = spec.read_draft_hidden(b).unwrap();
             let (cpu_t, cpu_d) = (CpuModel::new(&t.weights), CpuDrafter::new(&w));
             let mut cache = cpu_t.new_cache(p.len());

@@ -233,7 +233,7 @@ fn run_train(a: TrainArgs) -> Result<(), TrainError> {
         grad_clip: 1.0,
         dflash2: match a.arch.as_str() {
             "dflash" => None,
-            "dflash2" => Some(dflash_train::train::Dflash2Sizes {
+            "dflash2" => Some(dflash_core::drafter::DFlash2Config {
                 conv_kernel_size: a.conv_kernel_size,
                 conv_group_size: a.conv_group_size,
                 selector_rank: a.selector_rank,

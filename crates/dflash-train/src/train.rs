@@ -11,7 +11,7 @@ use crate::target::Target;
 use crate::TrainError;
 use candle_core::{DType, Device, Tensor};
 use dflash_core::config::{ModelConfig, Rope, RopeStyle};
-use dflash_core::drafter::{Dflash2Config, DrafterConfig, DrafterFile, LayerKind};
+use dflash_core::drafter::{DFlash2Config, DrafterConfig, DrafterFile, LayerKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -35,16 +35,8 @@ pub struct TrainConfig {
     pub grad_clip: f64,
     /// Train a DFlash2 drafter (`DFlash2DraftModel`) with these sizes; None: DFlash.
     #[serde(default)]
-    pub dflash2: Option<Dflash2Sizes>,
-}
-
-/// The sizes of a DFlash2 drafter's extras (the published release: 2, 16, 256, 16).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Dflash2Sizes {
-    pub conv_kernel_size: usize,
-    pub conv_group_size: usize,
-    pub selector_rank: usize,
-    pub selector_top_k: usize,
+    /// DFlash2's sizes (the published release: 2, 16, 256, 16), or plain DFlash.
+    pub dflash2: Option<DFlash2Config>,
 }
 
 /// Where a new run's weights start.
@@ -106,12 +98,7 @@ pub fn run_drafter_config(t: &ModelConfig, tc: &TrainConfig) -> DrafterConfig {
     let mut c = drafter_config(t, tc.layers, tc.block_size, tc.mask_token_id);
     if let Some(d) = &tc.dflash2 {
         c.architecture = "DFlash2DraftModel".into();
-        c.dflash2 = Some(Dflash2Config {
-            conv_kernel_size: d.conv_kernel_size,
-            conv_group_size: d.conv_group_size,
-            selector_rank: d.selector_rank,
-            selector_top_k: d.selector_top_k,
-        });
+        c.dflash2 = Some(d.clone());
     }
     c
 }

@@ -6,20 +6,18 @@
 use candle_core::{Device, Tensor};
 use dflash_core::cpu::CpuModel;
 use dflash_core::drafter::{
-    load_drafter_dir, CpuDrafter, DrafterConfig, DrafterPrecision, DrafterWeights,
+    load_drafter_dir, CpuDrafter, DFlash2Config, DrafterConfig, DrafterPrecision, DrafterWeights,
 };
 use dflash_core::formats::ggml::GgmlType;
 use dflash_core::model_files::{load_gguf, LoadedModel};
 use dflash_core::testutil::{
-    random_weights, tiny_drafter_target, write_dflash2_drafter, Dflash2Spec, DrafterSpec,
+    random_weights, tiny_drafter_target, write_dflash2_drafter, DFlash2Spec, DrafterSpec,
 };
 use dflash_train::data::{distill, read_samples, DataOptions, Sample};
 use dflash_train::draft_model::{param_shapes, DraftParams, DraftTrainer};
 use dflash_train::eval::evaluate;
 use dflash_train::target::Target;
-use dflash_train::train::{
-    drafter_file, run_drafter_config, train, Dflash2Sizes, Init, TrainConfig,
-};
+use dflash_train::train::{drafter_file, run_drafter_config, train, Init, TrainConfig};
 
 fn tmp(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("dflash-train-d2-{}-{name}", std::process::id()));
@@ -28,8 +26,8 @@ fn tmp(name: &str) -> std::path::PathBuf {
     d
 }
 
-fn sizes() -> Dflash2Sizes {
-    Dflash2Sizes {
+fn sizes() -> DFlash2Config {
+    DFlash2Config {
         conv_kernel_size: 2,
         conv_group_size: 16,
         selector_rank: 32,
@@ -37,7 +35,7 @@ fn sizes() -> Dflash2Sizes {
     }
 }
 
-fn config(vocab: u32, dflash2: Option<Dflash2Sizes>, steps: usize, lr: f64) -> TrainConfig {
+fn config(vocab: u32, dflash2: Option<DFlash2Config>, steps: usize, lr: f64) -> TrainConfig {
     TrainConfig {
         layers: 1,
         block_size: 8,
@@ -484,15 +482,7 @@ fn dflash2_run_trains_the_selector_and_exports_a_dflash2_checkpoint() {
         mask_token_id: v - 1,
         seed: 9,
     };
-    let spec = Dflash2Spec {
-        conv_kernel_size: 2,
-        conv_group_size: 16,
-        selector_rank: 32,
-        selector_top_k: 4,
-        output_multiplier: None,
-        final_logit_softcapping: None,
-        input_embedding_scale: None,
-    };
+    let spec = DFlash2Spec::new(2, 16, 32, 4);
     let rand_dir = dir.join("random");
     dflash_core::testutil::write_dir(&rand_dir, &write_dflash2_drafter(&c, &base, &spec)).unwrap();
     let names = |d: &std::path::Path| -> Vec<(String, Vec<usize>)> {

@@ -54,12 +54,13 @@ pub struct DrafterConfig {
     /// `tanh(x / cap) * cap` on the draft logits (None: off).
     pub final_logit_softcapping: Option<f32>,
     /// The DFlash2 extras (grouped dynamic convolution, candidate selector).
-    pub dflash2: Option<Dflash2Config>,
+    pub dflash2: Option<DFlash2Config>,
 }
 
-/// DFlash2's fields (`dflash_config` or top level).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Dflash2Config {
+/// DFlash2's fields (`dflash_config` or top level); the trainer's run config keeps them
+/// too.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DFlash2Config {
     /// Causal taps of each dynamic convolution.
     pub conv_kernel_size: usize,
     /// Channels sharing one dynamic kernel delta.
@@ -69,7 +70,7 @@ pub struct Dflash2Config {
     pub selector_top_k: usize,
 }
 
-impl Dflash2Config {
+impl DFlash2Config {
     pub fn num_groups(&self, hidden: usize) -> usize {
         hidden / self.conv_group_size
     }

@@ -3,7 +3,7 @@
 //! measure a pair's DFlash step without a trained drafter, and what the tests load.
 
 use crate::config::{ModelConfig, Rope, RopeStyle};
-use crate::drafter::{DrafterConfig, DrafterFile, LayerKind};
+use crate::drafter::{DFlash2Config, DrafterConfig, DrafterFile, LayerKind};
 use crate::formats::hf::write_safetensors;
 use crate::rng::Rng;
 use safetensors::Dtype;
@@ -58,16 +58,35 @@ fn bf16_bytes(x: &[f32]) -> Vec<u8> {
         .collect()
 }
 
-/// DFlash2's extras for `write_dflash2_drafter`.
+/// DFlash2's extras for `write_dflash2_drafter`: its sizes and the optional scales.
 #[derive(Debug, Clone)]
-pub struct Dflash2Spec {
-    pub conv_kernel_size: usize,
-    pub conv_group_size: usize,
-    pub selector_rank: usize,
-    pub selector_top_k: usize,
+pub struct DFlash2Spec {
+    pub sizes: DFlash2Config,
     pub output_multiplier: Option<f32>,
     pub final_logit_softcapping: Option<f32>,
     pub input_embedding_scale: Option<f32>,
+}
+
+impl DFlash2Spec {
+    /// DFlash2's sizes, the scales unset.
+    pub fn new(
+        conv_kernel_size: usize,
+        conv_group_size: usize,
+        selector_rank: usize,
+        selector_top_k: usize,
+    ) -> Self {
+        DFlash2Spec {
+            sizes: DFlash2Config {
+                conv_kernel_size,
+                conv_group_size,
+                selector_rank,
+                selector_top_k,
+            },
+            output_multiplier: None,
+            final_logit_softcapping: None,
+            input_embedding_scale: None,
+        }
+    }
 }
 
 /// A DFlash2 drafter (`DFlash2DraftModel`): the DFlash tensors plus, per layer,
@@ -78,20 +97,20 @@ pub struct Dflash2Spec {
 pub fn write_dflash2_drafter(
     t: &ModelConfig,
     s: &DrafterSpec,
-    d: &Dflash2Spec,
+    d: &DFlash2Spec,
 ) -> BTreeMap<String, Vec<u8>> {
     let (mut cfg, mut tensors) = drafter_parts(t, s);
     cfg.architectures = vec!["DFlash2DraftModel".into()];
     let dc = cfg.dflash_config.get_or_insert_with(Default::default);
-    dc.conv_kernel_size = Some(d.conv_kernel_size);
-    dc.conv_group_size = Some(d.conv_group_size);
-    dc.selector_rank = Some(d.selector_rank);
-    dc.selector_top_k = Some(d.selector_top_k);
+    dc.conv_kernel_size = Some(d.sizes.conv_kernel_size);
+    dc.conv_group_size = Some(d.sizes.conv_group_size);
+    dc.selector_rank = Some(d.sizes.selector_rank);
+    dc.selector_top_k = Some(d.sizes.selector_top_k);
     dc.output_multiplier = d.output_multiplier;
     dc.final_logit_softcapping = d.final_logit_softcapping.map(Some);
     dc.input_embedding_scale = d.input_embedding_scale;
     let h = t.hidden_size;
-    let groups = h / d.conv_group_size.max(1);
+    let groups = h / d.sizes.conv_group_size.max(1);
     let mut rng = Rng(s.seed ^ 0xd2);
     let mut put = |name: String, shape: Vec<usize>, scale: f32, rng: &mut Rng| {
         let n = shape.iter().product();
@@ -101,13 +120,13 @@ pub fn write_dflash2_drafter(
         for conv in ["attention_conv", "mlp_conv"] {
             put(
                 format!("layers.{i}.{conv}.base_kernel"),
-                vec![2, d.conv_kernel_size, h],
+                vec![2, d.sizes.conv_kernel_size, h],
                 0.5,
                 &mut rng,
             );
             put(
                 format!("layers.{i}.{conv}.kernel_projection.weight"),
-                vec![2 * d.conv_kernel_size * groups, h],
+                vec![2 * d.sizes.conv_kernel_size * groups, h],
                 0.3 / (h as f32).sqrt(),
                 &mut rng,
             );
@@ -115,19 +134,19 @@ pub fn write_dflash2_drafter(
     }
     put(
         "candidate_selector.hidden_projection.weight".into(),
-        vec![d.selector_rank, h],
+        vec![d.sizes.selector_rank, h],
         1.0 / (h as f32).sqrt(),
         &mut rng,
     );
     put(
         "candidate_selector.predecessor_codebook".into(),
-        vec![t.vocab_size, d.selector_rank],
+        vec![t.vocab_size, d.sizes.selector_rank],
         1.0,
         &mut rng,
     );
     put(
         "candidate_selector.successor_codebook".into(),
-        vec![t.vocab_size, d.selector_rank],
+        vec![t.vocab_size, d.sizes.selector_rank],
         1.0,
         &mut rng,
     );

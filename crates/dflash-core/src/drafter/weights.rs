@@ -83,7 +83,7 @@ impl DrafterWeights {
             })
         };
         let vec = |name: &str, len: usize| checked_vector(&src, name, len);
-        let conv = |prefix: String, d: &Dflash2Config| -> Result<GroupedConv> {
+        let conv = |prefix: String, d: &DFlash2Config| -> Result<GroupedConv> {
             let name = format!("{prefix}.base_kernel");
             let want = vec![2, d.conv_kernel_size, h];
             let shape = src

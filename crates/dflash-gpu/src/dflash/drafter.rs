@@ -43,8 +43,8 @@ struct GpuConv {
 }
 
 /// DFlash2's selector weights and its work buffers.
-pub(super) struct Dflash2Gpu {
-    pub(super) config: dflash_core::drafter::Dflash2Config,
+pub(super) struct DFlash2Gpu {
+    pub(super) config: dflash_core::drafter::DFlash2Config,
     hidden_projection: GpuMatrix,
     predecessor: wgpu::Buffer,
     successor: wgpu::Buffer,
@@ -97,7 +97,7 @@ pub struct GpuDrafter {
     pub(super) host_drafts: wgpu::Buffer,
     /// Rejection sampling: per block row (accepted, token).
     pub(super) verdict: wgpu::Buffer,
-    pub(super) d2: Option<Dflash2Gpu>,
+    pub(super) d2: Option<DFlash2Gpu>,
     /// Plain drafters only.
     pub(super) sampled: Option<SampledProposal>,
     pub n_bytes: u64,
@@ -259,7 +259,7 @@ impl GpuDrafter {
                 let (pred, succ) = (sel.predecessor.dequantize(), sel.successor.dequantize());
                 n_bytes += (sel.hidden_projection.n_bytes() + 4 * (pred.len() + succ.len())) as u64;
                 let k = d.selector_top_k as u64;
-                Some(Dflash2Gpu {
+                Some(DFlash2Gpu {
                     hidden_projection: upload_matrix(
                         ctx,
                         "d2.hidden_projection",
@@ -348,7 +348,7 @@ impl GpuDrafter {
         c: &dflash_core::drafter::DrafterConfig,
         w: GpuDrafterWeights,
         convs: Vec<Option<[GpuConv; 2]>>,
-        d2: Option<Dflash2Gpu>,
+        d2: Option<DFlash2Gpu>,
         n_bytes: u64,
         target: &GpuModel,
         host_draft_capacity: usize,

@@ -10,7 +10,7 @@ pub use drafter::{
 };
 
 use crate::error::{GpuError, Result};
-use crate::model::{GpuModel, Head, PassState, MAX_ROWS};
+use crate::model::{GpuModel, OutputHead, PassState, MAX_ROWS};
 use crate::ops;
 use crate::pipelines::Dispatch;
 use dflash_core::drafter::DrafterWeights;
@@ -29,7 +29,7 @@ pub struct StepResult {
 /// Target and drafter on one device, with the step plans per (block, head).
 /// A step plan's key: (rows of taps the context grows by, block, head, host drafts,
 /// drafter pass despite host drafts, rejection sampling, sampled drafts).
-type StepKey = (usize, usize, Head, bool, bool, bool, bool);
+type StepKey = (usize, usize, OutputHead, bool, bool, bool, bool);
 
 pub struct Speculative {
     pub target: GpuModel,
@@ -117,18 +117,23 @@ impl Speculative {
     /// Prefill of the target with taps, feeding every prompt row to the drafter's context;
     /// returns the first token (the first anchor) and leaves it on the GPU.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn prefill(&mut self, prompt: &[u32], head: Head) -> Result<u32> {
+    pub fn prefill(&mut self, prompt: &[u32], head: OutputHead) -> Result<u32> {
         pollster::block_on(self.prefill_async(prompt, head))
     }
 
     /// `prefill` for event-loop hosts.
-    pub async fn prefill_async(&mut self, prompt: &[u32], head: Head) -> Result<u32> {
+    pub async fn prefill_async(&mut self, prompt: &[u32], head: OutputHead) -> Result<u32> {
         self.prefill_from_async(prompt, 0, head).await
     }
 
     /// The prefill of `prompt` past its first `keep` rows, which the target's cache and
     /// the drafter's context hold from the last request (`GpuModel::reusable_rows`).
-    async fn prefill_from_async(&mut self, prompt: &[u32], keep: usize, head: Head) -> Result<u32> {
+    async fn prefill_from_async(
+        &mut self,
+        prompt: &[u32],
+        keep: usize,
+        head: OutputHead,
+    ) -> Result<u32> {
         self.target.truncate(keep);
         if prompt.len() <= keep {
             return Err(GpuError::Core(dflash_core::Error::EmptyPrompt));
@@ -140,7 +145,7 @@ impl Speculative {
             let start = self.target.len();
             let last = i + 1 == chunks.len();
             self.target
-                .submit_pass(ch, if last { head } else { Head::None })?;
+                .submit_pass(ch, if last { head } else { OutputHead::None })?;
             PassState::at(start).write(&ctx, &self.target.act.ext_state);
             if !self.ext_plans.contains_key(&ch.len()) {
                 let p = self
@@ -168,8 +173,8 @@ impl Speculative {
     }
 
     /// The plan of a step of `b` rows after the current previous block, built once.
-    fn ensure_plan(&mut self, b: usize, head: Head) -> Result<StepKey> {
-        let rejection = self.rejection && head == Head::Sample;
+    fn ensure_plan(&mut self, b: usize, head: OutputHead) -> Result<StepKey> {
+        let rejection = self.rejection && head == OutputHead::Sample;
         // DFlash2's walk always samples under rejection; a plain drafter where asked.
         let sampled = rejection && (self.drafter.d2.is_some() || self.sampled_drafts);
         let pass = self.host_drafts && self.simulate;
@@ -259,7 +264,7 @@ impl Speculative {
         let b = b.clamp(1, self.max_block());
         let keep = self.prev_block;
         self.prev_block = b;
-        let key = self.ensure_plan(b, Head::Argmax);
+        let key = self.ensure_plan(b, OutputHead::Argmax);
         self.prev_block = keep;
         let key = key?;
         let a = &self.target.act;
@@ -290,12 +295,12 @@ impl Speculative {
     /// extend the drafter's context with the rows committed last step, draft, verify,
     /// accept, roll back, all in one submission; reads back (accepted, tokens).
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn step(&mut self, b: usize, head: Head) -> Result<StepResult> {
+    pub fn step(&mut self, b: usize, head: OutputHead) -> Result<StepResult> {
         pollster::block_on(self.step_async(b, head))
     }
 
     /// `step` for event-loop hosts.
-    pub async fn step_async(&mut self, b: usize, head: Head) -> Result<StepResult> {
+    pub async fn step_async(&mut self, b: usize, head: OutputHead) -> Result<StepResult> {
         let b = b.clamp(1, self.max_block());
         let pos = self.target.len();
         if pos + b > self.target.context {
@@ -380,12 +385,12 @@ impl Speculative {
         let prompt = vec![0u32; 8];
         let mut times = Vec::new();
         for &b in &probe {
-            self.prefill_async(&prompt, Head::Argmax).await?;
+            self.prefill_async(&prompt, OutputHead::Argmax).await?;
             let mut best = f64::INFINITY;
             // The first step compiles; then steps that extend the context by b rows.
             for i in 0..4 {
                 let t0 = now();
-                self.step_async(b, Head::Argmax).await?;
+                self.step_async(b, OutputHead::Argmax).await?;
                 if i >= 2 {
                     best = best.min(now() - t0);
                 }
@@ -464,9 +469,9 @@ impl Speculative {
         self.rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
         self.sampled_drafts = req.sampling.sampled_drafts;
         let head = if req.sampling.is_greedy() {
-            Head::Argmax
+            OutputHead::Argmax
         } else {
-            Head::Sample
+            OutputHead::Sample
         };
         self.target.set_sampling(&req.sampling)?;
         let t0 = clock();
