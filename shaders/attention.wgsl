@@ -1,5 +1,5 @@
 // Causal grouped-query attention of n_rows query rows (positions state[0] + row) over the
-// KV cache. One workgroup per (head, row). Keys are walked in chunks of 64 in position
+// KV cache. One workgroup per (head, row). Keys are walked in chunks of WG in position
 // order with an online softmax, so a row's result depends only on its position, never on
 // how many rows share the dispatch.
 // The cache element type kv_t (f32, or f16 where the adapter has shader-f16) is
@@ -28,40 +28,12 @@ struct Params {
 @group(0) @binding(4) var<storage, read> vc: array<kv_t>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
-const WG: u32 = 64u;
 const MAX_DIM_PER_THREAD: u32 = 4u; // head_dim <= 256
 
 var<workgroup> qv: array<f32, 256>;
-var<workgroup> pr: array<f32, 64>;
-var<workgroup> red: array<f32, 64>;
+var<workgroup> pr: array<f32, WG>;
 
-fn tree_max(t: u32) -> f32 {
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            red[t] = max(red[t], red[t + s]);
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn tree_sum(t: u32) -> f32 {
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            red[t] = red[t] + red[t + s];
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let h = wg.x;
     let r = wg.y;
@@ -107,15 +79,13 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
             }
             s = d0 * p.scale;
         }
-        red[t] = s;
-        let m_new = max(m, tree_max(t));
+        let m_new = max(m, wg_max_f32(t, s));
         var e = 0.0;
         if (j < n_keys) {
             e = exp(s - m_new);
         }
         pr[t] = e;
-        red[t] = e;
-        let l_chunk = tree_sum(t);
+        let l_chunk = wg_sum_f32(t, e);
         let corr = exp(m - m_new);
         l = l * corr + l_chunk;
         let n_here = min(WG, n_keys - c0);

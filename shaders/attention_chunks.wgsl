@@ -25,7 +25,7 @@ struct Params {
     head_dim: u32,
     rope_dim: u32,
     row_stride: u32, // floats per QKV row: (n_heads + 2 n_kv_heads) head_dim
-    chunk: u32,      // keys per chunk (a multiple of 64)
+    chunk: u32,      // keys per chunk (a multiple of WG)
     n_chunks: u32,   // chunks per (row, head) in the partials
     window: u32,     // keys visible before the query (0 = all); non-causal: context kept
     causal: u32,     // 1: row r sees keys 0..=state[0]+r; 0: all state[0] + n_rows
@@ -45,13 +45,11 @@ struct Params {
 @group(0) @binding(9) var<storage, read_write> part_acc: array<f32>;
 @group(0) @binding(10) var<storage, read_write> out: array<f32>;
 
-const WG: u32 = 64u;
 const MAX_TILE: u32 = 8u;
 const PER_THREAD: u32 = 4u; // head_dim <= 256
 
 var<workgroup> qv: array<f32, 2048>;  // [GROUP_TILE][head_dim]: the tile's queries
-var<workgroup> w: array<f32, 512>;    // [GROUP_TILE][64]: scores, then weights
-var<workgroup> red: array<f32, 64>;
+var<workgroup> w: array<f32, MAX_TILE * WG>; // [GROUP_TILE][WG]: scores, then weights
 var<workgroup> run_m: array<f32, 8>;  // per head: running max
 var<workgroup> run_l: array<f32, 8>;  // per head: running sum
 var<workgroup> corr: array<f32, 8>;   // per head: this sub-chunk's rescale
@@ -141,15 +139,7 @@ fn load_query(t: u32, g: u32, h: u32, r: u32) {
         ss += v * v;
     }
     if (QK_NORM) {
-        red[t] = ss;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s >>= 1u) {
-            if (t < s) {
-                red[t] += red[t + s];
-            }
-            workgroupBarrier();
-        }
-        let inv = 1.0 / sqrt(red[0] / f32(hd) + p.eps);
+        let inv = 1.0 / sqrt(wg_sum_f32(t, ss) / f32(hd) + p.eps);
         for (var d = t; d < hd; d += WG) {
             qv[g * hd + d] = (qv[g * hd + d] * inv) * q_norm[d];
         }
@@ -194,7 +184,7 @@ fn value_at(j: u32, kh: u32, d: u32) -> f32 {
     return f32(kv_t(qkv[new_key_base(j, kh) + kv_dim + d]));
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn partial(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let hd = p.head_dim;
     let group = p.n_heads / p.n_kv_heads;
@@ -308,7 +298,7 @@ fn partial(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: v
 }
 
 // One workgroup per (head, row): the row's chunks merged in ascending order.
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn combine(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let h = wg.x;
     let r = wg.y;

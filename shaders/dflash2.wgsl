@@ -47,9 +47,9 @@ struct WalkParams {
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
 // out *= scale over n floats. (binding 4 only)
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn scale(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x + gid.y * 65535u * 64u;
+    let i = gid.x + gid.y * 65535u * WG;
     if (i < scale_p.n) {
         out[i] = out[i] * scale_p.scale;
     }
@@ -57,7 +57,7 @@ fn scale(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 // out[i, c] (+)= sum_{t <= i, t < taps} (base[t, c] + coef[i, t, c / group]) * x[i - t, c]
 // (ConvParams.) One thread per (channel, row); t in order as on the CPU.
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn conv(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
     let i = gid.y;
@@ -87,62 +87,45 @@ fn conv(@builtin(global_invocation_id) gid: vec3<u32>) {
 @group(0) @binding(6) var<storage, read_write> cand_ids: array<u32>;
 @group(0) @binding(7) var<storage, read_write> cand_vals: array<f32>;
 
-var<workgroup> bv: array<f32, 64>;
-var<workgroup> bi: array<u32, 64>;
 var<workgroup> prev_v: f32;
 var<workgroup> prev_i: u32;
 
-fn before(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
-    return va > vb || (va == vb && ia < ib);
-}
-
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn topk(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let row = topk_p.first_row + wg.x;
     let base_i = row * topk_p.stride;
     if (t == 0u) {
         prev_v = 3.4e38;
-        prev_i = 0xffffffffu;
+        prev_i = WG_NONE;
     }
     workgroupBarrier();
     for (var j = 0u; j < topk_p.k; j++) {
         let pv = prev_v;
         let pi = prev_i;
         var best_v = -3.4e38;
-        var best_i = 0xffffffffu;
-        for (var i = t; i < topk_p.vocab; i += 64u) {
+        var best_i = WG_NONE;
+        for (var i = t; i < topk_p.vocab; i += WG) {
             let v = logits[base_i + i];
             // After the previous pick, and better than this thread's best so far.
-            let after = pi == 0xffffffffu || before(pv, pi, v, i);
-            if (v == v && after && (best_i == 0xffffffffu || before(v, i, best_v, best_i))) {
+            let after = pi == WG_NONE || wg_ranks_before(pv, pi, v, i);
+            if (v == v && after && (best_i == WG_NONE || wg_ranks_before(v, i, best_v, best_i))) {
                 best_v = v;
                 best_i = i;
             }
         }
-        bv[t] = best_v;
-        bi[t] = best_i;
-        workgroupBarrier();
-        for (var s = 32u; s > 0u; s >>= 1u) {
-            if (t < s) {
-                let ok = bi[t + s] != 0xffffffffu && (bi[t] == 0xffffffffu || before(bv[t + s], bi[t + s], bv[t], bi[t]));
-                if (ok) {
-                    bv[t] = bv[t + s];
-                    bi[t] = bi[t + s];
-                }
-            }
-            workgroupBarrier();
-        }
+        let best = wg_best(t, best_v, best_i);
+        let bv0 = bitcast<f32>(best.x);
         if (t == 0u) {
             let o = wg.x * topk_p.k + j;
-            cand_ids[o] = select(bi[0], 0u, bi[0] == 0xffffffffu);
-            var u = bv[0] * topk_p.multiplier;
+            cand_ids[o] = select(best.y, 0u, best.y == WG_NONE);
+            var u = bv0 * topk_p.multiplier;
             let cap = topk_p.cap;
             if (cap > 0.0) {
                 u = tanh(u / cap) * cap;
             }
             cand_vals[o] = u;
-            prev_v = bv[0];
-            prev_i = bi[0];
+            prev_v = bv0;
+            prev_i = best.y;
         }
         workgroupBarrier();
     }
@@ -190,7 +173,7 @@ fn gumbel(pos: u32, c: u32) -> f32 {
     return -log(-log(u));
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn walk(@builtin(local_invocation_index) t: u32) {
     let k = walk_p.k;
     let rank = walk_p.rank;
@@ -200,7 +183,7 @@ fn walk(@builtin(local_invocation_index) t: u32) {
     workgroupBarrier();
     for (var l = 0u; l < walk_p.slots; l++) {
         let pred = chosen;
-        for (var c = t; c < k; c += 64u) {
+        for (var c = t; c < k; c += WG) {
             let cand = sel_ids[l * k + c];
             var acc: array<f32, 8>;
             for (var j = 0u; j < 8u; j++) {

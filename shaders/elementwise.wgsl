@@ -20,7 +20,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> kv_out: array<kv_t>;
 
 // out[r, i] = silu(a[r, i]) * b[r, i]
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
     let r = gid.y;
@@ -33,7 +33,7 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 // out[r, dst_offset + i] += a[i]  (bias of row length len, rows of dst_stride)
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
     let r = gid.y;
@@ -45,7 +45,7 @@ fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 // out[dst_row, dst_offset + i] = a[r, src_offset + i]
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn copy_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
     let r = gid.y;
@@ -60,7 +60,7 @@ fn copy_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 // KV-cache store: kv_out[state[0] + r, i] = a[r, src_offset + i], converted to kv_t.
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn store_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
     let r = gid.y;

@@ -15,7 +15,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> mins: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
     let r = gid.y;

@@ -2,7 +2,7 @@
 // for all rows (the verification path of DFlash). A row's sum runs in the same order
 // whatever N_ROWS is: LANES threads share an output row and take its groups
 // g = lane, lane + LANES, ...; each lane sums its groups in order; the LANES partial sums
-// meet in a fixed tree. The workgroup (64 threads) covers 64 / LANES output rows.
+// meet in a fixed tree. The workgroup (WG threads) covers WG / LANES output rows.
 // LANES is a per-device tuning knob (16 on GPUs, 1 on CPU adapters, where barriers are
 // dear); N_ROWS makes the row loops unroll.
 //
@@ -10,7 +10,7 @@
 // kernel it replaces, so the bits do not change):
 //   NORM     x is RMS-normalised and scaled by norm_w in the prologue: every workgroup
 //            computes each row's 1/rms in rmsnorm.wgsl's order (thread t sums
-//            i = t, t + 64, ...; a fixed tree) and normalises x as it reads it.
+//            i = t, t + WG, ...; a fixed tree) and normalises x as it reads it.
 //   BIAS     y = acc + bias[bias_offset + o].
 //   PAIR     SwiGLU of two row blocks of one matrix ([gate; up]): the thread computes rows
 //            o and o + pair_rows from the same x loads; y[o] = silu(gate) * up.
@@ -50,10 +50,9 @@ struct Params {
 @group(0) @binding(7) var<storage, read> bias: array<f32>;
 @group(0) @binding(8) var<storage, read_write> best: array<vec2<u32>>;
 
-const WG: u32 = 64u;
 const MAX_ROWS: u32 = 16u;
-// [2 matrix rows][16 x rows][64 threads]: thread-minor, so the tree has no bank conflicts.
-var<workgroup> partial: array<f32, 2048>;
+// [2 matrix rows][16 x rows][WG threads]: thread-minor, so the tree has no bank conflicts.
+var<workgroup> partial: array<f32, 2u * MAX_ROWS * WG>;
 
 var<workgroup> shared_inv_rms: array<f32, 16>;
 var<private> inv_rms: array<f32, 16>; // NORM: each x row's 1 / rms
@@ -74,7 +73,7 @@ fn tree_in_place(base: u32, len: u32) -> f32 {
 }
 
 // Each x row's 1 / rms, in rmsnorm.wgsl's order: thread t sums x[r, i]^2 for
-// i = t, t + 64, ...; the 64 sums meet in the fixed tree.
+// i = t, t + WG, ...; the WG sums meet in the fixed tree.
 fn norm_prologue(lid: u32) {
     for (var r = 0u; r < N_ROWS; r++) {
         var ss = 0.0;
@@ -233,7 +232,7 @@ fn gemv(lid: u32, wgi: u32) {
     }
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     gemv(lid, wg.x + wg.y * p.wg_x);
 }
@@ -244,7 +243,7 @@ fn better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
 
 // `main`, then each x row's best (largest value, lowest index, NaN never) among this
 // workgroup's output rows into best[r * n_parts + part_offset + workgroup].
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main_argmax(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let wgi = wg.x + wg.y * p.wg_x;
     gemv(lid, wgi);

@@ -29,9 +29,7 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> k_cache: array<kv_t>;
 @group(0) @binding(7) var<storage, read_write> v_cache: array<kv_t>;
 
-const WG: u32 = 64u;
 var<workgroup> hv: array<f32, 256>; // head_dim <= 256
-var<workgroup> sums: array<f32, 64>;
 
 // The head in hv, RMS-normalised by its weights (query or key norm).
 fn norm_head(t: u32, is_q: bool) {
@@ -40,15 +38,7 @@ fn norm_head(t: u32, is_q: bool) {
         let v = hv[i];
         ss += v * v;
     }
-    sums[t] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            sums[t] += sums[t + s];
-        }
-        workgroupBarrier();
-    }
-    let scale = 1.0 / sqrt(sums[0] / f32(p.head_dim) + p.eps);
+    let scale = 1.0 / sqrt(wg_sum_f32(t, ss) / f32(p.head_dim) + p.eps);
     for (var i = t; i < p.head_dim; i += WG) {
         hv[i] = (hv[i] * scale) * select(k_norm[i], q_norm[i], is_q);
     }
@@ -62,7 +52,7 @@ fn head_value(base: u32, d: u32) -> f32 {
     return qkv[base + d];
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let slot = wg.x;
     let r = wg.y;
@@ -79,7 +69,7 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
         norm_head(t, is_q);
         workgroupBarrier();
     }
-    // Thread t rotates pairs t, t + 64, ... (no barrier without the norm: each pair is
+    // Thread t rotates pairs t, t + WG, ... (no barrier without the norm: each pair is
     // read and written by one thread).
     let pos = state[0] + r;
     let cache = pos * kv_dim + h * hd;

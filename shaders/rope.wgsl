@@ -19,7 +19,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> table: array<vec2<f32>>; // (cos, sin)
 @group(0) @binding(3) var<storage, read_write> buf: array<f32>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let half = p.rope_dim / 2u;
     let i = gid.x % half;

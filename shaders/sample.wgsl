@@ -32,10 +32,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> tokens: array<u32>;
 
-const WG: u32 = 64u;
-var<workgroup> rf: array<f32, 64>;
-var<workgroup> ru: array<u32, 64>;
-var<workgroup> chunk_sum: array<f32, 64>;
+var<workgroup> chunk_sum: array<f32, WG>;
 
 // sampling::random_u32 of the CPU reference (random.wgsl).
 fn random_u32(pos: u32, stream: u32) -> u32 {
@@ -55,48 +52,6 @@ fn unkey(k: u32) -> f32 {
     return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }
 
-fn sum_u(t: u32, v: u32) -> u32 {
-    ru[t] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            ru[t] += ru[t + s];
-        }
-        workgroupBarrier();
-    }
-    let r = ru[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn sum_f(t: u32, v: f32) -> f32 {
-    rf[t] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            rf[t] += rf[t + s];
-        }
-        workgroupBarrier();
-    }
-    let r = rf[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn max_f(t: u32, v: f32) -> f32 {
-    rf[t] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            rf[t] = max(rf[t], rf[t + s]);
-        }
-        workgroupBarrier();
-    }
-    let r = rf[0];
-    workgroupBarrier();
-    return r;
-}
-
 // The kept set of a row: max z and the key threshold (top-k, min-p, top-p). Called by
 // every thread of the workgroup (it reduces across it).
 struct Kept {
@@ -112,7 +67,7 @@ fn kept_set(t: u32, base: u32, n: u32, lo_i: u32, hi_i: u32) -> Kept {
             mx = max(mx, z);
         }
     }
-    let m = max_f(t, mx);
+    let m = wg_max_f32(t, mx);
 
     // top-k: the largest key t_k with count(key >= t_k) >= k.
     var thr = 0u;
@@ -128,7 +83,7 @@ fn kept_set(t: u32, base: u32, n: u32, lo_i: u32, hi_i: u32) -> Kept {
                     c += 1u;
                 }
             }
-            if (sum_u(t, c) >= p.top_k) {
+            if (wg_sum_u32(t, c) >= p.top_k) {
                 lo = mid;
             } else {
                 hi = mid - 1u;
@@ -149,7 +104,7 @@ fn kept_set(t: u32, base: u32, n: u32, lo_i: u32, hi_i: u32) -> Kept {
                 s0 += exp(z - m);
             }
         }
-        let goal = sum_f(t, s0) * p.top_p;
+        let goal = wg_sum_f32(t, s0) * p.top_p;
         var lo = thr;
         var hi = key(m);
         for (var it = 0u; it < 32u; it++) {
@@ -162,7 +117,7 @@ fn kept_set(t: u32, base: u32, n: u32, lo_i: u32, hi_i: u32) -> Kept {
                     s += exp(z - m);
                 }
             }
-            if (sum_f(t, s) >= goal) {
+            if (wg_sum_f32(t, s) >= goal) {
                 lo = mid;
             } else {
                 hi = mid - 1u;
@@ -192,7 +147,7 @@ fn kept_mass(t: u32, base: u32, lo_i: u32, hi_i: u32, k: Kept) -> f32 {
     return total;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let row = wg.x;
     let base = row * p.stride;
@@ -271,7 +226,7 @@ fn p_of(base: u32, i: u32, k: Kept, total: f32) -> f32 {
     return select(0.0, exp(z - k.m) / total, key(z) >= k.thr);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn verify_rejection(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let row = wg.x;
     let base = row * p.stride;

@@ -12,7 +12,7 @@
 
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{grid, Dispatch, Kernel, Shader, NO_PARAMS};
+use crate::pipelines::{grid, Dispatch, Kernel, Shader, NO_PARAMS, WORKGROUP_SIZE};
 use crate::upload::GpuMatrix;
 use dflash_core::config::RopeStyle;
 use dflash_core::quant::QFormat;
@@ -354,7 +354,7 @@ pub fn embedding(
                     (4, &ch.mins),
                     (5, out),
                 ],
-                [(m.cols as u32).div_ceil(64), n as u32, 1],
+                [(m.cols as u32).div_ceil(WORKGROUP_SIZE), n as u32, 1],
             )
             .map(|d| {
                 let row = (m.cols * m.format.bits() / 8 + 4 * m.cols) as u64;
@@ -468,7 +468,7 @@ pub fn rope(
         &k,
         Some(&params),
         &[(1, state), (2, table), (3, buf)],
-        [total.div_ceil(64), n as u32, 1],
+        [total.div_ceil(WORKGROUP_SIZE), n as u32, 1],
     )?
     .shaped(
         format!("{}x{} n={n}", s.heads, s.head_dim),
@@ -492,10 +492,11 @@ pub struct AttentionShape {
 pub const MAX_ATTENTION_CHUNKS: usize = 32;
 
 /// (keys per chunk, chunks) of chunked attention over a cache of `capacity` positions:
-/// the chunk a multiple of 64, at most [`MAX_ATTENTION_CHUNKS`] chunks. Fixed by the
+/// the chunk a multiple of the workgroup size, at most [`MAX_ATTENTION_CHUNKS`] chunks. Fixed by the
 /// capacity, so a row's chunks depend only on its position.
 pub fn attention_chunking(capacity: usize) -> (usize, usize) {
-    let chunk = 64 * capacity.div_ceil(64 * MAX_ATTENTION_CHUNKS).max(1);
+    let wg = WORKGROUP_SIZE as usize;
+    let chunk = wg * capacity.div_ceil(wg * MAX_ATTENTION_CHUNKS).max(1);
     (chunk, capacity.div_ceil(chunk).max(1))
 }
 
@@ -798,7 +799,7 @@ fn elementwise(
         &Kernel::new(Shader::Elementwise, entry),
         Some(&params),
         bufs,
-        [len.div_ceil(64), rows, 1],
+        [len.div_ceil(WORKGROUP_SIZE), rows, 1],
     )?
     .shaped(format!("{rows}x{len}"), bytes))
 }
@@ -906,7 +907,7 @@ pub fn copy(
     dst: &wgpu::Buffer,
     n_vec4: usize,
 ) -> Result<Dispatch> {
-    let (gx, gy) = grid((n_vec4 as u32).div_ceil(64));
+    let (gx, gy) = grid((n_vec4 as u32).div_ceil(WORKGROUP_SIZE));
     Ok(Dispatch::new(
         ctx,
         &Kernel::new(Shader::Copy, "main"),
@@ -953,7 +954,7 @@ pub fn scale(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize, scale: f32) -> Resu
         &Kernel::new(Shader::DFlash2, "scale"),
         Some(&params),
         &[(4, buf)],
-        [(n as u32).div_ceil(64), 1, 1],
+        [(n as u32).div_ceil(WORKGROUP_SIZE), 1, 1],
     )
 }
 
@@ -1009,7 +1010,7 @@ pub fn grouped_conv(
         &Kernel::new(Shader::DFlash2, "conv"),
         Some(&params),
         &[(1, x), (2, coef), (3, base), (4, out)],
-        [(s.hidden as u32).div_ceil(64), n as u32, 1],
+        [(s.hidden as u32).div_ceil(WORKGROUP_SIZE), n as u32, 1],
     )
 }
 

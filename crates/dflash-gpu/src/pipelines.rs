@@ -26,6 +26,11 @@ pub enum Shader {
     DFlash2,
 }
 
+/// The workgroup size of every kernel but the single-thread ones: WGSL's `WG`, which
+/// `Shader::source` defines from this, and the dispatch sizes of `ops` divide by it.
+pub const WORKGROUP_SIZE: u32 = 64;
+
+const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
 const RANDOM: &str = include_str!("../../../shaders/random.wgsl");
 
@@ -64,8 +69,9 @@ impl Shader {
         }
     }
 
-    /// The full WGSL: a prelude (f16 enable and the KV element type where used, the
-    /// shared quantized-weight helpers where used) and the op's file.
+    /// The full WGSL: a prelude (f16 enable and the KV element type where used, `WG`
+    /// and the workgroup reductions of `common.wgsl`), the op's file, and the shared
+    /// quantized-weight and random helpers where used.
     pub fn source(self, f16: bool) -> String {
         let mut s = String::new();
         if matches!(
@@ -78,6 +84,9 @@ impl Shader {
                 "alias kv_t = f32;\n"
             });
         }
+        s.push_str(&format!("const WG: u32 = {WORKGROUP_SIZE}u;\n"));
+        s.push_str(COMMON);
+        s.push('\n');
         s.push_str(self.body());
         if matches!(self, Shader::Gemv | Shader::Embedding) {
             s.push('\n');

@@ -290,7 +290,7 @@ pub fn stream_gbps(ctx: &GpuContext, size: u64, now: &dyn Fn() -> f64) -> Result
     let src = work_buffer(ctx, "stream_src", size);
     let dst = work_buffer(ctx, "stream_dst", 16);
     let n = (size / 16) as u32;
-    let (gx, gy) = crate::pipelines::grid(n.div_ceil(64));
+    let (gx, gy) = crate::pipelines::grid(n.div_ceil(crate::pipelines::WORKGROUP_SIZE));
     let d = Dispatch::new(
         ctx,
         &Kernel::new(Shader::Copy, "stream"),
