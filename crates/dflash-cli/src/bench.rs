@@ -533,7 +533,7 @@ fn dflash_ids(
         tokens.push(spec.prefill(prompt, head)?);
         let t1 = clock();
         while tokens.len() < n {
-            let b = blocks.next_block(spec.target.context - spec.target.len());
+            let b = blocks.next_block(spec.target.context - spec.target.len(), n - tokens.len());
             if let Some(s) = sim.as_mut() {
                 // The block starts at the anchor's position; slot i is position start + i,
                 // whose plain token is plain[start + i - prompt.len()].

@@ -102,6 +102,29 @@ pub struct GenerateArgs {
     /// does) instead of its argmax proposed with certainty.
     #[arg(long, requires = "rejection_sampling")]
     sampled_drafts: bool,
+    /// How the drafter's matrices are kept: `q8` (8-bit groups, the default), `q4`, or
+    /// `f32` (the file's values: the drafts of z-lab's reference itself; the CPU engines
+    /// only, the GPU refuses it).
+    #[arg(long, value_enum, default_value = "q8", requires = "drafter")]
+    drafter_precision: DrafterPrecisionArg,
+}
+
+/// `--drafter-precision`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum DrafterPrecisionArg {
+    Q8,
+    Q4,
+    F32,
+}
+
+impl From<DrafterPrecisionArg> for DrafterPrecision {
+    fn from(p: DrafterPrecisionArg) -> Self {
+        match p {
+            DrafterPrecisionArg::Q8 => DrafterPrecision::Q8,
+            DrafterPrecisionArg::Q4 => DrafterPrecision::Q4,
+            DrafterPrecisionArg::F32 => DrafterPrecision::F32,
+        }
+    }
 }
 
 /// `--block N|auto` for a device: auto uses the measured (GPU) or linear (CPU) cost of
@@ -255,7 +278,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     }
     let gpu = open_device(device_choice, &a.device.gpu_options())?;
     let drafter = match &a.drafter {
-        Some(p) => Some(load_drafter_dir(p, DrafterPrecision::Q8)?),
+        Some(p) => Some(load_drafter_dir(p, a.drafter_precision.into())?),
         None => None,
     };
     let t0 = Instant::now();

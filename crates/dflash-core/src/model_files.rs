@@ -190,6 +190,17 @@ pub fn hf_weight_files(index_json: Option<&[u8]>) -> Result<Vec<String>> {
 
 /// Loads a Hugging Face model from its files (config.json, safetensors, tokenizer files).
 pub fn load_hf(files: &HfFiles) -> Result<LoadedModel> {
+    load_hf_with(files, false)
+}
+
+/// `load_hf` with the float matrices kept as the files have them (f32, `QFormat::F32`):
+/// the full-precision path that conformance tests hold against float references. The
+/// CPU engines only (the GPU refuses f32 matrices).
+pub fn load_hf_full_precision(files: &HfFiles) -> Result<LoadedModel> {
+    load_hf_with(files, true)
+}
+
+fn load_hf_with(files: &HfFiles, full_precision: bool) -> Result<LoadedModel> {
     let config_bytes = files
         .get("config.json")
         .ok_or_else(|| Error::NotAModel("no config.json".into()))?;
@@ -253,7 +264,10 @@ pub fn load_hf(files: &HfFiles) -> Result<LoadedModel> {
             .ok_or_else(|| Error::NotAModel(format!("weight file {n} not found")))?;
         st.push((n.as_str(), *b));
     }
-    let src = SafeTensorsSource::new(st, int4)?;
+    let mut src = SafeTensorsSource::new(st, int4)?;
+    if full_precision {
+        src = src.full_precision();
+    }
     let weights = ModelWeights::load(config, &src, Naming::HuggingFace)?;
     Ok(LoadedModel {
         weights,
@@ -271,8 +285,26 @@ pub fn load_hf(files: &HfFiles) -> Result<LoadedModel> {
 /// and one raw tensor at a time, as the browser's loader does.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn load_path(path: &std::path::Path) -> Result<LoadedModel> {
+    load_path_with(path, false)
+}
+
+/// `load_path` of a Hugging Face folder with its float matrices kept in f32
+/// (`load_hf_full_precision`); a GGUF file (already quantized) is refused.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn load_path_full_precision(path: &std::path::Path) -> Result<LoadedModel> {
+    load_path_with(path, true)
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn load_path_with(path: &std::path::Path, full_precision: bool) -> Result<LoadedModel> {
     let meta = std::fs::metadata(path).map_err(|e| io_error(path, e))?;
     if !meta.is_dir() {
+        if full_precision {
+            return Err(Error::UnsupportedQuantization(format!(
+                "{}: full precision needs a Hugging Face folder of float weights, not a GGUF file",
+                path.display()
+            )));
+        }
         return load_gguf_file(path);
     }
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
@@ -301,7 +333,7 @@ pub fn load_path(path: &std::path::Path) -> Result<LoadedModel> {
         }
     }
     let files: HfFiles = files.iter().map(|(n, b)| (n.clone(), &b[..])).collect();
-    load_hf(&files)
+    load_hf_with(&files, full_precision)
 }
 
 #[cfg(not(target_arch = "wasm32"))]

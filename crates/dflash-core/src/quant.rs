@@ -5,6 +5,9 @@
 //! * `Q8`: groups of 32 (or 16, for Q6_K sources) weights; signed bytes packed 4 per
 //!   `u32`; an f16 scale and an f16 min per group: `w = q * scale + min`.
 //!
+//! * `F32`: unquantized f32 values (their bits, one per `u32`; no scales or mins), for
+//!   a full-precision drafter on the CPU engines (the GPU kernels read Q4/Q8 only).
+//!
 //! Values, scales and mins live in separate arrays so that a kernel reads each with
 //! aligned 16-byte vector loads. Matrices are row-major `[rows, cols]`; `cols` is a
 //! multiple of the group size. Every source type is repacked into one of these at load.
@@ -17,6 +20,7 @@ use half::f16;
 pub enum QFormat {
     Q4,
     Q8,
+    F32,
 }
 
 impl QFormat {
@@ -24,6 +28,7 @@ impl QFormat {
         match self {
             QFormat::Q4 => 4,
             QFormat::Q8 => 8,
+            QFormat::F32 => 32,
         }
     }
 }
@@ -91,6 +96,7 @@ impl QuantMatrix {
                     self.qs.push(word);
                 }
             }
+            QFormat::F32 => unreachable!("f32 matrices are built by QuantMatrix::from_f32"),
             QFormat::Q8 => {
                 for w in q.chunks_exact(4) {
                     let mut word = 0u32;
@@ -111,11 +117,21 @@ impl QuantMatrix {
         match self.format {
             QFormat::Q4 => ((self.qs[i / 8] >> (4 * (i % 8))) & 0xF) as i32,
             QFormat::Q8 => ((self.qs[i / 4] >> (8 * (i % 4))) & 0xFF) as u8 as i8 as i32,
+            // Not an integer format: its values are `dequantize_row`'s.
+            QFormat::F32 => f32::from_bits(self.qs[i]) as i32,
         }
     }
 
-    /// Dequantizes row `r` into `out` (`cols` values): `q * scale + min` in f32.
+    /// Dequantizes row `r` into `out` (`cols` values): `q * scale + min` in f32 (an
+    /// `F32` matrix's own values).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        if self.format == QFormat::F32 {
+            let row = &self.qs[r * self.cols..(r + 1) * self.cols];
+            for (o, &b) in out.iter_mut().zip(row) {
+                *o = f32::from_bits(b);
+            }
+            return;
+        }
         let gpr = self.groups_per_row();
         for g in 0..gpr {
             let s = f16::from_bits(self.scales[r * gpr + g]).to_f32();
@@ -145,6 +161,20 @@ impl QuantMatrix {
             m.mins.extend_from_slice(&p.mins);
         }
         Some(m)
+    }
+
+    /// An unquantized `[rows, cols]` matrix (`F32`: one group per row, no scales).
+    pub fn from_f32(x: &[f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(x.len(), rows * cols, "from_f32: {rows}x{cols} values");
+        QuantMatrix {
+            format: QFormat::F32,
+            rows,
+            cols,
+            group: cols,
+            qs: x.iter().map(|v| v.to_bits()).collect(),
+            scales: Vec::new(),
+            mins: Vec::new(),
+        }
     }
 
     pub fn dequantize(&self) -> Vec<f32> {

@@ -312,8 +312,13 @@ impl BlockLoop {
         }
     }
 
-    /// The block of the next step, at most `room` rows (what the context has left).
-    pub fn next_block(&mut self, room: usize) -> usize {
+    /// The block of the next step: at most `room` rows (what the context has left), and
+    /// at most one more than the `tokens_left` the budget still allows, as z-lab's
+    /// reference verifies near the end of `max_new_tokens` (`min(block_size, max_length -
+    /// start)`): a block's drafts depend on its length, its rows attending to each other,
+    /// so this keeps them the reference's (and verifies no row past the budget).
+    pub fn next_block(&mut self, room: usize, tokens_left: usize) -> usize {
+        let room = room.min(tokens_left.saturating_add(1));
         let current = self.costs.as_ref().map(StepCosts::policy);
         let b = choose_block(
             current.as_ref().unwrap_or(&self.policy),
@@ -748,7 +753,9 @@ impl<'a> SpeculativeGeneration<'a> {
         let vocab = target.config.vocab_size;
         let tap_w = self.taps.len() * target.config.hidden_size;
         let pos = self.session.len();
-        let b = self.blocks.next_block(self.context - pos);
+        let b = self
+            .blocks
+            .next_block(self.context - pos, self.sink.remaining());
         let t_step = clock();
         let (block_ids, proposed) = self.draft(pos, b)?;
         // Verify: one target pass over the block, with taps.

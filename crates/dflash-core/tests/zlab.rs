@@ -5,8 +5,14 @@
 //! the reference's `dflash_generate` tokens at T=0 up to the target's first near-tie (our
 //! target keeps its weights in 8 bits, the reference's in f32, so a near-tie may fall the
 //! other way) while staying equal to our plain decoding token for token; its acceptance
-//! lengths, in the reference's convention, equal the reference's in most runs (14 of 24
-//! now: the drafter's 8-bit weights break some draft near-ties the other way).
+//! lengths, in the reference's convention, equal the reference's in most runs (17 of 24
+//! now: the 8-bit weights break some draft near-ties the other way). In full precision
+//! (`load_path_full_precision`, `DrafterPrecision::F32`) every array is the reference's
+//! to f32 rounding (~1e-6), every draft, candidate set and selected path equal, and the
+//! acceptance lengths equal in 23 of 24 runs (the one left: sliding layers at a block
+//! longer than their window; see its test). Our loop verifies at most the tokens left
+//! plus one near the end of the budget, as the reference does: a block's drafts depend
+//! on its length.
 //!
 //! And, array by array, our CPU reference against the reference's intermediate outputs
 //! (`reference.safetensors`, every array of every case): the target's taps and logits,
@@ -21,7 +27,7 @@
 use dflash_core::cpu::{CpuModel, LogitRows};
 use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterConfig, DrafterPrecision};
 use dflash_core::generate::{generate_cpu, GenerateRequest};
-use dflash_core::model_files::load_path;
+use dflash_core::model_files::{load_path, load_path_full_precision};
 use dflash_core::speculative::{generate_speculative_cpu, BlockSize};
 use dflash_core::testutil::zlab::{cases, ids, json, root};
 use serde_json::Value;
@@ -77,20 +83,77 @@ fn acceptance_lengths(taus: &[usize], n: usize) -> Vec<usize> {
 
 #[test]
 fn reference_written_pairs_load_and_generate_the_reference_tokens() {
-    // Runs whose acceptance lengths equal the reference's, of all runs: our drafter's
-    // 8-bit weights can break a draft's near-tie the other way, which changes acceptance
-    // (never the tokens).
+    // Our drafter's (and target's) 8-bit weights can break a draft's near-tie the other
+    // way, which changes acceptance (never the tokens).
+    let (same, runs, _) = generate_against_the_reference(false);
+    eprintln!("8-bit: acceptance lengths equal to the reference's in {same} of {runs} runs");
+    assert!(
+        same * 2 >= runs,
+        "acceptance lengths equal in only {same} of {runs} runs"
+    );
+}
+
+/// The full-precision path (target and drafter in f32, as the reference keeps them)
+/// gives the reference's tokens in every run and its acceptance lengths in every run
+/// but one: a drafter with sliding-window layers (window 4) run at block 8, longer than
+/// its window, where the reference's drafts differ from step 5 on. Our sliding layers
+/// see the window by position, as its mask (and training) define it; the reference's
+/// generation loop keeps its drafter's KV in transformers' cache, whose sliding layers
+/// hold only the last window of positions, so the block's rows may push context rows
+/// out that its crop to the committed length cannot bring back (our reading; not
+/// reproduced here). At the drafter's own block (4) the same drafter agrees.
+#[test]
+fn the_full_precision_path_gives_the_references_acceptance_in_every_run() {
+    let (same, runs, differing) = generate_against_the_reference(true);
+    eprintln!("f32: acceptance lengths equal to the reference's in {same} of {runs} runs");
+    assert!(
+        differing
+            .iter()
+            .all(|&(_, block, window)| window > 0 && block > window),
+        "acceptance lengths differ in {differing:?}"
+    );
+    assert!(
+        same + 1 >= runs,
+        "acceptance lengths equal in {same} of {runs} runs"
+    );
+}
+
+/// A top-2 logit margin under this may fall either way between two f32 computations
+/// that sum in different orders.
+const F32_NEAR_TIE: f64 = 1e-3;
+
+/// Every reference `dflash_generate` run of the fixtures through our speculative loop
+/// (checked lossless against our plain decoding, and equal to the reference's tokens up
+/// to its target's first near-tie), 8-bit or full precision: (runs whose acceptance
+/// lengths equal the reference's, runs, and the others as (case, block, its drafter's
+/// sliding window or 0)).
+fn generate_against_the_reference(
+    full_precision: bool,
+) -> (usize, usize, Vec<(String, usize, usize)>) {
+    let near_tie = if full_precision {
+        F32_NEAR_TIE
+    } else {
+        NEAR_TIE
+    };
     let (mut same_acceptance, mut runs) = (0, 0);
+    let mut differing = Vec::new();
     for dir in cases() {
         let name = dir.file_name().unwrap().to_string_lossy().to_string();
         let r = json(&dir.join("reference.json"));
-        let target = load_path(&dir.join(r["target"].as_str().unwrap()))
-            .unwrap_or_else(|e| panic!("{name}: target: {e}"));
-        let dw = load_drafter_dir(
-            &dir.join(r["drafter"].as_str().unwrap()),
-            DrafterPrecision::Q8,
-        )
-        .unwrap_or_else(|e| panic!("{name}: drafter: {e}"));
+        let target_dir = dir.join(r["target"].as_str().unwrap());
+        let target = if full_precision {
+            load_path_full_precision(&target_dir)
+        } else {
+            load_path(&target_dir)
+        }
+        .unwrap_or_else(|e| panic!("{name}: target: {e}"));
+        let precision = if full_precision {
+            DrafterPrecision::F32
+        } else {
+            DrafterPrecision::Q8
+        };
+        let dw = load_drafter_dir(&dir.join(r["drafter"].as_str().unwrap()), precision)
+            .unwrap_or_else(|e| panic!("{name}: drafter: {e}"));
         assert_eq!(
             dw.config.target_layer_ids,
             ids(&r["target_layer_ids"])
@@ -131,7 +194,7 @@ fn reference_written_pairs_load_and_generate_the_reference_tokens() {
             assert_eq!(spec.result.tokens, plain.tokens, "{name}: lossless");
             let sure = margins
                 .iter()
-                .position(|m| m.as_f64().unwrap() < NEAR_TIE)
+                .position(|m| m.as_f64().unwrap() < near_tie)
                 .unwrap_or(margins.len());
             let n = sure.min(plain.tokens.len()).min(want.len());
             assert_eq!(
@@ -149,17 +212,18 @@ fn reference_written_pairs_load_and_generate_the_reference_tokens() {
                 .collect();
             runs += 1;
             same_acceptance += (ours == theirs) as usize;
+            if ours != theirs {
+                let window = r["sliding_window"].as_u64().unwrap_or(0) as usize;
+                let block = g["block_size"].as_u64().unwrap() as usize;
+                differing.push((name.clone(), block, window));
+            }
             eprintln!(
-                "{name} prompt {} block {}: {n}/{} tokens equal (first near-tie at {sure}); acceptance lengths ours {ours:?}, reference {theirs:?}",
-                g["prompt_index"], g["block_size"], want.len()
+                "{name} prompt {} block {} ({}): {n}/{} tokens equal (first near-tie at {sure}); acceptance lengths ours {ours:?}, reference {theirs:?}",
+                g["prompt_index"], g["block_size"], if full_precision { "f32" } else { "8-bit" }, want.len()
             );
         }
     }
-    eprintln!("acceptance lengths equal to the reference's in {same_acceptance} of {runs} runs");
-    assert!(
-        same_acceptance * 2 >= runs,
-        "acceptance lengths equal in only {same_acceptance} of {runs} runs"
-    );
+    (same_acceptance, runs, differing)
 }
 
 /// The float32 arrays of a case's `reference.safetensors`.
@@ -221,17 +285,41 @@ fn argmax_row(x: &[f32]) -> u32 {
 
 #[test]
 fn taps_block_hidden_and_draft_logits_match_the_references_arrays() {
+    compare_with_the_references_arrays(false);
+}
+
+/// In full precision (target and drafter in f32) every array is the reference's up to
+/// f32 rounding, and so is every draft clear of that rounding.
+#[test]
+fn the_full_precision_path_matches_the_references_arrays_to_f32_rounding() {
+    compare_with_the_references_arrays(true);
+}
+
+/// The tolerances of the full-precision path (the largest seen: see the test's output).
+const F32_RMS_TOLERANCE: f64 = 1e-4;
+const F32_MAX_TOLERANCE: f64 = 1e-3;
+
+fn compare_with_the_references_arrays(full_precision: bool) {
+    let (rms_tol, max_tol) = if full_precision {
+        (F32_RMS_TOLERANCE, F32_MAX_TOLERANCE)
+    } else {
+        (RMS_TOLERANCE, MAX_TOLERANCE)
+    };
     let mut failures = vec![];
     for dir in cases() {
         let name = dir.file_name().unwrap().to_string_lossy().to_string();
         let r = json(&dir.join("reference.json"));
         let a = arrays(&dir);
-        let target = load_path(&dir.join(r["target"].as_str().unwrap())).unwrap();
-        let dw = load_drafter_dir(
-            &dir.join(r["drafter"].as_str().unwrap()),
-            DrafterPrecision::Q8,
-        )
-        .unwrap();
+        let target_dir = dir.join(r["target"].as_str().unwrap());
+        let (target, precision) = if full_precision {
+            (
+                load_path_full_precision(&target_dir).unwrap(),
+                DrafterPrecision::F32,
+            )
+        } else {
+            (load_path(&target_dir).unwrap(), DrafterPrecision::Q8)
+        };
+        let dw = load_drafter_dir(&dir.join(r["drafter"].as_str().unwrap()), precision).unwrap();
         let (cpu, d) = (CpuModel::new(&target.weights), CpuDrafter::new(&dw));
         let block = &r["block"];
         let prompt = ids(&r["prompts"][block["prompt_index"].as_u64().unwrap() as usize]);
@@ -271,9 +359,9 @@ fn taps_block_hidden_and_draft_logits_match_the_references_arrays() {
         );
         for (what, ours) in &probed {
             let (rms, max, _) = errors(ours, &a[what]);
-            eprintln!("{name}: {what}: relative error rms {rms:.4}, max {max:.4}");
-            if rms >= RMS_TOLERANCE || max >= MAX_TOLERANCE {
-                failures.push(format!("{name}: {what}: rms {rms:.4}, max {max:.4}"));
+            eprintln!("{name}: {what}: relative error rms {rms:.2e}, max {max:.2e}");
+            if rms >= rms_tol || max >= max_tol {
+                failures.push(format!("{name}: {what}: rms {rms:.2e}, max {max:.2e}"));
             }
         }
         for (what, ours, want) in [
@@ -283,9 +371,9 @@ fn taps_block_hidden_and_draft_logits_match_the_references_arrays() {
             ("draft logits", &logits, "draft_logits"),
         ] {
             let (rms, max, abs) = errors(ours, &a[want]);
-            eprintln!("{name}: {what}: relative error rms {rms:.4}, max {max:.4}");
-            if rms >= RMS_TOLERANCE || max >= MAX_TOLERANCE {
-                failures.push(format!("{name}: {what}: rms {rms:.4}, max {max:.4}"));
+            eprintln!("{name}: {what}: relative error rms {rms:.2e}, max {max:.2e}");
+            if rms >= rms_tol || max >= max_tol {
+                failures.push(format!("{name}: {what}: rms {rms:.2e}, max {max:.2e}"));
             }
             largest = abs;
         }

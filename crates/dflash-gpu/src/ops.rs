@@ -19,7 +19,11 @@ use dflash_core::quant::QFormat;
 
 /// A matrix shape as the profiler names it: `rows x cols format n=rows_of_x`.
 pub fn shape_name(rows: usize, cols: usize, f: QFormat, n: usize) -> String {
-    let f = if f == QFormat::Q4 { "q4" } else { "q8" };
+    let f = match f {
+        QFormat::Q4 => "q4",
+        QFormat::Q8 => "q8",
+        QFormat::F32 => "f32",
+    };
     format!("{rows}x{cols} {f} n={n}")
 }
 

@@ -296,6 +296,11 @@ impl<'a> Filler<'a> {
         let (sigma, mean) = match m.format {
             QFormat::Q4 => (4.610, 7.5f32),
             QFormat::Q8 => (73.90, -0.5f32),
+            QFormat::F32 => {
+                return Err(GpuError::Unsupported(format!(
+                    "{label}: the GPU has no f32 matrices"
+                )))
+            }
         };
         let base = 1.0 / (sigma * (m.cols as f32).sqrt());
         let gpr = m.cols / m.group;

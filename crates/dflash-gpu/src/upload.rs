@@ -94,6 +94,11 @@ pub fn upload_matrix_chunked(
     m: &QuantMatrix,
     per: usize,
 ) -> Result<GpuMatrix> {
+    if m.format == QFormat::F32 {
+        return Err(GpuError::Unsupported(format!(
+            "{name} is an f32 matrix (a full-precision drafter): the GPU kernels read 4- and 8-bit weights; load the drafter in 8 bits for the GPU"
+        )));
+    }
     let words_per_row = m.cols * m.format.bits() / 32;
     let gpr = m.groups_per_row();
     let mut chunks = Vec::new();

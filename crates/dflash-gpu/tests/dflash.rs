@@ -16,7 +16,7 @@ use dflash_core::testutil::{
 };
 use dflash_gpu::dflash::Speculative;
 use dflash_gpu::model::OutputHead;
-use dflash_gpu::{GpuModel, GpuModelOptions};
+use dflash_gpu::{GpuError, GpuModel, GpuModelOptions};
 
 fn target() -> LoadedModel {
     let c = tiny_drafter_target();
@@ -42,6 +42,10 @@ fn gpu_target(
 }
 
 fn drafter(t: &LoadedModel, seed: u64) -> DrafterWeights {
+    drafter_in(t, seed, DrafterPrecision::Q8)
+}
+
+fn drafter_in(t: &LoadedModel, seed: u64, precision: DrafterPrecision) -> DrafterWeights {
     let s = DrafterSpec {
         layers: 2,
         block_size: 16,
@@ -56,7 +60,7 @@ fn drafter(t: &LoadedModel, seed: u64) -> DrafterWeights {
     DrafterWeights::load(
         std::str::from_utf8(&f["config.json"]).unwrap(),
         vec![("model.safetensors", &f["model.safetensors"][..])],
-        DrafterPrecision::Q8,
+        precision,
     )
     .unwrap()
 }
@@ -131,6 +135,23 @@ fn plain_gpu(
         next = g.step_with(&[next], head).unwrap()[0];
     }
     out
+}
+
+/// A full-precision (f32) drafter runs on the CPU engines; the GPU refuses it with a
+/// typed error naming the matrix, before anything runs.
+#[test]
+fn a_full_precision_drafter_is_refused_by_the_gpu() {
+    let t = target();
+    let w = drafter_in(&t, 7, DrafterPrecision::F32);
+    let Some(ctx) = contexts().into_iter().next() else {
+        return;
+    };
+    let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
+    match Speculative::new(tm, &w) {
+        Err(GpuError::Unsupported(why)) => assert!(why.contains("f32"), "{why}"),
+        Err(e) => panic!("expected Unsupported, got {e}"),
+        Ok(_) => panic!("an f32 drafter was accepted by the GPU"),
+    }
 }
 
 #[test]

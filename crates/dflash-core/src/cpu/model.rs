@@ -5,7 +5,7 @@ use super::ops::{argmax, attention_row, matmul_t, rms_norm, rope, silu};
 use super::quant_matmul::{for_each_band, in_pool, quant_matmul, Kernel, QuantizedRows};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::quant::QuantMatrix;
+use crate::quant::{QFormat, QuantMatrix};
 use crate::weights::ModelWeights;
 
 /// Which matrix products the CPU engine runs.
@@ -56,6 +56,8 @@ impl Matrix {
     /// `new` of a matrix the caller gives up (no copy of quantized weights).
     pub(crate) fn owned(m: QuantMatrix, kernels: CpuKernels) -> Self {
         match kernels {
+            // An f32 matrix (a full-precision drafter) runs dense on either engine.
+            _ if m.format == QFormat::F32 => Self::new(&m, kernels),
             CpuKernels::Reference => Self::new(&m, kernels),
             CpuKernels::Quantized => Matrix::Quant {
                 m,
@@ -66,6 +68,11 @@ impl Matrix {
 
     pub(crate) fn new(m: &QuantMatrix, kernels: CpuKernels) -> Self {
         match kernels {
+            _ if m.format == QFormat::F32 => Matrix::Dense {
+                w: m.dequantize(),
+                rows: m.rows,
+                cols: m.cols,
+            },
             CpuKernels::Reference => Matrix::Dense {
                 w: m.dequantize(),
                 rows: m.rows,

@@ -22,6 +22,9 @@
 use crate::quant::{QFormat, QuantMatrix};
 use half::f16;
 
+/// Why no kernel here sees an f32 matrix: `cpu::model::Matrix` runs those dense.
+const F32_DENSE: &str = "f32 matrices run dense (cpu::model::Matrix), never quantized kernels";
+
 const _: () = assert!(
     cfg!(target_endian = "little"),
     "the packed weight words are read as bytes"
@@ -73,6 +76,7 @@ impl QuantizedRows {
                 let at = match format {
                     QFormat::Q4 => (i % 2) * half + i / 2,
                     QFormat::Q8 => i,
+                    QFormat::F32 => unreachable!("{F32_DENSE}"),
                 };
                 dst[at] = quant(v);
             }
@@ -156,6 +160,7 @@ fn group_isum_scalar(format: QFormat, group: usize, w: &[u8], x: &[i8], g: usize
                 .map(|(&a, &b)| a as i8 as i32 * b as i32)
                 .sum()
         }
+        QFormat::F32 => unreachable!("{F32_DENSE}"),
     }
 }
 
@@ -397,6 +402,7 @@ mod avx2 {
                 let wv = _mm256_loadu_si256(w.cast());
                 (_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
             }
+            QFormat::F32 => unreachable!("{}", super::F32_DENSE),
         }
     }
 
@@ -627,6 +633,7 @@ mod tests {
         match format {
             QFormat::Q4 => QuantMatrix::quantize_q4(&x, rows, cols),
             QFormat::Q8 => QuantMatrix::quantize_q8(&x, rows, cols),
+            QFormat::F32 => QuantMatrix::from_f32(&x, rows, cols),
         }
     }
 

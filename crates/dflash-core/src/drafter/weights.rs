@@ -12,6 +12,9 @@ pub enum DrafterPrecision {
     /// 8-bit groups (the default: float checkpoints are quantized like target weights).
     Q8,
     Q4,
+    /// The file's values unquantized (f32, `QFormat::F32`), every matrix: the drafts of
+    /// z-lab's reference itself. The CPU engines only (the GPU refuses it).
+    F32,
 }
 
 #[derive(Debug, Clone)]
@@ -75,10 +78,28 @@ impl DrafterWeights {
         let c = DrafterConfig::from_json(config_json)?;
         let src = SafeTensorsSource::new(files, None)?;
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        // The convolutions' and the selector's matrices: 8 bits, or f32 for F32.
+        let full = |name: &str, rows: usize, cols: usize| -> Result<QuantMatrix> {
+            if precision != DrafterPrecision::F32 {
+                return checked_matrix(&src, name, rows, cols);
+            }
+            // The shape checked as for any matrix, then the values as the file has them.
+            let shape = src
+                .shape(name)
+                .ok_or_else(|| Error::MissingTensor(name.into()))?;
+            if shape != [rows, cols] {
+                return Err(Error::ShapeMismatch {
+                    tensor: name.into(),
+                    expected: vec![rows, cols],
+                    found: shape,
+                });
+            }
+            Ok(QuantMatrix::from_f32(&src.vector(name)?, rows, cols))
+        };
         let mat = |name: &str, rows: usize, cols: usize| -> Result<QuantMatrix> {
-            let m = checked_matrix(&src, name, rows, cols)?;
+            let m = full(name, rows, cols)?;
             Ok(match precision {
-                DrafterPrecision::Q8 => m,
+                DrafterPrecision::Q8 | DrafterPrecision::F32 => m,
                 DrafterPrecision::Q4 => QuantMatrix::quantize_q4(&m.dequantize(), rows, cols),
             })
         };
@@ -98,8 +119,7 @@ impl DrafterWeights {
             }
             Ok(GroupedConv {
                 base: src.vector(&name)?,
-                projection: checked_matrix(
-                    &src,
+                projection: full(
                     &format!("{prefix}.kernel_projection.weight"),
                     d.projection_rows(h),
                     h,
@@ -141,12 +161,11 @@ impl DrafterWeights {
             } else {
                 bare
             };
-            checked_matrix(&src, &name, c.vocab_size, rank)
+            full(&name, c.vocab_size, rank)
         };
         let selector = match &c.dflash2 {
             Some(d) => Some(Selector {
-                hidden_projection: checked_matrix(
-                    &src,
+                hidden_projection: full(
                     "candidate_selector.hidden_projection.weight",
                     d.selector_rank,
                     h,

@@ -133,6 +133,8 @@ pub struct SafeTensorsSource<'a> {
     files: Vec<(&'a str, &'a [u8])>,
     entries: HashMap<String, Entry>,
     int4: Option<Int4Config>,
+    /// Float matrices kept as f32 (`QFormat::F32`) instead of repacked into 8 bits.
+    full_precision: bool,
 }
 
 impl<'a> SafeTensorsSource<'a> {
@@ -194,7 +196,17 @@ impl<'a> SafeTensorsSource<'a> {
             files,
             entries,
             int4,
+            full_precision: false,
         })
+    }
+
+    /// The same source, handing out float matrices as f32 (`QFormat::F32`: the CPU
+    /// engines only), not repacked into 8 bits.
+    pub fn full_precision(self) -> Self {
+        SafeTensorsSource {
+            full_precision: true,
+            ..self
+        }
     }
 
     pub fn names(&self) -> impl Iterator<Item = &String> {
@@ -380,6 +392,9 @@ impl TensorSource for SafeTensorsSource<'_> {
                     tensor: name.into(),
                     reason: format!("shape {shape:?} is not [rows, 32k]"),
                 });
+            }
+            if self.full_precision {
+                return Ok(QuantMatrix::from_f32(&v, shape[0], shape[1]));
             }
             return Ok(QuantMatrix::quantize_q8(&v, shape[0], shape[1]));
         }

@@ -484,7 +484,7 @@ impl Speculative {
         let mut blocks = BlockLoop::new(block, self.max_block());
         let mut done = budget == 0 || sink.push(anchor)?;
         while !done {
-            let b = blocks.next_block(self.target.context - self.target.len());
+            let b = blocks.next_block(self.target.context - self.target.len(), sink.remaining());
             let t_step = clock();
             let r = self.step_async(b, head).await?;
             blocks.record(b, clock() - t_step, r.accepted);
