@@ -17,6 +17,25 @@ pub trait TensorSource<M = QuantMatrix, V = Vec<f32>> {
     fn vector(&self, name: &str) -> Result<V>;
 }
 
+/// Checks that tensor `name` is present with shape `expected`.
+pub fn check_shape<M, V>(
+    src: &dyn TensorSource<M, V>,
+    name: &str,
+    expected: &[usize],
+) -> Result<()> {
+    let shape = src
+        .shape(name)
+        .ok_or_else(|| Error::MissingTensor(name.into()))?;
+    if shape != expected {
+        return Err(Error::ShapeMismatch {
+            tensor: name.into(),
+            expected: expected.to_vec(),
+            found: shape,
+        });
+    }
+    Ok(())
+}
+
 /// A 2-D tensor whose shape must be `[rows, cols]`, repacked.
 pub fn checked_matrix<M, V>(
     src: &dyn TensorSource<M, V>,
@@ -24,31 +43,13 @@ pub fn checked_matrix<M, V>(
     rows: usize,
     cols: usize,
 ) -> Result<M> {
-    let shape = src
-        .shape(name)
-        .ok_or_else(|| Error::MissingTensor(name.into()))?;
-    if shape != [rows, cols] {
-        return Err(Error::ShapeMismatch {
-            tensor: name.into(),
-            expected: vec![rows, cols],
-            found: shape,
-        });
-    }
+    check_shape(src, name, &[rows, cols])?;
     src.matrix(name)
 }
 
 /// A 1-D tensor whose length must be `len`, as f32.
 pub fn checked_vector<M, V>(src: &dyn TensorSource<M, V>, name: &str, len: usize) -> Result<V> {
-    let shape = src
-        .shape(name)
-        .ok_or_else(|| Error::MissingTensor(name.into()))?;
-    if shape != [len] {
-        return Err(Error::ShapeMismatch {
-            tensor: name.into(),
-            expected: vec![len],
-            found: shape,
-        });
-    }
+    check_shape(src, name, &[len])?;
     src.vector(name)
 }
 

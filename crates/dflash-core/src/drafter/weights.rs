@@ -4,7 +4,7 @@
 use super::*;
 use crate::formats::hf::SafeTensorsSource;
 use crate::quant::{QFormat, QuantMatrix};
-use crate::weights::{checked_matrix, checked_vector, TensorSource};
+use crate::weights::{check_shape, checked_matrix, checked_vector, TensorSource};
 
 /// How to store the drafter's matrices (loading quantizes float weights on request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,16 +84,7 @@ impl DrafterWeights {
                 return checked_matrix(&src, name, rows, cols);
             }
             // The shape checked as for any matrix, then the values as the file has them.
-            let shape = src
-                .shape(name)
-                .ok_or_else(|| Error::MissingTensor(name.into()))?;
-            if shape != [rows, cols] {
-                return Err(Error::ShapeMismatch {
-                    tensor: name.into(),
-                    expected: vec![rows, cols],
-                    found: shape,
-                });
-            }
+            check_shape(&src, name, &[rows, cols])?;
             Ok(QuantMatrix::from_f32(&src.vector(name)?, rows, cols))
         };
         let mat = |name: &str, rows: usize, cols: usize| -> Result<QuantMatrix> {
