@@ -96,12 +96,12 @@ fn reference_written_pairs_load_and_generate_the_reference_tokens() {
 /// The full-precision path (target and drafter in f32, as the reference keeps them)
 /// gives the reference's tokens in every run and its acceptance lengths in every run
 /// but one: a drafter with sliding-window layers (window 4) run at block 8, longer than
-/// its window, where the reference's drafts differ from step 5 on. Our sliding layers
-/// see the window by position, as its mask (and training) define it; the reference's
-/// generation loop keeps its drafter's KV in transformers' cache, whose sliding layers
-/// hold only the last window of positions, so the block's rows may push context rows
-/// out that its crop to the committed length cannot bring back (our reading; not
-/// reproduced here). At the drafter's own block (4) the same drafter agrees.
+/// its window, where the reference's drafts differ from step 5 on (its tokens do not).
+/// Not explained yet: the reference's sliding layers keep their last window - 1
+/// context rows across the crop (transformers 5.17's DynamicSlidingWindowLayer with
+/// past recording, read in its source), and at the drafter's own block (4) the same
+/// drafter agrees. (Before our loop verified at most the tokens left plus one near the
+/// end of the budget, as the reference does, 7 runs differed.)
 #[test]
 fn the_full_precision_path_gives_the_references_acceptance_in_every_run() {
     let (same, runs, differing) = generate_against_the_reference(true);

@@ -604,6 +604,7 @@ mod simd128 {
                     }
                     hsum(s)
                 }
+                QFormat::F32 => unreachable!("{}", super::F32_DENSE),
             }
         }
     }
