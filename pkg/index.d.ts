@@ -297,7 +297,7 @@ export declare function catalogEntry(id: string): CatalogEntry | undefined;
  *  'LimitsExceeded' (naming the limit) or 'OutOfMemory' (past memoryBudget). Downloads nothing. */
 export declare function planModel(
   id: string,
-  options?: { context?: number; dflash?: boolean; engine?: 'auto' | 'gpu' | 'cpu'; memoryBudget?: number; worker?: Worker | (() => Worker) },
+  options?: { context?: number; dflash?: boolean; engine?: 'auto' | 'gpu' | 'cpu'; memoryBudget?: number; worker?: () => Worker },
 ): Promise<ModelPlan>;
 /** Whether every file of a catalogue model (by id) or of a model URL is in the weight cache. */
 export declare function hasCached(idOrUrl: string): Promise<boolean>;

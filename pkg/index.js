@@ -98,7 +98,11 @@ function modelSource(model) {
       : [one];
   }
   const first = parts[0].src;
-  const name = typeof first === 'string' ? decodeURIComponent(first.split('?')[0].split('/').pop()) : first.name ?? 'model';
+  const base = typeof first === 'string' ? first.split('?')[0].split('/').pop() : null;
+  let name = first.name ?? 'model';
+  if (base !== null) {
+    try { name = decodeURIComponent(base); } catch { name = base; } // a stray '%'
+  }
   return { parts, name, entry: null };
 }
 
@@ -464,6 +468,10 @@ export async function createEngine(options) {
 export async function planModel(id, { context = 2048, dflash = true, engine = 'auto', memoryBudget, worker } = {}) {
   checkContext(context);
   checkBudget(memoryBudget);
+  if (worker !== undefined && typeof worker !== 'function') {
+    // An engine's worker answers its own calls: a plan takes a worker of its own.
+    throw new DFlashError(CODE.BadRequest, 'planModel takes worker as a function that returns a new Worker');
+  }
   const entry = catalogEntry(id);
   if (!entry) throw new DFlashError(CODE.BadRequest, `no model ${JSON.stringify(id)} in the catalogue`);
   const src = modelSource(id);
@@ -473,7 +481,7 @@ export async function planModel(id, { context = 2048, dflash = true, engine = 'a
   try {
     return await rpc.call({ type: MSG.plan, context, engine, plan: loadPlan(src, drafterSrc, memoryBudget) });
   } finally {
-    if (typeof worker !== 'object') rpc.worker.terminate();
+    rpc.worker.terminate();
   }
 }
 

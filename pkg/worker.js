@@ -369,7 +369,7 @@ async function streamModel(mod, m, engine, onProgress) {
       else loader.nextPart(s.size);
       await streamPart(loader, s, (loaded) => onProgress({
         phase: s.cached ? 'cache' : 'download', file: 'model', part: i + 1, parts: parts.length, loaded, total: s.size,
-      }));
+      }), i === 0 ? () => checkPartCount(loader, parts.length) : null);
       const sha = loader.sha256();
       const what = parts.length > 1 ? `model part ${i + 1}` : 'model';
       if (s.cached && s.expectedSha !== sha) {
@@ -395,14 +395,27 @@ async function streamModel(mod, m, engine, onProgress) {
   }
 }
 
-/** One file's chunks into the loader; `onLoaded(bytes)` at most every 100 ms. */
-async function streamPart(loader, s, onLoaded) {
+/** Once the first header has arrived: the model has as many parts as were given (else
+ *  BadRequest at once, before the rest downloads). True once checked. */
+function checkPartCount(loader, given) {
+  const count = loader.parts();
+  if (count === undefined || count === null) return false;
+  if (count !== given) {
+    throw new WorkerError(CODE.BadRequest, `the model is split in ${count} parts (gguf-split), ${given} given: name its first part's URL alone, or list every part in { parts }`);
+  }
+  return true;
+}
+
+/** One file's chunks into the loader; `onLoaded(bytes)` at most every 100 ms; `check()`
+ *  after each chunk until it returns true. */
+async function streamPart(loader, s, onLoaded, check) {
   let loaded = 0;
   let last = 0;
   for (;;) {
     const { done, value } = await s.reader.read();
     if (done) return;
     loader.push(value);
+    if (check?.()) check = null;
     loaded += value.length;
     const now = performance.now();
     if (now - last > 100 || loaded === s.size) {

@@ -41,7 +41,9 @@ test('a split GGUF loads part after part in the browser', { timeout: 600_000 }, 
       const hasCached = await m.hasCached(`/models/${names[1]}`);
       const code = (opts) => m.createEngine({ engine: 'cpu', ...opts }).then(() => 'ok', (e) => e.code);
       const wrongOrder = await code({ model: { parts: [0, 2, 1].map((i) => `/models/${names[i]}`) } });
-      return { text: r.choices[0].message.content, info: engine.info, again: again.info, parts: [...seen].sort(), cached, hasCached, wrongOrder };
+      // One part of three given (a pinned URL is one file): refused once its header is in.
+      const short = await code({ model: { parts: [`/models/${names[0]}`] } });
+      return { text: r.choices[0].message.content, info: engine.info, again: again.info, parts: [...seen].sort(), cached, hasCached, wrongOrder, short };
     });
     assert.equal(r.text, expected.text, 'the split model answers as the whole file');
     assert.equal(r.info.parts, 3);
@@ -52,6 +54,7 @@ test('a split GGUF loads part after part in the browser', { timeout: 600_000 }, 
     assert.equal(r.cached, 3);
     assert.equal(r.hasCached, true);
     assert.equal(r.wrongOrder, 'BadModelFile');
+    assert.equal(r.short, 'BadRequest');
     // A missing part: its fetch fails, and nothing of the attempt is cached.
     rmSync(join(dir, names[2]));
     const missing = await page.evaluate(async ({ names }) => {

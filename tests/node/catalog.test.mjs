@@ -79,6 +79,8 @@ test('an unknown catalogue id and malformed model names are BadRequest before an
   assert.equal(await code(createEngine({ model: 'smollm2-135m-instruct-q4_1', memoryBudget: -1 })), 'BadRequest');
   assert.equal(await code(planModel('qwen3-9b-q4')), 'BadRequest');
   assert.equal(await code(planModel('qwen3-8b-q4_k_m', { context: 0 })), 'BadRequest');
+  // An engine's worker answers its own calls: a plan takes a worker function.
+  assert.equal(await code(planModel('qwen3-8b-q4_k_m', { worker: { postMessage() {} } })), 'BadRequest');
   // Without Cache Storage nothing is cached.
   assert.equal(await hasCached('qwen3-8b-q4_k_m'), false);
 });

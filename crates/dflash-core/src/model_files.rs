@@ -367,12 +367,10 @@ fn load_gguf_file(path: &std::path::Path) -> Result<LoadedModel> {
                 reason: format!("{} does not exist", p.display()),
             });
         }
-        parts.push(open_regular_file(p)?);
+        let (file, len) = open_regular_file(p)?;
+        parts.push((file, len, p.display().to_string()));
     }
-    load_gguf_parts(parts.iter_mut().map(|(f, n)| (f, *n))).map_err(|e| match e {
-        Error::Io { source, .. } => io_error(path, source),
-        e => e,
-    })
+    load_gguf_parts(parts)
 }
 
 /// An open regular file and its length.
@@ -416,21 +414,22 @@ pub fn split_part_paths(path: &std::path::Path) -> Option<Vec<std::path::PathBuf
 /// A GGUF model of `total` bytes read from `reader` in chunks through the streaming
 /// loader: a reader that ends early is `Truncated`, one that gives more is refused.
 pub fn load_gguf_reader(reader: impl std::io::Read, total: u64) -> Result<LoadedModel> {
-    load_gguf_parts([(reader, total)])
+    load_gguf_parts([(reader, total, "GGUF stream".to_string())])
 }
 
-/// A GGUF model in one or more parts (`gguf-split`), each a reader and its length.
+/// A GGUF model in one or more parts (`gguf-split`), each a reader, its length and the
+/// name an I/O error on it gives.
 pub fn load_gguf_parts<R: std::io::Read>(
-    parts: impl IntoIterator<Item = (R, u64)>,
+    parts: impl IntoIterator<Item = (R, u64, String)>,
 ) -> Result<LoadedModel> {
     use crate::formats::gguf_weights_stream::{HostSink, WeightStream};
     let mut stream: Option<WeightStream<HostSink>> = None;
-    for (reader, total) in parts {
+    for (reader, total, name) in parts {
         match &mut stream {
             None => stream = Some(WeightStream::new(HostSink, total)),
             Some(s) => s.next_part(total)?,
         }
-        stream_part(stream.as_mut().expect("set above"), reader)?;
+        stream_part(stream.as_mut().expect("set above"), reader, &name)?;
     }
     let stream = stream.ok_or_else(|| Error::NotAModel("no GGUF file".into()))?;
     let (streamed, HostSink) = stream.finish()?;
@@ -443,13 +442,15 @@ pub fn load_gguf_parts<R: std::io::Read>(
 }
 
 /// One GGUF file's bytes into `stream`, in 8 MiB chunks; its magic is checked first.
+/// An I/O error names the file `name`.
 fn stream_part<S: crate::formats::gguf_weights_stream::TensorSink>(
     stream: &mut crate::formats::gguf_weights_stream::WeightStream<S>,
     mut reader: impl std::io::Read,
+    name: &str,
 ) -> std::result::Result<(), S::Error> {
     const CHUNK: usize = 8 << 20;
     let io = |e| Error::Io {
-        path: "GGUF stream".into(),
+        path: name.into(),
         source: e,
     };
     let mut magic = [0u8; 4];

@@ -96,7 +96,7 @@ pub fn gemv_lanes(ctx: &GpuContext, m: &GpuMatrix) -> usize {
 
 /// Output rows one GEMV workgroup over `m` covers on this adapter.
 pub fn gemv_rows_per_workgroup(ctx: &GpuContext, m: &GpuMatrix) -> usize {
-    64 / gemv_lanes(ctx, m)
+    WORKGROUP_SIZE as usize / gemv_lanes(ctx, m)
 }
 
 /// Output rows behind one partial of the fused greedy head: a workgroup's, or one row

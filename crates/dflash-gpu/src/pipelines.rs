@@ -29,6 +29,10 @@ pub enum Shader {
 /// The workgroup size of every kernel but the single-thread ones: WGSL's `WG`, which
 /// `Shader::source` defines from this, and the dispatch sizes of `ops` divide by it.
 pub const WORKGROUP_SIZE: u32 = 64;
+// The kernels' per-thread arrays are sized for 64 threads (attention's 4 head dims per
+// thread for head_dim <= 256, chunked attention's, gemv's workgroup memory within the
+// browser's 16 KiB): another size needs them resized first.
+const _: () = assert!(WORKGROUP_SIZE == 64);
 
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 const QUANT: &str = include_str!("../../../shaders/quant.wgsl");

@@ -76,6 +76,11 @@ impl StreamLoader {
         self.stream.received()
     }
 
+    /// Parts of a split model (1 for one file), once the first header has arrived.
+    pub fn parts(&self) -> Option<usize> {
+        self.stream.parts()
+    }
+
     /// Tensors uploaded so far, of how many (0 until the header has arrived).
     pub fn progress(&self) -> (usize, usize) {
         self.stream.progress()

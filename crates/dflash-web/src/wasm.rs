@@ -272,6 +272,16 @@ impl Loader {
         Ok(())
     }
 
+    /// Parts of the model (`split.count`: 1 for a file in one piece) once the first
+    /// part's header has arrived, else null.
+    pub fn parts(&self) -> Option<u32> {
+        match &self.target {
+            Target::Gpu { model, .. } => model.parts(),
+            Target::Cpu(model) => model.parts(),
+        }
+        .map(|n| n as u32)
+    }
+
     /// Bytes received so far, over every part.
     pub fn received(&self) -> f64 {
         match &self.target {

@@ -196,7 +196,10 @@ impl<S: TensorSink> WeightStream<S> {
                 .into_header()
                 .expect("finish() checked the header"),
         );
-        let header = merged_header(parts, self.split.expect("the header was checked"))?;
+        let split = self
+            .split
+            .ok_or_else(|| Error::BadMetadata("the GGUF header did not parse".into()))?;
+        let header = merged_header(parts, split)?;
         let (mut config, tokenizer, chat_template) = match self.meta {
             // The first part's header may lack the tensors of the later ones
             // (`output.weight`, which says whether the head is tied): read it again whole.
