@@ -59,6 +59,25 @@ fn request(
     }
 }
 
+/// The streamed model generates what the model loaded whole generates for `req`.
+fn same_generation(
+    whole: &mut GpuModel,
+    m: &dflash_core::model_files::LoadedModel,
+    streamed: &mut dflash_gpu::StreamedModel,
+    req: &GenerateRequest,
+    what: &str,
+) {
+    let a = whole
+        .generate(&m.tokenizer, req, &|| 0.0, &mut |_| {})
+        .unwrap();
+    let b = streamed
+        .model
+        .generate(&streamed.tokenizer, req, &|| 0.0, &mut |_| {})
+        .unwrap();
+    assert_eq!(a.tokens, b.tokens, "{what}");
+    assert_eq!(a.text, b.text, "{what}");
+}
+
 #[test]
 fn a_streamed_model_generates_what_the_whole_file_generates() {
     for (arch, t) in [
@@ -91,15 +110,7 @@ fn a_streamed_model_generates_what_the_whole_file_generates() {
                 },
             ] {
                 let req = request(vec![1, 5, 9, 3, 7], 12, sp, 64);
-                let a = whole
-                    .generate(&m.tokenizer, &req, &|| 0.0, &mut |_| {})
-                    .unwrap();
-                let b = s
-                    .model
-                    .generate(&s.tokenizer, &req, &|| 0.0, &mut |_| {})
-                    .unwrap();
-                assert_eq!(a.tokens, b.tokens, "{arch:?} {t:?}");
-                assert_eq!(a.text, b.text);
+                same_generation(&mut whole, &m, &mut s, &req, &format!("{arch:?} {t:?}"));
             }
         }
     }
@@ -137,14 +148,7 @@ fn a_split_model_streams_part_after_part() {
     let mut s = load(3).unwrap().finish(&opts).unwrap();
     let mut whole = GpuModel::new(ctx.clone(), &m.weights, &opts).unwrap();
     let req = request(vec![2, 4, 6], 8, SamplingParams::default(), 32);
-    let a = whole
-        .generate(&m.tokenizer, &req, &|| 0.0, &mut |_| {})
-        .unwrap();
-    let b = s
-        .model
-        .generate(&s.tokenizer, &req, &|| 0.0, &mut |_| {})
-        .unwrap();
-    assert_eq!(a.tokens, b.tokens);
+    same_generation(&mut whole, &m, &mut s, &req, "split");
     match load(2).unwrap().finish(&opts) {
         Err(GpuError::Core(Error::SplitPart {
             part: 3, count: 3, ..
