@@ -282,9 +282,12 @@ export interface Engine {
    *  its prompt's longest common prefix with the last one (the same tokens either way). */
   resetChat(): Promise<void>;
   unload(): Promise<void>;
-  /** TEST ONLY: panics inside the engine: rejects with code 'Panic' and `message`, and the worker is replaced. */
+  /** TEST ONLY, and only in a package built with `DFLASH_TEST_HOOKS=1` (elsewhere it
+   *  rejects with 'BadRequest'): panics inside the engine: rejects with code 'Panic' and
+   *  `message`, and the worker is replaced. */
   __testTrap(message: string): Promise<never>;
-  /** TEST ONLY: destroys the GPU device (GPUDevice.destroy()): later requests fail with 'DeviceLost'. */
+  /** TEST ONLY, and only with `DFLASH_TEST_HOOKS=1` (else 'BadRequest'): destroys the
+   *  GPU device (GPUDevice.destroy()): later requests fail with 'DeviceLost'. */
   __testLoseDevice(): Promise<void>;
 }
 

@@ -350,13 +350,14 @@ class Engine {
       () => { this.rpc = null; },
     ).finally(() => { this.reloading = null; });
   }
-  /** TEST ONLY: a panic inside the engine (the call fails with code 'Panic' and
-   *  `message`; the worker is replaced). */
+  /** TEST ONLY (a package built with DFLASH_TEST_HOOKS=1; elsewhere 'BadRequest'): a
+   *  panic inside the engine (the call fails with code 'Panic' and `message`; the worker
+   *  is replaced). */
   __testTrap(message) {
     return this.rpc.call({ type: MSG.testTrap, message });
   }
-  /** TEST ONLY: destroys the GPU device (GPUDevice.destroy()); requests then fail with
-   *  code 'DeviceLost'. */
+  /** TEST ONLY (DFLASH_TEST_HOOKS=1 builds): destroys the GPU device
+   *  (GPUDevice.destroy()); requests then fail with code 'DeviceLost'. */
   __testLoseDevice() {
     return this.rpc.call({ type: MSG.testLoseDevice });
   }

@@ -52,6 +52,11 @@ class WorkerError extends Error {
 
 // The request being answered, and queued requests aborted before they started.
 let running = null;
+// The fault tests' hooks are only in a package built with DFLASH_TEST_HOOKS=1.
+function noTestHooks() {
+  return new WorkerError(CODE.BadRequest, 'this build has no test hooks (DFLASH_TEST_HOOKS=1 scripts/build-pkg.sh)');
+}
+
 const dropped = new Set();
 // The message being handled (any type): the one a trap is charged to.
 let current = null;
@@ -128,10 +133,13 @@ async function handle(m) {
       post({ id: m.id, type: MSG.result, result: null });
     } else if (m.type === MSG.testTrap) {
       // TEST ONLY: a panic inside a running wasm future.
-      await (engine?.mod ?? (await wasmBuild(1)).mod).__testTrap(m.message);
+      const mod = engine?.mod ?? (await wasmBuild(1)).mod;
+      if (typeof mod.__testTrap !== 'function') throw noTestHooks();
+      await mod.__testTrap(m.message);
     } else if (m.type === MSG.testLoseDevice) {
       // TEST ONLY: GPUDevice.destroy() on the engine's device.
       if (!engine) throw new WorkerError(CODE.Unloaded, 'no model is loaded');
+      if (!engine.loseDevice) throw noTestHooks();
       engine.loseDevice();
       post({ id: m.id, type: MSG.result, result: null });
     } else {
@@ -586,7 +594,7 @@ async function load(m, onProgress) {
     chat: (req, onPiece) => eng.chat(req, onPiece),
     interrupt: () => eng.interrupt(),
     resetChat: () => eng.resetChat(),
-    loseDevice: () => eng.__testLoseDevice(),
+    loseDevice: typeof eng.__testLoseDevice === 'function' ? () => eng.__testLoseDevice() : null,
     unload: () => { eng.unload(); eng.free(); },
   };
 }

@@ -17,7 +17,10 @@ if [ "$(wasm-bindgen --version 2>/dev/null | cut -d' ' -f2)" != "$want" ]; then
   cargo install wasm-bindgen-cli --version "$want"
 fi
 [ -x tests/node_modules/.bin/wasm-opt ] || (cd tests && npm ci --no-audit --no-fund)
-cargo build --release --locked -p dflash-web --target wasm32-unknown-unknown
+# DFLASH_TEST_HOOKS=1 (scripts/test.sh): with the fault tests' hooks, which a release
+# package never has.
+hooks=${DFLASH_TEST_HOOKS:+test-hooks}
+cargo build --release --locked -p dflash-web --features "$hooks" --target wasm32-unknown-unknown
 rm -rf pkg/dist
 wasm-bindgen --target web --out-dir pkg/dist --no-typescript target/wasm32-unknown-unknown/release/dflash_web.wasm
 before=$(stat -c %s pkg/dist/dflash_web_bg.wasm)
@@ -36,7 +39,7 @@ rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install n
 rustup component add rust-src --toolchain nightly
 link="--shared-memory --import-memory --max-memory=4294967296 --export=__wasm_init_tls --export=__tls_size --export=__tls_align --export=__tls_base"
 RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+simd128 $(printf -- '-C link-arg=%s ' $link)" \
-  cargo +nightly build -Z build-std=panic_abort,std --release --locked -p dflash-web --features threads \
+  cargo +nightly build -Z build-std=panic_abort,std --release --locked -p dflash-web --features "threads${hooks:+,$hooks}" \
   --target wasm32-unknown-unknown --target-dir target/wasm-threads
 wasm-bindgen --target web --out-dir pkg/dist/threads --no-typescript \
   target/wasm-threads/wasm32-unknown-unknown/release/dflash_web.wasm

@@ -71,7 +71,7 @@ unset VK_ICD_FILENAMES DFLASH_BROWSER_LIMITS DFLASH_QUICK
 echo "== [$SECONDS s] the browser product (wasm in a Worker, npm package, demo) in headless Chromium"
 # The same engine built for wasm32: the core and the GPU engine must stay free of
 # native-only code.
-scripts/build-pkg.sh
+DFLASH_TEST_HOOKS=1 scripts/build-pkg.sh
 (cd tests && npm ci --no-audit --no-fund >/dev/null)
 echo "== [$SECONDS s] the package's request validation and option checks in node (no browser)"
 node --test tests/node/

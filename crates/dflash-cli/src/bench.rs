@@ -17,8 +17,8 @@ use dflash_core::rng::Rng;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{AcceptProfile, Acceptance, BlockSize};
 use dflash_core::synthetic::SyntheticSpec;
-use dflash_gpu::dflash::Speculative;
 use dflash_gpu::model::{OutputHead, MAX_ROWS};
+use dflash_gpu::speculative::Speculative;
 use dflash_gpu::synthetic::Planned;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions};
 use std::path::{Path, PathBuf};
@@ -525,7 +525,7 @@ fn dflash_ids(
     spec.simulate = sim.is_some();
     let vocab = spec.target.config.vocab_size;
     let mut tokens = Vec::with_capacity(n + MAX_ROWS);
-    let mut blocks = BlockLoop::new(policy, spec.max_block());
+    let mut blocks = BlockLoop::new(policy, spec.block_capacity());
     let run = (|| {
         if n == 0 {
             return Ok(0.0);
@@ -546,8 +546,10 @@ fn dflash_ids(
             }
             let t_step = clock();
             let r = spec.step(b, head)?;
-            blocks.record(b, clock() - t_step, r.accepted);
-            tokens.extend(&r.tokens);
+            blocks.commit_step(b, clock() - t_step, r.accepted, &r.tokens, |t, _| {
+                tokens.push(t);
+                Ok::<_, CliError>(false)
+            })?;
         }
         Ok::<_, CliError>(clock() - t1)
     })();

@@ -9,7 +9,7 @@ use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{
     generate_speculative_cpu, BlockSize, SpeculativeResult, StepCostPrior,
 };
-use dflash_gpu::dflash::Speculative;
+use dflash_gpu::speculative::Speculative;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
 use std::io::Write;
 use std::path::PathBuf;
@@ -128,7 +128,8 @@ impl From<DrafterPrecisionArg> for DrafterPrecision {
 }
 
 /// `--block N|auto` for a device: auto uses the measured (GPU) or linear (CPU) cost of
-/// verifying b rows.
+/// verifying b rows, up to the drafter's own block (`max_block`). A fixed block may
+/// exceed it, as in z-lab's reference; the engine clamps it to what its step holds.
 pub fn block_policy(
     arg: &str,
     max_block: usize,
@@ -141,7 +142,7 @@ pub fn block_policy(
         });
     }
     match arg.parse::<usize>() {
-        Ok(b) if b >= 1 => Ok(BlockSize::Fixed(b.min(max_block))),
+        Ok(b) if b >= 1 => Ok(BlockSize::Fixed(b)),
         _ => Err(CliError::Usage(format!(
             "--block takes a positive number or `auto`, not {arg:?}"
         ))),

@@ -5,9 +5,9 @@
 //! read-only stream, each GEMV shape at 1 and 16 rows).
 
 use crate::CliError;
-use dflash_gpu::dflash::Speculative;
 use dflash_gpu::model::OutputHead;
 use dflash_gpu::profile::{self, PlanProfile};
+use dflash_gpu::speculative::Speculative;
 use dflash_gpu::{GpuContext, GpuModel};
 use serde_json::{json, Value};
 

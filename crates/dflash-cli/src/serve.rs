@@ -21,7 +21,7 @@ use dflash_core::generate::{
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{DFlashCpu, DraftState, SpeculativeGeneration, StepCostPrior};
 use dflash_core::tokenizer::TextTokenizer;
-use dflash_gpu::dflash::Speculative;
+use dflash_gpu::speculative::Speculative;
 use dflash_gpu::GpuModel;
 use dflash_web::request::{finish_reason, usage, BlockArg, ChatRequest};
 use http::{client_gone, read_request, write_error, write_event, write_json};

@@ -1,5 +1,25 @@
 //! dflash-core: model formats, the GPU weight formats, tokenizers, chat templates,
 //! sampling and the CPU reference models of dflash-web.
+//!
+//! The public surface, by what a host does with it:
+//! - Load a target: [`model_files::load_path`] (GGUF, split GGUF or a Hugging Face
+//!   folder) into a [`model_files::LoadedModel`] (its [`config::ModelConfig`],
+//!   [`weights::ModelWeights`], [`tokenizer::TextTokenizer`], [`chat::ChatTemplate`]).
+//! - Load a drafter: [`drafter::DrafterWeights::load`] / [`drafter::load_drafter_dir`];
+//!   its file schema is [`drafter_file::DrafterFile`], validated into
+//!   [`drafter::DrafterConfig`].
+//! - Generate on the CPU reference: [`generate::generate_cpu`] (plain) and
+//!   [`speculative::generate_speculative_cpu`] (DFlash), or step by step with
+//!   [`generate::CpuGeneration`] / [`speculative::SpeculativeGeneration`] in a
+//!   [`generate::CpuSession`]; a request is a [`generate::GenerateRequest`] with
+//!   [`sampling::SamplingParams`] and a [`speculative::BlockSize`].
+//! - What every engine shares: the decode loop's bookkeeping
+//!   ([`speculative::BlockLoop`]), the token sink ([`generate::TokenSink`]), sampling and
+//!   rejection ([`sampling`], [`rejection`]), the quantized formats ([`quant`]), the
+//!   named shapes and memory plans ([`synthetic`]) and the input limits ([`limits`]).
+//! - Errors: [`Error`] (one variant per meaning) and [`Result`].
+//!
+//! `testutil` (tiny models, fixture writers) is behind the `testutil` feature, for tests.
 
 pub mod chat;
 pub mod config;

@@ -301,6 +301,8 @@ pub struct BlockLoop {
 }
 
 impl BlockLoop {
+    /// `max_block`: the largest block the engine's step holds (a fixed block is clamped
+    /// to it; `auto` also stops at its cost table's end, the drafter's own block).
     pub fn new(policy: &BlockSize, max_block: usize) -> Self {
         BlockLoop {
             policy: policy.clone(),
@@ -340,6 +342,28 @@ impl BlockLoop {
         }
         self.acceptance.record_step(b - 1, accepted);
         self.taus.push(accepted + 1);
+    }
+
+    /// Records a step of `b` rows that took `seconds` and committed `tokens` (its
+    /// `accepted` drafts, then the bonus token), handing each token to `push` with
+    /// whether it was an accepted draft; true as soon as `push` says generation has
+    /// ended (the step's later tokens are dropped). Every engine's loop is
+    /// `next_block`, the engine's step, `commit_step`.
+    pub fn commit_step<E>(
+        &mut self,
+        b: usize,
+        seconds: f64,
+        accepted: usize,
+        tokens: &[u32],
+        mut push: impl FnMut(u32, bool) -> std::result::Result<bool, E>,
+    ) -> std::result::Result<bool, E> {
+        self.record(b, seconds, accepted);
+        for (i, &t) in tokens.iter().enumerate() {
+            if push(t, i < accepted)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The run's result around the sink's.
@@ -415,8 +439,14 @@ impl SpeculativeResult {
 pub trait Proposer {
     /// Target layers whose taps the proposer consumes (may be empty).
     fn tap_layers(&self) -> Vec<usize>;
-    /// The largest block it drafts for.
+    /// The block it was made for: the ceiling of `auto` (its cost table's size).
     fn max_block(&self) -> usize;
+    /// The largest block a fixed request may run (default: [`Proposer::max_block`]). A
+    /// DFlash drafter runs any block its engine's step holds, as z-lab's reference runs
+    /// any `block_size` over a drafter (the extra rows are mask tokens like the rest).
+    fn block_capacity(&self) -> usize {
+        self.max_block()
+    }
     /// Committed tap rows (`[r, n_taps * H]`) for the next positions.
     fn commit(&mut self, taps: &[f32]);
     /// Rows of committed taps it holds (`usize::MAX` for a proposer without context).
@@ -572,6 +602,9 @@ impl Proposer for DFlashCpu<'_> {
     fn max_block(&self) -> usize {
         self.drafter.config.block_size
     }
+    fn block_capacity(&self) -> usize {
+        crate::limits::MAX_BLOCK_SIZE as usize
+    }
     fn commit(&mut self, taps: &[f32]) {
         self.state.pending.extend_from_slice(taps);
     }
@@ -712,7 +745,7 @@ impl<'a> SpeculativeGeneration<'a> {
     ) -> Result<Self> {
         let (context, budget) = prepare(req, &target.config)?;
         let taps = proposer.tap_layers();
-        let max_block = proposer.max_block().max(1);
+        let capacity = proposer.block_capacity().max(1);
         let t0 = clock();
         let k = session
             .keep_prefix(target, &req.prompt_ids, context, true)
@@ -738,7 +771,7 @@ impl<'a> SpeculativeGeneration<'a> {
             history,
             anchor,
             sink,
-            blocks: BlockLoop::new(block, max_block),
+            blocks: BlockLoop::new(block, capacity),
             done,
             times: (t0, t1),
         })
@@ -768,13 +801,11 @@ impl<'a> SpeculativeGeneration<'a> {
         self.session.truncate(pos + acc + 1);
         self.proposer.commit(&out.taps[..(acc + 1) * tap_w]);
         self.session.drafted = pos + acc + 1;
-        self.blocks.record(b, clock() - t_step, acc);
-        for &t in block_ids[1..=acc].iter().chain([&bonus]) {
-            self.done = self.sink.push(t)?;
-            if self.done {
-                break;
-            }
-        }
+        let committed: Vec<u32> = block_ids[1..=acc].iter().copied().chain([bonus]).collect();
+        let sink = &mut self.sink;
+        self.done = self
+            .blocks
+            .commit_step(b, clock() - t_step, acc, &committed, |t, _| sink.push(t))?;
         self.anchor = bonus;
         Ok(self.done)
     }

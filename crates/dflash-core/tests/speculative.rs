@@ -637,6 +637,9 @@ impl Proposer for Recording<'_> {
     fn max_block(&self) -> usize {
         self.inner.max_block()
     }
+    fn block_capacity(&self) -> usize {
+        self.inner.block_capacity()
+    }
     fn commit(&mut self, taps: &[f32]) {
         self.inner.commit(taps)
     }
@@ -651,6 +654,32 @@ impl Proposer for Recording<'_> {
         self.drafts.push((pos, d.clone()));
         Ok(d)
     }
+}
+
+/// A speculative generation run step by step in `session` with proposer `p`.
+fn run_in_session(
+    session: &mut dflash_core::generate::CpuSession,
+    cpu: &CpuModel,
+    p: &mut dyn Proposer,
+    t: &LoadedModel,
+    r: &GenerateRequest,
+    block: &BlockSize,
+) -> dflash_core::speculative::SpeculativeResult {
+    use dflash_core::speculative::SpeculativeGeneration;
+    let mut on_text = |_: &str| {};
+    let mut g = SpeculativeGeneration::start(
+        session,
+        cpu,
+        p,
+        &t.tokenizer,
+        r,
+        block,
+        &|| 0.0,
+        &mut on_text,
+    )
+    .unwrap();
+    while !g.step(&|| 0.0).unwrap() {}
+    g.finish(&|| 0.0)
 }
 
 /// One turn of a conversation on the CPU engine, in `session` (and the drafter's `draft`
@@ -668,7 +697,7 @@ fn turn_in_session(
     Vec<(usize, Vec<u32>)>,
 ) {
     use dflash_core::generate::CpuGeneration;
-    use dflash_core::speculative::{DFlashCpu, SpeculativeGeneration};
+    use dflash_core::speculative::DFlashCpu;
     let block = BlockSize::Fixed(4);
     let mut on_text = |_: &str| {};
     match d {
@@ -677,19 +706,7 @@ fn turn_in_session(
                 inner: DFlashCpu::resume(d, cpu, std::mem::take(draft)).unwrap(),
                 drafts: vec![],
             };
-            let mut g = SpeculativeGeneration::start(
-                session,
-                cpu,
-                &mut p,
-                &t.tokenizer,
-                r,
-                &block,
-                &|| 0.0,
-                &mut on_text,
-            )
-            .unwrap();
-            while !g.step(&|| 0.0).unwrap() {}
-            let out = g.finish(&|| 0.0);
+            let out = run_in_session(session, cpu, &mut p, t, r, &block);
             *draft = p.inner.into_state();
             (out.result, p.drafts)
         }
@@ -764,5 +781,38 @@ fn a_conversation_that_reuses_its_kv_rows_equals_one_prefilled_every_turn() {
             let (again, _) = turn_in_session(&mut session, &mut draft, &cpu, None, &t, &r);
             assert_eq!(again.cached_tokens, 0);
         }
+    }
+}
+
+/// A fixed block longer than the drafter's own runs at its length, as z-lab's reference
+/// runs any `block_size` over a drafter (found by tests/zlab.rs: we clamped it to the
+/// drafter's block), and stays lossless; `auto` still stops at the drafter's block.
+#[test]
+fn a_fixed_block_longer_than_the_drafters_own_runs_at_its_length() {
+    use dflash_core::speculative::DFlashCpu;
+    let t = target();
+    let cpu = CpuModel::with_kernels(&t.weights, CpuKernels::Quantized);
+    let mut s = spec(5);
+    s.block_size = 4;
+    let d = CpuDrafter::with_kernels(
+        &load(&write_drafter(t.config(), &s)).unwrap(),
+        CpuKernels::Quantized,
+    );
+    let p = &prompts()[1];
+    let r = req(p, Default::default());
+    let plain = generate_cpu(&cpu, &t.tokenizer, &r, &|| 0.0, &mut |_| {}).unwrap();
+    for (block, longest) in [
+        (BlockSize::Fixed(8), 7),
+        (BlockSize::auto_linear(4, 0.01), 3),
+    ] {
+        let mut p = Recording {
+            inner: DFlashCpu::new(&d, &cpu).unwrap(),
+            drafts: vec![],
+        };
+        let mut session = dflash_core::generate::CpuSession::default();
+        let out = run_in_session(&mut session, &cpu, &mut p, &t, &r, &block);
+        assert_eq!(out.result.tokens, plain.tokens, "{block:?}: lossless");
+        let most = p.drafts.iter().map(|(_, d)| d.len()).max().unwrap();
+        assert_eq!(most, longest, "{block:?}: the longest block's drafts");
     }
 }

@@ -11,9 +11,9 @@
 //! +-0.1.
 
 use crate::context::GpuContext;
-use crate::dflash::{DrafterPlan, GpuDrafter, GpuDrafterLayerWeights, GpuDrafterWeights};
 use crate::error::{GpuError, Result};
 use crate::model::{plan_buffers, GpuModelOptions, GpuWeights, MemoryPlan};
+use crate::speculative::{DrafterPlan, GpuDrafter, GpuDrafterLayerWeights, GpuDrafterWeights};
 use crate::upload::{f32_buffer, rows_per_chunk_of, GpuMatrix, MatrixChunk};
 use dflash_core::quant::QFormat;
 use dflash_core::rng::Rng;

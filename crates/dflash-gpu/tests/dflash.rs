@@ -14,8 +14,8 @@ use dflash_core::speculative::BlockSize;
 use dflash_core::testutil::{
     random_weights, tiny_drafter_target, write_drafter, write_gguf, DrafterSpec, Rng,
 };
-use dflash_gpu::dflash::Speculative;
 use dflash_gpu::model::OutputHead;
+use dflash_gpu::speculative::Speculative;
 use dflash_gpu::{GpuError, GpuModel, GpuModelOptions};
 
 fn target() -> LoadedModel {

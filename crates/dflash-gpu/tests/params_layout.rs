@@ -2,13 +2,13 @@
 //! fills: the same member names at the same byte offsets, and the same size, read from
 //! the shader by naga (wgpu's own WGSL front end).
 
-use dflash_gpu::dflash::BookkeepingParams;
 use dflash_gpu::ops::{
     ArgmaxParams, AttentionChunkParams, AttentionParams, ConvParams, CopyParams, ElementwiseParams,
     EmbeddingParams, GemvParams, QkvParams, RmsNormParams, RopeParams, SampleParams, ScaleParams,
     TopKParams, WalkParams,
 };
 use dflash_gpu::pipelines::Shader;
+use dflash_gpu::speculative::BookkeepingParams;
 use std::mem::{offset_of, size_of};
 
 /// (member name, byte offset) of struct `name` in the shader, and its size.

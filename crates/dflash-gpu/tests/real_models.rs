@@ -183,7 +183,7 @@ fn smollm2_dflash_and_dflash2_are_lossless_and_the_trained_drafter_accepts_draft
     use dflash_core::sampling::SamplingParams;
     use dflash_core::speculative::BlockSize;
     use dflash_core::testutil::{write_dflash2_drafter, write_drafter, DFlash2Spec, DrafterSpec};
-    use dflash_gpu::dflash::Speculative;
+    use dflash_gpu::speculative::Speculative;
     let Some(path) = smollm2() else { return };
     let Some(ctx) = gpu_context(&GpuOptions::default()) else {
         return;

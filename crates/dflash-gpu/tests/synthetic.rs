@@ -7,8 +7,8 @@ mod common;
 
 use dflash_core::rng::Rng;
 use dflash_core::synthetic::{spec, NAMES};
-use dflash_gpu::dflash::Speculative;
 use dflash_gpu::model::OutputHead;
+use dflash_gpu::speculative::Speculative;
 use dflash_gpu::synthetic::{build, plan, Planned};
 use dflash_gpu::{GpuError, GpuModel, GpuModelOptions, GpuOptions};
 use std::time::Instant;

@@ -15,8 +15,8 @@ use dflash_core::generate::GenerateRequest;
 use dflash_core::model_files::load_path;
 use dflash_core::speculative::BlockSize;
 use dflash_core::testutil::zlab::{cases, ids, json};
-use dflash_gpu::dflash::Speculative;
 use dflash_gpu::model::OutputHead;
+use dflash_gpu::speculative::Speculative;
 use dflash_gpu::{GpuModel, GpuModelOptions};
 
 /// A top-2 logit margin of the reference's target under this may fall either way.

@@ -1,6 +1,12 @@
 //! dflash-train: turns a supported target into a DFlash drafter (z-lab format).
 //! `data` (self-distillation), `train` (block-diffusion drafting loss), `eval` (tau through
 //! the engine's speculative loop) and `export` (config.json + bf16 safetensors).
+//!
+//! The public surface, the four steps of the `dflash-train` binary: [`data::distill`],
+//! [`train::train`] with its [`train::TrainConfig`] (resumable from its checkpoint),
+//! [`eval::evaluate`] and [`export::export`]; and what they are made of: [`draft_model`]
+//! (the candle drafter, the same math as dflash-core's `CpuDrafter`), [`target`] (the
+//! frozen target's taps), [`head_loss`], [`nn`], [`optim`], and [`TrainError`].
 
 pub mod data;
 pub mod draft_model;

@@ -2,6 +2,12 @@
 //! wasm32 and driven from a Web Worker (`pkg/worker.js`). This crate only adds the edge:
 //! the wasm-bindgen surface (`Loader`, `Engine`), the OpenAI-style request and usage
 //! (`request`), and the typed error codes the JS API throws (`errors`).
+//!
+//! The public surface is the wasm-bindgen one (`Loader`, `Engine`, `planShape`,
+//! `shapeInfo`, `validateRequest`, `requestFields`, `sha256Hex`, `takePanic`, and
+//! `initThreadPool` in the threaded build), wrapped by `pkg/index.js`; natively,
+//! [`request`] and [`errors`] (shared with `dflash serve`). The fault tests' hooks
+//! (`__testTrap`, `__testLoseDevice`) exist only with the `test-hooks` feature.
 
 pub mod errors;
 pub mod request;

@@ -15,7 +15,7 @@ use dflash_core::generate::{CpuGeneration, CpuSession, Interrupt};
 use dflash_core::speculative::{
     BlockSize, DFlashCpu, DraftState, SpeculativeGeneration, StepCostPrior,
 };
-use dflash_gpu::dflash::Speculative;
+use dflash_gpu::speculative::Speculative;
 use dflash_gpu::{GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader};
 use sha2::{Digest, Sha256};
 use std::cell::RefCell;
@@ -93,6 +93,7 @@ pub fn take_panic() -> Option<String> {
 
 /// TEST ONLY: panics with `message` after yielding to the event loop once, so that the
 /// trap comes from a running future, as a bug in a chat request's would.
+#[cfg(feature = "test-hooks")]
 #[wasm_bindgen(js_name = __testTrap)]
 pub async fn test_trap(message: String) -> Result<(), JsValue> {
     yield_to_worker().await?;
@@ -674,6 +675,7 @@ impl Engine {
 
     /// TEST ONLY: destroys the engine's GPU device (`GPUDevice.destroy()`, what a driver
     /// reset does): later requests fail with code `DeviceLost`. Nothing on the CPU engine.
+    #[cfg(feature = "test-hooks")]
     #[wasm_bindgen(js_name = __testLoseDevice)]
     pub fn test_lose_device(&self) -> Result<(), JsValue> {
         let g = self

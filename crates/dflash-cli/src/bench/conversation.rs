@@ -14,8 +14,8 @@ use dflash_core::generate::{GenerateRequest, GenerateResult};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::BlockSize;
-use dflash_gpu::dflash::Speculative;
 use dflash_gpu::model::MAX_ROWS;
+use dflash_gpu::speculative::Speculative;
 use dflash_gpu::GpuModel;
 use std::time::Instant;
 

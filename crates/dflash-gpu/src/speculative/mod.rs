@@ -2,7 +2,9 @@
 //! block pass, the target's verification, acceptance and rollback, all in one
 //! submission per step; the host reads back (accepted length, tokens).
 
+mod costs;
 mod drafter;
+mod generate;
 
 use drafter::{bookkeeping, host_draft_capacity};
 pub use drafter::{
@@ -14,7 +16,6 @@ use crate::model::{GpuModel, OutputHead, PassState, MAX_ROWS};
 use crate::ops;
 use crate::pipelines::Dispatch;
 use dflash_core::drafter::DrafterWeights;
-use dflash_core::speculative::interpolate_costs;
 use std::collections::HashMap;
 
 /// One DFlash step's outcome.
@@ -89,14 +90,15 @@ impl Speculative {
         }
     }
 
-    /// Largest block this pair can verify.
+    /// The drafter's own block (within what a step holds): the ceiling of `auto`.
     pub fn max_block(&self) -> usize {
         self.drafter.config.block_size.clamp(1, MAX_ROWS)
     }
 
-    /// Writes the drafts the host wants proposed for each absolute position (tests).
-    pub fn set_host_drafts(&mut self, by_position: &[u32]) {
-        self.set_host_drafts_at(0, by_position);
+    /// The largest block a step verifies: a fixed block may exceed the drafter's own, as
+    /// z-lab's reference runs any `block_size` over a drafter.
+    pub fn block_capacity(&self) -> usize {
+        MAX_ROWS
     }
 
     /// Writes host drafts for the absolute positions `start..start + drafts.len()` (the
@@ -250,47 +252,6 @@ impl Speculative {
         Ok(key)
     }
 
-    /// Every dispatch of a step of `b` rows (after a step of `b` rows) timed on the GPU:
-    /// the profiler's DFlash step. Call it after a prefill; the state the step changes is
-    /// put back before each run, and afterwards, so the generation is not moved.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn profile_step(
-        &mut self,
-        b: usize,
-        runs: usize,
-        now: &dyn Fn() -> f64,
-    ) -> Result<crate::profile::PlanProfile> {
-        let ctx = self.target.ctx.clone();
-        let b = b.clamp(1, self.max_block());
-        let keep = self.prev_block;
-        self.prev_block = b;
-        let key = self.ensure_plan(b, OutputHead::Argmax);
-        self.prev_block = keep;
-        let key = key?;
-        let a = &self.target.act;
-        let saved: Vec<wgpu::Buffer> = [&a.state, &a.ext_state]
-            .iter()
-            .map(|buf| crate::upload::work_buffer(&ctx, "profile snapshot", buf.size()))
-            .collect();
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&a.state, 0, &saved[0], 0, a.state.size());
-        enc.copy_buffer_to_buffer(&a.ext_state, 0, &saved[1], 0, a.ext_state.size());
-        ctx.queue.submit([enc.finish()]);
-        let restore = [
-            (&saved[0], &a.state, a.state.size()),
-            (&saved[1], &a.ext_state, a.ext_state.size()),
-        ];
-        let plan: Vec<&Dispatch> = self.plans[&key].iter().collect();
-        let keys = self.target.len() + b;
-        let name = format!("DFlash step, block {b}");
-        let r = crate::profile::profile_plan(&ctx, &name, &plan, &restore, keys, runs, now);
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&saved[0], 0, &a.state, 0, a.state.size());
-        enc.copy_buffer_to_buffer(&saved[1], 0, &a.ext_state, 0, a.ext_state.size());
-        ctx.queue.submit([enc.finish()]);
-        r
-    }
-
     /// One step with a block of `b` rows (1 = plain decoding through the same loop):
     /// extend the drafter's context with the rows committed last step, draft, verify,
     /// accept, roll back, all in one submission; reads back (accepted, tokens).
@@ -301,7 +262,7 @@ impl Speculative {
 
     /// `step` for event-loop hosts.
     pub async fn step_async(&mut self, b: usize, head: OutputHead) -> Result<StepResult> {
-        let b = b.clamp(1, self.max_block());
+        let b = b.clamp(1, self.block_capacity());
         let pos = self.target.len();
         if pos + b > self.target.context {
             return Err(GpuError::Core(dflash_core::Error::ContextOverflow {
@@ -362,49 +323,16 @@ impl Speculative {
     }
 }
 
+/// Test hooks: the host's drafts and read-backs of the last block (the `testutil`
+/// feature; neither the CLI nor the wasm package has them).
+#[cfg(all(feature = "testutil", not(target_arch = "wasm32")))]
 impl Speculative {
-    /// Relative cost of a whole DFlash step (context extension, drafting, verification)
-    /// with b rows against a step of one row (which drafts nothing), for b in 0..=max
-    /// (index 0 unused): what auto mode weighs the expected accepted tokens against.
-    /// Measured on dummy tokens; the KV cache is left empty.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn measure_step_costs(&mut self, max: usize, now: &dyn Fn() -> f64) -> Result<Vec<f64>> {
-        pollster::block_on(self.measure_step_costs_async(max, now))
-    }
-
-    /// `measure_step_costs` for event-loop hosts.
-    pub async fn measure_step_costs_async(
-        &mut self,
-        max: usize,
-        now: &dyn Fn() -> f64,
-    ) -> Result<Vec<f64>> {
-        let max = max.clamp(1, self.max_block());
-        let probe = dflash_core::speculative::probe_block_sizes(max);
-        let host = self.host_drafts;
-        self.host_drafts = false;
-        let prompt = vec![0u32; 8];
-        let mut times = Vec::new();
-        for &b in &probe {
-            self.prefill_async(&prompt, OutputHead::Argmax).await?;
-            let mut best = f64::INFINITY;
-            // The first step compiles; then steps that extend the context by b rows.
-            for i in 0..4 {
-                let t0 = now();
-                self.step_async(b, OutputHead::Argmax).await?;
-                if i >= 2 {
-                    best = best.min(now() - t0);
-                }
-            }
-            times.push((b, best));
-        }
-        self.host_drafts = host;
-        self.target.truncate(0);
-        self.prev_block = 0;
-        Ok(interpolate_costs(&times, max))
+    /// Writes the drafts the host wants proposed for each absolute position (tests).
+    pub fn set_host_drafts(&mut self, by_position: &[u32]) {
+        self.set_host_drafts_at(0, by_position);
     }
 
     /// The drafts of the last block at slots 1..b (tests).
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_drafts(&self, b: usize) -> Result<Vec<u32>> {
         let bytes = self
             .target
@@ -414,7 +342,6 @@ impl Speculative {
     }
 
     /// The drafter's final (normed) hidden rows of the last block (tests).
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_draft_hidden(&self, b: usize) -> Result<Vec<f32>> {
         let bytes = self.target.ctx.read_back(
             &self.drafter.xn,
@@ -422,83 +349,5 @@ impl Speculative {
             (b * self.drafter.config.hidden_size * 4) as u64,
         )?;
         Ok(bytemuck::cast_slice(&bytes).to_vec())
-    }
-
-    /// Speculative generation: the same request, stop handling and result as plain
-    /// generation, plus per-step tau and per-position acceptance.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn generate(
-        &mut self,
-        tok: &dflash_core::tokenizer::TextTokenizer,
-        req: &dflash_core::generate::GenerateRequest,
-        block: &dflash_core::speculative::BlockSize,
-        clock: &dyn Fn() -> f64,
-        on_text: &mut dyn FnMut(&str),
-    ) -> Result<dflash_core::speculative::SpeculativeResult> {
-        pollster::block_on(self.generate_async(tok, req, block, clock, on_text))
-    }
-
-    /// `generate` for event-loop hosts.
-    pub async fn generate_async(
-        &mut self,
-        tok: &dflash_core::tokenizer::TextTokenizer,
-        req: &dflash_core::generate::GenerateRequest,
-        block: &dflash_core::speculative::BlockSize,
-        clock: &dyn Fn() -> f64,
-        on_text: &mut dyn FnMut(&str),
-    ) -> Result<dflash_core::speculative::SpeculativeResult> {
-        self.generate_pieces_async(tok, req, block, clock, &mut |s, _| on_text(s))
-            .await
-    }
-
-    /// `generate_async` whose text callback also says whether the piece's token was an
-    /// accepted draft (false for anchors and bonus tokens): what the demo highlights.
-    pub async fn generate_pieces_async(
-        &mut self,
-        tok: &dflash_core::tokenizer::TextTokenizer,
-        req: &dflash_core::generate::GenerateRequest,
-        block: &dflash_core::speculative::BlockSize,
-        clock: &dyn Fn() -> f64,
-        on_piece: &mut dyn FnMut(&str, bool),
-    ) -> Result<dflash_core::speculative::SpeculativeResult> {
-        use dflash_core::generate::{prepare, TokenSink};
-        use dflash_core::speculative::BlockLoop;
-        let mut cfg = self.target.config.clone();
-        cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
-        let (_, budget) = prepare(req, &cfg)?;
-        self.rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
-        self.sampled_drafts = req.sampling.sampled_drafts;
-        let head = if req.sampling.is_greedy() {
-            OutputHead::Argmax
-        } else {
-            OutputHead::Sample
-        };
-        self.target.set_sampling(&req.sampling)?;
-        let t0 = clock();
-        let keep = self.target.reusable_rows(&req.prompt_ids, true);
-        let anchor = self.prefill_from_async(&req.prompt_ids, keep, head).await?;
-        let t1 = clock();
-        let drafted = std::cell::Cell::new(false);
-        let mut on_text = |s: &str| on_piece(s, drafted.get());
-        let mut sink = TokenSink::new(tok, req, budget, &mut on_text);
-        let mut blocks = BlockLoop::new(block, self.max_block());
-        let mut done = budget == 0 || sink.push(anchor)?;
-        while !done {
-            let b = blocks.next_block(self.target.context - self.target.len(), sink.remaining());
-            let t_step = clock();
-            let r = self.step_async(b, head).await?;
-            blocks.record(b, clock() - t_step, r.accepted);
-            for (i, &t) in r.tokens.iter().enumerate() {
-                drafted.set(i < r.accepted);
-                done = sink.push(t)?;
-                if done {
-                    break;
-                }
-            }
-        }
-        let t2 = clock();
-        let mut r = sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1);
-        r.cached_tokens = keep;
-        Ok(blocks.result(r))
     }
 }

@@ -1,0 +1,92 @@
+//! What a step costs on this device: `auto` mode's step costs measured by running steps,
+//! and the per-dispatch profile of one step (`dflash profile`).
+
+use super::Speculative;
+use crate::error::Result;
+use crate::model::OutputHead;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::pipelines::Dispatch;
+use dflash_core::speculative::interpolate_costs;
+
+impl Speculative {
+    /// Every dispatch of a step of `b` rows (after a step of `b` rows) timed on the GPU:
+    /// the profiler's DFlash step. Call it after a prefill; the state the step changes is
+    /// put back before each run, and afterwards, so the generation is not moved.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn profile_step(
+        &mut self,
+        b: usize,
+        runs: usize,
+        now: &dyn Fn() -> f64,
+    ) -> Result<crate::profile::PlanProfile> {
+        let ctx = self.target.ctx.clone();
+        let b = b.clamp(1, self.block_capacity());
+        let keep = self.prev_block;
+        self.prev_block = b;
+        let key = self.ensure_plan(b, OutputHead::Argmax);
+        self.prev_block = keep;
+        let key = key?;
+        let a = &self.target.act;
+        let saved: Vec<wgpu::Buffer> = [&a.state, &a.ext_state]
+            .iter()
+            .map(|buf| crate::upload::work_buffer(&ctx, "profile snapshot", buf.size()))
+            .collect();
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&a.state, 0, &saved[0], 0, a.state.size());
+        enc.copy_buffer_to_buffer(&a.ext_state, 0, &saved[1], 0, a.ext_state.size());
+        ctx.queue.submit([enc.finish()]);
+        let restore = [
+            (&saved[0], &a.state, a.state.size()),
+            (&saved[1], &a.ext_state, a.ext_state.size()),
+        ];
+        let plan: Vec<&Dispatch> = self.plans[&key].iter().collect();
+        let keys = self.target.len() + b;
+        let name = format!("DFlash step, block {b}");
+        let r = crate::profile::profile_plan(&ctx, &name, &plan, &restore, keys, runs, now);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&saved[0], 0, &a.state, 0, a.state.size());
+        enc.copy_buffer_to_buffer(&saved[1], 0, &a.ext_state, 0, a.ext_state.size());
+        ctx.queue.submit([enc.finish()]);
+        r
+    }
+
+    /// Relative cost of a whole DFlash step (context extension, drafting, verification)
+    /// with b rows against a step of one row (which drafts nothing), for b in 0..=max
+    /// (index 0 unused): what auto mode weighs the expected accepted tokens against.
+    /// Measured on dummy tokens; the KV cache is left empty.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn measure_step_costs(&mut self, max: usize, now: &dyn Fn() -> f64) -> Result<Vec<f64>> {
+        pollster::block_on(self.measure_step_costs_async(max, now))
+    }
+
+    /// `measure_step_costs` for event-loop hosts.
+    pub async fn measure_step_costs_async(
+        &mut self,
+        max: usize,
+        now: &dyn Fn() -> f64,
+    ) -> Result<Vec<f64>> {
+        let max = max.clamp(1, self.max_block());
+        let probe = dflash_core::speculative::probe_block_sizes(max);
+        let host = self.host_drafts;
+        self.host_drafts = false;
+        let prompt = vec![0u32; 8];
+        let mut times = Vec::new();
+        for &b in &probe {
+            self.prefill_async(&prompt, OutputHead::Argmax).await?;
+            let mut best = f64::INFINITY;
+            // The first step compiles; then steps that extend the context by b rows.
+            for i in 0..4 {
+                let t0 = now();
+                self.step_async(b, OutputHead::Argmax).await?;
+                if i >= 2 {
+                    best = best.min(now() - t0);
+                }
+            }
+            times.push((b, best));
+        }
+        self.host_drafts = host;
+        self.target.truncate(0);
+        self.prev_block = 0;
+        Ok(interpolate_costs(&times, max))
+    }
+}
