@@ -13,7 +13,7 @@ use crate::nn::{rms_norm, RopeTables};
 use crate::target::linear;
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use dflash_core::config::RopeStyle;
-use dflash_core::drafter::DrafterConfig;
+use dflash_core::drafter::{DFlash2Config, DrafterConfig};
 use std::collections::BTreeMap;
 
 /// The trainable tensors, by their z-lab names.
@@ -309,23 +309,36 @@ impl<'a> DraftTrainer<'a> {
         tokens: &[u32],
         anchors: &[usize],
     ) -> Result<Tensor> {
+        let (rows, mut x) = self.block_inputs(p, taps, tokens, anchors)?;
+        let d2 = self.config.dflash2.as_ref();
+        for i in 0..self.config.num_layers {
+            x = self.layer(&LayerParams { p, i, d2 }, x, &rows)?;
+        }
+        Ok(x)
+    }
+
+    /// What `block_hidden`'s layers read, and the blocks' embedded rows `[A, B, H]`.
+    fn block_inputs(
+        &self,
+        p: &DraftParams,
+        taps: &Tensor,
+        tokens: &[u32],
+        anchors: &[usize],
+    ) -> Result<(BlockInputs, Tensor)> {
         let c = &self.config;
         let dev = self.embed.device();
-        let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
-        let rep = nh / nkv;
+        let h = c.hidden_size;
         let b = c.block_size;
         let l = tokens.len();
         let a = anchors.len();
-        let eps = c.rms_norm_eps;
-        let scale = 1.0 / (hd as f64).sqrt();
         // Context: hidden_norm(fc(taps)), positions 0..L.
         let ctx = rms_norm(
             &linear(taps, p.get("fc.weight"))?,
             p.get("hidden_norm.weight"),
-            eps,
+            c.rms_norm_eps,
         )?; // [L, H]
         let ctx_pos = Tensor::from_vec((0..l as u32).collect::<Vec<_>>(), (1, l), dev)?;
-        let (ccos, csin) = self.rope.gather(&ctx_pos)?;
+        let ctx_rope = self.rope.gather(&ctx_pos)?;
         // Blocks: [anchor token, MASK...] at positions anchor..anchor+B.
         let mut btok = Vec::with_capacity(a * b);
         let mut bpos = Vec::with_capacity(a * b);
@@ -336,9 +349,8 @@ impl<'a> DraftTrainer<'a> {
             }
         }
         let btok = Tensor::from_vec(btok, a * b, dev)?;
-        let (bcos, bsin) = self.rope.gather(&Tensor::from_vec(bpos, (a, b), dev)?)?;
+        let block_rope = self.rope.gather(&Tensor::from_vec(bpos, (a, b), dev)?)?;
         let mut x = self.embed.index_select(&btok, 0)?.reshape((a, b, h))?;
-        let d2 = c.dflash2.as_ref();
         if c.input_embedding_scale != 1.0 {
             x = (x * c.input_embedding_scale as f64)?;
         }
@@ -348,112 +360,153 @@ impl<'a> DraftTrainer<'a> {
             mask.extend((0..l).map(|j| if j < an { 0f32 } else { f32::NEG_INFINITY }));
         }
         let ctx_mask = Tensor::from_vec(mask, (a, 1, 1, l), dev)?;
-        for i in 0..c.num_layers {
-            let w = |n: &str| p.get(&format!("layers.{i}.{n}"));
-            // DFlash2: a sublayer's convolution coefficients, from its normed input.
-            let coef = |conv: &str, hn: &Tensor| -> Result<Option<Tensor>> {
-                d2.map(|_| linear(hn, w(&format!("{conv}.kernel_projection.weight"))))
-                    .transpose()
-            };
-            let conv =
-                |conv: &str, x: Tensor, cf: &Option<Tensor>, side: usize| -> Result<Tensor> {
-                    match (d2, cf) {
-                        (Some(d), Some(cf)) => grouped_conv(
-                            &x,
-                            w(&format!("{conv}.base_kernel")),
-                            cf,
-                            side,
-                            d.conv_group_size,
-                        ),
-                        _ => Ok(x),
-                    }
-                };
-            // Context K/V: [1, nkv, L, hd].
-            let kc = linear(&ctx, w("self_attn.k_proj.weight"))?
-                .reshape((1, l, nkv, hd))?
-                .transpose(1, 2)?;
-            let kc = self.rope.apply(
-                &rms_norm(&kc, w("self_attn.k_norm.weight"), eps)?,
-                &ccos,
-                &csin,
-            )?;
-            let vc = linear(&ctx, w("self_attn.v_proj.weight"))?
-                .reshape((1, l, nkv, hd))?
-                .transpose(1, 2)?;
-            // Block Q/K/V: [A, heads, B, hd].
-            let hn = rms_norm(&x, w("input_layernorm.weight"), eps)?;
-            let cf_att = coef("attention_conv", &hn)?;
-            let hn = conv("attention_conv", hn, &cf_att, 0)?;
-            let q = linear(&hn, w("self_attn.q_proj.weight"))?
-                .reshape((a, b, nh, hd))?
-                .transpose(1, 2)?;
-            let q = self.rope.apply(
-                &rms_norm(&q, w("self_attn.q_norm.weight"), eps)?,
-                &bcos,
-                &bsin,
-            )?;
-            let kb = linear(&hn, w("self_attn.k_proj.weight"))?
-                .reshape((a, b, nkv, hd))?
-                .transpose(1, 2)?;
-            let kb = self.rope.apply(
-                &rms_norm(&kb, w("self_attn.k_norm.weight"), eps)?,
-                &bcos,
-                &bsin,
-            )?;
-            let vb = linear(&hn, w("self_attn.v_proj.weight"))?
-                .reshape((a, b, nkv, hd))?
-                .transpose(1, 2)?
-                .contiguous()?;
-            // Queries grouped by KV head: [A, nkv, rep*B, hd].
-            let qg = q.contiguous()?.reshape((a, nkv, rep * b, hd))?;
-            // Scores against the context: [nkv, A*rep*B, hd] x [nkv, hd, L].
-            let qc = qg
-                .transpose(0, 1)?
-                .contiguous()?
-                .reshape((nkv, a * rep * b, hd))?;
-            let kc2 = kc.squeeze(0)?.contiguous()?; // [nkv, L, hd]
-            let s_ctx = qc
-                .matmul(&kc2.t()?.contiguous()?)?
-                .reshape((nkv, a, rep * b, l))?
-                .transpose(0, 1)?; // [A, nkv, rep*B, L]
-            let s_blk = qg.matmul(&kb.t()?.contiguous()?)?; // [A, nkv, rep*B, B]
-            let scores =
-                (Tensor::cat(&[s_ctx.broadcast_add(&ctx_mask)?, s_blk], D::Minus1)? * scale)?;
-            let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
-            let p_ctx = probs
-                .narrow(D::Minus1, 0, l)?
-                .transpose(0, 1)?
-                .contiguous()?
-                .reshape((nkv, a * rep * b, l))?;
-            let o_ctx = p_ctx
-                .matmul(&vc.squeeze(0)?.contiguous()?)?
-                .reshape((nkv, a, rep * b, hd))?
-                .transpose(0, 1)?;
-            let o_blk = probs.narrow(D::Minus1, l, b)?.contiguous()?.matmul(&vb)?;
-            let att = (o_ctx + o_blk)?
-                .reshape((a, nh, b, hd))?
-                .transpose(1, 2)?
-                .reshape((a, b, nh * hd))?;
-            let o = conv(
-                "attention_conv",
-                linear(&att, w("self_attn.o_proj.weight"))?,
-                &cf_att,
-                1,
-            )?;
-            x = (x + o)?;
-            let hn = rms_norm(&x, w("post_attention_layernorm.weight"), eps)?;
-            let cf_mlp = coef("mlp_conv", &hn)?;
-            let hn = conv("mlp_conv", hn, &cf_mlp, 0)?;
-            let act = (candle_nn::ops::silu(&linear(&hn, w("mlp.gate_proj.weight"))?)?
-                * linear(&hn, w("mlp.up_proj.weight"))?)?;
-            x = (x + conv(
-                "mlp_conv",
-                linear(&act, w("mlp.down_proj.weight"))?,
-                &cf_mlp,
-                1,
-            )?)?;
-        }
-        Ok(x)
+        let rows = BlockInputs {
+            ctx,
+            ctx_rope,
+            block_rope,
+            ctx_mask,
+            a,
+            l,
+        };
+        Ok((rows, x))
+    }
+
+    /// One drafter layer over the blocks' residual rows `x` `[A, B, H]`: attention over
+    /// the context and the block, then the MLP, each added to `x` (DFlash2: each
+    /// sublayer between its convolution's two sides).
+    fn layer(&self, lw: &LayerParams, x: Tensor, rows: &BlockInputs) -> Result<Tensor> {
+        let eps = self.config.rms_norm_eps;
+        let (kc, vc) = self.context_kv(lw, rows)?;
+        // Block Q/K/V: [A, heads, B, hd].
+        let hn = rms_norm(&x, lw.w("input_layernorm.weight"), eps)?;
+        let cf_att = lw.coef("attention_conv", &hn)?;
+        let hn = lw.conv("attention_conv", hn, &cf_att, 0)?;
+        let att = self.block_attention(lw, &hn, &kc, &vc, rows)?;
+        let o = lw.conv(
+            "attention_conv",
+            linear(&att, lw.w("self_attn.o_proj.weight"))?,
+            &cf_att,
+            1,
+        )?;
+        let x = (x + o)?;
+        let hn = rms_norm(&x, lw.w("post_attention_layernorm.weight"), eps)?;
+        let cf_mlp = lw.coef("mlp_conv", &hn)?;
+        let hn = lw.conv("mlp_conv", hn, &cf_mlp, 0)?;
+        let act = (candle_nn::ops::silu(&linear(&hn, lw.w("mlp.gate_proj.weight"))?)?
+            * linear(&hn, lw.w("mlp.up_proj.weight"))?)?;
+        x + lw.conv(
+            "mlp_conv",
+            linear(&act, lw.w("mlp.down_proj.weight"))?,
+            &cf_mlp,
+            1,
+        )?
+    }
+
+    /// A layer's context keys (normed and rotated) and values, each `[1, nkv, L, hd]`.
+    fn context_kv(&self, lw: &LayerParams, rows: &BlockInputs) -> Result<(Tensor, Tensor)> {
+        let dims = (1, rows.l, self.config.num_kv_heads);
+        let kc = self.heads(lw, &rows.ctx, "self_attn.k_proj.weight", dims)?;
+        let kc = self.rotated(lw, &kc, "self_attn.k_norm.weight", &rows.ctx_rope)?;
+        let vc = self.heads(lw, &rows.ctx, "self_attn.v_proj.weight", dims)?;
+        Ok((kc, vc))
+    }
+
+    /// The blocks' queries, keys and values of normed rows `hn`: `[A, heads, B, hd]`,
+    /// queries and keys normed and rotated.
+    fn block_qkv(
+        &self,
+        lw: &LayerParams,
+        hn: &Tensor,
+        rows: &BlockInputs,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let c = &self.config;
+        let (a, b) = (rows.a, c.block_size);
+        let q = self.heads(lw, hn, "self_attn.q_proj.weight", (a, b, c.num_heads))?;
+        let q = self.rotated(lw, &q, "self_attn.q_norm.weight", &rows.block_rope)?;
+        let kv_dims = (a, b, c.num_kv_heads);
+        let kb = self.heads(lw, hn, "self_attn.k_proj.weight", kv_dims)?;
+        let kb = self.rotated(lw, &kb, "self_attn.k_norm.weight", &rows.block_rope)?;
+        let vb = self
+            .heads(lw, hn, "self_attn.v_proj.weight", kv_dims)?
+            .contiguous()?;
+        Ok((q, kb, vb))
+    }
+
+    /// Rows `x` `[N, T, ·]` through the layer's projection `proj`, split into heads:
+    /// `[N, heads, T, hd]` for `(N, T, heads)` = `dims`.
+    fn heads(
+        &self,
+        lw: &LayerParams,
+        x: &Tensor,
+        proj: &str,
+        (n, t, heads): (usize, usize, usize),
+    ) -> Result<Tensor> {
+        linear(x, lw.w(proj))?
+            .reshape((n, t, heads, self.config.head_dim))?
+            .transpose(1, 2)
+    }
+
+    /// Heads `x` normed by the layer's `norm` and rotated by `(cos, sin)`.
+    fn rotated(
+        &self,
+        lw: &LayerParams,
+        x: &Tensor,
+        norm: &str,
+        (cos, sin): &(Tensor, Tensor),
+    ) -> Result<Tensor> {
+        self.rope.apply(
+            &rms_norm(x, lw.w(norm), self.config.rms_norm_eps)?,
+            cos,
+            sin,
+        )
+    }
+
+    /// The blocks' attention of normed rows `hn` over the visible context keys `kc` /
+    /// values `vc` and over their own block, before the output projection:
+    /// `[A, B, nh * hd]`.
+    fn block_attention(
+        &self,
+        lw: &LayerParams,
+        hn: &Tensor,
+        kc: &Tensor,
+        vc: &Tensor,
+        rows: &BlockInputs,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
+        let (rep, a, b, l) = (nh / nkv, rows.a, c.block_size, rows.l);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let (q, kb, vb) = self.block_qkv(lw, hn, rows)?;
+        // Queries grouped by KV head: [A, nkv, rep*B, hd].
+        let qg = q.contiguous()?.reshape((a, nkv, rep * b, hd))?;
+        // Scores against the context: [nkv, A*rep*B, hd] x [nkv, hd, L].
+        let qc = qg
+            .transpose(0, 1)?
+            .contiguous()?
+            .reshape((nkv, a * rep * b, hd))?;
+        let kc2 = kc.squeeze(0)?.contiguous()?; // [nkv, L, hd]
+        let s_ctx = qc
+            .matmul(&kc2.t()?.contiguous()?)?
+            .reshape((nkv, a, rep * b, l))?
+            .transpose(0, 1)?; // [A, nkv, rep*B, L]
+        let s_blk = qg.matmul(&kb.t()?.contiguous()?)?; // [A, nkv, rep*B, B]
+        let scores =
+            (Tensor::cat(&[s_ctx.broadcast_add(&rows.ctx_mask)?, s_blk], D::Minus1)? * scale)?;
+        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let p_ctx = probs
+            .narrow(D::Minus1, 0, l)?
+            .transpose(0, 1)?
+            .contiguous()?
+            .reshape((nkv, a * rep * b, l))?;
+        let o_ctx = p_ctx
+            .matmul(&vc.squeeze(0)?.contiguous()?)?
+            .reshape((nkv, a, rep * b, hd))?
+            .transpose(0, 1)?;
+        let o_blk = probs.narrow(D::Minus1, l, b)?.contiguous()?.matmul(&vb)?;
+        (o_ctx + o_blk)?
+            .reshape((a, nh, b, hd))?
+            .transpose(1, 2)?
+            .reshape((a, b, nh * hd))
     }
 
     /// The final norm of `block_hidden`'s rows: what the lm_head and the selector read.
@@ -465,27 +518,9 @@ impl<'a> DraftTrainer<'a> {
     pub fn sequence_loss(&self, p: &DraftParams, s: &SeqBatch) -> Result<SeqLoss> {
         let c = &self.config;
         let dev = self.embed.device();
-        let (h, b, l, a) = (c.hidden_size, c.block_size, s.tokens.len(), s.anchors.len());
+        let (h, b, a) = (c.hidden_size, c.block_size, s.anchors.len());
         let x = self.block_hidden(p, s.taps, s.tokens, s.anchors)?;
-        // Labels: slot k (1..B) predicts the token at anchor + k, inside the sequence and
-        // the loss region.
-        let mut rows = Vec::new();
-        let mut labels = Vec::new();
-        let mut weights = Vec::new();
-        let mut slots = Vec::new();
-        let mut preds = Vec::new();
-        for (ai, &an) in s.anchors.iter().enumerate() {
-            for k in 1..b {
-                let t = an + k;
-                if t < l && t >= s.loss_from {
-                    rows.push((ai * b + k) as u32);
-                    labels.push(s.tokens[t]);
-                    preds.push(s.tokens[t - 1]);
-                    weights.push((-((k - 1) as f64) / self.gamma).exp() as f32);
-                    slots.push(k);
-                }
-            }
-        }
+        let lab = self.slot_labels(s);
         let mut out = SeqLoss {
             weighted_nll: Tensor::zeros((), DType::F32, dev)?,
             weight: 0.0,
@@ -496,31 +531,83 @@ impl<'a> DraftTrainer<'a> {
             in_top_k: vec![0; b],
             selector_correct: vec![0; b],
         };
-        if rows.is_empty() {
+        if lab.rows.is_empty() {
             return Ok(out);
         }
-        let n = rows.len();
+        let n = lab.rows.len();
         let hsel = x
             .reshape((a * b, h))?
-            .index_select(&Tensor::from_vec(rows, n, dev)?, 0)?;
+            .index_select(&Tensor::from_vec(lab.rows.clone(), n, dev)?, 0)?;
         let normed = self.final_norm(p, &hsel)?;
         let top_k = c.dflash2.as_ref().map_or(0, |d| d.selector_top_k);
-        let (nll, pred, top) = if dev.is_cpu() {
+        let HeadNll {
+            nll,
+            argmax: pred,
+            top,
+        } = self.head_nll(&normed, &lab.labels, top_k)?;
+        out.weight = lab.weights.iter().map(|&w| w as f64).sum();
+        let wt = Tensor::from_vec(lab.weights.clone(), n, dev)?;
+        out.weighted_nll = (nll * wt)?.sum_all()?;
+        for (i, &slot) in lab.slots.iter().enumerate() {
+            out.counts[slot] += 1;
+            if pred[i] == lab.labels[i] {
+                out.correct[slot] += 1;
+            }
+        }
+        if c.dflash2.is_some() {
+            self.selector_loss(p, &normed, &lab, &top, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// The labelled slots of a sequence's blocks: slot k (1..B) predicts the token at
+    /// anchor + k, inside the sequence and the loss region.
+    fn slot_labels(&self, s: &SeqBatch) -> SlotLabels {
+        let (b, l) = (self.config.block_size, s.tokens.len());
+        let mut lab = SlotLabels {
+            rows: Vec::new(),
+            labels: Vec::new(),
+            weights: Vec::new(),
+            slots: Vec::new(),
+            preds: Vec::new(),
+        };
+        for (ai, &an) in s.anchors.iter().enumerate() {
+            for k in 1..b {
+                let t = an + k;
+                if t < l && t >= s.loss_from {
+                    lab.rows.push((ai * b + k) as u32);
+                    lab.labels.push(s.tokens[t]);
+                    lab.preds.push(s.tokens[t - 1]);
+                    lab.weights
+                        .push((-((k - 1) as f64) / self.gamma).exp() as f32);
+                    lab.slots.push(k);
+                }
+            }
+        }
+        lab
+    }
+
+    /// The lm_head's NLL of `labels` on the final-normed rows `normed` `[n, H]`, each
+    /// row's argmax, and (`top_k` > 0) each row's top-K (id, logit).
+    fn head_nll(&self, normed: &Tensor, labels: &[u32], top_k: usize) -> Result<HeadNll> {
+        let dev = self.embed.device();
+        let n = labels.len();
+        if dev.is_cpu() {
             // The fused op: no gradient for the frozen lm_head, one pass over the logits.
-            let op = crate::head_loss::FrozenHeadNll::new(self.lm_head.clone(), labels.clone())
+            let op = crate::head_loss::FrozenHeadNll::new(self.lm_head.clone(), labels.to_vec())
                 .with_top_k(top_k);
             let stats = op.stats.clone();
             let nll = normed.apply_op1(op)?;
             let mut st = stats.lock().expect("stats lock");
-            (
+            Ok(HeadNll {
                 nll,
-                std::mem::take(&mut st.argmax),
-                std::mem::take(&mut st.top),
-            )
+                argmax: std::mem::take(&mut st.argmax),
+                top: std::mem::take(&mut st.top),
+            })
         } else {
             // Other devices (CUDA): candle's own ops.
-            let logits = linear(&normed, self.lm_head)?;
-            let lab = Tensor::from_vec(labels.clone(), (n, 1), dev)?;
+            let logits = linear(normed, self.lm_head)?;
+            let lab = Tensor::from_vec(labels.to_vec(), (n, 1), dev)?;
             let nll = candle_nn::ops::log_softmax(&logits, D::Minus1)?
                 .gather(&lab, 1)?
                 .squeeze(1)?
@@ -534,75 +621,176 @@ impl<'a> DraftTrainer<'a> {
             } else {
                 vec![]
             };
-            (nll, logits.argmax(D::Minus1)?.to_vec1::<u32>()?, top)
+            Ok(HeadNll {
+                nll,
+                argmax: logits.argmax(D::Minus1)?.to_vec1::<u32>()?,
+                top,
+            })
+        }
+    }
+
+    /// DFlash2: the selector's weighted cross-entropy over the K candidates `top` of
+    /// the rows whose label is a candidate, and its per-slot counts, into `out`.
+    fn selector_loss(
+        &self,
+        p: &DraftParams,
+        normed: &Tensor,
+        lab: &SlotLabels,
+        top: &[Vec<(u32, f32)>],
+        out: &mut SeqLoss,
+    ) -> Result<()> {
+        let c = &self.config;
+        let dev = self.embed.device();
+        let sel = SelectorRows::of(c, lab, top, out);
+        let m = sel.keep.len();
+        if m == 0 {
+            return Ok(());
+        }
+        let top_k = c.dflash2.as_ref().map_or(0, |d| d.selector_top_k);
+        let k = top_k.min(c.vocab_size);
+        let hp = linear(
+            &normed
+                .detach()
+                .index_select(&Tensor::from_vec(sel.keep, m, dev)?, 0)?,
+            p.get("candidate_selector.hidden_projection.weight"),
+        )?; // [m, rank]
+        let pa = p
+            .get("candidate_selector.predecessor_codebook")
+            .index_select(&Tensor::from_vec(sel.preds, m, dev)?, 0)?; // [m, rank]
+        let rank = hp.dim(1)?;
+        let sb = p
+            .get("candidate_selector.successor_codebook")
+            .index_select(&Tensor::from_vec(sel.candidates, m * k, dev)?, 0)?
+            .reshape((m, k, rank))?;
+        let scores = ((pa * hp)?.unsqueeze(1)?.broadcast_mul(&sb)?.sum(2)?
+            + Tensor::from_vec(sel.unary, (m, k), dev)?)?; // [m, K]
+        let tg = Tensor::from_vec(sel.target.clone(), (m, 1), dev)?;
+        let sel_nll = candle_nn::ops::log_softmax(&scores, D::Minus1)?
+            .gather(&tg, 1)?
+            .squeeze(1)?
+            .neg()?;
+        out.selector_weight = sel.weights.iter().map(|&w| w as f64).sum();
+        out.selector_nll = Some((sel_nll * Tensor::from_vec(sel.weights, m, dev)?)?.sum_all()?);
+        let best = scores.argmax(D::Minus1)?.to_vec1::<u32>()?;
+        for ((bst, tgt), slot) in best.iter().zip(&sel.target).zip(sel.slots) {
+            if bst == tgt {
+                out.selector_correct[slot] += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What every layer of `block_hidden` reads besides the blocks' rows: the context rows
+/// `[L, H]`, the rotary tables of the context and of the blocks, and the additive mask
+/// `[A, 1, 1, L]` of the context keys each block sees.
+struct BlockInputs {
+    ctx: Tensor,
+    /// Rotary (cos, sin) of the context's positions and of the blocks'.
+    ctx_rope: (Tensor, Tensor),
+    block_rope: (Tensor, Tensor),
+    ctx_mask: Tensor,
+    /// Blocks (anchors).
+    a: usize,
+    /// Context length.
+    l: usize,
+}
+
+/// Layer `i`'s tensors of the drafter `p`, and DFlash2's sizes (None: plain DFlash).
+struct LayerParams<'p> {
+    p: &'p DraftParams,
+    i: usize,
+    d2: Option<&'p DFlash2Config>,
+}
+
+impl LayerParams<'_> {
+    /// The layer's tensor `n` (its z-lab name after `layers.{i}.`).
+    fn w(&self, n: &str) -> &Tensor {
+        self.p.get(&format!("layers.{}.{n}", self.i))
+    }
+
+    /// DFlash2: a sublayer's convolution coefficients, from its normed input `hn`.
+    fn coef(&self, conv: &str, hn: &Tensor) -> Result<Option<Tensor>> {
+        self.d2
+            .map(|_| linear(hn, self.w(&format!("{conv}.kernel_projection.weight"))))
+            .transpose()
+    }
+
+    /// DFlash2: side `side` of convolution `conv` with coefficients `cf` over `x`;
+    /// plain DFlash: `x` itself.
+    fn conv(&self, conv: &str, x: Tensor, cf: &Option<Tensor>, side: usize) -> Result<Tensor> {
+        match (self.d2, cf) {
+            (Some(d), Some(cf)) => grouped_conv(
+                &x,
+                self.w(&format!("{conv}.base_kernel")),
+                cf,
+                side,
+                d.conv_group_size,
+            ),
+            _ => Ok(x),
+        }
+    }
+}
+
+/// The labelled slots of one sequence, one entry per label: its row in the blocks
+/// (`block * B + slot`), the label, its loss weight, its slot and the token before it.
+struct SlotLabels {
+    rows: Vec<u32>,
+    labels: Vec<u32>,
+    weights: Vec<f32>,
+    slots: Vec<usize>,
+    preds: Vec<u32>,
+}
+
+/// The lm_head's answer on labelled rows: the NLL of each label `[n]`, each row's
+/// argmax, and (DFlash2) each row's top-K candidates (id, logit).
+struct HeadNll {
+    nll: Tensor,
+    argmax: Vec<u32>,
+    top: Vec<Vec<(u32, f32)>>,
+}
+
+/// DFlash2: the labelled rows whose label is among the row's top-K candidates, as the
+/// selector's loss reads them.
+struct SelectorRows {
+    /// Indices into the labelled rows.
+    keep: Vec<u32>,
+    /// The label's index among the row's candidates.
+    target: Vec<u32>,
+    /// The candidates' ids, `[m * K]`, and their unary scores (the drafted logits).
+    candidates: Vec<u32>,
+    unary: Vec<f32>,
+    /// The token before the label (the walk's predecessor under teacher forcing).
+    preds: Vec<u32>,
+    weights: Vec<f32>,
+    slots: Vec<usize>,
+}
+
+impl SelectorRows {
+    /// The rows of `lab` whose label is in `top`; counts them per slot in `out.in_top_k`.
+    fn of(c: &DrafterConfig, lab: &SlotLabels, top: &[Vec<(u32, f32)>], out: &mut SeqLoss) -> Self {
+        let unary = |x: f32| c.draft_logit(x);
+        let mut sel = SelectorRows {
+            keep: Vec::new(),
+            target: Vec::new(),
+            candidates: Vec::new(),
+            unary: Vec::new(),
+            preds: Vec::new(),
+            weights: Vec::new(),
+            slots: Vec::new(),
         };
-        out.weight = weights.iter().map(|&w| w as f64).sum();
-        let wt = Tensor::from_vec(weights.clone(), n, dev)?;
-        out.weighted_nll = (nll * wt)?.sum_all()?;
-        for i in 0..n {
-            out.counts[slots[i]] += 1;
-            if pred[i] == labels[i] {
-                out.correct[slots[i]] += 1;
+        for (i, &label) in lab.labels.iter().enumerate() {
+            if let Some(j) = top[i].iter().position(|t| t.0 == label) {
+                out.in_top_k[lab.slots[i]] += 1;
+                sel.keep.push(i as u32);
+                sel.target.push(j as u32);
+                sel.candidates.extend(top[i].iter().map(|t| t.0));
+                sel.unary.extend(top[i].iter().map(|t| unary(t.1)));
+                sel.preds.push(lab.preds[i]);
+                sel.weights.push(lab.weights[i]);
+                sel.slots.push(lab.slots[i]);
             }
         }
-        if c.dflash2.is_some() {
-            // Rows whose label is a candidate; the selector's cross-entropy over the K.
-            let unary = |x: f32| c.draft_logit(x);
-            let (mut keep, mut target, mut cand, mut un, mut pr, mut wk, mut kslot) = (
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-            );
-            for i in 0..n {
-                if let Some(j) = top[i].iter().position(|t| t.0 == labels[i]) {
-                    out.in_top_k[slots[i]] += 1;
-                    keep.push(i as u32);
-                    target.push(j as u32);
-                    cand.extend(top[i].iter().map(|t| t.0));
-                    un.extend(top[i].iter().map(|t| unary(t.1)));
-                    pr.push(preds[i]);
-                    wk.push(weights[i]);
-                    kslot.push(slots[i]);
-                }
-            }
-            let m = keep.len();
-            if m > 0 {
-                let k = top_k.min(c.vocab_size);
-                let hp = linear(
-                    &normed
-                        .detach()
-                        .index_select(&Tensor::from_vec(keep, m, dev)?, 0)?,
-                    p.get("candidate_selector.hidden_projection.weight"),
-                )?; // [m, rank]
-                let pa = p
-                    .get("candidate_selector.predecessor_codebook")
-                    .index_select(&Tensor::from_vec(pr, m, dev)?, 0)?; // [m, rank]
-                let rank = hp.dim(1)?;
-                let sb = p
-                    .get("candidate_selector.successor_codebook")
-                    .index_select(&Tensor::from_vec(cand, m * k, dev)?, 0)?
-                    .reshape((m, k, rank))?;
-                let scores = ((pa * hp)?.unsqueeze(1)?.broadcast_mul(&sb)?.sum(2)?
-                    + Tensor::from_vec(un, (m, k), dev)?)?; // [m, K]
-                let tg = Tensor::from_vec(target.clone(), (m, 1), dev)?;
-                let sel_nll = candle_nn::ops::log_softmax(&scores, D::Minus1)?
-                    .gather(&tg, 1)?
-                    .squeeze(1)?
-                    .neg()?;
-                out.selector_weight = wk.iter().map(|&w| w as f64).sum();
-                out.selector_nll = Some((sel_nll * Tensor::from_vec(wk, m, dev)?)?.sum_all()?);
-                let best = scores.argmax(D::Minus1)?.to_vec1::<u32>()?;
-                for ((bst, tgt), slot) in best.iter().zip(&target).zip(kslot) {
-                    if bst == tgt {
-                        out.selector_correct[slot] += 1;
-                    }
-                }
-            }
-        }
-        Ok(out)
+        sel
     }
 }

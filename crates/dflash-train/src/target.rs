@@ -113,6 +113,14 @@ pub fn gqa_attention(
         .reshape((s, t, nh * hd))
 }
 
+/// What every layer of a forward reads besides its input rows: the rotary tables of the
+/// rows' positions and the additive attention mask `[S, 1, T, K]`.
+struct RowInputs {
+    cos: Tensor,
+    sin: Tensor,
+    mask: Tensor,
+}
+
 /// Per-layer keys and values of a batch of sequences that share slot indices (prompts
 /// are left-padded).
 pub struct BatchCache {
@@ -198,68 +206,19 @@ impl Target {
         cache: &mut BatchCache,
         taps: &[usize],
     ) -> Result<(Tensor, Option<Tensor>)> {
-        let c = &self.config;
-        let dev = &self.device;
         let (s, t) = tokens.dims2()?;
-        let start = cache.len;
-        let total = start + t;
-        // Positions (slot minus padding) and the additive mask: causal, padding slots
-        // hidden except from themselves (so no row is all -inf).
-        let mut pos = Vec::with_capacity(s * t);
-        let mut mask = Vec::with_capacity(s * t * total);
-        for &pad in &cache.pads {
-            for i in start..total {
-                pos.push(i.saturating_sub(pad) as u32);
-                for j in 0..total {
-                    let ok = j <= i && (j >= pad || j == i);
-                    mask.push(if ok { 0f32 } else { f32::NEG_INFINITY });
-                }
-            }
-        }
-        let pos = Tensor::from_vec(pos, (s, t), dev)?;
-        let mask = Tensor::from_vec(mask, (s, 1, t, total), dev)?;
-        let (cos, sin) = self.rope.gather(&pos)?;
-        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
-        let scale = 1.0 / (hd as f64).sqrt();
+        let total = cache.len + t;
+        let rows = self.row_inputs(&cache.pads, cache.len, s, t)?;
         let mut x = self.embed_tokens(tokens)?;
         let mut tapped: Vec<Option<Tensor>> = vec![None; taps.len()];
         for (li, l) in self.layers.iter().enumerate() {
-            let h = rms_norm(&x, &l.attn_norm, c.rms_norm_eps)?;
-            let q = add_bias(linear_t(&h, &l.wq)?, &l.bq)?
-                .reshape((s, t, nh, hd))?
-                .transpose(1, 2)?;
-            let k = add_bias(linear_t(&h, &l.wk)?, &l.bk)?
-                .reshape((s, t, nkv, hd))?
-                .transpose(1, 2)?;
-            let v = add_bias(linear_t(&h, &l.wv)?, &l.bv)?
-                .reshape((s, t, nkv, hd))?
-                .transpose(1, 2)?;
-            let q = match &l.q_norm {
-                Some(w) => rms_norm(&q, w, c.rms_norm_eps)?,
-                None => q,
-            };
-            let k = match &l.k_norm {
-                Some(w) => rms_norm(&k, w, c.rms_norm_eps)?,
-                None => k,
-            };
-            let q = self.rope.apply(&q, &cos, &sin)?;
-            let k = self.rope.apply(&k, &cos, &sin)?;
-            let (k, v) = match (&cache.k[li], &cache.v[li]) {
-                (Some(pk), Some(pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
-                _ => (k.contiguous()?, v.contiguous()?),
-            };
-            let att = gqa_attention(&q.contiguous()?, &k, &v, &mask, scale)?;
-            cache.k[li] = Some(k);
-            cache.v[li] = Some(v);
-            x = (x + linear_t(&att, &l.wo)?)?;
-            let h = rms_norm(&x, &l.ffn_norm, c.rms_norm_eps)?;
-            let a = (candle_nn::ops::silu(&linear_t(&h, &l.w_gate)?)? * linear_t(&h, &l.w_up)?)?;
-            x = (x + linear_t(&a, &l.w_down)?)?;
+            let (k_cache, v_cache) = (&mut cache.k[li], &mut cache.v[li]);
+            x = self.layer(l, x, k_cache, v_cache, &rows)?;
             for (ti, &tl) in taps.iter().enumerate() {
                 if tl == li {
                     // The last layer's tap after the final norm, as the engines give it.
                     tapped[ti] = Some(match li + 1 == self.layers.len() {
-                        true => rms_norm(&x, &self.norm, c.rms_norm_eps)?,
+                        true => rms_norm(&x, &self.norm, self.config.rms_norm_eps)?,
                         false => x.clone(),
                     });
                 }
@@ -276,6 +235,92 @@ impl Target {
             Some(Tensor::cat(&parts, D::Minus1)?)
         };
         Ok((x, taps))
+    }
+
+    /// The rotary tables and attention mask of `t` new rows at slots `start..` of `s`
+    /// sequences left-padded by `pads`.
+    fn row_inputs(&self, pads: &[usize], start: usize, s: usize, t: usize) -> Result<RowInputs> {
+        let dev = &self.device;
+        let total = start + t;
+        // Positions (slot minus padding) and the additive mask: causal, padding slots
+        // hidden except from themselves (so no row is all -inf).
+        let mut pos = Vec::with_capacity(s * t);
+        let mut mask = Vec::with_capacity(s * t * total);
+        for &pad in pads {
+            for i in start..total {
+                pos.push(i.saturating_sub(pad) as u32);
+                for j in 0..total {
+                    let ok = j <= i && (j >= pad || j == i);
+                    mask.push(if ok { 0f32 } else { f32::NEG_INFINITY });
+                }
+            }
+        }
+        let pos = Tensor::from_vec(pos, (s, t), dev)?;
+        let mask = Tensor::from_vec(mask, (s, 1, t, total), dev)?;
+        let (cos, sin) = self.rope.gather(&pos)?;
+        Ok(RowInputs { cos, sin, mask })
+    }
+
+    /// One layer over the residual rows `x` `[S, T, H]`: attention (appending the rows'
+    /// keys and values to the layer's cache) and the MLP, each added to `x`.
+    fn layer(
+        &self,
+        l: &Layer,
+        x: Tensor,
+        k_cache: &mut Option<Tensor>,
+        v_cache: &mut Option<Tensor>,
+        rows: &RowInputs,
+    ) -> Result<Tensor> {
+        let eps = self.config.rms_norm_eps;
+        let att = self.attention(l, &x, k_cache, v_cache, rows)?;
+        let x = (x + linear_t(&att, &l.wo)?)?;
+        let h = rms_norm(&x, &l.ffn_norm, eps)?;
+        let a = (candle_nn::ops::silu(&linear_t(&h, &l.w_gate)?)? * linear_t(&h, &l.w_up)?)?;
+        x + linear_t(&a, &l.w_down)?
+    }
+
+    /// A layer's attention of the rows `x` `[S, T, H]` over the cached keys and values
+    /// and their own (which join the cache), before the output projection: `[S, T, nh * hd]`.
+    fn attention(
+        &self,
+        l: &Layer,
+        x: &Tensor,
+        k_cache: &mut Option<Tensor>,
+        v_cache: &mut Option<Tensor>,
+        rows: &RowInputs,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (s, t, _) = x.dims3()?;
+        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let h = rms_norm(x, &l.attn_norm, c.rms_norm_eps)?;
+        let q = add_bias(linear_t(&h, &l.wq)?, &l.bq)?
+            .reshape((s, t, nh, hd))?
+            .transpose(1, 2)?;
+        let k = add_bias(linear_t(&h, &l.wk)?, &l.bk)?
+            .reshape((s, t, nkv, hd))?
+            .transpose(1, 2)?;
+        let v = add_bias(linear_t(&h, &l.wv)?, &l.bv)?
+            .reshape((s, t, nkv, hd))?
+            .transpose(1, 2)?;
+        let q = match &l.q_norm {
+            Some(w) => rms_norm(&q, w, c.rms_norm_eps)?,
+            None => q,
+        };
+        let k = match &l.k_norm {
+            Some(w) => rms_norm(&k, w, c.rms_norm_eps)?,
+            None => k,
+        };
+        let q = self.rope.apply(&q, &rows.cos, &rows.sin)?;
+        let k = self.rope.apply(&k, &rows.cos, &rows.sin)?;
+        let (k, v) = match (&*k_cache, &*v_cache) {
+            (Some(pk), Some(pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
+            _ => (k.contiguous()?, v.contiguous()?),
+        };
+        let att = gqa_attention(&q.contiguous()?, &k, &v, &rows.mask, scale)?;
+        *k_cache = Some(k);
+        *v_cache = Some(v);
+        Ok(att)
     }
 
     /// Final norm and lm_head of hidden rows of any leading shape.

@@ -4,12 +4,12 @@
 //! and a JSON-lines log.
 
 use crate::data::Sample;
-use crate::draft_model::{DraftParams, DraftTrainer, SeqBatch};
+use crate::draft_model::{DraftParams, DraftTrainer, SeqBatch, SeqLoss};
 use crate::optim::{schedule, AdamW};
 use crate::prompts::Rng;
 use crate::target::Target;
 use crate::TrainError;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use dflash_core::config::{ModelConfig, Rope, RopeStyle};
 use dflash_core::drafter::{DFlash2Config, DrafterConfig, DrafterFile, LayerKind};
 use serde::{Deserialize, Serialize};
@@ -428,32 +428,86 @@ pub fn train(
 ) -> Result<TrainSummary, TrainError> {
     let run = RunDir(dir.to_path_buf());
     std::fs::create_dir_all(dir).map_err(io)?;
-    let dev = target.device.clone();
-    let tcfg = &target.config;
     if samples.is_empty() {
         return Err(TrainError::Data("no training samples".into()));
     }
-    // The drafter config is fixed at the first run; a resume must agree with it.
-    let dfile = drafter_file(tcfg, &run_drafter_config(tcfg, tc));
-    if run.train_config().exists() {
-        let prev: TrainConfig =
-            serde_json::from_str(&std::fs::read_to_string(run.train_config()).map_err(io)?)
-                .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        if prev.layers != tc.layers
-            || prev.block_size != tc.block_size
-            || prev.mask_token_id != tc.mask_token_id
-            || prev.dflash2 != tc.dflash2
-        {
-            return Err(TrainError::Checkpoint(format!(
-                "{} was started with {} layers, block {}, mask {}, DFlash2 {:?}",
-                dir.display(),
-                prev.layers,
-                prev.block_size,
-                prev.mask_token_id,
-                prev.dflash2
-            )));
+    let dcfg = write_run_configs(&run, &target.config, tc)?;
+    let (params, mut opt, mut state) = resume_or_start(&run, &dcfg, &target.device, tc, init)?;
+    let inputs = StepInputs::new(target, samples, tc, &dcfg, &params)?;
+    let warmup = ((tc.steps as f64 * tc.warmup_frac).round() as usize).max(1);
+    let mut log = RunLog::open(&run, tc.steps, quiet, state.cpu_seconds)?;
+    let mut last = TrainSummary::default();
+    let vars = params.all();
+    let mut taps_cache: Vec<Option<Tensor>> = vec![None; samples.len()];
+    while state.step < tc.steps {
+        let step = state.step;
+        let lr = schedule(step, tc.steps, warmup, tc.lr, 0.05);
+        opt.lr = lr;
+        let started = std::time::Instant::now();
+        let mut sums = inputs.forward_step(step, &mut taps_cache)?;
+        let Some(loss) = sums.losses()? else {
+            state.step += 1;
+            continue;
+        };
+        let fwd_s = started.elapsed().as_secs_f64();
+        let grad_norm = optimizer_step(&loss.total, &vars, &mut opt, tc.grad_clip)?;
+        state.step += 1;
+        state.opt_step = opt.step_t;
+        state.trained_tokens += sums.tokens;
+        let report = StepReport {
+            step: state.step,
+            lr,
+            grad_norm,
+            fwd_s,
+            started,
+            sums: &sums,
+            loss: &loss,
+        };
+        last = log.record(&report, tc.dflash2.is_some())?;
+        if state.step % tc.checkpoint_every == 0 || state.step == tc.steps {
+            state.cpu_seconds = log.clock.cpu_s();
+            save_checkpoint(&run, &params, &opt, &state)?;
         }
     }
+    log.progress.finish();
+    Ok(last)
+}
+
+/// Refuses a resume whose drafter shape (layers, block, mask token, DFlash2 sizes)
+/// differs from the one the run directory was started with.
+fn check_same_run(run: &RunDir, tc: &TrainConfig) -> Result<(), TrainError> {
+    if !run.train_config().exists() {
+        return Ok(());
+    }
+    let prev: TrainConfig =
+        serde_json::from_str(&std::fs::read_to_string(run.train_config()).map_err(io)?)
+            .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    if prev.layers != tc.layers
+        || prev.block_size != tc.block_size
+        || prev.mask_token_id != tc.mask_token_id
+        || prev.dflash2 != tc.dflash2
+    {
+        return Err(TrainError::Checkpoint(format!(
+            "{} was started with {} layers, block {}, mask {}, DFlash2 {:?}",
+            run.0.display(),
+            prev.layers,
+            prev.block_size,
+            prev.mask_token_id,
+            prev.dflash2
+        )));
+    }
+    Ok(())
+}
+
+/// The run's drafter config, checked against target `tcfg`: fixed at the first run (a
+/// resume must agree with it), written with the training config into the run directory.
+fn write_run_configs(
+    run: &RunDir,
+    tcfg: &ModelConfig,
+    tc: &TrainConfig,
+) -> Result<DrafterConfig, TrainError> {
+    let dfile = drafter_file(tcfg, &run_drafter_config(tcfg, tc));
+    check_same_run(run, tc)?;
     std::fs::write(run.drafter_config(), dfile.to_json_pretty()).map_err(io)?;
     std::fs::write(
         run.train_config(),
@@ -462,77 +516,93 @@ pub fn train(
     .map_err(io)?;
     let dcfg = DrafterConfig::try_from(dfile)?;
     dcfg.validate_against(tcfg)?;
+    Ok(dcfg)
+}
 
+/// The parameters, optimizer and step of the run: the last checkpoint's when there is
+/// one, else new parameters (seeded, then set from `init`) at step 0.
+fn resume_or_start(
+    run: &RunDir,
+    dcfg: &DrafterConfig,
+    dev: &Device,
+    tc: &TrainConfig,
+    init: Init,
+) -> Result<(DraftParams, AdamW, State), TrainError> {
     let mut opt = AdamW::new(tc.lr, tc.weight_decay);
-    let (params, mut state) = if run.checkpoint().exists() && run.state().exists() {
+    if run.checkpoint().exists() && run.state().exists() {
         let st: State = serde_json::from_str(&std::fs::read_to_string(run.state()).map_err(io)?)
             .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        let (p, m, v) = load_params(&run, &dcfg, &dev)?;
+        let (p, m, v) = load_params(run, dcfg, dev)?;
         opt.m = m;
         opt.v = v;
         opt.step_t = st.opt_step;
-        (p, st)
-    } else {
-        let p = DraftParams::init(&dcfg, &dev, tc.seed)?;
-        match init {
-            Init::Random => {}
-            Init::Target(w) => init_from_target(&p, w, &dcfg)?,
-            Init::Drafter(d) => init_from_drafter(&p, d, &dcfg)?,
-        }
-        (
-            p,
-            State {
-                step: 0,
-                opt_step: 0,
-                trained_tokens: 0,
-                cpu_seconds: 0.0,
-            },
-        )
-    };
-    let trainer = DraftTrainer::new(
-        dcfg.clone(),
-        &target.embed,
-        &target.lm_head,
-        tc.gamma,
-        tc.max_seq_len + tc.block_size + 1,
-    )?;
-    let warmup = ((tc.steps as f64 * tc.warmup_frac).round() as usize).max(1);
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(run.log())
-        .map_err(io)?;
-    let mut prog = Progress::new(tc.steps as u64, "train");
-    if quiet {
-        prog.bar
-            .set_draw_target(indicatif::ProgressDrawTarget::hidden());
-        prog.tty = true;
+        return Ok((p, opt, st));
     }
-    let cpu0 = cpu_seconds();
-    let cpu_before = state.cpu_seconds;
-    let t_start = std::time::Instant::now();
-    let b = tc.block_size;
-    let mut last = TrainSummary::default();
-    let vars = params.all();
-    let mut taps_cache: Vec<Option<Tensor>> = vec![None; samples.len()];
-    while state.step < tc.steps {
-        let step = state.step;
-        let lr = schedule(step, tc.steps, warmup, tc.lr, 0.05);
-        opt.lr = lr;
-        let t0 = std::time::Instant::now();
-        let mut total: Option<Tensor> = None;
-        let mut wsum = 0.0;
-        let mut counts = vec![0usize; b];
-        let mut correct = vec![0usize; b];
-        let mut tokens = 0u64;
-        let mut taps_s = 0.0;
-        let mut sel_total: Option<Tensor> = None;
-        let mut sel_w = 0.0;
-        let mut in_top_k = vec![0usize; b];
-        let mut sel_correct = vec![0usize; b];
+    let p = DraftParams::init(dcfg, dev, tc.seed)?;
+    match init {
+        Init::Random => {}
+        Init::Target(w) => init_from_target(&p, w, dcfg)?,
+        Init::Drafter(d) => init_from_drafter(&p, d, dcfg)?,
+    }
+    let state = State {
+        step: 0,
+        opt_step: 0,
+        trained_tokens: 0,
+        cpu_seconds: 0.0,
+    };
+    Ok((p, opt, state))
+}
+
+/// What every step reads: the frozen target, the data, the run's settings, the drafter's
+/// loss and its parameters.
+struct StepInputs<'a> {
+    target: &'a Target,
+    samples: &'a [Sample],
+    tc: &'a TrainConfig,
+    /// The target layers whose outputs the drafter reads.
+    tap_layers: &'a [usize],
+    trainer: DraftTrainer<'a>,
+    params: &'a DraftParams,
+}
+
+impl<'a> StepInputs<'a> {
+    /// The inputs of run `tc` of drafter `dcfg` on `target`, with the drafter's loss.
+    fn new(
+        target: &'a Target,
+        samples: &'a [Sample],
+        tc: &'a TrainConfig,
+        dcfg: &'a DrafterConfig,
+        params: &'a DraftParams,
+    ) -> Result<Self, TrainError> {
+        let trainer = DraftTrainer::new(
+            dcfg.clone(),
+            &target.embed,
+            &target.lm_head,
+            tc.gamma,
+            tc.max_seq_len + tc.block_size + 1,
+        )?;
+        Ok(StepInputs {
+            target,
+            samples,
+            tc,
+            tap_layers: &dcfg.target_layer_ids,
+            trainer,
+            params,
+        })
+    }
+
+    /// The forward of step `step`: its sequences (the data's seeded order), their random
+    /// anchors and their losses, summed. A sequence without an anchor is skipped.
+    fn forward_step(
+        &self,
+        step: usize,
+        taps_cache: &mut [Option<Tensor>],
+    ) -> Result<StepSums, TrainError> {
+        let tc = self.tc;
+        let mut sums = StepSums::new(tc.block_size);
         for j in 0..tc.seqs_per_step {
-            let idx = sample_index(tc.seed, samples.len(), step * tc.seqs_per_step + j);
-            let s = &samples[idx];
+            let idx = sample_index(tc.seed, self.samples.len(), step * tc.seqs_per_step + j);
+            let s = &self.samples[idx];
             let mut toks = s.tokens();
             toks.truncate(tc.max_seq_len);
             let mut rng = Rng(tc.seed ^ ((step as u64) << 20) ^ j as u64);
@@ -542,18 +612,10 @@ pub fn train(
                 continue;
             }
             let tt = std::time::Instant::now();
-            // The target is frozen: each sample's taps are computed once and kept (f16).
-            let taps = match &taps_cache[idx] {
-                Some(t) if t.dim(0)? == toks.len() => t.to_dtype(DType::F32)?,
-                _ => {
-                    let t = target.taps_of(&toks, &dcfg.target_layer_ids)?;
-                    taps_cache[idx] = Some(t.to_dtype(DType::F16)?);
-                    t
-                }
-            };
-            taps_s += tt.elapsed().as_secs_f64();
-            let l = trainer.sequence_loss(
-                &params,
+            let taps = self.sample_taps(&mut taps_cache[idx], &toks)?;
+            sums.taps_s += tt.elapsed().as_secs_f64();
+            let l = self.trainer.sequence_loss(
+                self.params,
                 &SeqBatch {
                     taps: &taps,
                     tokens: &toks,
@@ -561,99 +623,238 @@ pub fn train(
                     loss_from: s.prompt_ids.len(),
                 },
             )?;
-            wsum += l.weight;
-            for k in 0..b {
-                counts[k] += l.counts[k];
-                correct[k] += l.correct[k];
-                in_top_k[k] += l.in_top_k[k];
-                sel_correct[k] += l.selector_correct[k];
+            sums.add(l, toks.len())?;
+        }
+        Ok(sums)
+    }
+
+    /// The target's taps of `toks`. The target is frozen: each sample's taps are computed
+    /// once and kept (f16) in its `cached` slot.
+    fn sample_taps(&self, cached: &mut Option<Tensor>, toks: &[u32]) -> Result<Tensor, TrainError> {
+        Ok(match &*cached {
+            Some(t) if t.dim(0)? == toks.len() => t.to_dtype(DType::F32)?,
+            _ => {
+                let t = self.target.taps_of(toks, self.tap_layers)?;
+                *cached = Some(t.to_dtype(DType::F16)?);
+                t
             }
-            sel_w += l.selector_weight;
-            if let Some(sn) = l.selector_nll {
-                sel_total = Some(match sel_total {
-                    Some(t) => (t + sn)?,
-                    None => sn,
-                });
-            }
-            tokens += toks.len() as u64;
-            total = Some(match total {
-                Some(t) => (t + l.weighted_nll)?,
-                None => l.weighted_nll,
+        })
+    }
+}
+
+/// One step's sequences added up: the weighted losses (tensors of the graph) and their
+/// weights, and per slot the counts the log reports.
+struct StepSums {
+    /// Summed weighted NLL and its weight.
+    total: Option<Tensor>,
+    wsum: f64,
+    /// Per slot: labelled positions, and how many the argmax got right.
+    counts: Vec<usize>,
+    correct: Vec<usize>,
+    /// Tokens of the step's sequences.
+    tokens: u64,
+    /// Seconds spent getting the target's taps.
+    taps_s: f64,
+    /// DFlash2: the selector's summed weighted NLL and its weight.
+    sel_total: Option<Tensor>,
+    sel_w: f64,
+    /// DFlash2, per slot: labels inside the top-K, and labels the selector picks.
+    in_top_k: Vec<usize>,
+    sel_correct: Vec<usize>,
+}
+
+/// The step's losses: the main mean cross-entropy, DFlash2's selector mean
+/// cross-entropy, and their sum, the one differentiated.
+struct StepLoss {
+    main: Tensor,
+    selector: Option<Tensor>,
+    total: Tensor,
+}
+
+impl StepSums {
+    /// Nothing yet, for blocks of `b` slots.
+    fn new(b: usize) -> Self {
+        StepSums {
+            total: None,
+            wsum: 0.0,
+            counts: vec![0usize; b],
+            correct: vec![0usize; b],
+            tokens: 0u64,
+            taps_s: 0.0,
+            sel_total: None,
+            sel_w: 0.0,
+            in_top_k: vec![0usize; b],
+            sel_correct: vec![0usize; b],
+        }
+    }
+
+    /// Adds the loss `l` of one sequence of `tokens` tokens.
+    fn add(&mut self, l: SeqLoss, tokens: usize) -> Result<(), TrainError> {
+        self.wsum += l.weight;
+        for k in 0..self.counts.len() {
+            self.counts[k] += l.counts[k];
+            self.correct[k] += l.correct[k];
+            self.in_top_k[k] += l.in_top_k[k];
+            self.sel_correct[k] += l.selector_correct[k];
+        }
+        self.sel_w += l.selector_weight;
+        if let Some(sn) = l.selector_nll {
+            self.sel_total = Some(match self.sel_total.take() {
+                Some(t) => (t + sn)?,
+                None => sn,
             });
         }
-        let Some(total) = total.filter(|_| wsum > 0.0) else {
-            state.step += 1;
-            continue;
+        self.tokens += tokens as u64;
+        self.total = Some(match self.total.take() {
+            Some(t) => (t + l.weighted_nll)?,
+            None => l.weighted_nll,
+        });
+        Ok(())
+    }
+
+    /// The step's mean losses (taking the sums); None when no sequence had a label.
+    fn losses(&mut self) -> Result<Option<StepLoss>, TrainError> {
+        let Some(total) = self.total.take().filter(|_| self.wsum > 0.0) else {
+            return Ok(None);
         };
-        let main_loss = (total / wsum)?;
+        let main = (total / self.wsum)?;
         // DFlash2: the selector's mean cross-entropy is added (its gradient reaches only
         // the selector's tensors).
-        let sel_loss = match sel_total.filter(|_| sel_w > 0.0) {
-            Some(t) => Some((t / sel_w)?),
+        let selector = match self.sel_total.take().filter(|_| self.sel_w > 0.0) {
+            Some(t) => Some((t / self.sel_w)?),
             None => None,
         };
-        let loss = match &sel_loss {
-            Some(s) => (&main_loss + s)?,
-            None => main_loss.clone(),
+        let total = match &selector {
+            Some(s) => (&main + s)?,
+            None => main.clone(),
         };
-        let fwd_s = t0.elapsed().as_secs_f64();
-        let grads = loss.backward()?;
-        // Clip the global gradient norm.
-        let mut sq = 0f64;
-        for (_, v) in &vars {
-            if let Some(g) = grads.get(v.as_tensor()) {
-                sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        Ok(Some(StepLoss {
+            main,
+            selector,
+            total,
+        }))
+    }
+}
+
+/// Backpropagates `loss`, scales the gradients down to global norm `clip` when their
+/// norm is above it, and takes one AdamW step; returns the norm before clipping.
+fn optimizer_step(
+    loss: &Tensor,
+    vars: &[(&String, &Var)],
+    opt: &mut AdamW,
+    clip: f64,
+) -> Result<f64, TrainError> {
+    let mut grads = loss.backward()?;
+    let mut sq = 0f64;
+    for (_, v) in vars {
+        if let Some(g) = grads.get(v.as_tensor()) {
+            sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        }
+    }
+    let norm = sq.sqrt();
+    if norm > clip {
+        let f = clip / norm;
+        for (_, v) in vars {
+            if let Some(g) = grads.remove(v.as_tensor()) {
+                grads.insert(v.as_tensor(), (g * f)?);
             }
         }
-        let norm = sq.sqrt();
-        let mut grads = grads;
-        if norm > tc.grad_clip {
-            let f = tc.grad_clip / norm;
-            for (_, v) in &vars {
-                if let Some(g) = grads.remove(v.as_tensor()) {
-                    grads.insert(v.as_tensor(), (g * f)?);
-                }
-            }
+    }
+    opt.step(vars, &grads)?;
+    Ok(norm)
+}
+
+/// The CPU and wall time of a run, counting the earlier runs it resumes.
+struct Clock {
+    /// This process's CPU seconds when the run started.
+    cpu0: f64,
+    /// CPU seconds of the runs before this one (from the checkpoint).
+    cpu_before: f64,
+    started: std::time::Instant,
+}
+
+impl Clock {
+    /// Starts counting now, after `cpu_before` CPU seconds of earlier runs.
+    fn start(cpu_before: f64) -> Self {
+        Clock {
+            cpu0: cpu_seconds(),
+            cpu_before,
+            started: std::time::Instant::now(),
         }
-        opt.step(&vars, &grads)?;
-        state.step += 1;
-        state.opt_step = opt.step_t;
-        state.trained_tokens += tokens;
-        let loss_v = main_loss.to_scalar::<f32>()? as f64;
-        let per_slot = |hits: &[usize]| -> Vec<f64> {
-            (1..b)
-                .map(|k| {
-                    if counts[k] > 0 {
-                        hits[k] as f64 / counts[k] as f64
-                    } else {
-                        0.0
-                    }
-                })
-                .collect()
-        };
-        let acc = per_slot(&correct);
+    }
+
+    /// CPU seconds of the whole run so far.
+    fn cpu_s(&self) -> f64 {
+        self.cpu_before + cpu_seconds() - self.cpu0
+    }
+
+    /// Wall seconds of this process's part of the run.
+    fn wall_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+}
+
+/// A finished optimizer step, as the log reports it.
+struct StepReport<'a> {
+    /// Steps done, this one included.
+    step: usize,
+    lr: f64,
+    grad_norm: f64,
+    /// Seconds of the forward (taps included).
+    fwd_s: f64,
+    started: std::time::Instant,
+    sums: &'a StepSums,
+    loss: &'a StepLoss,
+}
+
+/// Where a run reports: the JSON-lines log (appended to across resumes), the progress
+/// bar and the run's clock.
+struct RunLog {
+    file: std::fs::File,
+    progress: Progress,
+    clock: Clock,
+}
+
+impl RunLog {
+    /// Opens the log of `run`, a bar of `steps` (hidden when `quiet`) and starts the clock.
+    fn open(run: &RunDir, steps: usize, quiet: bool, cpu_before: f64) -> Result<Self, TrainError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run.log())
+            .map_err(io)?;
+        let mut progress = Progress::new(steps as u64, "train");
+        if quiet {
+            progress
+                .bar
+                .set_draw_target(indicatif::ProgressDrawTarget::hidden());
+            progress.tty = true;
+        }
+        Ok(RunLog {
+            file,
+            progress,
+            clock: Clock::start(cpu_before),
+        })
+    }
+
+    /// Writes the log line of step `r` and updates the bar; returns the step's summary.
+    fn record(&mut self, r: &StepReport, dflash2: bool) -> Result<TrainSummary, TrainError> {
+        let s = r.sums;
+        let loss_v = r.loss.main.to_scalar::<f32>()? as f64;
+        let acc = slot_rates(&s.correct, &s.counts);
         let proxy = tau_proxy(&acc);
-        let dt = t0.elapsed().as_secs_f64();
+        let dt = r.started.elapsed().as_secs_f64();
         let mut rec = serde_json::json!({
-            "step": state.step, "lr": lr, "loss": loss_v, "grad_norm": norm, "acc": acc, "tau_proxy": proxy,
-            "labels": counts.iter().sum::<usize>(), "tokens": tokens, "step_s": dt, "taps_s": taps_s, "fwd_s": fwd_s,
-            "cpu_s": cpu_before + cpu_seconds() - cpu0, "wall_s": t_start.elapsed().as_secs_f64(),
+            "step": r.step, "lr": r.lr, "loss": loss_v, "grad_norm": r.grad_norm, "acc": acc, "tau_proxy": proxy,
+            "labels": s.counts.iter().sum::<usize>(), "tokens": s.tokens, "step_s": dt, "taps_s": s.taps_s, "fwd_s": r.fwd_s,
+            "cpu_s": self.clock.cpu_s(), "wall_s": self.clock.wall_s(),
         });
-        if tc.dflash2.is_some() {
-            // Slot accuracy of the walk under teacher forcing (label in the top-K and
-            // ranked first by the selector), its tau proxy, and the top-K recall.
-            let sel_acc = per_slot(&sel_correct);
-            rec["selector_loss"] = match &sel_loss {
-                Some(s) => (s.to_scalar::<f32>()? as f64).into(),
-                None => serde_json::Value::Null,
-            };
-            rec["selector_acc"] = serde_json::json!(sel_acc);
-            rec["top_k_recall"] = serde_json::json!(per_slot(&in_top_k));
-            rec["selector_tau_proxy"] = tau_proxy(&sel_acc).into();
+        if dflash2 {
+            add_selector_fields(&mut rec, r.loss.selector.as_ref(), s)?;
         }
-        writeln!(log, "{rec}").map_err(io)?;
-        prog.update(
-            state.step as u64,
+        writeln!(self.file, "{rec}").map_err(io)?;
+        self.progress.update(
+            r.step as u64,
             format!(
                 "loss {loss_v:.3} acc1 {:.2} acc4 {:.2} tau~{:.2} {:.1}s/step",
                 acc[0],
@@ -662,21 +863,47 @@ pub fn train(
                 dt
             ),
         );
-        last = TrainSummary {
-            step: state.step,
+        Ok(TrainSummary {
+            step: r.step,
             loss: loss_v,
             acc,
             tau_proxy: proxy,
             selector_loss: rec.get("selector_loss").and_then(|v| v.as_f64()),
             selector_tau_proxy: rec.get("selector_tau_proxy").and_then(|v| v.as_f64()),
-        };
-        if state.step % tc.checkpoint_every == 0 || state.step == tc.steps {
-            state.cpu_seconds = cpu_before + cpu_seconds() - cpu0;
-            save_checkpoint(&run, &params, &opt, &state)?;
-        }
+        })
     }
-    prog.finish();
-    Ok(last)
+}
+
+/// DFlash2's fields of a log line: the selector's loss, the slot accuracy of the walk
+/// under teacher forcing (label in the top-K and ranked first by the selector), its tau
+/// proxy, and the top-K recall.
+fn add_selector_fields(
+    rec: &mut serde_json::Value,
+    selector_loss: Option<&Tensor>,
+    s: &StepSums,
+) -> Result<(), TrainError> {
+    let sel_acc = slot_rates(&s.sel_correct, &s.counts);
+    rec["selector_loss"] = match selector_loss {
+        Some(l) => (l.to_scalar::<f32>()? as f64).into(),
+        None => serde_json::Value::Null,
+    };
+    rec["selector_acc"] = serde_json::json!(sel_acc);
+    rec["top_k_recall"] = serde_json::json!(slot_rates(&s.in_top_k, &s.counts));
+    rec["selector_tau_proxy"] = tau_proxy(&sel_acc).into();
+    Ok(())
+}
+
+/// `hits` per labelled position of each slot 1..B (0 for a slot without labels).
+fn slot_rates(hits: &[usize], counts: &[usize]) -> Vec<f64> {
+    (1..counts.len())
+        .map(|k| {
+            if counts[k] > 0 {
+                hits[k] as f64 / counts[k] as f64
+            } else {
+                0.0
+            }
+        })
+        .collect()
 }
 
 /// 1 + expected accepted drafts if the slot accuracies were independent: a

@@ -7,14 +7,18 @@
 
 use crate::errors::{js_error, to_js};
 use crate::request::{finish_reason, usage, BlockArg, ChatRequest};
+use dflash_core::chat::ChatTemplate;
 use dflash_core::cpu::quant_matmul::{self, Kernel};
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
 use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, WeightStream};
-use dflash_core::generate::{CpuGeneration, CpuSession, Interrupt};
-use dflash_core::speculative::{
-    BlockSize, DFlashCpu, DraftState, SpeculativeGeneration, StepCostPrior,
+use dflash_core::generate::{
+    CpuGeneration, CpuSession, GenerateRequest, GenerateResult, Interrupt,
 };
+use dflash_core::speculative::{
+    BlockSize, DFlashCpu, DraftState, SpeculativeGeneration, SpeculativeResult, StepCostPrior,
+};
+use dflash_core::tokenizer::TextTokenizer;
 use dflash_gpu::speculative::Speculative;
 use dflash_gpu::{GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader};
 use sha2::{Digest, Sha256};
@@ -325,86 +329,21 @@ impl Loader {
     pub async fn finish(self, context: u32) -> Result<Engine, JsValue> {
         let mut part_shas = self.part_shas.clone();
         part_shas.push(self.sha256());
-        let (runner, tokenizer, chat_template, context, engine) = match self.target {
+        let drafter = self.drafter.as_ref();
+        let loaded = match self.target {
             Target::Gpu { ctx, model, oom } => {
-                let taps = self
-                    .drafter
-                    .as_ref()
-                    .map(|d| d.config.target_layer_ids.clone())
-                    .unwrap_or_default();
-                let built = model
-                    .finish(&GpuModelOptions {
-                        context: context as usize,
-                        taps,
-                        ..Default::default()
-                    })
-                    .and_then(|m| {
-                        let context = m.model.context;
-                        let runner = match &self.drafter {
-                            Some(w) => Runner::Spec(Box::new(Speculative::new(m.model, w)?)),
-                            None => Runner::Plain(m.model),
-                        };
-                        Ok((runner, m.tokenizer, m.chat_template, context))
-                    });
-                // A refused allocation explains whatever failed after it: reported first.
-                oom.close("loading the model").await.map_err(gpu_err)?;
-                let (runner, tokenizer, chat_template, context) = built.map_err(gpu_err)?;
-                ctx.check_lost().map_err(gpu_err)?;
-                let engine = serde_json::json!({"engine": "gpu", "adapter": adapter_json(&ctx)});
-                (runner, tokenizer, chat_template, context, engine)
+                build_on_gpu(ctx, model, oom, drafter, context).await?
             }
-            Target::Cpu(model) => {
-                let (
-                    StreamedWeights {
-                        weights,
-                        tokenizer,
-                        chat_template,
-                    },
-                    _,
-                ) = model.finish().map_err(core_err)?;
-                let context = (context as usize).min(weights.config.max_position_embeddings);
-                if let Some(w) = &self.drafter {
-                    w.config
-                        .validate_against(&weights.config)
-                        .map_err(core_err)?;
-                }
-                let target = CpuModel::from_weights(weights, CpuKernels::Quantized);
-                let drafter = self
-                    .drafter
-                    .as_ref()
-                    .map(|w| CpuDrafter::with_kernels(w, CpuKernels::Quantized));
-                let engine = serde_json::json!({
-                    "engine": "cpu", "adapter": null,
-                    "cpu": {"kernel": Kernel::detect().name(), "threads": quant_matmul::threads()},
-                });
-                (
-                    Runner::Cpu(Box::new(CpuRunner {
-                        target,
-                        drafter,
-                        session: CpuSession::default(),
-                        draft: DraftState::default(),
-                    })),
-                    tokenizer,
-                    chat_template,
-                    context,
-                    engine,
-                )
-            }
+            Target::Cpu(model) => build_on_cpu(model, drafter, context)?,
         };
-        let drafter = self.drafter.as_ref().map(|d| &d.config);
-        let mut info = serde_json::json!({
-            "context": context,
-            "drafter": drafter.map(|d| serde_json::json!({
-                "block_size": d.block_size, "layers": d.num_layers, "target_layer_ids": d.target_layer_ids,
-            })),
-            // A split model: its first part's, and every part's in `part_sha256`.
-            "sha256": part_shas[0],
-            "parts": part_shas.len(),
-            "part_sha256": part_shas,
-        });
-        if let (Some(i), Some(e)) = (info.as_object_mut(), engine.as_object()) {
-            i.extend(e.clone());
-        }
+        let info = engine_info(&loaded, drafter, part_shas);
+        let Loaded {
+            runner,
+            tokenizer,
+            chat_template,
+            context,
+            ..
+        } = loaded;
         Ok(Engine {
             inner: Rc::new(RefCell::new(Some(Inner {
                 runner,
@@ -417,6 +356,122 @@ impl Loader {
             interrupt: Interrupt::default(),
         })
     }
+}
+
+/// A finished load: the model as the engine runs it, and the engine's own fields of
+/// `Engine::info` (`engine`, `adapter`, and `cpu` on the CPU engine).
+struct Loaded {
+    runner: Runner,
+    tokenizer: TextTokenizer,
+    chat_template: Option<ChatTemplate>,
+    /// The context, in tokens, the model was built for.
+    context: usize,
+    engine: serde_json::Value,
+}
+
+/// Builds the GPU model for `context` tokens from its finished load, inside DFlash's
+/// runner when there is a drafter. The load's out-of-memory scope closes before the
+/// build's own error is looked at: a refused allocation explains whatever failed after
+/// it, so it is reported first; then a lost device.
+async fn build_on_gpu(
+    ctx: Rc<GpuContext>,
+    model: StreamLoader,
+    oom: dflash_gpu::context::OomScope,
+    drafter: Option<&DrafterWeights>,
+    context: u32,
+) -> Result<Loaded, JsValue> {
+    let built = model
+        .finish(&GpuModelOptions {
+            context: context as usize,
+            taps: drafter
+                .map(|d| d.config.target_layer_ids.clone())
+                .unwrap_or_default(),
+            ..Default::default()
+        })
+        .and_then(|m| {
+            let context = m.model.context;
+            let runner = match drafter {
+                Some(w) => Runner::Spec(Box::new(Speculative::new(m.model, w)?)),
+                None => Runner::Plain(Box::new(m.model)),
+            };
+            Ok((runner, m.tokenizer, m.chat_template, context))
+        });
+    oom.close("loading the model").await.map_err(gpu_err)?;
+    let (runner, tokenizer, chat_template, context) = built.map_err(gpu_err)?;
+    ctx.check_lost().map_err(gpu_err)?;
+    let engine = serde_json::json!({"engine": "gpu", "adapter": adapter_json(&ctx)});
+    Ok(Loaded {
+        runner,
+        tokenizer,
+        chat_template,
+        context,
+        engine,
+    })
+}
+
+/// Builds the quantized CPU engine from its finished load, for `context` tokens or the
+/// model's own limit where that is less, with the drafter (validated against the model).
+fn build_on_cpu(
+    model: WeightStream<HostSink>,
+    drafter: Option<&DrafterWeights>,
+    context: u32,
+) -> Result<Loaded, JsValue> {
+    let (
+        StreamedWeights {
+            weights,
+            tokenizer,
+            chat_template,
+        },
+        _,
+    ) = model.finish().map_err(core_err)?;
+    let context = (context as usize).min(weights.config.max_position_embeddings);
+    if let Some(w) = drafter {
+        w.config
+            .validate_against(&weights.config)
+            .map_err(core_err)?;
+    }
+    let target = CpuModel::from_weights(weights, CpuKernels::Quantized);
+    let drafter = drafter.map(|w| CpuDrafter::with_kernels(w, CpuKernels::Quantized));
+    let engine = serde_json::json!({
+        "engine": "cpu", "adapter": null,
+        "cpu": {"kernel": Kernel::detect().name(), "threads": quant_matmul::threads()},
+    });
+    Ok(Loaded {
+        runner: Runner::Cpu(Box::new(CpuRunner {
+            target,
+            drafter,
+            session: CpuSession::default(),
+            draft: DraftState::default(),
+        })),
+        tokenizer,
+        chat_template,
+        context,
+        engine,
+    })
+}
+
+/// `Engine::info`: the context, the drafter's shape, the model file's sha256 (of each
+/// part, `part_shas`, for a split model), then the engine's own fields.
+fn engine_info(
+    loaded: &Loaded,
+    drafter: Option<&DrafterWeights>,
+    part_shas: Vec<String>,
+) -> serde_json::Value {
+    let drafter = drafter.map(|d| &d.config);
+    let mut info = serde_json::json!({
+        "context": loaded.context,
+        "drafter": drafter.map(|d| serde_json::json!({
+            "block_size": d.block_size, "layers": d.num_layers, "target_layer_ids": d.target_layer_ids,
+        })),
+        // A split model: its first part's, and every part's in `part_sha256`.
+        "sha256": part_shas[0],
+        "parts": part_shas.len(),
+        "part_sha256": part_shas,
+    });
+    if let (Some(i), Some(e)) = (info.as_object_mut(), loaded.engine.as_object()) {
+        i.extend(e.clone());
+    }
+    info
 }
 
 /// Lets the worker's event loop run (messages such as an interrupt) and resumes at once:
@@ -470,7 +525,7 @@ fn adapter_json(ctx: &GpuContext) -> serde_json::Value {
 }
 
 enum Runner {
-    Plain(GpuModel),
+    Plain(Box<GpuModel>),
     Spec(Box<Speculative>),
     /// The quantized CPU engine (single-threaded in the browser), with its drafter.
     Cpu(Box<CpuRunner>),
@@ -517,160 +572,7 @@ impl Engine {
     pub fn chat(&self, request: JsValue, on_piece: Option<js_sys::Function>) -> js_sys::Promise {
         let inner = self.inner.clone();
         let interrupt = self.interrupt.clone();
-        wasm_bindgen_futures::future_to_promise(async move {
-            let req = parse_request(request)?;
-            let mut guard = inner
-                .try_borrow_mut()
-                .map_err(|_| js_error("Busy", "the engine is answering another request"))?;
-            let inner = guard
-                .as_mut()
-                .ok_or_else(|| js_error("Unloaded", "the engine was unloaded"))?;
-            let seed = (js_sys::Math::random() * 9007199254740992.0) as u64;
-            let mut gen = req
-                .to_generate(
-                    &inner.tokenizer,
-                    inner.chat_template.as_ref(),
-                    inner.context,
-                    seed,
-                )
-                .map_err(core_err)?;
-            interrupt.clear();
-            gen.interrupt = interrupt;
-            let mut on_piece = |s: &str, drafted: bool| {
-                if let Some(f) = &on_piece {
-                    let _ = f.call2(
-                        &JsValue::NULL,
-                        &JsValue::from_str(s),
-                        &JsValue::from_bool(drafted),
-                    );
-                }
-            };
-            let out = match &mut inner.runner {
-                Runner::Cpu(cpu) => {
-                    let CpuRunner {
-                        target,
-                        drafter,
-                        session,
-                        draft,
-                    } = &mut **cpu;
-                    let label = match (&req.block, &*drafter) {
-                        (_, None) => None,
-                        _ if req.dflash == Some(false) => None,
-                        (Some(BlockArg::Rows(n)), _) => Some((BlockSize::Fixed(*n), n.to_string())),
-                        (Some(BlockArg::Named(s)), _) if s != "auto" => {
-                            return Err(js_error(
-                                "BadRequest",
-                                &format!("block must be a number or \"auto\", not {s:?}"),
-                            ))
-                        }
-                        (_, Some(d)) => {
-                            // From the prior at once; each run's steps refine the costs.
-                            let prior = StepCostPrior::CpuEngine.costs(d.config.block_size);
-                            let verify_cost = inner.costs.get_or_insert(prior).clone();
-                            Some((BlockSize::Auto { verify_cost }, "auto".to_string()))
-                        }
-                    };
-                    let mut on_text = |s: &str| on_piece(s, false);
-                    match (label, &*drafter) {
-                        (Some((policy, label)), Some(d)) => {
-                            // A step at a time, yielding to the worker between steps.
-                            let state = std::mem::take(draft);
-                            let mut p = DFlashCpu::resume(d, target, state).map_err(core_err)?;
-                            // The drafter's context goes back whether or not the request
-                            // succeeds (its rows and the session's stay consistent).
-                            let run = async {
-                                let mut g = SpeculativeGeneration::start(
-                                    session,
-                                    target,
-                                    &mut p,
-                                    &inner.tokenizer,
-                                    &gen,
-                                    &policy,
-                                    &now_s,
-                                    &mut on_text,
-                                )
-                                .map_err(core_err)?;
-                                while !g.step(&now_s).map_err(core_err)? {
-                                    yield_to_worker().await?;
-                                }
-                                Ok::<_, JsValue>(g.finish(&now_s))
-                            }
-                            .await;
-                            *draft = p.into_state();
-                            let r = run?;
-                            if let Some(c) = &r.step_costs {
-                                inner.costs = Some(c.clone());
-                            }
-                            serde_json::json!({ "text": r.result.text, "finish_reason": finish_reason(&r.result), "usage": usage(&r.result, Some((&r, &label))) })
-                        }
-                        _ => {
-                            // A token at a time, yielding to the worker between tokens so
-                            // that an interrupt can arrive.
-                            let mut g = CpuGeneration::start(
-                                session,
-                                target,
-                                &inner.tokenizer,
-                                &gen,
-                                &now_s,
-                                &mut on_text,
-                            )
-                            .map_err(core_err)?;
-                            while !g.step().map_err(core_err)? {
-                                yield_to_worker().await?;
-                            }
-                            let r = g.finish(&now_s);
-                            serde_json::json!({ "text": r.text, "finish_reason": finish_reason(&r), "usage": usage(&r, None) })
-                        }
-                    }
-                }
-                Runner::Spec(spec) if req.dflash != Some(false) => {
-                    let (policy, label) = match &req.block {
-                        Some(BlockArg::Rows(n)) => (BlockSize::Fixed(*n), n.to_string()),
-                        Some(BlockArg::Named(s)) if s != "auto" => {
-                            return Err(js_error(
-                                "BadRequest",
-                                &format!("block must be a number or \"auto\", not {s:?}"),
-                            ))
-                        }
-                        _ => {
-                            // From the prior at once; each run's steps refine the costs.
-                            let a = &spec.target.ctx.summary;
-                            let prior = StepCostPrior::for_adapter(&a.device_type, &a.name)
-                                .costs(spec.max_block());
-                            let verify_cost = inner.costs.get_or_insert(prior).clone();
-                            (BlockSize::Auto { verify_cost }, "auto".to_string())
-                        }
-                    };
-                    let r = spec
-                        .generate_pieces_async(
-                            &inner.tokenizer,
-                            &gen,
-                            &policy,
-                            &now_s,
-                            &mut on_piece,
-                        )
-                        .await
-                        .map_err(gpu_err)?;
-                    if let Some(c) = &r.step_costs {
-                        inner.costs = Some(c.clone());
-                    }
-                    serde_json::json!({ "text": r.result.text, "finish_reason": finish_reason(&r.result), "usage": usage(&r.result, Some((&r, &label))) })
-                }
-                runner => {
-                    let model = match runner {
-                        Runner::Spec(spec) => &mut spec.target,
-                        Runner::Plain(m) => m,
-                        Runner::Cpu(_) => unreachable!("matched above"),
-                    };
-                    let r = model
-                        .generate_async(&inner.tokenizer, &gen, &now_s, &mut |s| on_piece(s, false))
-                        .await
-                        .map_err(gpu_err)?;
-                    serde_json::json!({ "text": r.text, "finish_reason": finish_reason(&r), "usage": usage(&r, None) })
-                }
-            };
-            Ok(to_js_value(&out))
-        })
+        wasm_bindgen_futures::future_to_promise(answer(inner, interrupt, request, on_piece))
     }
 
     /// TEST ONLY: destroys the engine's GPU device (`GPUDevice.destroy()`, what a driver
@@ -729,4 +631,237 @@ impl Engine {
         *g = None;
         Ok(())
     }
+}
+
+/// `Engine::chat`'s request, run to its end: the engine stays borrowed throughout (a
+/// request meanwhile is `Busy`; the borrow is how the engine answers one at a time).
+#[allow(
+    clippy::await_holding_refcell_ref,
+    reason = "the borrow held across the run is the engine's busy state"
+)]
+async fn answer(
+    inner: Rc<RefCell<Option<Inner>>>,
+    interrupt: Interrupt,
+    request: JsValue,
+    on_piece: Option<js_sys::Function>,
+) -> Result<JsValue, JsValue> {
+    let req = parse_request(request)?;
+    let mut guard = inner
+        .try_borrow_mut()
+        .map_err(|_| js_error("Busy", "the engine is answering another request"))?;
+    let inner = guard
+        .as_mut()
+        .ok_or_else(|| js_error("Unloaded", "the engine was unloaded"))?;
+    let gen = inner.generate_request(&req, interrupt)?;
+    let mut on_piece = |s: &str, drafted: bool| {
+        if let Some(f) = &on_piece {
+            let _ = f.call2(
+                &JsValue::NULL,
+                &JsValue::from_str(s),
+                &JsValue::from_bool(drafted),
+            );
+        }
+    };
+    let mut chat = Chat {
+        req: &req,
+        gen: &gen,
+        tokenizer: &inner.tokenizer,
+        costs: &mut inner.costs,
+        on_piece: &mut on_piece,
+    };
+    let out = chat.run(&mut inner.runner).await?;
+    Ok(to_js_value(&out))
+}
+
+impl Inner {
+    /// What the model generates for `req` (a random seed where it names none), stopped
+    /// by `interrupt`, which this clears.
+    fn generate_request(
+        &self,
+        req: &ChatRequest,
+        interrupt: Interrupt,
+    ) -> Result<GenerateRequest, JsValue> {
+        let seed = (js_sys::Math::random() * 9007199254740992.0) as u64;
+        let mut gen = req
+            .to_generate(
+                &self.tokenizer,
+                self.chat_template.as_ref(),
+                self.context,
+                seed,
+            )
+            .map_err(core_err)?;
+        interrupt.clear();
+        gen.interrupt = interrupt;
+        Ok(gen)
+    }
+}
+
+/// A chat request as a runner answers it.
+struct Chat<'a> {
+    req: &'a ChatRequest,
+    /// What to generate.
+    gen: &'a GenerateRequest,
+    tokenizer: &'a TextTokenizer,
+    /// Auto mode's step costs (`Inner::costs`): read, and refined by each auto request.
+    costs: &'a mut Option<Vec<f64>>,
+    /// `on_piece(text, drafted)`.
+    on_piece: &'a mut dyn FnMut(&str, bool),
+}
+
+impl Chat<'_> {
+    /// Runs the request on `runner` (DFlash unless the request turns it off or there is
+    /// no drafter): the response object, `{ text, finish_reason, usage }`.
+    async fn run(&mut self, runner: &mut Runner) -> Result<serde_json::Value, JsValue> {
+        match runner {
+            Runner::Cpu(cpu) => {
+                let CpuRunner {
+                    target,
+                    drafter,
+                    session,
+                    draft,
+                } = &mut **cpu;
+                match &*drafter {
+                    Some(d) if self.req.dflash != Some(false) => {
+                        self.speculative_on_cpu(session, target, d, draft).await
+                    }
+                    _ => self.plain_on_cpu(session, target).await,
+                }
+            }
+            Runner::Spec(spec) if self.req.dflash != Some(false) => {
+                self.speculative_on_gpu(spec).await
+            }
+            Runner::Spec(spec) => self.plain_on_gpu(&mut spec.target).await,
+            Runner::Plain(model) => self.plain_on_gpu(model).await,
+        }
+    }
+
+    /// DFlash on the CPU engine, a step at a time, yielding to the worker between steps.
+    /// The drafter's context goes back to `draft` whether or not the request succeeds
+    /// (its rows and the session's stay consistent).
+    async fn speculative_on_cpu(
+        &mut self,
+        session: &mut CpuSession,
+        target: &CpuModel,
+        drafter: &CpuDrafter,
+        draft: &mut DraftState,
+    ) -> Result<serde_json::Value, JsValue> {
+        let (policy, label) = block_policy(&self.req.block, self.costs, || {
+            StepCostPrior::CpuEngine.costs(drafter.config.block_size)
+        })?;
+        let on_piece = &mut *self.on_piece;
+        let mut on_text = |s: &str| on_piece(s, false);
+        let state = std::mem::take(draft);
+        let mut p = DFlashCpu::resume(drafter, target, state).map_err(core_err)?;
+        let run = async {
+            let mut g = SpeculativeGeneration::start(
+                session,
+                target,
+                &mut p,
+                self.tokenizer,
+                self.gen,
+                &policy,
+                &now_s,
+                &mut on_text,
+            )
+            .map_err(core_err)?;
+            while !g.step(&now_s).map_err(core_err)? {
+                yield_to_worker().await?;
+            }
+            Ok::<_, JsValue>(g.finish(&now_s))
+        }
+        .await;
+        *draft = p.into_state();
+        let r = run?;
+        Ok(self.speculative_response(&r, &label))
+    }
+
+    /// Plain decoding on the CPU engine, a token at a time, yielding to the worker
+    /// between tokens so that an interrupt can arrive.
+    async fn plain_on_cpu(
+        &mut self,
+        session: &mut CpuSession,
+        target: &CpuModel,
+    ) -> Result<serde_json::Value, JsValue> {
+        let on_piece = &mut *self.on_piece;
+        let mut on_text = |s: &str| on_piece(s, false);
+        let mut g = CpuGeneration::start(
+            session,
+            target,
+            self.tokenizer,
+            self.gen,
+            &now_s,
+            &mut on_text,
+        )
+        .map_err(core_err)?;
+        while !g.step().map_err(core_err)? {
+            yield_to_worker().await?;
+        }
+        Ok(plain_response(&g.finish(&now_s)))
+    }
+
+    /// DFlash on the GPU engine (which yields to the worker between steps itself).
+    async fn speculative_on_gpu(
+        &mut self,
+        spec: &mut Speculative,
+    ) -> Result<serde_json::Value, JsValue> {
+        let (policy, label) = block_policy(&self.req.block, self.costs, || {
+            let a = &spec.target.ctx.summary;
+            StepCostPrior::for_adapter(&a.device_type, &a.name).costs(spec.max_block())
+        })?;
+        let r = spec
+            .generate_pieces_async(self.tokenizer, self.gen, &policy, &now_s, self.on_piece)
+            .await
+            .map_err(gpu_err)?;
+        Ok(self.speculative_response(&r, &label))
+    }
+
+    /// Plain decoding on the GPU engine: `model` alone (a drafter's target when the
+    /// request turns DFlash off).
+    async fn plain_on_gpu(&mut self, model: &mut GpuModel) -> Result<serde_json::Value, JsValue> {
+        let on_piece = &mut *self.on_piece;
+        let r = model
+            .generate_async(self.tokenizer, self.gen, &now_s, &mut |s| {
+                on_piece(s, false)
+            })
+            .await
+            .map_err(gpu_err)?;
+        Ok(plain_response(&r))
+    }
+
+    /// A DFlash run's response, its usage with the block's `label`; keeps the step costs
+    /// an auto run refined for the next.
+    fn speculative_response(&mut self, r: &SpeculativeResult, label: &str) -> serde_json::Value {
+        if let Some(c) = &r.step_costs {
+            *self.costs = Some(c.clone());
+        }
+        serde_json::json!({ "text": r.result.text, "finish_reason": finish_reason(&r.result), "usage": usage(&r.result, Some((r, label))) })
+    }
+}
+
+/// The request's block policy and its label in `usage`: `block` rows, or auto mode
+/// (no block, or "auto") from the step costs so far, `prior` (the device's) at first.
+/// `BadRequest` for any other name.
+fn block_policy(
+    block: &Option<BlockArg>,
+    costs: &mut Option<Vec<f64>>,
+    prior: impl FnOnce() -> Vec<f64>,
+) -> Result<(BlockSize, String), JsValue> {
+    match block {
+        Some(BlockArg::Rows(n)) => Ok((BlockSize::Fixed(*n), n.to_string())),
+        Some(BlockArg::Named(s)) if s != "auto" => Err(js_error(
+            "BadRequest",
+            &format!("block must be a number or \"auto\", not {s:?}"),
+        )),
+        _ => {
+            // From the prior at once; each run's steps refine the costs.
+            let prior = prior();
+            let verify_cost = costs.get_or_insert(prior).clone();
+            Ok((BlockSize::Auto { verify_cost }, "auto".to_string()))
+        }
+    }
+}
+
+/// A plain run's response.
+fn plain_response(r: &GenerateResult) -> serde_json::Value {
+    serde_json::json!({ "text": r.text, "finish_reason": finish_reason(r), "usage": usage(r, None) })
 }
