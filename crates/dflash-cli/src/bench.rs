@@ -12,16 +12,20 @@ mod cpu;
 
 use crate::generate::open_device;
 use crate::{load, CliError, Device};
+use dflash_core::config::ModelConfig;
+use dflash_core::drafter::{load_drafter_dir, DrafterPrecision, DrafterWeights};
+use dflash_core::generate::GenerateRequest;
 use dflash_core::model_files::LoadedModel;
 use dflash_core::rng::Rng;
 use dflash_core::sampling::SamplingParams;
-use dflash_core::speculative::{AcceptProfile, Acceptance, BlockSize};
+use dflash_core::speculative::{AcceptProfile, Acceptance, BlockSize, SpeculativeResult};
 use dflash_core::synthetic::SyntheticSpec;
 use dflash_gpu::model::{OutputHead, MAX_ROWS};
 use dflash_gpu::speculative::Speculative;
 use dflash_gpu::synthetic::Planned;
 use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -322,124 +326,222 @@ fn bench_prompt(m: &dflash_core::model_files::LoadedModel, n: usize) -> Result<V
     Ok(one.iter().cycle().take(n).copied().collect())
 }
 
+/// Prefill and decode speed of a plain model, the decode GEMV's bandwidth against a copy
+/// kernel's on the same adapter, and with --profile every dispatch timed.
 fn run_plain(a: BenchArgs, synthetic: Option<SyntheticSpec>) -> Result<(), CliError> {
     let t_load = Instant::now();
-    let loaded = match &a.model {
+    let mut bench = plain_model(&a, synthetic.as_ref())?;
+    let times = bench.time_decoding(&a, t_load)?;
+    let roofline = bench.roofline(&a)?;
+    let mut report = plain_json(&a, &bench, &times, &roofline);
+    report["memory_budget"] = bench.budget_json;
+    if let Some(shape) = &synthetic {
+        report["synthetic"] = synthetic_json(shape, false);
+    }
+    if let Some(profile) = roofline.profile {
+        if !a.json {
+            crate::profile::print(&profile)?;
+        }
+        report["profile"] = profile;
+    }
+    if a.json {
+        outln!("{}", serde_json::to_string_pretty(&report).unwrap())?;
+    } else {
+        let (gemv_gbps, copy_gbps) = (roofline.gemv_gbps, roofline.copy_gbps);
+        outln!(
+            "{}: prefill {:.1} tok/s, decode {:.2} tok/s; GEMV {:.2} GB/s vs copy {:.2} GB/s ({:.0}%)",
+            bench.ctx.summary.name, report["prefill_tok_s"].as_f64().unwrap(), times.decode_tok_s, gemv_gbps, copy_gbps, 100.0 * gemv_gbps / copy_gbps
+        )?;
+    }
+    Ok(())
+}
+
+/// A plain bench's model on the device, and what it was made from.
+struct PlainBench {
+    /// The model file; None for a synthetic model.
+    loaded: Option<LoadedModel>,
+    ctx: Rc<GpuContext>,
+    vocab_size: usize,
+    /// The memory budget and where it came from, for the JSON.
+    budget_json: serde_json::Value,
+    model: GpuModel,
+}
+
+/// A plain bench's times: the load (the warm-up included) and the prefill in seconds,
+/// the decode in tokens per second.
+struct PlainTimes {
+    load_s: f64,
+    prefill_s: f64,
+    decode_tok_s: f64,
+}
+
+/// The decode GEMV's bandwidth against a plain copy kernel's on the same adapter, the
+/// bytes of weights one token reads, and the --profile timings.
+struct Roofline {
+    gemv_gbps: f64,
+    copy_gbps: f64,
+    weight_bytes: u64,
+    profile: Option<serde_json::Value>,
+}
+
+/// The target's config: the loaded file's, or the synthetic shape's.
+fn model_config(loaded: Option<&LoadedModel>, synthetic: Option<&SyntheticSpec>) -> ModelConfig {
+    match (loaded, synthetic) {
+        (Some(model), _) => model.config().clone(),
+        (None, Some(shape)) => shape.config.clone(),
+        (None, None) => unreachable!("clap requires --model or --synthetic"),
+    }
+}
+
+/// Loads --model (or plans and builds the --synthetic one) on the GPU with room for
+/// --prompt-tokens and --decode-tokens, within the memory budget.
+fn plain_model(
+    args: &BenchArgs,
+    synthetic: Option<&SyntheticSpec>,
+) -> Result<PlainBench, CliError> {
+    let loaded = match &args.model {
         Some(path) if synthetic.is_none() => Some(load(path)?.0),
         _ => None,
     };
-    let ctx = open_device(Some(Device::Gpu), &gpu_options(&a, true))?.expect("gpu");
-    let config = match (&loaded, &synthetic) {
-        (Some(m), _) => m.config().clone(),
-        (None, Some(s)) => s.config.clone(),
-        (None, None) => unreachable!("clap requires --model or --synthetic"),
-    };
-    let context = (a.prompt_tokens + a.decode_tokens + 16).min(config.max_position_embeddings);
-    let (budget, budget_json) = memory_budget(&a, &ctx);
+    let ctx = open_device(Some(Device::Gpu), &gpu_options(args, true))?.expect("gpu");
+    let config = model_config(loaded.as_ref(), synthetic);
+    let context =
+        (args.prompt_tokens + args.decode_tokens + 16).min(config.max_position_embeddings);
+    let (budget, budget_json) = memory_budget(args, &ctx);
     let opts = GpuModelOptions {
         context,
         memory_budget: budget,
         ..Default::default()
     };
-    let mut g = match (&loaded, &synthetic) {
-        (Some(m), _) => GpuModel::new(ctx.clone(), &m.weights, &opts)?,
-        (None, Some(s)) => {
-            dflash_gpu::synthetic::plan(&ctx, s, context, Planned::Plain, budget)?;
-            let (w, _) = dflash_gpu::synthetic::build(&ctx, s, a.seed, false)?;
-            GpuModel::from_gpu_weights(ctx.clone(), w, &opts)?
+    let model = match (&loaded, synthetic) {
+        (Some(file), _) => GpuModel::new(ctx.clone(), &file.weights, &opts)?,
+        (None, Some(shape)) => {
+            dflash_gpu::synthetic::plan(&ctx, shape, context, Planned::Plain, budget)?;
+            let (weights, _) = dflash_gpu::synthetic::build(&ctx, shape, args.seed, false)?;
+            GpuModel::from_gpu_weights(ctx.clone(), weights, &opts)?
         }
         (None, None) => unreachable!(),
     };
-    let prompt_of = |n: usize| match &loaded {
-        Some(m) => bench_prompt(m, n),
-        None => Ok(random_ids(n, config.vocab_size, a.seed)),
-    };
-    // Decoding as generation does it (pipelined on GPUs), greedy or sampled at
-    // --temperature; the plans are compiled before timing.
-    let sampling = SamplingParams {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        seed: a.seed,
-        ..Default::default()
-    };
-    let head = head_of(&sampling);
-    g.set_sampling(&sampling)?;
-    let first = g.prefill_with(&prompt_of(17)?, head)?;
-    g.decode(first, 2, head, &mut |_| Ok(false))?;
-    let load_s = t_load.elapsed().as_secs_f64();
-    let prompt = prompt_of(a.prompt_tokens)?;
-    g.truncate(0);
-    let t0 = Instant::now();
-    let first = g.prefill_with(&prompt, head)?;
-    let prefill_s = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    g.decode(first, a.decode_tokens, head, &mut |_| Ok(false))?;
-    let decode_s = t1.elapsed().as_secs_f64();
-    let decode_tok_s = a.decode_tokens as f64 / decode_s;
-    let t_start = Instant::now();
-    let now = move || t_start.elapsed().as_secs_f64();
-    let gemv_gbps = g.gemv_gbps(a.reps, 3, &now)?;
-    let wbytes = g.weight_bytes_per_token();
-    let copy_gbps = dflash_gpu::profile::copy_gbps(&ctx, (4 * wbytes).max(64 << 20), &now)?;
-    let profile = if a.profile {
-        Some(crate::profile::profile(
-            &ctx,
-            &mut g,
-            None,
-            a.prompt_tokens,
-            &now,
-        )?)
-    } else {
-        None
-    };
-    let s = &ctx.summary;
-    let mut v = serde_json::json!({
-        "model": model_label(&a),
-        "prompt_tokens": a.prompt_tokens,
-        "decode_tokens": a.decode_tokens,
-        "temperature": a.temperature,
+    Ok(PlainBench {
+        loaded,
+        ctx,
+        vocab_size: config.vocab_size,
+        budget_json,
+        model,
+    })
+}
+
+impl PlainBench {
+    /// A prompt of `n` tokens: English text, or random ids for a synthetic model.
+    fn prompt(&self, n: usize, seed: u64) -> Result<Vec<u32>, CliError> {
+        match &self.loaded {
+            Some(file) => bench_prompt(file, n),
+            None => Ok(random_ids(n, self.vocab_size, seed)),
+        }
+    }
+
+    /// Decoding as generation does it (pipelined on GPUs), greedy or sampled at
+    /// --temperature: the plans compiled on a short prompt (the load time ends there),
+    /// then the prefill of --prompt-tokens and the decode of --decode-tokens timed.
+    fn time_decoding(&mut self, args: &BenchArgs, t_load: Instant) -> Result<PlainTimes, CliError> {
+        let sampling = SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            seed: args.seed,
+            ..Default::default()
+        };
+        let head = head_of(&sampling);
+        self.model.set_sampling(&sampling)?;
+        let warm_up = self.prompt(17, args.seed)?;
+        let first = self.model.prefill_with(&warm_up, head)?;
+        self.model.decode(first, 2, head, &mut |_| Ok(false))?;
+        let load_s = t_load.elapsed().as_secs_f64();
+        let prompt = self.prompt(args.prompt_tokens, args.seed)?;
+        self.model.truncate(0);
+        let t0 = Instant::now();
+        let first = self.model.prefill_with(&prompt, head)?;
+        let prefill_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        self.model
+            .decode(first, args.decode_tokens, head, &mut |_| Ok(false))?;
+        let decode_s = t1.elapsed().as_secs_f64();
+        Ok(PlainTimes {
+            load_s,
+            prefill_s,
+            decode_tok_s: args.decode_tokens as f64 / decode_s,
+        })
+    }
+
+    /// The GEMV and copy bandwidths (--reps kernels a submission, best of 3), and with
+    /// --profile the profile of the cache the timed decode left.
+    fn roofline(&mut self, args: &BenchArgs) -> Result<Roofline, CliError> {
+        let t_start = Instant::now();
+        let now = move || t_start.elapsed().as_secs_f64();
+        let gemv_gbps = self.model.gemv_gbps(args.reps, 3, &now)?;
+        let weight_bytes = self.model.weight_bytes_per_token();
+        let copy_bytes = (4 * weight_bytes).max(64 << 20);
+        let copy_gbps = dflash_gpu::profile::copy_gbps(&self.ctx, copy_bytes, &now)?;
+        let profile = if args.profile {
+            Some(crate::profile::profile(
+                &self.ctx,
+                &mut self.model,
+                None,
+                args.prompt_tokens,
+                &now,
+            )?)
+        } else {
+            None
+        };
+        Ok(Roofline {
+            gemv_gbps,
+            copy_gbps,
+            weight_bytes,
+            profile,
+        })
+    }
+}
+
+/// The JSON of a plain bench: the speeds, the bandwidths, the adapter and the GPU memory
+/// (without the memory budget, the synthetic shape and the profile).
+fn plain_json(
+    args: &BenchArgs,
+    bench: &PlainBench,
+    times: &PlainTimes,
+    roofline: &Roofline,
+) -> serde_json::Value {
+    let (ctx, memory) = (&bench.ctx, &bench.model.memory);
+    let summary = &ctx.summary;
+    let (gemv_gbps, copy_gbps) = (roofline.gemv_gbps, roofline.copy_gbps);
+    serde_json::json!({
+        "model": model_label(args),
+        "prompt_tokens": args.prompt_tokens,
+        "decode_tokens": args.decode_tokens,
+        "temperature": args.temperature,
         "pipelined_decode": ctx.tuning.pipelined_decode,
-        "prefill_tok_s": a.prompt_tokens as f64 / prefill_s,
-        "decode_tok_s": decode_tok_s,
-        "weight_bytes_per_token": wbytes,
-        "decode_gbps": wbytes as f64 * decode_tok_s / 1e9,
+        "prefill_tok_s": args.prompt_tokens as f64 / times.prefill_s,
+        "decode_tok_s": times.decode_tok_s,
+        "weight_bytes_per_token": roofline.weight_bytes,
+        "decode_gbps": roofline.weight_bytes as f64 * times.decode_tok_s / 1e9,
         "gemv_gbps": gemv_gbps,
         "copy_gbps": copy_gbps,
         "gemv_copy_ratio": gemv_gbps / copy_gbps,
         "adapter": {
-            "name": s.name, "backend": s.backend, "device_type": s.device_type, "driver": s.driver,
-            "shader_f16": s.shader_f16, "subgroups": s.subgroups, "kv_cache_f16": ctx.f16,
-            "max_storage_buffer_binding_size": s.max_storage_buffer_binding_size,
-            "max_buffer_size": s.max_buffer_size,
-            "max_compute_invocations_per_workgroup": s.max_compute_invocations_per_workgroup,
+            "name": summary.name, "backend": summary.backend,
+            "device_type": summary.device_type, "driver": summary.driver,
+            "shader_f16": summary.shader_f16, "subgroups": summary.subgroups,
+            "kv_cache_f16": ctx.f16,
+            "max_storage_buffer_binding_size": summary.max_storage_buffer_binding_size,
+            "max_buffer_size": summary.max_buffer_size,
+            "max_compute_invocations_per_workgroup": summary.max_compute_invocations_per_workgroup,
         },
-        "load_s": load_s,
+        "load_s": times.load_s,
         "gpu_memory_bytes": {
-            "weights": g.memory.weights,
-            "kv_cache": g.memory.kv_cache,
-            "activations": g.memory.activations,
-            "total": g.memory.total(),
+            "weights": memory.weights,
+            "kv_cache": memory.kv_cache,
+            "activations": memory.activations,
+            "total": memory.total(),
         },
-    });
-    v["memory_budget"] = budget_json;
-    if let Some(s) = &synthetic {
-        v["synthetic"] = synthetic_json(s, false);
-    }
-    if let Some(p) = profile {
-        if !a.json {
-            crate::profile::print(&p)?;
-        }
-        v["profile"] = p;
-    }
-    if a.json {
-        outln!("{}", serde_json::to_string_pretty(&v).unwrap())?;
-    } else {
-        outln!(
-            "{}: prefill {:.1} tok/s, decode {:.2} tok/s; GEMV {:.2} GB/s vs copy {:.2} GB/s ({:.0}%)",
-            s.name, v["prefill_tok_s"].as_f64().unwrap(), decode_tok_s, gemv_gbps, copy_gbps, 100.0 * gemv_gbps / copy_gbps
-        )?;
-    }
-    Ok(())
+    })
 }
 
 /// The sampler's head for `sampling`.
@@ -490,6 +592,18 @@ struct IdsRun {
     decode_s: f64,
     taus: Vec<usize>,
     acceptance: Acceptance,
+}
+
+impl From<SpeculativeResult> for IdsRun {
+    /// A speculative generation's tokens and statistics.
+    fn from(run: SpeculativeResult) -> Self {
+        IdsRun {
+            tokens: run.result.tokens,
+            decode_s: run.result.decode_s,
+            taus: run.taus,
+            acceptance: run.acceptance,
+        }
+    }
 }
 
 impl IdsRun {
@@ -597,212 +711,418 @@ fn run_dflash(
     synthetic: Option<SyntheticSpec>,
     accept: Option<AcceptProfile>,
 ) -> Result<(), CliError> {
-    use dflash_core::drafter::{load_drafter_dir, DrafterPrecision};
-    use dflash_core::generate::GenerateRequest;
     let t_load = Instant::now();
     // The host side first (model, drafter, prompts, every check); then the device.
-    let (loaded, drafter_w): (Option<LoadedModel>, _) = match &synthetic {
+    let host = dflash_host(&a, synthetic.as_ref(), accept.as_ref())?;
+    let ctx = open_device(Some(Device::Gpu), &gpu_options(&a, a.profile))?.expect("gpu");
+    let (budget, budget_json) = memory_budget(&a, &ctx);
+    let opts = GpuModelOptions {
+        context: a.context.min(host.config.max_position_embeddings),
+        memory_budget: budget,
+        ..Default::default()
+    };
+    let (mut plain, mut spec) = dflash_pair(&a, &ctx, &host, synthetic.as_ref(), &opts)?;
+    let t0 = Instant::now();
+    let clock = move || t0.elapsed().as_secs_f64();
+    let blocks = block_policies(&a.block, spec.max_block(), || {
+        Ok(spec.measure_step_costs(16, &clock)?)
+    })?;
+    let runs = PairRuns {
+        loaded: host.loaded.as_ref(),
+        accept: accept.as_ref(),
+        sampling: dflash_sampling(&a),
+        context: opts.context,
+        clock: &clock,
+    };
+    let first = host.rows.first();
+    runs.warm_up(&mut plain, &mut spec, first, &blocks.policies, a.seed)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let (plain_totals, block_runs) =
+        runs.all_prompts(&mut plain, &mut spec, &host.rows, &blocks.policies, &a)?;
+    let profile = dflash_profile(&a, &ctx, &mut plain, &mut spec, first, &clock)?;
+    let adapter = &ctx.summary.name;
+    let fields = gpu_fields(
+        accept.as_ref(),
+        adapter,
+        budget_json,
+        synthetic.as_ref(),
+        profile,
+    );
+    let results = DflashResults {
+        blocks,
+        runs: block_runs,
+        plain: plain_totals,
+        load_s,
+    };
+    let suffix = match accept {
+        Some(_) => " (simulated acceptance)",
+        None => "",
+    };
+    report_dflash(&a, results, adapter, suffix, &fields)
+}
+
+/// The host side of a DFlash bench: the model and drafter files (None for a synthetic
+/// pair), the target's config, and the prompts (each its fields and token ids).
+struct DflashHost {
+    loaded: Option<LoadedModel>,
+    drafter: Option<DrafterWeights>,
+    config: ModelConfig,
+    rows: Vec<(serde_json::Value, Vec<u32>)>,
+}
+
+/// Loads the model and the drafter (none for a synthetic pair), checks --accept-profile
+/// against the drafter's block, and reads --prompts (a synthetic pair: --limit random
+/// prompts of --prompt-tokens ids, each its own seed).
+fn dflash_host(
+    args: &BenchArgs,
+    synthetic: Option<&SyntheticSpec>,
+    accept: Option<&AcceptProfile>,
+) -> Result<DflashHost, CliError> {
+    let (loaded, drafter): (Option<LoadedModel>, _) = match synthetic {
         None => (
-            Some(load(a.model.as_ref().expect("clap requires --model"))?.0),
+            Some(load(args.model.as_ref().expect("clap requires --model"))?.0),
             Some(load_drafter_dir(
-                a.drafter.as_ref().unwrap(),
+                args.drafter.as_ref().unwrap(),
                 DrafterPrecision::Q8,
             )?),
         ),
         Some(_) => (None, None),
     };
-    if let (Some(p), Some(w)) = (&accept, &drafter_w) {
-        check_profile_len(p, w.config.block_size)?;
+    if let (Some(profile), Some(weights)) = (accept, &drafter) {
+        check_profile_len(profile, weights.config.block_size)?;
     }
-    let config = match (&loaded, &synthetic) {
-        (Some(m), _) => m.config().clone(),
-        (None, Some(s)) => s.config.clone(),
-        (None, None) => unreachable!(),
-    };
-    let rows_in: Vec<(serde_json::Value, Vec<u32>)> = match &loaded {
-        Some(m) => prompt_rows(&a, m)?,
-        None => (0..a.limit.unwrap_or(1).max(1))
+    let config = model_config(loaded.as_ref(), synthetic);
+    let rows = match &loaded {
+        Some(file) => prompt_rows(args, file)?,
+        None => (0..args.limit.unwrap_or(1).max(1))
             .map(|i| {
-                let ids = random_ids(a.prompt_tokens, config.vocab_size, a.seed + i as u64);
+                let seed = args.seed + i as u64;
+                let ids = random_ids(args.prompt_tokens, config.vocab_size, seed);
                 (serde_json::json!({ "id": i }), ids)
             })
             .collect(),
     };
-    let ctx = open_device(Some(Device::Gpu), &gpu_options(&a, a.profile))?.expect("gpu");
-    let context = a.context.min(config.max_position_embeddings);
-    let (budget, budget_json) = memory_budget(&a, &ctx);
-    let opts = GpuModelOptions {
-        context,
-        memory_budget: budget,
-        ..Default::default()
-    };
-    let (mut plain, mut spec) = match (&loaded, &synthetic, &drafter_w) {
-        (Some(m), _, Some(w)) => {
+    Ok(DflashHost {
+        loaded,
+        drafter,
+        config,
+        rows,
+    })
+}
+
+/// The plain model and the DFlash pair on the device, the plain model sharing the
+/// target's weight buffers: the loaded model with its drafter, or the synthetic pair
+/// (checked whole, both models' KV caches and the drafter, before any allocation).
+fn dflash_pair(
+    args: &BenchArgs,
+    ctx: &Rc<GpuContext>,
+    host: &DflashHost,
+    synthetic: Option<&SyntheticSpec>,
+    opts: &GpuModelOptions,
+) -> Result<(GpuModel, Speculative), CliError> {
+    match (&host.loaded, synthetic, &host.drafter) {
+        (Some(file), _, Some(weights)) => {
             let taps = GpuModelOptions {
-                taps: w.config.target_layer_ids.clone(),
+                taps: weights.config.target_layer_ids.clone(),
                 ..opts.clone()
             };
-            // The plain model shares the target's weight buffers.
-            let target = GpuModel::new(ctx.clone(), &m.weights, &taps)?;
-            let plain = target.sharing_weights(&opts)?;
-            (plain, Speculative::new(target, w)?)
+            let target = GpuModel::new(ctx.clone(), &file.weights, &taps)?;
+            let plain = target.sharing_weights(opts)?;
+            Ok((plain, Speculative::new(target, weights)?))
         }
-        (None, Some(s), _) => {
-            // Checked whole (both models' KV caches, the drafter) before any allocation;
-            // the plain model and the target share the weight buffers.
-            dflash_gpu::synthetic::plan(&ctx, s, context, Planned::PlainAndDFlash, budget)?;
-            let (w, d) = dflash_gpu::synthetic::build(&ctx, s, a.seed, true)?;
+        (None, Some(shape), _) => {
+            let (context, budget) = (opts.context, opts.memory_budget);
+            dflash_gpu::synthetic::plan(ctx, shape, context, Planned::PlainAndDFlash, budget)?;
+            let (weights, drafter) = dflash_gpu::synthetic::build(ctx, shape, args.seed, true)?;
             let taps = GpuModelOptions {
-                taps: s.drafter.target_layer_ids.clone(),
+                taps: shape.drafter.target_layer_ids.clone(),
                 ..opts.clone()
             };
-            let target = GpuModel::from_gpu_weights(ctx.clone(), w, &taps)?;
-            let plain = target.sharing_weights(&opts)?;
-            let d = d.expect("built with the drafter");
-            (plain, Speculative::from_gpu_drafter(target, &s.drafter, d)?)
+            let target = GpuModel::from_gpu_weights(ctx.clone(), weights, &taps)?;
+            let plain = target.sharing_weights(opts)?;
+            let drafter = drafter.expect("built with the drafter");
+            let spec = Speculative::from_gpu_drafter(target, &shape.drafter, drafter)?;
+            Ok((plain, spec))
         }
         _ => unreachable!(),
-    };
-    let t0 = Instant::now();
-    let clock = move || t0.elapsed().as_secs_f64();
-    let blocks: Vec<String> = a.block.split(',').map(|b| b.trim().to_string()).collect();
-    let costs = if blocks.iter().any(|b| b == "auto") {
-        Some(spec.measure_step_costs(16, &clock)?)
+    }
+}
+
+/// The block sizes of a DFlash bench: as --block names them, the measured step costs
+/// (where one of them is `auto`), and each one's policy.
+struct Blocks {
+    names: Vec<String>,
+    costs: Option<Vec<f64>>,
+    policies: Vec<BlockSize>,
+}
+
+/// The block sizes of --block (comma separated), with the step costs that `measure`
+/// gives where one is `auto`, each size's policy up to `max_block`.
+fn block_policies(
+    arg: &str,
+    max_block: usize,
+    measure: impl FnOnce() -> Result<Vec<f64>, CliError>,
+) -> Result<Blocks, CliError> {
+    let names: Vec<String> = arg.split(',').map(|name| name.trim().to_string()).collect();
+    let costs = if names.iter().any(|name| name == "auto") {
+        Some(measure()?)
     } else {
         None
     };
-    let policies = blocks
+    let policies = names
         .iter()
-        .map(|b| crate::generate::block_policy(b, spec.max_block(), costs.clone()))
+        .map(|name| crate::generate::block_policy(name, max_block, costs.clone()))
         .collect::<Result<Vec<_>, _>>()?;
-    let sampling = SamplingParams {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        seed: a.seed,
-        speculative_rejection: a.rejection_sampling,
-        sampled_drafts: a.sampled_drafts,
+    Ok(Blocks {
+        names,
+        costs,
+        policies,
+    })
+}
+
+/// The sampler of a DFlash bench: --temperature, --top-p, --seed and how drafts are
+/// verified.
+fn dflash_sampling(args: &BenchArgs) -> SamplingParams {
+    SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+        speculative_rejection: args.rejection_sampling,
+        sampled_drafts: args.sampled_drafts,
         ..Default::default()
-    };
-    let request = |ids: &[u32], max_new_tokens| GenerateRequest {
-        prompt_ids: ids.to_vec(),
+    }
+}
+
+/// A bench's request of up to `max_new_tokens` after `ids`: no stop strings.
+fn bench_request(
+    ids: Vec<u32>,
+    max_new_tokens: usize,
+    sampling: &SamplingParams,
+    context: usize,
+) -> GenerateRequest {
+    GenerateRequest {
+        prompt_ids: ids,
         max_new_tokens,
         sampling: sampling.clone(),
         stop_strings: vec![],
         context,
         interrupt: Default::default(),
-    };
-    // The plain run: through the tokenizer's stop handling when there is one.
-    let run_plain = |plain: &mut GpuModel, ids: &[u32], n| -> Result<(Vec<u32>, f64), CliError> {
-        match &loaded {
-            Some(m) => {
-                let p = crate::generate::generate_gpu(plain, m, &request(ids, n), &mut |_| {})?;
-                Ok((p.tokens, p.decode_s))
+    }
+}
+
+/// How a GPU DFlash bench decodes a prompt, plain and with DFlash: the model file (None
+/// for a synthetic pair), the simulated acceptance, the sampler, the context and the
+/// clock.
+struct PairRuns<'a> {
+    loaded: Option<&'a LoadedModel>,
+    accept: Option<&'a AcceptProfile>,
+    sampling: SamplingParams,
+    context: usize,
+    clock: &'a dyn Fn() -> f64,
+}
+
+impl PairRuns<'_> {
+    /// The plain run of up to `n` tokens (its tokens and decode seconds): through the
+    /// tokenizer's stop handling when there is one.
+    fn plain(
+        &self,
+        plain: &mut GpuModel,
+        ids: &[u32],
+        n: usize,
+    ) -> Result<(Vec<u32>, f64), CliError> {
+        match self.loaded {
+            Some(file) => {
+                let request = bench_request(ids.to_vec(), n, &self.sampling, self.context);
+                let result = crate::generate::generate_gpu(plain, file, &request, &mut |_| {})?;
+                Ok((result.tokens, result.decode_s))
             }
-            None => plain_ids(plain, ids, n, &sampling),
+            None => plain_ids(plain, ids, n, &self.sampling),
         }
-    };
-    // The DFlash run of up to `n` tokens: measured acceptance (a loaded model runs
-    // `Speculative::generate`, a synthetic one the same loop by token id), or simulated
-    // (the plain run's `p` replayed: as many tokens as it has).
-    let run_spec = |spec: &mut Speculative,
-                    ids: &[u32],
-                    n: usize,
-                    p: &[u32],
-                    policy: &BlockSize,
-                    rng: &mut Rng|
-     -> Result<IdsRun, CliError> {
-        match (&accept, &loaded) {
-            (None, Some(m)) => {
-                let s =
-                    spec.generate(&m.tokenizer, &request(ids, n), policy, &clock, &mut |_| {})?;
-                Ok(IdsRun {
-                    tokens: s.result.tokens,
-                    decode_s: s.result.decode_s,
-                    taus: s.taus,
-                    acceptance: s.acceptance,
-                })
+    }
+
+    /// The DFlash run of up to `n` tokens: measured acceptance (a loaded model runs
+    /// `Speculative::generate`, a synthetic one the same loop by token id), or simulated
+    /// (the plain run's `plain_tokens` replayed: as many tokens as it has).
+    fn dflash(
+        &self,
+        spec: &mut Speculative,
+        ids: &[u32],
+        n: usize,
+        plain_tokens: &[u32],
+        policy: &BlockSize,
+        rng: &mut Rng,
+    ) -> Result<IdsRun, CliError> {
+        match (self.accept, self.loaded) {
+            (None, Some(file)) => {
+                let request = bench_request(ids.to_vec(), n, &self.sampling, self.context);
+                let result =
+                    spec.generate(&file.tokenizer, &request, policy, self.clock, &mut |_| {})?;
+                Ok(IdsRun::from(result))
             }
             (profile, _) => {
-                let sim = profile.as_ref().map(|profile| Sim {
+                let sim = profile.map(|profile| Sim {
                     profile,
-                    plain: p,
+                    plain: plain_tokens,
                     rng,
                 });
-                let n = if sim.is_some() { p.len() } else { n };
-                dflash_ids(spec, ids, n, policy, &sampling, sim, &clock)
+                let n = if sim.is_some() { plain_tokens.len() } else { n };
+                dflash_ids(spec, ids, n, policy, &self.sampling, sim, self.clock)
             }
         }
-    };
-    // Warm-up: compile every plan used below.
-    if let Some((_, ids)) = rows_in.first() {
-        let (p, _) = run_plain(&mut plain, ids, 4)?;
-        for policy in &policies {
-            run_spec(&mut spec, ids, 4, &p, policy, &mut Rng(a.seed))?;
-        }
     }
-    let load_s = t_load.elapsed().as_secs_f64();
+
+    /// Every prompt of `rows` decoded plain and with each policy (each with its own
+    /// generator of simulated drafts), as `bench_prompts` returns them.
+    fn all_prompts(
+        &self,
+        plain: &mut GpuModel,
+        spec: &mut Speculative,
+        rows: &[(serde_json::Value, Vec<u32>)],
+        policies: &[BlockSize],
+        args: &BenchArgs,
+    ) -> Result<((usize, f64), Vec<BlockRun>), CliError> {
+        let mut rngs: Vec<Rng> = (0..policies.len())
+            .map(|i| Rng(args.seed.wrapping_add(1 + i as u64)))
+            .collect();
+        let max_new = args.max_new_tokens;
+        bench_prompts(
+            rows,
+            policies,
+            |ids| self.plain(plain, ids, max_new),
+            |i, policy, ids, plain_tokens| {
+                self.dflash(spec, ids, max_new, plain_tokens, policy, &mut rngs[i])
+            },
+        )
+    }
+
+    /// Warm-up on the first prompt: compiles every plan the runs use.
+    fn warm_up(
+        &self,
+        plain: &mut GpuModel,
+        spec: &mut Speculative,
+        first: Option<&(serde_json::Value, Vec<u32>)>,
+        policies: &[BlockSize],
+        seed: u64,
+    ) -> Result<(), CliError> {
+        if let Some((_, ids)) = first {
+            let (plain_tokens, _) = self.plain(plain, ids, 4)?;
+            for policy in policies {
+                self.dflash(spec, ids, 4, &plain_tokens, policy, &mut Rng(seed))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every prompt decoded plain (`plain`: its tokens and decode seconds), then with each
+/// policy (`dflash`: the policy's index, the policy, the prompt and the plain tokens):
+/// the plain totals (tokens after the first, decode seconds) and each policy's run.
+fn bench_prompts(
+    rows: &[(serde_json::Value, Vec<u32>)],
+    policies: &[BlockSize],
+    mut plain: impl FnMut(&[u32]) -> Result<(Vec<u32>, f64), CliError>,
+    mut dflash: impl FnMut(usize, &BlockSize, &[u32], &[u32]) -> Result<IdsRun, CliError>,
+) -> Result<((usize, f64), Vec<BlockRun>), CliError> {
     let (mut plain_tokens, mut plain_s) = (0usize, 0f64);
-    let mut runs: Vec<BlockRun> = blocks.iter().map(|_| BlockRun::default()).collect();
-    let mut rngs: Vec<Rng> = (0..blocks.len())
-        .map(|i| Rng(a.seed.wrapping_add(1 + i as u64)))
-        .collect();
-    for (v, ids) in &rows_in {
-        let (p_ids, p_decode_s) = run_plain(&mut plain, ids, a.max_new_tokens)?;
-        plain_tokens += p_ids.len().saturating_sub(1);
-        plain_s += p_decode_s;
-        for ((policy, run), rng) in policies.iter().zip(&mut runs).zip(&mut rngs) {
-            let s = run_spec(&mut spec, ids, a.max_new_tokens, &p_ids, policy, rng)?;
-            run.add(v, ids.len(), &p_ids, p_decode_s, s);
+    let mut runs: Vec<BlockRun> = policies.iter().map(|_| BlockRun::default()).collect();
+    for (fields, ids) in rows {
+        let (plain_out, plain_decode_s) = plain(ids)?;
+        plain_tokens += plain_out.len().saturating_sub(1);
+        plain_s += plain_decode_s;
+        for (i, (policy, run)) in policies.iter().zip(&mut runs).enumerate() {
+            let dflash_out = dflash(i, policy, ids, &plain_out)?;
+            run.add(fields, ids.len(), &plain_out, plain_decode_s, dflash_out);
         }
     }
-    let profile = match (a.profile, rows_in.first()) {
-        (true, Some((_, ids))) => {
-            plain.truncate(0);
-            plain.prefill(ids)?;
-            spec.prefill(ids, dflash_gpu::model::OutputHead::Argmax)?;
-            let p = crate::profile::profile(&ctx, &mut plain, Some(&mut spec), ids.len(), &clock)?;
-            if !a.json {
-                crate::profile::print(&p)?;
-            }
-            Some(p)
-        }
-        _ => None,
+    Ok(((plain_tokens, plain_s), runs))
+}
+
+/// With --profile, the one-row and the 16-row profiles (the pair's block step) on the
+/// first prompt's cache, printed unless --json.
+fn dflash_profile(
+    args: &BenchArgs,
+    ctx: &GpuContext,
+    plain: &mut GpuModel,
+    spec: &mut Speculative,
+    first: Option<&(serde_json::Value, Vec<u32>)>,
+    clock: &dyn Fn() -> f64,
+) -> Result<Option<serde_json::Value>, CliError> {
+    let Some((_, ids)) = first.filter(|_| args.profile) else {
+        return Ok(None);
     };
+    plain.truncate(0);
+    plain.prefill(ids)?;
+    spec.prefill(ids, OutputHead::Argmax)?;
+    let profile = crate::profile::profile(ctx, plain, Some(spec), ids.len(), clock)?;
+    if !args.json {
+        crate::profile::print(&profile)?;
+    }
+    Ok(Some(profile))
+}
+
+/// The fields a GPU DFlash bench adds to each block size's JSON: how acceptance came
+/// about, the adapter, the memory budget, the synthetic shape and the profile.
+fn gpu_fields(
+    accept: Option<&AcceptProfile>,
+    adapter: &str,
+    budget_json: serde_json::Value,
+    synthetic: Option<&SyntheticSpec>,
+    profile: Option<serde_json::Value>,
+) -> serde_json::Value {
+    let mut fields = serde_json::json!({
+        "acceptance": if accept.is_some() { "simulated" } else { "measured" },
+        "accept_profile": accept.map(|profile| profile.0.clone()),
+        "adapter": adapter,
+        "memory_budget": budget_json,
+    });
+    if let Some(shape) = synthetic {
+        fields["synthetic"] = synthetic_json(shape, true);
+    }
+    if let Some(profile) = profile {
+        fields["profile"] = profile;
+    }
+    fields
+}
+
+/// A DFlash bench's results: the block sizes, each one's run over the prompts, the
+/// plain totals (tokens after the first, decode seconds) and the load time.
+struct DflashResults {
+    blocks: Blocks,
+    runs: Vec<BlockRun>,
+    plain: (usize, f64),
+    load_s: f64,
+}
+
+/// Each block size's line (unless --json; `device` in front, `suffix` after) and JSON
+/// (its summary, the step costs where it is `auto`, and `fields`), then as
+/// `finish_dflash`.
+fn report_dflash(
+    args: &BenchArgs,
+    results: DflashResults,
+    device: &str,
+    suffix: &str,
+    fields: &serde_json::Value,
+) -> Result<(), CliError> {
     let mut all_lossless = true;
     let mut out = Vec::new();
-    for (block, run) in blocks.iter().zip(runs) {
+    let blocks = &results.blocks;
+    for (block, run) in blocks.names.iter().zip(results.runs) {
         all_lossless &= run.lossless;
-        let mut v = run.summary(&a, block, (plain_tokens, plain_s), load_s);
-        v["acceptance"] = if accept.is_some() {
-            "simulated"
+        let mut summary = run.summary(args, block, results.plain, results.load_s);
+        summary["step_costs"] = serde_json::json!(if block == "auto" {
+            blocks.costs.clone()
         } else {
-            "measured"
+            None
+        });
+        if let (Some(entries), Some(extra)) = (summary.as_object_mut(), fields.as_object()) {
+            entries.extend(extra.clone());
         }
-        .into();
-        v["accept_profile"] = serde_json::json!(accept.as_ref().map(|p| p.0.clone()));
-        v["adapter"] = ctx.summary.name.clone().into();
-        v["step_costs"] = serde_json::json!(if block == "auto" { costs.clone() } else { None });
-        if !a.json {
-            outln!(
-                "{}{}",
-                run.line(&ctx.summary.name, block, (plain_tokens, plain_s)),
-                if accept.is_some() {
-                    " (simulated acceptance)"
-                } else {
-                    ""
-                }
-            )?;
+        if !args.json {
+            outln!("{}{suffix}", run.line(device, block, results.plain))?;
         }
-        v["memory_budget"] = budget_json.clone();
-        if let Some(s) = &synthetic {
-            v["synthetic"] = synthetic_json(s, true);
-        }
-        if let Some(p) = &profile {
-            v["profile"] = p.clone();
-        }
-        out.push(v);
+        out.push(summary);
     }
-    finish_dflash(&a, out, all_lossless)
+    finish_dflash(args, out, all_lossless)
 }
 
 /// Prints the JSON of every block size (one object, or an array of several); an error

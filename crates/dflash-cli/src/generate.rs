@@ -228,19 +228,7 @@ pub fn gpu_target(
 pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     let (m, load_s) = load(&a.model)?;
     let ids = prompt_ids(&m, &a)?;
-    let sampling = SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repetition_penalty: a.repetition_penalty,
-        frequency_penalty: a.frequency_penalty,
-        presence_penalty: a.presence_penalty,
-        penalized_from: ids.len(),
-        seed: a.seed,
-        speculative_rejection: a.rejection_sampling,
-        sampled_drafts: a.sampled_drafts,
-    };
+    let sampling = sampling_params(&a, ids.len());
     sampling.validate()?;
     let req = GenerateRequest {
         prompt_ids: ids,
@@ -251,32 +239,9 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         interrupt: Default::default(),
     };
     let json = a.json;
-    let mut out = std::io::stdout();
-    let mut on_text = |s: &str| {
-        if !json {
-            match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
-                // The reader is gone (`dflash generate ... | head`): nothing more to do.
-                Err(e) if crate::is_broken_pipe(&e) => std::process::exit(0),
-                _ => {}
-            }
-        }
-    };
+    let mut on_text = text_printer(json);
     let t_prep = Instant::now();
-    let mut device_choice = a.device.device;
-    if req.sampling.has_penalties() {
-        match device_choice {
-            Some(Device::Gpu) => {
-                return Err(CliError::Usage(
-                    "the GPU sampler has no penalties yet; use --device cpu".into(),
-                ))
-            }
-            None => {
-                let _ = writeln!(std::io::stderr(), "note: penalties run on the CPU engine");
-                device_choice = Some(Device::Cpu);
-            }
-            Some(Device::Cpu | Device::Reference) => {}
-        }
-    }
+    let device_choice = device_for(a.device.device, &req.sampling)?;
     let gpu = open_device(device_choice, &a.device.gpu_options())?;
     let drafter = match &a.drafter {
         Some(p) => Some(load_drafter_dir(p, a.drafter_precision.into())?),
@@ -284,81 +249,210 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     };
     let t0 = Instant::now();
     let clock = move || t0.elapsed().as_secs_f64();
-    let mut spec_stats = None;
-    let (r, device, adapter) = match gpu {
+    let job = Job {
+        args: &a,
+        model: &m,
+        drafter: drafter.as_ref(),
+        req: &req,
+        t_prep,
+        clock: &clock,
+    };
+    let (generated, device, adapter) = match gpu {
         Some(ctx) => {
             let adapter = ctx.summary.name.clone();
-            let context = a.context.min(m.config().max_position_embeddings);
-            let mut g = gpu_target(ctx, &m, drafter.as_ref(), context)?;
-            let prep = t_prep.elapsed().as_secs_f64();
-            let r = match &drafter {
-                Some(w) => {
-                    let mut s = Speculative::new(g, w)?;
-                    // Auto starts from the device's prior; the steps refine it.
-                    let summary = &s.target.ctx.summary;
-                    let prior = StepCostPrior::for_adapter(&summary.device_type, &summary.name);
-                    let costs = Some(prior.costs(s.max_block()));
-                    let policy = block_policy(&a.block, s.max_block(), costs)?;
-                    let sr = s.generate(&m.tokenizer, &req, &policy, &clock, &mut on_text)?;
-                    spec_stats = Some(dflash_json(&sr, &a.block));
-                    sr.result
-                }
-                None => generate_gpu(&mut g, &m, &req, &mut on_text)?,
-            };
-            ((r, prep), "gpu", Some(adapter))
+            (job.on_gpu(ctx, &mut on_text)?, "gpu", Some(adapter))
         }
         None => {
             let kernels = device_choice
                 .and_then(Device::cpu_kernels)
                 .unwrap_or(CpuKernels::Quantized);
-            let cpu = CpuModel::with_kernels(&m.weights, kernels);
-            let prep = t_prep.elapsed().as_secs_f64();
-            let r = match &drafter {
-                Some(w) => {
-                    let d = CpuDrafter::with_kernels(w, kernels);
-                    let costs = Some(StepCostPrior::CpuEngine.costs(w.config.block_size));
-                    let policy = block_policy(&a.block, w.config.block_size, costs)?;
-                    let sr = generate_speculative_cpu(
-                        &cpu,
-                        &d,
-                        &m.tokenizer,
-                        &req,
-                        &policy,
-                        &clock,
-                        &mut on_text,
-                    )?;
-                    spec_stats = Some(dflash_json(&sr, &a.block));
-                    sr.result
-                }
-                None => generate_cpu(&cpu, &m.tokenizer, &req, &clock, &mut on_text)?,
-            };
-            ((r, prep), kernels.device_name(), None)
+            let generated = job.on_cpu(kernels, &mut on_text)?;
+            (generated, kernels.device_name(), None)
         }
     };
-    let (r, prep_s) = r;
     if json {
-        let n = r.tokens.len();
-        let v = serde_json::json!({
-            "tokens": r.tokens,
-            "text": r.text,
-            "prompt_tokens": r.prompt_tokens,
-            "completion_tokens": n,
-            "finish_reason": r.finish_reason.name(),
-            "device": device,
-            "adapter": adapter,
-            "model": {"format": m.format, "arch": m.config().arch, "layers": m.config().num_layers, "hidden": m.config().hidden_size, "weight_bytes": m.weights.n_bytes()},
-            "dflash": spec_stats,
-            "timings": {
-                "load_s": load_s + prep_s,
-                "prefill_s": r.prefill_s,
-                "decode_s": r.decode_s,
-                "prefill_tok_s": r.prompt_tokens as f64 / r.prefill_s.max(1e-9),
-                "decode_tok_s": if n > 1 { (n - 1) as f64 / r.decode_s.max(1e-9) } else { 0.0 },
-            }
-        });
-        outln!("{}", serde_json::to_string_pretty(&v).unwrap())?;
+        let report = result_json(&m, &generated, device, adapter, load_s);
+        outln!("{}", serde_json::to_string_pretty(&report).unwrap())?;
     } else {
         outln!()?;
     }
     Ok(())
+}
+
+/// The sampler of the arguments, the penalties counting tokens from `penalized_from`
+/// (the prompt's length: the generated tokens only).
+fn sampling_params(args: &GenerateArgs, penalized_from: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
+        frequency_penalty: args.frequency_penalty,
+        presence_penalty: args.presence_penalty,
+        penalized_from,
+        seed: args.seed,
+        speculative_rejection: args.rejection_sampling,
+        sampled_drafts: args.sampled_drafts,
+    }
+}
+
+/// The streaming text callback: unless `json`, each piece written to stdout as it comes.
+fn text_printer(json: bool) -> impl FnMut(&str) {
+    let mut out = std::io::stdout();
+    move |text: &str| {
+        if !json {
+            match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+                // The reader is gone (`dflash generate ... | head`): nothing more to do.
+                Err(e) if crate::is_broken_pipe(&e) => std::process::exit(0),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// --device, but where the sampler has penalties (the GPU sampler has none): an error
+/// with --device gpu, and without --device the CPU engine, with a note.
+fn device_for(
+    choice: Option<Device>,
+    sampling: &SamplingParams,
+) -> Result<Option<Device>, CliError> {
+    if !sampling.has_penalties() {
+        return Ok(choice);
+    }
+    match choice {
+        Some(Device::Gpu) => Err(CliError::Usage(
+            "the GPU sampler has no penalties yet; use --device cpu".into(),
+        )),
+        None => {
+            let _ = writeln!(std::io::stderr(), "note: penalties run on the CPU engine");
+            Ok(Some(Device::Cpu))
+        }
+        Some(Device::Cpu | Device::Reference) => Ok(choice),
+    }
+}
+
+/// What a generation runs: the arguments, the model and the drafter, the request, when
+/// the device's preparation began (after the model's load) and the engine's clock.
+struct Job<'a> {
+    args: &'a GenerateArgs,
+    model: &'a LoadedModel,
+    drafter: Option<&'a DrafterWeights>,
+    req: &'a GenerateRequest,
+    t_prep: Instant,
+    clock: &'a dyn Fn() -> f64,
+}
+
+/// A generation's result, the seconds its device took to prepare, and its DFlash
+/// statistics when a drafter ran.
+struct Generated {
+    result: GenerateResult,
+    prep_s: f64,
+    dflash: Option<serde_json::Value>,
+}
+
+impl Job<'_> {
+    /// The generation on the GPU engine: plain, or DFlash (auto block sizes from the
+    /// adapter's prior step costs, which the steps refine).
+    fn on_gpu(
+        &self,
+        ctx: Rc<GpuContext>,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generated, CliError> {
+        let context = self
+            .args
+            .context
+            .min(self.model.config().max_position_embeddings);
+        let mut target = gpu_target(ctx, self.model, self.drafter, context)?;
+        let prep_s = self.t_prep.elapsed().as_secs_f64();
+        let (result, dflash) = match self.drafter {
+            Some(weights) => {
+                let mut spec = Speculative::new(target, weights)?;
+                // Auto starts from the device's prior; the steps refine it.
+                let summary = &spec.target.ctx.summary;
+                let prior = StepCostPrior::for_adapter(&summary.device_type, &summary.name);
+                let costs = Some(prior.costs(spec.max_block()));
+                let policy = block_policy(&self.args.block, spec.max_block(), costs)?;
+                let tokenizer = &self.model.tokenizer;
+                let run = spec.generate(tokenizer, self.req, &policy, self.clock, on_text)?;
+                let stats = dflash_json(&run, &self.args.block);
+                (run.result, Some(stats))
+            }
+            None => (
+                generate_gpu(&mut target, self.model, self.req, on_text)?,
+                None,
+            ),
+        };
+        Ok(Generated {
+            result,
+            prep_s,
+            dflash,
+        })
+    }
+
+    /// The generation on a CPU engine (`kernels`): plain, or DFlash (auto block sizes
+    /// from the CPU engine's linear step costs).
+    fn on_cpu(
+        &self,
+        kernels: CpuKernels,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generated, CliError> {
+        let cpu = CpuModel::with_kernels(&self.model.weights, kernels);
+        let prep_s = self.t_prep.elapsed().as_secs_f64();
+        let tokenizer = &self.model.tokenizer;
+        let (result, dflash) = match self.drafter {
+            Some(weights) => {
+                let drafter = CpuDrafter::with_kernels(weights, kernels);
+                let block_size = weights.config.block_size;
+                let costs = Some(StepCostPrior::CpuEngine.costs(block_size));
+                let policy = block_policy(&self.args.block, block_size, costs)?;
+                let run = generate_speculative_cpu(
+                    &cpu, &drafter, tokenizer, self.req, &policy, self.clock, on_text,
+                )?;
+                let stats = dflash_json(&run, &self.args.block);
+                (run.result, Some(stats))
+            }
+            None => (
+                generate_cpu(&cpu, tokenizer, self.req, self.clock, on_text)?,
+                None,
+            ),
+        };
+        Ok(Generated {
+            result,
+            prep_s,
+            dflash,
+        })
+    }
+}
+
+/// The JSON of a generation: its tokens and text, where it ran, the model, the DFlash
+/// statistics and the timings (the load including the device's preparation).
+fn result_json(
+    model: &LoadedModel,
+    generated: &Generated,
+    device: &str,
+    adapter: Option<String>,
+    load_s: f64,
+) -> serde_json::Value {
+    let result = &generated.result;
+    let completion_tokens = result.tokens.len();
+    let config = model.config();
+    serde_json::json!({
+        "tokens": result.tokens,
+        "text": result.text,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "finish_reason": result.finish_reason.name(),
+        "device": device,
+        "adapter": adapter,
+        "model": {"format": model.format, "arch": config.arch, "layers": config.num_layers, "hidden": config.hidden_size, "weight_bytes": model.weights.n_bytes()},
+        "dflash": generated.dflash,
+        "timings": {
+            "load_s": load_s + generated.prep_s,
+            "prefill_s": result.prefill_s,
+            "decode_s": result.decode_s,
+            "prefill_tok_s": result.prompt_tokens as f64 / result.prefill_s.max(1e-9),
+            "decode_tok_s": if completion_tokens > 1 { (completion_tokens - 1) as f64 / result.decode_s.max(1e-9) } else { 0.0 },
+        }
+    })
 }

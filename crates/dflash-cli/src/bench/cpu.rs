@@ -3,14 +3,16 @@
 //! step reads against a plain memory copy on the same host (the roofline), and with a
 //! drafter, plain against DFlash decoding of the same prompts in the same run.
 
-use super::{bench_prompt, finish_dflash, model_label, prompt_rows, BenchArgs, BlockRun, IdsRun};
+use super::{
+    bench_prompt, bench_prompts, bench_request, block_policies, dflash_sampling, model_label,
+    prompt_rows, report_dflash, BenchArgs, DflashResults, IdsRun,
+};
 use crate::{load, CliError};
 use dflash_core::cpu::quant_matmul::{self, Kernel};
 use dflash_core::cpu::{CpuKernels, CpuModel, LogitRows};
 use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
-use dflash_core::generate::{generate_cpu, GenerateRequest};
+use dflash_core::generate::generate_cpu;
 use dflash_core::model_files::LoadedModel;
-use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{generate_speculative_cpu, DFlashCpu};
 use std::time::Instant;
 
@@ -158,73 +160,38 @@ fn run_dflash(
     let context = a.context.min(cpu.config.max_position_embeddings);
     let t0 = Instant::now();
     let clock = move || t0.elapsed().as_secs_f64();
-    let blocks: Vec<String> = a.block.split(',').map(|b| b.trim().to_string()).collect();
-    let costs = if blocks.iter().any(|b| b == "auto") {
-        Some(DFlashCpu::new(&drafter, &cpu)?.measure_step_costs(16, &clock)?)
-    } else {
-        None
-    };
-    let policies = blocks
-        .iter()
-        .map(|b| crate::generate::block_policy(b, w.config.block_size, costs.clone()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let request = |ids: &[u32]| GenerateRequest {
-        prompt_ids: ids.to_vec(),
-        max_new_tokens: a.max_new_tokens,
-        sampling: SamplingParams {
-            temperature: a.temperature,
-            top_p: a.top_p,
-            seed: a.seed,
-            speculative_rejection: a.rejection_sampling,
-            sampled_drafts: a.sampled_drafts,
-            ..Default::default()
-        },
-        stop_strings: vec![],
-        context,
-        interrupt: Default::default(),
-    };
+    let blocks = block_policies(&a.block, w.config.block_size, || {
+        Ok(DFlashCpu::new(&drafter, &cpu)?.measure_step_costs(16, &clock)?)
+    })?;
+    let sampling = dflash_sampling(a);
+    let request = |ids: &[u32]| bench_request(ids.to_vec(), a.max_new_tokens, &sampling, context);
     let load_s = t_load.elapsed().as_secs_f64();
-    let (mut plain_tokens, mut plain_s) = (0usize, 0f64);
-    let mut runs: Vec<BlockRun> = blocks.iter().map(|_| BlockRun::default()).collect();
-    for (v, ids) in &rows_in {
-        let req = request(ids);
-        let p = generate_cpu(&cpu, &m.tokenizer, &req, &clock, &mut |_| {})?;
-        plain_tokens += p.tokens.len().saturating_sub(1);
-        plain_s += p.decode_s;
-        for (policy, run) in policies.iter().zip(&mut runs) {
-            let s = generate_speculative_cpu(
+    let (plain, runs) = bench_prompts(
+        &rows_in,
+        &blocks.policies,
+        |ids| {
+            let result = generate_cpu(&cpu, &m.tokenizer, &request(ids), &clock, &mut |_| {})?;
+            Ok((result.tokens, result.decode_s))
+        },
+        |_, policy, ids, _| {
+            let spec = generate_speculative_cpu(
                 &cpu,
                 &drafter,
                 &m.tokenizer,
-                &req,
+                &request(ids),
                 policy,
                 &clock,
                 &mut |_| {},
             )?;
-            let s = IdsRun {
-                tokens: s.result.tokens,
-                decode_s: s.result.decode_s,
-                taus: s.taus,
-                acceptance: s.acceptance,
-            };
-            run.add(v, ids.len(), &p.tokens, p.decode_s, s);
-        }
-    }
-    let mut all_lossless = true;
-    let mut out = Vec::new();
-    for (block, run) in blocks.iter().zip(runs) {
-        all_lossless &= run.lossless;
-        let mut v = run.summary(a, block, (plain_tokens, plain_s), load_s);
-        v["acceptance"] = "measured".into();
-        v["cpu"] = engine_json(kernels);
-        v["step_costs"] = serde_json::json!(if block == "auto" { costs.clone() } else { None });
-        if !a.json {
-            outln!(
-                "{}",
-                run.line(kernels.device_name(), block, (plain_tokens, plain_s))
-            )?;
-        }
-        out.push(v);
-    }
-    finish_dflash(a, out, all_lossless)
+            Ok(IdsRun::from(spec))
+        },
+    )?;
+    let fields = serde_json::json!({"acceptance": "measured", "cpu": engine_json(kernels)});
+    let results = DflashResults {
+        blocks,
+        runs,
+        plain,
+        load_s,
+    };
+    report_dflash(a, results, kernels.device_name(), "", &fields)
 }
