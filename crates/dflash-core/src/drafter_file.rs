@@ -175,28 +175,12 @@ impl TryFrom<DrafterFile> for DrafterConfig {
     /// All the checks of a drafter's config on its own (`validate_against` checks it
     /// against a target): every rejection a typed `NotADrafter` (`BadConfig` for RoPE).
     fn try_from(f: DrafterFile) -> Result<Self> {
-        let architecture = f
-            .architectures
-            .iter()
-            .find(|a| a.starts_with("DFlash"))
-            .cloned();
-        if architecture.is_none() && f.dflash_config.is_none() {
-            return not_a_drafter(
-                "config.json names no DFlash architecture and has no dflash_config",
-            );
-        }
-        let architecture = architecture.unwrap_or_else(|| "DFlashDraftModel".into());
-        let block_size = f.dflash(|d| &d.block_size).ok_or_else(|| {
-            Error::NotADrafter("block_size missing (top level or dflash_config)".into())
-        })?;
-        let mask_token_id = f
-            .dflash(|d| &d.mask_token_id)
-            .ok_or_else(|| Error::NotADrafter("dflash_config.mask_token_id missing".into()))?;
-        let num_target_layers = f
-            .top
-            .num_target_layers
-            .or_else(|| f.dflash_config.as_ref()?.num_target_layers)
-            .ok_or_else(|| Error::NotADrafter("num_target_layers missing".into()))?;
+        let architecture = drafter_architecture(&f)?;
+        let BlockFields {
+            block_size,
+            mask_token_id,
+            num_target_layers,
+        } = block_fields(&f)?;
         let layers = f.num_hidden_layers;
         // Before anything is sized by them (the default taps, the layer kinds): a huge
         // count aborted on its allocation (found by dflash-fuzz).
@@ -211,63 +195,10 @@ impl TryFrom<DrafterFile> for DrafterConfig {
         let window = f
             .sliding_window
             .filter(|_| f.use_sliding_window == Some(true));
-        let layer_kinds = match &f.layer_types {
-            Some(t) => t
-                .iter()
-                .map(|k| match k.as_str() {
-                    "full_attention" => Ok(LayerKind::Full),
-                    "sliding_attention" => Ok(LayerKind::Sliding),
-                    other => not_a_drafter(format!("layer type {other:?}")),
-                })
-                .collect::<Result<Vec<_>>>()?,
-            None => (0..layers)
-                .map(|i| match window {
-                    Some(_) if i >= f.max_window_layers.unwrap_or(28) => LayerKind::Sliding,
-                    _ => LayerKind::Full,
-                })
-                .collect(),
-        };
-        if layer_kinds.len() != layers {
-            return not_a_drafter(format!(
-                "{} layer_types for {layers} layers",
-                layer_kinds.len()
-            ));
-        }
-        if f.attention_bias == Some(true) {
-            return not_a_drafter(
-                "attention_bias: true (the drafter's projections have no biases)",
-            );
-        }
-        if let Some(act) = f.hidden_act.as_deref().filter(|&a| a != "silu") {
-            return not_a_drafter(format!("hidden_act {act:?} (the drafter's MLP is SiLU)"));
-        }
+        let layer_kinds = layer_kinds(&f, window)?;
+        check_plain_layers(&f)?;
         let heads = f.num_attention_heads;
-        if heads == 0 || f.hidden_size == 0 || block_size == 0 || target_layer_ids.is_empty() {
-            return not_a_drafter("zero-sized drafter dimension");
-        }
-        let head_dim = f.head_dim.unwrap_or(f.hidden_size / heads);
-        if head_dim == 0 || f.intermediate_size == 0 || f.vocab_size == 0 {
-            return not_a_drafter(format!(
-                "zero-sized drafter dimension (head_dim {head_dim}, intermediate_size {}, vocab_size {})",
-                f.intermediate_size, f.vocab_size
-            ));
-        }
-        // Bounds against absurd allocations (the target's, plus the block).
-        crate::check_limit!("block_size", block_size, MAX_BLOCK_SIZE);
-        crate::check_limit!("hidden_size", f.hidden_size, MAX_HIDDEN_SIZE);
-        crate::check_limit!(
-            "intermediate_size",
-            f.intermediate_size,
-            MAX_INTERMEDIATE_SIZE
-        );
-        crate::check_limit!("num_attention_heads", heads, MAX_HEADS);
-        crate::check_limit!("head_dim", head_dim, MAX_HEAD_DIM);
-        crate::check_limit!("vocab_size", f.vocab_size, MAX_VOCAB_SIZE);
-        crate::check_limit!(
-            "target_layer_ids (count)",
-            target_layer_ids.len(),
-            MAX_LAYERS
-        );
+        let head_dim = checked_sizes(&f, block_size, target_layer_ids.len())?;
         // The drafter rotates whole heads in NEOX pairs; `partial_rotary_factor` is not read.
         let rope = f.rope.settings(head_dim)?;
         let dflash2 =
@@ -300,22 +231,139 @@ impl TryFrom<DrafterFile> for DrafterConfig {
             target_layer_ids,
             architecture,
         };
-        if cfg.num_kv_heads == 0
-            || !cfg.num_heads.is_multiple_of(cfg.num_kv_heads)
-            || !cfg.head_dim.is_multiple_of(2)
-        {
-            return not_a_drafter(format!(
-                "{} heads over {} KV heads of {}",
-                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-            ));
-        }
-        if cfg.layer_kinds.contains(&LayerKind::Sliding) && cfg.sliding_window == 0 {
-            return not_a_drafter(
-                "sliding layers need use_sliding_window: true and a positive sliding_window",
-            );
-        }
+        check_attention(&cfg)?;
         Ok(cfg)
     }
+}
+
+/// The file's DFlash architecture (`DFlashDraftModel` when only `dflash_config` marks it
+/// a drafter), or why it is not a drafter.
+fn drafter_architecture(f: &DrafterFile) -> Result<String> {
+    let architecture = f
+        .architectures
+        .iter()
+        .find(|a| a.starts_with("DFlash"))
+        .cloned();
+    if architecture.is_none() && f.dflash_config.is_none() {
+        return not_a_drafter("config.json names no DFlash architecture and has no dflash_config");
+    }
+    Ok(architecture.unwrap_or_else(|| "DFlashDraftModel".into()))
+}
+
+/// The DFlash fields every drafter must have.
+struct BlockFields {
+    block_size: usize,
+    mask_token_id: u32,
+    num_target_layers: usize,
+}
+
+/// `block_size`, `mask_token_id` and `num_target_layers`, in that order, each required;
+/// `num_target_layers` read from the top level first.
+fn block_fields(f: &DrafterFile) -> Result<BlockFields> {
+    let block_size = f.dflash(|d| &d.block_size).ok_or_else(|| {
+        Error::NotADrafter("block_size missing (top level or dflash_config)".into())
+    })?;
+    let mask_token_id = f
+        .dflash(|d| &d.mask_token_id)
+        .ok_or_else(|| Error::NotADrafter("dflash_config.mask_token_id missing".into()))?;
+    let num_target_layers = f
+        .top
+        .num_target_layers
+        .or_else(|| f.dflash_config.as_ref()?.num_target_layers)
+        .ok_or_else(|| Error::NotADrafter("num_target_layers missing".into()))?;
+    Ok(BlockFields {
+        block_size,
+        mask_token_id,
+        num_target_layers,
+    })
+}
+
+/// Each layer's kind, from `layer_types` or else by `max_window_layers` (28 when absent)
+/// where there is a `window`; one per layer.
+fn layer_kinds(f: &DrafterFile, window: Option<usize>) -> Result<Vec<LayerKind>> {
+    let layers = f.num_hidden_layers;
+    let layer_kinds = match &f.layer_types {
+        Some(t) => t
+            .iter()
+            .map(|k| match k.as_str() {
+                "full_attention" => Ok(LayerKind::Full),
+                "sliding_attention" => Ok(LayerKind::Sliding),
+                other => not_a_drafter(format!("layer type {other:?}")),
+            })
+            .collect::<Result<Vec<_>>>()?,
+        None => (0..layers)
+            .map(|i| match window {
+                Some(_) if i >= f.max_window_layers.unwrap_or(28) => LayerKind::Sliding,
+                _ => LayerKind::Full,
+            })
+            .collect(),
+    };
+    if layer_kinds.len() != layers {
+        return not_a_drafter(format!(
+            "{} layer_types for {layers} layers",
+            layer_kinds.len()
+        ));
+    }
+    Ok(layer_kinds)
+}
+
+/// The drafter's layers have no attention biases and a SiLU MLP.
+fn check_plain_layers(f: &DrafterFile) -> Result<()> {
+    if f.attention_bias == Some(true) {
+        return not_a_drafter("attention_bias: true (the drafter's projections have no biases)");
+    }
+    if let Some(act) = f.hidden_act.as_deref().filter(|&a| a != "silu") {
+        return not_a_drafter(format!("hidden_act {act:?} (the drafter's MLP is SiLU)"));
+    }
+    Ok(())
+}
+
+/// The head size (`head_dim`, else `hidden_size / num_attention_heads`) once every size
+/// is checked non-zero and within its limit (against absurd allocations).
+fn checked_sizes(f: &DrafterFile, block_size: usize, n_taps: usize) -> Result<usize> {
+    let heads = f.num_attention_heads;
+    if heads == 0 || f.hidden_size == 0 || block_size == 0 || n_taps == 0 {
+        return not_a_drafter("zero-sized drafter dimension");
+    }
+    let head_dim = f.head_dim.unwrap_or(f.hidden_size / heads);
+    if head_dim == 0 || f.intermediate_size == 0 || f.vocab_size == 0 {
+        return not_a_drafter(format!(
+            "zero-sized drafter dimension (head_dim {head_dim}, intermediate_size {}, vocab_size {})",
+            f.intermediate_size, f.vocab_size
+        ));
+    }
+    // Bounds against absurd allocations (the target's, plus the block).
+    crate::check_limit!("block_size", block_size, MAX_BLOCK_SIZE);
+    crate::check_limit!("hidden_size", f.hidden_size, MAX_HIDDEN_SIZE);
+    crate::check_limit!(
+        "intermediate_size",
+        f.intermediate_size,
+        MAX_INTERMEDIATE_SIZE
+    );
+    crate::check_limit!("num_attention_heads", heads, MAX_HEADS);
+    crate::check_limit!("head_dim", head_dim, MAX_HEAD_DIM);
+    crate::check_limit!("vocab_size", f.vocab_size, MAX_VOCAB_SIZE);
+    crate::check_limit!("target_layer_ids (count)", n_taps, MAX_LAYERS);
+    Ok(head_dim)
+}
+
+/// The heads share KV heads evenly and rotate in pairs; sliding layers have a window.
+fn check_attention(cfg: &DrafterConfig) -> Result<()> {
+    if cfg.num_kv_heads == 0
+        || !cfg.num_heads.is_multiple_of(cfg.num_kv_heads)
+        || !cfg.head_dim.is_multiple_of(2)
+    {
+        return not_a_drafter(format!(
+            "{} heads over {} KV heads of {}",
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        ));
+    }
+    if cfg.layer_kinds.contains(&LayerKind::Sliding) && cfg.sliding_window == 0 {
+        return not_a_drafter(
+            "sliding layers need use_sliding_window: true and a positive sliding_window",
+        );
+    }
+    Ok(())
 }
 
 /// `input_embedding_scale`, `output_multiplier` and `final_logit_softcapping` (every

@@ -89,11 +89,17 @@ fn added_tokens(tokens: &[&str], types: &[i64]) -> Vec<Json> {
     out
 }
 
-impl TextTokenizer {
-    pub fn from_gguf(h: &GgufHeader) -> Result<Self> {
-        let model = h
-            .get_str("tokenizer.ggml.model")
-            .ok_or_else(|| Error::MissingTokenizer("tokenizer.ggml.model missing".into()))?;
+/// A GGUF file's vocabulary: its tokens and their types, one per token.
+struct GgufVocab<'a> {
+    h: &'a GgufHeader,
+    tokens: Vec<&'a str>,
+    types: Vec<i64>,
+}
+
+impl<'a> GgufVocab<'a> {
+    /// `tokenizer.ggml.tokens` and `tokenizer.ggml.token_type` (all normal when absent),
+    /// checked to be as many.
+    fn read(h: &'a GgufHeader) -> Result<Self> {
         let tokens = str_array(h, "tokenizer.ggml.tokens")?;
         let types: Vec<i64> = match h.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
             Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(1.0) as i64).collect(),
@@ -104,90 +110,128 @@ impl TextTokenizer {
                 "token_type and tokens differ in length".into(),
             ));
         }
+        Ok(GgufVocab { h, tokens, types })
+    }
+
+    /// The token id under metadata key `k`, where it names a token of the vocabulary.
+    fn id(&self, k: &str) -> Option<u32> {
+        self.h
+            .get_u64(k)
+            .map(|v| v as u32)
+            .filter(|&v| (v as usize) < self.tokens.len())
+    }
+
+    /// The end-of-sequence, end-of-turn and end-of-message ids, each once, in that order.
+    fn stop_ids(&self) -> Vec<u32> {
+        let mut stop_ids = Vec::new();
+        for k in [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ] {
+            if let Some(i) = self.id(k) {
+                if !stop_ids.contains(&i) {
+                    stop_ids.push(i);
+                }
+            }
+        }
+        stop_ids
+    }
+
+    /// The tokenizer.json of a "gpt2" vocabulary: byte-level BPE with the file's merges
+    /// and the pre-tokenizer `tokenizer.ggml.pre` names.
+    fn gpt2_spec(&self, vocab: serde_json::Map<String, Json>) -> Result<Json> {
+        let h = self.h;
+        let merges = str_array(h, "tokenizer.ggml.merges")?;
+        let merges: Vec<Json> = merges
+            .iter()
+            .map(|m| {
+                let (a, b) = m
+                    .split_once(' ')
+                    .ok_or_else(|| Error::BadMetadata(format!("merge {m:?} has no space")))?;
+                Ok(json!([a, b]))
+            })
+            .collect::<Result<_>>()?;
+        let pre = h.get_str("tokenizer.ggml.pre").unwrap_or("default");
+        let (pre_tok, ignore_merges) = gpt2_pre_tokenizer(pre)?;
+        Ok(json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": added_tokens(&self.tokens, &self.types),
+            "normalizer": null,
+            "pre_tokenizer": pre_tok,
+            "post_processor": null,
+            "decoder": byte_level(true),
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges}
+        }))
+    }
+
+    /// The tokenizer.json of a "llama" vocabulary: SentencePiece BPE, its merges made from
+    /// the scores, with byte fallback and the space prefix the file asks for.
+    fn llama_spec(&self, vocab: serde_json::Map<String, Json>) -> Result<Json> {
+        let (h, tokens) = (self.h, &self.tokens);
+        let scores: Vec<f32> = match h.get("tokenizer.ggml.scores").and_then(Value::as_array) {
+            Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
+            None => {
+                return Err(Error::MissingTokenizer(
+                    "tokenizer.ggml.scores missing for a llama vocabulary".into(),
+                ))
+            }
+        };
+        if scores.len() != tokens.len() {
+            return Err(Error::BadMetadata(
+                "scores and tokens differ in length".into(),
+            ));
+        }
+        let merges = spm_merges(tokens, &scores, &self.types)?;
+        let add_space = h
+            .get("tokenizer.ggml.add_space_prefix")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        let mut norm = vec![];
+        if add_space {
+            norm.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+        }
+        norm.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+        let unk = self
+            .id("tokenizer.ggml.unknown_token_id")
+            .map(|i| tokens[i as usize].to_string());
+        let mut strip = vec![
+            json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+            json!({"type": "ByteFallback"}),
+            json!({"type": "Fuse"}),
+        ];
+        if add_space {
+            strip.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+        }
+        Ok(json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": added_tokens(tokens, &self.types),
+            "normalizer": {"type": "Sequence", "normalizers": norm},
+            "pre_tokenizer": null,
+            "post_processor": null,
+            "decoder": {"type": "Sequence", "decoders": strip},
+            "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+                      "ignore_merges": false, "vocab": vocab, "merges": merges}
+        }))
+    }
+}
+
+impl TextTokenizer {
+    pub fn from_gguf(h: &GgufHeader) -> Result<Self> {
+        let model = h
+            .get_str("tokenizer.ggml.model")
+            .ok_or_else(|| Error::MissingTokenizer("tokenizer.ggml.model missing".into()))?;
+        let v = GgufVocab::read(h)?;
         let mut vocab = serde_json::Map::new();
-        for (i, t) in tokens.iter().enumerate() {
+        for (i, t) in v.tokens.iter().enumerate() {
             vocab.insert((*t).to_string(), json!(i));
         }
-        let id = |k: &str| {
-            h.get_u64(k)
-                .map(|v| v as u32)
-                .filter(|&v| (v as usize) < tokens.len())
-        };
         let spec = match model {
-            "gpt2" => {
-                let merges = str_array(h, "tokenizer.ggml.merges")?;
-                let merges: Vec<Json> = merges
-                    .iter()
-                    .map(|m| {
-                        let (a, b) = m.split_once(' ').ok_or_else(|| {
-                            Error::BadMetadata(format!("merge {m:?} has no space"))
-                        })?;
-                        Ok(json!([a, b]))
-                    })
-                    .collect::<Result<_>>()?;
-                let pre = h.get_str("tokenizer.ggml.pre").unwrap_or("default");
-                let (pre_tok, ignore_merges) = gpt2_pre_tokenizer(pre)?;
-                json!({
-                    "version": "1.0", "truncation": null, "padding": null,
-                    "added_tokens": added_tokens(&tokens, &types),
-                    "normalizer": null,
-                    "pre_tokenizer": pre_tok,
-                    "post_processor": null,
-                    "decoder": byte_level(true),
-                    "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                              "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                              "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges}
-                })
-            }
-            "llama" => {
-                let scores: Vec<f32> =
-                    match h.get("tokenizer.ggml.scores").and_then(Value::as_array) {
-                        Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
-                        None => {
-                            return Err(Error::MissingTokenizer(
-                                "tokenizer.ggml.scores missing for a llama vocabulary".into(),
-                            ))
-                        }
-                    };
-                if scores.len() != tokens.len() {
-                    return Err(Error::BadMetadata(
-                        "scores and tokens differ in length".into(),
-                    ));
-                }
-                let merges = spm_merges(&tokens, &scores, &types)?;
-                let add_space = h
-                    .get("tokenizer.ggml.add_space_prefix")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(true);
-                let mut norm = vec![];
-                if add_space {
-                    norm.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
-                }
-                norm.push(
-                    json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}),
-                );
-                let unk =
-                    id("tokenizer.ggml.unknown_token_id").map(|i| tokens[i as usize].to_string());
-                let mut strip = vec![
-                    json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
-                    json!({"type": "ByteFallback"}),
-                    json!({"type": "Fuse"}),
-                ];
-                if add_space {
-                    strip.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
-                }
-                json!({
-                    "version": "1.0", "truncation": null, "padding": null,
-                    "added_tokens": added_tokens(&tokens, &types),
-                    "normalizer": {"type": "Sequence", "normalizers": norm},
-                    "pre_tokenizer": null,
-                    "post_processor": null,
-                    "decoder": {"type": "Sequence", "decoders": strip},
-                    "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
-                              "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
-                              "ignore_merges": false, "vocab": vocab, "merges": merges}
-                })
-            }
+            "gpt2" => v.gpt2_spec(vocab)?,
+            "llama" => v.llama_spec(vocab)?,
             other => {
                 return Err(Error::UnsupportedTokenizer(format!(
                     "GGUF tokenizer model {other:?} (supported: gpt2, llama)"
@@ -196,25 +240,14 @@ impl TextTokenizer {
         };
         let inner = Tokenizer::from_bytes(serde_json::to_vec(&spec).unwrap())
             .map_err(|e| Error::Tokenizer(e.to_string()))?;
-        let mut stop_ids = Vec::new();
-        for k in [
-            "tokenizer.ggml.eos_token_id",
-            "tokenizer.ggml.eot_token_id",
-            "tokenizer.ggml.eom_token_id",
-        ] {
-            if let Some(i) = id(k) {
-                if !stop_ids.contains(&i) {
-                    stop_ids.push(i);
-                }
-            }
-        }
+        let stop_ids = v.stop_ids();
         let add_bos = h
             .get("tokenizer.ggml.add_bos_token")
             .and_then(Value::as_bool)
             .unwrap_or(model == "llama");
         Ok(TextTokenizer {
             inner,
-            bos_id: id("tokenizer.ggml.bos_token_id"),
+            bos_id: v.id("tokenizer.ggml.bos_token_id"),
             stop_ids,
             add_bos,
         })

@@ -229,27 +229,7 @@ impl GpuContext {
     pub async fn new_async(opts: &GpuOptions) -> Result<Self> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = match &opts.adapter {
-            Some(want) => {
-                let want_l = want.to_lowercase();
-                let all = instance.enumerate_adapters(wgpu::Backends::all()).await;
-                let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
-                all.into_iter()
-                    .find(|a| a.get_info().name.to_lowercase().contains(&want_l))
-                    .ok_or_else(|| {
-                        GpuError::NoAdapter(format!(" named {want:?} (have: {})", names.join(", ")))
-                    })?
-            }
-            None => instance
-                .request_adapter(&wgpu::RequestAdapterOptions {
-                    power_preference: wgpu::PowerPreference::HighPerformance,
-                    force_fallback_adapter: false,
-                    compatible_surface: None,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| GpuError::NoAdapter(format!(": {e}")))?,
-        };
+        let adapter = pick_adapter(&instance, opts).await?;
         let info = adapter.get_info();
         let mut features = adapter.features();
         let mut limits = adapter.limits();
@@ -259,36 +239,9 @@ impl GpuContext {
             // subgroups at all.
             features.remove(wgpu::Features::SUBGROUP);
         }
-        if limits.max_compute_invocations_per_workgroup < MIN_INVOCATIONS
-            || limits.max_compute_workgroup_storage_size < MIN_WORKGROUP_STORAGE
-            || limits.max_storage_buffers_per_shader_stage < MIN_STORAGE_BUFFERS
-        {
-            return Err(GpuError::Unsupported(format!(
-                "needs {MIN_INVOCATIONS} invocations, {MIN_WORKGROUP_STORAGE} bytes of workgroup storage and {MIN_STORAGE_BUFFERS} storage buffers per stage; adapter {} has {}, {}, {}",
-                info.name, limits.max_compute_invocations_per_workgroup, limits.max_compute_workgroup_storage_size, limits.max_storage_buffers_per_shader_stage
-            )));
-        }
+        check_minimum_limits(&info, &limits)?;
         let f16 = features.contains(wgpu::Features::SHADER_F16) && !opts.no_f16;
-        let mut required_features = wgpu::Features::empty();
-        if f16 {
-            required_features |= wgpu::Features::SHADER_F16;
-        }
-        // Asked for where offered, so subgroup kernel variants can use it; every kernel
-        // has a portable version (the browser backend of wgpu never offers it).
-        if features.contains(wgpu::Features::SUBGROUP) {
-            required_features |= wgpu::Features::SUBGROUP;
-        }
-        let mut timestamps = Timestamps::None;
-        if opts.profile && features.contains(wgpu::Features::TIMESTAMP_QUERY) {
-            required_features |= wgpu::Features::TIMESTAMP_QUERY;
-            timestamps = Timestamps::Passes;
-            let inside = wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
-                | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
-            if features.contains(inside) {
-                required_features |= inside;
-                timestamps = Timestamps::InsidePasses;
-            }
-        }
+        let (required_features, timestamps) = required_features(features, f16, opts.profile);
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("dflash"),
@@ -298,48 +251,15 @@ impl GpuContext {
             })
             .await
             .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
-        let lost = Arc::new(Mutex::new(None));
-        let l2 = lost.clone();
-        device.set_device_lost_callback(move |reason, msg| {
-            if let Ok(mut g) = l2.lock() {
-                *g = Some(format!("{reason:?}: {msg}"));
-            }
-        });
-        // Errors outside an error scope are recorded and reported by `check_lost`,
-        // never a panic (wgpu's default handler panics).
-        let uncaptured = Arc::new(Mutex::new(None));
-        let u2 = uncaptured.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            if let Ok(mut g) = u2.lock() {
-                if g.is_none() {
-                    *g = Some(match e {
-                        wgpu::Error::OutOfMemory { .. } => GpuError::OutOfMemory(e.to_string()),
-                        _ => GpuError::Validation(e.to_string()),
-                    });
-                }
-            }
-        }));
+        let lost = record_device_loss(&device);
+        let uncaptured = record_uncaptured_errors(&device);
         let unused = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused binding"),
             size: 16,
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
-        let summary = AdapterSummary {
-            name: info.name.clone(),
-            backend: format!("{:?}", info.backend),
-            device_type: format!("{:?}", info.device_type),
-            driver: format!("{} {}", info.driver, info.driver_info)
-                .trim()
-                .to_string(),
-            shader_f16: features.contains(wgpu::Features::SHADER_F16),
-            subgroups: features.contains(wgpu::Features::SUBGROUP),
-            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size as u64,
-            max_buffer_size: limits.max_buffer_size,
-            max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
-            max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
-            max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
-        };
+        let summary = AdapterSummary::of(&info, features, &limits);
         let mut tuning = opts.tuning.unwrap_or_else(|| Tuning::for_adapter(&info));
         // The limit granted to the device (browser_limits caps it at 10).
         tuning.chunked_attention &= device.limits().max_storage_buffers_per_shader_stage
@@ -536,6 +456,127 @@ impl GpuContext {
             .to_vec();
         staging.unmap();
         Ok(bytes)
+    }
+}
+
+/// The adapter whose name contains `opts.adapter` (case-insensitive), else the
+/// high-performance one wgpu offers.
+async fn pick_adapter(instance: &wgpu::Instance, opts: &GpuOptions) -> Result<wgpu::Adapter> {
+    Ok(match &opts.adapter {
+        Some(want) => {
+            let want_l = want.to_lowercase();
+            let all = instance.enumerate_adapters(wgpu::Backends::all()).await;
+            let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
+            all.into_iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(&want_l))
+                .ok_or_else(|| {
+                    GpuError::NoAdapter(format!(" named {want:?} (have: {})", names.join(", ")))
+                })?
+        }
+        None => instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| GpuError::NoAdapter(format!(": {e}")))?,
+    })
+}
+
+/// The adapter's `limits` reach what every kernel needs at least.
+fn check_minimum_limits(info: &wgpu::AdapterInfo, limits: &wgpu::Limits) -> Result<()> {
+    if limits.max_compute_invocations_per_workgroup < MIN_INVOCATIONS
+        || limits.max_compute_workgroup_storage_size < MIN_WORKGROUP_STORAGE
+        || limits.max_storage_buffers_per_shader_stage < MIN_STORAGE_BUFFERS
+    {
+        return Err(GpuError::Unsupported(format!(
+            "needs {MIN_INVOCATIONS} invocations, {MIN_WORKGROUP_STORAGE} bytes of workgroup storage and {MIN_STORAGE_BUFFERS} storage buffers per stage; adapter {} has {}, {}, {}",
+            info.name, limits.max_compute_invocations_per_workgroup, limits.max_compute_workgroup_storage_size, limits.max_storage_buffers_per_shader_stage
+        )));
+    }
+    Ok(())
+}
+
+/// The features to ask the device for, out of those offered: shader-f16 when used,
+/// subgroups where offered, timestamp queries when profiling; and the timestamps granted.
+fn required_features(
+    features: wgpu::Features,
+    f16: bool,
+    profile: bool,
+) -> (wgpu::Features, Timestamps) {
+    let mut required_features = wgpu::Features::empty();
+    if f16 {
+        required_features |= wgpu::Features::SHADER_F16;
+    }
+    // Asked for where offered, so subgroup kernel variants can use it; every kernel
+    // has a portable version (the browser backend of wgpu never offers it).
+    if features.contains(wgpu::Features::SUBGROUP) {
+        required_features |= wgpu::Features::SUBGROUP;
+    }
+    let mut timestamps = Timestamps::None;
+    if profile && features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+        required_features |= wgpu::Features::TIMESTAMP_QUERY;
+        timestamps = Timestamps::Passes;
+        let inside = wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+        if features.contains(inside) {
+            required_features |= inside;
+            timestamps = Timestamps::InsidePasses;
+        }
+    }
+    (required_features, timestamps)
+}
+
+/// Where the device's loss is recorded, its reason and message (read by `check_lost`).
+fn record_device_loss(device: &wgpu::Device) -> Arc<Mutex<Option<String>>> {
+    let lost = Arc::new(Mutex::new(None));
+    let l2 = lost.clone();
+    device.set_device_lost_callback(move |reason, msg| {
+        if let Ok(mut g) = l2.lock() {
+            *g = Some(format!("{reason:?}: {msg}"));
+        }
+    });
+    lost
+}
+
+/// Where the first error outside an error scope is recorded: reported by `check_lost`,
+/// never a panic (wgpu's default handler panics).
+fn record_uncaptured_errors(device: &wgpu::Device) -> Arc<Mutex<Option<GpuError>>> {
+    let uncaptured = Arc::new(Mutex::new(None));
+    let u2 = uncaptured.clone();
+    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        if let Ok(mut g) = u2.lock() {
+            if g.is_none() {
+                *g = Some(match e {
+                    wgpu::Error::OutOfMemory { .. } => GpuError::OutOfMemory(e.to_string()),
+                    _ => GpuError::Validation(e.to_string()),
+                });
+            }
+        }
+    }));
+    uncaptured
+}
+
+impl AdapterSummary {
+    /// The adapter as reported: its `features` and `limits` after any browser capping.
+    fn of(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> Self {
+        AdapterSummary {
+            name: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_string(),
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+            max_buffer_size: limits.max_buffer_size,
+            max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
+            max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+        }
     }
 }
 

@@ -202,6 +202,70 @@ pub(crate) fn attention_parts_bytes(
     }
 }
 
+/// (cos, sin) of every rotary frequency of `c` at each of `context` positions.
+fn rope_table(c: &ModelConfig, context: usize) -> Vec<f32> {
+    let inv = c.rope_inv_freq();
+    let mut table = Vec::with_capacity(context * inv.len() * 2);
+    for pos in 0..context {
+        for &f in &inv {
+            let (cs, sn) = rope_cos_sin(pos, f);
+            table.push(cs);
+            table.push(sn);
+        }
+    }
+    table
+}
+
+impl Activations {
+    /// The work buffers of up to `MAX_ROWS` rows (attention over `context` positions,
+    /// `n_taps` tapped layers), the state and the readback buffers.
+    fn new(ctx: &GpuContext, c: &ModelConfig, context: usize, n_taps: usize) -> Self {
+        let n = MAX_ROWS as u64;
+        let f = 4u64;
+        let wb = |name: &str, size: u64| work_buffer(ctx, name, size);
+        Activations {
+            tokens: wb("tokens", n * 4),
+            state: wb("state", 16),
+            ext_state: wb("ext_state", 16),
+            result: wb("result", (n + 4) * 4),
+            x: wb("x", n * f * c.hidden_size as u64),
+            xn: wb("xn", n * f * c.hidden_size as u64),
+            qkv: wb("qkv", n * f * (c.q_dim() + 2 * c.kv_dim()) as u64),
+            att: wb("att", n * f * c.q_dim() as u64),
+            att_parts: {
+                let (ml, acc) = attention_parts_bytes(ctx, c, context);
+                [wb("att_ml", ml), wb("att_acc", acc)]
+            },
+            gate: wb("gate", n * f * c.intermediate_size as u64),
+            up: wb("up", n * f * c.intermediate_size as u64),
+            ff: wb("ff", n * f * c.intermediate_size as u64),
+            logits: wb("logits", n * f * c.vocab_size as u64),
+            best: wb("best", n * 8 * c.vocab_size as u64),
+            out_tokens: wb("out_tokens", n * 4),
+            sample_params: ctx.buffer_with(
+                "sample_params",
+                &[0u8; std::mem::size_of::<ops::SampleParams>()],
+                wgpu::BufferUsages::UNIFORM,
+            ),
+            taps: wb("taps", n * f * (n_taps.max(1) * c.hidden_size) as u64),
+            readback: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: (n + 4) * 4,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            token_readback: [0, 1].map(|_| {
+                ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("token readback"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            }),
+        }
+    }
+}
+
 fn kv_bytes(c: &ModelConfig, context: usize, f16: bool) -> u64 {
     context as u64 * c.kv_dim() as u64 * if f16 { 2 } else { 4 }
 }
@@ -449,61 +513,8 @@ impl GpuModel {
         memory: MemoryPlan,
     ) -> Result<Self> {
         let context = opts.context;
-        let inv = c.rope_inv_freq();
-        let mut table = Vec::with_capacity(context * inv.len() * 2);
-        for pos in 0..context {
-            for &f in &inv {
-                let (cs, sn) = rope_cos_sin(pos, f);
-                table.push(cs);
-                table.push(sn);
-            }
-        }
-        let n = MAX_ROWS as u64;
-        let f = 4u64;
-        let wb = |name: &str, size: u64| work_buffer(&ctx, name, size);
-        let act = Activations {
-            tokens: wb("tokens", n * 4),
-            state: wb("state", 16),
-            ext_state: wb("ext_state", 16),
-            result: wb("result", (n + 4) * 4),
-            x: wb("x", n * f * c.hidden_size as u64),
-            xn: wb("xn", n * f * c.hidden_size as u64),
-            qkv: wb("qkv", n * f * (c.q_dim() + 2 * c.kv_dim()) as u64),
-            att: wb("att", n * f * c.q_dim() as u64),
-            att_parts: {
-                let (ml, acc) = attention_parts_bytes(&ctx, &c, context);
-                [wb("att_ml", ml), wb("att_acc", acc)]
-            },
-            gate: wb("gate", n * f * c.intermediate_size as u64),
-            up: wb("up", n * f * c.intermediate_size as u64),
-            ff: wb("ff", n * f * c.intermediate_size as u64),
-            logits: wb("logits", n * f * c.vocab_size as u64),
-            best: wb("best", n * 8 * c.vocab_size as u64),
-            out_tokens: wb("out_tokens", n * 4),
-            sample_params: ctx.buffer_with(
-                "sample_params",
-                &[0u8; std::mem::size_of::<ops::SampleParams>()],
-                wgpu::BufferUsages::UNIFORM,
-            ),
-            taps: wb(
-                "taps",
-                n * f * (opts.taps.len().max(1) * c.hidden_size) as u64,
-            ),
-            readback: ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("readback"),
-                size: (n + 4) * 4,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
-            token_readback: [0, 1].map(|_| {
-                ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("token readback"),
-                    size: 16,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            }),
-        };
+        let table = rope_table(&c, context);
+        let act = Activations::new(&ctx, &c, context, opts.taps.len());
         Ok(GpuModel {
             embed: head.0,
             lm_head: head.1,

@@ -163,8 +163,32 @@ fn drafter_parts(t: &ModelConfig, s: &DrafterSpec) -> (DrafterFile, Tensors) {
         .target_layer_ids
         .clone()
         .unwrap_or_else(|| DrafterConfig::default_target_layer_ids(s.layers, t.num_layers));
+    let dc = spec_config(t, s, ids.clone());
+    let cfg = spec_file(t, s, &dc);
+    let mut out = RandomTensors {
+        rng: Rng(s.seed),
+        tensors: Vec::new(),
+    };
+    let h = t.hidden_size;
+    let sc = |x: usize| 1.0 / (x as f32).sqrt();
+    out.put(
+        "fc.weight".into(),
+        vec![h, ids.len() * h],
+        sc(ids.len() * h),
+        0.0,
+    );
+    out.put("hidden_norm.weight".into(), vec![h], 0.1, 1.0);
+    out.put("norm.weight".into(), vec![h], 0.1, 1.0);
+    for i in 0..s.layers {
+        out.put_layer(t, i);
+    }
+    (cfg, out.tensors)
+}
+
+/// The drafter config of the spec for target `t` with taps `ids`: the target's widths,
+/// full layers unless `layer_types` says sliding (its window written with them only).
+fn spec_config(t: &ModelConfig, s: &DrafterSpec, ids: Vec<usize>) -> DrafterConfig {
     let (h, hd) = (t.hidden_size, t.head_dim);
-    let (nh, nkv, ff) = (t.num_heads, t.num_kv_heads, t.intermediate_size);
     let layer_kinds = match &s.layer_types {
         Some(lt) => lt
             .iter()
@@ -181,12 +205,12 @@ fn drafter_parts(t: &ModelConfig, s: &DrafterSpec) -> (DrafterFile, Tensors) {
     } else {
         0
     };
-    let dc = DrafterConfig {
+    DrafterConfig {
         hidden_size: h,
-        intermediate_size: ff,
+        intermediate_size: t.intermediate_size,
         num_layers: s.layers,
-        num_heads: nh,
-        num_kv_heads: nkv,
+        num_heads: t.num_heads,
+        num_kv_heads: t.num_kv_heads,
         head_dim: hd,
         rms_norm_eps: 1e-6,
         rope: Rope::plain(t.rope.theta, RopeStyle::Neox, hd),
@@ -200,11 +224,15 @@ fn drafter_parts(t: &ModelConfig, s: &DrafterSpec) -> (DrafterFile, Tensors) {
         num_target_layers: t.num_layers,
         block_size: s.block_size,
         mask_token_id: s.mask_token_id,
-        target_layer_ids: ids.clone(),
+        target_layer_ids: ids,
         architecture: "DFlashDraftModel".into(),
         dflash2: None,
-    };
-    let mut cfg = DrafterFile::from(&dc);
+    }
+}
+
+/// The config.json of `dc` as the trainer writes it, with the spec's variants.
+fn spec_file(t: &ModelConfig, s: &DrafterSpec, dc: &DrafterConfig) -> DrafterFile {
+    let mut cfg = DrafterFile::from(dc);
     cfg.max_position_embeddings = Some(t.max_position_embeddings);
     // `layer_types` as given (unknown kinds included: the parser names them), or none.
     cfg.layer_types = s.layer_types.clone();
@@ -218,72 +246,60 @@ fn drafter_parts(t: &ModelConfig, s: &DrafterSpec) -> (DrafterFile, Tensors) {
     if s.block_in_dflash_config {
         dflash.block_size = cfg.top.block_size.take();
     }
-    let mut rng = Rng(s.seed);
-    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-    let mut put = |name: String, shape: Vec<usize>, scale: f32, offset: f32, rng: &mut Rng| {
+    cfg
+}
+
+/// Random bf16 tensors drawn in turn from one generator.
+struct RandomTensors {
+    rng: Rng,
+    tensors: Tensors,
+}
+
+impl RandomTensors {
+    /// A tensor of `shape`, uniform noise of `scale` around `offset`.
+    fn put(&mut self, name: String, shape: Vec<usize>, scale: f32, offset: f32) {
         let n = shape.iter().product();
-        let v: Vec<f32> = rng.vec(n, scale).into_iter().map(|x| x + offset).collect();
-        tensors.push((name, Dtype::BF16, shape, bf16_bytes(&v)));
-    };
-    let sc = |x: usize| 1.0 / (x as f32).sqrt();
-    put(
-        "fc.weight".into(),
-        vec![h, ids.len() * h],
-        sc(ids.len() * h),
-        0.0,
-        &mut rng,
-    );
-    put("hidden_norm.weight".into(), vec![h], 0.1, 1.0, &mut rng);
-    put("norm.weight".into(), vec![h], 0.1, 1.0, &mut rng);
-    for i in 0..s.layers {
+        let v: Vec<f32> = self
+            .rng
+            .vec(n, scale)
+            .into_iter()
+            .map(|x| x + offset)
+            .collect();
+        self.tensors
+            .push((name, Dtype::BF16, shape, bf16_bytes(&v)));
+    }
+
+    /// Layer `i`'s norms and projections for target `t`'s widths, in the file's order.
+    fn put_layer(&mut self, t: &ModelConfig, i: usize) {
+        let (h, hd) = (t.hidden_size, t.head_dim);
+        let (nh, nkv, ff) = (t.num_heads, t.num_kv_heads, t.intermediate_size);
+        let sc = |x: usize| 1.0 / (x as f32).sqrt();
         let p = |n: &str| format!("layers.{i}.{n}");
-        put(p("input_layernorm.weight"), vec![h], 0.1, 1.0, &mut rng);
-        put(
-            p("post_attention_layernorm.weight"),
-            vec![h],
-            0.1,
-            1.0,
-            &mut rng,
-        );
-        put(
+        self.put(p("input_layernorm.weight"), vec![h], 0.1, 1.0);
+        self.put(p("post_attention_layernorm.weight"), vec![h], 0.1, 1.0);
+        self.put(
             p("self_attn.q_proj.weight"),
             vec![nh * hd, h],
             2.0 * sc(h),
             0.0,
-            &mut rng,
         );
-        put(
+        self.put(
             p("self_attn.k_proj.weight"),
             vec![nkv * hd, h],
             2.0 * sc(h),
             0.0,
-            &mut rng,
         );
-        put(
-            p("self_attn.v_proj.weight"),
-            vec![nkv * hd, h],
-            sc(h),
-            0.0,
-            &mut rng,
-        );
-        put(
+        self.put(p("self_attn.v_proj.weight"), vec![nkv * hd, h], sc(h), 0.0);
+        self.put(
             p("self_attn.o_proj.weight"),
             vec![h, nh * hd],
             sc(nh * hd),
             0.0,
-            &mut rng,
         );
-        put(p("self_attn.q_norm.weight"), vec![hd], 0.1, 1.0, &mut rng);
-        put(p("self_attn.k_norm.weight"), vec![hd], 0.1, 1.0, &mut rng);
-        put(p("mlp.gate_proj.weight"), vec![ff, h], sc(h), 0.0, &mut rng);
-        put(p("mlp.up_proj.weight"), vec![ff, h], sc(h), 0.0, &mut rng);
-        put(
-            p("mlp.down_proj.weight"),
-            vec![h, ff],
-            sc(ff),
-            0.0,
-            &mut rng,
-        );
+        self.put(p("self_attn.q_norm.weight"), vec![hd], 0.1, 1.0);
+        self.put(p("self_attn.k_norm.weight"), vec![hd], 0.1, 1.0);
+        self.put(p("mlp.gate_proj.weight"), vec![ff, h], sc(h), 0.0);
+        self.put(p("mlp.up_proj.weight"), vec![ff, h], sc(h), 0.0);
+        self.put(p("mlp.down_proj.weight"), vec![h, ff], sc(ff), 0.0);
     }
-    (cfg, tensors)
 }

@@ -77,100 +77,25 @@ impl DrafterWeights {
     ) -> Result<Self> {
         let c = DrafterConfig::from_json(config_json)?;
         let src = SafeTensorsSource::new(files, None)?;
-        let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        // The convolutions' and the selector's matrices: 8 bits, or f32 for F32.
-        let full = |name: &str, rows: usize, cols: usize| -> Result<QuantMatrix> {
-            if precision != DrafterPrecision::F32 {
-                return checked_matrix(&src, name, rows, cols);
-            }
-            // The shape checked as for any matrix, then the values as the file has them.
-            check_shape(&src, name, &[rows, cols])?;
-            Ok(QuantMatrix::from_f32(&src.vector(name)?, rows, cols))
+        let r = DrafterReader {
+            src: &src,
+            c: &c,
+            precision,
         };
-        let mat = |name: &str, rows: usize, cols: usize| -> Result<QuantMatrix> {
-            let m = full(name, rows, cols)?;
-            Ok(match precision {
-                DrafterPrecision::Q8 | DrafterPrecision::F32 => m,
-                DrafterPrecision::Q4 => QuantMatrix::quantize_q4(&m.dequantize(), rows, cols),
-            })
-        };
-        let vec = |name: &str, len: usize| checked_vector(&src, name, len);
-        let conv = |prefix: String, d: &DFlash2Config| -> Result<GroupedConv> {
-            let name = format!("{prefix}.base_kernel");
-            let want = vec![2, d.conv_kernel_size, h];
-            let shape = src
-                .shape(&name)
-                .ok_or_else(|| Error::MissingTensor(name.clone()))?;
-            if shape != want {
-                return Err(Error::ShapeMismatch {
-                    tensor: name,
-                    expected: want,
-                    found: shape,
-                });
-            }
-            Ok(GroupedConv {
-                base: src.vector(&name)?,
-                projection: full(
-                    &format!("{prefix}.kernel_projection.weight"),
-                    d.projection_rows(h),
-                    h,
-                )?,
-            })
-        };
+        let h = c.hidden_size;
         let mut layers = Vec::new();
         for i in 0..c.num_layers {
-            let n = |s: &str| format!("layers.{i}.{s}");
-            let convs = match &c.dflash2 {
-                Some(d) => Some(LayerConvs {
-                    attention: conv(n("attention_conv"), d)?,
-                    mlp: conv(n("mlp_conv"), d)?,
-                }),
-                None => None,
-            };
-            layers.push(DrafterLayer {
-                conv: convs,
-                input_norm: vec(&n("input_layernorm.weight"), h)?,
-                post_norm: vec(&n("post_attention_layernorm.weight"), h)?,
-                wq: mat(&n("self_attn.q_proj.weight"), q, h)?,
-                wk: mat(&n("self_attn.k_proj.weight"), kv, h)?,
-                wv: mat(&n("self_attn.v_proj.weight"), kv, h)?,
-                wo: mat(&n("self_attn.o_proj.weight"), h, q)?,
-                q_norm: vec(&n("self_attn.q_norm.weight"), c.head_dim)?,
-                k_norm: vec(&n("self_attn.k_norm.weight"), c.head_dim)?,
-                w_gate: mat(&n("mlp.gate_proj.weight"), ff, h)?,
-                w_up: mat(&n("mlp.up_proj.weight"), ff, h)?,
-                w_down: mat(&n("mlp.down_proj.weight"), h, ff)?,
-            });
+            layers.push(r.layer(i)?);
         }
-        // The selector's codebooks: z-lab's published files name them without `.weight`;
-        // the reference's `save_pretrained` of a freshly built model adds it.
-        let codebook = |which: &str, rank: usize| {
-            let bare = format!("candidate_selector.{which}_codebook");
-            let named = format!("{bare}.weight");
-            let name = if src.shape(&bare).is_none() && src.shape(&named).is_some() {
-                named
-            } else {
-                bare
-            };
-            full(&name, c.vocab_size, rank)
-        };
         let selector = match &c.dflash2 {
-            Some(d) => Some(Selector {
-                hidden_projection: full(
-                    "candidate_selector.hidden_projection.weight",
-                    d.selector_rank,
-                    h,
-                )?,
-                predecessor: codebook("predecessor", d.selector_rank)?,
-                successor: codebook("successor", d.selector_rank)?,
-            }),
+            Some(d) => Some(r.selector(d)?),
             None => None,
         };
         Ok(DrafterWeights {
             selector,
-            fc: mat("fc.weight", h, c.n_taps() * h)?,
-            hidden_norm: vec("hidden_norm.weight", h)?,
-            norm: vec("norm.weight", h)?,
+            fc: r.mat("fc.weight", h, c.n_taps() * h)?,
+            hidden_norm: r.vec("hidden_norm.weight", h)?,
+            norm: r.vec("norm.weight", h)?,
             layers,
             config: c,
         })
@@ -178,6 +103,121 @@ impl DrafterWeights {
 
     pub fn format(&self) -> QFormat {
         self.fc.format
+    }
+}
+
+/// Reads a drafter's tensors out of its safetensors, each checked against the config,
+/// stored at the precision asked for.
+struct DrafterReader<'a> {
+    src: &'a SafeTensorsSource<'a>,
+    c: &'a DrafterConfig,
+    precision: DrafterPrecision,
+}
+
+impl DrafterReader<'_> {
+    /// The convolutions' and the selector's matrices: 8 bits, or f32 for F32.
+    fn full(&self, name: &str, rows: usize, cols: usize) -> Result<QuantMatrix> {
+        if self.precision != DrafterPrecision::F32 {
+            return checked_matrix(self.src, name, rows, cols);
+        }
+        // The shape checked as for any matrix, then the values as the file has them.
+        check_shape(self.src, name, &[rows, cols])?;
+        Ok(QuantMatrix::from_f32(&self.src.vector(name)?, rows, cols))
+    }
+
+    /// A layer's or `fc`'s matrix: as `full`, then 4 bits for Q4.
+    fn mat(&self, name: &str, rows: usize, cols: usize) -> Result<QuantMatrix> {
+        let m = self.full(name, rows, cols)?;
+        Ok(match self.precision {
+            DrafterPrecision::Q8 | DrafterPrecision::F32 => m,
+            DrafterPrecision::Q4 => QuantMatrix::quantize_q4(&m.dequantize(), rows, cols),
+        })
+    }
+
+    /// A vector of `len` values (a norm's weights).
+    fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        checked_vector(self.src, name, len)
+    }
+
+    /// A DFlash2 convolution under `prefix`: its base kernel `[2, taps, H]`, then its
+    /// kernel projection.
+    fn conv(&self, prefix: String, d: &DFlash2Config) -> Result<GroupedConv> {
+        let h = self.c.hidden_size;
+        let name = format!("{prefix}.base_kernel");
+        let want = vec![2, d.conv_kernel_size, h];
+        let shape = self
+            .src
+            .shape(&name)
+            .ok_or_else(|| Error::MissingTensor(name.clone()))?;
+        if shape != want {
+            return Err(Error::ShapeMismatch {
+                tensor: name,
+                expected: want,
+                found: shape,
+            });
+        }
+        Ok(GroupedConv {
+            base: self.src.vector(&name)?,
+            projection: self.full(
+                &format!("{prefix}.kernel_projection.weight"),
+                d.projection_rows(h),
+                h,
+            )?,
+        })
+    }
+
+    /// Layer `i`: its convolutions (DFlash2) first, then its norms and matrices.
+    fn layer(&self, i: usize) -> Result<DrafterLayer> {
+        let c = self.c;
+        let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let n = |s: &str| format!("layers.{i}.{s}");
+        let convs = match &c.dflash2 {
+            Some(d) => Some(LayerConvs {
+                attention: self.conv(n("attention_conv"), d)?,
+                mlp: self.conv(n("mlp_conv"), d)?,
+            }),
+            None => None,
+        };
+        Ok(DrafterLayer {
+            conv: convs,
+            input_norm: self.vec(&n("input_layernorm.weight"), h)?,
+            post_norm: self.vec(&n("post_attention_layernorm.weight"), h)?,
+            wq: self.mat(&n("self_attn.q_proj.weight"), q, h)?,
+            wk: self.mat(&n("self_attn.k_proj.weight"), kv, h)?,
+            wv: self.mat(&n("self_attn.v_proj.weight"), kv, h)?,
+            wo: self.mat(&n("self_attn.o_proj.weight"), h, q)?,
+            q_norm: self.vec(&n("self_attn.q_norm.weight"), c.head_dim)?,
+            k_norm: self.vec(&n("self_attn.k_norm.weight"), c.head_dim)?,
+            w_gate: self.mat(&n("mlp.gate_proj.weight"), ff, h)?,
+            w_up: self.mat(&n("mlp.up_proj.weight"), ff, h)?,
+            w_down: self.mat(&n("mlp.down_proj.weight"), h, ff)?,
+        })
+    }
+
+    /// The selector's codebooks: z-lab's published files name them without `.weight`;
+    /// the reference's `save_pretrained` of a freshly built model adds it.
+    fn codebook(&self, which: &str, rank: usize) -> Result<QuantMatrix> {
+        let bare = format!("candidate_selector.{which}_codebook");
+        let named = format!("{bare}.weight");
+        let name = if self.src.shape(&bare).is_none() && self.src.shape(&named).is_some() {
+            named
+        } else {
+            bare
+        };
+        self.full(&name, self.c.vocab_size, rank)
+    }
+
+    /// DFlash2's candidate selector: its hidden projection, then the two codebooks.
+    fn selector(&self, d: &DFlash2Config) -> Result<Selector> {
+        Ok(Selector {
+            hidden_projection: self.full(
+                "candidate_selector.hidden_projection.weight",
+                d.selector_rank,
+                self.c.hidden_size,
+            )?,
+            predecessor: self.codebook("predecessor", d.selector_rank)?,
+            successor: self.codebook("successor", d.selector_rank)?,
+        })
     }
 }
 

@@ -311,20 +311,7 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
         file_len,
         array_items: 0,
     };
-    let magic = r.take(4).map_err(|_| Error::BadMagic {
-        expected: "GGUF",
-        found: buf[..buf.len().min(4)].to_vec(),
-    })?;
-    if magic != GGUF_MAGIC {
-        return Err(Error::BadMagic {
-            expected: "GGUF",
-            found: magic.to_vec(),
-        });
-    }
-    let version = r.u32()?;
-    if version != 2 && version != 3 {
-        return Err(Error::UnsupportedVersion(version));
-    }
+    let version = r.magic_and_version()?;
     let tensor_count = r.u64()?;
     let kv_count = r.u64()?;
     // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor
@@ -336,13 +323,7 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
         "MAX_GGUF_KEYS",
         MAX_GGUF_KEYS,
     )?;
-    let mut metadata = BTreeMap::new();
-    for _ in 0..kv_count {
-        let key = r.string("key length")?;
-        let type_id = r.u32()?;
-        let value = r.value(type_id, 0)?;
-        metadata.insert(key, value);
-    }
+    let metadata = r.metadata(kv_count)?;
     r.check_count(
         "tensor count",
         tensor_count,
@@ -350,21 +331,76 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
         "MAX_GGUF_TENSORS",
         MAX_GGUF_TENSORS,
     )?;
-    let alignment = match metadata.get("general.alignment") {
-        None => DEFAULT_ALIGNMENT,
-        Some(v) => match v.as_u64() {
-            Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a,
-            _ => {
-                return Err(Error::BadMetadata(format!(
-                    "general.alignment {v:?} is not a power of two"
-                )))
-            }
-        },
-    };
+    let alignment = alignment_of(&metadata)?;
     let mut raw = Vec::with_capacity(tensor_count as usize);
     for _ in 0..tensor_count {
-        let name = r.string("tensor name length")?;
-        let n_dims = r.u32()?;
+        raw.push(r.raw_tensor_info()?);
+    }
+    let data_offset = align_up(r.pos as u64, alignment);
+    let layout = DataLayout {
+        alignment,
+        data_offset,
+        file_len,
+    };
+    let mut tensors = Vec::with_capacity(raw.len());
+    for info in raw {
+        tensors.push(layout.place(info)?);
+    }
+    check_disjoint(&tensors)?;
+    Ok(GgufHeader {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+    })
+}
+
+/// A tensor info record as it stands in the file, before its type and extent are checked.
+struct RawTensorInfo {
+    name: String,
+    dims: Vec<u64>,
+    type_id: u32,
+    offset: u64,
+}
+
+impl Reader<'_> {
+    /// The "GGUF" magic and a supported version (2 or 3), the version returned.
+    fn magic_and_version(&mut self) -> Result<u32> {
+        let buf = self.buf;
+        let magic = self.take(4).map_err(|_| Error::BadMagic {
+            expected: "GGUF",
+            found: buf[..buf.len().min(4)].to_vec(),
+        })?;
+        if magic != GGUF_MAGIC {
+            return Err(Error::BadMagic {
+                expected: "GGUF",
+                found: magic.to_vec(),
+            });
+        }
+        let version = self.u32()?;
+        if version != 2 && version != 3 {
+            return Err(Error::UnsupportedVersion(version));
+        }
+        Ok(version)
+    }
+
+    /// `kv_count` key-value pairs, a later duplicate key replacing the earlier one.
+    fn metadata(&mut self, kv_count: u64) -> Result<BTreeMap<String, Value>> {
+        let mut metadata = BTreeMap::new();
+        for _ in 0..kv_count {
+            let key = self.string("key length")?;
+            let type_id = self.u32()?;
+            let value = self.value(type_id, 0)?;
+            metadata.insert(key, value);
+        }
+        Ok(metadata)
+    }
+
+    /// One tensor info record: name, dimensions (1 to `MAX_DIMS`), type id and offset.
+    fn raw_tensor_info(&mut self) -> Result<RawTensorInfo> {
+        let name = self.string("tensor name length")?;
+        let n_dims = self.u32()?;
         if n_dims == 0 || n_dims > MAX_DIMS {
             return Err(Error::BadTensorLayout {
                 tensor: name,
@@ -373,15 +409,50 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
-            dims.push(r.u64()?);
+            dims.push(self.u64()?);
         }
-        let type_id = r.u32()?;
-        let offset = r.u64()?;
-        raw.push((name, dims, type_id, offset));
+        let type_id = self.u32()?;
+        let offset = self.u64()?;
+        Ok(RawTensorInfo {
+            name,
+            dims,
+            type_id,
+            offset,
+        })
     }
-    let data_offset = align_up(r.pos as u64, alignment);
-    let mut tensors = Vec::with_capacity(raw.len());
-    for (name, dims, type_id, offset) in raw {
+}
+
+/// `general.alignment` when given (a power of two up to 1 MiB), else the default.
+fn alignment_of(metadata: &BTreeMap<String, Value>) -> Result<u64> {
+    match metadata.get("general.alignment") {
+        None => Ok(DEFAULT_ALIGNMENT),
+        Some(v) => match v.as_u64() {
+            Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => Ok(a),
+            _ => Err(Error::BadMetadata(format!(
+                "general.alignment {v:?} is not a power of two"
+            ))),
+        },
+    }
+}
+
+/// Where the tensor data lies in the file: what each tensor's extent is checked against.
+struct DataLayout {
+    alignment: u64,
+    data_offset: u64,
+    file_len: u64,
+}
+
+impl DataLayout {
+    /// The tensor's type, size and absolute range, each checked in turn: a known,
+    /// supported type, a non-empty shape whose rows are whole blocks, a size that fits
+    /// 64 bits, an aligned offset and an end within the file.
+    fn place(&self, raw: RawTensorInfo) -> Result<TensorInfo> {
+        let RawTensorInfo {
+            name,
+            dims,
+            type_id,
+            offset,
+        } = raw;
         let dtype = GgmlType::from_id(type_id).ok_or(Error::UnknownTensorType {
             tensor: name.clone(),
             type_id,
@@ -394,68 +465,62 @@ pub fn parse_header(buf: &[u8], file_len: u64) -> Result<GgufHeader> {
                 dtype: dtype.name(),
             });
         }
-        let n_el = dims
-            .iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d))
-            .filter(|&n| n > 0)
-            .ok_or_else(|| Error::BadTensorLayout {
-                tensor: name.clone(),
-                reason: format!("dims {dims:?}"),
-            })?;
-        let (block, bytes) = dtype.block_size();
-        if dims[0] % block as u64 != 0 {
-            return Err(Error::BadTensorLayout {
-                tensor: name,
-                reason: format!(
-                    "row length {} is not a multiple of the {} block {}",
-                    dims[0],
-                    dtype.name(),
-                    block
-                ),
-            });
-        }
-        let Some(n_bytes) = (n_el / block as u64).checked_mul(bytes as u64) else {
-            return Err(Error::BadTensorLayout {
-                tensor: name,
-                reason: format!("{n_el} elements of {} overflow a 64-bit size", dtype.name()),
-            });
+        let n_bytes = match tensor_bytes(&dims, dtype) {
+            Ok(n) => n,
+            Err(reason) => {
+                return Err(Error::BadTensorLayout {
+                    tensor: name,
+                    reason,
+                })
+            }
         };
+        let alignment = self.alignment;
         if offset % alignment != 0 {
             return Err(Error::BadTensorLayout {
                 tensor: name,
                 reason: format!("offset {offset} is not aligned to {alignment}"),
             });
         }
-        let start = data_offset.checked_add(offset);
+        let start = self.data_offset.checked_add(offset);
         let end = start.and_then(|s| s.checked_add(n_bytes));
         match (start, end) {
-            (Some(s), Some(e)) if e <= file_len => {
-                tensors.push(TensorInfo {
-                    name,
-                    dims,
-                    dtype,
-                    offset: s,
-                    n_bytes,
-                });
-            }
-            _ => {
-                return Err(Error::TensorOutOfBounds {
-                    tensor: name,
-                    start: start.unwrap_or(u64::MAX),
-                    end: end.unwrap_or(u64::MAX),
-                    file_len,
-                })
-            }
+            (Some(s), Some(e)) if e <= self.file_len => Ok(TensorInfo {
+                name,
+                dims,
+                dtype,
+                offset: s,
+                n_bytes,
+            }),
+            _ => Err(Error::TensorOutOfBounds {
+                tensor: name,
+                start: start.unwrap_or(u64::MAX),
+                end: end.unwrap_or(u64::MAX),
+                file_len: self.file_len,
+            }),
         }
     }
-    check_disjoint(&tensors)?;
-    Ok(GgufHeader {
-        version,
-        metadata,
-        tensors,
-        alignment,
-        data_offset,
-    })
+}
+
+/// The byte size of a tensor of `dims` in `dtype`, or why its shape is refused: no
+/// elements (or a count past 64 bits), rows not whole blocks, or a size past 64 bits.
+fn tensor_bytes(dims: &[u64], dtype: GgmlType) -> std::result::Result<u64, String> {
+    let n_el = dims
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("dims {dims:?}"))?;
+    let (block, bytes) = dtype.block_size();
+    if !dims[0].is_multiple_of(block as u64) {
+        return Err(format!(
+            "row length {} is not a multiple of the {} block {}",
+            dims[0],
+            dtype.name(),
+            block
+        ));
+    }
+    (n_el / block as u64)
+        .checked_mul(bytes as u64)
+        .ok_or_else(|| format!("{n_el} elements of {} overflow a 64-bit size", dtype.name()))
 }
 
 fn align_up(x: u64, a: u64) -> u64 {

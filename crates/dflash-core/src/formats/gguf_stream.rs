@@ -73,41 +73,43 @@ impl GgufStream {
             )));
         }
         self.buf.extend_from_slice(chunk);
-        if self.header.is_none() {
-            let complete = self.received == self.total;
-            if self.buf.len() < self.parse_at && !complete {
-                return Ok(vec![]);
-            }
-            match parse_header(&self.buf, self.total) {
-                Ok(h) => {
-                    if let Some(t) = h
-                        .tensors
-                        .iter()
-                        .find(|t| t.n_bytes > MAX_STREAM_TENSOR_BYTES)
-                    {
-                        return Err(Error::over_limit(
-                            format!("bytes of tensor {}", t.name),
-                            t.n_bytes,
-                            "MAX_STREAM_TENSOR_BYTES",
-                            MAX_STREAM_TENSOR_BYTES,
-                        ));
-                    }
-                    let mut order: Vec<usize> = (0..h.tensors.len()).collect();
-                    order.sort_by_key(|&i| h.tensors[i].offset);
-                    self.order = order;
-                    self.header = Some(h);
-                }
-                // The header goes on past what has arrived: wait for more, unless the
-                // bytes it needs lie past the announced end (then it never completes).
-                Err(Error::Truncated { offset, needed, .. })
-                    if !complete && offset.saturating_add(needed) <= self.total =>
-                {
-                    self.parse_at = self.buf.len() * 2;
-                    return Ok(vec![]);
-                }
-                Err(e) => return Err(e),
-            }
+        if self.header.is_none() && !self.read_header()? {
+            return Ok(vec![]);
         }
+        self.complete_tensors()
+    }
+
+    /// Parses the header from the bytes buffered, when enough have arrived: true once it
+    /// is read, false while it waits for more.
+    fn read_header(&mut self) -> Result<bool> {
+        let complete = self.received == self.total;
+        if self.buf.len() < self.parse_at && !complete {
+            return Ok(false);
+        }
+        match parse_header(&self.buf, self.total) {
+            Ok(h) => {
+                check_tensor_sizes(&h)?;
+                let mut order: Vec<usize> = (0..h.tensors.len()).collect();
+                order.sort_by_key(|&i| h.tensors[i].offset);
+                self.order = order;
+                self.header = Some(h);
+                Ok(true)
+            }
+            // The header goes on past what has arrived: wait for more, unless the
+            // bytes it needs lie past the announced end (then it never completes).
+            Err(Error::Truncated { offset, needed, .. })
+                if !complete && offset.saturating_add(needed) <= self.total =>
+            {
+                self.parse_at = self.buf.len() * 2;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The tensors whose bytes have all arrived, in file order, dropping the bytes
+    /// between and after them; the part of the next one that has arrived stays buffered.
+    fn complete_tensors(&mut self) -> Result<Vec<StreamTensor>> {
         let h = self.header.as_ref().expect("header parsed above");
         let mut done = Vec::new();
         loop {
@@ -138,7 +140,7 @@ impl GgufStream {
             }
             self.buf.drain(..gap as usize);
             self.base = t.offset;
-            // n_bytes <= MAX_STREAM_TENSOR_BYTES (checked above): fits a usize.
+            // n_bytes <= MAX_STREAM_TENSOR_BYTES (checked by `read_header`): fits a usize.
             let n = t.n_bytes as usize;
             if n > self.buf.len() {
                 break;
@@ -164,4 +166,21 @@ impl GgufStream {
         }
         Ok(())
     }
+}
+
+/// Every tensor fits `MAX_STREAM_TENSOR_BYTES` (the stream buffers one whole tensor).
+fn check_tensor_sizes(h: &GgufHeader) -> Result<()> {
+    if let Some(t) = h
+        .tensors
+        .iter()
+        .find(|t| t.n_bytes > MAX_STREAM_TENSOR_BYTES)
+    {
+        return Err(Error::over_limit(
+            format!("bytes of tensor {}", t.name),
+            t.n_bytes,
+            "MAX_STREAM_TENSOR_BYTES",
+            MAX_STREAM_TENSOR_BYTES,
+        ));
+    }
+    Ok(())
 }

@@ -223,64 +223,20 @@ impl GpuDrafter {
             for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
                 n_bytes += m.n_bytes() as u64;
             }
-            layers.push(GpuDrafterLayerWeights {
-                input_norm: f32_buffer(ctx, "d.input_norm", &l.input_norm),
-                post_norm: f32_buffer(ctx, "d.post_norm", &l.post_norm),
-                q_norm: f32_buffer(ctx, "d.q_norm", &l.q_norm),
-                k_norm: f32_buffer(ctx, "d.k_norm", &l.k_norm),
-                wq: upload_matrix(ctx, "d.wq", &l.wq)?,
-                wk: upload_matrix(ctx, "d.wk", &l.wk)?,
-                wv: upload_matrix(ctx, "d.wv", &l.wv)?,
-                wo: upload_matrix(ctx, "d.wo", &l.wo)?,
-                w_gate: upload_matrix(ctx, "d.gate", &l.w_gate)?,
-                w_up: upload_matrix(ctx, "d.up", &l.w_up)?,
-                w_down: upload_matrix(ctx, "d.down", &l.w_down)?,
-            });
+            layers.push(upload_layer(ctx, l)?);
             convs.push(match &l.conv {
                 Some(cv) => {
-                    let up = |g: &dflash_core::drafter::GroupedConv| -> Result<GpuConv> {
-                        Ok(GpuConv {
-                            base: f32_buffer(ctx, "d2.base", &g.base),
-                            projection: upload_matrix(ctx, "d2.proj", &g.projection)?,
-                        })
-                    };
                     n_bytes += (cv.attention.projection.n_bytes()
                         + cv.mlp.projection.n_bytes()
                         + 4 * (cv.attention.base.len() + cv.mlp.base.len()))
                         as u64;
-                    Some([up(&cv.attention)?, up(&cv.mlp)?])
+                    Some([upload_conv(ctx, &cv.attention)?, upload_conv(ctx, &cv.mlp)?])
                 }
                 None => None,
             });
         }
-        let n_rows = MAX_ROWS as u64;
         let d2 = match (&c.dflash2, &w.selector) {
-            (Some(d), Some(sel)) => {
-                let (pred, succ) = (sel.predecessor.dequantize(), sel.successor.dequantize());
-                n_bytes += (sel.hidden_projection.n_bytes() + 4 * (pred.len() + succ.len())) as u64;
-                let k = d.selector_top_k as u64;
-                Some(DFlash2Gpu {
-                    hidden_projection: upload_matrix(
-                        ctx,
-                        "d2.hidden_projection",
-                        &sel.hidden_projection,
-                    )?,
-                    predecessor: f32_buffer(ctx, "d2.predecessor", &pred),
-                    successor: f32_buffer(ctx, "d2.successor", &succ),
-                    coef: work_buffer(
-                        ctx,
-                        "d2.coef",
-                        n_rows * 4 * d.projection_rows(c.hidden_size) as u64,
-                    ),
-                    xc: work_buffer(ctx, "d2.xc", n_rows * 4 * c.hidden_size as u64),
-                    o: work_buffer(ctx, "d2.o", n_rows * 4 * c.hidden_size as u64),
-                    hp: work_buffer(ctx, "d2.hp", n_rows * 4 * d.selector_rank as u64),
-                    cand_ids: work_buffer(ctx, "d2.cand_ids", n_rows * 4 * k),
-                    cand_vals: work_buffer(ctx, "d2.cand_vals", n_rows * 4 * k),
-                    q_vals: work_buffer(ctx, "d2.q_vals", n_rows * 4 * k),
-                    config: d.clone(),
-                })
-            }
+            (Some(d), Some(sel)) => Some(DFlash2Gpu::upload(ctx, c, d, sel, &mut n_bytes)?),
             _ => None,
         };
         let gw = GpuDrafterWeights {
@@ -584,126 +540,236 @@ impl GpuDrafter {
         pass: bool,
         sampled: bool,
     ) -> Result<Vec<Dispatch>> {
-        let c = &self.config;
-        let (h, eps) = (c.hidden_size, c.rms_norm_eps);
-        let st = &t.act.state;
         let mut d = vec![bookkeeping(ctx, t, self, "prepare", b, host)?];
         // A block of one row is the anchor alone: no drafts, no drafter pass.
         if (!host || pass) && b > 1 {
-            d.extend(ops::embedding(ctx, &t.embed, &self.ids, &self.x, b)?);
-            if c.input_embedding_scale != 1.0 {
-                d.push(ops::scale(ctx, &self.x, b * h, c.input_embedding_scale)?);
-            }
-            let (shape, bufs) = (self.layer_shape(), self.layer_buffers(st));
-            for l in &self.layers {
-                let w = self.layer_weights(l);
-                blocks::attention_block(ctx, &mut d, &shape, &w, &bufs, b)?;
-                blocks::mlp_block(ctx, &mut d, &shape, &w, &bufs, b)?;
-            }
-            d.push(ops::rmsnorm(ctx, eps, &self.norm, &self.x, &self.xn, b, h)?);
-            let lm = t.lm_head.as_ref().unwrap_or(&t.embed);
-            let v = t.config.vocab_size;
+            let pass = BlockPass { ctx, t, b };
+            self.block_layers(&pass, &mut d)?;
             match &self.d2 {
                 // DFlash2: the top-K candidates of slots 1..b, then the selector's walk.
-                Some(s) => {
-                    d.extend(ops::gemv(ctx, lm, &self.xn, &t.act.logits, b, false)?);
-                    let dc = &s.config;
-                    d.extend(ops::gemv(
-                        ctx,
-                        &s.hidden_projection,
-                        &self.xn,
-                        &s.hp,
-                        b,
-                        false,
-                    )?);
-                    d.push(ops::top_k(
-                        ctx,
-                        &t.act.logits,
-                        &s.cand_ids,
-                        &s.cand_vals,
-                        1,
-                        b - 1,
-                        v,
-                        dc.selector_top_k,
-                        c.output_multiplier,
-                        c.final_logit_softcapping.unwrap_or(0.0),
-                    )?);
-                    let wb = ops::WalkBuffers {
-                        ids: &s.cand_ids,
-                        vals: &s.cand_vals,
-                        hp: &s.hp,
-                        predecessor: &s.predecessor,
-                        successor: &s.successor,
-                        state: st,
-                        drafts: &self.drafts,
-                        sample_params: &t.act.sample_params,
-                        q_vals: &s.q_vals,
-                    };
-                    d.push(ops::selector_walk(
-                        ctx,
-                        &wb,
-                        b - 1,
-                        dc.selector_top_k,
-                        dc.selector_rank,
-                        1,
-                        sampled,
-                    )?);
-                }
+                Some(s) => self.selector_drafts(&pass, s, sampled, &mut d)?,
                 // DFlash, sampled (rejection sampling at T > 0): the top candidates of
                 // each slot and a draw among them at the sampler's temperature.
-                None if sampled => {
-                    let p = self.sampled.as_ref().expect("a plain drafter's buffers");
-                    let k = c.candidate_count();
-                    d.extend(ops::gemv(ctx, lm, &self.xn, &t.act.logits, b, false)?);
-                    let cap = c.final_logit_softcapping.unwrap_or(0.0);
-                    let (ids, vals) = (&p.ids, &p.vals);
-                    let mult = c.output_multiplier;
-                    d.push(ops::top_k(
-                        ctx,
-                        &t.act.logits,
-                        ids,
-                        vals,
-                        1,
-                        b - 1,
-                        v,
-                        k,
-                        mult,
-                        cap,
-                    )?);
-                    let wb = ops::WalkBuffers {
-                        ids,
-                        vals,
-                        hp: &p.none,
-                        predecessor: &p.none,
-                        successor: &p.none,
-                        state: st,
-                        drafts: &self.drafts,
-                        sample_params: &t.act.sample_params,
-                        q_vals: &p.q,
-                    };
-                    d.push(ops::selector_walk(ctx, &wb, b - 1, k, 0, 0, true)?);
-                }
+                None if sampled => self.sampled_drafts(&pass, &mut d)?,
                 // DFlash: the greedy drafts, the argmax in the lm_head's epilogue (the
                 // target's partials buffer: its head runs later in the step).
-                None => {
-                    let f = ops::GemvFusion {
-                        argmax: Some(&t.act.best),
-                        ..Default::default()
-                    };
-                    d.extend(ops::gemv_fused(ctx, lm, &self.xn, &t.act.logits, b, &f)?);
-                    let parts = ops::argmax_parts(ctx, lm);
-                    d.push(ops::argmax_reduce(
-                        ctx,
-                        &t.act.best,
-                        &self.drafts,
-                        b,
-                        parts,
-                    )?);
-                }
+                None => self.greedy_drafts(&pass, &mut d)?,
             }
         }
         d.push(bookkeeping(ctx, t, self, "compose", b, host)?);
         Ok(d)
+    }
+
+    /// The block's rows through the drafter: the embedding (scaled), every layer's
+    /// attention and MLP, and the final norm into `xn`.
+    fn block_layers(&self, p: &BlockPass, d: &mut Vec<Dispatch>) -> Result<()> {
+        let (ctx, t, b) = (p.ctx, p.t, p.b);
+        let c = &self.config;
+        let (h, eps) = (c.hidden_size, c.rms_norm_eps);
+        d.extend(ops::embedding(ctx, &t.embed, &self.ids, &self.x, b)?);
+        if c.input_embedding_scale != 1.0 {
+            d.push(ops::scale(ctx, &self.x, b * h, c.input_embedding_scale)?);
+        }
+        let (shape, bufs) = (self.layer_shape(), self.layer_buffers(&t.act.state));
+        for l in &self.layers {
+            let w = self.layer_weights(l);
+            blocks::attention_block(ctx, d, &shape, &w, &bufs, b)?;
+            blocks::mlp_block(ctx, d, &shape, &w, &bufs, b)?;
+        }
+        d.push(ops::rmsnorm(ctx, eps, &self.norm, &self.x, &self.xn, b, h)?);
+        Ok(())
+    }
+
+    /// DFlash2's drafts: the logits and the selector's projection of `xn`, the top-K
+    /// candidates of slots 1..b, then the selector's walk among them.
+    fn selector_drafts(
+        &self,
+        p: &BlockPass,
+        s: &DFlash2Gpu,
+        sampled: bool,
+        d: &mut Vec<Dispatch>,
+    ) -> Result<()> {
+        let (ctx, t, b) = (p.ctx, p.t, p.b);
+        let c = &self.config;
+        let lm = t.lm_head.as_ref().unwrap_or(&t.embed);
+        let v = t.config.vocab_size;
+        d.extend(ops::gemv(ctx, lm, &self.xn, &t.act.logits, b, false)?);
+        let dc = &s.config;
+        d.extend(ops::gemv(
+            ctx,
+            &s.hidden_projection,
+            &self.xn,
+            &s.hp,
+            b,
+            false,
+        )?);
+        d.push(ops::top_k(
+            ctx,
+            &t.act.logits,
+            &s.cand_ids,
+            &s.cand_vals,
+            1,
+            b - 1,
+            v,
+            dc.selector_top_k,
+            c.output_multiplier,
+            c.final_logit_softcapping.unwrap_or(0.0),
+        )?);
+        let selector = [&s.hp, &s.predecessor, &s.successor];
+        let wb = self.walk_buffers(t, [&s.cand_ids, &s.cand_vals], selector, &s.q_vals);
+        d.push(ops::selector_walk(
+            ctx,
+            &wb,
+            b - 1,
+            dc.selector_top_k,
+            dc.selector_rank,
+            1,
+            sampled,
+        )?);
+        Ok(())
+    }
+
+    /// A plain drafter's sampled drafts: the top candidates of each slot's logits and a
+    /// draw among them at the sampler's temperature (the walk with no selector term).
+    fn sampled_drafts(&self, pass: &BlockPass, d: &mut Vec<Dispatch>) -> Result<()> {
+        let (ctx, t, b) = (pass.ctx, pass.t, pass.b);
+        let c = &self.config;
+        let lm = t.lm_head.as_ref().unwrap_or(&t.embed);
+        let v = t.config.vocab_size;
+        let p = self.sampled.as_ref().expect("a plain drafter's buffers");
+        let k = c.candidate_count();
+        d.extend(ops::gemv(ctx, lm, &self.xn, &t.act.logits, b, false)?);
+        let cap = c.final_logit_softcapping.unwrap_or(0.0);
+        let (ids, vals) = (&p.ids, &p.vals);
+        let mult = c.output_multiplier;
+        d.push(ops::top_k(
+            ctx,
+            &t.act.logits,
+            ids,
+            vals,
+            1,
+            b - 1,
+            v,
+            k,
+            mult,
+            cap,
+        )?);
+        let wb = self.walk_buffers(t, [ids, vals], [&p.none; 3], &p.q);
+        d.push(ops::selector_walk(ctx, &wb, b - 1, k, 0, 0, true)?);
+        Ok(())
+    }
+
+    /// The selector walk's buffers: the candidates (ids, values), the selector's
+    /// (hidden projection, predecessor and successor codebooks), and where it records q;
+    /// with the step's state, the drafts and the sampler's uniform.
+    fn walk_buffers<'a>(
+        &'a self,
+        t: &'a GpuModel,
+        [ids, vals]: [&'a wgpu::Buffer; 2],
+        [hp, predecessor, successor]: [&'a wgpu::Buffer; 3],
+        q_vals: &'a wgpu::Buffer,
+    ) -> ops::WalkBuffers<'a> {
+        ops::WalkBuffers {
+            ids,
+            vals,
+            hp,
+            predecessor,
+            successor,
+            state: &t.act.state,
+            drafts: &self.drafts,
+            sample_params: &t.act.sample_params,
+            q_vals,
+        }
+    }
+
+    /// A plain drafter's greedy drafts: the argmax in the lm_head's epilogue (the
+    /// target's partials buffer: its head runs later in the step), then its reduction.
+    fn greedy_drafts(&self, p: &BlockPass, d: &mut Vec<Dispatch>) -> Result<()> {
+        let (ctx, t, b) = (p.ctx, p.t, p.b);
+        let lm = t.lm_head.as_ref().unwrap_or(&t.embed);
+        let f = ops::GemvFusion {
+            argmax: Some(&t.act.best),
+            ..Default::default()
+        };
+        d.extend(ops::gemv_fused(ctx, lm, &self.xn, &t.act.logits, b, &f)?);
+        let parts = ops::argmax_parts(ctx, lm);
+        d.push(ops::argmax_reduce(
+            ctx,
+            &t.act.best,
+            &self.drafts,
+            b,
+            parts,
+        )?);
+        Ok(())
+    }
+}
+
+/// The drafter's block pass in the making: the device, its target and the block's rows.
+struct BlockPass<'a> {
+    ctx: &'a GpuContext,
+    t: &'a GpuModel,
+    b: usize,
+}
+
+/// A drafter layer's norms and matrices, uploaded in order.
+fn upload_layer(
+    ctx: &GpuContext,
+    l: &dflash_core::drafter::DrafterLayer,
+) -> Result<GpuDrafterLayerWeights> {
+    Ok(GpuDrafterLayerWeights {
+        input_norm: f32_buffer(ctx, "d.input_norm", &l.input_norm),
+        post_norm: f32_buffer(ctx, "d.post_norm", &l.post_norm),
+        q_norm: f32_buffer(ctx, "d.q_norm", &l.q_norm),
+        k_norm: f32_buffer(ctx, "d.k_norm", &l.k_norm),
+        wq: upload_matrix(ctx, "d.wq", &l.wq)?,
+        wk: upload_matrix(ctx, "d.wk", &l.wk)?,
+        wv: upload_matrix(ctx, "d.wv", &l.wv)?,
+        wo: upload_matrix(ctx, "d.wo", &l.wo)?,
+        w_gate: upload_matrix(ctx, "d.gate", &l.w_gate)?,
+        w_up: upload_matrix(ctx, "d.up", &l.w_up)?,
+        w_down: upload_matrix(ctx, "d.down", &l.w_down)?,
+    })
+}
+
+/// One DFlash2 convolution uploaded: its base kernel, then its projection.
+fn upload_conv(ctx: &GpuContext, g: &dflash_core::drafter::GroupedConv) -> Result<GpuConv> {
+    Ok(GpuConv {
+        base: f32_buffer(ctx, "d2.base", &g.base),
+        projection: upload_matrix(ctx, "d2.proj", &g.projection)?,
+    })
+}
+
+impl DFlash2Gpu {
+    /// The selector's weights uploaded (their bytes added to `n_bytes`) and its work
+    /// buffers allocated for `MAX_ROWS` block rows.
+    fn upload(
+        ctx: &GpuContext,
+        c: &dflash_core::drafter::DrafterConfig,
+        d: &dflash_core::drafter::DFlash2Config,
+        sel: &dflash_core::drafter::Selector,
+        n_bytes: &mut u64,
+    ) -> Result<Self> {
+        let n_rows = MAX_ROWS as u64;
+        let (pred, succ) = (sel.predecessor.dequantize(), sel.successor.dequantize());
+        *n_bytes += (sel.hidden_projection.n_bytes() + 4 * (pred.len() + succ.len())) as u64;
+        let k = d.selector_top_k as u64;
+        Ok(DFlash2Gpu {
+            hidden_projection: upload_matrix(ctx, "d2.hidden_projection", &sel.hidden_projection)?,
+            predecessor: f32_buffer(ctx, "d2.predecessor", &pred),
+            successor: f32_buffer(ctx, "d2.successor", &succ),
+            coef: work_buffer(
+                ctx,
+                "d2.coef",
+                n_rows * 4 * d.projection_rows(c.hidden_size) as u64,
+            ),
+            xc: work_buffer(ctx, "d2.xc", n_rows * 4 * c.hidden_size as u64),
+            o: work_buffer(ctx, "d2.o", n_rows * 4 * c.hidden_size as u64),
+            hp: work_buffer(ctx, "d2.hp", n_rows * 4 * d.selector_rank as u64),
+            cand_ids: work_buffer(ctx, "d2.cand_ids", n_rows * 4 * k),
+            cand_vals: work_buffer(ctx, "d2.cand_vals", n_rows * 4 * k),
+            q_vals: work_buffer(ctx, "d2.q_vals", n_rows * 4 * k),
+            config: d.clone(),
+        })
     }
 }
 
