@@ -354,11 +354,11 @@ impl BlockLoop {
         b: usize,
         seconds: f64,
         accepted: usize,
-        tokens: &[u32],
+        tokens: impl IntoIterator<Item = u32>,
         mut push: impl FnMut(u32, bool) -> std::result::Result<bool, E>,
     ) -> std::result::Result<bool, E> {
         self.record(b, seconds, accepted);
-        for (i, &t) in tokens.iter().enumerate() {
+        for (i, t) in tokens.into_iter().enumerate() {
             if push(t, i < accepted)? {
                 return Ok(true);
             }
@@ -427,11 +427,16 @@ pub struct SpeculativeResult {
 
 impl SpeculativeResult {
     pub fn mean_tau(&self) -> f64 {
-        if self.taus.is_empty() {
-            0.0
-        } else {
-            self.taus.iter().sum::<usize>() as f64 / self.taus.len() as f64
-        }
+        mean_tau(&self.taus)
+    }
+}
+
+/// The mean of the tokens committed per step (0 without steps).
+pub fn mean_tau(taus: &[usize]) -> f64 {
+    if taus.is_empty() {
+        0.0
+    } else {
+        taus.iter().sum::<usize>() as f64 / taus.len() as f64
     }
 }
 
@@ -801,11 +806,11 @@ impl<'a> SpeculativeGeneration<'a> {
         self.session.truncate(pos + acc + 1);
         self.proposer.commit(&out.taps[..(acc + 1) * tap_w]);
         self.session.drafted = pos + acc + 1;
-        let committed: Vec<u32> = block_ids[1..=acc].iter().copied().chain([bonus]).collect();
+        let committed = block_ids[1..=acc].iter().copied().chain([bonus]);
         let sink = &mut self.sink;
         self.done = self
             .blocks
-            .commit_step(b, clock() - t_step, acc, &committed, |t, _| sink.push(t))?;
+            .commit_step(b, clock() - t_step, acc, committed, |t, _| sink.push(t))?;
         self.anchor = bonus;
         Ok(self.done)
     }

@@ -58,11 +58,7 @@ impl From<SpeculativeResult> for IdsRun {
 
 impl IdsRun {
     pub(super) fn mean_tau(&self) -> f64 {
-        if self.taus.is_empty() {
-            0.0
-        } else {
-            self.taus.iter().sum::<usize>() as f64 / self.taus.len() as f64
-        }
+        dflash_core::speculative::mean_tau(&self.taus)
     }
 }
 
@@ -110,7 +106,7 @@ pub(super) fn dflash_ids(
             }
             let t_step = clock();
             let r = spec.step(b, head)?;
-            blocks.commit_step(b, clock() - t_step, r.accepted, &r.tokens, |t, _| {
+            blocks.commit_step(b, clock() - t_step, r.accepted, r.tokens, |t, _| {
                 tokens.push(t);
                 Ok::<_, CliError>(false)
             })?;

@@ -125,11 +125,7 @@ impl BlockRun {
     }
 
     pub(super) fn mean_tau(&self) -> f64 {
-        if self.taus.is_empty() {
-            0.0
-        } else {
-            self.taus.iter().sum::<usize>() as f64 / self.taus.len() as f64
-        }
+        dflash_core::speculative::mean_tau(&self.taus)
     }
 
     /// The JSON of this block size over every prompt, beside the plain totals (tokens

@@ -530,7 +530,6 @@ impl GpuDrafter {
     /// context and the block; the target's lm_head and argmax give the drafts. With
     /// `host` drafts the pass is skipped unless `pass` (simulated acceptance: the pass
     /// runs and its drafts are replaced by the host's).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn draft_dispatches(
         &self,
         ctx: &GpuContext,

@@ -70,7 +70,7 @@ impl Speculative {
             let b = blocks.next_block(self.target.context - self.target.len(), sink.remaining());
             let t_step = clock();
             let r = self.step_async(b, head).await?;
-            done = blocks.commit_step(b, clock() - t_step, r.accepted, &r.tokens, |t, d| {
+            done = blocks.commit_step(b, clock() - t_step, r.accepted, r.tokens, |t, d| {
                 drafted.set(d);
                 sink.push(t)
             })?;
