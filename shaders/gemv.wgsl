@@ -2,9 +2,12 @@
 // for all rows (the verification path of DFlash). A row's sum runs in the same order
 // whatever N_ROWS is: LANES threads share an output row and take its groups
 // g = lane, lane + LANES, ...; each lane sums its groups in order; the LANES partial sums
-// meet in a fixed tree. The workgroup (WG threads) covers WG / LANES output rows.
-// LANES is a per-device tuning knob (16 on GPUs, 1 on CPU adapters, where barriers are
-// dear); N_ROWS makes the row loops unroll.
+// meet in a fixed tree. Each thread owns OUTS output rows (o, o + WG / LANES, ...) and
+// loads each activation once for all of them, so the workgroup covers OUTS * WG / LANES
+// rows and an activation is requested OUTS times less often; every output row's sum is
+// the same expressions in the same order whatever OUTS is.
+// LANES and OUTS are per-device, per-shape tuning knobs (16 lanes on GPUs, 1 on CPU
+// adapters, where barriers are dear); N_ROWS and OUTS make the loops unroll.
 //
 // Fused neighbours (each an override constant, each the same arithmetic as the separate
 // kernel it replaces, so the bits do not change):
@@ -21,6 +24,7 @@
 override ACCUMULATE: bool = false; // y += result (residual adds) instead of y = result
 override N_ROWS: u32 = 1u;
 override LANES: u32 = 16u;
+override OUTS: u32 = 1u; // output rows per thread, 1..=MAX_OUTS
 override NORM: bool = false;
 override BIAS: bool = false;
 override PAIR: bool = false;
@@ -51,14 +55,25 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> best: array<vec2<u32>>;
 
 const MAX_ROWS: u32 = 16u;
+const MAX_OUTS: u32 = 4u;
 // [2 matrix rows][16 x rows][WG threads]: thread-minor, so the tree has no bank conflicts.
 var<workgroup> partial: array<f32, 2u * MAX_ROWS * WG>;
 
 var<workgroup> shared_inv_rms: array<f32, 16>;
 var<private> inv_rms: array<f32, 16>; // NORM: each x row's 1 / rms
 
-var<private> acc: array<f32, 16>;  // row o, per x row
-var<private> acc2: array<f32, 16>; // row o + pair_rows (PAIR)
+// [OUTS output rows][16 x rows]: acc for row o_j, acc2 for o_j + pair_rows (PAIR).
+var<private> acc: array<f32, 64>;
+var<private> acc2: array<f32, 64>;
+// The current group of each owned row: its weight words, scale and min (and PAIR's).
+var<private> wq: array<vec4<u32>, 4>;
+var<private> wq2: array<vec4<u32>, 4>;
+var<private> ws: array<vec4<f32>, 4>; // (scale, min, scale2, min2)
+// The dequantized weights of the current words, each for all x rows.
+var<private> wa: array<vec4<f32>, 4>;
+var<private> wb: array<vec4<f32>, 4>;
+var<private> wa2: array<vec4<f32>, 4>;
+var<private> wb2: array<vec4<f32>, 4>;
 
 // partial[base ..] summed in place in the fixed tree order (pairs at distance len/2,
 // len/4, ..., 1) by one thread: the bits of the parallel tree without its barriers
@@ -103,120 +118,172 @@ fn x_at(r: u32, i: u32) -> vec4<f32> {
     return v;
 }
 
-// Weights 8w..8w+3 and 8w+4..8w+7 of a q4 group (words v, scale s, min mn).
-fn q4_group_lo(v: vec4<u32>, w: u32, s: f32, mn: f32) -> vec4<f32> {
-    return q4_lo(v[w]) * s + mn;
-}
-fn q4_group_hi(v: vec4<u32>, w: u32, s: f32, mn: f32) -> vec4<f32> {
-    return q4_hi(v[w]) * s + mn;
+// Output row j of the thread whose first row is o0.
+fn out_row(o0: u32, j: u32) -> u32 {
+    return o0 + j * (WG / LANES);
 }
 
-// acc[r] (and acc2[r]) = this lane's share of row o (and o + pair_rows).
-fn accumulate(o: u32, lane: u32) {
-    for (var r = 0u; r < N_ROWS; r++) {
-        acc[r] = 0.0;
+// Index of group g of output row j, clamped into the chunk: a thread's rows past the
+// chunk's end read the last row's weights and are never stored.
+fn group_index(o0: u32, j: u32, g: u32, gpr: u32) -> u32 {
+    return min(out_row(o0, j), p.m - 1u) * gpr + g;
+}
+
+// Scale and min of group g of each owned row (and of its up row, PAIR), loaded up front.
+fn load_scales(o0: u32, g: u32, gpr: u32) {
+    for (var j = 0u; j < OUTS; j++) {
+        let gi = group_index(o0, j, g, gpr);
+        ws[j] = vec4<f32>(group_scale(gi), group_min(gi), 0.0, 0.0);
         if (PAIR) {
-            acc2[r] = 0.0;
+            let gi2 = gi + p.pair_rows * gpr;
+            ws[j].z = group_scale(gi2);
+            ws[j].w = group_min(gi2);
         }
     }
+}
+
+// Word vector `vi` of group g of each owned row (PAIR: and of its up row).
+fn load_words(o0: u32, g: u32, gpr: u32, vi: u32) {
+    let nv = select(GROUP / 16u, 1u, FORMAT == 0u);
+    for (var j = 0u; j < OUTS; j++) {
+        let gi = group_index(o0, j, g, gpr);
+        wq[j] = qs[gi * nv + vi];
+        if (PAIR) {
+            wq2[j] = qs[(gi + p.pair_rows * gpr) * nv + vi];
+        }
+    }
+}
+
+// Every x row's two vec4 at vec4 index xi against wa/wb of each owned row.
+fn accumulate_q4_word(xi: u32) {
+    for (var r = 0u; r < N_ROWS; r++) {
+        let x0 = x_at(r, xi);
+        let x1 = x_at(r, xi + 1u);
+        for (var j = 0u; j < OUTS; j++) {
+            acc[j * MAX_ROWS + r] += dot(wa[j], x0) + dot(wb[j], x1);
+            if (PAIR) {
+                acc2[j * MAX_ROWS + r] += dot(wa2[j], x0) + dot(wb2[j], x1);
+            }
+        }
+    }
+}
+
+// Every x row's vec4 at index xi against wa of each owned row.
+fn accumulate_q8_word(xi: u32) {
+    for (var r = 0u; r < N_ROWS; r++) {
+        let xv = x_at(r, xi);
+        for (var j = 0u; j < OUTS; j++) {
+            acc[j * MAX_ROWS + r] += dot(wa[j], xv);
+            if (PAIR) {
+                acc2[j * MAX_ROWS + r] += dot(wa2[j], xv);
+            }
+        }
+    }
+}
+
+// acc[j][r] (and acc2[j][r]) = this lane's share of output row o_j (and o_j + pair_rows).
+fn accumulate(o0: u32, lane: u32) {
+    for (var i = 0u; i < OUTS * MAX_ROWS; i++) {
+        acc[i] = 0.0;
+        acc2[i] = 0.0;
+    }
     let gpr = p.k / GROUP;
-    if (o >= p.m) {
+    if (o0 >= p.m) {
         return;
     }
     for (var g = lane; g < gpr; g += LANES) {
-        let gi = o * gpr + g;
-        let gi2 = (o + p.pair_rows) * gpr + g;
-        let s = group_scale(gi);
-        let mn = group_min(gi);
-        var s2 = 0.0;
-        var mn2 = 0.0;
-        if (PAIR) {
-            s2 = group_scale(gi2);
-            mn2 = group_min(gi2);
-        }
+        load_scales(o0, g, gpr);
         let xb = g * (GROUP / 4u); // first vec4 of x for this group
         if (FORMAT == 0u) {
-            let v = qs[gi];
-            var v2 = vec4<u32>();
-            if (PAIR) {
-                v2 = qs[gi2];
-            }
+            load_words(o0, g, gpr, 0u);
             for (var w = 0u; w < 4u; w++) {
-                let a = q4_group_lo(v, w, s, mn);
-                let b = q4_group_hi(v, w, s, mn);
-                let a2 = q4_group_lo(v2, w, s2, mn2);
-                let b2 = q4_group_hi(v2, w, s2, mn2);
-                for (var r = 0u; r < N_ROWS; r++) {
-                    let x0 = x_at(r, xb + w * 2u);
-                    let x1 = x_at(r, xb + w * 2u + 1u);
-                    acc[r] += dot(a, x0) + dot(b, x1);
+                for (var j = 0u; j < OUTS; j++) {
+                    wa[j] = q4_lo(wq[j][w]) * ws[j].x + ws[j].y;
+                    wb[j] = q4_hi(wq[j][w]) * ws[j].x + ws[j].y;
                     if (PAIR) {
-                        acc2[r] += dot(a2, x0) + dot(b2, x1);
+                        wa2[j] = q4_lo(wq2[j][w]) * ws[j].z + ws[j].w;
+                        wb2[j] = q4_hi(wq2[j][w]) * ws[j].z + ws[j].w;
                     }
                 }
+                accumulate_q4_word(xb + w * 2u);
             }
         } else {
-            let nv = GROUP / 16u;
-            for (var vi = 0u; vi < nv; vi++) {
-                let v = qs[gi * nv + vi];
-                var v2 = vec4<u32>();
-                if (PAIR) {
-                    v2 = qs[gi2 * nv + vi];
-                }
+            for (var vi = 0u; vi < GROUP / 16u; vi++) {
+                load_words(o0, g, gpr, vi);
                 for (var w = 0u; w < 4u; w++) {
-                    let a = q8_of(v[w]) * s + mn;
-                    let a2 = q8_of(v2[w]) * s2 + mn2;
-                    for (var r = 0u; r < N_ROWS; r++) {
-                        let xv = x_at(r, xb + vi * 4u + w);
-                        acc[r] += dot(a, xv);
+                    for (var j = 0u; j < OUTS; j++) {
+                        wa[j] = q8_of(wq[j][w]) * ws[j].x + ws[j].y;
                         if (PAIR) {
-                            acc2[r] += dot(a2, xv);
+                            wa2[j] = q8_of(wq2[j][w]) * ws[j].z + ws[j].w;
                         }
                     }
+                    accumulate_q8_word(xb + vi * 4u + w);
                 }
             }
         }
     }
 }
 
-// The LANES partial sums of each output row meet in a fixed tree (lane 0 walks it).
+// The LANES partial sums of each output row meet in a fixed tree (lane 0 walks it), one
+// owned row after another through the same scratch.
 fn lane_tree(lid: u32, lane: u32) {
     if (LANES == 1u) {
         return;
     }
-    for (var r = 0u; r < N_ROWS; r++) {
-        partial[r * WG + lid] = acc[r];
-        if (PAIR) {
-            partial[(MAX_ROWS + r) * WG + lid] = acc2[r];
+    for (var j = 0u; j < OUTS; j++) {
+        if (j > 0u) {
+            workgroupBarrier(); // lane 0 has read row j - 1's partials
         }
-    }
-    workgroupBarrier();
-    if (lane == 0u) {
         for (var r = 0u; r < N_ROWS; r++) {
-            acc[r] = tree_in_place(r * WG + lid, LANES);
+            partial[r * WG + lid] = acc[j * MAX_ROWS + r];
             if (PAIR) {
-                acc2[r] = tree_in_place((MAX_ROWS + r) * WG + lid, LANES);
+                partial[(MAX_ROWS + r) * WG + lid] = acc2[j * MAX_ROWS + r];
+            }
+        }
+        workgroupBarrier();
+        if (lane == 0u) {
+            for (var r = 0u; r < N_ROWS; r++) {
+                acc[j * MAX_ROWS + r] = tree_in_place(r * WG + lid, LANES);
+                if (PAIR) {
+                    acc2[j * MAX_ROWS + r] = tree_in_place((MAX_ROWS + r) * WG + lid, LANES);
+                }
             }
         }
     }
 }
 
-// Row o of every x row into y, with the bias, SwiGLU and residual epilogues.
-fn store(o: u32) {
-    for (var r = 0u; r < N_ROWS; r++) {
-        let yi = r * p.out_stride + p.out_offset + o;
-        var v = acc[r];
-        if (BIAS) {
-            v = v + bias[p.bias_offset + o];
+// The owned rows of every x row into y, with the bias, SwiGLU and residual epilogues.
+fn store(o0: u32) {
+    for (var j = 0u; j < OUTS; j++) {
+        let o = out_row(o0, j);
+        if (o >= p.m) {
+            return;
         }
-        if (PAIR) {
-            v = (v / (1.0 + exp(-v))) * acc2[r];
+        for (var r = 0u; r < N_ROWS; r++) {
+            let yi = r * p.out_stride + p.out_offset + o;
+            var v = acc[j * MAX_ROWS + r];
+            if (BIAS) {
+                v = v + bias[p.bias_offset + o];
+            }
+            if (PAIR) {
+                v = (v / (1.0 + exp(-v))) * acc2[j * MAX_ROWS + r];
+            }
+            if (ACCUMULATE) {
+                v = y[yi] + v;
+            }
+            y[yi] = v;
         }
-        if (ACCUMULATE) {
-            v = y[yi] + v;
-        }
-        y[yi] = v;
     }
+}
+
+// Output rows one workgroup covers.
+fn rows_per_workgroup() -> u32 {
+    return OUTS * (WG / LANES);
+}
+
+// The first output row of thread lid of workgroup wgi.
+fn first_row(lid: u32, wgi: u32) -> u32 {
+    return wgi * rows_per_workgroup() + lid / LANES;
 }
 
 fn gemv(lid: u32, wgi: u32) {
@@ -224,11 +291,11 @@ fn gemv(lid: u32, wgi: u32) {
         norm_prologue(lid);
     }
     let lane = lid % LANES;
-    let o = wgi * (WG / LANES) + lid / LANES;
-    accumulate(o, lane);
+    let o0 = first_row(lid, wgi);
+    accumulate(o0, lane);
     lane_tree(lid, lane);
-    if (lane == 0u && o < p.m) {
-        store(o);
+    if (lane == 0u) {
+        store(o0);
     }
 }
 
@@ -247,36 +314,42 @@ fn better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
 fn main_argmax(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let wgi = wg.x + wg.y * p.wg_x;
     gemv(lid, wgi);
+    let o0 = first_row(lid, wgi);
     if (LANES == 1u) {
         // One thread per row: each row is its own partial (no barrier on CPU adapters).
-        let o = wgi * WG + lid;
-        if (o < p.m) {
-            for (var r = 0u; r < N_ROWS; r++) {
-                let v = acc[r];
-                let i = select(0xffffffffu, p.out_offset + o, v == v);
-                best[r * p.n_parts + p.part_offset + o] = vec2<u32>(bitcast<u32>(v), i);
+        for (var j = 0u; j < OUTS; j++) {
+            let o = out_row(o0, j);
+            if (o < p.m) {
+                for (var r = 0u; r < N_ROWS; r++) {
+                    let v = acc[j * MAX_ROWS + r];
+                    let i = select(0xffffffffu, p.out_offset + o, v == v);
+                    best[r * p.n_parts + p.part_offset + o] = vec2<u32>(bitcast<u32>(v), i);
+                }
             }
         }
         return;
     }
-    let rows = WG / LANES;
-    let sub = lid / LANES;
+    // [x row][the workgroup's rows] (at most 16 x 128 = the scratch's size).
+    let rows = rows_per_workgroup();
+    let base = wgi * rows;
     workgroupBarrier();
     if (lid % LANES == 0u) {
-        for (var r = 0u; r < N_ROWS; r++) {
-            partial[r * WG + sub] = acc[r];
+        for (var j = 0u; j < OUTS; j++) {
+            for (var r = 0u; r < N_ROWS; r++) {
+                partial[r * rows + out_row(o0, j) - base] = acc[j * MAX_ROWS + r];
+            }
         }
     }
     workgroupBarrier();
-    if (lid < N_ROWS && wgi * rows < p.m) {
+    if (lid < N_ROWS && base < p.m) {
         var bv = 0.0;
         var bi = 0xffffffffu;
-        for (var j = 0u; j < rows; j++) {
-            let v = partial[lid * WG + j];
-            let oj = wgi * rows + j;
-            if (oj < p.m && v == v && better(v, p.out_offset + oj, bv, bi)) {
+        for (var i = 0u; i < rows; i++) {
+            let v = partial[lid * rows + i];
+            let o = base + i;
+            if (o < p.m && v == v && better(v, p.out_offset + o, bv, bi)) {
                 bv = v;
-                bi = p.out_offset + oj;
+                bi = p.out_offset + o;
             }
         }
         best[lid * p.n_parts + p.part_offset + wgi] = vec2<u32>(bitcast<u32>(bv), bi);

@@ -8,7 +8,7 @@ use std::time::Instant;
 fn main() {
     let lanes: usize = std::env::args().nth(1).map_or(16, |s| s.parse().unwrap());
     let ctx = GpuContext::new(&GpuOptions {
-        tuning: Some(Tuning::gpu().with_uniform_lanes(lanes)),
+        tuning: Some(Tuning::gpu().with_uniform_lanes(lanes, 1)),
         ..Default::default()
     })
     .unwrap();

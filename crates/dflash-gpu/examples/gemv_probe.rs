@@ -1,4 +1,5 @@
-//! Quick GEMV bandwidth probe on a synthetic q4 matrix: `cargo run --release --example gemv_probe -- ROWS COLS N`.
+//! Quick GEMV bandwidth probe on a synthetic q4 matrix:
+//! `[LANES=L] [OUTS=O] cargo run --release --example gemv_probe -- ROWS COLS N`.
 use dflash_core::formats::ggml::{quantize, GgmlType};
 use dflash_core::quant::QuantMatrix;
 use dflash_core::testutil::Rng;
@@ -16,9 +17,14 @@ fn main() {
         a.get(1).copied().unwrap_or(1024),
         a.get(2).copied().unwrap_or(1),
     );
-    let lanes: Option<usize> = std::env::var("LANES").ok().map(|s| s.parse().unwrap());
+    let env = |name| std::env::var(name).ok().map(|s: String| s.parse().unwrap());
+    let (lanes, outs): (Option<usize>, Option<usize>) = (env("LANES"), env("OUTS"));
+    let tuning = (lanes.is_some() || outs.is_some()).then(|| {
+        dflash_gpu::context::Tuning::gpu()
+            .with_uniform_lanes(lanes.unwrap_or(16), outs.unwrap_or(1))
+    });
     let ctx = GpuContext::new(&GpuOptions {
-        tuning: lanes.map(|l| dflash_gpu::context::Tuning::gpu().with_uniform_lanes(l)),
+        tuning,
         ..Default::default()
     })
     .unwrap();

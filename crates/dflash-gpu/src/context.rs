@@ -62,48 +62,71 @@ pub struct AdapterSummary {
 }
 
 /// One rule of a GEMV lane table: a matrix with at most `max_rows` output rows and at
-/// least `min_cols` columns gets `lanes` threads per output row (a power of two, 1..=64;
-/// the 64-thread workgroup then covers 64 / lanes rows).
+/// least `min_cols` columns gets `lanes` threads per output row (a power of two, 1..=64)
+/// and `outputs` output rows per thread (1, 2 or 4: each activation load serves them
+/// all); the 64-thread workgroup then covers `outputs * 64 / lanes` rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvLanes {
     pub max_rows: usize,
     pub min_cols: usize,
     pub lanes: usize,
+    pub outputs: usize,
 }
+
+/// The most output rows one GEMV thread owns (gemv.wgsl's `MAX_OUTS`).
+pub const MAX_GEMV_OUTPUTS: usize = 4;
 
 impl GemvLanes {
     /// A rule every matrix meets.
-    pub const fn all(lanes: usize) -> Self {
+    pub const fn all(lanes: usize, outputs: usize) -> Self {
         GemvLanes {
             max_rows: usize::MAX,
             min_cols: 0,
             lanes,
+            outputs,
         }
     }
 }
 
-/// One rule per lane count, for tables of a single rule.
-const UNIFORM_LANES: [[GemvLanes; 1]; 7] = [
-    [GemvLanes::all(1)],
-    [GemvLanes::all(2)],
-    [GemvLanes::all(4)],
-    [GemvLanes::all(8)],
-    [GemvLanes::all(16)],
-    [GemvLanes::all(32)],
-    [GemvLanes::all(64)],
-];
+/// One single-rule table per (lanes, outputs): `[log2 lanes][log2 outputs]`.
+const UNIFORM_LANES: [[[GemvLanes; 1]; 3]; 7] = {
+    let mut t = [[[GemvLanes::all(1, 1)]; 3]; 7];
+    let mut l = 0;
+    while l < 7 {
+        let mut o = 0;
+        while o < 3 {
+            t[l][o] = [GemvLanes::all(1 << l, 1 << o)];
+            o += 1;
+        }
+        l += 1;
+    }
+    t
+};
+
+/// GPUs but Intel's: 16 lanes per row (measured on the H200 before threads owned several
+/// rows) and 4 rows per thread, so that a 16-row verify pass requests each activation
+/// a quarter as often (not yet measured on a GPU: `dflash bench --profile` decides).
+const GPU_GEMV: [GemvLanes; 1] = [GemvLanes::all(16, 4)];
+
+/// CPU adapters (lavapipe, SwiftShader): a thread per row, no barrier, and 4 rows per
+/// thread: on lavapipe (`examples/gemv_probe`, LANES=1) the 16-row GEMV of SmolLM2's
+/// lm_head took 96 ms against 242 ms with one row per thread, a 1536 x 576 one 3.2 ms
+/// against 6.3 ms; one-row GEMVs 0.8-1.0x the time.
+const CPU_GEMV: [GemvLanes; 1] = [GemvLanes::all(1, 4)];
 
 /// Intel Xe2 (Arc B-series, Lunar Lake), after llama.cpp's Vulkan choices for Intel: 4
 /// rows per 64-thread workgroup where a matrix has at most 8192 rows and 1024 columns or
 /// more (its large workgroup with `rm_stdq = 2`), else a subgroup's 16 threads per 4
-/// rows, i.e. 4 lanes per row (16 rows per workgroup).
+/// rows, i.e. 4 lanes per row (16 rows per workgroup); each thread owns 4 rows where
+/// llama.cpp's threads do (`NUM_ROWS = 2 rm_stdq` for its legacy quants), 1 elsewhere.
 const INTEL_XE2_GEMV: [GemvLanes; 2] = [
     GemvLanes {
         max_rows: 8192,
         min_cols: 1024,
         lanes: 16,
+        outputs: 4,
     },
-    GemvLanes::all(4),
+    GemvLanes::all(4, 1),
 ];
 
 /// Per-adapter kernel knobs: one table keyed by the adapter (`Tuning::for_adapter`) and,
@@ -155,7 +178,7 @@ impl Tuning {
     /// The knobs of a GPU: 16 lanes per row for every shape (measured on the H200).
     pub fn gpu() -> Self {
         Tuning {
-            gemv: &UNIFORM_LANES[4],
+            gemv: &GPU_GEMV,
             fuse_norm: true,
             chunked_attention: true,
             pipelined_decode: true,
@@ -173,29 +196,44 @@ impl Tuning {
     /// The knobs of a CPU adapter.
     pub fn cpu() -> Self {
         Tuning {
-            gemv: &UNIFORM_LANES[0],
+            gemv: &CPU_GEMV,
             fuse_norm: false,
             chunked_attention: false,
             pipelined_decode: false,
         }
     }
 
-    /// These knobs with `lanes` (a power of two, 1..=64) for every GEMV shape.
-    pub fn with_uniform_lanes(self, lanes: usize) -> Self {
-        let i = lanes.clamp(1, 64).ilog2() as usize;
+    /// These knobs with `lanes` (a power of two, 1..=64) threads per row and `outputs`
+    /// (1, 2 or 4) rows per thread for every GEMV shape.
+    pub fn with_uniform_lanes(self, lanes: usize, outputs: usize) -> Self {
+        let l = lanes.clamp(1, 64).ilog2() as usize;
+        let o = outputs.clamp(1, MAX_GEMV_OUTPUTS).ilog2() as usize;
         Tuning {
-            gemv: &UNIFORM_LANES[i],
+            gemv: &UNIFORM_LANES[l][o],
             ..self
         }
     }
 
-    /// Threads per output row of a GEMV over a `rows` x `cols` matrix.
-    pub fn gemv_lanes(&self, rows: usize, cols: usize) -> usize {
+    /// The rule a `rows` x `cols` matrix meets.
+    fn gemv_rule(&self, rows: usize, cols: usize) -> GemvLanes {
         self.gemv
             .iter()
             .find(|r| rows <= r.max_rows && cols >= r.min_cols)
             .or(self.gemv.last())
-            .map_or(1, |r| r.lanes)
+            .copied()
+            .unwrap_or(GemvLanes::all(1, 1))
+    }
+
+    /// Threads per output row of a GEMV over a `rows` x `cols` matrix.
+    pub fn gemv_lanes(&self, rows: usize, cols: usize) -> usize {
+        self.gemv_rule(rows, cols).lanes
+    }
+
+    /// Output rows per thread of a GEMV over a `rows` x `cols` matrix.
+    pub fn gemv_outputs(&self, rows: usize, cols: usize) -> usize {
+        self.gemv_rule(rows, cols)
+            .outputs
+            .clamp(1, MAX_GEMV_OUTPUTS)
     }
 }
 
@@ -658,7 +696,20 @@ mod tests {
         assert_eq!(b70.gemv_lanes(576, 576), 4);
         assert_eq!(h200.gemv_lanes(151_936, 4096), 16);
         assert_eq!(cpu.gemv_lanes(4096, 4096), 1);
-        assert_eq!(Tuning::gpu().with_uniform_lanes(8).gemv_lanes(1, 1), 8);
+        let uniform = Tuning::gpu().with_uniform_lanes(8, 2);
+        assert_eq!(
+            (uniform.gemv_lanes(1, 1), uniform.gemv_outputs(1, 1)),
+            (8, 2)
+        );
+        // Threads own 4 rows (a 16-row pass shares each activation load among them),
+        // never more than the kernel's MAX_OUTS.
+        assert_eq!(h200.gemv_outputs(576, 576), 4);
+        assert_eq!(b70.gemv_outputs(4096, 4096), 4);
+        assert_eq!(cpu.gemv_outputs(4096, 4096), 4);
+        assert_eq!(
+            Tuning::gpu().with_uniform_lanes(1, 64).gemv_outputs(1, 1),
+            4
+        );
     }
 
     /// What the browser's out-of-memory scope catches around a load is `OutOfMemory`

@@ -94,9 +94,20 @@ pub fn gemv_lanes(ctx: &GpuContext, m: &GpuMatrix) -> usize {
     ctx.tuning.gemv_lanes(m.rows, m.cols)
 }
 
-/// Output rows one GEMV workgroup over `m` covers on this adapter.
-pub fn gemv_rows_per_workgroup(ctx: &GpuContext, m: &GpuMatrix) -> usize {
-    WORKGROUP_SIZE as usize / gemv_lanes(ctx, m)
+/// Output rows each thread of a GEMV over `m` owns on this adapter; a paired GEMV
+/// (gate and up) owns half as many pairs, each two rows.
+pub fn gemv_outputs(ctx: &GpuContext, m: &GpuMatrix, pair: bool) -> usize {
+    let outputs = ctx.tuning.gemv_outputs(m.rows, m.cols);
+    if pair {
+        (outputs / 2).max(1)
+    } else {
+        outputs
+    }
+}
+
+/// Output rows (pairs, when `pair`) one GEMV workgroup over `m` covers on this adapter.
+pub fn gemv_rows_per_workgroup(ctx: &GpuContext, m: &GpuMatrix, pair: bool) -> usize {
+    gemv_outputs(ctx, m, pair) * WORKGROUP_SIZE as usize / gemv_lanes(ctx, m)
 }
 
 /// Output rows behind one partial of the fused greedy head: a workgroup's, or one row
@@ -105,7 +116,7 @@ fn argmax_rows_per_part(ctx: &GpuContext, m: &GpuMatrix) -> usize {
     if gemv_lanes(ctx, m) == 1 {
         1
     } else {
-        gemv_rows_per_workgroup(ctx, m)
+        gemv_rows_per_workgroup(ctx, m, false)
     }
 }
 
@@ -145,10 +156,11 @@ pub fn gemv_fused(
         .with("ACCUMULATE", f.accumulate as u8 as f64)
         .with("N_ROWS", n as f64)
         .with("LANES", gemv_lanes(ctx, m) as f64)
+        .with("OUTS", gemv_outputs(ctx, m, f.pair) as f64)
         .with("NORM", f.norm.is_some() as u8 as f64)
         .with("BIAS", f.bias.is_some() as u8 as f64)
         .with("PAIR", f.pair as u8 as f64);
-    let per = gemv_rows_per_workgroup(ctx, m);
+    let per = gemv_rows_per_workgroup(ctx, m, f.pair);
     let out_rows = if f.pair { m.rows / 2 } else { m.rows };
     let n_parts = argmax_parts(ctx, m);
     let mut part_offset = 0;

@@ -107,6 +107,78 @@ fn stacked_gate_up_with_swiglu_gives_the_same_bits() {
     }
 }
 
+/// Threads that own 2 or 4 output rows (each activation load serving them all) give the
+/// bits of threads that own one, for the plain, norm + bias, SwiGLU-pair and greedy-head
+/// GEMVs, q4 and q8, 1 and 16 rows, over a row count no workgroup size divides.
+#[test]
+fn owning_several_output_rows_per_thread_gives_the_same_bits() {
+    use dflash_gpu::context::Tuning;
+    let (rows, cols, eps) = (100, 192, 1e-5);
+    let outputs_of = |outs: usize| {
+        common::gpu_context(&dflash_gpu::GpuOptions {
+            tuning: Some(Tuning::gpu().with_uniform_lanes(16, outs)),
+            no_f16: true,
+            ..Default::default()
+        })
+    };
+    let Some(one) = outputs_of(1) else { return };
+    let mut results: Vec<Vec<Vec<u32>>> = Vec::new();
+    for outs in [1, 2, 4] {
+        let ctx = if outs == 1 {
+            one.clone()
+        } else {
+            outputs_of(outs).unwrap()
+        };
+        assert_eq!(ctx.tuning.gemv_outputs(rows, cols), outs);
+        let mut rng = Rng(11);
+        let mut got = Vec::new();
+        for ty in TYPES {
+            let m = upload_matrix(&ctx, "w", &matrix(&mut rng, ty, rows, cols)).unwrap();
+            let w = f32_buffer(&ctx, "norm", &rng.vec(cols, 1.0));
+            let bias = f32_buffer(&ctx, "bias", &rng.vec(rows, 1.0));
+            for n in [1, 16] {
+                let x = f32_buffer(&ctx, "x", &rng.vec(n * cols, 2.0));
+                let y = |name| work_buffer(&ctx, name, (n * rows * 4) as u64);
+                let (plain, fused, paired) = (y("plain"), y("fused"), y("paired"));
+                let parts = ops::argmax_parts(&ctx, &m);
+                let best = work_buffer(&ctx, "best", (n * parts * 8) as u64);
+                let tokens = work_buffer(&ctx, "tokens", 64);
+                let mut d = ops::gemv(&ctx, &m, &x, &plain, n, false).unwrap();
+                let norm_bias = GemvFusion {
+                    norm: Some((&w, eps)),
+                    bias: Some(&bias),
+                    ..Default::default()
+                };
+                d.extend(ops::gemv_fused(&ctx, &m, &x, &fused, n, &norm_bias).unwrap());
+                let pair = GemvFusion {
+                    pair: true,
+                    ..Default::default()
+                };
+                d.extend(ops::gemv_fused(&ctx, &m, &x, &paired, n, &pair).unwrap());
+                let head = GemvFusion {
+                    argmax: Some(&best),
+                    ..Default::default()
+                };
+                let logits = y("logits");
+                d.extend(ops::gemv_fused(&ctx, &m, &x, &logits, n, &head).unwrap());
+                d.push(ops::argmax_reduce(&ctx, &best, &tokens, n, parts).unwrap());
+                run(&ctx, &d);
+                got.push(read_u32(&ctx, &plain, n * rows));
+                got.push(read_u32(&ctx, &fused, n * rows));
+                got.push(read_u32(&ctx, &paired, n * rows / 2));
+                got.push(read_u32(&ctx, &logits, n * rows));
+                got.push(read_u32(&ctx, &tokens, n));
+            }
+        }
+        results.push(got);
+    }
+    for (outs, got) in [2, 4].iter().zip(&results[1..]) {
+        for (i, (a, b)) in results[0].iter().zip(got).enumerate() {
+            assert_eq!(a, b, "{outs} rows per thread, result {i}");
+        }
+    }
+}
+
 /// The greedy head fused into the lm_head (workgroup partials, then a reduction) picks
 /// the argmax kernel's token, over a matrix split into chunks, with ties and NaN.
 #[test]

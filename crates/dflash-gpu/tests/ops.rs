@@ -469,16 +469,23 @@ fn every_kernel_variant_compiles() {
         for (f, g) in [(0.0, 32.0), (1.0, 32.0), (1.0, 16.0)] {
             for acc in [0.0, 1.0] {
                 for n in 1..=16 {
-                    // Intel's 4 lanes (Tuning::intel_xe2) at the decode and verify rows.
-                    let intel: &[f64] = if n == 1 || n == 16 { &[4.0] } else { &[] };
-                    for &lanes in [1.0, 16.0].iter().chain(intel) {
+                    // (lanes, rows per thread): CPU adapters' and GPUs' (Tuning::cpu,
+                    // Tuning::gpu), and Intel's narrow rule (Tuning::intel_xe2) at the
+                    // decode and verify rows.
+                    let intel: &[(f64, f64)] = if n == 1 || n == 16 {
+                        &[(4.0, 1.0)]
+                    } else {
+                        &[]
+                    };
+                    for &(lanes, outs) in [(1.0, 1.0), (16.0, 4.0)].iter().chain(intel) {
                         ks.push(
                             Kernel::new(Shader::Gemv, "main")
                                 .with("FORMAT", f)
                                 .with("GROUP", g)
                                 .with("ACCUMULATE", acc)
                                 .with("N_ROWS", n as f64)
-                                .with("LANES", lanes),
+                                .with("LANES", lanes)
+                                .with("OUTS", outs),
                         );
                     }
                 }
@@ -498,7 +505,8 @@ fn every_kernel_variant_compiles() {
                             .with("N_ROWS", n)
                             .with("NORM", norm)
                             .with("BIAS", bias)
-                            .with("PAIR", pair),
+                            .with("PAIR", pair)
+                            .with("OUTS", 4.0 / (1.0 + pair)),
                     );
                 }
             }
