@@ -279,3 +279,331 @@ fn verify_rejection(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         verdict[2u * row + 1u] = chosen;
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The same rule with many workgroups per row (GPUs): the vocabulary in chunks of CHUNK
+// ids (fixed by the vocabulary size, so a row's result never depends on the rows beside
+// it), and the top-k and top-p thresholds found by radix selection over the keys, a byte
+// per round from the top: each round, every chunk counts (top-k) or sums the kept mass
+// e^(z - m) of (top-p) the keys that share the bytes found so far, into 256 bins by the
+// next byte (each bin summed in id order by the one thread that owns it); `select` adds
+// each bin over the chunks in ascending order and keeps the largest byte whose upper set
+// still holds k tokens (top-k) or the goal mass (top-p). Counts are exact, so top-k is
+// the bisection's key; top-p is the same definition with sums in another order (they
+// agree but where a sum rounds across the goal). Then each chunk's kept mass, and `draw`
+// walks the chunks, a chunk's 64 runs of CHUNK / 64 ids, and a run's ids, in id order.
+// Twenty dispatches of a few microseconds replace one workgroup's ~33 passes over the
+// vocabulary. A round's kernels do nothing when their filter is off.
+override MODE: u32 = 0u; // histogram / select: 0 top-k (counts), 1 top-p (masses)
+
+const CHUNK: u32 = 1024u;
+const BINS: u32 = 256u;
+const RUN: u32 = CHUNK / WG;
+// Per-row selection state in `sel` (SEL words per row).
+const SEL: u32 = 8u;
+const S_M: u32 = 0u;       // max z (f32 bits)
+const S_THR: u32 = 1u;     // kept keys are >= this (top-k and min-p so far)
+const S_PREFIX: u32 = 2u;  // the key bytes found so far (high bytes)
+const S_LEVEL: u32 = 3u;   // bytes found so far, 0..4
+const S_ABOVE_N: u32 = 4u; // tokens whose key is above the prefix's range
+const S_ABOVE_M: u32 = 5u; // their mass (f32 bits)
+const S_GOAL: u32 = 6u;    // top-p: top_p times the kept mass (f32 bits)
+
+@group(0) @binding(8) var<storage, read_write> chunk_vals: array<f32>; // [rows][chunks]
+@group(0) @binding(9) var<storage, read_write> hist: array<vec2<u32>>; // [rows][chunks][BINS]
+@group(0) @binding(10) var<storage, read_write> sel: array<u32>;       // [rows][SEL]
+
+var<workgroup> chunk_z: array<f32, CHUNK>;
+var<workgroup> bin_n: array<u32, BINS>;
+var<workgroup> bin_m: array<f32, BINS>;
+var<workgroup> run_mass: array<f32, WG>;
+var<workgroup> picked: vec2<u32>; // draw: the chunk, and the mass before it (f32 bits)
+var<workgroup> round_level: u32;
+
+// The row's selection level, uniform across the workgroup (read by thread 0).
+fn load_level(t: u32, s: u32) -> u32 {
+    if (t == 0u) {
+        round_level = sel[s + S_LEVEL];
+    }
+    return workgroupUniformLoad(&round_level);
+}
+
+fn n_chunks() -> u32 {
+    return (p.len + CHUNK - 1u) / CHUNK;
+}
+
+fn z_at(row: u32, i: u32) -> f32 {
+    return logits[row * p.stride + i] * p.inv_temp;
+}
+
+// This workgroup's chunk of ids [lo, hi) and the row.
+fn chunk_range(c: u32) -> vec2<u32> {
+    let lo = c * CHUNK;
+    return vec2<u32>(lo, min(lo + CHUNK, p.len));
+}
+
+// Whether this round's filter is on (uniform: from the uniform buffer).
+fn filter_on() -> bool {
+    if (MODE == 0u) {
+        return p.top_k > 0u && p.top_k < p.len;
+    }
+    return p.top_p < 1.0;
+}
+
+@compute @workgroup_size(WG)
+fn chunk_max(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let r = chunk_range(wg.x);
+    var mx = -3.4e38;
+    for (var i = r.x + t; i < r.y; i += WG) {
+        let z = z_at(wg.y, i);
+        if (z == z) {
+            mx = max(mx, z);
+        }
+    }
+    let m = wg_max_f32(t, mx);
+    if (t == 0u) {
+        chunk_vals[wg.y * n_chunks() + wg.x] = m;
+    }
+}
+
+// m = the largest chunk max; the min-p threshold; an empty selection.
+@compute @workgroup_size(1)
+fn prepare(@builtin(workgroup_id) wg: vec3<u32>) {
+    let row = wg.x;
+    var m = -3.4e38;
+    for (var c = 0u; c < n_chunks(); c++) {
+        m = max(m, chunk_vals[row * n_chunks() + c]);
+    }
+    let s = row * SEL;
+    sel[s + S_M] = bitcast<u32>(m);
+    sel[s + S_THR] = select(0u, key(m + log(p.min_p)), p.min_p > 0.0);
+    sel[s + S_PREFIX] = 0u;
+    sel[s + S_LEVEL] = 0u;
+    sel[s + S_ABOVE_N] = 0u;
+    sel[s + S_ABOVE_M] = 0u;
+    sel[s + S_GOAL] = 0u;
+}
+
+// This chunk's bins of the round: the keys sharing the prefix (and, top-p, at or above
+// the threshold) by their next byte; thread t owns bins 4t..4t+3 and walks the chunk in
+// id order.
+@compute @workgroup_size(WG)
+fn histogram(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let row = wg.y;
+    let s = row * SEL;
+    let level = load_level(t, s);
+    if (!filter_on() || level >= 4u) {
+        return;
+    }
+    let r = chunk_range(wg.x);
+    for (var i = r.x + t; i < r.y; i += WG) {
+        chunk_z[i - r.x] = z_at(row, i);
+    }
+    workgroupBarrier();
+    let shift = 24u - 8u * level;
+    let high = select(0u, 0xffffffffu << (32u - 8u * level), level > 0u);
+    let prefix = sel[s + S_PREFIX];
+    let thr = select(0u, sel[s + S_THR], MODE == 1u);
+    let m = bitcast<f32>(sel[s + S_M]);
+    var n = vec4<u32>();
+    var mass = vec4<f32>();
+    for (var i = 0u; i < r.y - r.x; i++) {
+        let z = chunk_z[i];
+        let k = key(z);
+        let b = (k >> shift) & 0xffu;
+        if ((k & high) == prefix && k >= thr && b / 4u == t) {
+            n[b % 4u] += 1u;
+            if (MODE == 1u) {
+                mass[b % 4u] += exp(z - m);
+            }
+        }
+    }
+    let base = (row * n_chunks() + wg.x) * BINS + 4u * t;
+    for (var j = 0u; j < 4u; j++) {
+        hist[base + j] = vec2<u32>(n[j], bitcast<u32>(mass[j]));
+    }
+}
+
+// Each bin over the chunks (ascending), then the largest byte whose upper set holds the
+// target; after the fourth byte the key found raises the threshold.
+@compute @workgroup_size(WG)
+fn select_byte(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let row = wg.x;
+    let s = row * SEL;
+    let level = load_level(t, s);
+    if (!filter_on() || level >= 4u) {
+        return;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        var n = 0u;
+        var mass = 0.0;
+        for (var c = 0u; c < n_chunks(); c++) {
+            let h = hist[(row * n_chunks() + c) * BINS + 4u * t + j];
+            n += h.x;
+            mass += bitcast<f32>(h.y);
+        }
+        bin_n[4u * t + j] = n;
+        bin_m[4u * t + j] = mass;
+    }
+    workgroupBarrier();
+    if (t == 0u) {
+        choose_byte(s, level);
+    }
+}
+
+// select_byte's serial part (thread 0): the largest byte b with above + bins >= b at
+// least the target (0 where rounding leaves none: keep the whole range).
+fn choose_byte(s: u32, level: u32) {
+    var above_n = sel[s + S_ABOVE_N];
+    var above_m = bitcast<f32>(sel[s + S_ABOVE_M]);
+    var goal = bitcast<f32>(sel[s + S_GOAL]);
+    if (MODE == 1u && level == 0u) {
+        var total = 0.0;
+        for (var b = 0u; b < BINS; b++) {
+            total += bin_m[b];
+        }
+        goal = total * p.top_p;
+    }
+    var chosen = 0u;
+    for (var i = 0u; i < BINS; i++) {
+        let b = BINS - 1u - i;
+        let enough = select(above_m + bin_m[b] >= goal, above_n + bin_n[b] >= p.top_k, MODE == 0u);
+        if (enough) {
+            chosen = b;
+            break;
+        }
+        above_n += bin_n[b];
+        above_m += bin_m[b];
+    }
+    let prefix = sel[s + S_PREFIX] | (chosen << (24u - 8u * level));
+    if (level == 3u) {
+        // A whole key: the threshold, and an empty selection for the next filter.
+        sel[s + S_THR] = max(sel[s + S_THR], prefix);
+        sel[s + S_PREFIX] = 0u;
+        sel[s + S_LEVEL] = 0u;
+        sel[s + S_ABOVE_N] = 0u;
+        sel[s + S_ABOVE_M] = 0u;
+        if (MODE == 1u) {
+            sel[s + S_LEVEL] = 4u; // top-p is the last filter
+        }
+        return;
+    }
+    sel[s + S_PREFIX] = prefix;
+    sel[s + S_LEVEL] = level + 1u;
+    sel[s + S_ABOVE_N] = above_n;
+    sel[s + S_ABOVE_M] = bitcast<u32>(above_m);
+    sel[s + S_GOAL] = bitcast<u32>(goal);
+}
+
+// The kept mass of RUN ids from `lo` in id order.
+fn run_kept_mass(row: u32, lo: u32, hi: u32, thr: u32, m: f32) -> f32 {
+    var sum = 0.0;
+    for (var i = lo; i < hi; i++) {
+        let z = z_at(row, i);
+        if (key(z) >= thr) {
+            sum += exp(z - m);
+        }
+    }
+    return sum;
+}
+
+// Each thread's run of chunk c (RUN ids in id order) into run_mass.
+fn run_masses(t: u32, row: u32, c: u32) {
+    let r = chunk_range(c);
+    let lo = min(r.x + t * RUN, r.y);
+    let s = row * SEL;
+    run_mass[t] = run_kept_mass(row, lo, min(lo + RUN, r.y), sel[s + S_THR], bitcast<f32>(sel[s + S_M]));
+}
+
+// The chunk's kept mass: its runs, in a fixed tree.
+@compute @workgroup_size(WG)
+fn chunk_mass(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    run_masses(t, wg.y, wg.x);
+    let total = wg_sum_f32(t, run_mass[t]);
+    if (t == 0u) {
+        chunk_vals[wg.y * n_chunks() + wg.x] = total;
+    }
+}
+
+// u = uniform(seed, position) times the kept mass; the chunk, the run, then the id at
+// which the running mass exceeds u (the last kept id where rounding leaves u above all).
+@compute @workgroup_size(WG)
+fn draw(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let row = wg.x;
+    if (t == 0u) {
+        picked = pick_chunk(row);
+    }
+    let c = workgroupUniformLoad(&picked).x;
+    run_masses(t, row, c);
+    workgroupBarrier();
+    if (t == 0u) {
+        tokens[p.out_offset + row] = walk_chunk(row, c, bitcast<f32>(picked.y));
+    }
+}
+
+// The row's u.
+fn row_u(row: u32) -> f32 {
+    var total = 0.0;
+    for (var c = 0u; c < n_chunks(); c++) {
+        total += chunk_vals[row * n_chunks() + c];
+    }
+    let pos = state[0] + row + p.pos_offset;
+    return f32(random_u32(pos, 0u) >> 8u) * (1.0 / 16777216.0) * total;
+}
+
+// The chunk whose mass takes u (else the last with mass), and the mass before it.
+fn pick_chunk(row: u32) -> vec2<u32> {
+    let u = row_u(row);
+    var cum = 0.0;
+    var last = 0u;
+    for (var c = 0u; c < n_chunks(); c++) {
+        let v = chunk_vals[row * n_chunks() + c];
+        if (v > 0.0) {
+            last = c;
+            if (u < cum + v) {
+                return vec2<u32>(c, bitcast<u32>(cum));
+            }
+        }
+        cum += v;
+    }
+    // Rounding left u above every chunk: the chunks after `last` hold nothing.
+    return vec2<u32>(last, bitcast<u32>(cum - chunk_vals[row * n_chunks() + last]));
+}
+
+// draw's serial part: the run of chunk c that takes u (else its last run with mass).
+fn walk_chunk(row: u32, c: u32, before: f32) -> u32 {
+    let u = row_u(row);
+    let r = chunk_range(c);
+    var cum = before;
+    var last = 0u;
+    for (var j = 0u; j < WG; j++) {
+        if (run_mass[j] > 0.0) {
+            last = j;
+            if (u < cum + run_mass[j]) {
+                return walk_run(row, min(r.x + j * RUN, r.y), r.y, cum, u);
+            }
+        }
+        cum += run_mass[j];
+    }
+    return walk_run(row, min(r.x + last * RUN, r.y), r.y, cum - run_mass[last], u);
+}
+
+// The kept id of the run from `lo` at which the running mass exceeds u, else its last.
+fn walk_run(row: u32, lo: u32, end: u32, before: f32, u: f32) -> u32 {
+    let s = row * SEL;
+    let thr = sel[s + S_THR];
+    let m = bitcast<f32>(sel[s + S_M]);
+    var cum = before;
+    var last = lo;
+    for (var i = lo; i < min(lo + RUN, end); i++) {
+        let z = z_at(row, i);
+        if (key(z) >= thr) {
+            cum += exp(z - m);
+            last = i;
+            if (u < cum) {
+                return i;
+            }
+        }
+    }
+    return last;
+}

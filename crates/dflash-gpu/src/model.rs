@@ -144,6 +144,7 @@ pub(crate) struct Activations {
     pub(crate) best: wgpu::Buffer,
     pub(crate) out_tokens: wgpu::Buffer,
     pub(crate) sample_params: wgpu::Buffer,
+    pub(crate) sample_scratch: ops::SampleScratch,
     pub(crate) taps: wgpu::Buffer,
     pub(crate) readback: wgpu::Buffer,
     /// Pipelined decoding: where the step in flight and the one before it leave their
@@ -247,6 +248,7 @@ impl Activations {
                 &[0u8; std::mem::size_of::<ops::SampleParams>()],
                 wgpu::BufferUsages::UNIFORM,
             ),
+            sample_scratch: ops::SampleScratch::new(ctx, MAX_ROWS, c.vocab_size),
             taps: wb("taps", n * f * (n_taps.max(1) * c.hidden_size) as u64),
             readback: ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("readback"),
@@ -336,6 +338,7 @@ pub fn plan_buffers(
         + 2 * logits
         + logits
         + n * f * (opts.taps.len() * c.hidden_size) as u64
+        + ops::sample_scratch_bytes(ctx, MAX_ROWS, c.vocab_size)
         + rope;
     let plan = MemoryPlan {
         weights: weight_bytes,
@@ -667,14 +670,14 @@ impl GpuModel {
         )?;
         if head == OutputHead::Sample {
             d.extend(ops::gemv_fused(ctx, lm, x, &a.logits, n, &norm)?);
-            d.push(ops::sample(
-                ctx,
-                &a.sample_params,
-                &a.state,
-                &a.logits,
-                &a.out_tokens,
-                n,
-            )?);
+            let b = ops::SampleBuffers {
+                params: &a.sample_params,
+                state: &a.state,
+                logits: &a.logits,
+                tokens: &a.out_tokens,
+                scratch: &a.sample_scratch,
+            };
+            d.extend(ops::sample(ctx, &b, n, c.vocab_size)?);
             return Ok(());
         }
         let f = ops::GemvFusion {

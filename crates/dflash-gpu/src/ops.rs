@@ -13,7 +13,7 @@
 use crate::context::GpuContext;
 use crate::error::Result;
 use crate::pipelines::{grid, Dispatch, Kernel, Shader, NO_PARAMS, WORKGROUP_SIZE};
-use crate::upload::GpuMatrix;
+use crate::upload::{work_buffer, GpuMatrix};
 use dflash_core::config::RopeStyle;
 use dflash_core::quant::QFormat;
 
@@ -887,25 +887,117 @@ pub fn sample_params(
     }
 }
 
-/// `tokens[r]` = a sample of row `r` of `logits` by the rule of `sampling::sample`, with
-/// the random number of position `state[0] + r + pos_offset`. `params` is a uniform
-/// buffer holding `sample_params` (written per request, so the plan is built once).
+/// Ids per chunk of the chunked sampler (sample.wgsl's `CHUNK`).
+pub const SAMPLE_CHUNK: usize = 1024;
+/// Words of the chunked sampler's per-row selection state (sample.wgsl's `SEL`).
+const SAMPLE_SEL_WORDS: usize = 8;
+
+/// The chunked sampler's scratch for up to `rows` rows of `vocab` logits: each chunk's
+/// max or kept mass, each chunk's 256 bins of a radix round, each row's selection.
+pub struct SampleScratch {
+    chunk_vals: wgpu::Buffer,
+    hist: wgpu::Buffer,
+    sel: wgpu::Buffer,
+}
+
+impl SampleScratch {
+    pub fn new(ctx: &GpuContext, rows: usize, vocab: usize) -> Self {
+        let [chunk_vals, hist, sel] = sample_scratch_sizes(ctx, rows, vocab);
+        SampleScratch {
+            chunk_vals: work_buffer(ctx, "sample_chunks", chunk_vals),
+            hist: work_buffer(ctx, "sample_hist", hist),
+            sel: work_buffer(ctx, "sample_sel", sel),
+        }
+    }
+}
+
+/// Bytes of `SampleScratch`'s three buffers (16 each where the adapter samples in one
+/// workgroup per row).
+fn sample_scratch_sizes(ctx: &GpuContext, rows: usize, vocab: usize) -> [u64; 3] {
+    if !ctx.tuning.chunked_sampler {
+        return [16; 3];
+    }
+    let chunks = vocab.div_ceil(SAMPLE_CHUNK).max(1) as u64;
+    let rows = rows as u64;
+    let sel = (4 * SAMPLE_SEL_WORDS) as u64 * rows;
+    [4 * rows * chunks, 8 * 256 * rows * chunks, sel]
+}
+
+/// Bytes of the sampler's scratch for `rows` rows of `vocab` logits.
+pub fn sample_scratch_bytes(ctx: &GpuContext, rows: usize, vocab: usize) -> u64 {
+    sample_scratch_sizes(ctx, rows, vocab).iter().sum()
+}
+
+/// The sampler's input and output buffers.
+pub struct SampleBuffers<'a> {
+    /// A uniform buffer holding `sample_params` (written per request, so the plan is
+    /// built once).
+    pub params: &'a wgpu::Buffer,
+    pub state: &'a wgpu::Buffer,
+    pub logits: &'a wgpu::Buffer,
+    pub tokens: &'a wgpu::Buffer,
+    pub scratch: &'a SampleScratch,
+}
+
+/// `tokens[r]` = a sample of row `r` of `logits` (`vocab` of them) by the rule of
+/// `sampling::sample`, with the random number of position `state[0] + r + pos_offset`.
+/// GPUs (`Tuning::chunked_sampler`) run sample.wgsl's chunked kernels: 20 dispatches of
+/// many workgroups per row; CPU adapters its one workgroup per row.
 pub fn sample(
     ctx: &GpuContext,
-    params: &wgpu::Buffer,
-    state: &wgpu::Buffer,
-    logits: &wgpu::Buffer,
-    tokens: &wgpu::Buffer,
+    b: &SampleBuffers,
     rows: usize,
-) -> Result<Dispatch> {
-    Ok(Dispatch::new(
-        ctx,
-        &Kernel::new(Shader::Sample, "main"),
-        NO_PARAMS,
-        &[(0, params), (1, state), (2, logits), (3, tokens)],
-        [rows as u32, 1, 1],
-    )?
-    .shaped(format!("{rows} rows"), 0))
+    vocab: usize,
+) -> Result<Vec<Dispatch>> {
+    let k = |entry| Kernel::new(Shader::Sample, entry);
+    if !ctx.tuning.chunked_sampler {
+        let bufs = [(0, b.params), (1, b.state), (2, b.logits), (3, b.tokens)];
+        let d = Dispatch::new(ctx, &k("main"), NO_PARAMS, &bufs, [rows as u32, 1, 1])?;
+        return Ok(vec![d.shaped(format!("{rows} rows"), 0)]);
+    }
+    let (chunks, rows32) = (vocab.div_ceil(SAMPLE_CHUNK).max(1) as u32, rows as u32);
+    let sc = b.scratch;
+    let (p, logits) = ((0, b.params), (2, b.logits));
+    let (vals, hist, sel) = ((8, &sc.chunk_vals), (9, &sc.hist), (10, &sc.sel));
+    let shape = format!("{rows}x{vocab}");
+    let logit_bytes = 4 * (rows * vocab) as u64;
+    let dispatch = |k: &Kernel, bufs: &[(u32, &wgpu::Buffer)], groups, bytes| {
+        Ok::<_, crate::error::GpuError>(
+            Dispatch::new(ctx, k, NO_PARAMS, bufs, groups)?.shaped(shape.clone(), bytes),
+        )
+    };
+    let mut d = vec![
+        dispatch(
+            &k("chunk_max"),
+            &[p, logits, vals],
+            [chunks, rows32, 1],
+            logit_bytes,
+        )?,
+        dispatch(&k("prepare"), &[p, vals, sel], [rows32, 1, 1], 0)?,
+    ];
+    for mode in [0.0, 1.0] {
+        for _ in 0..4 {
+            let h = k("histogram").with("MODE", mode);
+            d.push(dispatch(
+                &h,
+                &[p, logits, hist, sel],
+                [chunks, rows32, 1],
+                logit_bytes,
+            )?);
+            let s = k("select_byte").with("MODE", mode);
+            d.push(dispatch(&s, &[p, hist, sel], [rows32, 1, 1], 0)?);
+        }
+    }
+    let cm = k("chunk_mass");
+    d.push(dispatch(
+        &cm,
+        &[p, logits, vals, sel],
+        [chunks, rows32, 1],
+        logit_bytes,
+    )?);
+    let bufs = [p, (1, b.state), logits, (3, b.tokens), vals, sel];
+    d.push(dispatch(&k("draw"), &bufs, [rows32, 1, 1], 0)?);
+    Ok(d)
 }
 
 /// The uniform of copy.wgsl.

@@ -434,6 +434,10 @@ fn every_kernel_variant_compiles() {
             Kernel::new(Shader::Argmax, "main"),
             Kernel::new(Shader::Copy, "main"),
             Kernel::new(Shader::Sample, "main"),
+            Kernel::new(Shader::Sample, "chunk_max"),
+            Kernel::new(Shader::Sample, "prepare"),
+            Kernel::new(Shader::Sample, "chunk_mass"),
+            Kernel::new(Shader::Sample, "draw"),
             Kernel::new(Shader::DFlash, "prepare"),
             Kernel::new(Shader::DFlash, "compose"),
             Kernel::new(Shader::DFlash, "accept"),
@@ -456,6 +460,10 @@ fn every_kernel_variant_compiles() {
             }
         }
         ks.push(Kernel::new(Shader::Argmax, "reduce"));
+        for mode in [0.0, 1.0] {
+            ks.push(Kernel::new(Shader::Sample, "histogram").with("MODE", mode));
+            ks.push(Kernel::new(Shader::Sample, "select_byte").with("MODE", mode));
+        }
         // Chunked attention (GPU tuning): a few (style, norm, head tile) of the models.
         for (style, norm, tile) in [(1.0, 1.0, 3.0), (0.0, 0.0, 1.0), (1.0, 1.0, 8.0)] {
             ks.push(
@@ -526,74 +534,118 @@ fn every_kernel_variant_compiles() {
 }
 
 /// The GPU sampler follows the CPU rule: over 2000 positions with the same logits, the
-/// two pick the same token at (nearly) every position (they differ only where the
-/// kept-mass sums, added in different orders, round across the drawn u), for
-/// temperature alone and with top-k, top-p and min-p.
+/// two pick the same token wherever the kept-mass sums, added in different orders, do not
+/// round across the drawn u (all but 1% of positions must be one or the other), for
+/// temperature alone and with top-k, top-p and min-p; over a vocabulary of one chunk
+/// and of 49 (the chunked sampler's last chunk partial), with both samplers (one
+/// workgroup per row on CPU adapters, chunks with radix selection in the GPU tuning).
 #[test]
 fn sampler_matches_the_cpu_rule() {
     use dflash_core::sampling::{sample, SamplingParams};
     for ctx in contexts() {
+        for (vocab, positions) in [(1000, 2000), (50_000, 400)] {
+            sampler_matches_on(
+                &ctx,
+                vocab,
+                positions,
+                &[
+                    SamplingParams {
+                        temperature: 1.0,
+                        seed: 1,
+                        ..Default::default()
+                    },
+                    SamplingParams {
+                        temperature: 0.7,
+                        top_k: 40,
+                        seed: 2,
+                        ..Default::default()
+                    },
+                    SamplingParams {
+                        temperature: 0.8,
+                        top_p: 0.9,
+                        seed: 3,
+                        ..Default::default()
+                    },
+                    SamplingParams {
+                        temperature: 1.2,
+                        min_p: 0.05,
+                        top_p: 0.95,
+                        top_k: 100,
+                        seed: 4,
+                        ..Default::default()
+                    },
+                ],
+            );
+        }
+    }
+
+    /// Whether the CPU rule's u lies within rounding (1e-4 of the kept mass) of an edge
+    /// of `token`'s interval of the running kept mass: a difference of summing order.
+    fn rounds_across_u(row: &[f32], sp: &SamplingParams, pos: usize, token: u32) -> bool {
+        let (w, total) = dflash_core::sampling::kept_weights(row, sp, &[]);
+        let u = (dflash_core::sampling::random_uniform(sp.seed, pos as u32, 0) * total) as f64;
+        let before: f64 = w[..token as usize].iter().map(|&x| x as f64).sum();
+        let after = before + w[token as usize] as f64;
+        (u - before).abs().min((u - after).abs()) <= 1e-4 * total as f64
+    }
+
+    fn sampler_matches_on(
+        ctx: &GpuContext,
+        vocab: usize,
+        positions: usize,
+        params: &[SamplingParams],
+    ) {
         let mut rng = Rng(9);
-        let vocab = 3000;
         let rows = 16;
         let logits = rng.vec(rows * vocab, 4.0);
-        let lb = f32_buffer(&ctx, "l", &logits);
-        let tb = work_buffer(&ctx, "t", (rows * 4) as u64);
+        let lb = f32_buffer(ctx, "l", &logits);
+        let tb = work_buffer(ctx, "t", (rows * 4) as u64);
         let pb = ctx.buffer_with(
             "p",
             &[0u8; std::mem::size_of::<ops::SampleParams>()],
             wgpu::BufferUsages::UNIFORM,
         );
-        for sp in [
-            SamplingParams {
-                temperature: 1.0,
-                seed: 1,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: 0.7,
-                top_k: 40,
-                seed: 2,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: 0.8,
-                top_p: 0.9,
-                seed: 3,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: 1.2,
-                min_p: 0.05,
-                top_p: 0.95,
-                top_k: 100,
-                seed: 4,
-                ..Default::default()
-            },
-        ] {
-            let (mut same, mut total) = (0, 0);
-            for start in (0..2000).step_by(rows) {
+        let scratch = ops::SampleScratch::new(ctx, rows, vocab);
+        for sp in params {
+            let (mut same, mut rounded, mut total) = (0, 0, 0);
+            for start in (0..positions).step_by(rows) {
                 ctx.queue.write_buffer(
                     &pb,
                     0,
-                    bytemuck::bytes_of(&ops::sample_params(vocab, vocab, &sp, 1)),
+                    bytemuck::bytes_of(&ops::sample_params(vocab, vocab, sp, 1)),
                 );
-                let st = state(&ctx, start as u32);
-                run(
-                    &ctx,
-                    &[ops::sample(&ctx, &pb, &st, &lb, &tb, rows).unwrap()],
-                );
+                let st = state(ctx, start as u32);
+                let b = ops::SampleBuffers {
+                    params: &pb,
+                    state: &st,
+                    logits: &lb,
+                    tokens: &tb,
+                    scratch: &scratch,
+                };
+                run(ctx, &ops::sample(ctx, &b, rows, vocab).unwrap());
                 let got: Vec<u32> =
                     bytemuck::cast_slice(&ctx.read_back(&tb, 0, (rows * 4) as u64).unwrap())
                         .to_vec();
                 for r in 0..rows {
-                    let want = sample(&logits[r * vocab..(r + 1) * vocab], &sp, &[], start + r + 1);
+                    let row = &logits[r * vocab..(r + 1) * vocab];
+                    let pos = start + r + 1;
                     total += 1;
-                    same += (want == got[r]) as usize;
+                    match sample(row, sp, &[], pos) == got[r] {
+                        true => same += 1,
+                        false => rounded += rounds_across_u(row, sp, pos, got[r]) as usize,
+                    }
                 }
             }
-            eprintln!("{sp:?}: GPU = CPU at {same}/{total} positions");
-            assert!(same as f64 >= 0.99 * total as f64, "{sp:?}: {same}/{total}");
+            let chunked = ctx.tuning.chunked_sampler;
+            eprintln!(
+                "{sp:?} vocab {vocab} chunked {chunked}: GPU = CPU at {same}/{total} positions, \
+                 {rounded} more where u lies within rounding of the GPU token's edge"
+            );
+            let other = total - same - rounded;
+            assert!(
+                other as f64 <= 0.01 * total as f64,
+                "{sp:?} vocab {vocab}: {other} of {total}"
+            );
         }
     }
 }
