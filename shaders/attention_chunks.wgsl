@@ -1,8 +1,12 @@
 // Attention over the KV cache in chunks of keys fixed by absolute position, for GPUs:
-// `partial` has one workgroup per (KV head, head tile, row, chunk) and serves all the
-// query heads of its tile from one read of each key and value; `combine` merges a
-// (head, row)'s chunks in ascending order. A row's result depends only on its position,
-// never on how many rows share the pass: chunk boundaries are multiples of p.chunk, and
+// `partial` has one workgroup per (KV head, head tile, row tile, chunk) and serves all the
+// query heads of its head tile for all the rows of its row tile (a 16-row verify pass)
+// from one read of each key and value; `combine` merges a (head, row)'s chunks in
+// ascending order. A row's result depends only on its position, never on how many rows
+// share the pass or its tile: each (row, head) keeps its own running max, sum and
+// output, walks its keys in sub-chunks of WG keys aligned to absolute multiples of WG,
+// and a sub-chunk without keys of its own leaves them exactly as they were (a rescale by
+// exp(0) = 1 and a sum of nothing); chunk boundaries are multiples of p.chunk, and
 // a key of this pass (position >= state[0]) is read from the QKV rows, normalised and
 // rotated here by the same function that stores it, in the cache's precision, so it has
 // the bits a later pass reads from the cache.
@@ -17,6 +21,9 @@
 override STYLE: u32 = 1u;     // 0: interleaved pairs (2i, 2i+1); 1: neox (i, i + rope_dim/2)
 override QK_NORM: bool = false;
 override GROUP_TILE: u32 = 1u; // query heads per workgroup: a divisor of the group, <= 8
+// Rows per workgroup: ROW_TILE * GROUP_TILE <= MAX_QUERIES and
+// ROW_TILE * GROUP_TILE * head_dim <= 2048 (the queries' workgroup memory).
+override ROW_TILE: u32 = 1u;
 
 struct Params {
     n_rows: u32,
@@ -46,13 +53,14 @@ struct Params {
 @group(0) @binding(10) var<storage, read_write> out: array<f32>;
 
 const MAX_TILE: u32 = 8u;
+const MAX_QUERIES: u32 = 16u; // (row, head) pairs per workgroup
 const PER_THREAD: u32 = 4u; // head_dim <= 256
 
-var<workgroup> qv: array<f32, 2048>;  // [GROUP_TILE][head_dim]: the tile's queries
-var<workgroup> w: array<f32, MAX_TILE * WG>; // [GROUP_TILE][WG]: scores, then weights
-var<workgroup> run_m: array<f32, 8>;  // per head: running max
-var<workgroup> run_l: array<f32, 8>;  // per head: running sum
-var<workgroup> corr: array<f32, 8>;   // per head: this sub-chunk's rescale
+var<workgroup> qv: array<f32, 2048>;  // [ROW_TILE][GROUP_TILE][head_dim]: the queries
+var<workgroup> w: array<f32, MAX_QUERIES * WG>; // [query][WG]: scores, then weights
+var<workgroup> run_m: array<f32, MAX_QUERIES>;  // per query: running max
+var<workgroup> run_l: array<f32, MAX_QUERIES>;  // per query: running sum
+var<workgroup> corr: array<f32, MAX_QUERIES>;   // per query: this sub-chunk's rescale
 
 // (first key, keys) row r sees.
 fn key_range(r: u32) -> vec2<u32> {
@@ -184,6 +192,49 @@ fn value_at(j: u32, kh: u32, d: u32) -> f32 {
     return f32(kv_t(qkv[new_key_base(j, kh) + kv_dim + d]));
 }
 
+// The keys [lo, hi) of chunk c that row r of the pass sees (empty: lo >= hi).
+fn chunk_keys(r: u32, c: u32) -> vec2<u32> {
+    let range = key_range(r);
+    return vec2<u32>(max(range.x, c * p.chunk), min(range.y, (c + 1u) * p.chunk));
+}
+
+// The keys of query q (row r0 + q / GROUP_TILE) in chunk c: empty past the pass's rows.
+fn query_keys(q: u32, r0: u32, c: u32) -> vec2<u32> {
+    let r = r0 + q / GROUP_TILE;
+    if (r >= p.n_rows) {
+        return vec2<u32>(0u, 0u);
+    }
+    return chunk_keys(r, c);
+}
+
+// Key j scored against every query of the workgroup into s (0 where it is not a key
+// of that query's row), the key read once: from the cache, or this pass's QKV rows.
+fn score_key(j: u32, kh: u32, r0: u32, c: u32) -> array<f32, 16> {
+    var s: array<f32, 16>;
+    let hd = p.head_dim;
+    let kv_dim = p.n_kv_heads * hd;
+    let queries = ROW_TILE * GROUP_TILE;
+    if (j < state[0]) {
+        let kb = j * kv_dim + kh * hd;
+        for (var d = 0u; d < hd; d++) {
+            let k = f32(k_cache[kb + d]);
+            for (var q = 0u; q < queries; q++) {
+                s[q] += qv[q * hd + d] * k;
+            }
+        }
+    } else {
+        let base = new_key_base(j, kh);
+        let inv = key_inv_rms(base);
+        for (var d = 0u; d < hd; d++) {
+            let k = new_key(base, d, inv, j);
+            for (var q = 0u; q < queries; q++) {
+                s[q] += qv[q * hd + d] * k;
+            }
+        }
+    }
+    return s;
+}
+
 @compute @workgroup_size(WG)
 fn partial(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let hd = p.head_dim;
@@ -191,63 +242,52 @@ fn partial(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: v
     let tiles = group / GROUP_TILE;
     let kh = wg.x / tiles;
     let h0 = kh * group + (wg.x % tiles) * GROUP_TILE;
-    let r = wg.y;
+    let r0 = wg.y * ROW_TILE;
+    let rows = min(ROW_TILE, p.n_rows - r0);
     let c = wg.z;
-    let pos = state[0] + r;
-    let range = key_range(r);
-    let lo = max(range.x, c * p.chunk);
-    let hi = min(range.y, (c + 1u) * p.chunk);
-    if (wg.x % tiles == 0u && pos / p.chunk == c) {
-        store_own(t, kh, pos);
+    let queries = ROW_TILE * GROUP_TILE;
+    // The tile's keys: the union of its rows' (rows see ranges that only grow with r,
+    // but windows move their starts).
+    var lo = 0xffffffffu;
+    var hi = 0u;
+    for (var rr = 0u; rr < rows; rr++) {
+        let pos = state[0] + r0 + rr;
+        if (wg.x % tiles == 0u && pos / p.chunk == c) {
+            store_own(t, kh, pos);
+        }
+        let keys = chunk_keys(r0 + rr, c);
+        if (keys.x < keys.y) {
+            lo = min(lo, keys.x);
+            hi = max(hi, keys.y);
+        }
     }
     if (lo >= hi) {
         return;
     }
-    for (var g = 0u; g < GROUP_TILE; g++) {
-        load_query(t, g, h0 + g, r);
+    for (var rr = 0u; rr < rows; rr++) {
+        for (var g = 0u; g < GROUP_TILE; g++) {
+            load_query(t, rr * GROUP_TILE + g, h0 + g, r0 + rr);
+        }
     }
-    if (t < GROUP_TILE) {
+    if (t < queries) {
         run_m[t] = -3.0e38;
         run_l[t] = 0.0;
     }
-    var acc: array<f32, 32>; // [GROUP_TILE][PER_THREAD]
-    for (var i = 0u; i < MAX_TILE * PER_THREAD; i++) {
-        acc[i] = 0.0;
-    }
-    let kv_dim = p.n_kv_heads * hd;
-    for (var s0 = lo; s0 < hi; s0 += WG) {
-        // Thread t scores key s0 + t against every query head of the tile.
+    var acc: array<f32, 64>; // [query][PER_THREAD]
+    for (var s0 = lo / WG * WG; s0 < hi; s0 += WG) {
+        // Thread t scores key s0 + t against every query of the workgroup.
         let j = s0 + t;
-        var s: array<f32, 8>;
-        for (var g = 0u; g < GROUP_TILE; g++) {
-            s[g] = 0.0;
+        var s = array<f32, 16>();
+        if (j >= lo && j < hi) {
+            s = score_key(j, kh, r0, c);
         }
-        if (j < hi) {
-            if (j < state[0]) {
-                let kb = j * kv_dim + kh * hd;
-                for (var d = 0u; d < hd; d++) {
-                    let k = f32(k_cache[kb + d]);
-                    for (var g = 0u; g < GROUP_TILE; g++) {
-                        s[g] += qv[g * hd + d] * k;
-                    }
-                }
-            } else {
-                let base = new_key_base(j, kh);
-                let inv = key_inv_rms(base);
-                for (var d = 0u; d < hd; d++) {
-                    let k = new_key(base, d, inv, j);
-                    for (var g = 0u; g < GROUP_TILE; g++) {
-                        s[g] += qv[g * hd + d] * k;
-                    }
-                }
-            }
-        }
-        for (var g = 0u; g < GROUP_TILE; g++) {
-            w[g * WG + t] = select(-3.0e38, s[g] * p.scale, j < hi);
+        for (var q = 0u; q < queries; q++) {
+            let keys = query_keys(q, r0, c);
+            w[q * WG + t] = select(-3.0e38, s[q] * p.scale, j >= keys.x && j < keys.y);
         }
         workgroupBarrier();
-        let n_here = min(WG, hi - s0);
-        if (t < GROUP_TILE) {
+        if (t < queries) {
+            let n_here = sub_chunk_keys(t, r0, c, s0);
             var m = run_m[t];
             for (var jj = 0u; jj < n_here; jj++) {
                 m = max(m, w[t * WG + jj]);
@@ -256,42 +296,74 @@ fn partial(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: v
             run_m[t] = m;
         }
         workgroupBarrier();
-        for (var g = 0u; g < GROUP_TILE; g++) {
-            w[g * WG + t] = select(0.0, exp(w[g * WG + t] - run_m[g]), j < hi);
+        for (var q = 0u; q < queries; q++) {
+            let keys = query_keys(q, r0, c);
+            w[q * WG + t] = select(0.0, exp(w[q * WG + t] - run_m[q]), j >= keys.x && j < keys.y);
         }
         workgroupBarrier();
-        if (t < GROUP_TILE) {
+        if (t < queries) {
+            let n_here = sub_chunk_keys(t, r0, c, s0);
             var l = 0.0;
             for (var jj = 0u; jj < n_here; jj++) {
                 l += w[t * WG + jj];
             }
             run_l[t] = run_l[t] * corr[t] + l;
         }
-        for (var i = 0u; i < PER_THREAD; i++) {
-            let d = t + i * WG;
-            if (d < hd) {
-                for (var g = 0u; g < GROUP_TILE; g++) {
-                    acc[g * PER_THREAD + i] *= corr[g];
-                }
-                for (var jj = 0u; jj < n_here; jj++) {
-                    let v = value_at(s0 + jj, kh, d);
-                    for (var g = 0u; g < GROUP_TILE; g++) {
-                        acc[g * PER_THREAD + i] += w[g * WG + jj] * v;
+        accumulate_values(t, kh, r0, c, s0, &acc);
+        workgroupBarrier();
+    }
+    store_partials(t, h0, r0, c, &acc);
+}
+
+// Keys of sub-chunk s0 that query q's weights cover: up to its row's last key.
+fn sub_chunk_keys(q: u32, r0: u32, c: u32, s0: u32) -> u32 {
+    let keys = query_keys(q, r0, c);
+    return select(0u, min(WG, keys.y - s0), keys.y > s0);
+}
+
+// Each query's output dims (t + i WG) rescaled and added this sub-chunk's weighted
+// values, each value read once for all queries.
+fn accumulate_values(t: u32, kh: u32, r0: u32, c: u32, s0: u32, acc: ptr<function, array<f32, 64>>) {
+    let queries = ROW_TILE * GROUP_TILE;
+    var n_max = 0u;
+    for (var q = 0u; q < queries; q++) {
+        n_max = max(n_max, sub_chunk_keys(q, r0, c, s0));
+    }
+    for (var i = 0u; i < PER_THREAD; i++) {
+        let d = t + i * WG;
+        if (d < p.head_dim) {
+            for (var q = 0u; q < queries; q++) {
+                (*acc)[q * PER_THREAD + i] *= corr[q];
+            }
+            for (var jj = 0u; jj < n_max; jj++) {
+                let v = value_at(s0 + jj, kh, d);
+                for (var q = 0u; q < queries; q++) {
+                    if (jj < sub_chunk_keys(q, r0, c, s0)) {
+                        (*acc)[q * PER_THREAD + i] += w[q * WG + jj] * v;
                     }
                 }
             }
         }
-        workgroupBarrier();
     }
-    for (var g = 0u; g < GROUP_TILE; g++) {
-        let at = (r * p.n_heads + h0 + g) * p.n_chunks + c;
+}
+
+// The (max, sum) and output of each query whose row has keys in this chunk.
+fn store_partials(t: u32, h0: u32, r0: u32, c: u32, acc: ptr<function, array<f32, 64>>) {
+    let hd = p.head_dim;
+    for (var q = 0u; q < ROW_TILE * GROUP_TILE; q++) {
+        let keys = query_keys(q, r0, c);
+        if (keys.x >= keys.y) {
+            continue;
+        }
+        let r = r0 + q / GROUP_TILE;
+        let at = (r * p.n_heads + h0 + q % GROUP_TILE) * p.n_chunks + c;
         if (t == 0u) {
-            part_ml[at] = vec2<f32>(run_m[g], run_l[g]);
+            part_ml[at] = vec2<f32>(run_m[q], run_l[q]);
         }
         for (var i = 0u; i < PER_THREAD; i++) {
             let d = t + i * WG;
             if (d < hd) {
-                part_acc[at * hd + d] = acc[g * PER_THREAD + i];
+                part_acc[at * hd + d] = (*acc)[q * PER_THREAD + i];
             }
         }
     }

@@ -562,6 +562,14 @@ fn group_tile(group: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// Rows of a pass one chunked-attention workgroup serves (attention_chunks.wgsl's
+/// `ROW_TILE`): as many as its (row, head) query slots and the queries' 2048 floats of
+/// workgroup memory hold with `tile` heads of `head_dim`, at most the pass's `n`. It
+/// groups rows only: each row's arithmetic is the same in any tile.
+pub fn attention_row_tile(tile: usize, head_dim: usize, n: usize) -> usize {
+    (16 / tile).min(2048 / (tile * head_dim)).min(n).max(1)
+}
+
 /// Attention of `n` rows at positions `state[0] + row` over a cache of `capacity`
 /// positions, in chunks of keys (GPUs): the per-head norms and RoPE of q and k and the
 /// KV store of `qkv_rope_store` in its first dispatch, the chunks merged in the second.
@@ -576,6 +584,7 @@ pub fn attention_chunked(
     let (chunk, n_chunks) = attention_chunking(capacity);
     let group = s.n_heads / s.n_kv_heads;
     let tile = group_tile(group);
+    let row_tile = attention_row_tile(tile, s.head_dim, n);
     let params = AttentionChunkParams {
         n_rows: n as u32,
         n_heads: s.n_heads as u32,
@@ -594,7 +603,8 @@ pub fn attention_chunked(
     let k = Kernel::new(Shader::AttentionChunks, "partial")
         .with("STYLE", style)
         .with("QK_NORM", b.qkv.qk_norm.is_some() as u8 as f64)
-        .with("GROUP_TILE", tile as f64);
+        .with("GROUP_TILE", tile as f64)
+        .with("ROW_TILE", row_tile as f64);
     let [qn, kn] = b.qkv.qk_norm.unwrap_or([&ctx.unused, &ctx.unused]);
     let q = &b.qkv;
     let bufs = [
@@ -610,7 +620,7 @@ pub fn attention_chunked(
     ];
     let groups = [
         (s.n_kv_heads * group / tile) as u32,
-        n as u32,
+        n.div_ceil(row_tile) as u32,
         n_chunks as u32,
     ];
     let shape = format!("{}/{}x{} n={n}", s.n_heads, s.n_kv_heads, s.head_dim);

@@ -464,14 +464,19 @@ fn every_kernel_variant_compiles() {
             ks.push(Kernel::new(Shader::Sample, "histogram").with("MODE", mode));
             ks.push(Kernel::new(Shader::Sample, "select_byte").with("MODE", mode));
         }
-        // Chunked attention (GPU tuning): a few (style, norm, head tile) of the models.
+        // Chunked attention (GPU tuning): a few (style, norm, head tile) of the models,
+        // one row and the row tiles of a 16-row pass.
         for (style, norm, tile) in [(1.0, 1.0, 3.0), (0.0, 0.0, 1.0), (1.0, 1.0, 8.0)] {
-            ks.push(
-                Kernel::new(Shader::AttentionChunks, "partial")
-                    .with("STYLE", style)
-                    .with("QK_NORM", norm)
-                    .with("GROUP_TILE", tile),
-            );
+            for n in [1, 16] {
+                let row_tile = ops::attention_row_tile(tile as usize, 128, n);
+                ks.push(
+                    Kernel::new(Shader::AttentionChunks, "partial")
+                        .with("STYLE", style)
+                        .with("QK_NORM", norm)
+                        .with("GROUP_TILE", tile)
+                        .with("ROW_TILE", row_tile as f64),
+                );
+            }
         }
         ks.push(Kernel::new(Shader::AttentionChunks, "combine"));
         for (f, g) in [(0.0, 32.0), (1.0, 32.0), (1.0, 16.0)] {
