@@ -19,7 +19,8 @@
 #                                            the synthetic shapes): `dflash bench --profile`
 #                                            of SmolLM2 at 64 and 512 prompt tokens, of its
 #                                            DFlash step, plain decode greedy and at T=0.8,
-#                                            the Intel Xe2 tuning entry, and of the
+#                                            the Intel Xe2 tuning entry, one GEMV row per
+#                                            thread against the table's, and of the
 #                                            synthetic qwen3-8b and qwen2.5-32b pairs, with
 #                                            their DFlash runs at the published acceptance
 #                                            (--accept-profile)
@@ -127,6 +128,8 @@ case "${1:-}" in
       done
       # The Intel Xe2 entry of the tuning table on this GPU (its lanes per shape).
       step 60 "profile smollm2 p64 intel-xe2" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --tuning intel-xe2 --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-smollm2-p64-intel-xe2.json"
+      # One output row per GEMV thread against the table's 4 (the 16-row step's cost).
+      step 60 "profile smollm2 p64 outs1" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --gemv-outputs 1 --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-smollm2-p64-outs1.json"
       step 90 "profile smollm2 dflash" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --drafter drafters/smollm2-135m-instruct-dflash-b16 --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $OUT/profile-smollm2-dflash.json"
     fi
     # Conditional per-slot acceptance with mean tau 6.5 at block 16 (z-lab's published
@@ -134,6 +137,7 @@ case "${1:-}" in
     accept=0.96,0.93,0.90,0.87,0.84,0.80,0.76,0.72,0.68,0.64,0.60,0.56,0.52,0.48,0.44
     for shape in ${SHAPES:-qwen3-8b qwen2.5-32b}; do
       step 120 "profile $shape" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-$shape.json"
+      step 120 "profile $shape outs1" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --gemv-outputs 1 --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-$shape-outs1.json"
       step 120 "profile $shape dflash" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --drafter synthetic --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $OUT/profile-$shape-dflash.json"
     done
     step 90 "long context qwen3-8b" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b --adapter \"${ADAPTER:-NVIDIA}\" --json --prompt-tokens 4096 --decode-tokens 32 > $OUT/bench-qwen3-8b-p4096.json"

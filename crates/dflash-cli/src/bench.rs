@@ -132,6 +132,10 @@ pub struct BenchArgs {
     /// GPU).
     #[arg(long, value_enum)]
     tuning: Option<TuningChoice>,
+    /// Output rows per GEMV thread (1, 2 or 4) for every matrix shape, in place of the
+    /// tuning table's (to measure the choice on this adapter).
+    #[arg(long, value_parser = gemv_outputs)]
+    gemv_outputs: Option<usize>,
     /// A conversation of N turns (the `chat` messages of --prompts, each reply kept):
     /// the time to first token of every turn with multi-turn KV reuse against the same
     /// turn prefilled whole.
@@ -310,6 +314,14 @@ pub enum TuningChoice {
     Cpu,
 }
 
+/// `--gemv-outputs`: 1, 2 or 4.
+fn gemv_outputs(s: &str) -> Result<usize, String> {
+    match s.parse() {
+        Ok(n @ (1 | 2 | 4)) => Ok(n),
+        _ => Err(format!("{s}: 1, 2 or 4 output rows per thread")),
+    }
+}
+
 /// The device options of a bench: timestamps where asked, the knobs of `--tuning`.
 fn gpu_options(a: &BenchArgs, timestamps: bool) -> dflash_gpu::GpuOptions {
     use dflash_gpu::context::Tuning;
@@ -322,6 +334,7 @@ fn gpu_options(a: &BenchArgs, timestamps: bool) -> dflash_gpu::GpuOptions {
             TuningChoice::IntelXe2 => Tuning::intel_xe2(),
             TuningChoice::Cpu => Tuning::cpu(),
         }),
+        gemv_outputs: a.gemv_outputs,
         ..Default::default()
     }
 }

@@ -12,6 +12,9 @@ pub struct GpuOptions {
     pub no_f16: bool,
     /// Override the per-adapter kernel knobs.
     pub tuning: Option<Tuning>,
+    /// Override the GEMV's output rows per thread (1, 2 or 4) for every shape, keeping
+    /// the rest of the knobs (`dflash bench --gemv-outputs`: the choice measured on a GPU).
+    pub gemv_outputs: Option<usize>,
     /// Run within the limits a browser's WebGPU grants (see `browser_limits`), so that a
     /// native run finds what the browser build would.
     pub browser_limits: bool,
@@ -156,6 +159,8 @@ pub struct Tuning {
     /// dispatches) instead of one workgroup per row bisecting over the whole vocabulary
     /// (~33 passes, ~3 ms per token on the H200 at T = 0.8 with top-p).
     pub chunked_sampler: bool,
+    /// Output rows per GEMV thread for every shape, in place of the table's.
+    pub gemv_outputs_override: Option<usize>,
 }
 
 /// PCI vendor id of Intel.
@@ -187,6 +192,7 @@ impl Tuning {
             chunked_attention: true,
             pipelined_decode: true,
             chunked_sampler: true,
+            gemv_outputs_override: None,
         }
     }
 
@@ -206,6 +212,7 @@ impl Tuning {
             chunked_attention: false,
             pipelined_decode: false,
             chunked_sampler: false,
+            gemv_outputs_override: None,
         }
     }
 
@@ -237,8 +244,9 @@ impl Tuning {
 
     /// Output rows per thread of a GEMV over a `rows` x `cols` matrix.
     pub fn gemv_outputs(&self, rows: usize, cols: usize) -> usize {
-        self.gemv_rule(rows, cols)
-            .outputs
+        let outputs = self.gemv_outputs_override;
+        outputs
+            .unwrap_or(self.gemv_rule(rows, cols).outputs)
             .clamp(1, MAX_GEMV_OUTPUTS)
     }
 }
@@ -305,6 +313,7 @@ impl GpuContext {
         });
         let summary = AdapterSummary::of(&info, features, &limits);
         let mut tuning = opts.tuning.unwrap_or_else(|| Tuning::for_adapter(&info));
+        tuning.gemv_outputs_override = opts.gemv_outputs.or(tuning.gemv_outputs_override);
         // The limit granted to the device (browser_limits caps it at 10).
         tuning.chunked_attention &= device.limits().max_storage_buffers_per_shader_stage
             >= CHUNKED_ATTENTION_STORAGE_BUFFERS;

@@ -202,6 +202,8 @@ pub(super) fn plain_json(
         "decode_tokens": args.decode_tokens,
         "temperature": args.temperature,
         "pipelined_decode": ctx.tuning.pipelined_decode,
+        "chunked_sampler": ctx.tuning.chunked_sampler,
+        "gemv_outputs_override": ctx.tuning.gemv_outputs_override,
         "prefill_tok_s": args.prompt_tokens as f64 / times.prefill_s,
         "decode_tok_s": times.decode_tok_s,
         "weight_bytes_per_token": roofline.weight_bytes,
