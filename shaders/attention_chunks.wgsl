@@ -315,19 +315,26 @@ fn partial(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: v
     store_partials(t, h0, r0, c, &acc);
 }
 
-// Keys of sub-chunk s0 that query q's weights cover: up to its row's last key.
+// Keys of sub-chunk s0 that query q's weights cover: up to its row's last key (none
+// where the row has no keys in the chunk).
 fn sub_chunk_keys(q: u32, r0: u32, c: u32, s0: u32) -> u32 {
     let keys = query_keys(q, r0, c);
-    return select(0u, min(WG, keys.y - s0), keys.y > s0);
+    return select(0u, min(WG, keys.y - s0), keys.x < keys.y && keys.y > s0);
 }
 
 // Each query's output dims (t + i WG) rescaled and added this sub-chunk's weighted
-// values, each value read once for all queries.
+// values, each value read once for all queries; a query adds only its own row's keys
+// [first, end) of the sub-chunk (never 0 * v of another row's key).
 fn accumulate_values(t: u32, kh: u32, r0: u32, c: u32, s0: u32, acc: ptr<function, array<f32, 64>>) {
     let queries = ROW_TILE * GROUP_TILE;
+    var first: array<u32, 16>;
+    var end: array<u32, 16>;
     var n_max = 0u;
     for (var q = 0u; q < queries; q++) {
-        n_max = max(n_max, sub_chunk_keys(q, r0, c, s0));
+        let keys = query_keys(q, r0, c);
+        end[q] = sub_chunk_keys(q, r0, c, s0);
+        first[q] = select(0u, keys.x - s0, keys.x > s0);
+        n_max = max(n_max, end[q]);
     }
     for (var i = 0u; i < PER_THREAD; i++) {
         let d = t + i * WG;
@@ -338,7 +345,7 @@ fn accumulate_values(t: u32, kh: u32, r0: u32, c: u32, s0: u32, acc: ptr<functio
             for (var jj = 0u; jj < n_max; jj++) {
                 let v = value_at(s0 + jj, kh, d);
                 for (var q = 0u; q < queries; q++) {
-                    if (jj < sub_chunk_keys(q, r0, c, s0)) {
+                    if (jj >= first[q] && jj < end[q]) {
                         (*acc)[q * PER_THREAD + i] += w[q * WG + jj] * v;
                     }
                 }

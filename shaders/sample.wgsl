@@ -172,8 +172,9 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
                 let b = min(a + chunk, n);
                 for (var i = a; i < b; i++) {
                     let z = logits[base + i] * p.inv_temp;
-                    if (key(z) >= thr) {
-                        cum += exp(z - m);
+                    let e = exp(z - m);
+                    if (key(z) >= thr && e > 0.0) {
+                        cum += e;
                         last = i;
                         if (u < cum) {
                             chosen = i;
@@ -452,7 +453,7 @@ fn select_byte(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) w
 }
 
 // select_byte's serial part (thread 0): the largest byte b with above + bins >= b at
-// least the target (0 where rounding leaves none: keep the whole range).
+// least the target (0 where rounding leaves none: the whole range stays in).
 fn choose_byte(s: u32, level: u32) {
     var above_n = sel[s + S_ABOVE_N];
     var above_m = bitcast<f32>(sel[s + S_ABOVE_M]);
@@ -464,8 +465,9 @@ fn choose_byte(s: u32, level: u32) {
         }
         goal = total * p.top_p;
     }
+    // Bins 255..1; where none reaches the target, byte 0 with `above` not counting it.
     var chosen = 0u;
-    for (var i = 0u; i < BINS; i++) {
+    for (var i = 0u; i < BINS - 1u; i++) {
         let b = BINS - 1u - i;
         let enough = select(above_m + bin_m[b] >= goal, above_n + bin_n[b] >= p.top_k, MODE == 0u);
         if (enough) {
@@ -597,8 +599,9 @@ fn walk_run(row: u32, lo: u32, end: u32, before: f32, u: f32) -> u32 {
     var last = lo;
     for (var i = lo; i < min(lo + RUN, end); i++) {
         let z = z_at(row, i);
-        if (key(z) >= thr) {
-            cum += exp(z - m);
+        let e = exp(z - m);
+        if (key(z) >= thr && e > 0.0) {
+            cum += e;
             last = i;
             if (u < cum) {
                 return i;

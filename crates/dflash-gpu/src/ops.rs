@@ -567,6 +567,10 @@ fn group_tile(group: usize) -> usize {
 /// workgroup memory hold with `tile` heads of `head_dim`, at most the pass's `n`. It
 /// groups rows only: each row's arithmetic is the same in any tile.
 pub fn attention_row_tile(tile: usize, head_dim: usize, n: usize) -> usize {
+    debug_assert!(
+        tile <= 8 && head_dim <= 256,
+        "the kernel's query memory holds 2048 floats"
+    );
     (16 / tile).min(2048 / (tile * head_dim)).min(n).max(1)
 }
 
