@@ -441,3 +441,102 @@ fn chunked_attention_matches_qkv_and_attention() {
         }
     }
 }
+
+/// Chunked attention with a sliding window: rows 1..16 of a 16-row pass (one workgroup
+/// serves several rows) have the bits they have alone, even where a value that only
+/// row 0's window sees is infinite (a row never adds 0 * v of another row's key).
+#[test]
+fn a_windowed_row_in_a_row_tile_has_its_bits_alone_even_beside_an_infinite_value() {
+    for ctx in contexts() {
+        let mut rng = Rng(12);
+        let (nh, nkv, hd, cap, window, prefix) = (6, 2, 64, 256, 24, 48);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let row = qd + 2 * kvd;
+        let table: Vec<f32> = (0..cap * hd / 2)
+            .flat_map(|i| [(i as f32 * 0.01).cos(), (i as f32 * 0.01).sin()])
+            .collect();
+        let table = f32_buffer(&ctx, "table", &table);
+        let shape = ops::QkvShape {
+            style: RopeStyle::Neox,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            rope_dim: hd,
+            eps: 1e-6,
+        };
+        let att = ops::AttentionShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            window,
+            causal: true,
+            q_stride: row,
+        };
+        let (ml, acc) = ops::attention_partial_bytes(nh, hd, cap);
+        let (ml, acc) = (work_buffer(&ctx, "ml", ml), work_buffer(&ctx, "acc", acc));
+        let kv_bytes = if ctx.f16 { 2 } else { 4 };
+        let caches: Vec<_> = (0..2)
+            .map(|_| {
+                let b = |name| work_buffer(&ctx, name, (cap * kvd * kv_bytes) as u64);
+                (b("k"), b("v"))
+            })
+            .collect();
+        // One pass of `n` rows at `pos` into cache `which`; its outputs.
+        let pass = |which: usize, pos: usize, vals: &[f32], n: usize| -> Vec<f32> {
+            let st = storage_buffer(&ctx, "st", bytemuck::cast_slice(&[pos as u32, 0, 0, 0]));
+            let qkv = f32_buffer(&ctx, "qkv", vals);
+            let out = work_buffer(&ctx, "out", (n * qd * 4) as u64);
+            let (k_cache, v_cache) = (&caches[which].0, &caches[which].1);
+            let b = ops::ChunkedAttentionBuffers {
+                qkv: ops::QkvBuffers {
+                    state: &st,
+                    table: &table,
+                    qkv: &qkv,
+                    qk_norm: None,
+                    k_cache,
+                    v_cache,
+                },
+                part_ml: &ml,
+                part_acc: &acc,
+                out: &out,
+            };
+            run(
+                &ctx,
+                &ops::attention_chunked(&ctx, &shape, &att, &b, cap, n).unwrap(),
+            );
+            read_f32s(&ctx, &out, n * qd)
+        };
+        let prefix_rows = rng.vec(prefix * row, 1.0);
+        for (which, (_, v_cache)) in caches.iter().enumerate() {
+            for (i, rows) in prefix_rows.chunks(16 * row).enumerate() {
+                pass(which, 16 * i, rows, 16);
+            }
+            // Every value of the one position only row 0 of the pass sees: +inf.
+            let inf: Vec<u8> = match ctx.f16 {
+                true => bytemuck::cast_slice(&vec![0x7c00u16; kvd]).to_vec(),
+                false => bytemuck::cast_slice(&vec![f32::INFINITY; kvd]).to_vec(),
+            };
+            let at = ((prefix + 1 - window) * kvd * kv_bytes) as u64;
+            ctx.queue.write_buffer(v_cache, at, &inf);
+        }
+        let rows = rng.vec(16 * row, 1.0);
+        let together = pass(0, prefix, &rows, 16);
+        let mut alone = Vec::new();
+        for r in 0..16 {
+            alone.extend(pass(1, prefix + r, &rows[r * row..(r + 1) * row], 1));
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (t, a) = (&together[qd..], &alone[qd..]);
+        assert!(
+            t.iter().all(|x| x.is_finite()),
+            "rows 1..16 finite (f16={})",
+            ctx.f16
+        );
+        assert_eq!(
+            bits(t),
+            bits(a),
+            "rows 1..16 alone vs together (f16={})",
+            ctx.f16
+        );
+    }
+}
