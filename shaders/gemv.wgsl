@@ -17,6 +17,9 @@
 //   BIAS     y = acc + bias[bias_offset + o].
 //   PAIR     SwiGLU of two row blocks of one matrix ([gate; up]): the thread computes rows
 //            o and o + pair_rows from the same x loads; y[o] = silu(gate) * up.
+//   main_tap also copies each stored value into taps[r * tap_stride + tap_offset + o] (a
+//   DFlash tap of the residual stream after a layer: the copy it replaces). An entry of
+//   its own, so that the others never bind the taps.
 //   main_argmax also leaves each workgroup's best (value, index) per x row in `best`
 //   (each row's own with LANES = 1); argmax.wgsl `reduce` finishes it: the lm_head and
 //   the greedy head in one pass.
@@ -41,7 +44,11 @@ struct Params {
     pair_rows: u32,   // PAIR: row distance from a gate row to its up row
     part_offset: u32, // main_argmax: this chunk's first workgroup among all chunks
     n_parts: u32,     // main_argmax: workgroups of all chunks (the stride of `best`)
-    pad: u32,
+    tap_offset: u32,  // main_tap: first float of this matrix's rows in a taps row
+    tap_stride: u32,  // main_tap: floats per taps row
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -53,6 +60,7 @@ struct Params {
 @group(0) @binding(6) var<storage, read> norm_w: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read> bias: array<f32>;
 @group(0) @binding(8) var<storage, read_write> best: array<vec2<u32>>;
+@group(0) @binding(9) var<storage, read_write> taps: array<f32>;
 
 const MAX_ROWS: u32 = 16u;
 const MAX_OUTS: u32 = 4u;
@@ -302,6 +310,27 @@ fn gemv(lid: u32, wgi: u32) {
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     gemv(lid, wg.x + wg.y * p.wg_x);
+}
+
+// `main`, then each stored value (read back by the thread that stored it) into the taps.
+@compute @workgroup_size(WG)
+fn main_tap(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let wgi = wg.x + wg.y * p.wg_x;
+    gemv(lid, wgi);
+    if (lid % LANES != 0u) {
+        return;
+    }
+    let o0 = first_row(lid, wgi);
+    for (var j = 0u; j < OUTS; j++) {
+        let o = out_row(o0, j);
+        if (o >= p.m) {
+            return;
+        }
+        for (var r = 0u; r < N_ROWS; r++) {
+            let at = p.out_offset + o;
+            taps[r * p.tap_stride + p.tap_offset + at] = y[r * p.out_stride + at];
+        }
+    }
 }
 
 fn better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {

@@ -2,7 +2,7 @@
 // SwiftShader, within the browser's 16 KiB of workgroup storage: the demo and the
 // consumer test run the CPU adapter's kernels there (SwiftShader is a CPU adapter), so
 // this compiles the GPU tuning's variants (Tuning::gpu and intel_xe2: GEMV lanes and rows
-// per thread with every fusion, the chunked sampler, chunked attention with head and row
+// per thread with every fusion and the DFlash tap, the chunked sampler, chunked attention with head and row
 // tiles). The sources are assembled as crates/dflash-gpu/src/pipelines.rs `source` does
 // (f32 KV: SwiftShader has no shader-f16).
 import { test } from 'node:test';
@@ -29,6 +29,7 @@ function variants() {
         for (const [format, group] of [[0, 32], [1, 32], [1, 16]]) {
           const c = { FORMAT: format, GROUP: group, N_ROWS: n, LANES: lanes, OUTS: pair ? Math.max(1, outs / 2) : outs, NORM: norm, BIAS: bias, PAIR: pair, ACCUMULATE: acc };
           v.push({ shader: 'gemv', entry, c });
+          if (acc) v.push({ shader: 'gemv', entry: 'main_tap', c }); // a DFlash tap in the residual's epilogue
         }
       }
     }

@@ -190,21 +190,32 @@ fn sublayer_input<'a>(
     Ok((ops::GemvFusion::default(), cb.xc))
 }
 
-/// A sublayer's output projection `m` of `input` added to the residual: directly, or
-/// through DFlash2's convolution (side 1) where the layer has one.
+/// A sublayer's output projection `m` of `input` added to the residual: directly (and
+/// into `tap` where given, in the GEMV's epilogue), or through DFlash2's convolution
+/// (side 1) where the layer has one.
 fn sublayer_output(
     ctx: &GpuContext,
     d: &mut Vec<Dispatch>,
     s: &LayerShape,
-    (m, input): (&GpuMatrix, &wgpu::Buffer),
+    (m, input, tap): (&GpuMatrix, &wgpu::Buffer, Option<ops::GemvTap>),
     conv: Option<&ConvWeights>,
     b: &LayerBuffers,
     n: usize,
 ) -> Result<()> {
     let (Some(cv), Some(cb)) = (conv, &b.conv) else {
-        d.extend(ops::gemv(ctx, m, input, b.x, n, true)?);
+        let f = ops::GemvFusion {
+            accumulate: true,
+            tap,
+            ..Default::default()
+        };
+        d.extend(ops::gemv_fused(ctx, m, input, b.x, n, &f)?);
         return Ok(());
     };
+    if tap.is_some() {
+        return Err(crate::error::GpuError::Unsupported(
+            "a tap after a convolved sublayer".into(),
+        ));
+    }
     d.extend(ops::gemv(ctx, m, input, cb.o, n, false)?);
     let shape = conv_shape(s, cv, 1);
     d.push(ops::grouped_conv(
@@ -286,16 +297,17 @@ pub(crate) fn attention_block(
             ctx, &att, b.state, b.qkv, w.k_cache, w.v_cache, b.att, n,
         )?);
     }
-    sublayer_output(ctx, d, s, (w.wo, b.att), conv, b, n)
+    sublayer_output(ctx, d, s, (w.wo, b.att, None), conv, b, n)
 }
 
-/// RMSNorm + gate/up + SwiGLU (one GEMV where the two are stacked), down + residual.
+/// RMSNorm + gate/up + SwiGLU (one GEMV where the two are stacked), down + residual,
+/// the layer's output also into `tap` where given.
 pub(crate) fn mlp_block(
     ctx: &GpuContext,
     d: &mut Vec<Dispatch>,
     s: &LayerShape,
     w: &LayerWeights,
-    b: &LayerBuffers,
+    (b, tap): (&LayerBuffers, Option<ops::GemvTap>),
     n: usize,
 ) -> Result<()> {
     let conv = w.conv.as_ref().map(|c| &c[1]);
@@ -311,5 +323,5 @@ pub(crate) fn mlp_block(
             d.push(ops::swiglu(ctx, b.gate, b.up, b.ff, n, s.intermediate)?);
         }
     }
-    sublayer_output(ctx, d, s, (w.w_down, b.ff), conv, b, n)
+    sublayer_output(ctx, d, s, (w.w_down, b.ff, tap), conv, b, n)
 }

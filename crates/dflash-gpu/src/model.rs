@@ -586,38 +586,75 @@ impl GpuModel {
         let a = &self.act;
         let mut d = ops::embedding(ctx, &self.embed, &a.tokens, &a.x, n)?;
         let (shape, bufs) = (self.layer_shape(), self.layer_buffers());
+        let (h, stride) = (
+            self.config.hidden_size,
+            self.taps.len() * self.config.hidden_size,
+        );
         for (li, l) in self.layers.iter().enumerate() {
             let w = l.weights();
-            blocks::attention_block(ctx, &mut d, &shape, &w, &bufs, n)?;
-            blocks::mlp_block(ctx, &mut d, &shape, &w, &bufs, n)?;
-            // A tap of the last layer is after the final norm (the reference's
-            // `output_hidden_states`); the head norms `x` again itself.
             let last = li + 1 == self.layers.len();
-            let tapped = if last { &a.xn } else { &a.x };
-            let c = &self.config;
-            if last && self.taps.contains(&li) {
-                let (eps, h) = (c.rms_norm_eps, c.hidden_size);
-                d.push(ops::rmsnorm(ctx, eps, &self.out_norm, &a.x, &a.xn, n, h)?);
-            }
-            for (ti, _) in self.taps.iter().enumerate().filter(|(_, &t)| t == li) {
-                let h = c.hidden_size;
-                let stride = self.taps.len() * h;
-                d.push(ops::copy_rows(
-                    ctx,
-                    tapped,
-                    &a.taps,
-                    &a.state,
-                    n,
-                    h,
-                    stride,
-                    ti * h,
-                )?);
-            }
+            // A tap of a layer but the last is the down GEMV's epilogue (its first tap
+            // there; a layer tapped twice copies the others).
+            let first_tap = self.taps.iter().position(|&t| t == li).filter(|_| !last);
+            let tap = first_tap.map(|ti| ops::GemvTap {
+                buf: &a.taps,
+                offset: ti * h,
+                stride,
+            });
+            blocks::attention_block(ctx, &mut d, &shape, &w, &bufs, n)?;
+            blocks::mlp_block(ctx, &mut d, &shape, &w, (&bufs, tap), n)?;
+            self.copy_taps(&mut d, li, first_tap, n)?;
         }
         if head != OutputHead::None {
             self.head(&mut d, n, head)?;
         }
         Ok(d)
+    }
+
+    /// Layer `li`'s taps but the one its down GEMV wrote (`in_epilogue`): copies of the
+    /// residual stream, or of the final norm's output for the last layer (the
+    /// reference's `output_hidden_states`; the head norms `x` again itself).
+    fn copy_taps(
+        &self,
+        d: &mut Vec<Dispatch>,
+        li: usize,
+        in_epilogue: Option<usize>,
+        n: usize,
+    ) -> Result<()> {
+        let (ctx, a, c) = (&*self.ctx, &self.act, &self.config);
+        let h = c.hidden_size;
+        let last = li + 1 == self.layers.len();
+        if last && self.taps.contains(&li) {
+            d.push(ops::rmsnorm(
+                ctx,
+                c.rms_norm_eps,
+                &self.out_norm,
+                &a.x,
+                &a.xn,
+                n,
+                h,
+            )?);
+        }
+        let tapped = if last { &a.xn } else { &a.x };
+        let stride = self.taps.len() * h;
+        for (ti, _) in self
+            .taps
+            .iter()
+            .enumerate()
+            .filter(|&(ti, &t)| t == li && Some(ti) != in_epilogue)
+        {
+            d.push(ops::copy_rows(
+                ctx,
+                tapped,
+                &a.taps,
+                &a.state,
+                n,
+                h,
+                stride,
+                ti * h,
+            )?);
+        }
+        Ok(())
     }
 
     /// The sizes of every layer's dispatches.

@@ -69,6 +69,16 @@ pub struct GemvFusion<'a> {
     /// First column of this matrix's rows in y, and y's row length (0: the rows).
     pub out_offset: usize,
     pub out_stride: usize,
+    /// The stored rows also into these taps (a DFlash tap after a layer).
+    pub tap: Option<GemvTap<'a>>,
+}
+
+/// Where a GEMV's epilogue also writes what it stores: `buf[r * stride + offset + o]`.
+#[derive(Clone, Copy)]
+pub struct GemvTap<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub offset: usize,
+    pub stride: usize,
 }
 
 /// The uniform of gemv.wgsl.
@@ -86,7 +96,11 @@ pub struct GemvParams {
     pub pair_rows: u32,
     pub part_offset: u32,
     pub n_parts: u32,
-    pub pad: u32,
+    pub tap_offset: u32,
+    pub tap_stride: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+    pub pad2: u32,
 }
 
 /// Threads per output row of a GEMV over `m` on this adapter (`Tuning::gemv`).
@@ -145,10 +159,15 @@ pub fn gemv_fused(
             "a paired GEMV over a matrix split into chunks".into(),
         ));
     }
-    let entry = if f.argmax.is_some() {
-        "main_argmax"
-    } else {
-        "main"
+    if f.tap.is_some() && f.argmax.is_some() {
+        return Err(crate::error::GpuError::Unsupported(
+            "a GEMV with both a tap and the greedy head's partials".into(),
+        ));
+    }
+    let entry = match (f.argmax, f.tap) {
+        (Some(_), _) => "main_argmax",
+        (None, Some(_)) => "main_tap",
+        (None, None) => "main",
     };
     let k = Kernel::new(Shader::Gemv, entry)
         .with("FORMAT", format_id(m.format))
@@ -184,7 +203,11 @@ pub fn gemv_fused(
             pair_rows: if f.pair { rows as u32 } else { 0 },
             part_offset: part_offset as u32,
             n_parts: n_parts as u32,
-            pad: 0,
+            tap_offset: f.tap.map_or(0, |t| t.offset) as u32,
+            tap_stride: f.tap.map_or(0, |t| t.stride) as u32,
+            pad0: 0,
+            pad1: 0,
+            pad2: 0,
         };
         part_offset += rows.div_ceil(argmax_rows_per_part(ctx, m));
         let mut bufs = vec![
@@ -198,6 +221,9 @@ pub fn gemv_fused(
         ];
         if let Some(b) = f.argmax {
             bufs.push((8, b));
+        }
+        if let Some(t) = f.tap {
+            bufs.push((9, t.buf));
         }
         let weights = ch.qs.size() + ch.scales.size() + ch.mins.size();
         let io = 4 * n as u64 * (m.cols + rows * (1 + f.accumulate as usize)) as u64;

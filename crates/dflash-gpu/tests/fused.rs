@@ -179,6 +179,54 @@ fn owning_several_output_rows_per_thread_gives_the_same_bits() {
     }
 }
 
+/// A tap in the residual GEMV's epilogue writes the bits of the copy it replaces (the
+/// residual stream after the add), at its place in a taps row of two taps.
+#[test]
+fn a_tap_in_the_residual_gemvs_epilogue_gives_the_bits_of_the_copy() {
+    for ctx in contexts() {
+        let mut rng = Rng(13);
+        let (rows, cols) = (96, 128);
+        let m = upload_matrix(&ctx, "w", &matrix(&mut rng, GgmlType::Q4_1, rows, cols)).unwrap();
+        let state = storage_buffer(&ctx, "st", bytemuck::cast_slice(&[0u32; 4]));
+        for n in [1, 16] {
+            let x = f32_buffer(&ctx, "x", &rng.vec(n * cols, 1.0));
+            let resid = rng.vec(n * rows, 1.0);
+            let (y1, y2) = (
+                f32_buffer(&ctx, "y1", &resid),
+                f32_buffer(&ctx, "y2", &resid),
+            );
+            let taps = |name| work_buffer(&ctx, name, (n * 2 * rows * 4) as u64);
+            let (t1, t2) = (taps("t1"), taps("t2"));
+            let mut d = ops::gemv(&ctx, &m, &x, &y1, n, true).unwrap();
+            d.push(ops::copy_rows(&ctx, &y1, &t1, &state, n, rows, 2 * rows, rows).unwrap());
+            let f = GemvFusion {
+                accumulate: true,
+                tap: Some(ops::GemvTap {
+                    buf: &t2,
+                    offset: rows,
+                    stride: 2 * rows,
+                }),
+                ..Default::default()
+            };
+            d.extend(ops::gemv_fused(&ctx, &m, &x, &y2, n, &f).unwrap());
+            run(&ctx, &d);
+            assert_eq!(
+                read_u32(&ctx, &y1, n * rows),
+                read_u32(&ctx, &y2, n * rows),
+                "y n={n}"
+            );
+            let (a, b) = (
+                read_u32(&ctx, &t1, 2 * n * rows),
+                read_u32(&ctx, &t2, 2 * n * rows),
+            );
+            for r in 0..n {
+                let second = r * 2 * rows + rows..(r + 1) * 2 * rows;
+                assert_eq!(a[second.clone()], b[second], "taps row {r}, n={n}");
+            }
+        }
+    }
+}
+
 /// The greedy head fused into the lm_head (workgroup partials, then a reduction) picks
 /// the argmax kernel's token, over a matrix split into chunks, with ties and NaN.
 #[test]

@@ -523,6 +523,20 @@ fn every_kernel_variant_compiles() {
                     );
                 }
             }
+            // The residual GEMV with a DFlash tap in its epilogue, CPU and GPU knobs.
+            for (lanes, outs) in [(1.0, 4.0), (16.0, 4.0)] {
+                for n in [1.0, 16.0] {
+                    ks.push(
+                        Kernel::new(Shader::Gemv, "main_tap")
+                            .with("FORMAT", f)
+                            .with("GROUP", g)
+                            .with("N_ROWS", n)
+                            .with("ACCUMULATE", 1.0)
+                            .with("LANES", lanes)
+                            .with("OUTS", outs),
+                    );
+                }
+            }
             ks.push(
                 Kernel::new(Shader::Embedding, "main")
                     .with("FORMAT", f)

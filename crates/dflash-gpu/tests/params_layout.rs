@@ -45,7 +45,8 @@ macro_rules! assert_layout {
 #[test]
 fn gemv_params_match_the_wgsl_struct() {
     assert_layout!(Shader::Gemv, "Params", GemvParams; n_rows, k, m, out_offset,
-        out_stride, wg_x, eps, bias_offset, pair_rows, part_offset, n_parts, pad);
+        out_stride, wg_x, eps, bias_offset, pair_rows, part_offset, n_parts, tap_offset,
+        tap_stride, pad0, pad1, pad2);
 }
 
 #[test]

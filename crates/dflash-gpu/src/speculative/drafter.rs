@@ -573,7 +573,7 @@ impl GpuDrafter {
         for l in &self.layers {
             let w = self.layer_weights(l);
             blocks::attention_block(ctx, d, &shape, &w, &bufs, b)?;
-            blocks::mlp_block(ctx, d, &shape, &w, &bufs, b)?;
+            blocks::mlp_block(ctx, d, &shape, &w, (&bufs, None), b)?;
         }
         d.push(ops::rmsnorm(ctx, eps, &self.norm, &self.x, &self.xn, b, h)?);
         Ok(())
