@@ -382,6 +382,34 @@ fn half_to_f32(h: u16) -> f32 {
     }
 }
 
+/// The QKV and attention shapes of a layer with `nh` query and `nkv` KV heads of `hd`
+/// (neox RoPE over the whole head; the QKV rows stacked q, k, v).
+fn attention_shapes(
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    window: usize,
+    causal: bool,
+) -> (ops::QkvShape, ops::AttentionShape) {
+    let qkv = ops::QkvShape {
+        style: RopeStyle::Neox,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        rope_dim: hd,
+        eps: 1e-6,
+    };
+    let att = ops::AttentionShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        window,
+        causal,
+        q_stride: (nh + 2 * nkv) * hd,
+    };
+    (qkv, att)
+}
+
 /// Chunked attention (GPUs) against qkv.wgsl + attention.wgsl (CPU adapters): the same
 /// outputs and cache within rounding (the chunks are merged in another order than one
 /// walk over the keys sums them), for rows whose keys span several chunks of 64, with
@@ -412,22 +440,7 @@ fn chunked_attention_matches_qkv_and_attention() {
                 f32_buffer(&ctx, "qn", &rng.vec(hd, 1.0)),
                 f32_buffer(&ctx, "kn", &rng.vec(hd, 1.0)),
             );
-            let shape = ops::QkvShape {
-                style: RopeStyle::Neox,
-                n_heads: nh,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                rope_dim: hd,
-                eps: 1e-6,
-            };
-            let att = ops::AttentionShape {
-                n_heads: nh,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                window,
-                causal,
-                q_stride: row,
-            };
+            let (shape, att) = attention_shapes(nh, nkv, hd, window, causal);
             let cache = |name| work_buffer(&ctx, name, (cap * kvd * 4) as u64);
             let (kc1, vc1, kc2, vc2) = (cache("k1"), cache("v1"), cache("k2"), cache("v2"));
             let (ml, acc) = ops::attention_partial_bytes(nh, hd, cap);
@@ -504,22 +517,7 @@ fn a_windowed_row_in_a_row_tile_has_its_bits_alone_even_beside_an_infinite_value
             .flat_map(|i| [(i as f32 * 0.01).cos(), (i as f32 * 0.01).sin()])
             .collect();
         let table = f32_buffer(&ctx, "table", &table);
-        let shape = ops::QkvShape {
-            style: RopeStyle::Neox,
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            rope_dim: hd,
-            eps: 1e-6,
-        };
-        let att = ops::AttentionShape {
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            window,
-            causal: true,
-            q_stride: row,
-        };
+        let (shape, att) = attention_shapes(nh, nkv, hd, window, true);
         let (ml, acc) = ops::attention_partial_bytes(nh, hd, cap);
         let (ml, acc) = (work_buffer(&ctx, "ml", ml), work_buffer(&ctx, "acc", acc));
         let kv_bytes = if ctx.f16 { 2 } else { 4 };
