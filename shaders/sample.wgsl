@@ -318,7 +318,7 @@ var<workgroup> chunk_z: array<f32, CHUNK>;
 var<workgroup> bin_n: array<u32, BINS>;
 var<workgroup> bin_m: array<f32, BINS>;
 var<workgroup> run_mass: array<f32, WG>;
-var<workgroup> picked: vec2<u32>; // draw: the chunk, and the mass before it (f32 bits)
+var<workgroup> picked: vec3<u32>; // draw: the chunk, the mass before it and u (f32 bits)
 var<workgroup> round_level: u32;
 
 // The row's selection level, uniform across the workgroup (read by thread 0).
@@ -343,8 +343,12 @@ fn chunk_range(c: u32) -> vec2<u32> {
     return vec2<u32>(lo, min(lo + CHUNK, p.len));
 }
 
-// Whether this round's filter is on (uniform: from the uniform buffer).
-fn filter_on() -> bool {
+// Whether this round runs: its filter is on (from the uniform buffer) and its key is not
+// yet whole (`level`, uniform through load_level).
+fn round_open(level: u32) -> bool {
+    if (level >= 4u) {
+        return false;
+    }
     if (MODE == 0u) {
         return p.top_k > 0u && p.top_k < p.len;
     }
@@ -393,7 +397,7 @@ fn histogram(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg:
     let row = wg.y;
     let s = row * SEL;
     let level = load_level(t, s);
-    if (!filter_on() || level >= 4u) {
+    if (!round_open(level)) {
         return;
     }
     let r = chunk_range(wg.x);
@@ -429,12 +433,12 @@ fn histogram(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg:
 // target; after the fourth byte the key found raises the threshold.
 @compute @workgroup_size(WG)
 fn select_byte(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let row = wg.x;
-    let s = row * SEL;
+    let s = wg.x * SEL;
     let level = load_level(t, s);
-    if (!filter_on() || level >= 4u) {
+    if (!round_open(level)) {
         return;
     }
+    let row = wg.x;
     for (var j = 0u; j < 4u; j++) {
         var n = 0u;
         var mass = 0.0;
@@ -539,7 +543,7 @@ fn draw(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3
     run_masses(t, row, c);
     workgroupBarrier();
     if (t == 0u) {
-        tokens[p.out_offset + row] = walk_chunk(row, c, bitcast<f32>(picked.y));
+        tokens[p.out_offset + row] = walk_chunk(row, c, bitcast<f32>(picked.y), bitcast<f32>(picked.z));
     }
 }
 
@@ -553,8 +557,8 @@ fn row_u(row: u32) -> f32 {
     return f32(random_u32(pos, 0u) >> 8u) * (1.0 / 16777216.0) * total;
 }
 
-// The chunk whose mass takes u (else the last with mass), and the mass before it.
-fn pick_chunk(row: u32) -> vec2<u32> {
+// The chunk whose mass takes u (else the last with mass), the mass before it, and u.
+fn pick_chunk(row: u32) -> vec3<u32> {
     let u = row_u(row);
     var cum = 0.0;
     var last = 0u;
@@ -563,18 +567,18 @@ fn pick_chunk(row: u32) -> vec2<u32> {
         if (v > 0.0) {
             last = c;
             if (u < cum + v) {
-                return vec2<u32>(c, bitcast<u32>(cum));
+                return vec3<u32>(c, bitcast<u32>(cum), bitcast<u32>(u));
             }
         }
         cum += v;
     }
     // Rounding left u above every chunk: the chunks after `last` hold nothing.
-    return vec2<u32>(last, bitcast<u32>(cum - chunk_vals[row * n_chunks() + last]));
+    let before = cum - chunk_vals[row * n_chunks() + last];
+    return vec3<u32>(last, bitcast<u32>(before), bitcast<u32>(u));
 }
 
 // draw's serial part: the run of chunk c that takes u (else its last run with mass).
-fn walk_chunk(row: u32, c: u32, before: f32) -> u32 {
-    let u = row_u(row);
+fn walk_chunk(row: u32, c: u32, before: f32, u: f32) -> u32 {
     let r = chunk_range(c);
     var cum = before;
     var last = 0u;
