@@ -9,6 +9,7 @@
 //! deltas projected from the sublayer's normed input) and the candidate selector, trained
 //! by a second cross-entropy over each slot's lm_head top-K (see [`SeqLoss`]).
 
+use crate::head_loss::CandidateHead;
 use crate::nn::{rms_norm, RopeTables};
 use crate::target::linear;
 use candle_core::{DType, Device, Result, Tensor, Var, D};
@@ -201,6 +202,8 @@ pub struct SeqBatch<'a> {
     pub anchors: &'a [usize],
     /// Positions from `loss_from` on carry labels (the response).
     pub loss_from: usize,
+    /// The step's softmax rows when the loss is sampled; None: the whole vocabulary.
+    pub head: Option<&'a CandidateHead>,
 }
 
 /// Loss pieces for one sequence: summed weighted NLL, summed weight, and per slot
@@ -544,7 +547,7 @@ impl<'a> DraftTrainer<'a> {
             nll,
             argmax: pred,
             top,
-        } = self.head_nll(&normed, &lab.labels, top_k)?;
+        } = self.head_nll(&normed, &lab.labels, top_k, s.head)?;
         out.weight = lab.weights.iter().map(|&w| w as f64).sum();
         let wt = Tensor::from_vec(lab.weights.clone(), n, dev)?;
         out.weighted_nll = (nll * wt)?.sum_all()?;
@@ -588,14 +591,41 @@ impl<'a> DraftTrainer<'a> {
     }
 
     /// The lm_head's NLL of `labels` on the final-normed rows `normed` `[n, H]`, each
-    /// row's argmax, and (`top_k` > 0) each row's top-K (id, logit).
-    fn head_nll(&self, normed: &Tensor, labels: &[u32], top_k: usize) -> Result<HeadNll> {
+    /// row's argmax, and (`top_k` > 0) each row's top-K (id, logit): over the whole
+    /// vocabulary, or over the rows of `head` only (the ids it returns are vocabulary ids).
+    fn head_nll(
+        &self,
+        normed: &Tensor,
+        labels: &[u32],
+        top_k: usize,
+        head: Option<&CandidateHead>,
+    ) -> Result<HeadNll> {
+        let Some(head) = head else {
+            return self.matrix_nll(self.lm_head, normed, labels.to_vec(), top_k);
+        };
+        let mut out = self.matrix_nll(&head.rows, normed, head.local_labels(labels)?, top_k)?;
+        for a in out.argmax.iter_mut() {
+            *a = head.ids[*a as usize];
+        }
+        for (id, _) in out.top.iter_mut().flatten() {
+            *id = head.ids[*id as usize];
+        }
+        Ok(out)
+    }
+
+    /// `head_nll` over the rows of `matrix` `[V', H]`, labels and ids being its rows.
+    fn matrix_nll(
+        &self,
+        matrix: &Tensor,
+        normed: &Tensor,
+        labels: Vec<u32>,
+        top_k: usize,
+    ) -> Result<HeadNll> {
         let dev = self.embed.device();
         let n = labels.len();
         if dev.is_cpu() {
             // The fused op: no gradient for the frozen lm_head, one pass over the logits.
-            let op = crate::head_loss::FrozenHeadNll::new(self.lm_head.clone(), labels.to_vec())
-                .with_top_k(top_k);
+            let op = crate::head_loss::FrozenHeadNll::new(matrix.clone(), labels).with_top_k(top_k);
             let stats = op.stats.clone();
             let nll = normed.apply_op1(op)?;
             let mut st = stats.lock().expect("stats lock");
@@ -606,8 +636,8 @@ impl<'a> DraftTrainer<'a> {
             })
         } else {
             // Other devices (CUDA): candle's own ops.
-            let logits = linear(normed, self.lm_head)?;
-            let lab = Tensor::from_vec(labels.to_vec(), (n, 1), dev)?;
+            let logits = linear(normed, matrix)?;
+            let lab = Tensor::from_vec(labels, (n, 1), dev)?;
             let nll = candle_nn::ops::log_softmax(&logits, D::Minus1)?
                 .gather(&lab, 1)?
                 .squeeze(1)?

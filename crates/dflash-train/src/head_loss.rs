@@ -145,3 +145,59 @@ impl CustomOp1 for FrozenHeadNll {
         Ok(Some(dlogits.matmul(&self.lm_head)?))
     }
 }
+
+/// The rows of the lm_head one step's softmax runs over when the loss is sampled
+/// (`SampledHead`): the tokens of the data's responses (so every label is one) and some
+/// random others, drawn afresh each step, that keep the rest of the vocabulary down.
+pub struct CandidateHead {
+    /// Vocabulary id of each candidate row, ascending.
+    pub ids: Vec<u32>,
+    /// `[ids.len(), hidden]`: the lm_head's rows of `ids`.
+    pub rows: Tensor,
+    /// Candidate row of each vocabulary id; `u32::MAX` where it is none.
+    local: Vec<u32>,
+}
+
+impl CandidateHead {
+    /// The candidates `always` plus `negatives` random vocabulary ids drawn by `rng`,
+    /// with their rows of `lm_head` (`[vocab, hidden]`).
+    pub fn draw(
+        lm_head: &Tensor,
+        always: &[u32],
+        negatives: usize,
+        rng: &mut dflash_core::rng::Rng,
+    ) -> Result<Self> {
+        let vocab = lm_head.dim(0)?;
+        let mut chosen = vec![false; vocab];
+        for &t in always {
+            if (t as usize) < vocab {
+                chosen[t as usize] = true;
+            }
+        }
+        for _ in 0..negatives {
+            chosen[rng.below(vocab)] = true;
+        }
+        let ids: Vec<u32> = (0..vocab as u32).filter(|&t| chosen[t as usize]).collect();
+        let mut local = vec![u32::MAX; vocab];
+        for (i, &t) in ids.iter().enumerate() {
+            local[t as usize] = i as u32;
+        }
+        let index = Tensor::from_vec(ids.clone(), ids.len(), lm_head.device())?;
+        Ok(CandidateHead {
+            rows: lm_head.index_select(&index, 0)?,
+            ids,
+            local,
+        })
+    }
+
+    /// `labels` as candidate rows; an error names a label that is not a candidate.
+    pub fn local_labels(&self, labels: &[u32]) -> Result<Vec<u32>> {
+        labels
+            .iter()
+            .map(|&t| match self.local.get(t as usize) {
+                Some(&i) if i != u32::MAX => Ok(i),
+                _ => candle_core::bail!("label {t} is not a candidate of the sampled head"),
+            })
+            .collect()
+    }
+}

@@ -95,6 +95,13 @@ struct TrainArgs {
     /// `cpu`, or `cuda` (a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Sample the loss's softmax: the tokens of the data's responses plus this many
+    /// random vocabulary ids each step, instead of the whole vocabulary.
+    #[arg(long)]
+    sampled_head: Option<usize>,
+    /// With --sampled-head: every Nth step runs over the whole vocabulary (0: never).
+    #[arg(long, default_value_t = 8, requires = "sampled_head")]
+    full_head_every: usize,
 }
 
 #[derive(clap::Args)]
@@ -158,6 +165,18 @@ struct DataArgs {
     /// `candle`, candle's f32 target with --batch prompts together.
     #[arg(long, default_value = "cpu")]
     engine: String,
+    /// Where `--engine candle` runs: `cpu`, or `cuda` (a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+/// The candle device named by `--device`.
+fn candle_device(name: &str) -> Result<candle_core::Device, TrainError> {
+    match name {
+        "cpu" => Ok(candle_core::Device::Cpu),
+        "cuda" => Ok(candle_core::Device::new_cuda(0)?),
+        other => Err(TrainError::Usage(format!("--device {other}: cpu or cuda"))),
+    }
 }
 
 fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
@@ -181,7 +200,7 @@ fn run_data(a: DataArgs) -> Result<(), TrainError> {
             &model.weights,
             dflash_core::cpu::CpuKernels::Quantized,
         )),
-        "candle" => Box::new(Target::new(&model.weights, &candle_core::Device::Cpu)?),
+        "candle" => Box::new(Target::new(&model.weights, &candle_device(&a.device)?)?),
         other => {
             return Err(TrainError::Usage(format!(
                 "--engine {other}: cpu or candle"
@@ -245,6 +264,12 @@ fn run_train(a: TrainArgs) -> Result<(), TrainError> {
                 )))
             }
         },
+        sampled_head: a
+            .sampled_head
+            .map(|negatives| dflash_train::train::SampledHead {
+                negatives,
+                full_every: a.full_head_every,
+            }),
     };
     eprintln!(
         "{} samples, {} tokens; mask token {mask}",
@@ -254,12 +279,7 @@ fn run_train(a: TrainArgs) -> Result<(), TrainError> {
             .map(|s| s.prompt_ids.len() + s.response_ids.len())
             .sum::<usize>()
     );
-    let device = match a.device.as_str() {
-        "cpu" => candle_core::Device::Cpu,
-        "cuda" => candle_core::Device::new_cuda(0)?,
-        other => return Err(TrainError::Usage(format!("--device {other}: cpu or cuda"))),
-    };
-    let target = Target::new(&model.weights, &device)?;
+    let target = Target::new(&model.weights, &candle_device(&a.device)?)?;
     use dflash_train::train::Init;
     let init = match (&a.init_from, a.init_from_target) {
         (Some(d), _) => Init::Drafter(d),

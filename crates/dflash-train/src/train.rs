@@ -5,6 +5,7 @@
 
 use crate::data::Sample;
 use crate::draft_model::{DraftParams, DraftTrainer, SeqBatch, SeqLoss};
+use crate::head_loss::CandidateHead;
 use crate::optim::{schedule, AdamW};
 use crate::prompts::Rng;
 use crate::target::Target;
@@ -37,6 +38,19 @@ pub struct TrainConfig {
     #[serde(default)]
     /// DFlash2's sizes (the published release: 2, 16, 256, 16), or plain DFlash.
     pub dflash2: Option<DFlash2Config>,
+    /// The loss's softmax over a sample of the vocabulary; None: the whole vocabulary.
+    #[serde(default)]
+    pub sampled_head: Option<SampledHead>,
+}
+
+/// A cross-entropy whose softmax runs over the tokens of the data's responses (every
+/// label is one) and `negatives` random vocabulary ids drawn afresh each step, with the
+/// whole vocabulary every `full_every`-th step (0: never). The lm_head's rows are most of
+/// a step's work (49,152 of them for SmolLM2 against ~3,500 tokens in the responses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampledHead {
+    pub negatives: usize,
+    pub full_every: usize,
 }
 
 /// Where a new run's weights start.
@@ -229,6 +243,15 @@ pub fn pick_anchors(rng: &mut Rng, from: usize, len: usize, n: usize) -> Vec<usi
     all.truncate(n);
     all.sort_unstable();
     all
+}
+
+/// Every token that some response of `samples` holds, ascending.
+fn response_tokens(samples: &[Sample]) -> Vec<u32> {
+    let set: std::collections::BTreeSet<u32> = samples
+        .iter()
+        .flat_map(|s| s.response_ids.iter().copied())
+        .collect();
+    set.into_iter().collect()
 }
 
 /// The sample for slot `j` of `step`: epochs walk a seeded permutation of the data.
@@ -473,30 +496,39 @@ pub fn train(
     Ok(last)
 }
 
-/// Refuses a resume whose drafter shape (layers, block, mask token, DFlash2 sizes)
-/// differs from the one the run directory was started with.
+/// Refuses a resume whose settings differ from those the run directory was started
+/// with, naming each one; only the step count (a run may be extended) and the checkpoint
+/// interval may change.
 fn check_same_run(run: &RunDir, tc: &TrainConfig) -> Result<(), TrainError> {
     if !run.train_config().exists() {
         return Ok(());
     }
+    let text = std::fs::read_to_string(run.train_config()).map_err(io)?;
     let prev: TrainConfig =
-        serde_json::from_str(&std::fs::read_to_string(run.train_config()).map_err(io)?)
-            .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-    if prev.layers != tc.layers
-        || prev.block_size != tc.block_size
-        || prev.mask_token_id != tc.mask_token_id
-        || prev.dflash2 != tc.dflash2
-    {
-        return Err(TrainError::Checkpoint(format!(
-            "{} was started with {} layers, block {}, mask {}, DFlash2 {:?}",
-            run.0.display(),
-            prev.layers,
-            prev.block_size,
-            prev.mask_token_id,
-            prev.dflash2
-        )));
+        serde_json::from_str(&text).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    let (old, new) = (serde_json::json!(prev), serde_json::json!(tc));
+    let (Some(old), Some(new)) = (old.as_object(), new.as_object()) else {
+        return Ok(());
+    };
+    let differ: Vec<String> = new
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "steps" | "checkpoint_every"))
+        .filter(|(k, v)| old.get(k.as_str()) != Some(v))
+        .map(|(k, v)| {
+            format!(
+                "{k} {} (now {v})",
+                old.get(k.as_str()).unwrap_or(&serde_json::Value::Null)
+            )
+        })
+        .collect();
+    if differ.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    Err(TrainError::Checkpoint(format!(
+        "{} was started with other settings: {}; resume with the run's own settings or train into a new directory",
+        run.0.display(),
+        differ.join(", ")
+    )))
 }
 
 /// The run's drafter config, checked against target `tcfg`: fixed at the first run (a
@@ -563,6 +595,8 @@ struct StepInputs<'a> {
     tap_layers: &'a [usize],
     trainer: DraftTrainer<'a>,
     params: &'a DraftParams,
+    /// Every token of the data's responses, ascending: the sampled head's fixed part.
+    response_tokens: Vec<u32>,
 }
 
 impl<'a> StepInputs<'a> {
@@ -588,7 +622,26 @@ impl<'a> StepInputs<'a> {
             tap_layers: &dcfg.target_layer_ids,
             trainer,
             params,
+            response_tokens: response_tokens(samples),
         })
+    }
+
+    /// The softmax rows of step `step`: None (the whole vocabulary) unless the loss is
+    /// sampled and this is not one of its full steps.
+    fn step_head(&self, step: usize) -> Result<Option<CandidateHead>, TrainError> {
+        let Some(sh) = self.tc.sampled_head else {
+            return Ok(None);
+        };
+        if sh.full_every > 0 && step % sh.full_every == sh.full_every - 1 {
+            return Ok(None);
+        }
+        let mut rng = Rng(self.tc.seed ^ 0x4EAD ^ ((step as u64) << 24));
+        Ok(Some(CandidateHead::draw(
+            self.trainer.lm_head,
+            &self.response_tokens,
+            sh.negatives,
+            &mut rng,
+        )?))
     }
 
     /// The forward of step `step`: its sequences (the data's seeded order), their random
@@ -600,6 +653,8 @@ impl<'a> StepInputs<'a> {
     ) -> Result<StepSums, TrainError> {
         let tc = self.tc;
         let mut sums = StepSums::new(tc.block_size);
+        let head = self.step_head(step)?;
+        sums.head_rows = head.as_ref().map(|h| h.ids.len());
         for j in 0..tc.seqs_per_step {
             let idx = sample_index(tc.seed, self.samples.len(), step * tc.seqs_per_step + j);
             let s = &self.samples[idx];
@@ -621,6 +676,7 @@ impl<'a> StepInputs<'a> {
                     tokens: &toks,
                     anchors: &anchors,
                     loss_from: s.prompt_ids.len(),
+                    head: head.as_ref(),
                 },
             )?;
             sums.add(l, toks.len())?;
@@ -655,6 +711,8 @@ struct StepSums {
     tokens: u64,
     /// Seconds spent getting the target's taps.
     taps_s: f64,
+    /// The sampled head's rows, when this step's softmax ran over a sample.
+    head_rows: Option<usize>,
     /// DFlash2: the selector's summed weighted NLL and its weight.
     sel_total: Option<Tensor>,
     sel_w: f64,
@@ -681,6 +739,7 @@ impl StepSums {
             correct: vec![0usize; b],
             tokens: 0u64,
             taps_s: 0.0,
+            head_rows: None,
             sel_total: None,
             sel_w: 0.0,
             in_top_k: vec![0usize; b],
@@ -849,6 +908,10 @@ impl RunLog {
             "labels": s.counts.iter().sum::<usize>(), "tokens": s.tokens, "step_s": dt, "taps_s": s.taps_s, "fwd_s": r.fwd_s,
             "cpu_s": self.clock.cpu_s(), "wall_s": self.clock.wall_s(),
         });
+        if let Some(rows) = s.head_rows {
+            // The loss and acc of this step are over the sampled rows, not the vocabulary.
+            rec["head_rows"] = serde_json::json!(rows);
+        }
         if dflash2 {
             add_selector_fields(&mut rec, r.loss.selector.as_ref(), s)?;
         }

@@ -71,6 +71,7 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
         seed: 3,
         grad_clip: 1.0,
         dflash2: None,
+        sampled_head: None,
     };
     train(&target, &samples, &run, &tc, Init::Random, true).unwrap();
     tc.steps = 300;
@@ -93,6 +94,80 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
         ..tc.clone()
     };
     assert!(train(&target, &samples, &run, &bad, Init::Random, true).is_err());
+    // So is any other setting but the step count, named, and nothing of the run is lost.
+    let other_lr = TrainConfig {
+        lr: 2e-2,
+        steps: 310,
+        ..tc.clone()
+    };
+    let err = train(&target, &samples, &run, &other_lr, Init::Random, true).unwrap_err();
+    assert!(
+        matches!(&err, dflash_train::TrainError::Checkpoint(m) if m.contains("lr 0.01 (now 0.02)")),
+        "{err}"
+    );
+    let lines = std::fs::read_to_string(run.join("train.log.jsonl")).unwrap();
+    assert_eq!(
+        lines.lines().count(),
+        300,
+        "the refused resume trained nothing"
+    );
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("checkpoint.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["step"], 300);
+
+    // A sampled head: the softmax over the responses' tokens and 8 random ids, the whole
+    // vocabulary every 4th step; its loss falls too.
+    let sampled_run = dir.join("sampled-run");
+    let sampled = TrainConfig {
+        steps: 120,
+        sampled_head: Some(dflash_train::train::SampledHead {
+            negatives: 8,
+            full_every: 4,
+        }),
+        ..tc.clone()
+    };
+    train(
+        &target,
+        &samples,
+        &sampled_run,
+        &sampled,
+        Init::Random,
+        true,
+    )
+    .unwrap();
+    let slog: Vec<serde_json::Value> = std::fs::read_to_string(sampled_run.join("train.log.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let in_responses: std::collections::BTreeSet<u32> = samples
+        .iter()
+        .flat_map(|s| s.response_ids.clone())
+        .collect();
+    for r in &slog {
+        let step = r["step"].as_u64().unwrap();
+        match r["head_rows"].as_u64() {
+            None => assert_eq!(step % 4, 0, "step {step} ran the whole vocabulary"),
+            Some(rows) => {
+                assert_ne!(step % 4, 0, "step {step} should run the whole vocabulary");
+                assert!(rows >= in_responses.len() as u64 && rows <= in_responses.len() as u64 + 8);
+            }
+        }
+    }
+    let full_loss = |xs: &[serde_json::Value]| {
+        let full: Vec<_> = xs
+            .iter()
+            .filter(|r| r["head_rows"].is_null())
+            .cloned()
+            .collect();
+        mean(&full)
+    };
+    let (first, end) = (full_loss(&slog[..20]), full_loss(&slog[100..]));
+    assert!(
+        end < 0.9 * first,
+        "whole-vocabulary loss fell from {first} to only {end}"
+    );
 
     // Export, load in the engine, and compare with a random drafter of the same shape.
     let out = dir.join("exported");
