@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The SmolLM2-135M drafter's GPU training, for a machine with an NVIDIA GPU and a CUDA 13
+# driver but no Rust toolchain and no network (the lent device machine of this workplace).
+# Here, first:
+#   scripts/train-gpu.sh pack DIR       build dflash-train with CUDA (scripts/build-train-cuda.sh),
+#                                       strip it, and cut it with the target model, the Python
+#                                       standard library the prompts come from and the two
+#                                       evaluation sets into DIR/p0/, DIR/p1/, ... of at most
+#                                       $PIECE bytes (40 MB), one per transfer; DIR/MANIFEST
+#                                       holds every file's sha256 (DIR inside the checkout and
+#                                       ignored by git, e.g. .train-pack, so it can be carried)
+#   scripts/train-gpu.sh unpack DIR DEST  join DIR's pieces into DEST and check every file
+#                                       against the manifest (the round trip, also run here)
+# then on the GPU machine, each piece carried by its own call and moved out of the way:
+#   scripts/train-gpu.sh stash DIR/pN   move a piece (and the manifest) to $DEV
+#   scripts/train-gpu.sh run            unpack from $DEV, then in one go: the target answers
+#                                       $PROMPTS prompts on the GPU (self-distillation, batched),
+#                                       the drafter trains $STEPS steps on the GPU, is exported
+#                                       and evaluated (HumanEval and MT-Bench, 40 prompts x 96
+#                                       tokens, block 16, T=0, on the CPU engine as here); every
+#                                       stage has a time limit so the whole run fits in 9 minutes,
+#                                       and $OUT gets the logs, the evaluations and the drafter in
+#                                       pieces of at most 16 MiB with their sha256
+# and back here:
+#   scripts/train-gpu.sh join OUTDIR DEST   join the drafter's pieces from OUTDIR into DEST,
+#                                       checked by sha256
+# Knobs: PROMPTS (4000), MAX_NEW (160), BATCH (64), STEPS (3000), SEQS (16), ANCHORS (64),
+# LAYERS (3), SAMPLED (--sampled-head negatives, 4096; 0 for the whole vocabulary),
+# DATA_S / TRAIN_S / EVAL_S (time limits: 150, 300, 100 s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEV="${DEV:-/tmp/dflash-train-dev}"
+OUT="${OUT:-train-out}"
+PIECE="${PIECE:-40000000}"
+MODEL=SmolLM2-135M-Instruct.Q4_1.gguf
+
+# The standard library's Python files the prompt mix reads (as dflash-train walks them).
+stdlib_files() {
+  local lib=$1
+  (cd "$lib" && find . \( -name test -o -name tests -o -name idle_test -o -name site-packages \
+    -o -name dist-packages -o -name __pycache__ -o -name '.?*' \) -prune -o -name '*.py' -print)
+}
+
+pack() {
+  local dir=$1 tmp model lib
+  rm -rf "$dir" && mkdir -p "$dir"
+  bin=$(scripts/build-train-cuda.sh | tail -1)
+  model=$(scripts/fetch-models.sh smollm2)
+  lib=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
+  tmp=$(mktemp -d)
+  mkdir -p "$tmp/files/stdlib" "$tmp/files/evalsets"
+  strip -o "$tmp/files/dflash-train" "$bin"
+  cp "$model" "$tmp/files/$MODEL"
+  stdlib_files "$lib" | tar cf - -C "$lib" -T - | tar xf - -C "$tmp/files/stdlib"
+  for set in humaneval mtbench; do cp "$(scripts/fetch-evalsets.sh $set)" "$tmp/files/evalsets/"; done
+  (cd "$tmp/files" && find . -type f -print0 | sort -z | xargs -0 sha256sum) > "$dir/MANIFEST"
+  tar cf - -C "$tmp/files" . | xz -T0 -3 | split -b "$PIECE" -d -a 2 - "$dir/pack.part"
+  rm -rf "$tmp"
+  local i=0
+  for f in "$dir"/pack.part*; do mkdir -p "$dir/p$i"; mv "$f" "$dir/p$i/"; i=$((i + 1)); done
+  cp "$dir/MANIFEST" "$dir/p0/"
+  ls -la "$dir"/p*
+}
+
+unpack() {
+  local dir manifest dest=$2
+  dir=$(realpath "$1")
+  manifest=$(find "$dir" -name MANIFEST | head -1)
+  mkdir -p "$dest"
+  find "$dir" -name 'pack.part*' -print0 | sort -z | xargs -0 cat | xz -d | tar xf - -C "$dest"
+  (cd "$dest" && sha256sum --quiet -c "$manifest")
+  echo "unpacked $(wc -l <"$manifest") files into $dest, sha256 checked"
+}
+
+run_on_gpu() {
+  mkdir -p "$OUT"; OUT=$(realpath "$OUT")
+  local w="$DEV/work" t log="$OUT/log.txt"
+  [ -d "$w/files" ] || unpack "$DEV" "$w/files" | tee -a "$log"
+  t="$w/files/dflash-train"; chmod +x "$t"
+  # cuBLAS, cuRAND and the CUDA runtime from the machine's PyTorch environment.
+  # shellcheck source=scripts/train-gpu-env.sh
+  source scripts/train-gpu-env.sh "$t" 2>>"$log" || { echo "CUDA libraries missing" | tee -a "$log"; return 1; }
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$log" 2>&1 || true
+  local model="$w/files/$MODEL" run="$w/run" drafter="$w/drafter" sampled=()
+  [ "${SAMPLED:-4096}" = 0 ] || sampled=(--sampled-head "${SAMPLED:-4096}")
+  stage() { # limit name command...
+    local limit=$1 name=$2; shift 2
+    echo "== [$SECONDS s] $name: $*" | tee -a "$log"
+    timeout "$limit" "$@" >>"$log" 2>&1 && echo "== [$SECONDS s] $name: ok" | tee -a "$log" \
+      || echo "== [$SECONDS s] $name: rc=$?" | tee -a "$log"
+  }
+  stage "${DATA_S:-150}" data "$t" data --model "$model" --out "$w/data.jsonl" --prompts "${PROMPTS:-4000}" \
+    --max-new-tokens "${MAX_NEW:-160}" --batch "${BATCH:-64}" --seed 1 --engine candle --device cuda \
+    --stdlib "$w/files/stdlib"
+  stage "${TRAIN_S:-300}" train "$t" train --model "$model" --data "$w/data.jsonl" --out "$run" \
+    --device cuda --layers "${LAYERS:-3}" --block 16 --steps "${STEPS:-3000}" --seqs-per-step "${SEQS:-16}" \
+    --anchors "${ANCHORS:-64}" --holdout 32 --checkpoint-every 50 "${sampled[@]}"
+  # The last checkpoint is exported even when the time limit cut the run short.
+  stage 30 export "$t" export --run "$run" --out "$drafter"
+  cp "$run/train.log.jsonl" "$run/train_config.json" "$OUT/" 2>/dev/null || true
+  for set in humaneval mtbench; do
+    stage "${EVAL_S:-100}" "eval $set" "$t" eval --model "$model" --drafter "$drafter" \
+      --prompts "$w/files/evalsets/$set.jsonl" --block 16 --max-new-tokens 96 --limit 40 \
+      --json-out "$OUT/eval-$set.json"
+  done
+  # The drafter back in pieces of at most 16 MiB.
+  (cd "$drafter" && tar cf - . | split -b 16000000 -d -a 2 - "$OUT/drafter.part")
+  (cd "$drafter" && sha256sum -- *) > "$OUT/drafter.sha256"
+  ls -la "$OUT" | tee -a "$log"
+}
+
+join_drafter() {
+  local from=$1 dest=$2
+  mkdir -p "$dest"
+  cat "$from"/drafter.part* | tar xf - -C "$dest"
+  (cd "$dest" && sha256sum --quiet -c "$(realpath "$from/drafter.sha256")")
+  echo "drafter joined into $dest, sha256 checked"
+}
+
+case "${1:-}" in
+  pack) pack "$2" ;;
+  unpack) unpack "$2" "$3" ;;
+  stash) mkdir -p "$DEV" && mv "$2"/* "$DEV"/ && ls -la "$DEV" ;;
+  run) run_on_gpu ;;
+  join) join_drafter "$2" "$3" ;;
+  *) sed -n '2,/^set -euo/{/^#/p}' "$0"; exit 2 ;;
+esac
