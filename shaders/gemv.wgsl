@@ -20,6 +20,15 @@
 //   main_tap also copies each stored value into taps[r * tap_stride + tap_offset + o] (a
 //   DFlash tap of the residual stream after a layer: the copy it replaces). An entry of
 //   its own, so that the others never bind the taps.
+//   main_experts: a mixture-of-experts projection (moe.wgsl routes). The matrix is every
+//   expert's rows stacked (expert e's at (e - expert_lo) * m in this chunk); a workgroup
+//   serves one expert and one tile of its m rows for ALL x rows that chose it, so a
+//   16-row verify reads each selected expert once. x row r's result lands in its slot
+//   j (routes[r * EXPERT_K + j] == e): y[(r * EXPERT_K + j) * out_stride + o]. With
+//   X_SLOTS the input of x row r is its own slot's row of x (the down projection reads
+//   each slot's activation), else row r. Every row's sum is the plain kernel's, so a
+//   row's result does not depend on the others; rows that did not choose the expert
+//   are computed and not stored, and a workgroup whose expert no row chose returns.
 //   main_argmax also leaves each workgroup's best (value, index) per x row in `best`
 //   (each row's own with LANES = 1); argmax.wgsl `reduce` finishes it: the lm_head and
 //   the greedy head in one pass.
@@ -31,6 +40,8 @@ override OUTS: u32 = 1u; // output rows per thread, 1..=MAX_OUTS
 override NORM: bool = false;
 override BIAS: bool = false;
 override PAIR: bool = false;
+override EXPERT_K: u32 = 0u; // main_experts: experts per x row (0: a plain GEMV)
+override X_SLOTS: bool = false; // main_experts: x row r reads its slot's row of x
 
 struct Params {
     n_rows: u32,      // = N_ROWS (kept for the layout of the uniform)
@@ -46,7 +57,7 @@ struct Params {
     n_parts: u32,     // main_argmax: workgroups of all chunks (the stride of `best`)
     tap_offset: u32,  // main_tap: first float of this matrix's rows in a taps row
     tap_stride: u32,  // main_tap: floats per taps row
-    pad0: u32,
+    expert_lo: u32,   // main_experts: the first expert whose rows are in this chunk
     pad1: u32,
     pad2: u32,
 }
@@ -61,6 +72,7 @@ struct Params {
 @group(0) @binding(7) var<storage, read> bias: array<f32>;
 @group(0) @binding(8) var<storage, read_write> best: array<vec2<u32>>;
 @group(0) @binding(9) var<storage, read_write> taps: array<f32>;
+@group(0) @binding(10) var<storage, read> routes: array<u32>; // main_experts: [rows, EXPERT_K]
 
 const MAX_ROWS: u32 = 16u;
 const MAX_OUTS: u32 = 4u;
@@ -69,6 +81,14 @@ var<workgroup> partial: array<f32, 2u * MAX_ROWS * WG>;
 
 var<workgroup> shared_inv_rms: array<f32, 16>;
 var<private> inv_rms: array<f32, 16>; // NORM: each x row's 1 / rms
+
+// main_experts: the slot of this workgroup's expert in each x row (NO_SLOT: not
+// chosen), and the first weight row of the expert in the chunk.
+const NO_SLOT: u32 = 0xffffffffu;
+var<workgroup> wg_slots: array<u32, 16>;
+var<workgroup> wg_chosen: u32;
+var<private> slots: array<u32, 16>;
+var<private> row_base: u32;
 
 // [OUTS output rows][16 x rows]: acc for row o_j, acc2 for o_j + pair_rows (PAIR).
 var<private> acc: array<f32, 64>;
@@ -117,9 +137,17 @@ fn norm_prologue(lid: u32) {
     }
 }
 
+// The row of x that x row r reads: its slot's (X_SLOTS), else its own.
+fn x_row(r: u32) -> u32 {
+    if (EXPERT_K > 0u && X_SLOTS) {
+        return r * EXPERT_K + select(slots[r], 0u, slots[r] == NO_SLOT);
+    }
+    return r;
+}
+
 // vec4 `i` of x row `r`, normalised when NORM.
 fn x_at(r: u32, i: u32) -> vec4<f32> {
-    let v = x[r * (p.k / 4u) + i];
+    let v = x[x_row(r) * (p.k / 4u) + i];
     if (NORM) {
         return (v * inv_rms[r]) * norm_w[i];
     }
@@ -134,6 +162,9 @@ fn out_row(o0: u32, j: u32) -> u32 {
 // Index of group g of output row j, clamped into the chunk: a thread's rows past the
 // chunk's end read the last row's weights and are never stored.
 fn group_index(o0: u32, j: u32, g: u32, gpr: u32) -> u32 {
+    if (EXPERT_K > 0u) {
+        return (row_base + min(out_row(o0, j), p.m - 1u)) * gpr + g;
+    }
     return min(out_row(o0, j), p.m - 1u) * gpr + g;
 }
 
@@ -268,7 +299,13 @@ fn store(o0: u32) {
             return;
         }
         for (var r = 0u; r < N_ROWS; r++) {
-            let yi = r * p.out_stride + p.out_offset + o;
+            var yi = r * p.out_stride + p.out_offset + o;
+            if (EXPERT_K > 0u) {
+                if (slots[r] == NO_SLOT) {
+                    continue;
+                }
+                yi = (r * EXPERT_K + slots[r]) * p.out_stride + o;
+            }
             var v = acc[j * MAX_ROWS + r];
             if (BIAS) {
                 v = v + bias[p.bias_offset + o];
@@ -310,6 +347,41 @@ fn gemv(lid: u32, wgi: u32) {
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     gemv(lid, wg.x + wg.y * p.wg_x);
+}
+
+// One expert's tile of rows for every x row that chose it (see the header). Workgroup
+// wgi serves expert expert_lo + wgi / tiles and tile wgi % tiles of its rows.
+@compute @workgroup_size(WG)
+fn main_experts(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let wgi = wg.x + wg.y * p.wg_x;
+    let tiles = (p.m + rows_per_workgroup() - 1u) / rows_per_workgroup();
+    let local_expert = wgi / tiles;
+    let expert = p.expert_lo + local_expert;
+    if (lid < N_ROWS) {
+        var slot = NO_SLOT;
+        for (var j = 0u; j < EXPERT_K; j++) {
+            if (routes[lid * EXPERT_K + j] == expert) {
+                slot = j;
+            }
+        }
+        wg_slots[lid] = slot;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        var chosen = 0u;
+        for (var r = 0u; r < N_ROWS; r++) {
+            chosen |= u32(wg_slots[r] != NO_SLOT);
+        }
+        wg_chosen = chosen;
+    }
+    if (workgroupUniformLoad(&wg_chosen) == 0u) {
+        return;
+    }
+    for (var r = 0u; r < N_ROWS; r++) {
+        slots[r] = wg_slots[r];
+    }
+    row_base = local_expert * p.m;
+    gemv(lid, wgi % tiles);
 }
 
 // `main`, then each stored value (read back by the thread that stored it) into the taps.

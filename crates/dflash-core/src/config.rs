@@ -11,6 +11,9 @@ pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    /// Qwen3's attention with a mixture-of-experts feed-forward (`ModelConfig::moe`).
+    #[serde(rename = "qwen3_moe")]
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -19,8 +22,24 @@ impl Arch {
             "llama" | "LlamaForCausalLM" => Arch::Llama,
             "qwen2" | "Qwen2ForCausalLM" => Arch::Qwen2,
             "qwen3" | "Qwen3ForCausalLM" => Arch::Qwen3,
+            "qwen3moe" | "qwen3_moe" | "Qwen3MoeForCausalLM" => Arch::Qwen3Moe,
             other => return Err(Error::UnsupportedArchitecture(other.into())),
         })
+    }
+
+    /// The name `config.json`'s `model_type` gives it.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3_moe",
+        }
+    }
+
+    /// Per-head RMSNorm of q and k (Qwen3's attention).
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
     }
 }
 
@@ -50,6 +69,64 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     pub qk_norm: bool,
     pub tie_word_embeddings: bool,
+    /// The mixture-of-experts feed-forward of a sparse model (None: every layer dense).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts feed-forward as transformers' `Qwen3MoeSparseMoeBlock` defines
+/// it: a router (`[num_experts, hidden]`) scores every expert, the softmax of the scores
+/// picks the `experts_per_token` most probable (ties to the lower index), their
+/// probabilities (renormalised to sum 1 when `norm_topk_prob`) weigh the experts'
+/// SwiGLU outputs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub experts_per_token: usize,
+    /// Each expert's intermediate size (`moe_intermediate_size`).
+    pub expert_intermediate_size: usize,
+    pub norm_topk_prob: bool,
+    /// Per layer: sparse (the mixture) or dense (`intermediate_size`), as
+    /// `decoder_sparse_step` and `mlp_only_layers` (or a GGUF's router tensors) say.
+    pub sparse_layers: Vec<bool>,
+}
+
+impl MoeConfig {
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        self.sparse_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    fn validate(&self, num_layers: usize) -> Result<()> {
+        let bad = |m: String| Err(Error::BadConfig(m));
+        if self.num_experts == 0 || self.expert_intermediate_size == 0 {
+            return bad("num_experts and moe_intermediate_size must be positive".into());
+        }
+        if self.experts_per_token == 0 || self.experts_per_token > self.num_experts {
+            return bad(format!(
+                "num_experts_per_tok {} must be in 1..=num_experts ({})",
+                self.experts_per_token, self.num_experts
+            ));
+        }
+        if self.sparse_layers.len() != num_layers {
+            return bad(format!(
+                "{} sparse-layer flags for num_hidden_layers {}",
+                self.sparse_layers.len(),
+                num_layers
+            ));
+        }
+        crate::check_limit!("num_experts", self.num_experts, MAX_EXPERTS);
+        crate::check_limit!(
+            "num_experts_per_tok",
+            self.experts_per_token,
+            MAX_EXPERTS_PER_TOKEN
+        );
+        crate::check_limit!(
+            "moe_intermediate_size",
+            self.expert_intermediate_size,
+            MAX_INTERMEDIATE_SIZE
+        );
+        Ok(())
+    }
 }
 
 /// The RoPE settings of a target or a drafter.
@@ -204,6 +281,12 @@ impl ModelConfig {
             return bad("rms_norm_eps and rope_theta must be positive".into());
         }
         self.rope.check_scaling().map_err(Error::BadConfig)?;
+        match (&self.moe, self.arch) {
+            (Some(m), Arch::Qwen3Moe) => m.validate(self.num_layers)?,
+            (None, Arch::Qwen3Moe) => return bad("a qwen3_moe model without experts".into()),
+            (Some(_), _) => return bad(format!("experts in a {:?} model", self.arch)),
+            (None, _) => {}
+        }
         // Guards against configs that would make us allocate absurd memory.
         crate::check_limit!("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE);
         crate::check_limit!(
@@ -282,6 +365,11 @@ impl ModelConfig {
             qkv_bias: h.tensor("blk.0.attn_q.bias").is_some(),
             qk_norm: h.tensor("blk.0.attn_q_norm.weight").is_some(),
             tie_word_embeddings: tie,
+            moe: None,
+        };
+        let cfg = ModelConfig {
+            moe: moe_from_gguf(h, arch_s, cfg.num_layers)?,
+            ..cfg
         };
         cfg.validate()?;
         Ok(cfg)
@@ -319,8 +407,9 @@ impl ModelConfig {
             rope,
             max_position_embeddings: c.max_position_embeddings.unwrap_or(4096),
             qkv_bias: c.attention_bias.unwrap_or(arch == Arch::Qwen2),
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: arch.has_qk_norm(),
             tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
+            moe: c.moe.settings(arch, c.num_hidden_layers)?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -482,4 +571,77 @@ struct HfConfig {
     max_position_embeddings: Option<usize>,
     attention_bias: Option<bool>,
     tie_word_embeddings: Option<bool>,
+    #[serde(flatten)]
+    moe: HfMoe,
+}
+
+/// The mixture-of-experts fields of a Hugging Face `config.json` (qwen3_moe).
+#[derive(Debug, Default, Deserialize)]
+struct HfMoe {
+    /// transformers 4 writes `num_experts`, 5 `num_local_experts`.
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+}
+
+impl HfMoe {
+    fn settings(&self, arch: Arch, num_layers: usize) -> Result<Option<MoeConfig>> {
+        if arch != Arch::Qwen3Moe {
+            return Ok(None);
+        }
+        let need = |v: Option<usize>, n: &str| {
+            v.ok_or_else(|| Error::BadConfig(format!("a qwen3_moe config.json needs {n}")))
+        };
+        let num_experts = need(self.num_experts.or(self.num_local_experts), "num_experts")?;
+        let step = self.decoder_sparse_step.unwrap_or(1);
+        if step == 0 {
+            return Err(Error::BadConfig("decoder_sparse_step 0".into()));
+        }
+        let dense = self.mlp_only_layers.clone().unwrap_or_default();
+        if let Some(&l) = dense.iter().find(|&&l| l >= num_layers) {
+            return Err(Error::BadConfig(format!(
+                "mlp_only_layers names layer {l} of {num_layers}"
+            )));
+        }
+        Ok(Some(MoeConfig {
+            num_experts,
+            experts_per_token: need(self.num_experts_per_tok, "num_experts_per_tok")?,
+            expert_intermediate_size: need(self.moe_intermediate_size, "moe_intermediate_size")?,
+            norm_topk_prob: self.norm_topk_prob.unwrap_or(false),
+            sparse_layers: (0..num_layers)
+                .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
+                .collect(),
+        }))
+    }
+}
+
+/// The experts of a GGUF file (llama.cpp's `qwen3moe`): counts from the metadata, the
+/// sparse layers from the router tensors (`blk.N.ffn_gate_inp.weight`). llama.cpp
+/// renormalises the top-k weights of qwen3moe unless `expert_weights_norm` says not to.
+fn moe_from_gguf(h: &GgufHeader, arch: &str, num_layers: usize) -> Result<Option<MoeConfig>> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let Some(num_experts) = h.get_u64(&key("expert_count")) else {
+        return Ok(None);
+    };
+    let req = |k: &str| {
+        h.get_u64(&key(k))
+            .map(|v| v as usize)
+            .ok_or_else(|| Error::BadMetadata(format!("{} missing or not an integer", key(k))))
+    };
+    Ok(Some(MoeConfig {
+        num_experts: num_experts as usize,
+        experts_per_token: req("expert_used_count")?,
+        expert_intermediate_size: req("expert_feed_forward_length")?,
+        norm_topk_prob: h
+            .get(&key("expert_weights_norm"))
+            .and_then(|v| v.as_bool())
+            .unwrap_or(true),
+        sparse_layers: (0..num_layers)
+            .map(|i| h.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_some())
+            .collect(),
+    }))
 }

@@ -63,6 +63,11 @@ pub const MAX_LAYERS: u64 = 1024;
 pub const MAX_HEADS: u64 = 1024;
 pub const MAX_HEAD_DIM: u64 = 1024;
 pub const MAX_VOCAB_SIZE: u64 = 1 << 22;
+/// Experts of a mixture-of-experts layer, and those each token uses. Real models: 512
+/// experts (Qwen3-Next / Qwen3.5), 8 to 10 per token; the GPU's router keeps a row's
+/// choices in registers.
+pub const MAX_EXPERTS: u64 = 1 << 12;
+pub const MAX_EXPERTS_PER_TOKEN: u64 = 16;
 
 /// `Err(LimitExceeded)` naming the constant when `value > $limit`.
 #[macro_export]

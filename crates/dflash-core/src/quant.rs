@@ -163,6 +163,23 @@ impl QuantMatrix {
         Some(m)
     }
 
+    /// Rows `lo..lo + n` as a matrix of their own (one expert of a stack).
+    pub fn row_range(&self, lo: usize, n: usize) -> QuantMatrix {
+        let words = self.cols * self.format.bits() / 32;
+        let gpr = if self.format == QFormat::F32 {
+            0
+        } else {
+            self.groups_per_row()
+        };
+        QuantMatrix {
+            rows: n,
+            qs: self.qs[lo * words..(lo + n) * words].to_vec(),
+            scales: self.scales[lo * gpr..(lo + n) * gpr].to_vec(),
+            mins: self.mins[lo * gpr..(lo + n) * gpr].to_vec(),
+            ..*self
+        }
+    }
+
     /// An unquantized `[rows, cols]` matrix (`F32`: one group per row, no scales).
     pub fn from_f32(x: &[f32], rows: usize, cols: usize) -> Self {
         assert_eq!(x.len(), rows * cols, "from_f32: {rows}x{cols} values");

@@ -404,7 +404,7 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
 pub fn spec(name: &str) -> Option<SyntheticSpec> {
     let (name, t, d) = named(name)?;
     let mut json = serde_json::json!({
-        "model_type": match t.arch { Arch::Llama => "llama", Arch::Qwen2 => "qwen2", Arch::Qwen3 => "qwen3" },
+        "model_type": t.arch.model_type(),
         "hidden_size": t.hidden,
         "intermediate_size": t.intermediate,
         "num_hidden_layers": t.layers,

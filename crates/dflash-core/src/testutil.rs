@@ -2,7 +2,7 @@
 //! Hugging Face folders), a tiny byte-level BPE vocabulary, and a seeded generator.
 //! Used by the tests of every crate; small enough to build everywhere.
 
-use crate::config::{Arch, ModelConfig, Rope, RopeStyle};
+use crate::config::{Arch, ModelConfig, MoeConfig, Rope, RopeStyle};
 use crate::formats::ggml::{quantize, GgmlType};
 use crate::formats::gguf::{writer, Value};
 use crate::formats::hf::write_safetensors;
@@ -109,8 +109,16 @@ pub fn tiny_config(arch: Arch) -> ModelConfig {
         ),
         max_position_embeddings: 256,
         qkv_bias: arch == Arch::Qwen2,
-        qk_norm: arch == Arch::Qwen3,
+        qk_norm: arch.has_qk_norm(),
         tie_word_embeddings: false,
+        moe: (arch == Arch::Qwen3Moe).then(|| MoeConfig {
+            num_experts: 8,
+            experts_per_token: 3,
+            expert_intermediate_size: 32,
+            norm_topk_prob: true,
+            // The middle layer dense (`mlp_only_layers = [1]`).
+            sparse_layers: vec![true, false, true],
+        }),
     }
 }
 
@@ -180,27 +188,62 @@ pub fn random_weights(c: &ModelConfig, seed: u64) -> BTreeMap<String, (Vec<usize
             0.0,
             &mut rng,
         );
-        put(
-            format!("blk.{i}.ffn_gate.weight"),
-            vec![ff, h],
-            s(h),
-            0.0,
-            &mut rng,
-        );
-        put(
-            format!("blk.{i}.ffn_up.weight"),
-            vec![ff, h],
-            s(h),
-            0.0,
-            &mut rng,
-        );
-        put(
-            format!("blk.{i}.ffn_down.weight"),
-            vec![h, ff],
-            s(ff),
-            0.0,
-            &mut rng,
-        );
+        match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
+            Some(m) => {
+                let (e, eff) = (m.num_experts, m.expert_intermediate_size);
+                put(
+                    format!("blk.{i}.ffn_gate_inp.weight"),
+                    vec![e, h],
+                    2.0 * s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.ffn_gate_exps.weight"),
+                    vec![e, eff, h],
+                    s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.ffn_up_exps.weight"),
+                    vec![e, eff, h],
+                    s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.ffn_down_exps.weight"),
+                    vec![e, h, eff],
+                    s(eff),
+                    0.0,
+                    &mut rng,
+                );
+            }
+            None => {
+                put(
+                    format!("blk.{i}.ffn_gate.weight"),
+                    vec![ff, h],
+                    s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.ffn_up.weight"),
+                    vec![ff, h],
+                    s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.ffn_down.weight"),
+                    vec![h, ff],
+                    s(ff),
+                    0.0,
+                    &mut rng,
+                );
+            }
+        }
         if c.qkv_bias {
             put(format!("blk.{i}.attn_q.bias"), vec![q], 0.3, 0.0, &mut rng);
             put(format!("blk.{i}.attn_k.bias"), vec![kv], 0.3, 0.0, &mut rng);
@@ -253,11 +296,23 @@ fn encode_ggml(t: GgmlType, x: &[f32]) -> Vec<u8> {
     }
 }
 
+/// llama.cpp's name of an architecture.
 fn arch_name(a: Arch) -> &'static str {
     match a {
         Arch::Llama => "llama",
         Arch::Qwen2 => "qwen2",
         Arch::Qwen3 => "qwen3",
+        Arch::Qwen3Moe => "qwen3moe",
+    }
+}
+
+/// transformers' class of an architecture.
+fn hf_class(a: Arch) -> &'static str {
+    match a {
+        Arch::Llama => "LlamaForCausalLM",
+        Arch::Qwen2 => "Qwen2ForCausalLM",
+        Arch::Qwen3 => "Qwen3ForCausalLM",
+        Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
     }
 }
 
@@ -266,53 +321,70 @@ pub fn gguf_metadata(c: &ModelConfig) -> Vec<(String, Value)> {
     let a = arch_name(c.arch);
     let voc = tiny_vocab();
     let u = |v: usize| Value::U32(v as u32);
-    vec![
-        ("general.architecture".into(), Value::String(a.into())),
-        (format!("{a}.block_count"), u(c.num_layers)),
-        (format!("{a}.context_length"), u(c.max_position_embeddings)),
-        (format!("{a}.embedding_length"), u(c.hidden_size)),
-        (format!("{a}.feed_forward_length"), u(c.intermediate_size)),
-        (format!("{a}.attention.head_count"), u(c.num_heads)),
-        (format!("{a}.attention.head_count_kv"), u(c.num_kv_heads)),
-        (format!("{a}.attention.key_length"), u(c.head_dim)),
-        (format!("{a}.rope.freq_base"), Value::F32(c.rope.theta)),
-        (format!("{a}.rope.dimension_count"), u(c.rope.dim)),
-        (
-            format!("{a}.attention.layer_norm_rms_epsilon"),
-            Value::F32(c.rms_norm_eps),
-        ),
-        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre".into(), Value::String("smollm".into())),
-        (
-            "tokenizer.ggml.tokens".into(),
-            Value::Array(
-                voc.tokens
-                    .iter()
-                    .map(|t| Value::String(t.clone()))
-                    .collect(),
+    let mut moe = Vec::new();
+    if let Some(m) = &c.moe {
+        moe = vec![
+            (format!("{a}.expert_count"), u(m.num_experts)),
+            (format!("{a}.expert_used_count"), u(m.experts_per_token)),
+            (
+                format!("{a}.expert_feed_forward_length"),
+                u(m.expert_intermediate_size),
             ),
-        ),
-        (
-            "tokenizer.ggml.token_type".into(),
-            Value::Array(voc.types.iter().map(|&t| Value::I32(t)).collect()),
-        ),
-        (
-            "tokenizer.ggml.merges".into(),
-            Value::Array(
-                voc.merges
-                    .iter()
-                    .map(|t| Value::String(t.clone()))
-                    .collect(),
+            (
+                format!("{a}.expert_weights_norm"),
+                Value::Bool(m.norm_topk_prob),
             ),
-        ),
-        ("tokenizer.ggml.bos_token_id".into(), Value::U32(voc.bos)),
-        ("tokenizer.ggml.eos_token_id".into(), Value::U32(voc.eos)),
-        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
-        (
-            "tokenizer.chat_template".into(),
-            Value::String(CHATML_TEMPLATE.into()),
-        ),
-    ]
+        ];
+    }
+    moe.into_iter()
+        .chain([
+            ("general.architecture".into(), Value::String(a.into())),
+            (format!("{a}.block_count"), u(c.num_layers)),
+            (format!("{a}.context_length"), u(c.max_position_embeddings)),
+            (format!("{a}.embedding_length"), u(c.hidden_size)),
+            (format!("{a}.feed_forward_length"), u(c.intermediate_size)),
+            (format!("{a}.attention.head_count"), u(c.num_heads)),
+            (format!("{a}.attention.head_count_kv"), u(c.num_kv_heads)),
+            (format!("{a}.attention.key_length"), u(c.head_dim)),
+            (format!("{a}.rope.freq_base"), Value::F32(c.rope.theta)),
+            (format!("{a}.rope.dimension_count"), u(c.rope.dim)),
+            (
+                format!("{a}.attention.layer_norm_rms_epsilon"),
+                Value::F32(c.rms_norm_eps),
+            ),
+            ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+            ("tokenizer.ggml.pre".into(), Value::String("smollm".into())),
+            (
+                "tokenizer.ggml.tokens".into(),
+                Value::Array(
+                    voc.tokens
+                        .iter()
+                        .map(|t| Value::String(t.clone()))
+                        .collect(),
+                ),
+            ),
+            (
+                "tokenizer.ggml.token_type".into(),
+                Value::Array(voc.types.iter().map(|&t| Value::I32(t)).collect()),
+            ),
+            (
+                "tokenizer.ggml.merges".into(),
+                Value::Array(
+                    voc.merges
+                        .iter()
+                        .map(|t| Value::String(t.clone()))
+                        .collect(),
+                ),
+            ),
+            ("tokenizer.ggml.bos_token_id".into(), Value::U32(voc.bos)),
+            ("tokenizer.ggml.eos_token_id".into(), Value::U32(voc.eos)),
+            ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+            (
+                "tokenizer.chat_template".into(),
+                Value::String(CHATML_TEMPLATE.into()),
+            ),
+        ])
+        .collect()
 }
 
 /// Writes a tiny model as a GGUF file: 2-D weights in `matrix_type`, 1-D in F32.
@@ -334,7 +406,7 @@ pub fn write_gguf(
             };
             vals = permute_qk(&vals, shape[0], shape[1], heads);
         }
-        let t = if shape.len() == 2 {
+        let t = if shape.len() >= 2 {
             matrix_type
         } else {
             GgmlType::F32
@@ -347,6 +419,29 @@ pub fn write_gguf(
         });
     }
     writer::write(&gguf_metadata(c), &tensors)
+}
+
+/// A tensor by GGUF name as Hugging Face writes it: an expert stack
+/// (`blk.N.ffn_*_exps.weight`, `[experts, rows, cols]`) as one tensor per expert.
+fn hf_tensors(gguf: &str, shape: &[usize], v: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let Some(rest) = gguf
+        .strip_suffix("_exps.weight")
+        .and_then(|r| r.strip_prefix("blk."))
+    else {
+        return vec![(hf_name(gguf), shape.to_vec(), v.to_vec())];
+    };
+    let (i, what) = rest.split_once(".ffn_").unwrap();
+    let per = shape[1] * shape[2];
+    (0..shape[0])
+        .map(|e| {
+            let name = format!("model.layers.{i}.mlp.experts.{e}.{what}_proj.weight");
+            (
+                name,
+                shape[1..].to_vec(),
+                v[e * per..(e + 1) * per].to_vec(),
+            )
+        })
+        .collect()
 }
 
 fn hf_name(gguf: &str) -> String {
@@ -448,8 +543,8 @@ pub fn write_hf(
     let mut files = BTreeMap::new();
     let model_type = arch_name(c.arch);
     let voc = tiny_vocab();
-    let config = serde_json::json!({
-        "architectures": [match c.arch { Arch::Llama => "LlamaForCausalLM", Arch::Qwen2 => "Qwen2ForCausalLM", Arch::Qwen3 => "Qwen3ForCausalLM" }],
+    let mut config = serde_json::json!({
+        "architectures": [hf_class(c.arch)],
         "model_type": model_type,
         "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
         "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
@@ -459,6 +554,19 @@ pub fn write_hf(
         "tie_word_embeddings": c.tie_word_embeddings,
         "eos_token_id": voc.eos, "bos_token_id": voc.bos,
     });
+    if let Some(m) = &c.moe {
+        let dense: Vec<usize> = (0..c.num_layers).filter(|&i| !m.is_sparse(i)).collect();
+        let fields = serde_json::json!({
+            "num_experts": m.num_experts, "num_experts_per_tok": m.experts_per_token,
+            "moe_intermediate_size": m.expert_intermediate_size,
+            "norm_topk_prob": m.norm_topk_prob, "decoder_sparse_step": 1,
+            "mlp_only_layers": dense,
+        });
+        config
+            .as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+    }
     files.insert("config.json".into(), config.to_string().into_bytes());
     files.insert("tokenizer.json".into(), tiny_tokenizer_json().into_bytes());
     let tok_cfg = serde_json::json!({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": false, "chat_template": CHATML_TEMPLATE});
@@ -485,7 +593,8 @@ pub fn write_hf(
     };
     let all: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = w
         .iter()
-        .map(|(n, (s, v))| (hf_name(n), dtype, s.clone(), enc(v)))
+        .flat_map(|(n, (s, v))| hf_tensors(n, s, v))
+        .map(|(n, s, v)| (n, dtype, s, enc(&v)))
         .collect();
     if shards <= 1 {
         files.insert("model.safetensors".into(), write_safetensors(&all));

@@ -15,6 +15,15 @@ pub trait TensorSource<M = QuantMatrix, V = Vec<f32>> {
     fn matrix(&self, name: &str) -> Result<M>;
     /// A 1-D tensor as f32 (norm weights, biases).
     fn vector(&self, name: &str) -> Result<V>;
+    /// The 2-D tensors `names`, of one shape, stacked by rows into one matrix (a
+    /// mixture's experts where the file keeps each apart). Sources whose files never
+    /// do that (GGUF keeps them in one 3-D tensor) refuse.
+    fn stacked_matrix(&self, names: &[String]) -> Result<M> {
+        Err(Error::BadTensorLayout {
+            tensor: names.first().cloned().unwrap_or_default(),
+            reason: "this format keeps a layer's experts in one tensor".into(),
+        })
+    }
 }
 
 /// Checks that tensor `name` is present with shape `expected`.
@@ -92,12 +101,110 @@ impl Naming {
                     "ffn_gate.weight" => "mlp.gate_proj.weight",
                     "ffn_up.weight" => "mlp.up_proj.weight",
                     "ffn_down.weight" => "mlp.down_proj.weight",
+                    "ffn_gate_inp.weight" => "mlp.gate.weight",
                     _ => unreachable!("unknown layer tensor {what}"),
                 };
                 format!("model.layers.{i}.{hf}")
             }
         }
     }
+}
+
+/// A layer's feed-forward: one SwiGLU MLP, or a mixture of experts.
+#[derive(Debug, Clone)]
+pub enum FeedForward<M = QuantMatrix> {
+    Dense { gate: M, up: M, down: M },
+    Moe(MoeWeights<M>),
+}
+
+/// A mixture-of-experts feed-forward (`config::MoeConfig`): the router and every
+/// expert's SwiGLU matrices stacked by rows, expert `e`'s rows at `e * rows_per_expert`.
+#[derive(Debug, Clone)]
+pub struct MoeWeights<M = QuantMatrix> {
+    /// `[num_experts, hidden]`.
+    pub router: M,
+    /// `[num_experts * expert_intermediate, hidden]`.
+    pub gate: M,
+    pub up: M,
+    /// `[num_experts * hidden, expert_intermediate]`.
+    pub down: M,
+}
+
+impl<M> FeedForward<M> {
+    /// The matrices, in a fixed order (dense: gate, up, down; mixture: router, gate,
+    /// up, down).
+    pub fn matrices(&self) -> Vec<&M> {
+        match self {
+            FeedForward::Dense { gate, up, down } => vec![gate, up, down],
+            FeedForward::Moe(m) => vec![&m.router, &m.gate, &m.up, &m.down],
+        }
+    }
+
+    /// The dense MLP's gate, up and down, or None for a mixture.
+    pub fn dense(&self) -> Option<(&M, &M, &M)> {
+        match self {
+            FeedForward::Dense { gate, up, down } => Some((gate, up, down)),
+            FeedForward::Moe(_) => None,
+        }
+    }
+
+    pub fn try_map<M2, E>(
+        &self,
+        mut mat: impl FnMut(&str, &M) -> std::result::Result<M2, E>,
+    ) -> std::result::Result<FeedForward<M2>, E> {
+        Ok(match self {
+            FeedForward::Dense { gate, up, down } => FeedForward::Dense {
+                gate: mat("w_gate", gate)?,
+                up: mat("w_up", up)?,
+                down: mat("w_down", down)?,
+            },
+            FeedForward::Moe(m) => FeedForward::Moe(MoeWeights {
+                router: mat("router", &m.router)?,
+                gate: mat("experts_gate", &m.gate)?,
+                up: mat("experts_up", &m.up)?,
+                down: mat("experts_down", &m.down)?,
+            }),
+        })
+    }
+}
+
+/// Layer `i`'s router and experts: GGUF's 3-D `ffn_{gate,up,down}_exps` (`[experts,
+/// rows, cols]`, read as one matrix of `experts * rows` rows), or Hugging Face's
+/// `mlp.experts.{e}.{gate,up,down}_proj` stacked in expert order. A missing expert is
+/// `MissingTensor` naming it.
+fn load_experts<M, V>(
+    src: &dyn TensorSource<M, V>,
+    naming: Naming,
+    i: usize,
+    moe: &crate::config::MoeConfig,
+    h: usize,
+) -> Result<MoeWeights<M>> {
+    let (e, ff) = (moe.num_experts, moe.expert_intermediate_size);
+    let router = checked_matrix(src, &naming.layer(i, "ffn_gate_inp.weight"), e, h)?;
+    let stack = |gguf: &str, hf: &str, rows: usize, cols: usize| -> Result<M> {
+        match naming {
+            Naming::Gguf => {
+                let name = naming.layer(i, gguf);
+                check_shape(src, &name, &[e, rows, cols])?;
+                src.matrix(&name)
+            }
+            Naming::HuggingFace => {
+                let names: Vec<String> = (0..e)
+                    .map(|x| format!("model.layers.{i}.mlp.experts.{x}.{hf}"))
+                    .collect();
+                for name in &names {
+                    check_shape(src, name, &[rows, cols])?;
+                }
+                src.stacked_matrix(&names)
+            }
+        }
+    };
+    Ok(MoeWeights {
+        router,
+        gate: stack("ffn_gate_exps.weight", "gate_proj.weight", ff, h)?,
+        up: stack("ffn_up_exps.weight", "up_proj.weight", ff, h)?,
+        down: stack("ffn_down_exps.weight", "down_proj.weight", h, ff)?,
+    })
 }
 
 /// One layer's weights: host tensors by default, GPU buffers once uploaded.
@@ -114,9 +221,7 @@ pub struct LayerWeights<M = QuantMatrix, V = Vec<f32>> {
     pub q_norm: Option<V>,
     pub k_norm: Option<V>,
     pub ffn_norm: V,
-    pub w_gate: M,
-    pub w_up: M,
-    pub w_down: M,
+    pub ffn: FeedForward<M>,
 }
 
 #[derive(Debug, Clone)]
@@ -180,9 +285,14 @@ impl<M, V> ModelWeights<M, V> {
                 q_norm: opt_vec(n("attn_q_norm.weight"), c.head_dim, c.qk_norm)?,
                 k_norm: opt_vec(n("attn_k_norm.weight"), c.head_dim, c.qk_norm)?,
                 ffn_norm: vec(&n("ffn_norm.weight"), h)?,
-                w_gate: mat(&n("ffn_gate.weight"), ff, h)?,
-                w_up: mat(&n("ffn_up.weight"), ff, h)?,
-                w_down: mat(&n("ffn_down.weight"), h, ff)?,
+                ffn: match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
+                    Some(moe) => FeedForward::Moe(load_experts(src, naming, i, moe, h)?),
+                    None => FeedForward::Dense {
+                        gate: mat(&n("ffn_gate.weight"), ff, h)?,
+                        up: mat(&n("ffn_up.weight"), ff, h)?,
+                        down: mat(&n("ffn_down.weight"), h, ff)?,
+                    },
+                },
             });
         }
         Ok(ModelWeights {
@@ -217,9 +327,7 @@ impl<M, V> ModelWeights<M, V> {
                 q_norm,
                 k_norm,
                 ffn_norm: vec("ffn_norm", &l.ffn_norm)?,
-                w_gate: mat("w_gate", &l.w_gate)?,
-                w_up: mat("w_up", &l.w_up)?,
-                w_down: mat("w_down", &l.w_down)?,
+                ffn: l.ffn.try_map(&mut mat)?,
             });
         }
         Ok(ModelWeights {
@@ -251,8 +359,9 @@ impl ModelWeights {
                 + o(&l.bv)
                 + o(&l.q_norm)
                 + o(&l.k_norm);
-            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                .iter()
+            n += [&l.wq, &l.wk, &l.wv, &l.wo]
+                .into_iter()
+                .chain(l.ffn.matrices())
                 .map(|m| m.n_bytes())
                 .sum::<usize>();
         }

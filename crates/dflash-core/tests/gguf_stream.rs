@@ -78,8 +78,20 @@ fn the_header_is_parsed_from_a_prefix() {
 #[test]
 fn streamed_host_weights_equal_the_whole_file_load() {
     use dflash_core::formats::gguf_weights_stream::{HostSink, WeightStream};
+    // qwen3_moe: the experts' 3-D stacks stream as matrices too.
+    for arch in [Arch::Llama, Arch::Qwen3Moe] {
+        stream_equals_whole(&tiny_config(arch));
+    }
     let c = tiny_config(Arch::Llama);
     let file = write_gguf(&c, &random_weights(&c, 9), GgmlType::Q4_1);
+    let mut cut = WeightStream::new(HostSink, file.len() as u64);
+    cut.push(&file[..file.len() - 10]).unwrap();
+    assert!(matches!(cut.finish(), Err(Error::Truncated { .. })));
+}
+
+fn stream_equals_whole(c: &dflash_core::config::ModelConfig) {
+    use dflash_core::formats::gguf_weights_stream::{HostSink, WeightStream};
+    let file = write_gguf(c, &random_weights(c, 9), GgmlType::Q4_1);
     let whole = dflash_core::model_files::load_gguf(&file).unwrap();
     let mut s = WeightStream::new(HostSink, file.len() as u64);
     for chunk in file.chunks(333) {
@@ -91,14 +103,12 @@ fn streamed_host_weights_equal_the_whole_file_load() {
     assert_eq!(a.embed.qs, b.embed.qs);
     assert_eq!(a.norm, b.norm);
     for (x, y) in a.layers.iter().zip(&b.layers) {
-        for (m, n) in [(&x.wq, &y.wq), (&x.w_down, &y.w_down)] {
+        let ffn = x.ffn.matrices().into_iter().zip(y.ffn.matrices());
+        for (m, n) in [(&x.wq, &y.wq)].into_iter().chain(ffn) {
             assert_eq!((&m.qs, &m.scales, &m.mins), (&n.qs, &n.scales, &n.mins));
         }
         assert_eq!(x.attn_norm, y.attn_norm);
     }
-    let mut cut = WeightStream::new(HostSink, file.len() as u64);
-    cut.push(&file[..file.len() - 10]).unwrap();
-    assert!(matches!(cut.finish(), Err(Error::Truncated { .. })));
 }
 
 /// A model split in parts by `gguf-split` (the metadata in the first part, `output.weight`
@@ -142,8 +152,8 @@ fn a_split_model_loads_like_the_whole_file() {
     let loaded = dflash_core::model_files::load_path(&name(2)).unwrap();
     assert_eq!(loaded.weights.config, whole.weights.config);
     assert_eq!(
-        loaded.weights.layers[2].w_down.qs,
-        whole.weights.layers[2].w_down.qs
+        loaded.weights.layers[2].ffn.matrices()[2].qs,
+        whole.weights.layers[2].ffn.matrices()[2].qs
     );
     std::fs::remove_file(name(3)).unwrap();
     match dflash_core::model_files::load_path(&name(1)) {

@@ -38,7 +38,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn gguf_and_hf_copies_of_a_model_agree_for_every_architecture() {
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe] {
         let c = tiny_config(arch);
         let w = random_weights(&c, 7);
         let g = load_gguf(&write_gguf(&c, &w, GgmlType::F32)).unwrap();

@@ -35,6 +35,41 @@ impl GateUp {
     }
 }
 
+/// A layer's feed-forward: a SwiGLU MLP, or a mixture of experts.
+#[derive(Clone)]
+pub(crate) enum GpuFfn {
+    Dense { gate_up: GateUp, down: GpuMatrix },
+    Moe(GpuExperts),
+}
+
+/// A mixture of experts: the router, every expert's gate and up (`[gate; up]` of the
+/// whole stacks where they share buffers) and down, stacked by expert.
+#[derive(Clone)]
+pub(crate) struct GpuExperts {
+    pub router: GpuMatrix,
+    pub gate_up: GateUp,
+    pub down: GpuMatrix,
+    pub shape: ops::ExpertShape,
+}
+
+impl GpuFfn {
+    pub(crate) fn matrices(&self) -> Vec<&GpuMatrix> {
+        match self {
+            GpuFfn::Dense { gate_up, down } => {
+                let mut v = gate_up.matrices();
+                v.push(down);
+                v
+            }
+            GpuFfn::Moe(e) => {
+                let mut v = vec![&e.router];
+                v.extend(e.gate_up.matrices());
+                v.push(&e.down);
+                v
+            }
+        }
+    }
+}
+
 /// q, k and v rows with their biases: one stacked matrix where the three can share
 /// buffers (one GEMV), else the three in order.
 pub(crate) type StackedQkv = Vec<(GpuMatrix, Option<wgpu::Buffer>)>;
@@ -105,8 +140,7 @@ pub(crate) struct LayerWeights<'a> {
     pub qkv: &'a [(GpuMatrix, Option<wgpu::Buffer>)],
     pub qk_norm: Option<[&'a wgpu::Buffer; 2]>,
     pub wo: &'a GpuMatrix,
-    pub gate_up: &'a GateUp,
-    pub w_down: &'a GpuMatrix,
+    pub ffn: &'a GpuFfn,
     pub k_cache: &'a wgpu::Buffer,
     pub v_cache: &'a wgpu::Buffer,
     /// Keys visible before a query (0: all).
@@ -144,6 +178,17 @@ pub(crate) struct LayerBuffers<'a> {
     pub up: &'a wgpu::Buffer,
     pub ff: &'a wgpu::Buffer,
     pub conv: Option<ConvBuffers<'a>>,
+    pub moe: Option<MoeBuffers<'a>>,
+}
+
+/// A mixture of experts' work buffers (gate, up and ff hold `[16, k, expert
+/// intermediate]` there): router scores `[16, experts]`, each row's experts (u32) and
+/// weights `[16, k]`, the experts' outputs `[16, k, hidden]`.
+pub(crate) struct MoeBuffers<'a> {
+    pub scores: &'a wgpu::Buffer,
+    pub routes: &'a wgpu::Buffer,
+    pub weights: &'a wgpu::Buffer,
+    pub expert_out: &'a wgpu::Buffer,
 }
 
 /// Pushes RMSNorm(x) by `w` where the adapter does not fuse it into the next GEMV, and
@@ -312,7 +357,18 @@ pub(crate) fn mlp_block(
 ) -> Result<()> {
     let conv = w.conv.as_ref().map(|c| &c[1]);
     let (norm, x) = sublayer_input(ctx, d, s, w.ffn_norm, conv, b, n)?;
-    match w.gate_up {
+    let (gate_up, down) = match w.ffn {
+        GpuFfn::Dense { gate_up, down } => (gate_up, down),
+        GpuFfn::Moe(e) if conv.is_none() => {
+            return experts_block(ctx, d, e, (norm, x), (b, tap), n)
+        }
+        GpuFfn::Moe(_) => {
+            return Err(crate::error::GpuError::Unsupported(
+                "a convolved mixture of experts".into(),
+            ))
+        }
+    };
+    match gate_up {
         GateUp::Stacked(m) => {
             let f = ops::GemvFusion { pair: true, ..norm };
             d.extend(ops::gemv_fused(ctx, m, x, b.ff, n, &f)?);
@@ -323,5 +379,99 @@ pub(crate) fn mlp_block(
             d.push(ops::swiglu(ctx, b.gate, b.up, b.ff, n, s.intermediate)?);
         }
     }
-    sublayer_output(ctx, d, s, (w.w_down, b.ff, tap), conv, b, n)
+    sublayer_output(ctx, d, s, (down, b.ff, tap), conv, b, n)
+}
+
+/// A mixture of experts on the normalised rows (`norm` fused into the router's and the
+/// experts' GEMVs where the adapter fuses it): router scores, each row's experts and
+/// weights (moe.wgsl `route`), gate/up + SwiGLU of each chosen expert, down, and the
+/// weighted sum added to the residual (into `tap` too where given).
+fn experts_block<'a>(
+    ctx: &GpuContext,
+    d: &mut Vec<Dispatch>,
+    e: &GpuExperts,
+    (norm, x): (ops::GemvFusion<'a>, &'a wgpu::Buffer),
+    (b, tap): (&LayerBuffers, Option<ops::GemvTap>),
+    n: usize,
+) -> Result<()> {
+    let Some(mb) = &b.moe else {
+        return Err(crate::error::GpuError::Unsupported(
+            "a mixture of experts without its work buffers".into(),
+        ));
+    };
+    let s = &e.shape;
+    d.extend(ops::gemv_fused(ctx, &e.router, x, mb.scores, n, &norm)?);
+    d.push(ops::route_experts(
+        ctx,
+        s,
+        mb.scores,
+        (mb.routes, mb.weights),
+        n,
+    )?);
+    let slots = n * s.k;
+    match &e.gate_up {
+        GateUp::Stacked(m) => {
+            let f = ops::GemvFusion { pair: true, ..norm };
+            d.extend(ops::gemv_experts(
+                ctx,
+                m,
+                s,
+                mb.routes,
+                (x, b.ff),
+                false,
+                &f,
+                n,
+            )?);
+        }
+        GateUp::Apart { gate, up } => {
+            d.extend(ops::gemv_experts(
+                ctx,
+                gate,
+                s,
+                mb.routes,
+                (x, b.gate),
+                false,
+                &norm,
+                n,
+            )?);
+            d.extend(ops::gemv_experts(
+                ctx,
+                up,
+                s,
+                mb.routes,
+                (x, b.up),
+                false,
+                &norm,
+                n,
+            )?);
+            d.push(ops::swiglu(
+                ctx,
+                b.gate,
+                b.up,
+                b.ff,
+                slots,
+                up.rows / s.n_experts,
+            )?);
+        }
+    }
+    let plain = ops::GemvFusion::default();
+    d.extend(ops::gemv_experts(
+        ctx,
+        &e.down,
+        s,
+        mb.routes,
+        (b.ff, mb.expert_out),
+        true,
+        &plain,
+        n,
+    )?);
+    d.push(ops::combine_experts(
+        ctx,
+        s,
+        (mb.weights, mb.expert_out),
+        b.x,
+        tap,
+        n,
+    )?);
+    Ok(())
 }

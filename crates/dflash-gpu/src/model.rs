@@ -2,18 +2,21 @@
 //! preallocated for the context, one recorded plan of dispatches per row count (1..16),
 //! one submission per step, and only token ids read back.
 
-use crate::blocks::{self, stack_qkv, GateUp, LayerBuffers, LayerShape, LayerWeights, StackedQkv};
+use crate::blocks::{
+    self, stack_qkv, GateUp, GpuExperts, GpuFfn, LayerBuffers, LayerShape, LayerWeights,
+    MoeBuffers, StackedQkv,
+};
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::ops;
 use crate::pipelines::Dispatch;
 use crate::upload::{
-    f32_buffer, rows_per_chunk, storage_buffer, upload_matrix, work_buffer, GpuMatrix,
+    f32_buffer, rows_per_chunk, storage_buffer, upload_matrix, upload_stack, work_buffer, GpuMatrix,
 };
 use dflash_core::config::ModelConfig;
 use dflash_core::cpu::ops::rope_cos_sin;
 use dflash_core::quant::QuantMatrix;
-use dflash_core::weights::ModelWeights;
+use dflash_core::weights::{FeedForward, ModelWeights};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -60,8 +63,7 @@ struct GpuLayer {
     ffn_norm: wgpu::Buffer,
     qkv: StackedQkv,
     wo: GpuMatrix,
-    gate_up: GateUp,
-    w_down: GpuMatrix,
+    ffn: GpuFfn,
     qk_norm: Option<[wgpu::Buffer; 2]>,
     k_cache: wgpu::Buffer,
     v_cache: wgpu::Buffer,
@@ -71,8 +73,7 @@ impl GpuLayer {
     fn matrices(&self) -> Vec<&GpuMatrix> {
         let mut v: Vec<&GpuMatrix> = self.qkv.iter().map(|p| &p.0).collect();
         v.push(&self.wo);
-        v.extend(self.gate_up.matrices());
-        v.push(&self.w_down);
+        v.extend(self.ffn.matrices());
         v
     }
 
@@ -83,8 +84,7 @@ impl GpuLayer {
             qkv: &self.qkv,
             qk_norm: self.qk_norm.as_ref().map(|[q, k]| [q, k]),
             wo: &self.wo,
-            gate_up: &self.gate_up,
-            w_down: &self.w_down,
+            ffn: &self.ffn,
             k_cache: &self.k_cache,
             v_cache: &self.v_cache,
             window: 0,
@@ -139,6 +139,8 @@ pub(crate) struct Activations {
     pub(crate) gate: wgpu::Buffer,
     pub(crate) up: wgpu::Buffer,
     pub(crate) ff: wgpu::Buffer,
+    /// A mixture of experts' router scores, routes, weights and expert outputs.
+    pub(crate) moe: Option<[wgpu::Buffer; 4]>,
     pub(crate) logits: wgpu::Buffer,
     /// The greedy head's workgroup partials: `[16, argmax_parts]` (value, index).
     pub(crate) best: wgpu::Buffer,
@@ -237,9 +239,18 @@ impl Activations {
                 let (ml, acc) = attention_parts_bytes(ctx, c, context);
                 [wb("att_ml", ml), wb("att_acc", acc)]
             },
-            gate: wb("gate", n * f * c.intermediate_size as u64),
-            up: wb("up", n * f * c.intermediate_size as u64),
-            ff: wb("ff", n * f * c.intermediate_size as u64),
+            gate: wb("gate", n * f * ffn_width(c) as u64),
+            up: wb("up", n * f * ffn_width(c) as u64),
+            ff: wb("ff", n * f * ffn_width(c) as u64),
+            moe: c.moe.as_ref().map(|m| {
+                let slots = n * m.experts_per_token as u64;
+                [
+                    wb("router_scores", n * f * m.num_experts as u64),
+                    wb("routes", slots * 4),
+                    wb("route_weights", slots * f),
+                    wb("expert_out", slots * f * c.hidden_size as u64),
+                ]
+            }),
             logits: wb("logits", n * f * c.vocab_size as u64),
             best: wb("best", n * 8 * c.vocab_size as u64),
             out_tokens: wb("out_tokens", n * 4),
@@ -268,6 +279,38 @@ impl Activations {
     }
 }
 
+/// Floats per row of the feed-forward's work buffers: the MLP's intermediate, or every
+/// slot's expert intermediate in a mixture.
+fn ffn_width(c: &ModelConfig) -> usize {
+    let experts = c
+        .moe
+        .as_ref()
+        .map_or(0, |m| m.experts_per_token * m.expert_intermediate_size);
+    c.intermediate_size.max(experts)
+}
+
+/// Bytes of a mixture's own work buffers for 16 rows (none for a dense model).
+fn moe_buffer_bytes(c: &ModelConfig) -> u64 {
+    c.moe.as_ref().map_or(0, |m| {
+        let slots = (MAX_ROWS * m.experts_per_token) as u64;
+        4 * (MAX_ROWS * m.num_experts) as u64 + slots * 8 + slots * 4 * c.hidden_size as u64
+    })
+}
+
+/// Uploads a host tensor: a mixture's expert stacks in chunks that keep each expert
+/// whole.
+fn upload_weight(
+    ctx: &GpuContext,
+    c: &ModelConfig,
+    name: &str,
+    m: &QuantMatrix,
+) -> Result<GpuMatrix> {
+    match (&c.moe, name.starts_with("experts_")) {
+        (Some(moe), true) => upload_stack(ctx, name, m, moe.num_experts),
+        _ => upload_matrix(ctx, name, m),
+    }
+}
+
 fn kv_bytes(c: &ModelConfig, context: usize, f16: bool) -> u64 {
     context as u64 * c.kv_dim() as u64 * if f16 { 2 } else { 4 }
 }
@@ -288,7 +331,8 @@ pub fn plan_memory(
         mats.push(l);
     }
     for l in &w.layers {
-        mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        mats.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+        mats.extend(l.ffn.matrices());
     }
     for m in &mats {
         rows_per_chunk(m, max)?;
@@ -333,8 +377,8 @@ pub fn plan_buffers(
     check("chunked attention's partial outputs".into(), parts.1)?;
     let activations = parts.0
         + parts.1
-        + n * f
-            * (2 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size) as u64
+        + n * f * (2 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * ffn_width(c)) as u64
+        + moe_buffer_bytes(c)
         + 2 * logits
         + logits
         + n * f * (opts.taps.len() * c.hidden_size) as u64
@@ -359,6 +403,31 @@ pub fn plan_buffers(
     Ok(plan)
 }
 
+/// Layer `i`'s feed-forward from its uploaded matrices: gate and up stacked where they
+/// share buffers.
+fn gpu_ffn(ctx: &GpuContext, c: &ModelConfig, i: usize, ffn: FeedForward<GpuMatrix>) -> GpuFfn {
+    match (ffn, &c.moe) {
+        (FeedForward::Dense { gate, up, down }, _) => GpuFfn::Dense {
+            gate_up: GateUp::new(ctx, &format!("gate_up.{i}"), gate, up),
+            down,
+        },
+        (FeedForward::Moe(m), Some(moe)) => GpuFfn::Moe(GpuExperts {
+            router: m.router,
+            gate_up: GateUp::new(ctx, &format!("experts_gate_up.{i}"), m.gate, m.up),
+            down: m.down,
+            shape: ops::ExpertShape {
+                n_experts: moe.num_experts,
+                k: moe.experts_per_token,
+                normalize: moe.norm_topk_prob,
+                hidden: c.hidden_size,
+            },
+        }),
+        (FeedForward::Moe(_), None) => {
+            unreachable!("ModelWeights::load gives experts only with a MoeConfig")
+        }
+    }
+}
+
 /// Bytes of weights on the GPU.
 pub fn gpu_weight_bytes(w: &GpuWeights) -> u64 {
     let v = |b: &wgpu::Buffer| b.size();
@@ -372,8 +441,9 @@ pub fn gpu_weight_bytes(w: &GpuWeights) -> u64 {
             + o(&l.bv)
             + o(&l.q_norm)
             + o(&l.k_norm);
-        n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-            .iter()
+        n += [&l.wq, &l.wk, &l.wv, &l.wo]
+            .into_iter()
+            .chain(l.ffn.matrices())
             .map(|m| m.n_bytes)
             .sum::<u64>();
     }
@@ -386,7 +456,7 @@ impl GpuModel {
         let memory = plan_memory(&ctx, w, &opts)?;
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let gw = w.try_map(
-            |name, m| upload_matrix(&ctx, name, m),
+            |name, m| upload_weight(&ctx, &w.config, name, m),
             |name, v| Ok::<_, GpuError>(f32_buffer(&ctx, name, v)),
         )?;
         let model = Self::assemble(ctx, gw, &opts, memory)?;
@@ -457,8 +527,7 @@ impl GpuModel {
                     [l.bq, l.bk, l.bv],
                 ),
                 wo: l.wo,
-                gate_up: GateUp::new(&ctx, &format!("gate_up.{i}"), l.w_gate, l.w_up),
-                w_down: l.w_down,
+                ffn: gpu_ffn(&ctx, &c, i, l.ffn),
                 qk_norm: match (l.q_norm, l.k_norm) {
                     (Some(q), Some(k)) => Some([q, k]),
                     _ => None,
@@ -487,8 +556,7 @@ impl GpuModel {
                 ffn_norm: l.ffn_norm.clone(),
                 qkv: l.qkv.clone(),
                 wo: l.wo.clone(),
-                gate_up: l.gate_up.clone(),
-                w_down: l.w_down.clone(),
+                ffn: l.ffn.clone(),
                 qk_norm: l.qk_norm.clone(),
                 k_cache: work_buffer(&self.ctx, &format!("k_cache.{i}"), kvb),
                 v_cache: work_buffer(&self.ctx, &format!("v_cache.{i}"), kvb),
@@ -688,6 +756,15 @@ impl GpuModel {
             up: &a.up,
             ff: &a.ff,
             conv: None,
+            moe: a
+                .moe
+                .as_ref()
+                .map(|[scores, routes, weights, expert_out]| MoeBuffers {
+                    scores,
+                    routes,
+                    weights,
+                    expert_out,
+                }),
         }
     }
 

@@ -24,6 +24,7 @@ pub enum Shader {
     Copy,
     DFlash,
     DFlash2,
+    Moe,
 }
 
 /// The workgroup size of every kernel but the single-thread ones: WGSL's `WG`, which
@@ -39,7 +40,7 @@ const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
 const RANDOM: &str = include_str!("../../../shaders/random.wgsl");
 
 impl Shader {
-    pub const ALL: [Shader; 13] = [
+    pub const ALL: [Shader; 14] = [
         Shader::Qkv,
         Shader::DFlash,
         Shader::DFlash2,
@@ -53,6 +54,7 @@ impl Shader {
         Shader::Argmax,
         Shader::Sample,
         Shader::Copy,
+        Shader::Moe,
     ];
 
     fn body(self) -> &'static str {
@@ -70,6 +72,7 @@ impl Shader {
             Shader::Copy => include_str!("../../../shaders/copy.wgsl"),
             Shader::DFlash => include_str!("../../../shaders/dflash.wgsl"),
             Shader::DFlash2 => include_str!("../../../shaders/dflash2.wgsl"),
+            Shader::Moe => include_str!("../../../shaders/moe.wgsl"),
         }
     }
 

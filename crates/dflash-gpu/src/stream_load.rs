@@ -7,7 +7,7 @@
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::model::{plan_buffers, GpuModel, GpuModelOptions};
-use crate::upload::{f32_buffer, upload_matrix, GpuMatrix};
+use crate::upload::{f32_buffer, upload_matrix, upload_stack, GpuMatrix};
 use dflash_core::chat::ChatTemplate;
 use dflash_core::config::ModelConfig;
 use dflash_core::formats::gguf_weights_stream::{StreamedWeights, TensorSink, WeightStream};
@@ -33,6 +33,9 @@ impl TensorSink for Upload {
     type Error = GpuError;
     fn matrix(&mut self, name: &str, m: QuantMatrix) -> Result<GpuMatrix> {
         upload_matrix(&self.ctx, name, &m)
+    }
+    fn stacked_matrix(&mut self, name: &str, m: QuantMatrix, parts: usize) -> Result<GpuMatrix> {
+        upload_stack(&self.ctx, name, &m, parts)
     }
     fn vector(&mut self, name: &str, v: Vec<f32>) -> Result<wgpu::Buffer> {
         Ok(f32_buffer(&self.ctx, name, &v))

@@ -18,7 +18,7 @@ use crate::upload::{f32_buffer, rows_per_chunk_of, GpuMatrix, MatrixChunk};
 use dflash_core::quant::QFormat;
 use dflash_core::rng::Rng;
 use dflash_core::synthetic::{MatrixShape, SyntheticSpec};
-use dflash_core::weights::{LayerWeights, ModelWeights};
+use dflash_core::weights::{FeedForward, LayerWeights, ModelWeights};
 use half::f16;
 
 /// Bytes the host fills and hands to the queue at a time.
@@ -192,9 +192,11 @@ fn target_weights(f: &mut Filler, spec: &SyntheticSpec) -> Result<GpuWeights> {
             q_norm: norm(f, "attn_q_norm"),
             k_norm: norm(f, "attn_k_norm"),
             ffn_norm: f.vector(&n("ffn_norm"), h, 1.0),
-            w_gate: f.matrix(&n("ffn_gate"), &s.w_gate)?,
-            w_up: f.matrix(&n("ffn_up"), &s.w_up)?,
-            w_down: f.matrix(&n("ffn_down"), &s.w_down)?,
+            ffn: FeedForward::Dense {
+                gate: f.matrix(&n("ffn_gate"), &s.w_gate)?,
+                up: f.matrix(&n("ffn_up"), &s.w_up)?,
+                down: f.matrix(&n("ffn_down"), &s.w_down)?,
+            },
         });
     }
     Ok(ModelWeights {

@@ -87,6 +87,30 @@ pub fn upload_matrix(ctx: &GpuContext, name: &str, m: &QuantMatrix) -> Result<Gp
     upload_matrix_chunked(ctx, name, m, rows_per_chunk(m, ctx.max_binding())?)
 }
 
+/// A stack of `parts` matrices of equal rows (a mixture's experts) in chunks that
+/// never split one of them.
+pub fn upload_stack(
+    ctx: &GpuContext,
+    name: &str,
+    m: &QuantMatrix,
+    parts: usize,
+) -> Result<GpuMatrix> {
+    let per_part = m.rows / parts.max(1);
+    let per = rows_per_chunk(m, ctx.max_binding())?;
+    if per >= m.rows || per_part == 0 {
+        return upload_matrix_chunked(ctx, name, m, per);
+    }
+    if per < per_part {
+        return Err(GpuError::LimitExceeded {
+            what: format!("one of the {parts} matrices of {name}"),
+            need: (per_part * m.cols * m.format.bits() / 8) as u64,
+            limit: ctx.max_binding(),
+            limit_name: "max_storage_buffer_binding_size",
+        });
+    }
+    upload_matrix_chunked(ctx, name, m, per / per_part * per_part)
+}
+
 /// Uploads in chunks of `per` rows (the last may be shorter).
 pub fn upload_matrix_chunked(
     ctx: &GpuContext,

@@ -108,7 +108,6 @@ fn a_position_is_bit_identical_alone_in_a_16_row_pass_and_in_prefill() {
 
 fn batch_invariance_on(ctx: &std::rc::Rc<dflash_gpu::GpuContext>) {
     {
-        let no_f16 = !ctx.f16;
         let w = tiny(Arch::Qwen2, GgmlType::Q4_0, 32);
         let v = w.config.vocab_size;
         // 80 positions: on GPUs (chunked attention, chunks of 64 keys at this context)
@@ -123,34 +122,7 @@ fn batch_invariance_on(ctx: &std::rc::Rc<dflash_gpu::GpuContext>) {
             },
         )
         .unwrap();
-        // Positions 0..80 one row at a time.
-        let mut single = Vec::new();
-        for t in &toks {
-            g.step(&[*t]).unwrap();
-            single.extend(g.read_logits(1).unwrap());
-        }
-        // The same positions in passes of 16 rows.
-        g.truncate(0);
-        let mut multi = Vec::new();
-        for ch in toks.chunks(16) {
-            g.step(ch).unwrap();
-            multi.extend(g.read_logits(ch.len()).unwrap());
-        }
-        // Prefill of the first 70 (16-row chunks without lm_head, then the rest).
-        g.truncate(0);
-        g.prefill(&toks[..70]).unwrap();
-        let last_pass = g.read_logits(70 % 16).unwrap();
-        let prefill_last = &last_pass[(70 % 16 - 1) * v..];
-        assert_eq!(single.len(), 80 * v);
-        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(
-            same(&single, &multi),
-            "one-row steps vs 16-row passes differ (no_f16={no_f16})"
-        );
-        assert!(
-            same(&single[69 * v..70 * v], prefill_last),
-            "prefill differs (no_f16={no_f16})"
-        );
+        common::assert_batch_invariant(&mut g, &toks, 70);
     }
 }
 

@@ -4,8 +4,8 @@
 
 use dflash_gpu::ops::{
     ArgmaxParams, AttentionChunkParams, AttentionParams, ConvParams, CopyParams, ElementwiseParams,
-    EmbeddingParams, GemvParams, QkvParams, RmsNormParams, RopeParams, SampleParams, ScaleParams,
-    TopKParams, WalkParams,
+    EmbeddingParams, GemvParams, MoeParams, QkvParams, RmsNormParams, RopeParams, SampleParams,
+    ScaleParams, TopKParams, WalkParams,
 };
 use dflash_gpu::pipelines::Shader;
 use dflash_gpu::speculative::BookkeepingParams;
@@ -46,7 +46,13 @@ macro_rules! assert_layout {
 fn gemv_params_match_the_wgsl_struct() {
     assert_layout!(Shader::Gemv, "Params", GemvParams; n_rows, k, m, out_offset,
         out_stride, wg_x, eps, bias_offset, pair_rows, part_offset, n_parts, tap_offset,
-        tap_stride, pad0, pad1, pad2);
+        tap_stride, expert_lo, pad1, pad2);
+}
+
+#[test]
+fn moe_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::Moe, "Params", MoeParams; n_rows, n_experts, normalize, hidden,
+        tap_offset, tap_stride, pad0, pad1);
 }
 
 #[test]

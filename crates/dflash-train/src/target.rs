@@ -139,6 +139,11 @@ impl Target {
             .layers
             .iter()
             .map(|l| {
+                let Some((gate, up, down)) = l.ffn.dense() else {
+                    return Err(candle_core::Error::Msg(
+                        "the trainer's target runs dense feed-forwards only (not a mixture of experts)".into(),
+                    ));
+                };
                 Ok(Layer {
                     attn_norm: vector(&l.attn_norm, device)?,
                     wq: matrix_t(&l.wq, device)?,
@@ -151,9 +156,9 @@ impl Target {
                     q_norm: opt_vector(&l.q_norm, device)?,
                     k_norm: opt_vector(&l.k_norm, device)?,
                     ffn_norm: vector(&l.ffn_norm, device)?,
-                    w_gate: matrix_t(&l.w_gate, device)?,
-                    w_up: matrix_t(&l.w_up, device)?,
-                    w_down: matrix_t(&l.w_down, device)?,
+                    w_gate: matrix_t(gate, device)?,
+                    w_up: matrix_t(up, device)?,
+                    w_down: matrix_t(down, device)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -376,9 +376,14 @@ pub fn init_from_target(
         set(&n("self_attn.k_proj.weight"), neox(&l.wk, t.num_kv_heads))?;
         set(&n("self_attn.v_proj.weight"), l.wv.dequantize())?;
         set(&n("self_attn.o_proj.weight"), l.wo.dequantize())?;
-        set(&n("mlp.gate_proj.weight"), l.w_gate.dequantize())?;
-        set(&n("mlp.up_proj.weight"), l.w_up.dequantize())?;
-        set(&n("mlp.down_proj.weight"), l.w_down.dequantize())?;
+        let Some((gate, up, down)) = l.ffn.dense() else {
+            return Err(TrainError::Usage(
+                "--init-from-target needs a target whose layers are dense, not experts".into(),
+            ));
+        };
+        set(&n("mlp.gate_proj.weight"), gate.dequantize())?;
+        set(&n("mlp.up_proj.weight"), up.dequantize())?;
+        set(&n("mlp.down_proj.weight"), down.dequantize())?;
         set(&n("input_layernorm.weight"), l.attn_norm.clone())?;
         set(&n("post_attention_layernorm.weight"), l.ffn_norm.clone())?;
         if let (Some(q), Some(k)) = (&l.q_norm, &l.k_norm) {

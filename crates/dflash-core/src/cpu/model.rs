@@ -1,12 +1,12 @@
 //! The target model forward on the CPU: embedding, RMSNorm, RoPE, grouped-query
 //! attention over a KV cache, SwiGLU MLP, lm_head; optional hidden-state taps.
 
-use super::ops::{argmax, attention_row, matmul_t, rms_norm, rope, silu};
+use super::ops::{argmax, attention_row, matmul_t, rms_norm, rope, route_experts, silu};
 use super::quant_matmul::{for_each_band, in_pool, quant_matmul, Kernel, QuantizedRows};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Error, Result};
 use crate::quant::{QFormat, QuantMatrix};
-use crate::weights::ModelWeights;
+use crate::weights::{FeedForward, ModelWeights, MoeWeights};
 
 /// Which matrix products the CPU engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -184,9 +184,136 @@ struct Layer {
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
-    /// `[w_gate; w_up]`.
-    gate_up: Stacked,
-    w_down: Matrix,
+    ffn: Ffn,
+}
+
+/// A layer's feed-forward on the CPU.
+enum Ffn {
+    /// `[w_gate; w_up]` and `w_down`.
+    Dense {
+        gate_up: Stacked,
+        down: Matrix,
+    },
+    Moe(Experts),
+}
+
+/// A mixture of experts: the router, each expert's `[gate; up]` and down.
+struct Experts {
+    router: Matrix,
+    experts: Vec<(Stacked, Matrix)>,
+    k: usize,
+    normalize: bool,
+}
+
+impl Ffn {
+    fn new(ffn: FeedForward, moe: Option<&MoeConfig>, kernels: CpuKernels) -> Self {
+        match (ffn, moe) {
+            (FeedForward::Dense { gate, up, down }, _) => Ffn::Dense {
+                gate_up: Stacked::new(&[&gate, &up], kernels),
+                down: Matrix::owned(down, kernels),
+            },
+            (FeedForward::Moe(m), Some(c)) => Ffn::Moe(Experts::new(m, c, kernels)),
+            (FeedForward::Moe(_), None) => {
+                unreachable!("ModelWeights::load gives experts only with a MoeConfig")
+            }
+        }
+    }
+
+    fn n_bytes(&self) -> usize {
+        match self {
+            Ffn::Dense { gate_up, down } => gate_up.n_bytes() + down.n_bytes(),
+            // A token reads the router and its k experts.
+            Ffn::Moe(e) => {
+                let per = e
+                    .experts
+                    .first()
+                    .map_or(0, |(gu, d)| gu.n_bytes() + d.n_bytes());
+                e.router.n_bytes() + e.k * per
+            }
+        }
+    }
+
+    /// The feed-forward of `n` normalised rows: `[n, hidden]`.
+    fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
+        match self {
+            Ffn::Dense { gate_up, down } => down.apply(&swiglu(gate_up, x, n), n),
+            Ffn::Moe(e) => e.apply(x, n),
+        }
+    }
+}
+
+/// `silu(gate) * up` of the stacked `[gate; up]` over `n` rows.
+fn swiglu(gate_up: &Stacked, x: &[f32], n: usize) -> Vec<f32> {
+    let [g, u]: [Vec<f32>; 2] = gate_up.apply(x, n).try_into().expect("two parts");
+    g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect()
+}
+
+impl Experts {
+    fn new(m: MoeWeights, c: &MoeConfig, kernels: CpuKernels) -> Self {
+        let (ff, h) = (c.expert_intermediate_size, m.down.rows / c.num_experts);
+        let experts = (0..c.num_experts)
+            .map(|e| {
+                let gate = m.gate.row_range(e * ff, ff);
+                let up = m.up.row_range(e * ff, ff);
+                let down = Matrix::owned(m.down.row_range(e * h, h), kernels);
+                (Stacked::new(&[&gate, &up], kernels), down)
+            })
+            .collect();
+        Experts {
+            router: Matrix::owned(m.router, kernels),
+            experts,
+            k: c.experts_per_token,
+            normalize: c.norm_topk_prob,
+        }
+    }
+
+    /// Each row routed to its experts; an expert runs once over the rows that chose it;
+    /// a row's output is `sum_j w_j * expert_j(x)` in order of choice.
+    fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let h = x.len() / n;
+        let logits = self.router.apply(x, n);
+        let e_count = self.experts.len();
+        let routes: Vec<Vec<(usize, f32)>> = (0..n)
+            .map(|r| {
+                route_experts(
+                    &logits[r * e_count..(r + 1) * e_count],
+                    self.k,
+                    self.normalize,
+                )
+            })
+            .collect();
+        // outs[r * k + j]: row r's j-th expert's output.
+        let mut outs = vec![Vec::new(); n * self.k];
+        for (e, (gate_up, down)) in self.experts.iter().enumerate() {
+            let users: Vec<(usize, usize)> = (0..n)
+                .flat_map(|r| routes[r].iter().position(|c| c.0 == e).map(|j| (r, j)))
+                .collect();
+            if users.is_empty() {
+                continue;
+            }
+            let xs: Vec<f32> = users
+                .iter()
+                .flat_map(|&(r, _)| &x[r * h..(r + 1) * h])
+                .copied()
+                .collect();
+            let y = down.apply(&swiglu(gate_up, &xs, users.len()), users.len());
+            for (i, &(r, j)) in users.iter().enumerate() {
+                outs[r * self.k + j] = y[i * h..(i + 1) * h].to_vec();
+            }
+        }
+        let mut out = vec![0f32; n * h];
+        for r in 0..n {
+            for (j, &(_, w)) in routes[r].iter().enumerate() {
+                for (o, &y) in out[r * h..(r + 1) * h]
+                    .iter_mut()
+                    .zip(&outs[r * self.k + j])
+                {
+                    *o += w * y;
+                }
+            }
+        }
+        out
+    }
 }
 
 pub struct CpuModel {
@@ -278,12 +405,13 @@ impl CpuModel {
     pub fn from_weights(w: ModelWeights, kernels: CpuKernels) -> Self {
         let mat = |m: QuantMatrix| Matrix::owned(m, kernels);
         let inv_freq = w.config.rope_inv_freq();
+        let moe = w.config.moe.clone();
         let layers = w
             .layers
             .into_iter()
             .map(|l| Layer {
                 qkv: Stacked::new(&[&l.wq, &l.wk, &l.wv], kernels),
-                gate_up: Stacked::new(&[&l.w_gate, &l.w_up], kernels),
+                ffn: Ffn::new(l.ffn, moe.as_ref(), kernels),
                 attn_norm: l.attn_norm,
                 wo: mat(l.wo),
                 bq: l.bq,
@@ -292,7 +420,6 @@ impl CpuModel {
                 q_norm: l.q_norm,
                 k_norm: l.k_norm,
                 ffn_norm: l.ffn_norm,
-                w_down: mat(l.w_down),
             })
             .collect();
         CpuModel {
@@ -318,9 +445,7 @@ impl CpuModel {
         let layers: usize = self
             .layers
             .iter()
-            .map(|l| {
-                l.qkv.n_bytes() + l.wo.n_bytes() + l.gate_up.n_bytes() + l.w_down.n_bytes() + norms
-            })
+            .map(|l| l.qkv.n_bytes() + l.wo.n_bytes() + l.ffn.n_bytes() + norms)
             .sum();
         (lm + layers) as u64
     }
@@ -480,9 +605,7 @@ impl CpuModel {
                     &mut normed[r * h..(r + 1) * h],
                 );
             }
-            let [g, u]: [Vec<f32>; 2] = l.gate_up.apply(&normed, n).try_into().expect("two parts");
-            let act: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
-            let d = l.w_down.apply(&act, n);
+            let d = l.ffn.apply(&normed, n);
             for i in 0..n * h {
                 x[i] += d[i];
             }

@@ -148,6 +148,43 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
+/// A mixture-of-experts router's choice for one token from its scores `logits` (one per
+/// expert): the softmax (`softmax`'s order), the `k` most probable experts (ties to the
+/// lower index, NaN never), their probabilities divided by their sum (left to right)
+/// when `normalize`. `(expert, weight)` in order of choice; the GPU's router
+/// (moe.wgsl `route`) is the same arithmetic.
+pub fn route_experts(logits: &[f32], k: usize, normalize: bool) -> Vec<(usize, f32)> {
+    let mut p = logits.to_vec();
+    softmax(&mut p);
+    let mut chosen: Vec<(usize, f32)> = Vec::with_capacity(k);
+    for _ in 0..k {
+        let mut best: Option<usize> = None;
+        for (i, &v) in p.iter().enumerate() {
+            let taken = chosen.iter().any(|c| c.0 == i);
+            if !taken && !v.is_nan() && best.is_none_or(|b| v > p[b]) {
+                best = Some(i);
+            }
+        }
+        // All NaN: the lowest experts not yet taken, at weight 0.
+        let i = best.unwrap_or_else(|| {
+            (0..p.len())
+                .find(|i| !chosen.iter().any(|c| c.0 == *i))
+                .unwrap_or(0)
+        });
+        chosen.push((i, if p[i].is_nan() { 0.0 } else { p[i] }));
+    }
+    if normalize {
+        let mut sum = 0f32;
+        for c in &chosen {
+            sum += c.1;
+        }
+        for c in chosen.iter_mut() {
+            c.1 /= sum;
+        }
+    }
+    chosen
+}
+
 /// Index of the largest value; ties go to the lowest index. NaN never wins.
 pub fn argmax(x: &[f32]) -> usize {
     let mut best = 0;

@@ -96,6 +96,15 @@ impl TensorInfo {
     pub fn n_elements(&self) -> u64 {
         self.dims.iter().product()
     }
+    /// (rows, cols) of the tensor read as a matrix: a 2-D tensor, or a 3-D stack of
+    /// matrices (a mixture's experts) one under the other; None for other ranks.
+    pub fn matrix_shape(&self) -> Option<(usize, usize)> {
+        match self.dims[..] {
+            [cols, rows] => Some((rows as usize, cols as usize)),
+            [cols, rows, n] => Some(((rows * n) as usize, cols as usize)),
+            _ => None,
+        }
+    }
     /// Shape in row-major order (outermost first), as Hugging Face writes it.
     pub fn shape(&self) -> Vec<usize> {
         self.dims.iter().rev().map(|&d| d as usize).collect()

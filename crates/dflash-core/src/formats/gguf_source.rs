@@ -41,19 +41,13 @@ impl TensorSource for GgufSource<'_> {
 
     fn matrix(&self, name: &str) -> Result<QuantMatrix> {
         let t = self.info(name)?;
-        if t.dims.len() != 2 {
+        let Some((rows, cols)) = t.matrix_shape() else {
             return Err(Error::BadTensorLayout {
                 tensor: name.into(),
-                reason: format!("expected 2 dims, found {:?}", t.dims),
+                reason: format!("expected 2 or 3 dims, found {:?}", t.dims),
             });
-        }
-        QuantMatrix::from_ggml(
-            name,
-            t.dtype,
-            self.bytes(t)?,
-            t.dims[1] as usize,
-            t.dims[0] as usize,
-        )
+        };
+        QuantMatrix::from_ggml(name, t.dtype, self.bytes(t)?, rows, cols)
     }
 
     fn vector(&self, name: &str) -> Result<Vec<f32>> {

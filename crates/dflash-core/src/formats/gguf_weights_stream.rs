@@ -26,6 +26,17 @@ pub trait TensorSink {
     type Vector;
     type Error: From<Error>;
     fn matrix(&mut self, name: &str, m: QuantMatrix) -> Result<Self::Matrix, Self::Error>;
+    /// A stack of `parts` matrices of equal rows (a 3-D tensor: a mixture's experts),
+    /// kept whole: a sink that splits matrices splits this one between parts only.
+    fn stacked_matrix(
+        &mut self,
+        name: &str,
+        m: QuantMatrix,
+        parts: usize,
+    ) -> Result<Self::Matrix, Self::Error> {
+        let _ = parts;
+        self.matrix(name, m)
+    }
     fn vector(&mut self, name: &str, v: Vec<f32>) -> Result<Self::Vector, Self::Error>;
 }
 
@@ -153,15 +164,13 @@ impl<S: TensorSink> WeightStream<S> {
     fn take(&mut self, t: StreamTensor) -> Result<(), S::Error> {
         let info = &t.info;
         match info.dims.len() {
-            2 => {
-                let m = QuantMatrix::from_ggml(
-                    &info.name,
-                    info.dtype,
-                    &t.bytes,
-                    info.dims[1] as usize,
-                    info.dims[0] as usize,
-                )?;
-                let m = self.sink.matrix(&info.name, m)?;
+            2 | 3 => {
+                let (rows, cols) = info.matrix_shape().expect("2 or 3 dims");
+                let m = QuantMatrix::from_ggml(&info.name, info.dtype, &t.bytes, rows, cols)?;
+                let m = match info.dims.get(2) {
+                    Some(&parts) => self.sink.stacked_matrix(&info.name, m, parts as usize)?,
+                    None => self.sink.matrix(&info.name, m)?,
+                };
                 self.matrices.insert(info.name.clone(), m);
             }
             1 => {

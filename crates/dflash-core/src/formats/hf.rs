@@ -407,6 +407,19 @@ impl TensorSource for SafeTensorsSource<'_> {
     fn vector(&self, name: &str) -> Result<Vec<f32>> {
         Ok(self.floats(name)?.1)
     }
+
+    fn stacked_matrix(&self, names: &[String]) -> Result<QuantMatrix> {
+        let parts = names
+            .iter()
+            .map(|n| self.matrix(n))
+            .collect::<Result<Vec<_>>>()?;
+        QuantMatrix::stack_rows(&parts.iter().collect::<Vec<_>>()).ok_or_else(|| {
+            Error::BadTensorLayout {
+                tensor: names.first().cloned().unwrap_or_default(),
+                reason: "the experts of one layer differ in format".into(),
+            }
+        })
+    }
 }
 
 /// Writes a safetensors file; used by test helpers and the trainer's export.

@@ -3,8 +3,8 @@
 //! the step's bookkeeping kernels (dflash.wgsl).
 
 use crate::blocks::{
-    self, stack_qkv, ConvBuffers, ConvWeights, GateUp, LayerBuffers, LayerShape, LayerWeights,
-    StackedQkv,
+    self, stack_qkv, ConvBuffers, ConvWeights, GateUp, GpuFfn, LayerBuffers, LayerShape,
+    LayerWeights, StackedQkv,
 };
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
@@ -25,8 +25,7 @@ struct DraftLayer {
     /// `[wk; wv]` stacked (one GEMV of the context rows), else the two in order.
     context_kv: Vec<GpuMatrix>,
     wo: GpuMatrix,
-    gate_up: GateUp,
-    w_down: GpuMatrix,
+    ffn: GpuFfn,
     k_ctx: wgpu::Buffer,
     v_ctx: wgpu::Buffer,
     window: usize,
@@ -327,8 +326,10 @@ impl GpuDrafter {
                 },
                 qkv: stack_qkv(ctx, "d.qkv", [l.wq, l.wk, l.wv], [None, None, None]),
                 wo: l.wo,
-                gate_up: GateUp::new(ctx, "d.gate_up", l.w_gate, l.w_up),
-                w_down: l.w_down,
+                ffn: GpuFfn::Dense {
+                    gate_up: GateUp::new(ctx, "d.gate_up", l.w_gate, l.w_up),
+                    down: l.w_down,
+                },
                 k_ctx: work_buffer(ctx, "d.k_ctx", kv_bytes),
                 v_ctx: work_buffer(ctx, "d.v_ctx", kv_bytes),
                 window: c.window(*kind).unwrap_or(0),
@@ -494,6 +495,7 @@ impl GpuDrafter {
                 xc: &s.xc,
                 o: &s.o,
             }),
+            moe: None,
         }
     }
 
@@ -516,8 +518,7 @@ impl GpuDrafter {
             qkv: &l.qkv,
             qk_norm: Some([&l.qk_norm[0], &l.qk_norm[1]]),
             wo: &l.wo,
-            gate_up: &l.gate_up,
-            w_down: &l.w_down,
+            ffn: &l.ffn,
             k_cache: &l.k_ctx,
             v_cache: &l.v_ctx,
             window: l.window,

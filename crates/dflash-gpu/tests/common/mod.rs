@@ -50,3 +50,36 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// `toks` through `g` one row at a time, in passes of 16 rows, and the first `prefill`
+/// of them in prefill: asserts that each position's logits are the same bits every way.
+pub fn assert_batch_invariant(g: &mut dflash_gpu::GpuModel, toks: &[u32], prefill: usize) {
+    let v = g.config.vocab_size;
+    let mut single = Vec::new();
+    for t in toks {
+        g.step(&[*t]).unwrap();
+        single.extend(g.read_logits(1).unwrap());
+    }
+    g.truncate(0);
+    let mut multi = Vec::new();
+    for ch in toks.chunks(16) {
+        g.step(ch).unwrap();
+        multi.extend(g.read_logits(ch.len()).unwrap());
+    }
+    // Prefill: 16-row chunks without lm_head, then the rest.
+    g.truncate(0);
+    g.prefill(&toks[..prefill]).unwrap();
+    let last_pass = g.read_logits(prefill % 16).unwrap();
+    let prefill_last = &last_pass[(prefill % 16 - 1) * v..];
+    assert_eq!(single.len(), toks.len() * v);
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    let f16 = g.ctx.f16;
+    assert!(
+        same(&single, &multi),
+        "one-row steps vs 16-row passes differ (f16={f16})"
+    );
+    assert!(
+        same(&single[(prefill - 1) * v..prefill * v], prefill_last),
+        "prefill differs (f16={f16})"
+    );
+}
