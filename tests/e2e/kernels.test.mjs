@@ -18,6 +18,7 @@ const sources = {
   gemv: prelude(false) + shader('gemv.wgsl') + '\n' + shader('quant.wgsl'),
   sample: prelude(false) + shader('sample.wgsl') + '\n' + shader('random.wgsl'),
   attention_chunks: prelude(true) + shader('attention_chunks.wgsl'),
+  moe: prelude(false) + shader('moe.wgsl'),
 };
 
 function variants() {
@@ -34,6 +35,15 @@ function variants() {
       }
     }
   }
+  // A mixture's expert GEMVs (gate/up with the norm and SwiGLU; down over slot rows), its
+  // router and the weighted sum.
+  for (const [lanes, outs] of [[16, 4], [1, 4]]) {
+    for (const [norm, pair, slots] of [[1, 1, 0], [1, 0, 0], [0, 0, 1]]) {
+      const c = { FORMAT: 0, GROUP: 32, N_ROWS: 16, LANES: lanes, OUTS: pair ? outs / 2 : outs, NORM: norm, PAIR: pair, EXPERT_K: 8, X_SLOTS: slots };
+      v.push({ shader: 'gemv', entry: 'main_experts', c });
+    }
+  }
+  for (const entry of ['route', 'combine', 'combine_tap']) v.push({ shader: 'moe', entry, c: { EXPERT_K: 8 } });
   for (const entry of ['chunk_max', 'prepare', 'chunk_mass', 'draw']) v.push({ shader: 'sample', entry, c: {} });
   for (const mode of [0, 1]) for (const entry of ['histogram', 'select_byte']) v.push({ shader: 'sample', entry, c: { MODE: mode } });
   // (head tile, row tile) of SmolLM2 (3 heads per KV head), Qwen3-8B (4), and 1 and 8.

@@ -537,18 +537,38 @@ fn every_kernel_variant_compiles() {
                     );
                 }
             }
+            // A mixture's expert GEMVs: gate/up (norm, SwiGLU pair) and down (slot rows).
+            for (lanes, outs) in [(1.0, 4.0), (16.0, 4.0)] {
+                for (norm, pair, slots) in [(1.0, 1.0, 0.0), (1.0, 0.0, 0.0), (0.0, 0.0, 1.0)] {
+                    ks.push(
+                        Kernel::new(Shader::Gemv, "main_experts")
+                            .with("FORMAT", f)
+                            .with("GROUP", g)
+                            .with("N_ROWS", 16.0)
+                            .with("LANES", lanes)
+                            .with("OUTS", outs / (1.0 + pair))
+                            .with("NORM", norm)
+                            .with("PAIR", pair)
+                            .with("EXPERT_K", 8.0)
+                            .with("X_SLOTS", slots),
+                    );
+                }
+            }
             ks.push(
                 Kernel::new(Shader::Embedding, "main")
                     .with("FORMAT", f)
                     .with("GROUP", g),
             );
         }
+        for entry in ["route", "combine", "combine_tap"] {
+            ks.push(Kernel::new(Shader::Moe, entry).with("EXPERT_K", 8.0));
+        }
         for k in &ks {
             ctx.pipelines
                 .get(&ctx, k)
                 .unwrap_or_else(|e| panic!("{k:?}: {e}"));
         }
-        assert_eq!(Shader::ALL.len(), 13);
+        assert_eq!(Shader::ALL.len(), 14);
     }
 }
 
