@@ -23,7 +23,9 @@
 #                                            thread against the table's, and of the
 #                                            synthetic qwen3-8b and qwen2.5-32b pairs, with
 #                                            their DFlash runs at the published acceptance
-#                                            (--accept-profile)
+#                                            (--accept-profile), and the measured step costs
+#                                            (16-row verify against one row) of the
+#                                            synthetic qwen3-coder-30b-a3b mixture
 # Knobs: TESTS=0 skips the tests (and the plain benchmark); TOKENS (64), BLOCKS
 # (2,4,8,16,auto), DRAFTERS ("trained random"), TEMPS ("0 0.8") and BENCH_LIMIT (100 s
 # per benchmark) shape the DFlash benchmarks; SHAPES ("qwen3-8b qwen2.5-32b") the
@@ -85,7 +87,7 @@ case "${1:-}" in
     step 60 adapters "$BIN/dflash" adapters
     export DFLASH_REQUIRE_GPU=1
     [ "${TESTS:-1}" = 0 ] && exit 0
-    for t in dflash_gpu ops fused engine dflash stream_load synthetic; do
+    for t in dflash_gpu ops fused engine dflash stream_load synthetic moe; do
       (cd crates/dflash-gpu && step 90 "test $t" "$BIN/t_$t" --test-threads 8)
     done
     grep -E "^test result|panicked|FAILED" "$OUT/log.txt" | tail -20
@@ -140,6 +142,9 @@ case "${1:-}" in
       step 120 "profile $shape outs1" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --gemv-outputs 1 --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-$shape-outs1.json"
       step 120 "profile $shape dflash" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --drafter synthetic --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $OUT/profile-$shape-dflash.json"
     done
+    # The mixture's verify cost: step_costs[16] / step_costs[1] of the 30B-A3B shape
+    # (each of 16 rows picks 8 of 128 experts; `auto` sizes blocks by these costs).
+    step 150 "moe qwen3-coder-30b-a3b" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-coder-30b-a3b --adapter \"${ADAPTER:-NVIDIA}\" --json --drafter synthetic --limit 1 --prompt-tokens 64 --max-new-tokens 32 --block auto > $OUT/bench-qwen3-coder-30b-a3b.json"
     step 90 "long context qwen3-8b" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b --adapter \"${ADAPTER:-NVIDIA}\" --json --prompt-tokens 4096 --decode-tokens 32 > $OUT/bench-qwen3-8b-p4096.json"
     grep -E "rc=" "$OUT/log.txt" | tail -20
     ;;

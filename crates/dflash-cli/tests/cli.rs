@@ -750,6 +750,18 @@ fn published_pairs_validate_and_get_memory_plans() {
         assert!(gib(&plans[1]["kv_cache"]) > 7.0 * gib(&plans[0]["kv_cache"]));
         assert!((3.0..9.0).contains(&gib(&plans[0]["weights"])), "{pair}");
     }
+    // The 30B-A3B mixture: all 128 experts' weights on the GPU (~21 GiB as Q4_K_M
+    // repacked), fits 32 GiB at 4k and 32k tokens; the KV of 4 KV heads stays small.
+    let (v, code, err) = plan_of("qwen3-coder-30b-a3b-instruct-dflash-b16", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let plans = v["plans"].as_array().unwrap();
+    assert!(
+        (18.0..24.0).contains(&gib(&plans[0]["weights"])),
+        "{}",
+        plans[0]
+    );
+    assert!(plans.iter().all(|p| p["fits"] == true));
+    assert!(gib(&plans[1]["kv_cache"]) < 4.0);
     // 32B in 4 bits fits 32 GiB at 4k tokens, not at 32k.
     let (v, code, err) = plan_of("qwen2.5-32b-instruct-w4a16-dflash2", &[]);
     assert_eq!(code, Some(1), "{err}");

@@ -17,6 +17,8 @@ pub const NAMES: &[&str] = &[
     "qwen2.5-32b",
     "qwen2.5-coder-0.5b",
     "qwen2.5-coder-1.5b",
+    "qwen3-coder-30b-a3b",
+    "test-moe-tiny",
     "test-tiny",
 ];
 
@@ -36,6 +38,9 @@ pub struct MatrixShape {
     pub cols: usize,
     pub format: QFormat,
     pub group: usize,
+    /// Matrices of equal rows stacked in this one (a mixture's experts; 1 otherwise),
+    /// never split between buffers.
+    pub parts: usize,
 }
 
 impl MatrixShape {
@@ -46,7 +51,8 @@ impl MatrixShape {
     }
 }
 
-/// The matrices of one target layer.
+/// The matrices of one target layer. In a sparse layer gate, up and down are every
+/// expert's stacked (`parts` = the experts) and `router` is set.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerShapes {
     pub wq: MatrixShape,
@@ -56,11 +62,12 @@ pub struct LayerShapes {
     pub w_gate: MatrixShape,
     pub w_up: MatrixShape,
     pub w_down: MatrixShape,
+    pub router: Option<MatrixShape>,
 }
 
 impl LayerShapes {
-    pub fn all(&self) -> [MatrixShape; 7] {
-        [
+    pub fn all(&self) -> Vec<MatrixShape> {
+        let mut v = vec![
             self.wq,
             self.wk,
             self.wv,
@@ -68,7 +75,9 @@ impl LayerShapes {
             self.w_gate,
             self.w_up,
             self.w_down,
-        ]
+        ];
+        v.extend(self.router);
+        v
     }
 }
 
@@ -101,6 +110,7 @@ fn shape(rows: usize, cols: usize, t: Ggml) -> MatrixShape {
         cols,
         format,
         group,
+        parts: 1,
     }
 }
 
@@ -132,7 +142,7 @@ impl SyntheticSpec {
         } else {
             Ggml::Q4K
         };
-        LayerShapes {
+        let mut l = LayerShapes {
             wq: shape(q, h, Ggml::Q4K),
             wk: shape(kv, h, Ggml::Q4K),
             wv: shape(kv, h, more),
@@ -140,7 +150,28 @@ impl SyntheticSpec {
             w_gate: shape(ff, h, Ggml::Q4K),
             w_up: shape(ff, h, Ggml::Q4K),
             w_down: shape(h, ff, more),
+            router: None,
+        };
+        if let Some(m) = c.moe.as_ref().filter(|m| m.is_sparse(i)) {
+            // The router is F32 in the GGUF (q8 once repacked); each projection's
+            // experts one 3-D tensor, typed as the dense projection would be.
+            let (e, eff) = (m.num_experts, m.expert_intermediate_size);
+            let stack = |rows, cols, t| MatrixShape {
+                parts: e,
+                ..shape(e * rows, cols, t)
+            };
+            l.router = Some(MatrixShape {
+                rows: e,
+                cols: h,
+                format: QFormat::Q8,
+                group: 32,
+                parts: 1,
+            });
+            l.w_gate = stack(eff, h, Ggml::Q4K);
+            l.w_up = stack(eff, h, Ggml::Q4K);
+            l.w_down = stack(h, eff, more);
         }
+        l
     }
 
     /// Every matrix of the target (embedding, output, layers).
@@ -180,6 +211,7 @@ impl SyntheticSpec {
             cols,
             format: QFormat::Q8,
             group: 32,
+            parts: 1,
         };
         let (h, q, kv, ff) = (d.hidden_size, d.q_dim(), d.kv_dim(), d.intermediate_size);
         let mut v = vec![q8(h, d.n_taps() * h)];
@@ -225,6 +257,9 @@ struct Target {
     tied: bool,
     /// llama3 rope scaling (factor, low, high, original context).
     llama3: Option<(f64, f64, f64, f64)>,
+    /// A mixture of experts in every layer: (experts, experts per token, expert
+    /// intermediate size).
+    moe: Option<(usize, usize, usize)>,
 }
 
 /// The drafter for a target: layers, mask token id.
@@ -249,6 +284,7 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
         max_pos: 40960,
         tied,
         llama3: None,
+        moe: None,
     };
     // The small Qwen2.5 models: 2 KV heads, tied embeddings, 32k positions.
     let qwen2 = |hidden, intermediate, layers, heads, head_dim| Target {
@@ -265,6 +301,7 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
         max_pos: 32768,
         tied: true,
         llama3: None,
+        moe: None,
     };
     // Qwen3 drafters' mask token: `<|MASK|>`-style id past the Qwen3 specials (z-lab).
     let qwen_mask = 151669;
@@ -286,6 +323,7 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
                 max_pos: 8192,
                 tied: true,
                 llama3: None,
+                moe: None,
             },
             Drafter {
                 layers: 3,
@@ -330,6 +368,7 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
                 max_pos: 131072,
                 tied: false,
                 llama3: Some((8.0, 1.0, 4.0, 8192.0)),
+                moe: None,
             },
             Drafter {
                 layers: 5,
@@ -351,6 +390,7 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
                 max_pos: 32768,
                 tied: false,
                 llama3: None,
+                moe: None,
             },
             Drafter {
                 layers: 5,
@@ -373,23 +413,31 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
                 mask: qwen_mask,
             },
         ),
+        // Qwen3-Coder-30B-A3B(-Instruct) (Qwen3-30B-A3B's shape): 128 experts, 8 per
+        // token, every layer sparse; a 5-layer drafter of the z-lab shape (assumed:
+        // the 8B drafters' depth).
+        "qwen3-coder-30b-a3b" => (
+            Target {
+                arch: Arch::Qwen3Moe,
+                moe: Some((128, 8, 768)),
+                max_pos: 262144,
+                ..qwen3(2048, 6144, 48, 32, 4, false)
+            },
+            Drafter {
+                layers: 5,
+                mask: qwen_mask,
+            },
+        ),
         // Small enough for tests on a CPU device; Q4_K-sized rows so both formats run.
         "test-tiny" => (
-            Target {
-                arch: Arch::Qwen3,
-                hidden: 256,
-                intermediate: 512,
-                layers: 4,
-                heads: 4,
-                kv_heads: 2,
-                head_dim: 64,
-                vocab: 512,
-                eps: 1e-6,
-                theta: 1e6,
-                max_pos: 4096,
-                tied: false,
-                llama3: None,
+            tiny_target(None),
+            Drafter {
+                layers: 1,
+                mask: 511,
             },
+        ),
+        "test-moe-tiny" => (
+            tiny_target(Some((16, 4, 256))),
             Drafter {
                 layers: 1,
                 mask: 511,
@@ -398,6 +446,30 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
         _ => return None,
     };
     Some((name, t, d))
+}
+
+/// The test shapes' target (a mixture of `moe` experts where given).
+fn tiny_target(moe: Option<(usize, usize, usize)>) -> Target {
+    Target {
+        arch: if moe.is_some() {
+            Arch::Qwen3Moe
+        } else {
+            Arch::Qwen3
+        },
+        hidden: 256,
+        intermediate: 512,
+        layers: 4,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        vocab: 512,
+        eps: 1e-6,
+        theta: 1e6,
+        max_pos: 4096,
+        tied: false,
+        llama3: None,
+        moe,
+    }
 }
 
 /// The named shape, or None for an unknown name (see [`NAMES`]).
@@ -417,6 +489,12 @@ pub fn spec(name: &str) -> Option<SyntheticSpec> {
         "max_position_embeddings": t.max_pos,
         "tie_word_embeddings": t.tied,
     });
+    if let Some((experts, k, ff)) = t.moe {
+        json["num_experts"] = experts.into();
+        json["num_experts_per_tok"] = k.into();
+        json["moe_intermediate_size"] = ff.into();
+        json["norm_topk_prob"] = true.into();
+    }
     if let Some((factor, low, high, orig)) = t.llama3 {
         json["rope_scaling"] = serde_json::json!({
             "rope_type": "llama3", "factor": factor, "low_freq_factor": low,
@@ -505,6 +583,8 @@ mod tests {
             ("qwen3-8b", 5.5, 6.5),
             ("llama-3.1-8b", 5.5, 6.5),
             ("qwen2.5-32b", 22.0, 25.0),
+            // Qwen3-30B-A3B's Q4_K_M file: about 18.6 GB.
+            ("qwen3-coder-30b-a3b", 20.0, 24.0),
         ] {
             assert!((lo..hi).contains(&gb(n)), "{n}: {} GB", gb(n));
         }
@@ -520,6 +600,13 @@ mod tests {
         assert!(spec("qwen2.5-32b").unwrap().config.qkv_bias);
         assert!(spec("qwen3-4b").unwrap().config.qk_norm);
         assert!(spec("qwen3-4b").unwrap().lm_head().is_none());
+        let moe = spec("qwen3-coder-30b-a3b").unwrap();
+        let m = moe.config.moe.as_ref().unwrap();
+        assert_eq!((m.num_experts, m.experts_per_token), (128, 8));
+        assert!(m.sparse_layers.iter().all(|&s| s));
+        let l0 = moe.layer(0);
+        assert_eq!((l0.w_gate.rows, l0.w_gate.parts), (128 * 768, 128));
+        assert_eq!(l0.router.map(|r| r.rows), Some(128));
     }
 
     #[test]

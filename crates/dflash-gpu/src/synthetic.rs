@@ -14,11 +14,11 @@ use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::model::{plan_buffers, GpuModelOptions, GpuWeights, MemoryPlan};
 use crate::speculative::{DrafterPlan, GpuDrafter, GpuDrafterLayerWeights, GpuDrafterWeights};
-use crate::upload::{f32_buffer, rows_per_chunk_of, GpuMatrix, MatrixChunk};
+use crate::upload::{f32_buffer, stack_rows_per_chunk, GpuMatrix, MatrixChunk};
 use dflash_core::quant::QFormat;
 use dflash_core::rng::Rng;
 use dflash_core::synthetic::{MatrixShape, SyntheticSpec};
-use dflash_core::weights::{FeedForward, LayerWeights, ModelWeights};
+use dflash_core::weights::{FeedForward, LayerWeights, ModelWeights, MoeWeights};
 use half::f16;
 
 /// Bytes the host fills and hands to the queue at a time.
@@ -87,7 +87,7 @@ pub fn plan(
         matrices.extend(spec.drafter_matrices());
     }
     for m in &matrices {
-        rows_per_chunk_of(m.rows, m.cols, m.format, max)?;
+        stack_rows_per_chunk(m.rows, m.cols, m.format, m.parts, max)?;
     }
     let context = context.min(c.max_position_embeddings).max(1);
     let opts = GpuModelOptions {
@@ -192,10 +192,18 @@ fn target_weights(f: &mut Filler, spec: &SyntheticSpec) -> Result<GpuWeights> {
             q_norm: norm(f, "attn_q_norm"),
             k_norm: norm(f, "attn_k_norm"),
             ffn_norm: f.vector(&n("ffn_norm"), h, 1.0),
-            ffn: FeedForward::Dense {
-                gate: f.matrix(&n("ffn_gate"), &s.w_gate)?,
-                up: f.matrix(&n("ffn_up"), &s.w_up)?,
-                down: f.matrix(&n("ffn_down"), &s.w_down)?,
+            ffn: match &s.router {
+                None => FeedForward::Dense {
+                    gate: f.matrix(&n("ffn_gate"), &s.w_gate)?,
+                    up: f.matrix(&n("ffn_up"), &s.w_up)?,
+                    down: f.matrix(&n("ffn_down"), &s.w_down)?,
+                },
+                Some(router) => FeedForward::Moe(MoeWeights {
+                    router: f.matrix(&n("ffn_gate_inp"), router)?,
+                    gate: f.matrix(&n("ffn_gate_exps"), &s.w_gate)?,
+                    up: f.matrix(&n("ffn_up_exps"), &s.w_up)?,
+                    down: f.matrix(&n("ffn_down_exps"), &s.w_down)?,
+                }),
             },
         });
     }
@@ -293,7 +301,7 @@ impl<'a> Filler<'a> {
 
     /// A random matrix in the repacked layout, chunked as `upload_matrix` chunks.
     fn matrix(&mut self, label: &str, m: &MatrixShape) -> Result<GpuMatrix> {
-        let per = rows_per_chunk_of(m.rows, m.cols, m.format, self.ctx.max_binding())?;
+        let per = stack_rows_per_chunk(m.rows, m.cols, m.format, m.parts, self.ctx.max_binding())?;
         // Standard deviation and mean of uniform integers: q4 0..=15, q8 -128..=127.
         let (sigma, mean) = match m.format {
             QFormat::Q4 => (4.610, 7.5f32),

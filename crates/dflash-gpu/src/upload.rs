@@ -95,20 +95,33 @@ pub fn upload_stack(
     m: &QuantMatrix,
     parts: usize,
 ) -> Result<GpuMatrix> {
-    let per_part = m.rows / parts.max(1);
-    let per = rows_per_chunk(m, ctx.max_binding())?;
-    if per >= m.rows || per_part == 0 {
-        return upload_matrix_chunked(ctx, name, m, per);
+    let per = stack_rows_per_chunk(m.rows, m.cols, m.format, parts, ctx.max_binding())?;
+    upload_matrix_chunked(ctx, name, m, per)
+}
+
+/// `rows_per_chunk_of` for a stack of `parts` matrices: a whole number of them per
+/// chunk (`LimitExceeded` where one alone does not fit a binding).
+pub fn stack_rows_per_chunk(
+    rows: usize,
+    cols: usize,
+    format: QFormat,
+    parts: usize,
+    max_binding: u64,
+) -> Result<usize> {
+    let per = rows_per_chunk_of(rows, cols, format, max_binding)?;
+    let per_part = rows / parts.max(1);
+    if per >= rows || parts <= 1 || per_part == 0 {
+        return Ok(per);
     }
     if per < per_part {
         return Err(GpuError::LimitExceeded {
-            what: format!("one of the {parts} matrices of {name}"),
-            need: (per_part * m.cols * m.format.bits() / 8) as u64,
-            limit: ctx.max_binding(),
+            what: format!("one of the {parts} stacked {per_part}x{cols} matrices"),
+            need: (per_part * cols * format.bits() / 8) as u64,
+            limit: max_binding,
             limit_name: "max_storage_buffer_binding_size",
         });
     }
-    upload_matrix_chunked(ctx, name, m, per / per_part * per_part)
+    Ok(per / per_part * per_part)
 }
 
 /// Uploads in chunks of `per` rows (the last may be shorter).

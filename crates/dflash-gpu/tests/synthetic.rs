@@ -13,14 +13,22 @@ use dflash_gpu::synthetic::{build, plan, Planned};
 use dflash_gpu::{GpuError, GpuModel, GpuModelOptions, GpuOptions};
 use std::time::Instant;
 
+/// A dense shape and a mixture of experts (16 experts, 4 per token, expert stacks kept
+/// whole in their buffers).
 #[test]
 fn a_tiny_synthetic_model_decodes_finite_logits() {
     let Some(ctx) = common::gpu_context(&GpuOptions::default()) else {
         return;
     };
-    let s = spec("test-tiny").unwrap();
-    let p = plan(&ctx, &s, 64, Planned::Plain, None).unwrap();
-    let (w, d) = build(&ctx, &s, 7, false).unwrap();
+    for name in ["test-tiny", "test-moe-tiny"] {
+        decodes_finite_logits(&ctx, name);
+    }
+}
+
+fn decodes_finite_logits(ctx: &std::rc::Rc<dflash_gpu::GpuContext>, name: &str) {
+    let s = spec(name).unwrap();
+    let p = plan(ctx, &s, 64, Planned::Plain, None).unwrap();
+    let (w, d) = build(ctx, &s, 7, false).unwrap();
     assert!(d.is_none());
     let opts = GpuModelOptions {
         context: 64,
@@ -53,7 +61,7 @@ fn a_tiny_synthetic_model_decodes_finite_logits() {
     }
     assert!(tokens.iter().all(|&t| (t as usize) < vocab));
     // The same seed makes the same model.
-    let (w2, _) = build(&ctx, &s, 7, false).unwrap();
+    let (w2, _) = build(ctx, &s, 7, false).unwrap();
     let mut g2 = GpuModel::from_gpu_weights(ctx.clone(), w2, &opts).unwrap();
     assert_eq!(g2.generate_greedy(&prompt, 9, &|_| false).unwrap(), tokens);
 }
