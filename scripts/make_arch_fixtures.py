@@ -13,7 +13,7 @@ the CPU reference of an architecture the engine added after the z-lab fixtures
     /tmp/zvenv/bin/pip install torch==2.11.0 transformers==5.17.0 safetensors numpy
     /tmp/zvenv/bin/python scripts/make_arch_fixtures.py fixtures/arch
 
-What it writes, per case (`qwen3_moe`):
+What it writes, per case (`qwen3_moe`, `qwen3_5`):
   <case>/model/: config.json, generation_config.json, model.safetensors (float32, the
       checkpoint layout transformers writes: one tensor per expert), and a word-level
       tokenizer.json over "<0>".."<V-1>" (our Hugging Face loader requires one; the
@@ -21,7 +21,7 @@ What it writes, per case (`qwen3_moe`):
   <case>/reference.json: `ids` (a seeded sequence), `logits` (transformers' float32
       logits at every position, [len(ids), vocab]), `prompt` and `greedy` (the greedy
       continuation of the prompt by full recomputation, argmax per step),
-      `router_margin` (the smallest gap, over every token and sparse layer, between the
+      `router_margin` (mixtures only: the smallest gap, over every token and sparse layer, between the
       k-th and (k+1)-th router score: an engine that computes the router in
       another order picks the same experts when this is not tiny).
 """
@@ -46,6 +46,22 @@ CASES = {
         # The first seed from 20 whose router margin is over 1e-3.
         seed=20,
     ),
+    # Qwen3.5's text model: Gated DeltaNet layers 0, 1, 3 and gated full attention at 2
+    # (partial RoPE: a quarter of each head), 2 key heads shared by 4 value heads.
+    "qwen3_5": dict(
+        cls=("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+        cfg=dict(
+            vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_num_key_heads=2, linear_num_value_heads=4,
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
+                                 mrope_section=[2, 1, 1]),
+            max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        ),
+        seed=30,
+    ),
 }
 
 
@@ -55,8 +71,18 @@ def scale_init_(model, seed, gain=1.5, router_gain=2.0, embed_std=0.5):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") and getattr(model.config, "model_type", "").startswith("qwen3_5") \
+                    and "linear_attn" not in name:
+                # Zero-centred RMSNorm (the weight is 1 + w).
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("A_log"):
+                p.copy_(torch.log(torch.empty(p.shape).uniform_(1.0, 8.0, generator=g)))
+            elif name.endswith("dt_bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith("conv1d.weight"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name or name.startswith("lm_head"):
                 p.copy_(embed_std * torch.randn(p.shape, generator=g))
             elif name.endswith("mlp.gate.weight"):
@@ -91,7 +117,7 @@ def router_margin(model, ids, k):
         model(torch.tensor([ids]))
     for h in hooks:
         h.remove()
-    return min(gaps)
+    return min(gaps) if gaps else None
 
 
 def make_case(name, out_dir):
@@ -114,13 +140,13 @@ def make_case(name, out_dir):
         prompt, seq = ids[:8], list(ids[:8])
         for _ in range(16):
             seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    margin = min(router_margin(model, ids, cfg.num_experts_per_tok),
-                 router_margin(model, seq, cfg.num_experts_per_tok))
+    k = getattr(cfg, "num_experts_per_tok", None)
+    margin = k and min(router_margin(model, ids, k), router_margin(model, seq, k))
     ref = dict(ids=ids, logits=logits.tolist(), prompt=prompt, greedy=seq[len(prompt):],
                router_margin=margin)
     with open(os.path.join(case, "reference.json"), "w") as f:
         json.dump(ref, f)
-    print(f"{name}: router margin {margin:.2e}, greedy {ref['greedy']}")
+    print(f"{name}: router margin {margin}, greedy {ref['greedy']}")
 
 
 def main(out_dir):

@@ -14,6 +14,11 @@ pub enum Arch {
     /// Qwen3's attention with a mixture-of-experts feed-forward (`ModelConfig::moe`).
     #[serde(rename = "qwen3_moe")]
     Qwen3Moe,
+    /// Qwen3.5's text model: Gated DeltaNet layers between gated full-attention ones
+    /// (`ModelConfig::hybrid`), zero-centred RMSNorm weights (stored as `1 + w` once
+    /// loaded), an output gate on attention.
+    #[serde(rename = "qwen3_5")]
+    Qwen35,
 }
 
 impl Arch {
@@ -23,6 +28,11 @@ impl Arch {
             "qwen2" | "Qwen2ForCausalLM" => Arch::Qwen2,
             "qwen3" | "Qwen3ForCausalLM" => Arch::Qwen3,
             "qwen3moe" | "qwen3_moe" | "Qwen3MoeForCausalLM" => Arch::Qwen3Moe,
+            "qwen3_5"
+            | "qwen3_5_text"
+            | "qwen35"
+            | "Qwen3_5ForCausalLM"
+            | "Qwen3_5ForConditionalGeneration" => Arch::Qwen35,
             other => return Err(Error::UnsupportedArchitecture(other.into())),
         })
     }
@@ -34,12 +44,19 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3_moe",
+            Arch::Qwen35 => "qwen3_5_text",
         }
     }
 
     /// Per-head RMSNorm of q and k (Qwen3's attention).
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35)
+    }
+
+    /// Attention's output multiplied by `sigmoid(gate)`, the gate computed by q_proj
+    /// beside each head's query (Qwen3.5).
+    pub fn has_attention_gate(self) -> bool {
+        self == Arch::Qwen35
     }
 }
 
@@ -72,6 +89,80 @@ pub struct ModelConfig {
     /// The mixture-of-experts feed-forward of a sparse model (None: every layer dense).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeConfig>,
+    /// The Gated DeltaNet layers of a hybrid model (None: every layer attention).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid: Option<HybridConfig>,
+}
+
+/// The linear-attention layers of a hybrid model as transformers' `Qwen3_5GatedDeltaNet`
+/// defines them: q, k, v projected together and passed through a depthwise causal
+/// convolution of `conv_kernel` taps and SiLU; per value head a `key_head_dim x
+/// value_head_dim` state, decayed by `exp(g)` and updated by the delta rule with
+/// strength `beta`; the read-out RMS-normalised and gated by `silu(z)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HybridConfig {
+    /// Per layer: Gated DeltaNet (`linear_attention`), else full attention.
+    pub linear_layers: Vec<bool>,
+    pub conv_kernel: usize,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_head_dim: usize,
+    pub value_head_dim: usize,
+}
+
+impl HybridConfig {
+    pub fn is_linear(&self, layer: usize) -> bool {
+        self.linear_layers.get(layer).copied().unwrap_or(false)
+    }
+    pub fn key_dim(&self) -> usize {
+        self.key_heads * self.key_head_dim
+    }
+    pub fn value_dim(&self) -> usize {
+        self.value_heads * self.value_head_dim
+    }
+    /// Channels of the convolution: q, k and v.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+    /// Floats of one layer's recurrent state (all value heads).
+    pub fn state_len(&self) -> usize {
+        self.value_heads * self.key_head_dim * self.value_head_dim
+    }
+
+    fn validate(&self, num_layers: usize) -> Result<()> {
+        let bad = |m: String| Err(Error::BadConfig(m));
+        if self.linear_layers.len() != num_layers {
+            return bad(format!(
+                "layer_types has {} entries for num_hidden_layers {}",
+                self.linear_layers.len(),
+                num_layers
+            ));
+        }
+        if [
+            self.conv_kernel,
+            self.key_heads,
+            self.key_head_dim,
+            self.value_head_dim,
+        ]
+        .contains(&0)
+            || self.value_heads == 0
+            || !self.value_heads.is_multiple_of(self.key_heads)
+        {
+            return bad(format!(
+                "linear attention: {} value heads over {} key heads, head dims {}/{}, kernel {}",
+                self.value_heads,
+                self.key_heads,
+                self.key_head_dim,
+                self.value_head_dim,
+                self.conv_kernel
+            ));
+        }
+        crate::check_limit!("linear_num_value_heads", self.value_heads, MAX_HEADS);
+        crate::check_limit!("linear_key_head_dim", self.key_head_dim, MAX_HEAD_DIM);
+        crate::check_limit!("linear_value_head_dim", self.value_head_dim, MAX_HEAD_DIM);
+        crate::check_limit!("linear_conv_kernel_dim", self.conv_kernel, MAX_HEAD_DIM);
+        Ok(())
+    }
 }
 
 /// A mixture-of-experts feed-forward as transformers' `Qwen3MoeSparseMoeBlock` defines
@@ -287,6 +378,12 @@ impl ModelConfig {
             (Some(_), _) => return bad(format!("experts in a {:?} model", self.arch)),
             (None, _) => {}
         }
+        match (&self.hybrid, self.arch) {
+            (Some(h), Arch::Qwen35) => h.validate(self.num_layers)?,
+            (None, Arch::Qwen35) => return bad("a qwen3_5 model without layer_types".into()),
+            (Some(_), _) => return bad(format!("linear attention in a {:?} model", self.arch)),
+            (None, _) => {}
+        }
         // Guards against configs that would make us allocate absurd memory.
         crate::check_limit!("hidden_size", self.hidden_size, MAX_HIDDEN_SIZE);
         crate::check_limit!(
@@ -366,6 +463,7 @@ impl ModelConfig {
             qk_norm: h.tensor("blk.0.attn_q_norm.weight").is_some(),
             tie_word_embeddings: tie,
             moe: None,
+            hybrid: None,
         };
         let cfg = ModelConfig {
             moe: moe_from_gguf(h, arch_s, cfg.num_layers)?,
@@ -375,10 +473,29 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    /// From a Hugging Face `config.json`.
+    /// From a Hugging Face `config.json` (a multimodal checkpoint's `text_config`: the
+    /// vision tower is not loaded).
     pub fn from_hf_json(text: &str) -> Result<Self> {
-        let c: HfConfig = serde_json::from_str(text)
+        let v: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| Error::BadConfig(format!("config.json: {e}")))?;
+        let mut v = match v.get("text_config") {
+            Some(t) if t.is_object() => {
+                let mut t = t.clone();
+                // Fields a multimodal config keeps at its top level.
+                for key in ["tie_word_embeddings", "architectures"] {
+                    if let (Some(x), None) = (v.get(key), t.get(key)) {
+                        t[key] = x.clone();
+                    }
+                }
+                t
+            }
+            _ => v,
+        };
+        if let Some(o) = v.as_object_mut() {
+            o.remove("text_config");
+        }
+        let c: HfConfig =
+            serde_json::from_value(v).map_err(|e| Error::BadConfig(format!("config.json: {e}")))?;
         let arch_name = c
             .model_type
             .clone()
@@ -410,6 +527,7 @@ impl ModelConfig {
             qk_norm: arch.has_qk_norm(),
             tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
             moe: c.moe.settings(arch, c.num_hidden_layers)?,
+            hybrid: c.linear.settings(arch, c.num_hidden_layers)?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -573,6 +691,53 @@ struct HfConfig {
     tie_word_embeddings: Option<bool>,
     #[serde(flatten)]
     moe: HfMoe,
+    #[serde(flatten)]
+    linear: HfLinear,
+}
+
+/// The linear-attention fields of a Hugging Face `config.json` (qwen3_5).
+#[derive(Debug, Default, Deserialize)]
+struct HfLinear {
+    layer_types: Option<Vec<String>>,
+    full_attention_interval: Option<usize>,
+    linear_conv_kernel_dim: Option<usize>,
+    linear_key_head_dim: Option<usize>,
+    linear_value_head_dim: Option<usize>,
+    linear_num_key_heads: Option<usize>,
+    linear_num_value_heads: Option<usize>,
+}
+
+impl HfLinear {
+    fn settings(&self, arch: Arch, num_layers: usize) -> Result<Option<HybridConfig>> {
+        if arch != Arch::Qwen35 {
+            return Ok(None);
+        }
+        let need = |v: Option<usize>, n: &str| {
+            v.ok_or_else(|| Error::BadConfig(format!("a qwen3_5 config.json needs {n}")))
+        };
+        let linear_layers = match &self.layer_types {
+            Some(types) => types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "linear_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(Error::BadConfig(format!("layer_types: unknown {other:?}"))),
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None => {
+                let every = self.full_attention_interval.unwrap_or(4).max(1);
+                (0..num_layers).map(|i| (i + 1) % every != 0).collect()
+            }
+        };
+        Ok(Some(HybridConfig {
+            linear_layers,
+            conv_kernel: need(self.linear_conv_kernel_dim, "linear_conv_kernel_dim")?,
+            key_heads: need(self.linear_num_key_heads, "linear_num_key_heads")?,
+            value_heads: need(self.linear_num_value_heads, "linear_num_value_heads")?,
+            key_head_dim: need(self.linear_key_head_dim, "linear_key_head_dim")?,
+            value_head_dim: need(self.linear_value_head_dim, "linear_value_head_dim")?,
+        }))
+    }
 }
 
 /// The mixture-of-experts fields of a Hugging Face `config.json` (qwen3_moe).

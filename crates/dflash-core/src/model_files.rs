@@ -268,13 +268,39 @@ fn load_hf_with(files: &HfFiles, full_precision: bool) -> Result<LoadedModel> {
     if full_precision {
         src = src.full_precision();
     }
-    let weights = ModelWeights::load(config, &src, Naming::HuggingFace)?;
+    let mut weights = ModelWeights::load(config, &src, Naming::HuggingFace)?;
+    if weights.config.arch == crate::config::Arch::Qwen35 {
+        qwen35_from_hf(&mut weights);
+    }
     Ok(LoadedModel {
         weights,
         tokenizer,
         chat_template,
         format: "hf",
     })
+}
+
+/// A Qwen3.5 checkpoint's vectors as the engine reads them (and llama.cpp's converter
+/// writes them): its zero-centred RMSNorm weights as `1 + w` (the gated norm of the
+/// linear layers is not zero-centred), `A_log` as the decay rate `-exp(A_log)`.
+fn qwen35_from_hf(w: &mut ModelWeights) {
+    let plus_one = |v: &mut Vec<f32>| v.iter_mut().for_each(|x| *x += 1.0);
+    plus_one(&mut w.norm);
+    for l in &mut w.layers {
+        plus_one(&mut l.attn_norm);
+        plus_one(&mut l.ffn_norm);
+        match &mut l.mixer {
+            crate::weights::Mixer::Attention(a) => {
+                a.q_norm
+                    .iter_mut()
+                    .chain(a.k_norm.iter_mut())
+                    .for_each(plus_one);
+            }
+            crate::weights::Mixer::DeltaNet(d) => {
+                d.decay.iter_mut().for_each(|x| *x = -x.exp());
+            }
+        }
+    }
 }
 
 /// Loads from the file system: a `.gguf` file or a Hugging Face folder.

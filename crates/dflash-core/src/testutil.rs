@@ -119,6 +119,14 @@ pub fn tiny_config(arch: Arch) -> ModelConfig {
             // The middle layer dense (`mlp_only_layers = [1]`).
             sparse_layers: vec![true, false, true],
         }),
+        hybrid: (arch == Arch::Qwen35).then(|| crate::config::HybridConfig {
+            linear_layers: vec![true, false, true],
+            conv_kernel: 4,
+            key_heads: 2,
+            value_heads: 4,
+            key_head_dim: 16,
+            value_head_dim: 16,
+        }),
     }
 }
 
@@ -303,6 +311,7 @@ fn arch_name(a: Arch) -> &'static str {
         Arch::Qwen2 => "qwen2",
         Arch::Qwen3 => "qwen3",
         Arch::Qwen3Moe => "qwen3moe",
+        Arch::Qwen35 => "qwen35",
     }
 }
 
@@ -313,6 +322,7 @@ fn hf_class(a: Arch) -> &'static str {
         Arch::Qwen2 => "Qwen2ForCausalLM",
         Arch::Qwen3 => "Qwen3ForCausalLM",
         Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
+        Arch::Qwen35 => "Qwen3_5ForCausalLM",
     }
 }
 

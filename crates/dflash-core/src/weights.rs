@@ -207,10 +207,63 @@ fn load_experts<M, V>(
     })
 }
 
+/// Layer `i`'s Gated DeltaNet. GGUF names as llama.cpp's qwen3next / qwen35 converter
+/// writes them; Hugging Face's `linear_attn.*` (`conv1d.weight` `[conv_dim, 1,
+/// kernel]`).
+fn load_delta_net<M, V>(
+    src: &dyn TensorSource<M, V>,
+    naming: Naming,
+    i: usize,
+    hy: &crate::config::HybridConfig,
+    h: usize,
+) -> Result<DeltaNetWeights<M, V>> {
+    let name = |gguf: &str, hf: &str| match naming {
+        Naming::Gguf => format!("blk.{i}.{gguf}"),
+        Naming::HuggingFace => format!("model.layers.{i}.linear_attn.{hf}"),
+    };
+    let (nv, conv_dim) = (hy.value_heads, hy.conv_dim());
+    let mat = |g: &str, f: &str, rows, cols| checked_matrix(src, &name(g, f), rows, cols);
+    let vec = |g: &str, f: &str, len| checked_vector(src, &name(g, f), len);
+    let conv_name = name("ssm_conv1d.weight", "conv1d.weight");
+    let conv_shape = match naming {
+        Naming::Gguf => vec![conv_dim, hy.conv_kernel],
+        Naming::HuggingFace => vec![conv_dim, 1, hy.conv_kernel],
+    };
+    check_shape(src, &conv_name, &conv_shape)?;
+    Ok(DeltaNetWeights {
+        qkv: mat("attn_qkv.weight", "in_proj_qkv.weight", conv_dim, h)?,
+        z: mat("attn_gate.weight", "in_proj_z.weight", hy.value_dim(), h)?,
+        b: mat("ssm_beta.weight", "in_proj_b.weight", nv, h)?,
+        a: mat("ssm_alpha.weight", "in_proj_a.weight", nv, h)?,
+        conv: src.vector(&conv_name)?,
+        dt_bias: vec("ssm_dt.bias", "dt_bias", nv)?,
+        decay: vec("ssm_a", "A_log", nv)?,
+        norm: vec("ssm_norm.weight", "norm.weight", hy.value_head_dim)?,
+        out: mat("ssm_out.weight", "out_proj.weight", h, hy.value_dim())?,
+    })
+}
+
 /// One layer's weights: host tensors by default, GPU buffers once uploaded.
 #[derive(Debug, Clone)]
 pub struct LayerWeights<M = QuantMatrix, V = Vec<f32>> {
     pub attn_norm: V,
+    pub mixer: Mixer<M, V>,
+    pub ffn_norm: V,
+    pub ffn: FeedForward<M>,
+}
+
+/// A layer's token mixer: softmax attention over the KV cache, or a Gated DeltaNet
+/// (linear attention over a recurrent state, `config::HybridConfig`).
+#[derive(Debug, Clone)]
+pub enum Mixer<M = QuantMatrix, V = Vec<f32>> {
+    Attention(AttentionWeights<M, V>),
+    DeltaNet(DeltaNetWeights<M, V>),
+}
+
+/// Attention's projections. With an output gate (Qwen3.5) `wq` has `2 q_dim` rows:
+/// per head its query rows, then its gate rows.
+#[derive(Debug, Clone)]
+pub struct AttentionWeights<M = QuantMatrix, V = Vec<f32>> {
     pub wq: M,
     pub wk: M,
     pub wv: M,
@@ -220,8 +273,94 @@ pub struct LayerWeights<M = QuantMatrix, V = Vec<f32>> {
     pub bv: Option<V>,
     pub q_norm: Option<V>,
     pub k_norm: Option<V>,
-    pub ffn_norm: V,
-    pub ffn: FeedForward<M>,
+}
+
+/// A Gated DeltaNet layer (`config::HybridConfig`).
+#[derive(Debug, Clone)]
+pub struct DeltaNetWeights<M = QuantMatrix, V = Vec<f32>> {
+    /// `[conv_dim, hidden]`: q, k and v before the convolution.
+    pub qkv: M,
+    /// `[value_dim, hidden]`: the read-out's gate.
+    pub z: M,
+    /// `[value_heads, hidden]`: beta's and the decay's inputs.
+    pub b: M,
+    pub a: M,
+    /// The depthwise convolution, `[conv_dim, kernel]`.
+    pub conv: V,
+    /// `[value_heads]`: the decay's bias, and its rate `A = -exp(A_log)` (GGUF's
+    /// `ssm_a`; a Hugging Face checkpoint's `A_log` is converted at load).
+    pub dt_bias: V,
+    pub decay: V,
+    /// `[value_head_dim]`: the read-out's RMSNorm (gated by `silu(z)`).
+    pub norm: V,
+    /// `[hidden, value_dim]`.
+    pub out: M,
+}
+
+impl<M, V> LayerWeights<M, V> {
+    /// The layer's attention, None for a linear-attention layer.
+    pub fn attention(&self) -> Option<&AttentionWeights<M, V>> {
+        match &self.mixer {
+            Mixer::Attention(a) => Some(a),
+            Mixer::DeltaNet(_) => None,
+        }
+    }
+
+    /// The mixer's matrices.
+    pub fn mixer_matrices(&self) -> Vec<&M> {
+        match &self.mixer {
+            Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            Mixer::DeltaNet(d) => vec![&d.qkv, &d.z, &d.b, &d.a, &d.out],
+        }
+    }
+
+    /// The mixer's vectors (biases and norms where present).
+    pub fn mixer_vectors(&self) -> Vec<&V> {
+        match &self.mixer {
+            Mixer::Attention(a) => [&a.bq, &a.bk, &a.bv, &a.q_norm, &a.k_norm]
+                .into_iter()
+                .flatten()
+                .collect(),
+            Mixer::DeltaNet(d) => vec![&d.conv, &d.dt_bias, &d.decay, &d.norm],
+        }
+    }
+}
+
+impl<M, V> Mixer<M, V> {
+    fn try_map<M2, V2, E>(
+        &self,
+        mut mat: impl FnMut(&str, &M) -> std::result::Result<M2, E>,
+        mut vec: impl FnMut(&str, &V) -> std::result::Result<V2, E>,
+    ) -> std::result::Result<Mixer<M2, V2>, E> {
+        Ok(match self {
+            Mixer::Attention(a) => {
+                let mut opt =
+                    |name: &str, v: &Option<V>| v.as_ref().map(|v| vec(name, v)).transpose();
+                Mixer::Attention(AttentionWeights {
+                    bq: opt("bq", &a.bq)?,
+                    bk: opt("bk", &a.bk)?,
+                    bv: opt("bv", &a.bv)?,
+                    q_norm: opt("q_norm", &a.q_norm)?,
+                    k_norm: opt("k_norm", &a.k_norm)?,
+                    wq: mat("wq", &a.wq)?,
+                    wk: mat("wk", &a.wk)?,
+                    wv: mat("wv", &a.wv)?,
+                    wo: mat("wo", &a.wo)?,
+                })
+            }
+            Mixer::DeltaNet(d) => Mixer::DeltaNet(DeltaNetWeights {
+                qkv: mat("linear_qkv", &d.qkv)?,
+                z: mat("linear_z", &d.z)?,
+                b: mat("linear_b", &d.b)?,
+                a: mat("linear_a", &d.a)?,
+                conv: vec("linear_conv", &d.conv)?,
+                dt_bias: vec("linear_dt_bias", &d.dt_bias)?,
+                decay: vec("linear_decay", &d.decay)?,
+                norm: vec("linear_norm", &d.norm)?,
+                out: mat("linear_out", &d.out)?,
+            }),
+        })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -271,19 +410,31 @@ impl<M, V> ModelWeights<M, V> {
             return Err(Error::MissingTensor(lm_name.into()));
         }
         let mut layers = Vec::with_capacity(c.num_layers);
+        // With an output gate q_proj gives each head's query and gate.
+        let q_rows = if c.arch.has_attention_gate() {
+            2 * q
+        } else {
+            q
+        };
         for i in 0..c.num_layers {
             let n = |w: &str| naming.layer(i, w);
+            let mixer = match c.hybrid.as_ref().filter(|hy| hy.is_linear(i)) {
+                Some(hy) => Mixer::DeltaNet(load_delta_net(src, naming, i, hy, h)?),
+                None => Mixer::Attention(AttentionWeights {
+                    wq: mat(&n("attn_q.weight"), q_rows, h)?,
+                    wk: mat(&n("attn_k.weight"), kv, h)?,
+                    wv: mat(&n("attn_v.weight"), kv, h)?,
+                    wo: mat(&n("attn_output.weight"), h, q)?,
+                    bq: opt_vec(n("attn_q.bias"), q, c.qkv_bias)?,
+                    bk: opt_vec(n("attn_k.bias"), kv, c.qkv_bias)?,
+                    bv: opt_vec(n("attn_v.bias"), kv, c.qkv_bias)?,
+                    q_norm: opt_vec(n("attn_q_norm.weight"), c.head_dim, c.qk_norm)?,
+                    k_norm: opt_vec(n("attn_k_norm.weight"), c.head_dim, c.qk_norm)?,
+                }),
+            };
             layers.push(LayerWeights {
                 attn_norm: vec(&n("attn_norm.weight"), h)?,
-                wq: mat(&n("attn_q.weight"), q, h)?,
-                wk: mat(&n("attn_k.weight"), kv, h)?,
-                wv: mat(&n("attn_v.weight"), kv, h)?,
-                wo: mat(&n("attn_output.weight"), h, q)?,
-                bq: opt_vec(n("attn_q.bias"), q, c.qkv_bias)?,
-                bk: opt_vec(n("attn_k.bias"), kv, c.qkv_bias)?,
-                bv: opt_vec(n("attn_v.bias"), kv, c.qkv_bias)?,
-                q_norm: opt_vec(n("attn_q_norm.weight"), c.head_dim, c.qk_norm)?,
-                k_norm: opt_vec(n("attn_k_norm.weight"), c.head_dim, c.qk_norm)?,
+                mixer,
                 ffn_norm: vec(&n("ffn_norm.weight"), h)?,
                 ffn: match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
                     Some(moe) => FeedForward::Moe(load_experts(src, naming, i, moe, h)?),
@@ -312,20 +463,9 @@ impl<M, V> ModelWeights<M, V> {
     ) -> std::result::Result<ModelWeights<M2, V2>, E> {
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
-            let mut opt = |name: &str, v: &Option<V>| v.as_ref().map(|v| vec(name, v)).transpose();
-            let (bq, bk, bv) = (opt("bq", &l.bq)?, opt("bk", &l.bk)?, opt("bv", &l.bv)?);
-            let (q_norm, k_norm) = (opt("q_norm", &l.q_norm)?, opt("k_norm", &l.k_norm)?);
             layers.push(LayerWeights {
                 attn_norm: vec("attn_norm", &l.attn_norm)?,
-                wq: mat("wq", &l.wq)?,
-                wk: mat("wk", &l.wk)?,
-                wv: mat("wv", &l.wv)?,
-                wo: mat("wo", &l.wo)?,
-                bq,
-                bk,
-                bv,
-                q_norm,
-                k_norm,
+                mixer: l.mixer.try_map(&mut mat, &mut vec)?,
                 ffn_norm: vec("ffn_norm", &l.ffn_norm)?,
                 ffn: l.ffn.try_map(&mut mat)?,
             });
@@ -348,18 +488,13 @@ impl ModelWeights {
     /// Bytes of all weights in the GPU formats.
     pub fn n_bytes(&self) -> usize {
         let v = |x: &Vec<f32>| x.len() * 4;
-        let o = |x: &Option<Vec<f32>>| x.as_ref().map_or(0, |x| x.len() * 4);
         let mut n =
             self.embed.n_bytes() + self.lm_head.as_ref().map_or(0, |m| m.n_bytes()) + v(&self.norm);
         for l in &self.layers {
-            n += v(&l.attn_norm)
-                + v(&l.ffn_norm)
-                + o(&l.bq)
-                + o(&l.bk)
-                + o(&l.bv)
-                + o(&l.q_norm)
-                + o(&l.k_norm);
-            n += [&l.wq, &l.wk, &l.wv, &l.wo]
+            n += v(&l.attn_norm) + v(&l.ffn_norm);
+            n += l.mixer_vectors().into_iter().map(v).sum::<usize>();
+            n += l
+                .mixer_matrices()
                 .into_iter()
                 .chain(l.ffn.matrices())
                 .map(|m| m.n_bytes())

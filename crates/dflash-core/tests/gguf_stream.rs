@@ -103,8 +103,9 @@ fn stream_equals_whole(c: &dflash_core::config::ModelConfig) {
     assert_eq!(a.embed.qs, b.embed.qs);
     assert_eq!(a.norm, b.norm);
     for (x, y) in a.layers.iter().zip(&b.layers) {
+        let mixer = x.mixer_matrices().into_iter().zip(y.mixer_matrices());
         let ffn = x.ffn.matrices().into_iter().zip(y.ffn.matrices());
-        for (m, n) in [(&x.wq, &y.wq)].into_iter().chain(ffn) {
+        for (m, n) in mixer.chain(ffn) {
             assert_eq!((&m.qs, &m.scales, &m.mins), (&n.qs, &n.scales, &n.mins));
         }
         assert_eq!(x.attn_norm, y.attn_norm);

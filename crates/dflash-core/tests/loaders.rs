@@ -243,7 +243,7 @@ fn gptq_and_awq_int4_layers_repack_to_q4() {
     for method in ["gptq", "awq"] {
         let (files, q, s, z, out, inp, groups) = pack_model_with_int4(method);
         let m = hf(&files).unwrap();
-        let wq = &m.weights.layers[0].wq;
+        let wq = &m.weights.layers[0].attention().unwrap().wq;
         assert_eq!(wq.format, dflash_core::quant::QFormat::Q4);
         let got = wq.dequantize();
         let mut worst = 0f32;

@@ -16,7 +16,7 @@ use crate::upload::{
 use dflash_core::config::ModelConfig;
 use dflash_core::cpu::ops::rope_cos_sin;
 use dflash_core::quant::QuantMatrix;
-use dflash_core::weights::{FeedForward, ModelWeights};
+use dflash_core::weights::{FeedForward, Mixer, ModelWeights};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -331,7 +331,7 @@ pub fn plan_memory(
         mats.push(l);
     }
     for l in &w.layers {
-        mats.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+        mats.extend(l.mixer_matrices());
         mats.extend(l.ffn.matrices());
     }
     for m in &mats {
@@ -428,20 +428,22 @@ fn gpu_ffn(ctx: &GpuContext, c: &ModelConfig, i: usize, ffn: FeedForward<GpuMatr
     }
 }
 
+/// Qwen3.5's layers on the GPU: not yet.
+fn hybrid_unsupported() -> GpuError {
+    GpuError::Unsupported(
+        "qwen3_5's Gated DeltaNet and gated-attention layers run on the CPU engines; their GPU kernels are not written yet".into(),
+    )
+}
+
 /// Bytes of weights on the GPU.
 pub fn gpu_weight_bytes(w: &GpuWeights) -> u64 {
     let v = |b: &wgpu::Buffer| b.size();
-    let o = |b: &Option<wgpu::Buffer>| b.as_ref().map_or(0, |b| b.size());
     let mut n = w.embed.n_bytes + w.lm_head.as_ref().map_or(0, |m| m.n_bytes) + v(&w.norm);
     for l in &w.layers {
-        n += v(&l.attn_norm)
-            + v(&l.ffn_norm)
-            + o(&l.bq)
-            + o(&l.bk)
-            + o(&l.bv)
-            + o(&l.q_norm)
-            + o(&l.k_norm);
-        n += [&l.wq, &l.wk, &l.wv, &l.wo]
+        n += v(&l.attn_norm) + v(&l.ffn_norm);
+        n += l.mixer_vectors().into_iter().map(v).sum::<u64>();
+        n += l
+            .mixer_matrices()
             .into_iter()
             .chain(l.ffn.matrices())
             .map(|m| m.n_bytes)
@@ -493,6 +495,9 @@ impl GpuModel {
                 c.num_layers
             ))));
         }
+        if c.hybrid.is_some() || c.arch.has_attention_gate() {
+            return Err(hybrid_unsupported());
+        }
         if c.head_dim > 256 {
             return Err(GpuError::Unsupported(format!(
                 "head_dim {} > 256",
@@ -517,18 +522,21 @@ impl GpuModel {
         let kvb = kv_bytes(&c, opts.context, ctx.f16);
         let mut layers = Vec::with_capacity(c.num_layers);
         for (i, l) in w.layers.into_iter().enumerate() {
+            let Mixer::Attention(a) = l.mixer else {
+                return Err(hybrid_unsupported());
+            };
             layers.push(GpuLayer {
                 attn_norm: l.attn_norm,
                 ffn_norm: l.ffn_norm,
                 qkv: stack_qkv(
                     &ctx,
                     &format!("qkv.{i}"),
-                    [l.wq, l.wk, l.wv],
-                    [l.bq, l.bk, l.bv],
+                    [a.wq, a.wk, a.wv],
+                    [a.bq, a.bk, a.bv],
                 ),
-                wo: l.wo,
+                wo: a.wo,
                 ffn: gpu_ffn(&ctx, &c, i, l.ffn),
-                qk_norm: match (l.q_norm, l.k_norm) {
+                qk_norm: match (a.q_norm, a.k_norm) {
                     (Some(q), Some(k)) => Some([q, k]),
                     _ => None,
                 },

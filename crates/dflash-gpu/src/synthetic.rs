@@ -18,7 +18,9 @@ use crate::upload::{f32_buffer, stack_rows_per_chunk, GpuMatrix, MatrixChunk};
 use dflash_core::quant::QFormat;
 use dflash_core::rng::Rng;
 use dflash_core::synthetic::{MatrixShape, SyntheticSpec};
-use dflash_core::weights::{FeedForward, LayerWeights, ModelWeights, MoeWeights};
+use dflash_core::weights::{
+    AttentionWeights, FeedForward, LayerWeights, Mixer, ModelWeights, MoeWeights,
+};
 use half::f16;
 
 /// Bytes the host fills and hands to the queue at a time.
@@ -182,15 +184,17 @@ fn target_weights(f: &mut Filler, spec: &SyntheticSpec) -> Result<GpuWeights> {
         let norm = |f: &mut Filler, w: &str| c.qk_norm.then(|| f.vector(&n(w), c.head_dim, 1.0));
         layers.push(LayerWeights {
             attn_norm: f.vector(&n("attn_norm"), h, 1.0),
-            wq: f.matrix(&n("attn_q"), &s.wq)?,
-            wk: f.matrix(&n("attn_k"), &s.wk)?,
-            wv: f.matrix(&n("attn_v"), &s.wv)?,
-            wo: f.matrix(&n("attn_output"), &s.wo)?,
-            bq: bias(f, "attn_q.bias", q),
-            bk: bias(f, "attn_k.bias", kv),
-            bv: bias(f, "attn_v.bias", kv),
-            q_norm: norm(f, "attn_q_norm"),
-            k_norm: norm(f, "attn_k_norm"),
+            mixer: Mixer::Attention(AttentionWeights {
+                wq: f.matrix(&n("attn_q"), &s.wq)?,
+                wk: f.matrix(&n("attn_k"), &s.wk)?,
+                wv: f.matrix(&n("attn_v"), &s.wv)?,
+                wo: f.matrix(&n("attn_output"), &s.wo)?,
+                bq: bias(f, "attn_q.bias", q),
+                bk: bias(f, "attn_k.bias", kv),
+                bv: bias(f, "attn_v.bias", kv),
+                q_norm: norm(f, "attn_q_norm"),
+                k_norm: norm(f, "attn_k_norm"),
+            }),
             ffn_norm: f.vector(&n("ffn_norm"), h, 1.0),
             ffn: match &s.router {
                 None => FeedForward::Dense {

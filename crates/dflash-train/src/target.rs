@@ -139,22 +139,22 @@ impl Target {
             .layers
             .iter()
             .map(|l| {
-                let Some((gate, up, down)) = l.ffn.dense() else {
+                let (Some(at), Some((gate, up, down))) = (l.attention(), l.ffn.dense()) else {
                     return Err(candle_core::Error::Msg(
-                        "the trainer's target runs dense feed-forwards only (not a mixture of experts)".into(),
+                        "the trainer's target runs attention layers with dense feed-forwards only (not experts or linear attention)".into(),
                     ));
                 };
                 Ok(Layer {
                     attn_norm: vector(&l.attn_norm, device)?,
-                    wq: matrix_t(&l.wq, device)?,
-                    wk: matrix_t(&l.wk, device)?,
-                    wv: matrix_t(&l.wv, device)?,
-                    wo: matrix_t(&l.wo, device)?,
-                    bq: opt_vector(&l.bq, device)?,
-                    bk: opt_vector(&l.bk, device)?,
-                    bv: opt_vector(&l.bv, device)?,
-                    q_norm: opt_vector(&l.q_norm, device)?,
-                    k_norm: opt_vector(&l.k_norm, device)?,
+                    wq: matrix_t(&at.wq, device)?,
+                    wk: matrix_t(&at.wk, device)?,
+                    wv: matrix_t(&at.wv, device)?,
+                    wo: matrix_t(&at.wo, device)?,
+                    bq: opt_vector(&at.bq, device)?,
+                    bk: opt_vector(&at.bk, device)?,
+                    bv: opt_vector(&at.bv, device)?,
+                    q_norm: opt_vector(&at.q_norm, device)?,
+                    k_norm: opt_vector(&at.k_norm, device)?,
                     ffn_norm: vector(&l.ffn_norm, device)?,
                     w_gate: matrix_t(gate, device)?,
                     w_up: matrix_t(up, device)?,

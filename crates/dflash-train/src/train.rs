@@ -372,21 +372,22 @@ pub fn init_from_target(
     for i in 0..c.num_layers {
         let l = &w.layers[first + i];
         let n = |x: &str| format!("layers.{i}.{x}");
-        set(&n("self_attn.q_proj.weight"), neox(&l.wq, t.num_heads))?;
-        set(&n("self_attn.k_proj.weight"), neox(&l.wk, t.num_kv_heads))?;
-        set(&n("self_attn.v_proj.weight"), l.wv.dequantize())?;
-        set(&n("self_attn.o_proj.weight"), l.wo.dequantize())?;
-        let Some((gate, up, down)) = l.ffn.dense() else {
+        let (Some(at), Some((gate, up, down))) = (l.attention(), l.ffn.dense()) else {
             return Err(TrainError::Usage(
-                "--init-from-target needs a target whose layers are dense, not experts".into(),
+                "--init-from-target needs a target of attention layers with dense feed-forwards"
+                    .into(),
             ));
         };
+        set(&n("self_attn.q_proj.weight"), neox(&at.wq, t.num_heads))?;
+        set(&n("self_attn.k_proj.weight"), neox(&at.wk, t.num_kv_heads))?;
+        set(&n("self_attn.v_proj.weight"), at.wv.dequantize())?;
+        set(&n("self_attn.o_proj.weight"), at.wo.dequantize())?;
         set(&n("mlp.gate_proj.weight"), gate.dequantize())?;
         set(&n("mlp.up_proj.weight"), up.dequantize())?;
         set(&n("mlp.down_proj.weight"), down.dequantize())?;
         set(&n("input_layernorm.weight"), l.attn_norm.clone())?;
         set(&n("post_attention_layernorm.weight"), l.ffn_norm.clone())?;
-        if let (Some(q), Some(k)) = (&l.q_norm, &l.k_norm) {
+        if let (Some(q), Some(k)) = (&at.q_norm, &at.k_norm) {
             set(&n("self_attn.q_norm.weight"), q.clone())?;
             set(&n("self_attn.k_norm.weight"), k.clone())?;
         }

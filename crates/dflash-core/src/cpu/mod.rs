@@ -1,5 +1,6 @@
 //! The CPU reference engine: plain-Rust f32 math, the oracle of every GPU kernel.
 
+pub mod delta_net;
 pub mod model;
 pub mod ops;
 pub mod quant_matmul;

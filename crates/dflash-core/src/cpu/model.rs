@@ -1,12 +1,13 @@
 //! The target model forward on the CPU: embedding, RMSNorm, RoPE, grouped-query
 //! attention over a KV cache, SwiGLU MLP, lm_head; optional hidden-state taps.
 
+use super::delta_net::{CpuDeltaNet, LinearState};
 use super::ops::{argmax, attention_row, matmul_t, rms_norm, rope, route_experts, silu};
 use super::quant_matmul::{for_each_band, in_pool, quant_matmul, Kernel, QuantizedRows};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Error, Result};
 use crate::quant::{QFormat, QuantMatrix};
-use crate::weights::{FeedForward, ModelWeights, MoeWeights};
+use crate::weights::{FeedForward, Mixer, ModelWeights, MoeWeights};
 
 /// Which matrix products the CPU engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -175,6 +176,17 @@ impl Stacked {
 
 struct Layer {
     attn_norm: Vec<f32>,
+    mixer: CpuMixer,
+    ffn_norm: Vec<f32>,
+    ffn: Ffn,
+}
+
+enum CpuMixer {
+    Attention(Attention),
+    DeltaNet(CpuDeltaNet),
+}
+
+struct Attention {
     /// `[wq; wk; wv]`.
     qkv: Stacked,
     wo: Matrix,
@@ -183,8 +195,38 @@ struct Layer {
     bv: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    ffn: Ffn,
+    /// q_proj gives each head's query and then its output gate.
+    gated: bool,
+}
+
+impl CpuMixer {
+    fn new(m: Mixer, c: &ModelConfig, kernels: CpuKernels) -> Self {
+        match (m, &c.hybrid) {
+            (Mixer::Attention(a), _) => CpuMixer::Attention(Attention {
+                qkv: Stacked::new(&[&a.wq, &a.wk, &a.wv], kernels),
+                wo: Matrix::owned(a.wo, kernels),
+                bq: a.bq,
+                bk: a.bk,
+                bv: a.bv,
+                q_norm: a.q_norm,
+                k_norm: a.k_norm,
+                gated: c.arch.has_attention_gate(),
+            }),
+            (Mixer::DeltaNet(d), Some(h)) => {
+                CpuMixer::DeltaNet(CpuDeltaNet::new(d, h, c.rms_norm_eps, kernels))
+            }
+            (Mixer::DeltaNet(_), None) => {
+                unreachable!("ModelWeights::load gives linear layers only with a HybridConfig")
+            }
+        }
+    }
+
+    fn n_bytes(&self) -> usize {
+        match self {
+            CpuMixer::Attention(a) => a.qkv.n_bytes() + a.wo.n_bytes(),
+            CpuMixer::DeltaNet(d) => d.n_bytes(),
+        }
+    }
 }
 
 /// A layer's feed-forward on the CPU.
@@ -326,7 +368,9 @@ pub struct CpuModel {
     kernels: CpuKernels,
 }
 
-/// Per-layer keys and values of every position computed so far.
+/// Per-layer keys and values of every position computed so far; a hybrid model's
+/// linear layers' recurrent states instead, with the states after each row of the last
+/// pass (what a speculative rollback into that pass restores).
 #[derive(Clone)]
 pub struct KvCache {
     k: Vec<Vec<f32>>,
@@ -334,6 +378,13 @@ pub struct KvCache {
     len: usize,
     capacity: usize,
     kv_dim: usize,
+    /// Per layer: a linear layer's state after `len` tokens (None: attention).
+    linear: Vec<Option<LinearState>>,
+    /// (length, `linear` after that many tokens) before and after each row of the last
+    /// pass.
+    history: Vec<(usize, Vec<Option<LinearState>>)>,
+    /// `linear` does not match `len` (rolled back further than the last pass).
+    lost: bool,
 }
 
 impl KvCache {
@@ -349,7 +400,19 @@ impl KvCache {
             len: 0,
             capacity,
             kv_dim,
+            linear: Self::fresh_states(config),
+            history: Vec::new(),
+            lost: false,
         }
+    }
+
+    fn fresh_states(config: &ModelConfig) -> Vec<Option<LinearState>> {
+        (0..config.num_layers)
+            .map(|i| {
+                let h = config.hybrid.as_ref().filter(|h| h.is_linear(i))?;
+                Some(LinearState::new(h))
+            })
+            .collect()
     }
     pub fn len(&self) -> usize {
         self.len
@@ -363,8 +426,26 @@ impl KvCache {
     /// Drops every position from `len` on (speculative rollback, multi-turn reuse). Each
     /// layer's rows are cut to the kept ones too, so that rows a failed pass appended to
     /// some layers only are gone.
+    /// Recurrent states go back to the state after `len` tokens where the last pass
+    /// passed it (or to the start); further back they are lost and the next forward
+    /// pass is an error.
     pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+        let len = self.len.min(len);
+        if len < self.len && self.linear.iter().any(Option::is_some) {
+            if len == 0 {
+                self.linear.iter_mut().flatten().for_each(|s| {
+                    s.conv.fill(0.0);
+                    s.s.fill(0.0);
+                });
+                self.lost = false;
+            } else if let Some((_, states)) = self.history.iter().find(|h| h.0 == len) {
+                self.linear = states.clone();
+            } else {
+                self.lost = true;
+            }
+            self.history.retain(|h| h.0 <= len);
+        }
+        self.len = len;
         for l in 0..self.k.len() {
             self.k[l].truncate(self.len * self.kv_dim);
             self.v[l].truncate(self.len * self.kv_dim);
@@ -405,20 +486,14 @@ impl CpuModel {
     pub fn from_weights(w: ModelWeights, kernels: CpuKernels) -> Self {
         let mat = |m: QuantMatrix| Matrix::owned(m, kernels);
         let inv_freq = w.config.rope_inv_freq();
-        let moe = w.config.moe.clone();
+        let c = w.config.clone();
         let layers = w
             .layers
             .into_iter()
             .map(|l| Layer {
-                qkv: Stacked::new(&[&l.wq, &l.wk, &l.wv], kernels),
-                ffn: Ffn::new(l.ffn, moe.as_ref(), kernels),
+                mixer: CpuMixer::new(l.mixer, &c, kernels),
+                ffn: Ffn::new(l.ffn, c.moe.as_ref(), kernels),
                 attn_norm: l.attn_norm,
-                wo: mat(l.wo),
-                bq: l.bq,
-                bk: l.bk,
-                bv: l.bv,
-                q_norm: l.q_norm,
-                k_norm: l.k_norm,
                 ffn_norm: l.ffn_norm,
             })
             .collect();
@@ -445,7 +520,7 @@ impl CpuModel {
         let layers: usize = self
             .layers
             .iter()
-            .map(|l| l.qkv.n_bytes() + l.wo.n_bytes() + l.ffn.n_bytes() + norms)
+            .map(|l| l.mixer.n_bytes() + l.ffn.n_bytes() + norms)
             .sum();
         (lm + layers) as u64
     }
@@ -534,12 +609,18 @@ impl CpuModel {
                 c.num_layers
             )));
         }
-        let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
-        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let h = c.hidden_size;
         let start = cache.len;
         let mut x = self.embed(tokens)?;
         let mut tap_out = vec![0f32; n * taps.len() * h];
         let mut normed = vec![0f32; n * h];
+        if cache.lost {
+            return Err(Error::Internal(
+                "a linear-attention state was rolled back past its last pass".into(),
+            ));
+        }
+        let mut snapshots = vec![cache.linear.clone(); n];
+        cache.history = vec![(start, cache.linear.clone())];
         for (li, l) in self.layers.iter().enumerate() {
             for r in 0..n {
                 rms_norm(
@@ -549,51 +630,17 @@ impl CpuModel {
                     &mut normed[r * h..(r + 1) * h],
                 );
             }
-            let [mut q, mut k, mut v]: [Vec<f32>; 3] =
-                l.qkv.apply(&normed, n).try_into().expect("three parts");
-            for (m, b, d) in [
-                (&mut q, &l.bq, qd),
-                (&mut k, &l.bk, kvd),
-                (&mut v, &l.bv, kvd),
-            ] {
-                if let Some(b) = b {
-                    for r in 0..n {
-                        for i in 0..d {
-                            m[r * d + i] += b[i];
-                        }
-                    }
+            let o = match &l.mixer {
+                CpuMixer::Attention(a) => self.attention(a, &normed, n, cache, li),
+                CpuMixer::DeltaNet(d) => {
+                    let state = cache.linear[li].as_mut().expect("a linear layer's state");
+                    let mut r = 0;
+                    d.forward(&normed, n, state, &mut |s| {
+                        snapshots[r][li] = Some(s.clone());
+                        r += 1;
+                    })
                 }
-            }
-            let mut tmp = vec![0f32; hd];
-            for r in 0..n {
-                let pos = start + r;
-                for (m, heads, d, norm) in
-                    [(&mut q, nh, qd, &l.q_norm), (&mut k, nkv, kvd, &l.k_norm)]
-                {
-                    for hh in 0..heads {
-                        let head = &mut m[r * d + hh * hd..r * d + (hh + 1) * hd];
-                        if let Some(w) = norm {
-                            rms_norm(head, w, c.rms_norm_eps, &mut tmp);
-                            head.copy_from_slice(&tmp);
-                        }
-                        rope(&mut head[..c.rope.dim], pos, &self.inv_freq, c.rope.style);
-                    }
-                }
-            }
-            cache.k[li].extend_from_slice(&k);
-            cache.v[li].extend_from_slice(&v);
-            let (kc, vc) = (&cache.k[li], &cache.v[li]);
-            let mut att = vec![0f32; n * qd];
-            // Rows on the engine's threads (each row's result is its own either way).
-            let row = |r: usize, ar: &mut [f32]| {
-                attention_row(&q[r * qd..(r + 1) * qd], kc, vc, start + r, nh, nkv, hd, ar)
             };
-            if n > 1 {
-                for_each_band(&mut att, qd, row);
-            } else {
-                row(0, &mut att);
-            }
-            let o = l.wo.apply(&att, n);
             for i in 0..n * h {
                 x[i] += o[i];
             }
@@ -626,6 +673,10 @@ impl CpuModel {
             }
         }
         cache.len += n;
+        if cache.linear.iter().any(Option::is_some) {
+            let rows = snapshots.into_iter().enumerate();
+            cache.history.extend(rows.map(|(r, s)| (start + r + 1, s)));
+        }
         let logits = match rows {
             LogitRows::All => self.logits_of(&x, n),
             LogitRows::Last => self.logits_of(&x[(n - 1) * h..], 1),
@@ -635,6 +686,82 @@ impl CpuModel {
             logits,
             taps: tap_out,
         })
+    }
+
+    /// Attention of `n` normalised rows at positions `cache.len..` over layer `li`'s
+    /// KV cache (their K/V appended), through o_proj: `[n, hidden]`.
+    fn attention(
+        &self,
+        l: &Attention,
+        normed: &[f32],
+        n: usize,
+        cache: &mut KvCache,
+        li: usize,
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let start = cache.len;
+        let [q_rows, mut k, mut v]: [Vec<f32>; 3] =
+            l.qkv.apply(normed, n).try_into().expect("three parts");
+        // With an output gate each head's q_proj rows are its query, then its gate.
+        let (mut q, gate) = match l.gated {
+            false => (q_rows, None),
+            true => {
+                let half = |odd: usize| -> Vec<f32> {
+                    let heads = q_rows.chunks_exact(hd).skip(odd).step_by(2);
+                    heads.flatten().copied().collect()
+                };
+                (half(0), Some(half(1)))
+            }
+        };
+        for (m, b, d) in [
+            (&mut q, &l.bq, qd),
+            (&mut k, &l.bk, kvd),
+            (&mut v, &l.bv, kvd),
+        ] {
+            if let Some(b) = b {
+                for r in 0..n {
+                    for i in 0..d {
+                        m[r * d + i] += b[i];
+                    }
+                }
+            }
+        }
+        let mut tmp = vec![0f32; hd];
+        for r in 0..n {
+            let pos = start + r;
+            for (m, heads, d, norm) in [(&mut q, nh, qd, &l.q_norm), (&mut k, nkv, kvd, &l.k_norm)]
+            {
+                for hh in 0..heads {
+                    let head = &mut m[r * d + hh * hd..r * d + (hh + 1) * hd];
+                    if let Some(w) = norm {
+                        rms_norm(head, w, c.rms_norm_eps, &mut tmp);
+                        head.copy_from_slice(&tmp);
+                    }
+                    rope(&mut head[..c.rope.dim], pos, &self.inv_freq, c.rope.style);
+                }
+            }
+        }
+        cache.k[li].extend_from_slice(&k);
+        cache.v[li].extend_from_slice(&v);
+        let (kc, vc) = (&cache.k[li], &cache.v[li]);
+        let mut att = vec![0f32; n * qd];
+        // Rows on the engine's threads (each row's result is its own either way).
+        let row = |r: usize, ar: &mut [f32]| {
+            attention_row(&q[r * qd..(r + 1) * qd], kc, vc, start + r, nh, nkv, hd, ar)
+        };
+        if n > 1 {
+            for_each_band(&mut att, qd, row);
+        } else {
+            row(0, &mut att);
+        }
+        if let Some(g) = gate {
+            for (a, &g) in att.iter_mut().zip(&g) {
+                *a *= 1.0 / (1.0 + (-g).exp());
+            }
+        }
+        l.wo.apply(&att, n)
     }
 
     /// Greedy next token of the last row of a forward output.
