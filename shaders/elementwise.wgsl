@@ -44,6 +44,18 @@ fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>) {
     out[k] = out[k] + a[i];
 }
 
+// out[r, i] *= sigmoid(a[r, src_offset + i])  (attention's output gate, rows of len)
+@compute @workgroup_size(WG)
+fn sigmoid_gate(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let r = gid.y;
+    if (i >= p.len || r >= p.n_rows) {
+        return;
+    }
+    let k = r * p.len + i;
+    out[k] = out[k] * (1.0 / (1.0 + exp(-a[r * p.src_stride + p.src_offset + i])));
+}
+
 // out[dst_row, dst_offset + i] = a[r, src_offset + i]
 @compute @workgroup_size(WG)
 fn copy_rows(@builtin(global_invocation_id) gid: vec3<u32>) {

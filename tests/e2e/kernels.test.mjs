@@ -19,6 +19,7 @@ const sources = {
   sample: prelude(false) + shader('sample.wgsl') + '\n' + shader('random.wgsl'),
   attention_chunks: prelude(true) + shader('attention_chunks.wgsl'),
   moe: prelude(false) + shader('moe.wgsl'),
+  delta_net: prelude(false) + shader('delta_net.wgsl'),
 };
 
 function variants() {
@@ -44,6 +45,8 @@ function variants() {
     }
   }
   for (const entry of ['route', 'combine', 'combine_tap']) v.push({ shader: 'moe', entry, c: { EXPERT_K: 8 } });
+  // Qwen3.5's Gated DeltaNet layers: the convolution and the recurrence.
+  for (const entry of ['conv', 'recur']) v.push({ shader: 'delta_net', entry, c: {} });
   for (const entry of ['chunk_max', 'prepare', 'chunk_mass', 'draw']) v.push({ shader: 'sample', entry, c: {} });
   for (const mode of [0, 1]) for (const entry of ['histogram', 'select_byte']) v.push({ shader: 'sample', entry, c: { MODE: mode } });
   // (head tile, row tile) of SmolLM2 (3 heads per KV head), Qwen3-8B (4), and 1 and 8.

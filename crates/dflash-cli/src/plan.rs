@@ -70,6 +70,7 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
                     "context": context, "fits": true,
                     "weights": t.weights, "drafter_weights": p.drafter_weights,
                     "kv_cache": t.kv_cache, "activations": t.activations, "total": t.total(),
+                    "recurrent_state": dflash_gpu::model::recurrent_state_bytes(&spec.config),
                 })
             }
             Err(e) => {
@@ -119,8 +120,12 @@ fn print_plans(v: &serde_json::Value) -> Result<(), CliError> {
     )?;
     for p in v["plans"].as_array().into_iter().flatten() {
         if p["fits"] == true {
+            let state = match gb(&p["recurrent_state"]) {
+                0.0 => String::new(),
+                x => format!(" (of which linear-attention state {x:.2} GB)"),
+            };
             outln!(
-                "  context {}: weights {:.2} GB (drafter {:.2}), KV {:.2} GB, activations {:.3} GB, total {:.2} GB",
+                "  context {}: weights {:.2} GB (drafter {:.2}), KV {:.2} GB{state}, activations {:.3} GB, total {:.2} GB",
                 p["context"], gb(&p["weights"]), gb(&p["drafter_weights"]), gb(&p["kv_cache"]),
                 gb(&p["activations"]), gb(&p["total"])
             )?;

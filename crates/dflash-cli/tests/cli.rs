@@ -762,6 +762,16 @@ fn published_pairs_validate_and_get_memory_plans() {
     );
     assert!(plans.iter().all(|p| p["fits"] == true));
     assert!(gib(&plans[1]["kv_cache"]) < 4.0);
+    // The 9B hybrid: 24 Gated DeltaNet layers keep a fixed state (with its pre-verify
+    // copy), so only 8 layers' KV grows with the context.
+    let (v, code, err) = plan_of("qwen3.5-9b-dflash-b16", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let plans = v["plans"].as_array().unwrap();
+    let state = gib(&plans[0]["recurrent_state"]);
+    assert!((0.05..0.2).contains(&state), "{state}");
+    assert_eq!(plans[0]["recurrent_state"], plans[1]["recurrent_state"]);
+    let growth = gib(&plans[1]["kv_cache"]) - gib(&plans[0]["kv_cache"]);
+    assert!((1.0..2.0).contains(&growth), "{growth}");
     // 32B in 4 bits fits 32 GiB at 4k tokens, not at 32k.
     let (v, code, err) = plan_of("qwen2.5-32b-instruct-w4a16-dflash2", &[]);
     assert_eq!(code, Some(1), "{err}");

@@ -6,6 +6,7 @@ use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{Error, Result};
 use crate::formats::gguf_source::GgufSource;
 use crate::formats::hf::{int4_config, SafeTensorsSource};
+use crate::quant::QuantMatrix;
 use crate::tokenizer::TextTokenizer;
 use crate::weights::{ModelWeights, Naming, TensorSource};
 use std::collections::BTreeMap;
@@ -280,10 +281,12 @@ fn load_hf_with(files: &HfFiles, full_precision: bool) -> Result<LoadedModel> {
     })
 }
 
-/// A Qwen3.5 checkpoint's vectors as the engine reads them (and llama.cpp's converter
-/// writes them): its zero-centred RMSNorm weights as `1 + w` (the gated norm of the
-/// linear layers is not zero-centred), `A_log` as the decay rate `-exp(A_log)`.
+/// A Qwen3.5 checkpoint as the engine reads it: its zero-centred RMSNorm weights as
+/// `1 + w` (the gated norm of the linear layers is not zero-centred), `A_log` as the
+/// decay rate `-exp(A_log)`, q_proj's rows per head (query, gate) split into the
+/// queries and the gate projection.
 fn qwen35_from_hf(w: &mut ModelWeights) {
+    let hd = w.config.head_dim;
     let plus_one = |v: &mut Vec<f32>| v.iter_mut().for_each(|x| *x += 1.0);
     plus_one(&mut w.norm);
     for l in &mut w.layers {
@@ -295,6 +298,16 @@ fn qwen35_from_hf(w: &mut ModelWeights) {
                     .iter_mut()
                     .chain(a.k_norm.iter_mut())
                     .for_each(plus_one);
+                let heads = a.wq.rows / hd;
+                let rows = |first: usize| {
+                    let part: Vec<QuantMatrix> = (first..heads)
+                        .step_by(2)
+                        .map(|i| a.wq.row_range(i * hd, hd))
+                        .collect();
+                    QuantMatrix::stack_rows(&part.iter().collect::<Vec<_>>())
+                        .expect("rows of one matrix")
+                };
+                (a.wq, a.gate) = (rows(0), Some(rows(1)));
             }
             crate::weights::Mixer::DeltaNet(d) => {
                 d.decay.iter_mut().for_each(|x| *x = -x.exp());

@@ -18,7 +18,9 @@ pub const NAMES: &[&str] = &[
     "qwen2.5-coder-0.5b",
     "qwen2.5-coder-1.5b",
     "qwen3-coder-30b-a3b",
+    "qwen3.5-9b",
     "test-moe-tiny",
+    "test-hybrid-tiny",
     "test-tiny",
 ];
 
@@ -52,7 +54,9 @@ impl MatrixShape {
 }
 
 /// The matrices of one target layer. In a sparse layer gate, up and down are every
-/// expert's stacked (`parts` = the experts) and `router` is set.
+/// expert's stacked (`parts` = the experts) and `router` is set. In a linear-attention
+/// layer wq, wk, wv and wo are its input projection of q/k/v, of z, of [b; a], and its
+/// output projection; with attention's output gate wq holds the gates' rows too.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerShapes {
     pub wq: MatrixShape,
@@ -152,6 +156,21 @@ impl SyntheticSpec {
             w_down: shape(h, ff, more),
             router: None,
         };
+        if c.arch.has_attention_gate() {
+            // q_proj's rows hold each head's query and output gate.
+            l.wq = shape(2 * q, h, Ggml::Q4K);
+        }
+        if let Some(hy) = c.hybrid.as_ref().filter(|hy| hy.is_linear(i)) {
+            let nv = hy.value_heads;
+            l.wq = shape(hy.conv_dim(), h, Ggml::Q4K);
+            l.wk = shape(hy.value_dim(), h, Ggml::Q4K);
+            l.wv = MatrixShape {
+                format: QFormat::Q8,
+                group: 32,
+                ..shape(2 * nv, h, Ggml::Q4K)
+            };
+            l.wo = shape(h, hy.value_dim(), more);
+        }
         if let Some(m) = c.moe.as_ref().filter(|m| m.is_sparse(i)) {
             // The router is F32 in the GGUF (q8 once repacked); each projection's
             // experts one 3-D tensor, typed as the dense projection would be.
@@ -184,17 +203,23 @@ impl SyntheticSpec {
         v
     }
 
-    /// Bytes of the target's weights on the GPU (matrices, norms, biases).
+    /// Bytes of the target's weights on the GPU (matrices, norms, biases, a linear
+    /// layer's convolution and per-head vectors).
     pub fn target_weight_bytes(&self) -> u64 {
         let c = &self.config;
-        let per_layer_vectors = 2 * c.hidden_size
-            + if c.qkv_bias {
-                c.q_dim() + 2 * c.kv_dim()
-            } else {
-                0
-            }
-            + if c.qk_norm { 2 * c.head_dim } else { 0 };
-        let vectors = c.hidden_size + c.num_layers * per_layer_vectors;
+        let attention = if c.qkv_bias {
+            c.q_dim() + 2 * c.kv_dim()
+        } else {
+            0
+        } + if c.qk_norm { 2 * c.head_dim } else { 0 };
+        let mixer = |i: usize| match c.hybrid.as_ref().filter(|hy| hy.is_linear(i)) {
+            Some(hy) => hy.conv_dim() * hy.conv_kernel + 2 * hy.value_heads + hy.value_head_dim,
+            None => attention,
+        };
+        let vectors = c.hidden_size
+            + (0..c.num_layers)
+                .map(|i| 2 * c.hidden_size + mixer(i))
+                .sum::<usize>();
         self.target_matrices()
             .iter()
             .map(MatrixShape::n_bytes)
@@ -260,6 +285,9 @@ struct Target {
     /// A mixture of experts in every layer: (experts, experts per token, expert
     /// intermediate size).
     moe: Option<(usize, usize, usize)>,
+    /// Gated DeltaNet layers, all but every `full_every`-th: (full_every, key heads,
+    /// value heads, head dim).
+    linear: Option<(usize, usize, usize, usize)>,
 }
 
 /// The drafter for a target: layers, mask token id.
@@ -285,6 +313,7 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
         tied,
         llama3: None,
         moe: None,
+        linear: None,
     };
     // The small Qwen2.5 models: 2 KV heads, tied embeddings, 32k positions.
     let qwen2 = |hidden, intermediate, layers, heads, head_dim| Target {
@@ -302,6 +331,7 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
         tied: true,
         llama3: None,
         moe: None,
+        linear: None,
     };
     // Qwen3 drafters' mask token: `<|MASK|>`-style id past the Qwen3 specials (z-lab).
     let qwen_mask = 151669;
@@ -324,6 +354,7 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
                 tied: true,
                 llama3: None,
                 moe: None,
+                linear: None,
             },
             Drafter {
                 layers: 3,
@@ -369,6 +400,7 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
                 tied: false,
                 llama3: Some((8.0, 1.0, 4.0, 8192.0)),
                 moe: None,
+                linear: None,
             },
             Drafter {
                 layers: 5,
@@ -391,6 +423,7 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
                 tied: false,
                 llama3: None,
                 moe: None,
+                linear: None,
             },
             Drafter {
                 layers: 5,
@@ -428,6 +461,25 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
                 mask: qwen_mask,
             },
         ),
+        // Qwen3.5-9B's text model (transformers' Qwen3_5TextConfig defaults, which are
+        // its shape): 32 layers, every 4th gated full attention (16/4 heads of 256,
+        // partial RoPE 1/4), the others Gated DeltaNet (16 key heads, 32 value heads of
+        // 128); a 5-layer drafter of the z-lab shape (assumed).
+        "qwen3.5-9b" => (
+            Target {
+                arch: Arch::Qwen35,
+                head_dim: 256,
+                vocab: 248320,
+                max_pos: 262144,
+                linear: Some((4, 16, 32, 128)),
+                ..qwen3(4096, 12288, 32, 16, 4, false)
+            },
+            // The mask id: assumed (a reserved special token past Qwen3.5's).
+            Drafter {
+                layers: 5,
+                mask: 248077,
+            },
+        ),
         // Small enough for tests on a CPU device; Q4_K-sized rows so both formats run.
         "test-tiny" => (
             tiny_target(None),
@@ -438,6 +490,17 @@ fn named(name: &str) -> Option<(&'static str, Target, Drafter)> {
         ),
         "test-moe-tiny" => (
             tiny_target(Some((16, 4, 256))),
+            Drafter {
+                layers: 1,
+                mask: 511,
+            },
+        ),
+        "test-hybrid-tiny" => (
+            Target {
+                arch: Arch::Qwen35,
+                linear: Some((2, 2, 4, 64)),
+                ..tiny_target(None)
+            },
             Drafter {
                 layers: 1,
                 mask: 511,
@@ -469,6 +532,7 @@ fn tiny_target(moe: Option<(usize, usize, usize)>) -> Target {
         tied: false,
         llama3: None,
         moe,
+        linear: None,
     }
 }
 
@@ -494,6 +558,15 @@ pub fn spec(name: &str) -> Option<SyntheticSpec> {
         json["num_experts_per_tok"] = k.into();
         json["moe_intermediate_size"] = ff.into();
         json["norm_topk_prob"] = true.into();
+    }
+    if let Some((every, key_heads, value_heads, dim)) = t.linear {
+        json["full_attention_interval"] = every.into();
+        json["linear_conv_kernel_dim"] = 4.into();
+        json["linear_num_key_heads"] = key_heads.into();
+        json["linear_num_value_heads"] = value_heads.into();
+        json["linear_key_head_dim"] = dim.into();
+        json["linear_value_head_dim"] = dim.into();
+        json["partial_rotary_factor"] = 0.25.into();
     }
     if let Some((factor, low, high, orig)) = t.llama3 {
         json["rope_scaling"] = serde_json::json!({
@@ -585,6 +658,8 @@ mod tests {
             ("qwen2.5-32b", 22.0, 25.0),
             // Qwen3-30B-A3B's Q4_K_M file: about 18.6 GB.
             ("qwen3-coder-30b-a3b", 20.0, 24.0),
+            // Qwen3.5-9B (248k vocabulary, untied): about 5.7 GB in Q4_K_M.
+            ("qwen3.5-9b", 6.0, 8.0),
         ] {
             assert!((lo..hi).contains(&gb(n)), "{n}: {} GB", gb(n));
         }
@@ -607,6 +682,14 @@ mod tests {
         let l0 = moe.layer(0);
         assert_eq!((l0.w_gate.rows, l0.w_gate.parts), (128 * 768, 128));
         assert_eq!(l0.router.map(|r| r.rows), Some(128));
+        let hy = spec("qwen3.5-9b").unwrap();
+        let h = hy.config.hybrid.as_ref().unwrap();
+        assert_eq!(h.linear_layers.iter().filter(|&&l| l).count(), 24);
+        assert!(!h.is_linear(3) && h.is_linear(0));
+        assert_eq!(hy.config.rope.dim, 64);
+        // Layer 0 is linear (q/k/v before the convolution), 3 gated attention.
+        assert_eq!(hy.layer(0).wq.rows, 2 * 16 * 128 + 32 * 128);
+        assert_eq!(hy.layer(3).wq.rows, 2 * 16 * 256);
     }
 
     #[test]

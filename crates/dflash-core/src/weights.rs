@@ -260,11 +260,14 @@ pub enum Mixer<M = QuantMatrix, V = Vec<f32>> {
     DeltaNet(DeltaNetWeights<M, V>),
 }
 
-/// Attention's projections. With an output gate (Qwen3.5) `wq` has `2 q_dim` rows:
-/// per head its query rows, then its gate rows.
+/// Attention's projections. With an output gate (Qwen3.5) `gate` (`[q_dim, hidden]`)
+/// gives each head's gate: checkpoints interleave it with the queries per head in
+/// q_proj, which the loader splits (`model_files::qwen35_from_hf`; until then `wq` has
+/// both).
 #[derive(Debug, Clone)]
 pub struct AttentionWeights<M = QuantMatrix, V = Vec<f32>> {
     pub wq: M,
+    pub gate: Option<M>,
     pub wk: M,
     pub wv: M,
     pub wo: M,
@@ -309,7 +312,10 @@ impl<M, V> LayerWeights<M, V> {
     /// The mixer's matrices.
     pub fn mixer_matrices(&self) -> Vec<&M> {
         match &self.mixer {
-            Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            Mixer::Attention(a) => [&a.wq, &a.wk, &a.wv, &a.wo]
+                .into_iter()
+                .chain(a.gate.as_ref())
+                .collect(),
             Mixer::DeltaNet(d) => vec![&d.qkv, &d.z, &d.b, &d.a, &d.out],
         }
     }
@@ -343,6 +349,7 @@ impl<M, V> Mixer<M, V> {
                     q_norm: opt("q_norm", &a.q_norm)?,
                     k_norm: opt("k_norm", &a.k_norm)?,
                     wq: mat("wq", &a.wq)?,
+                    gate: a.gate.as_ref().map(|g| mat("attn_gate", g)).transpose()?,
                     wk: mat("wk", &a.wk)?,
                     wv: mat("wv", &a.wv)?,
                     wo: mat("wo", &a.wo)?,
@@ -422,6 +429,7 @@ impl<M, V> ModelWeights<M, V> {
                 Some(hy) => Mixer::DeltaNet(load_delta_net(src, naming, i, hy, h)?),
                 None => Mixer::Attention(AttentionWeights {
                     wq: mat(&n("attn_q.weight"), q_rows, h)?,
+                    gate: None,
                     wk: mat(&n("attn_k.weight"), kv, h)?,
                     wv: mat(&n("attn_v.weight"), kv, h)?,
                     wo: mat(&n("attn_output.weight"), h, q)?,

@@ -74,17 +74,18 @@ impl GpuFfn {
 /// buffers (one GEMV), else the three in order.
 pub(crate) type StackedQkv = Vec<(GpuMatrix, Option<wgpu::Buffer>)>;
 
-/// q, k and v (and their biases) stacked where they can share buffers.
+/// q, k and v (and their biases), and the output gate where the model has one, stacked
+/// where they can share buffers.
 pub(crate) fn stack_qkv(
     ctx: &GpuContext,
     label: &str,
-    w: [GpuMatrix; 3],
+    w: Vec<GpuMatrix>,
     b: [Option<wgpu::Buffer>; 3],
 ) -> StackedQkv {
-    match concat_rows(ctx, label, &[&w[0], &w[1], &w[2]]) {
+    match concat_rows(ctx, label, &w.iter().collect::<Vec<_>>()) {
         Some(m) => {
             let bias = match &b {
-                [Some(q), Some(k), Some(v)] => Some(concat_f32(
+                [Some(q), Some(k), Some(v)] if w.len() == 3 => Some(concat_f32(
                     ctx,
                     label,
                     &[(q, w[0].rows), (k, w[1].rows), (v, w[2].rows)],
@@ -93,7 +94,7 @@ pub(crate) fn stack_qkv(
             };
             vec![(m, bias)]
         }
-        None => w.into_iter().zip(b).collect(),
+        None => w.into_iter().zip(b.into_iter().chain([None])).collect(),
     }
 }
 
@@ -113,6 +114,9 @@ pub(crate) struct LayerShape {
     pub causal: bool,
     /// Positions the KV cache holds.
     pub capacity: usize,
+    /// Attention's output multiplied by sigmoid of a gate projected beside q, k, v (the
+    /// gate's rows follow v's in the stacked projection).
+    pub gate: bool,
 }
 
 impl LayerShape {
@@ -122,6 +126,57 @@ impl LayerShape {
     fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+    /// Floats per row of the stacked projection: q, k, v and the gate where there is one.
+    pub(crate) fn qkv_row(&self) -> usize {
+        self.q_dim() * (1 + self.gate as usize) + 2 * self.kv_dim()
+    }
+}
+
+/// A Gated DeltaNet layer's vectors, its recurrent states (convolution inputs and S)
+/// with their copies from before a verify pass, its input projection's rows of the last
+/// pass (what DFlash's rollback replays), and sizes; its input projection `[qkv; z; b;
+/// a]` is the layer's `qkv` and its output projection its `wo`.
+#[derive(Clone)]
+pub(crate) struct GpuDeltaNet {
+    pub conv_w: wgpu::Buffer,
+    pub dt_bias: wgpu::Buffer,
+    pub decay: wgpu::Buffer,
+    pub norm_w: wgpu::Buffer,
+    pub conv_state: wgpu::Buffer,
+    pub s_state: wgpu::Buffer,
+    pub conv_pre: wgpu::Buffer,
+    pub s_pre: wgpu::Buffer,
+    pub proj: wgpu::Buffer,
+    pub shape: ops::DeltaNetShape,
+}
+
+impl GpuDeltaNet {
+    pub(crate) fn buffers<'a>(&'a self, lb: &LinearBuffers<'a>) -> ops::DeltaNetBuffers<'a> {
+        ops::DeltaNetBuffers {
+            proj: &self.proj,
+            conv_pre: &self.conv_pre,
+            s_pre: &self.s_pre,
+            position: lb.position,
+            pass_start: lb.pass_start,
+            conv_w: &self.conv_w,
+            conv_state: &self.conv_state,
+            mixed: lb.mixed,
+            s_state: &self.s_state,
+            dt_bias: &self.dt_bias,
+            decay: &self.decay,
+            norm_w: &self.norm_w,
+            read: lb.read,
+        }
+    }
+}
+
+/// A DeltaNet pass's shared work rows (the convolved q/k/v, the gated read-out), the
+/// pass state and where the last verify pass began.
+pub(crate) struct LinearBuffers<'a> {
+    pub mixed: &'a wgpu::Buffer,
+    pub read: &'a wgpu::Buffer,
+    pub position: &'a wgpu::Buffer,
+    pub pass_start: &'a wgpu::Buffer,
 }
 
 /// DFlash2's convolution of one sublayer: the kernel projection and base kernel.
@@ -179,6 +234,7 @@ pub(crate) struct LayerBuffers<'a> {
     pub ff: &'a wgpu::Buffer,
     pub conv: Option<ConvBuffers<'a>>,
     pub moe: Option<MoeBuffers<'a>>,
+    pub linear: Option<LinearBuffers<'a>>,
 }
 
 /// A mixture of experts' work buffers (gate, up and ff hold `[16, k, expert
@@ -288,7 +344,7 @@ pub(crate) fn attention_block(
     b: &LayerBuffers,
     n: usize,
 ) -> Result<()> {
-    let row = s.q_dim() + 2 * s.kv_dim();
+    let row = s.qkv_row();
     let conv = w.conv.as_ref().map(|c| &c[0]);
     let (norm, x) = sublayer_input(ctx, d, s, w.attn_norm, conv, b, n)?;
     let mut col = 0;
@@ -309,6 +365,7 @@ pub(crate) fn attention_block(
         head_dim: s.head_dim,
         rope_dim: s.rope_dim,
         eps: s.eps,
+        gate: s.gate,
     };
     let qkv = ops::QkvBuffers {
         state: b.state,
@@ -342,7 +399,50 @@ pub(crate) fn attention_block(
             ctx, &att, b.state, b.qkv, w.k_cache, w.v_cache, b.att, n,
         )?);
     }
+    if s.gate {
+        let gate_at = s.q_dim() + 2 * s.kv_dim();
+        d.push(ops::sigmoid_gate(
+            ctx,
+            b.qkv,
+            (gate_at, row),
+            b.att,
+            n,
+            s.q_dim(),
+        )?);
+    }
     sublayer_output(ctx, d, s, (w.wo, b.att, None), conv, b, n)
+}
+
+/// RMSNorm + the input projection `[qkv; z; b; a]` (one GEMV where stacked), the
+/// convolution and the recurrence over the layer's states, the output projection +
+/// residual.
+pub(crate) fn delta_net_block(
+    ctx: &GpuContext,
+    d: &mut Vec<Dispatch>,
+    s: &LayerShape,
+    (w, dn): (&LayerWeights, &GpuDeltaNet),
+    b: &LayerBuffers,
+    n: usize,
+) -> Result<()> {
+    let Some(lb) = &b.linear else {
+        return Err(crate::error::GpuError::Unsupported(
+            "a linear-attention layer without its work buffers".into(),
+        ));
+    };
+    let (norm, x) = norm_input(ctx, d, (w.attn_norm, s.eps), (b.x, b.xn), n, s.hidden)?;
+    let stride = dn.shape.proj_stride();
+    let mut col = 0;
+    for (m, _) in w.qkv {
+        let f = ops::GemvFusion {
+            out_offset: col,
+            out_stride: stride,
+            ..norm
+        };
+        d.extend(ops::gemv_fused(ctx, m, x, &dn.proj, n, &f)?);
+        col += m.rows;
+    }
+    d.extend(ops::delta_net(ctx, &dn.shape, &dn.buffers(lb), n, false)?);
+    sublayer_output(ctx, d, s, (w.wo, lb.read, None), None, b, n)
 }
 
 /// RMSNorm + gate/up + SwiGLU (one GEMV where the two are stacked), down + residual,

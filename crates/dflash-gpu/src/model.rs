@@ -3,8 +3,8 @@
 //! one submission per step, and only token ids read back.
 
 use crate::blocks::{
-    self, stack_qkv, GateUp, GpuExperts, GpuFfn, LayerBuffers, LayerShape, LayerWeights,
-    MoeBuffers, StackedQkv,
+    self, stack_qkv, GateUp, GpuDeltaNet, GpuExperts, GpuFfn, LayerBuffers, LayerShape,
+    LayerWeights, LinearBuffers, MoeBuffers, StackedQkv,
 };
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
@@ -61,7 +61,11 @@ impl Default for GpuModelOptions {
 struct GpuLayer {
     attn_norm: wgpu::Buffer,
     ffn_norm: wgpu::Buffer,
+    /// The mixer's input projection: q, k, v (and the output gate), or a DeltaNet's
+    /// `[qkv; z; b; a]`.
     qkv: StackedQkv,
+    /// A linear-attention layer's vectors and states (`qkv` and `wo` its projections).
+    delta_net: Option<GpuDeltaNet>,
     wo: GpuMatrix,
     ffn: GpuFfn,
     qk_norm: Option<[wgpu::Buffer; 2]>,
@@ -141,6 +145,9 @@ pub(crate) struct Activations {
     pub(crate) ff: wgpu::Buffer,
     /// A mixture of experts' router scores, routes, weights and expert outputs.
     pub(crate) moe: Option<[wgpu::Buffer; 4]>,
+    /// A hybrid model's DeltaNet rows (convolved q/k/v, read-out) and where the last
+    /// verify pass began.
+    pub(crate) linear: Option<[wgpu::Buffer; 3]>,
     pub(crate) logits: wgpu::Buffer,
     /// The greedy head's workgroup partials: `[16, argmax_parts]` (value, index).
     pub(crate) best: wgpu::Buffer,
@@ -187,6 +194,9 @@ pub struct GpuModel {
     pub(crate) kv_ids: Vec<u32>,
     /// Leading rows whose drafter context (DFlash) matches the cache.
     pub(crate) drafted: usize,
+    /// A linear layer's recurrent state no longer matches `len` (rolled back): the next
+    /// pass is refused until a reset to the start.
+    states_lost: bool,
 }
 
 /// A row's token the host has not seen (never equal to a token id).
@@ -233,7 +243,7 @@ impl Activations {
             result: wb("result", (n + 4) * 4),
             x: wb("x", n * f * c.hidden_size as u64),
             xn: wb("xn", n * f * c.hidden_size as u64),
-            qkv: wb("qkv", n * f * (c.q_dim() + 2 * c.kv_dim()) as u64),
+            qkv: wb("qkv", n * f * qkv_row(c) as u64),
             att: wb("att", n * f * c.q_dim() as u64),
             att_parts: {
                 let (ml, acc) = attention_parts_bytes(ctx, c, context);
@@ -242,6 +252,16 @@ impl Activations {
             gate: wb("gate", n * f * ffn_width(c) as u64),
             up: wb("up", n * f * ffn_width(c) as u64),
             ff: wb("ff", n * f * ffn_width(c) as u64),
+            linear: delta_net_shape(c).map(|s| {
+                [
+                    wb("linear_proj", n * f * s.proj_stride() as u64),
+                    wb("linear_mixed", n * f * s.conv_dim as u64),
+                    wb(
+                        "linear_read",
+                        n * f * (s.value_heads * s.value_head_dim) as u64,
+                    ),
+                ]
+            }),
             moe: c.moe.as_ref().map(|m| {
                 let slots = n * m.experts_per_token as u64;
                 [
@@ -287,6 +307,44 @@ fn ffn_width(c: &ModelConfig) -> usize {
         .as_ref()
         .map_or(0, |m| m.experts_per_token * m.expert_intermediate_size);
     c.intermediate_size.max(experts)
+}
+
+/// Floats per row of the stacked q, k, v (and attention's output gate).
+fn qkv_row(c: &ModelConfig) -> usize {
+    c.q_dim() * (1 + c.arch.has_attention_gate() as usize) + 2 * c.kv_dim()
+}
+
+/// A hybrid model's DeltaNet sizes.
+fn delta_net_shape(c: &ModelConfig) -> Option<ops::DeltaNetShape> {
+    c.hybrid.as_ref().map(|h| ops::DeltaNetShape {
+        conv_dim: h.conv_dim(),
+        kernel: h.conv_kernel,
+        key_heads: h.key_heads,
+        value_heads: h.value_heads,
+        key_head_dim: h.key_head_dim,
+        value_head_dim: h.value_head_dim,
+        eps: c.rms_norm_eps,
+    })
+}
+
+/// Bytes of a hybrid model's shared DeltaNet work rows (16), and of every linear
+/// layer's recurrent states (convolution inputs and S) with their copies from before a
+/// verify pass and its input projection's rows (what DFlash's rollback replays).
+fn linear_bytes(c: &ModelConfig) -> (u64, u64) {
+    let (Some(h), Some(s)) = (&c.hybrid, delta_net_shape(c)) else {
+        return (0, 0);
+    };
+    let rows = 4 * MAX_ROWS as u64 * (s.conv_dim + h.value_dim()) as u64;
+    let layers = h.linear_layers.iter().filter(|&&l| l).count() as u64;
+    let (conv, heads) = state_bytes(&s);
+    let per_layer = 2 * (conv + heads) + 4 * (MAX_ROWS * s.proj_stride()) as u64;
+    (rows, layers * per_layer)
+}
+
+/// Bytes of a hybrid model's recurrent states, their pre-verify copies and projection
+/// rows: part of its plan's `kv_cache` (0 for other models).
+pub fn recurrent_state_bytes(c: &ModelConfig) -> u64 {
+    linear_bytes(c).1
 }
 
 /// Bytes of a mixture's own work buffers for 16 rows (none for a dense model).
@@ -361,6 +419,10 @@ pub fn plan_buffers(
         Ok(())
     };
     let kv_layer = kv_bytes(c, opts.context, ctx.f16);
+    let (linear_rows, linear_states) = linear_bytes(c);
+    let attention_layers = (0..c.num_layers)
+        .filter(|&i| !c.hybrid.as_ref().is_some_and(|h| h.is_linear(i)))
+        .count() as u64;
     check(
         format!("the KV cache of one layer ({} tokens)", opts.context),
         kv_layer,
@@ -379,6 +441,7 @@ pub fn plan_buffers(
         + parts.1
         + n * f * (2 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * ffn_width(c)) as u64
         + moe_buffer_bytes(c)
+        + linear_rows
         + 2 * logits
         + logits
         + n * f * (opts.taps.len() * c.hidden_size) as u64
@@ -386,7 +449,8 @@ pub fn plan_buffers(
         + rope;
     let plan = MemoryPlan {
         weights: weight_bytes,
-        kv_cache: kv_layer * 2 * c.num_layers as u64,
+        // A linear layer's recurrent state in the place of its KV cache.
+        kv_cache: kv_layer * 2 * attention_layers + linear_states,
         activations,
     };
     if let Some(budget) = opts.memory_budget {
@@ -401,6 +465,83 @@ pub fn plan_buffers(
         }
     }
     Ok(plan)
+}
+
+/// The parts of layer `i`'s mixer: its input projection (stacked where the parts share
+/// buffers), output projection, q/k norms, and a DeltaNet's vectors with fresh states.
+fn gpu_mixer(
+    ctx: &GpuContext,
+    c: &ModelConfig,
+    i: usize,
+    mixer: Mixer<GpuMatrix, wgpu::Buffer>,
+) -> (
+    StackedQkv,
+    GpuMatrix,
+    Option<[wgpu::Buffer; 2]>,
+    Option<GpuDeltaNet>,
+) {
+    let label = format!("qkv.{i}");
+    match (mixer, delta_net_shape(c)) {
+        (Mixer::Attention(a), _) => {
+            let w = [a.wq, a.wk, a.wv].into_iter().chain(a.gate).collect();
+            let qk_norm = a.q_norm.zip(a.k_norm).map(|(q, k)| [q, k]);
+            (
+                stack_qkv(ctx, &label, w, [a.bq, a.bk, a.bv]),
+                a.wo,
+                qk_norm,
+                None,
+            )
+        }
+        (Mixer::DeltaNet(d), Some(shape)) => {
+            let dn = GpuDeltaNet {
+                conv_w: d.conv,
+                dt_bias: d.dt_bias,
+                decay: d.decay,
+                norm_w: d.norm,
+                ..GpuDeltaNet::states(ctx, shape)
+            };
+            let w = vec![d.qkv, d.z, d.b, d.a];
+            (
+                stack_qkv(ctx, &label, w, [None, None, None]),
+                d.out,
+                None,
+                Some(dn),
+            )
+        }
+        (Mixer::DeltaNet(_), None) => unreachable!("linear layers come with a HybridConfig"),
+    }
+}
+
+impl GpuDeltaNet {
+    /// Fresh (zero) states, their copies and projection rows around empty vectors: the
+    /// caller sets the vectors.
+    fn states(ctx: &GpuContext, shape: ops::DeltaNetShape) -> Self {
+        let (conv, heads) = state_bytes(&shape);
+        let empty = || work_buffer(ctx, "unset", 16);
+        GpuDeltaNet {
+            conv_w: empty(),
+            dt_bias: empty(),
+            decay: empty(),
+            norm_w: empty(),
+            conv_state: work_buffer(ctx, "conv_state", conv),
+            s_state: work_buffer(ctx, "s_state", heads),
+            conv_pre: work_buffer(ctx, "conv_pre", conv),
+            s_pre: work_buffer(ctx, "s_pre", heads),
+            proj: work_buffer(
+                ctx,
+                "linear_proj",
+                4 * (MAX_ROWS * shape.proj_stride()) as u64,
+            ),
+            shape,
+        }
+    }
+}
+
+/// Bytes of one linear layer's convolution inputs and S.
+fn state_bytes(s: &ops::DeltaNetShape) -> (u64, u64) {
+    let conv = 4 * ((s.kernel - 1).max(1) * s.conv_dim) as u64;
+    let heads = 4 * (s.value_heads * s.key_head_dim * s.value_head_dim) as u64;
+    (conv, heads)
 }
 
 /// Layer `i`'s feed-forward from its uploaded matrices: gate and up stacked where they
@@ -426,13 +567,6 @@ fn gpu_ffn(ctx: &GpuContext, c: &ModelConfig, i: usize, ffn: FeedForward<GpuMatr
             unreachable!("ModelWeights::load gives experts only with a MoeConfig")
         }
     }
-}
-
-/// Qwen3.5's layers on the GPU: not yet.
-fn hybrid_unsupported() -> GpuError {
-    GpuError::Unsupported(
-        "qwen3_5's Gated DeltaNet and gated-attention layers run on the CPU engines; their GPU kernels are not written yet".into(),
-    )
 }
 
 /// Bytes of weights on the GPU.
@@ -495,9 +629,6 @@ impl GpuModel {
                 c.num_layers
             ))));
         }
-        if c.hybrid.is_some() || c.arch.has_attention_gate() {
-            return Err(hybrid_unsupported());
-        }
         if c.head_dim > 256 {
             return Err(GpuError::Unsupported(format!(
                 "head_dim {} > 256",
@@ -522,26 +653,19 @@ impl GpuModel {
         let kvb = kv_bytes(&c, opts.context, ctx.f16);
         let mut layers = Vec::with_capacity(c.num_layers);
         for (i, l) in w.layers.into_iter().enumerate() {
-            let Mixer::Attention(a) = l.mixer else {
-                return Err(hybrid_unsupported());
-            };
+            let (qkv, wo, qk_norm, delta_net) = gpu_mixer(&ctx, &c, i, l.mixer);
+            // A linear layer has no KV cache.
+            let kv = if delta_net.is_some() { 16 } else { kvb };
             layers.push(GpuLayer {
                 attn_norm: l.attn_norm,
                 ffn_norm: l.ffn_norm,
-                qkv: stack_qkv(
-                    &ctx,
-                    &format!("qkv.{i}"),
-                    [a.wq, a.wk, a.wv],
-                    [a.bq, a.bk, a.bv],
-                ),
-                wo: a.wo,
+                qkv,
+                delta_net,
+                wo,
                 ffn: gpu_ffn(&ctx, &c, i, l.ffn),
-                qk_norm: match (a.q_norm, a.k_norm) {
-                    (Some(q), Some(k)) => Some([q, k]),
-                    _ => None,
-                },
-                k_cache: work_buffer(&ctx, &format!("k_cache.{i}"), kvb),
-                v_cache: work_buffer(&ctx, &format!("v_cache.{i}"), kvb),
+                qk_norm,
+                k_cache: work_buffer(&ctx, &format!("k_cache.{i}"), kv),
+                v_cache: work_buffer(&ctx, &format!("v_cache.{i}"), kv),
             });
         }
         let head = (w.embed, w.lm_head, w.norm);
@@ -563,6 +687,13 @@ impl GpuModel {
                 attn_norm: l.attn_norm.clone(),
                 ffn_norm: l.ffn_norm.clone(),
                 qkv: l.qkv.clone(),
+                delta_net: l.delta_net.as_ref().map(|dn| GpuDeltaNet {
+                    conv_w: dn.conv_w.clone(),
+                    dt_bias: dn.dt_bias.clone(),
+                    decay: dn.decay.clone(),
+                    norm_w: dn.norm_w.clone(),
+                    ..GpuDeltaNet::states(&self.ctx, dn.shape)
+                }),
                 wo: l.wo.clone(),
                 ffn: l.ffn.clone(),
                 qk_norm: l.qk_norm.clone(),
@@ -605,6 +736,7 @@ impl GpuModel {
             len: 0,
             kv_ids: Vec::new(),
             drafted: 0,
+            states_lost: false,
             memory,
             context,
             taps: opts.taps.clone(),
@@ -622,8 +754,53 @@ impl GpuModel {
     }
 
     /// Rolls the KV cache back to `len` positions (rows past it are overwritten later).
+    /// DFlash's verify pass over a hybrid model: first each linear layer's states kept
+    /// (`before`), after acceptance they are put back and the accepted rows replayed
+    /// (delta_net.wgsl); nothing for other models.
+    pub(crate) fn state_rollback(&self, before: bool) -> Result<Vec<Dispatch>> {
+        let (ctx, bufs) = (&*self.ctx, self.layer_buffers());
+        let mut d = Vec::new();
+        for (dn, lb) in self
+            .layers
+            .iter()
+            .filter_map(|l| l.delta_net.as_ref())
+            .zip(std::iter::repeat(&bufs.linear))
+        {
+            let lb = lb.as_ref().expect("a hybrid model's work rows");
+            let b = dn.buffers(lb);
+            d.push(ops::delta_net_states(ctx, &dn.shape, &b, !before)?);
+            if !before {
+                d.extend(ops::delta_net(ctx, &dn.shape, &b, MAX_ROWS, true)?);
+            }
+        }
+        Ok(d)
+    }
+
+    /// Whether some layers keep a recurrent state (Gated DeltaNet).
+    pub fn is_hybrid(&self) -> bool {
+        self.layers.iter().any(|l| l.delta_net.is_some())
+    }
+
+    /// A hybrid model's recurrent states go back to the start with `len` 0 (cleared);
+    /// any other rollback loses them (the next pass is an error, not wrong logits).
     pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+        let len = self.len.min(len);
+        let states: Vec<&wgpu::Buffer> = self
+            .layers
+            .iter()
+            .flat_map(|l| l.delta_net.iter().flat_map(|d| [&d.conv_state, &d.s_state]))
+            .collect();
+        if len < self.len && !states.is_empty() {
+            if len == 0 {
+                let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+                states.iter().for_each(|b| enc.clear_buffer(b, 0, None));
+                self.ctx.queue.submit([enc.finish()]);
+                self.states_lost = false;
+            } else {
+                self.states_lost = true;
+            }
+        }
+        self.len = len;
         self.kv_ids.truncate(self.len);
         self.drafted = self.drafted.min(self.len);
     }
@@ -638,6 +815,10 @@ impl GpuModel {
     /// `drafted_too`, only rows the drafter's context holds as well.
     pub(crate) fn reusable_rows(&self, prompt: &[u32], drafted_too: bool) -> usize {
         let k = dflash_core::generate::reusable_prefix(&self.kv_ids, prompt);
+        // A recurrent state is kept only for the end of the cache: reused whole or not.
+        if self.is_hybrid() && k != self.len {
+            return 0;
+        }
         match drafted_too {
             true => k.min(self.drafted),
             false => k,
@@ -677,7 +858,10 @@ impl GpuModel {
                 offset: ti * h,
                 stride,
             });
-            blocks::attention_block(ctx, &mut d, &shape, &w, &bufs, n)?;
+            match &l.delta_net {
+                Some(dn) => blocks::delta_net_block(ctx, &mut d, &shape, (&w, dn), &bufs, n)?,
+                None => blocks::attention_block(ctx, &mut d, &shape, &w, &bufs, n)?,
+            }
             blocks::mlp_block(ctx, &mut d, &shape, &w, (&bufs, tap), n)?;
             self.copy_taps(&mut d, li, first_tap, n)?;
         }
@@ -747,6 +931,7 @@ impl GpuModel {
             eps: c.rms_norm_eps,
             causal: true,
             capacity: self.context,
+            gate: c.arch.has_attention_gate(),
         }
     }
 
@@ -764,6 +949,15 @@ impl GpuModel {
             up: &a.up,
             ff: &a.ff,
             conv: None,
+            linear: a
+                .linear
+                .as_ref()
+                .map(|[mixed, read, pass_start]| LinearBuffers {
+                    mixed,
+                    read,
+                    position: &a.state,
+                    pass_start,
+                }),
             moe: a
                 .moe
                 .as_ref()
@@ -842,6 +1036,11 @@ impl GpuModel {
             }));
         }
         self.ctx.check_lost()?;
+        if self.states_lost {
+            return Err(GpuError::Core(dflash_core::Error::Internal(
+                "a linear-attention state was rolled back; the GPU keeps no earlier states".into(),
+            )));
+        }
         if !self.plans.contains_key(&(n, head)) {
             let plan = self.build_plan(n, head)?;
             self.plans.insert((n, head), plan);

@@ -25,6 +25,7 @@ pub enum Shader {
     DFlash,
     DFlash2,
     Moe,
+    DeltaNet,
 }
 
 /// The workgroup size of every kernel but the single-thread ones: WGSL's `WG`, which
@@ -40,7 +41,7 @@ const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
 const RANDOM: &str = include_str!("../../../shaders/random.wgsl");
 
 impl Shader {
-    pub const ALL: [Shader; 14] = [
+    pub const ALL: [Shader; 15] = [
         Shader::Qkv,
         Shader::DFlash,
         Shader::DFlash2,
@@ -55,6 +56,7 @@ impl Shader {
         Shader::Sample,
         Shader::Copy,
         Shader::Moe,
+        Shader::DeltaNet,
     ];
 
     fn body(self) -> &'static str {
@@ -73,6 +75,7 @@ impl Shader {
             Shader::DFlash => include_str!("../../../shaders/dflash.wgsl"),
             Shader::DFlash2 => include_str!("../../../shaders/dflash2.wgsl"),
             Shader::Moe => include_str!("../../../shaders/moe.wgsl"),
+            Shader::DeltaNet => include_str!("../../../shaders/delta_net.wgsl"),
         }
     }
 

@@ -19,7 +19,7 @@ use dflash_core::quant::QFormat;
 use dflash_core::rng::Rng;
 use dflash_core::synthetic::{MatrixShape, SyntheticSpec};
 use dflash_core::weights::{
-    AttentionWeights, FeedForward, LayerWeights, Mixer, ModelWeights, MoeWeights,
+    AttentionWeights, DeltaNetWeights, FeedForward, LayerWeights, Mixer, ModelWeights, MoeWeights,
 };
 use half::f16;
 
@@ -182,19 +182,48 @@ fn target_weights(f: &mut Filler, spec: &SyntheticSpec) -> Result<GpuWeights> {
         let n = |w: &str| format!("blk.{i}.{w}");
         let bias = |f: &mut Filler, w: &str, len| c.qkv_bias.then(|| f.vector(&n(w), len, 0.0));
         let norm = |f: &mut Filler, w: &str| c.qk_norm.then(|| f.vector(&n(w), c.head_dim, 1.0));
-        layers.push(LayerWeights {
-            attn_norm: f.vector(&n("attn_norm"), h, 1.0),
-            mixer: Mixer::Attention(AttentionWeights {
-                wq: f.matrix(&n("attn_q"), &s.wq)?,
-                wk: f.matrix(&n("attn_k"), &s.wk)?,
-                wv: f.matrix(&n("attn_v"), &s.wv)?,
-                wo: f.matrix(&n("attn_output"), &s.wo)?,
-                bq: bias(f, "attn_q.bias", q),
-                bk: bias(f, "attn_k.bias", kv),
-                bv: bias(f, "attn_v.bias", kv),
-                q_norm: norm(f, "attn_q_norm"),
-                k_norm: norm(f, "attn_k_norm"),
+        let attn_norm = f.vector(&n("attn_norm"), h, 1.0);
+        // A matrix of `m`'s columns and format with half its rows (q_proj's queries and
+        // gates; a DeltaNet's b and a).
+        let half = |m: &MatrixShape| MatrixShape {
+            rows: m.rows / 2,
+            ..*m
+        };
+        let mixer = match &c.hybrid {
+            Some(hy) if hy.is_linear(i) => Mixer::DeltaNet(DeltaNetWeights {
+                qkv: f.matrix(&n("attn_qkv"), &s.wq)?,
+                z: f.matrix(&n("attn_gate"), &s.wk)?,
+                b: f.matrix(&n("ssm_beta"), &half(&s.wv))?,
+                a: f.matrix(&n("ssm_alpha"), &half(&s.wv))?,
+                conv: f.vector(&n("ssm_conv1d"), hy.conv_dim() * hy.conv_kernel, 0.0),
+                dt_bias: f.vector(&n("ssm_dt"), hy.value_heads, 0.0),
+                decay: f.vector(&n("ssm_a"), hy.value_heads, -2.0),
+                norm: f.vector(&n("ssm_norm"), hy.value_head_dim, 1.0),
+                out: f.matrix(&n("ssm_out"), &s.wo)?,
             }),
+            _ => {
+                let gated = c.arch.has_attention_gate();
+                let wq = if gated { half(&s.wq) } else { s.wq };
+                Mixer::Attention(AttentionWeights {
+                    wq: f.matrix(&n("attn_q"), &wq)?,
+                    gate: match gated {
+                        true => Some(f.matrix(&n("attn_q_gate"), &wq)?),
+                        false => None,
+                    },
+                    wk: f.matrix(&n("attn_k"), &s.wk)?,
+                    wv: f.matrix(&n("attn_v"), &s.wv)?,
+                    wo: f.matrix(&n("attn_output"), &s.wo)?,
+                    bq: bias(f, "attn_q.bias", q),
+                    bk: bias(f, "attn_k.bias", kv),
+                    bv: bias(f, "attn_v.bias", kv),
+                    q_norm: norm(f, "attn_q_norm"),
+                    k_norm: norm(f, "attn_k_norm"),
+                })
+            }
+        };
+        layers.push(LayerWeights {
+            attn_norm,
+            mixer,
             ffn_norm: f.vector(&n("ffn_norm"), h, 1.0),
             ffn: match &s.router {
                 None => FeedForward::Dense {

@@ -326,6 +326,7 @@ fn qkv_rope_store_gives_the_bits_of_the_separate_kernels() {
                         head_dim: hd,
                         rope_dim: hd,
                         eps: 1e-6,
+                        gate: false,
                     };
                     let bufs = ops::QkvBuffers {
                         state: &st,
@@ -398,6 +399,7 @@ fn attention_shapes(
         head_dim: hd,
         rope_dim: hd,
         eps: 1e-6,
+        gate: false,
     };
     let att = ops::AttentionShape {
         n_heads: nh,

@@ -563,12 +563,16 @@ fn every_kernel_variant_compiles() {
         for entry in ["route", "combine", "combine_tap"] {
             ks.push(Kernel::new(Shader::Moe, entry).with("EXPERT_K", 8.0));
         }
+        for entry in ["conv", "recur"] {
+            ks.push(Kernel::new(Shader::DeltaNet, entry));
+        }
+        ks.push(Kernel::new(Shader::Elementwise, "sigmoid_gate"));
         for k in &ks {
             ctx.pipelines
                 .get(&ctx, k)
                 .unwrap_or_else(|e| panic!("{k:?}: {e}"));
         }
-        assert_eq!(Shader::ALL.len(), 14);
+        assert_eq!(Shader::ALL.len(), 15);
     }
 }
 

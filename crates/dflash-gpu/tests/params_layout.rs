@@ -3,9 +3,9 @@
 //! the shader by naga (wgpu's own WGSL front end).
 
 use dflash_gpu::ops::{
-    ArgmaxParams, AttentionChunkParams, AttentionParams, ConvParams, CopyParams, ElementwiseParams,
-    EmbeddingParams, GemvParams, MoeParams, QkvParams, RmsNormParams, RopeParams, SampleParams,
-    ScaleParams, TopKParams, WalkParams,
+    ArgmaxParams, AttentionChunkParams, AttentionParams, ConvParams, CopyParams, DeltaNetParams,
+    ElementwiseParams, EmbeddingParams, GemvParams, MoeParams, QkvParams, RmsNormParams,
+    RopeParams, SampleParams, ScaleParams, TopKParams, WalkParams,
 };
 use dflash_gpu::pipelines::Shader;
 use dflash_gpu::speculative::BookkeepingParams;
@@ -47,6 +47,13 @@ fn gemv_params_match_the_wgsl_struct() {
     assert_layout!(Shader::Gemv, "Params", GemvParams; n_rows, k, m, out_offset,
         out_stride, wg_x, eps, bias_offset, pair_rows, part_offset, n_parts, tap_offset,
         tap_stride, expert_lo, pad1, pad2);
+}
+
+#[test]
+fn delta_net_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::DeltaNet, "Params", DeltaNetParams; n_rows, conv_dim, kernel,
+        proj_stride, key_heads, value_heads, key_head_dim, value_head_dim, eps, pad0, pad1,
+        pad2);
 }
 
 #[test]

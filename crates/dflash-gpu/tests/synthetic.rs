@@ -20,7 +20,7 @@ fn a_tiny_synthetic_model_decodes_finite_logits() {
     let Some(ctx) = common::gpu_context(&GpuOptions::default()) else {
         return;
     };
-    for name in ["test-tiny", "test-moe-tiny"] {
+    for name in ["test-tiny", "test-moe-tiny", "test-hybrid-tiny"] {
         decodes_finite_logits(&ctx, name);
     }
 }

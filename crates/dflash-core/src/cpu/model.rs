@@ -187,7 +187,7 @@ enum CpuMixer {
 }
 
 struct Attention {
-    /// `[wq; wk; wv]`.
+    /// `[wq; wk; wv]`, and the output gate's rows where the model has one.
     qkv: Stacked,
     wo: Matrix,
     bq: Option<Vec<f32>>,
@@ -195,22 +195,25 @@ struct Attention {
     bv: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    /// q_proj gives each head's query and then its output gate.
-    gated: bool,
 }
 
 impl CpuMixer {
     fn new(m: Mixer, c: &ModelConfig, kernels: CpuKernels) -> Self {
         match (m, &c.hybrid) {
             (Mixer::Attention(a), _) => CpuMixer::Attention(Attention {
-                qkv: Stacked::new(&[&a.wq, &a.wk, &a.wv], kernels),
+                qkv: Stacked::new(
+                    &[&a.wq, &a.wk, &a.wv]
+                        .into_iter()
+                        .chain(a.gate.as_ref())
+                        .collect::<Vec<_>>(),
+                    kernels,
+                ),
                 wo: Matrix::owned(a.wo, kernels),
                 bq: a.bq,
                 bk: a.bk,
                 bv: a.bv,
                 q_norm: a.q_norm,
                 k_norm: a.k_norm,
-                gated: c.arch.has_attention_gate(),
             }),
             (Mixer::DeltaNet(d), Some(h)) => {
                 CpuMixer::DeltaNet(CpuDeltaNet::new(d, h, c.rms_norm_eps, kernels))
@@ -702,19 +705,10 @@ impl CpuModel {
         let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let start = cache.len;
-        let [q_rows, mut k, mut v]: [Vec<f32>; 3] =
-            l.qkv.apply(normed, n).try_into().expect("three parts");
-        // With an output gate each head's q_proj rows are its query, then its gate.
-        let (mut q, gate) = match l.gated {
-            false => (q_rows, None),
-            true => {
-                let half = |odd: usize| -> Vec<f32> {
-                    let heads = q_rows.chunks_exact(hd).skip(odd).step_by(2);
-                    heads.flatten().copied().collect()
-                };
-                (half(0), Some(half(1)))
-            }
-        };
+        let mut parts = l.qkv.apply(normed, n).into_iter();
+        let mut next = || parts.next().expect("q, k and v");
+        let (mut q, mut k, mut v) = (next(), next(), next());
+        let gate = parts.next();
         for (m, b, d) in [
             (&mut q, &l.bq, qd),
             (&mut k, &l.bk, kvd),

@@ -324,7 +324,7 @@ impl GpuDrafter {
                     Some(m) => vec![m],
                     None => vec![l.wk.clone(), l.wv.clone()],
                 },
-                qkv: stack_qkv(ctx, "d.qkv", [l.wq, l.wk, l.wv], [None, None, None]),
+                qkv: stack_qkv(ctx, "d.qkv", vec![l.wq, l.wk, l.wv], [None, None, None]),
                 wo: l.wo,
                 ffn: GpuFfn::Dense {
                     gate_up: GateUp::new(ctx, "d.gate_up", l.w_gate, l.w_up),
@@ -457,6 +457,7 @@ impl GpuDrafter {
             head_dim: c.head_dim,
             rope_dim: c.head_dim,
             eps: c.rms_norm_eps,
+            gate: false,
         }
     }
 
@@ -475,6 +476,7 @@ impl GpuDrafter {
             eps: q.eps,
             causal: false,
             capacity: self.capacity,
+            gate: false,
         }
     }
 
@@ -496,6 +498,7 @@ impl GpuDrafter {
                 o: &s.o,
             }),
             moe: None,
+            linear: None,
         }
     }
 

@@ -205,6 +205,9 @@ impl Speculative {
                 pass,
                 sampled,
             )?);
+            // A hybrid target's recurrent states: kept before the verify pass, rolled
+            // back to the accepted rows after acceptance.
+            d.extend(self.target.state_rollback(true)?);
             d.extend(self.target.build_plan(b, head)?);
             if rejection {
                 if b > 1 {
@@ -247,6 +250,7 @@ impl Speculative {
                     self.host_drafts,
                 )?);
             }
+            d.extend(self.target.state_rollback(false)?);
             self.plans.insert(key, d);
         }
         Ok(key)

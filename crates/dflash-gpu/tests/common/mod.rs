@@ -83,3 +83,87 @@ pub fn assert_batch_invariant(g: &mut dflash_gpu::GpuModel, toks: &[u32], prefil
         "prefill differs (f16={f16})"
     );
 }
+
+/// A random z-lab drafter of `layers` layers over `t` on the GPU: speculative output
+/// equals plain decoding (16 tokens after `prompt`) token for token at blocks 1, 4, 16
+/// and auto, greedy and seeded T = 0.8.
+pub fn assert_dflash_lossless(
+    ctx: &Rc<GpuContext>,
+    t: &dflash_core::model_files::LoadedModel,
+    layers: usize,
+    prompt: &[u32],
+) {
+    use dflash_core::drafter::{DrafterPrecision, DrafterWeights};
+    use dflash_core::generate::GenerateRequest;
+    use dflash_core::sampling::SamplingParams;
+    use dflash_core::speculative::BlockSize;
+    use dflash_core::testutil::{write_drafter, DrafterSpec};
+    use dflash_gpu::model::OutputHead;
+    use dflash_gpu::{speculative::Speculative, GpuModel, GpuModelOptions};
+    let c = t.config();
+    let spec = DrafterSpec {
+        layers,
+        block_size: 16,
+        target_layer_ids: None,
+        block_in_dflash_config: true,
+        layer_types: None,
+        sliding_window: 0,
+        mask_token_id: c.vocab_size as u32 - 1,
+        seed: 8,
+    };
+    let f = write_drafter(c, &spec);
+    let w = DrafterWeights::load(
+        std::str::from_utf8(&f["config.json"]).unwrap(),
+        vec![("model.safetensors", &f["model.safetensors"][..])],
+        DrafterPrecision::Q8,
+    )
+    .unwrap();
+    let opts = |taps| GpuModelOptions {
+        context: 96,
+        taps,
+        ..Default::default()
+    };
+    let mut plain = GpuModel::new(ctx.clone(), &t.weights, &opts(vec![])).unwrap();
+    let taps = opts(w.config.target_layer_ids.clone());
+    let tm = GpuModel::new(ctx.clone(), &t.weights, &taps).unwrap();
+    let mut sp_model = Speculative::new(tm, &w).unwrap();
+    let n = 16;
+    let seeded = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        seed: 3,
+        ..Default::default()
+    };
+    for sp in [SamplingParams::default(), seeded] {
+        let head = if sp.is_greedy() {
+            OutputHead::Argmax
+        } else {
+            OutputHead::Sample
+        };
+        plain.set_sampling(&sp).unwrap();
+        plain.truncate(0);
+        let mut next = plain.prefill_with(prompt, head).unwrap();
+        let mut want = vec![];
+        while !t.tokenizer.is_stop(next) && want.len() < n {
+            want.push(next);
+            if want.len() < n {
+                next = plain.step_with(&[next], head).unwrap()[0];
+            }
+        }
+        let blocks = [1, 4, 16].map(BlockSize::Fixed);
+        for b in blocks.into_iter().chain([BlockSize::auto_linear(16, 0.05)]) {
+            let req = GenerateRequest {
+                prompt_ids: prompt.to_vec(),
+                max_new_tokens: n,
+                sampling: sp.clone(),
+                stop_strings: vec![],
+                context: 96,
+                interrupt: Default::default(),
+            };
+            let r = sp_model
+                .generate(&t.tokenizer, &req, &b, &|| 0.0, &mut |_| {})
+                .unwrap();
+            assert_eq!(r.result.tokens, want, "{b:?} T={}", sp.temperature);
+        }
+    }
+}

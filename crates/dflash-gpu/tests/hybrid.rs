@@ -1,0 +1,109 @@
+//! Qwen3.5 hybrid targets on the GPU (transformers' tiny Qwen3_5ForCausalLM of
+//! fixtures/arch/qwen3_5, repacked to 8 bits): Gated DeltaNet layers (delta_net.wgsl)
+//! and gated attention against the CPU reference, a position's logits the same bits
+//! alone, in a 16-row pass and in prefill (the recurrence walks a pass's rows in order),
+//! DFlash over it lossless (the verify pass's states replayed to the accepted rows), and
+//! a rollback the GPU cannot do refused with a typed error.
+
+use dflash_core::cpu::{CpuModel, LogitRows};
+use dflash_core::model_files::{load_path, LoadedModel};
+use dflash_core::testutil::Rng;
+use dflash_gpu::{GpuError, GpuModel, GpuModelOptions};
+use std::path::Path;
+mod common;
+
+fn hybrid() -> LoadedModel {
+    load_path(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/arch/qwen3_5/model"))
+        .unwrap()
+}
+
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut r = Rng(seed);
+    (0..n).map(|_| r.below(vocab) as u32).collect()
+}
+
+fn opts(context: usize) -> GpuModelOptions {
+    GpuModelOptions {
+        context,
+        ..Default::default()
+    }
+}
+
+/// 12 rows in one pass, then 3 more one at a time (through the states the pass left):
+/// every row's logits within the dense models' tolerance of the CPU reference's.
+#[test]
+fn hybrid_logits_match_the_cpu_reference() {
+    let m = hybrid();
+    let cpu = CpuModel::new(&m.weights);
+    let toks = tokens(15, m.config().vocab_size, 3);
+    let mut cache = cpu.new_cache(64);
+    let mut want = cpu
+        .forward(&toks[..12], &mut cache, LogitRows::All, &[])
+        .unwrap()
+        .logits;
+    for t in &toks[12..] {
+        want.extend(
+            cpu.forward(&[*t], &mut cache, LogitRows::All, &[])
+                .unwrap()
+                .logits,
+        );
+    }
+    for ctx in common::contexts() {
+        let mut g = GpuModel::new(ctx.clone(), &m.weights, &opts(64)).unwrap();
+        g.step(&toks[..12]).unwrap();
+        let mut got = g.read_logits(12).unwrap();
+        for t in &toks[12..] {
+            g.step(&[*t]).unwrap();
+            got.extend(g.read_logits(1).unwrap());
+        }
+        let scale = want.iter().fold(0f32, |a, x| a.max(x.abs()));
+        let d = common::max_abs_diff(&want, &got);
+        eprintln!(
+            "qwen3_5 f16-kv={}: max |gpu - cpu| = {d:e} (scale {scale})",
+            ctx.f16
+        );
+        let tol = if ctx.f16 { 5e-3 } else { 1e-4 } * scale.max(1.0);
+        assert!(d <= tol, "{d} > {tol}");
+    }
+}
+
+#[test]
+fn a_hybrid_position_is_bit_identical_alone_in_a_16_row_pass_and_in_prefill() {
+    let m = hybrid();
+    let toks = tokens(40, m.config().vocab_size, 4);
+    for ctx in common::contexts() {
+        let mut g = GpuModel::new(ctx.clone(), &m.weights, &opts(64)).unwrap();
+        common::assert_batch_invariant(&mut g, &toks, 37);
+    }
+}
+
+/// A rollback into the past keeps no state on the GPU: the next pass is a typed error
+/// (a reset to the start works).
+#[test]
+fn rollbacks_the_gpu_cannot_do_are_typed_errors() {
+    let Some(ctx) = common::contexts().into_iter().next() else {
+        return;
+    };
+    let m = hybrid();
+    let toks = tokens(8, m.config().vocab_size, 5);
+    let mut g = GpuModel::new(ctx.clone(), &m.weights, &opts(64)).unwrap();
+    let first = g.step(&toks).unwrap();
+    g.truncate(5);
+    match g.step(&toks[5..6]) {
+        Err(GpuError::Core(dflash_core::Error::Internal(m))) => assert!(m.contains("rolled back")),
+        other => panic!("a lost state was used: {:?}", other.map(|_| ())),
+    }
+    g.truncate(0);
+    assert_eq!(g.step(&toks).unwrap(), first);
+}
+
+/// DFlash over the hybrid target on the GPU: each verify pass's DeltaNet states are
+/// kept, and after acceptance put back and the accepted rows replayed, so speculative
+/// output equals plain decoding token for token (random drafter, greedy and seeded).
+#[test]
+fn dflash_on_a_hybrid_target_equals_plain_decoding() {
+    let m = hybrid();
+    for ctx in common::contexts() {
+        common::assert_dflash_lossless(&ctx, &m, 1, &tokens(9, m.config().vocab_size - 1, 6));
+    }
+}
