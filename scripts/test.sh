@@ -66,6 +66,8 @@ cargo test --release --workspace --locked --test ops --test fused --test engine 
   --skip every_kernel_variant_compiles
 cargo test --release --workspace --locked --test dflash -- --test-threads 1 \
   speculative_equals_plain_on_the_gpu_at_every_block_size the_drafter_forward_matches the_dflash2_drafter_matches
+# The mixture-of-experts and hybrid targets: GPU == CPU, batch invariance, streaming.
+cargo test --release --workspace --locked --test moe --test hybrid -- --test-threads 1 --skip dflash_on
 unset VK_ICD_FILENAMES DFLASH_BROWSER_LIMITS DFLASH_QUICK
 
 echo "== [$SECONDS s] the browser product (wasm in a Worker, npm package, demo) in headless Chromium"
