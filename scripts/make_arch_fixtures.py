@@ -13,7 +13,7 @@ the CPU reference of an architecture the engine added after the z-lab fixtures
     /tmp/zvenv/bin/pip install torch==2.11.0 transformers==5.17.0 safetensors numpy
     /tmp/zvenv/bin/python scripts/make_arch_fixtures.py fixtures/arch
 
-What it writes, per case (`qwen3_moe`, `qwen3_5`):
+What it writes, per case (`qwen3_moe`, `qwen3_5`, `qwen3_5_moe`):
   <case>/model/: config.json, generation_config.json, model.safetensors (float32, the
       checkpoint layout transformers writes: one tensor per expert), and a word-level
       tokenizer.json over "<0>".."<V-1>" (our Hugging Face loader requires one; the
@@ -61,6 +61,25 @@ CASES = {
             max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
         ),
         seed=30,
+    ),
+    # Qwen3.5-MoE's text model: the qwen3_5 layers with a mixture in every layer (8
+    # experts, 3 per token, renormalised) and a shared expert weighed by its gate.
+    "qwen3_5_moe": dict(
+        cls=("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+        cfg=dict(
+            vocab_size=128, hidden_size=64, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_num_key_heads=2, linear_num_value_heads=4,
+            layer_types=["linear_attention", "full_attention", "linear_attention"],
+            moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=8,
+            num_experts_per_tok=3,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
+                                 mrope_section=[2, 1, 1]),
+            max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        ),
+        # The first seed from 40 whose router margin is over 1e-3.
+        seed=40,
     ),
 }
 

@@ -5,11 +5,13 @@
 //            one after another (ties to the lower index, NaN never); the chosen
 //            probabilities divided by their sum when `normalize`.
 //   combine  x[r, o] += sum over slots j, in order, of weight[r, j] * y[r, j, o] (the
-//            sum first, then the residual add, as the CPU reference); `combine_tap`
+//            sum first, then the residual add, as the CPU reference), and with SHARED
+//            the shared expert's row weighed by sigmoid of its gate; `combine_tap`
 //            also copies the new x into the taps (a DFlash tap after the layer).
 // One thread per row routes (a row's choice never depends on the other rows).
 
 override EXPERT_K: u32 = 1u;
+override SHARED: bool = false; // combine: + sigmoid(shared_gate[r]) * shared_out[r, o]
 
 struct Params {
     n_rows: u32,
@@ -29,6 +31,8 @@ struct Params {
 @group(0) @binding(4) var<storage, read> expert_out: array<f32>;      // [rows, EXPERT_K, hidden]
 @group(0) @binding(5) var<storage, read_write> x: array<f32>;         // [rows, hidden]
 @group(0) @binding(6) var<storage, read_write> taps: array<f32>;
+@group(0) @binding(7) var<storage, read> shared_out: array<f32>;      // [rows, hidden]
+@group(0) @binding(8) var<storage, read> shared_gate: array<f32>;     // [rows]
 
 const MAX_K: u32 = 16u;
 var<private> chosen: array<u32, 16>;
@@ -96,6 +100,9 @@ fn combined(i: u32) -> f32 {
     var v = 0.0;
     for (var j = 0u; j < EXPERT_K; j++) {
         v += weights[r * EXPERT_K + j] * expert_out[(r * EXPERT_K + j) * p.hidden + o];
+    }
+    if (SHARED) {
+        v += (1.0 / (1.0 + exp(-shared_gate[r]))) * shared_out[i];
     }
     let out = x[i] + v;
     x[i] = out;

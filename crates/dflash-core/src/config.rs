@@ -19,6 +19,10 @@ pub enum Arch {
     /// loaded), an output gate on attention.
     #[serde(rename = "qwen3_5")]
     Qwen35,
+    /// Qwen3.5's hybrid layers with a mixture of experts (and a shared expert) in every
+    /// layer.
+    #[serde(rename = "qwen3_5_moe")]
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -33,6 +37,11 @@ impl Arch {
             | "qwen35"
             | "Qwen3_5ForCausalLM"
             | "Qwen3_5ForConditionalGeneration" => Arch::Qwen35,
+            "qwen3_5_moe"
+            | "qwen3_5_moe_text"
+            | "qwen35moe"
+            | "Qwen3_5MoeForCausalLM"
+            | "Qwen3_5MoeForConditionalGeneration" => Arch::Qwen35Moe,
             other => return Err(Error::UnsupportedArchitecture(other.into())),
         })
     }
@@ -45,18 +54,32 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3_moe",
             Arch::Qwen35 => "qwen3_5_text",
+            Arch::Qwen35Moe => "qwen3_5_moe_text",
         }
     }
 
     /// Per-head RMSNorm of q and k (Qwen3's attention).
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35)
+        matches!(
+            self,
+            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe
+        )
+    }
+
+    /// Experts in the feed-forward (`ModelConfig::moe`).
+    pub fn has_experts(self) -> bool {
+        matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe)
+    }
+
+    /// Qwen3.5's hybrid layers (`ModelConfig::hybrid`).
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
     }
 
     /// Attention's output multiplied by `sigmoid(gate)`, the gate computed by q_proj
     /// beside each head's query (Qwen3.5).
     pub fn has_attention_gate(self) -> bool {
-        self == Arch::Qwen35
+        self.is_hybrid()
     }
 }
 
@@ -177,6 +200,10 @@ pub struct MoeConfig {
     /// Each expert's intermediate size (`moe_intermediate_size`).
     pub expert_intermediate_size: usize,
     pub norm_topk_prob: bool,
+    /// A shared expert beside the routed ones (Qwen3.5-MoE), of this intermediate size,
+    /// its output weighed by `sigmoid(shared_expert_gate x)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_expert_intermediate_size: Option<usize>,
     /// Per layer: sparse (the mixture) or dense (`intermediate_size`), as
     /// `decoder_sparse_step` and `mlp_only_layers` (or a GGUF's router tensors) say.
     pub sparse_layers: Vec<bool>,
@@ -373,14 +400,18 @@ impl ModelConfig {
         }
         self.rope.check_scaling().map_err(Error::BadConfig)?;
         match (&self.moe, self.arch) {
-            (Some(m), Arch::Qwen3Moe) => m.validate(self.num_layers)?,
-            (None, Arch::Qwen3Moe) => return bad("a qwen3_moe model without experts".into()),
+            (Some(m), a) if a.has_experts() => m.validate(self.num_layers)?,
+            (None, a) if a.has_experts() => {
+                return bad(format!("a {} model without experts", a.model_type()))
+            }
             (Some(_), _) => return bad(format!("experts in a {:?} model", self.arch)),
             (None, _) => {}
         }
         match (&self.hybrid, self.arch) {
-            (Some(h), Arch::Qwen35) => h.validate(self.num_layers)?,
-            (None, Arch::Qwen35) => return bad("a qwen3_5 model without layer_types".into()),
+            (Some(h), a) if a.is_hybrid() => h.validate(self.num_layers)?,
+            (None, a) if a.is_hybrid() => {
+                return bad(format!("a {} model without layer_types", a.model_type()))
+            }
             (Some(_), _) => return bad(format!("linear attention in a {:?} model", self.arch)),
             (None, _) => {}
         }
@@ -514,7 +545,18 @@ impl ModelConfig {
         let cfg = ModelConfig {
             arch,
             hidden_size: c.hidden_size,
-            intermediate_size: c.intermediate_size,
+            intermediate_size: match (c.intermediate_size, &c.moe) {
+                (Some(i), _) => i,
+                (None, m) if arch.has_experts() => m
+                    .shared_expert_intermediate_size
+                    .or(m.moe_intermediate_size)
+                    .unwrap_or(0),
+                (None, _) => {
+                    return Err(Error::BadConfig(
+                        "config.json: missing field `intermediate_size`".into(),
+                    ))
+                }
+            },
             num_layers: c.num_hidden_layers,
             num_heads: heads,
             num_kv_heads: c.num_key_value_heads.unwrap_or(heads),
@@ -677,7 +719,8 @@ struct HfConfig {
     model_type: Option<String>,
     architectures: Option<Vec<String>>,
     hidden_size: usize,
-    intermediate_size: usize,
+    /// Absent where every layer is a mixture (Qwen3.5-MoE).
+    intermediate_size: Option<usize>,
     num_hidden_layers: usize,
     num_attention_heads: usize,
     num_key_value_heads: Option<usize>,
@@ -709,7 +752,7 @@ struct HfLinear {
 
 impl HfLinear {
     fn settings(&self, arch: Arch, num_layers: usize) -> Result<Option<HybridConfig>> {
-        if arch != Arch::Qwen35 {
+        if !arch.is_hybrid() {
             return Ok(None);
         }
         let need = |v: Option<usize>, n: &str| {
@@ -751,15 +794,18 @@ struct HfMoe {
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
+    shared_expert_intermediate_size: Option<usize>,
 }
 
 impl HfMoe {
     fn settings(&self, arch: Arch, num_layers: usize) -> Result<Option<MoeConfig>> {
-        if arch != Arch::Qwen3Moe {
+        if !arch.has_experts() {
             return Ok(None);
         }
         let need = |v: Option<usize>, n: &str| {
-            v.ok_or_else(|| Error::BadConfig(format!("a qwen3_moe config.json needs {n}")))
+            v.ok_or_else(|| {
+                Error::BadConfig(format!("a {} config.json needs {n}", arch.model_type()))
+            })
         };
         let num_experts = need(self.num_experts.or(self.num_local_experts), "num_experts")?;
         let step = self.decoder_sparse_step.unwrap_or(1);
@@ -776,7 +822,9 @@ impl HfMoe {
             num_experts,
             experts_per_token: need(self.num_experts_per_tok, "num_experts_per_tok")?,
             expert_intermediate_size: need(self.moe_intermediate_size, "moe_intermediate_size")?,
-            norm_topk_prob: self.norm_topk_prob.unwrap_or(false),
+            // Qwen3.5-MoE's router always renormalises (no field in its config).
+            norm_topk_prob: self.norm_topk_prob.unwrap_or(arch == Arch::Qwen35Moe),
+            shared_expert_intermediate_size: self.shared_expert_intermediate_size,
             sparse_layers: (0..num_layers)
                 .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
                 .collect(),
@@ -801,6 +849,9 @@ fn moe_from_gguf(h: &GgufHeader, arch: &str, num_layers: usize) -> Result<Option
         num_experts: num_experts as usize,
         experts_per_token: req("expert_used_count")?,
         expert_intermediate_size: req("expert_feed_forward_length")?,
+        shared_expert_intermediate_size: h
+            .get_u64(&key("expert_shared_feed_forward_length"))
+            .map(|v| v as usize),
         norm_topk_prob: h
             .get(&key("expert_weights_norm"))
             .and_then(|v| v.as_bool())

@@ -270,7 +270,7 @@ fn load_hf_with(files: &HfFiles, full_precision: bool) -> Result<LoadedModel> {
         src = src.full_precision();
     }
     let mut weights = ModelWeights::load(config, &src, Naming::HuggingFace)?;
-    if weights.config.arch == crate::config::Arch::Qwen35 {
+    if weights.config.arch.is_hybrid() {
         qwen35_from_hf(&mut weights);
     }
     Ok(LoadedModel {

@@ -111,15 +111,16 @@ pub fn tiny_config(arch: Arch) -> ModelConfig {
         qkv_bias: arch == Arch::Qwen2,
         qk_norm: arch.has_qk_norm(),
         tie_word_embeddings: false,
-        moe: (arch == Arch::Qwen3Moe).then(|| MoeConfig {
+        moe: arch.has_experts().then(|| MoeConfig {
             num_experts: 8,
             experts_per_token: 3,
             expert_intermediate_size: 32,
             norm_topk_prob: true,
+            shared_expert_intermediate_size: None,
             // The middle layer dense (`mlp_only_layers = [1]`).
             sparse_layers: vec![true, false, true],
         }),
-        hybrid: (arch == Arch::Qwen35).then(|| crate::config::HybridConfig {
+        hybrid: arch.is_hybrid().then(|| crate::config::HybridConfig {
             linear_layers: vec![true, false, true],
             conv_kernel: 4,
             key_heads: 2,
@@ -312,6 +313,7 @@ fn arch_name(a: Arch) -> &'static str {
         Arch::Qwen3 => "qwen3",
         Arch::Qwen3Moe => "qwen3moe",
         Arch::Qwen35 => "qwen35",
+        Arch::Qwen35Moe => "qwen35moe",
     }
 }
 
@@ -323,6 +325,7 @@ fn hf_class(a: Arch) -> &'static str {
         Arch::Qwen3 => "Qwen3ForCausalLM",
         Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
         Arch::Qwen35 => "Qwen3_5ForCausalLM",
+        Arch::Qwen35Moe => "Qwen3_5MoeForCausalLM",
     }
 }
 

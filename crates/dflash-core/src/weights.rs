@@ -128,6 +128,18 @@ pub struct MoeWeights<M = QuantMatrix> {
     pub up: M,
     /// `[num_experts * hidden, expert_intermediate]`.
     pub down: M,
+    pub shared: Option<SharedExpert<M>>,
+}
+
+/// A mixture's shared expert (Qwen3.5-MoE): a SwiGLU MLP every token runs, its output
+/// weighed by `sigmoid(weigh x)`.
+#[derive(Debug, Clone)]
+pub struct SharedExpert<M = QuantMatrix> {
+    pub gate: M,
+    pub up: M,
+    pub down: M,
+    /// `[1, hidden]`.
+    pub weigh: M,
 }
 
 impl<M> FeedForward<M> {
@@ -136,7 +148,16 @@ impl<M> FeedForward<M> {
     pub fn matrices(&self) -> Vec<&M> {
         match self {
             FeedForward::Dense { gate, up, down } => vec![gate, up, down],
-            FeedForward::Moe(m) => vec![&m.router, &m.gate, &m.up, &m.down],
+            FeedForward::Moe(m) => {
+                let shared = m
+                    .shared
+                    .iter()
+                    .flat_map(|s| [&s.gate, &s.up, &s.down, &s.weigh]);
+                [&m.router, &m.gate, &m.up, &m.down]
+                    .into_iter()
+                    .chain(shared)
+                    .collect()
+            }
         }
     }
 
@@ -163,6 +184,15 @@ impl<M> FeedForward<M> {
                 gate: mat("experts_gate", &m.gate)?,
                 up: mat("experts_up", &m.up)?,
                 down: mat("experts_down", &m.down)?,
+                shared: match &m.shared {
+                    Some(s) => Some(SharedExpert {
+                        gate: mat("shared_gate", &s.gate)?,
+                        up: mat("shared_up", &s.up)?,
+                        down: mat("shared_down", &s.down)?,
+                        weigh: mat("shared_weigh", &s.weigh)?,
+                    }),
+                    None => None,
+                },
             }),
         })
     }
@@ -199,11 +229,43 @@ fn load_experts<M, V>(
             }
         }
     };
+    let shared = match moe.shared_expert_intermediate_size {
+        Some(sf) => {
+            let name = |gguf: &str, hf: &str| match naming {
+                Naming::Gguf => format!("blk.{i}.{gguf}"),
+                Naming::HuggingFace => format!("model.layers.{i}.mlp.{hf}"),
+            };
+            let mat = |g: &str, f: &str, rows, cols| checked_matrix(src, &name(g, f), rows, cols);
+            Some(SharedExpert {
+                gate: mat(
+                    "ffn_gate_shexp.weight",
+                    "shared_expert.gate_proj.weight",
+                    sf,
+                    h,
+                )?,
+                up: mat("ffn_up_shexp.weight", "shared_expert.up_proj.weight", sf, h)?,
+                down: mat(
+                    "ffn_down_shexp.weight",
+                    "shared_expert.down_proj.weight",
+                    h,
+                    sf,
+                )?,
+                weigh: mat(
+                    "ffn_gate_inp_shexp.weight",
+                    "shared_expert_gate.weight",
+                    1,
+                    h,
+                )?,
+            })
+        }
+        None => None,
+    };
     Ok(MoeWeights {
         router,
         gate: stack("ffn_gate_exps.weight", "gate_proj.weight", ff, h)?,
         up: stack("ffn_up_exps.weight", "up_proj.weight", ff, h)?,
         down: stack("ffn_down_exps.weight", "down_proj.weight", h, ff)?,
+        shared,
     })
 }
 

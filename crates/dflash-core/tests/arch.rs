@@ -110,6 +110,21 @@ fn cpu_reference_equals_transformers_qwen3_5() {
     greedy_equals_transformers("qwen3_5");
 }
 
+/// Qwen3.5-MoE: the hybrid layers with a mixture in every layer and a shared expert
+/// weighed by sigmoid of its gate (no intermediate_size in its config).
+#[test]
+fn cpu_reference_equals_transformers_qwen3_5_moe() {
+    let m = logits_equal_transformers("qwen3_5_moe");
+    let moe = m.config().moe.as_ref().expect("a mixture");
+    assert_eq!(moe.shared_expert_intermediate_size, Some(32));
+    assert!(moe.norm_topk_prob && moe.sparse_layers.iter().all(|&s| s));
+    assert_eq!(
+        m.config().hybrid.as_ref().unwrap().linear_layers,
+        [true, false, true]
+    );
+    greedy_equals_transformers("qwen3_5_moe");
+}
+
 /// A hybrid model's cache rolls back into its last pass (the speculative verify's
 /// rejection): the states after the kept rows are restored, and decoding on gives the
 /// logits of a run that never took the rejected rows; a rollback further back is a

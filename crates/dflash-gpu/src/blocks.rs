@@ -49,7 +49,16 @@ pub(crate) struct GpuExperts {
     pub router: GpuMatrix,
     pub gate_up: GateUp,
     pub down: GpuMatrix,
+    pub shared: Option<Box<GpuSharedExpert>>,
     pub shape: ops::ExpertShape,
+}
+
+/// A mixture's shared expert: `[gate; up]`, down and its weighing row.
+#[derive(Clone)]
+pub(crate) struct GpuSharedExpert {
+    pub gate_up: GateUp,
+    pub down: GpuMatrix,
+    pub weigh: GpuMatrix,
 }
 
 impl GpuFfn {
@@ -64,6 +73,10 @@ impl GpuFfn {
                 let mut v = vec![&e.router];
                 v.extend(e.gate_up.matrices());
                 v.push(&e.down);
+                if let Some(s) = &e.shared {
+                    v.extend(s.gate_up.matrices());
+                    v.extend([&s.down, &s.weigh]);
+                }
                 v
             }
         }
@@ -245,6 +258,8 @@ pub(crate) struct MoeBuffers<'a> {
     pub routes: &'a wgpu::Buffer,
     pub weights: &'a wgpu::Buffer,
     pub expert_out: &'a wgpu::Buffer,
+    /// The shared expert's output `[16, hidden]` and gate `[16]`.
+    pub shared: [&'a wgpu::Buffer; 2],
 }
 
 /// Pushes RMSNorm(x) by `w` where the adapter does not fuse it into the next GEMV, and
@@ -468,18 +483,36 @@ pub(crate) fn mlp_block(
             ))
         }
     };
+    gate_up_swiglu(ctx, d, gate_up, (x, &norm), b, n, s.intermediate)?;
+    sublayer_output(ctx, d, s, (down, b.ff, tap), conv, b, n)
+}
+
+/// `ff = silu(gate x) * up x` over `n` rows of `width`: one paired GEMV where gate and
+/// up are stacked, else two and the SwiGLU kernel.
+fn gate_up_swiglu(
+    ctx: &GpuContext,
+    d: &mut Vec<Dispatch>,
+    gate_up: &GateUp,
+    (x, norm): (&wgpu::Buffer, &ops::GemvFusion),
+    b: &LayerBuffers,
+    n: usize,
+    width: usize,
+) -> Result<()> {
     match gate_up {
         GateUp::Stacked(m) => {
-            let f = ops::GemvFusion { pair: true, ..norm };
+            let f = ops::GemvFusion {
+                pair: true,
+                ..*norm
+            };
             d.extend(ops::gemv_fused(ctx, m, x, b.ff, n, &f)?);
         }
         GateUp::Apart { gate, up } => {
-            d.extend(ops::gemv_fused(ctx, gate, x, b.gate, n, &norm)?);
-            d.extend(ops::gemv_fused(ctx, up, x, b.up, n, &norm)?);
-            d.push(ops::swiglu(ctx, b.gate, b.up, b.ff, n, s.intermediate)?);
+            d.extend(ops::gemv_fused(ctx, gate, x, b.gate, n, norm)?);
+            d.extend(ops::gemv_fused(ctx, up, x, b.up, n, norm)?);
+            d.push(ops::swiglu(ctx, b.gate, b.up, b.ff, n, width)?);
         }
     }
-    sublayer_output(ctx, d, s, (down, b.ff, tap), conv, b, n)
+    Ok(())
 }
 
 /// A mixture of experts on the normalised rows (`norm` fused into the router's and the
@@ -500,6 +533,13 @@ fn experts_block<'a>(
         ));
     };
     let s = &e.shape;
+    // The shared expert first (its SwiGLU rows in ff before the routed experts' use it).
+    if let Some(sh) = &e.shared {
+        let width = sh.down.cols;
+        gate_up_swiglu(ctx, d, &sh.gate_up, (x, &norm), b, n, width)?;
+        d.extend(ops::gemv(ctx, &sh.down, b.ff, mb.shared[0], n, false)?);
+        d.extend(ops::gemv_fused(ctx, &sh.weigh, x, mb.shared[1], n, &norm)?);
+    }
     d.extend(ops::gemv_fused(ctx, &e.router, x, mb.scores, n, &norm)?);
     d.push(ops::route_experts(
         ctx,
@@ -565,10 +605,12 @@ fn experts_block<'a>(
         &plain,
         n,
     )?);
+    let shared = e.shared.as_ref().map(|_| (mb.shared[0], mb.shared[1]));
     d.push(ops::combine_experts(
         ctx,
         s,
         (mb.weights, mb.expert_out),
+        shared,
         b.x,
         tap,
         n,

@@ -3,8 +3,8 @@
 //! one submission per step, and only token ids read back.
 
 use crate::blocks::{
-    self, stack_qkv, GateUp, GpuDeltaNet, GpuExperts, GpuFfn, LayerBuffers, LayerShape,
-    LayerWeights, LinearBuffers, MoeBuffers, StackedQkv,
+    self, stack_qkv, GateUp, GpuDeltaNet, GpuExperts, GpuFfn, GpuSharedExpert, LayerBuffers,
+    LayerShape, LayerWeights, LinearBuffers, MoeBuffers, StackedQkv,
 };
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
@@ -143,11 +143,12 @@ pub(crate) struct Activations {
     pub(crate) gate: wgpu::Buffer,
     pub(crate) up: wgpu::Buffer,
     pub(crate) ff: wgpu::Buffer,
-    /// A mixture of experts' router scores, routes, weights and expert outputs.
-    pub(crate) moe: Option<[wgpu::Buffer; 4]>,
+    /// A mixture of experts' router scores, routes, weights, expert outputs, and the
+    /// shared expert's output and gate.
+    pub(crate) moe: Option<Box<[wgpu::Buffer; 6]>>,
     /// A hybrid model's DeltaNet rows (convolved q/k/v, read-out) and where the last
     /// verify pass began.
-    pub(crate) linear: Option<[wgpu::Buffer; 3]>,
+    pub(crate) linear: Option<Box<[wgpu::Buffer; 3]>>,
     pub(crate) logits: wgpu::Buffer,
     /// The greedy head's workgroup partials: `[16, argmax_parts]` (value, index).
     pub(crate) best: wgpu::Buffer,
@@ -253,23 +254,23 @@ impl Activations {
             up: wb("up", n * f * ffn_width(c) as u64),
             ff: wb("ff", n * f * ffn_width(c) as u64),
             linear: delta_net_shape(c).map(|s| {
-                [
-                    wb("linear_proj", n * f * s.proj_stride() as u64),
+                let read = n * f * (s.value_heads * s.value_head_dim) as u64;
+                Box::new([
                     wb("linear_mixed", n * f * s.conv_dim as u64),
-                    wb(
-                        "linear_read",
-                        n * f * (s.value_heads * s.value_head_dim) as u64,
-                    ),
-                ]
+                    wb("linear_read", read),
+                    wb("pass_start", 16),
+                ])
             }),
             moe: c.moe.as_ref().map(|m| {
                 let slots = n * m.experts_per_token as u64;
-                [
+                Box::new([
                     wb("router_scores", n * f * m.num_experts as u64),
                     wb("routes", slots * 4),
                     wb("route_weights", slots * f),
                     wb("expert_out", slots * f * c.hidden_size as u64),
-                ]
+                    wb("shared_out", n * f * c.hidden_size as u64),
+                    wb("shared_gate", n * f),
+                ])
             }),
             logits: wb("logits", n * f * c.vocab_size as u64),
             best: wb("best", n * 8 * c.vocab_size as u64),
@@ -351,7 +352,11 @@ pub fn recurrent_state_bytes(c: &ModelConfig) -> u64 {
 fn moe_buffer_bytes(c: &ModelConfig) -> u64 {
     c.moe.as_ref().map_or(0, |m| {
         let slots = (MAX_ROWS * m.experts_per_token) as u64;
-        4 * (MAX_ROWS * m.num_experts) as u64 + slots * 8 + slots * 4 * c.hidden_size as u64
+        let shared = 4 * (MAX_ROWS * (c.hidden_size + 1)) as u64;
+        4 * (MAX_ROWS * m.num_experts) as u64
+            + slots * 8
+            + slots * 4 * c.hidden_size as u64
+            + shared
     })
 }
 
@@ -556,6 +561,13 @@ fn gpu_ffn(ctx: &GpuContext, c: &ModelConfig, i: usize, ffn: FeedForward<GpuMatr
             router: m.router,
             gate_up: GateUp::new(ctx, &format!("experts_gate_up.{i}"), m.gate, m.up),
             down: m.down,
+            shared: m.shared.map(|s| {
+                Box::new(GpuSharedExpert {
+                    gate_up: GateUp::new(ctx, &format!("shared_gate_up.{i}"), s.gate, s.up),
+                    down: s.down,
+                    weigh: s.weigh,
+                })
+            }),
             shape: ops::ExpertShape {
                 n_experts: moe.num_experts,
                 k: moe.experts_per_token,
@@ -951,22 +963,22 @@ impl GpuModel {
             conv: None,
             linear: a
                 .linear
-                .as_ref()
+                .as_deref()
                 .map(|[mixed, read, pass_start]| LinearBuffers {
                     mixed,
                     read,
                     position: &a.state,
                     pass_start,
                 }),
-            moe: a
-                .moe
-                .as_ref()
-                .map(|[scores, routes, weights, expert_out]| MoeBuffers {
+            moe: a.moe.as_deref().map(
+                |[scores, routes, weights, expert_out, shared_out, shared_gate]| MoeBuffers {
                     scores,
                     routes,
                     weights,
                     expert_out,
-                }),
+                    shared: [shared_out, shared_gate],
+                },
+            ),
         }
     }
 

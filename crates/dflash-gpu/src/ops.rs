@@ -1382,12 +1382,14 @@ pub fn route_experts(
         .shaped(format!("{} experts k={} n={n}", s.n_experts, s.k), 0))
 }
 
-/// `x[r] += sum_j weights[r, j] * expert_out[r, j]` over `n` rows (and the new x into
-/// `tap` where given).
+/// `x[r] += sum_j weights[r, j] * expert_out[r, j]` over `n` rows, plus
+/// `sigmoid(gate[r]) * out[r]` of the shared expert's `(out, gate)` where given (and the
+/// new x into `tap` where given).
 pub fn combine_experts(
     ctx: &GpuContext,
     s: &ExpertShape,
     (weights, expert_out): (&wgpu::Buffer, &wgpu::Buffer),
+    shared: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
     x: &wgpu::Buffer,
     tap: Option<GemvTap>,
     n: usize,
@@ -1397,7 +1399,9 @@ pub fn combine_experts(
     } else {
         "combine"
     };
-    let k = Kernel::new(Shader::Moe, entry).with("EXPERT_K", s.k as f64);
+    let k = Kernel::new(Shader::Moe, entry)
+        .with("EXPERT_K", s.k as f64)
+        .with("SHARED", shared.is_some() as u8 as f64);
     let params = MoeParams {
         n_rows: n as u32,
         hidden: s.hidden as u32,
@@ -1409,6 +1413,8 @@ pub fn combine_experts(
     if let Some(t) = tap {
         bufs.push((6, t.buf));
     }
+    let (out, gate) = shared.unwrap_or((&ctx.unused, &ctx.unused));
+    bufs.extend([(7, out), (8, gate)]);
     let groups = (n * s.hidden).div_ceil(WORKGROUP_SIZE as usize) as u32;
     let io = 4 * (n * s.hidden * (s.k + 2)) as u64;
     Ok(

@@ -236,6 +236,7 @@ fn target_weights(f: &mut Filler, spec: &SyntheticSpec) -> Result<GpuWeights> {
                     gate: f.matrix(&n("ffn_gate_exps"), &s.w_gate)?,
                     up: f.matrix(&n("ffn_up_exps"), &s.w_up)?,
                     down: f.matrix(&n("ffn_down_exps"), &s.w_down)?,
+                    shared: None,
                 }),
             },
         });

@@ -12,9 +12,13 @@ use dflash_gpu::{GpuError, GpuModel, GpuModelOptions};
 use std::path::Path;
 mod common;
 
+fn fixture(case: &str) -> LoadedModel {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/arch");
+    load_path(&dir.join(case).join("model")).unwrap()
+}
+
 fn hybrid() -> LoadedModel {
-    load_path(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/arch/qwen3_5/model"))
-        .unwrap()
+    fixture("qwen3_5")
 }
 
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -33,7 +37,13 @@ fn opts(context: usize) -> GpuModelOptions {
 /// every row's logits within the dense models' tolerance of the CPU reference's.
 #[test]
 fn hybrid_logits_match_the_cpu_reference() {
-    let m = hybrid();
+    // Qwen3.5, and Qwen3.5-MoE (experts and a shared expert in every layer).
+    for case in ["qwen3_5", "qwen3_5_moe"] {
+        logits_match(&fixture(case));
+    }
+}
+
+fn logits_match(m: &LoadedModel) {
     let cpu = CpuModel::new(&m.weights);
     let toks = tokens(15, m.config().vocab_size, 3);
     let mut cache = cpu.new_cache(64);
@@ -59,7 +69,8 @@ fn hybrid_logits_match_the_cpu_reference() {
         let scale = want.iter().fold(0f32, |a, x| a.max(x.abs()));
         let d = common::max_abs_diff(&want, &got);
         eprintln!(
-            "qwen3_5 f16-kv={}: max |gpu - cpu| = {d:e} (scale {scale})",
+            "{:?} f16-kv={}: max |gpu - cpu| = {d:e} (scale {scale})",
+            m.config().arch,
             ctx.f16
         );
         let tol = if ctx.f16 { 5e-3 } else { 1e-4 } * scale.max(1.0);
@@ -103,6 +114,10 @@ fn rollbacks_the_gpu_cannot_do_are_typed_errors() {
 #[test]
 fn dflash_on_a_hybrid_target_equals_plain_decoding() {
     let m = hybrid();
+    let moe = fixture("qwen3_5_moe");
+    if let Some(ctx) = common::contexts().pop() {
+        common::assert_dflash_lossless(&ctx, &moe, 1, &tokens(9, 127, 7));
+    }
     for ctx in common::contexts() {
         common::assert_dflash_lossless(&ctx, &m, 1, &tokens(9, m.config().vocab_size - 1, 6));
     }

@@ -242,10 +242,12 @@ enum Ffn {
     Moe(Experts),
 }
 
-/// A mixture of experts: the router, each expert's `[gate; up]` and down.
+/// A mixture of experts: the router, each expert's `[gate; up]` and down, and the
+/// shared expert's (`[gate; up]`, down, its weighing row).
 struct Experts {
     router: Matrix,
     experts: Vec<(Stacked, Matrix)>,
+    shared: Option<Box<(Stacked, Matrix, Matrix)>>,
     k: usize,
     normalize: bool,
 }
@@ -304,9 +306,15 @@ impl Experts {
                 (Stacked::new(&[&gate, &up], kernels), down)
             })
             .collect();
+        let shared = m.shared.map(|s| {
+            let weigh = Matrix::owned(s.weigh, kernels);
+            let gate_up = Stacked::new(&[&s.gate, &s.up], kernels);
+            Box::new((gate_up, Matrix::owned(s.down, kernels), weigh))
+        });
         Experts {
             router: Matrix::owned(m.router, kernels),
             experts,
+            shared,
             k: c.experts_per_token,
             normalize: c.norm_topk_prob,
         }
@@ -357,6 +365,20 @@ impl Experts {
                 }
             }
         }
+        // The shared expert's output, weighed by sigmoid of its gate, after the routed.
+        if let Some((gate_up, down, weigh)) = self.shared.as_deref() {
+            let y = down.apply(&swiglu(gate_up, x, n), n);
+            let g = weigh.apply(x, n);
+            for r in 0..n {
+                let s = 1.0 / (1.0 + (-g[r]).exp());
+                let rows = out[r * h..(r + 1) * h]
+                    .iter_mut()
+                    .zip(&y[r * h..(r + 1) * h]);
+                for (o, &y) in rows {
+                    *o += s * y;
+                }
+            }
+        }
         out
     }
 }
@@ -381,6 +403,13 @@ pub struct KvCache {
     len: usize,
     capacity: usize,
     kv_dim: usize,
+    /// A hybrid model's linear layers' states (boxed: most caches have none).
+    rec: Box<Recurrent>,
+}
+
+/// The recurrent states of a KvCache's linear layers.
+#[derive(Clone)]
+struct Recurrent {
     /// Per layer: a linear layer's state after `len` tokens (None: attention).
     linear: Vec<Option<LinearState>>,
     /// (length, `linear` after that many tokens) before and after each row of the last
@@ -403,9 +432,11 @@ impl KvCache {
             len: 0,
             capacity,
             kv_dim,
-            linear: Self::fresh_states(config),
-            history: Vec::new(),
-            lost: false,
+            rec: Box::new(Recurrent {
+                linear: Self::fresh_states(config),
+                history: Vec::new(),
+                lost: false,
+            }),
         }
     }
 
@@ -434,19 +465,19 @@ impl KvCache {
     /// pass is an error.
     pub fn truncate(&mut self, len: usize) {
         let len = self.len.min(len);
-        if len < self.len && self.linear.iter().any(Option::is_some) {
+        if len < self.len && self.rec.linear.iter().any(Option::is_some) {
             if len == 0 {
-                self.linear.iter_mut().flatten().for_each(|s| {
+                self.rec.linear.iter_mut().flatten().for_each(|s| {
                     s.conv.fill(0.0);
                     s.s.fill(0.0);
                 });
-                self.lost = false;
-            } else if let Some((_, states)) = self.history.iter().find(|h| h.0 == len) {
-                self.linear = states.clone();
+                self.rec.lost = false;
+            } else if let Some((_, states)) = self.rec.history.iter().find(|h| h.0 == len) {
+                self.rec.linear = states.clone();
             } else {
-                self.lost = true;
+                self.rec.lost = true;
             }
-            self.history.retain(|h| h.0 <= len);
+            self.rec.history.retain(|h| h.0 <= len);
         }
         self.len = len;
         for l in 0..self.k.len() {
@@ -617,13 +648,13 @@ impl CpuModel {
         let mut x = self.embed(tokens)?;
         let mut tap_out = vec![0f32; n * taps.len() * h];
         let mut normed = vec![0f32; n * h];
-        if cache.lost {
+        if cache.rec.lost {
             return Err(Error::Internal(
                 "a linear-attention state was rolled back past its last pass".into(),
             ));
         }
-        let mut snapshots = vec![cache.linear.clone(); n];
-        cache.history = vec![(start, cache.linear.clone())];
+        let mut snapshots = vec![cache.rec.linear.clone(); n];
+        cache.rec.history = vec![(start, cache.rec.linear.clone())];
         for (li, l) in self.layers.iter().enumerate() {
             for r in 0..n {
                 rms_norm(
@@ -636,7 +667,9 @@ impl CpuModel {
             let o = match &l.mixer {
                 CpuMixer::Attention(a) => self.attention(a, &normed, n, cache, li),
                 CpuMixer::DeltaNet(d) => {
-                    let state = cache.linear[li].as_mut().expect("a linear layer's state");
+                    let state = cache.rec.linear[li]
+                        .as_mut()
+                        .expect("a linear layer's state");
                     let mut r = 0;
                     d.forward(&normed, n, state, &mut |s| {
                         snapshots[r][li] = Some(s.clone());
@@ -676,9 +709,12 @@ impl CpuModel {
             }
         }
         cache.len += n;
-        if cache.linear.iter().any(Option::is_some) {
+        if cache.rec.linear.iter().any(Option::is_some) {
             let rows = snapshots.into_iter().enumerate();
-            cache.history.extend(rows.map(|(r, s)| (start + r + 1, s)));
+            cache
+                .rec
+                .history
+                .extend(rows.map(|(r, s)| (start + r + 1, s)));
         }
         let logits = match rows {
             LogitRows::All => self.logits_of(&x, n),
