@@ -33,7 +33,7 @@ struct Params {
     key_head_dim: u32,
     value_head_dim: u32,
     eps: f32,
-    pad0: u32,
+    tiled: u32,        // 1: value head h reads key head h % key_heads (llama.cpp's order)
     pad1: u32,
     pad2: u32,
 }
@@ -115,7 +115,7 @@ fn recur(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: v
     let dv = p.value_head_dim;
     let kd = p.key_heads * dk;
     let vd = p.value_heads * dv;
-    let kh = h / (p.value_heads / p.key_heads);
+    let kh = select(h / (p.value_heads / p.key_heads), h % p.key_heads, p.tiled == 1u);
     let sb = h * dk * dv;
     let n = rows();
     for (var t = 0u; t < n; t++) {

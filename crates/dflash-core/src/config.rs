@@ -131,9 +131,21 @@ pub struct HybridConfig {
     pub value_heads: usize,
     pub key_head_dim: usize,
     pub value_head_dim: usize,
+    /// The value heads in llama.cpp's tiled order (head h reads key head h mod
+    /// key_heads; its converter reorders them so); else grouped by key head as
+    /// transformers keeps them (head h reads key head h / (value_heads / key_heads)).
+    #[serde(default)]
+    pub tiled_value_heads: bool,
 }
 
 impl HybridConfig {
+    /// The key head value head `h` reads.
+    pub fn key_head_of(&self, h: usize) -> usize {
+        match self.tiled_value_heads {
+            true => h % self.key_heads,
+            false => h / (self.value_heads / self.key_heads),
+        }
+    }
     pub fn is_linear(&self, layer: usize) -> bool {
         self.linear_layers.get(layer).copied().unwrap_or(false)
     }
@@ -498,6 +510,9 @@ impl ModelConfig {
         };
         let cfg = ModelConfig {
             moe: moe_from_gguf(h, arch_s, cfg.num_layers)?,
+            hybrid: hybrid_from_gguf(h, arch, arch_s, cfg.num_layers)?,
+            // Qwen3.5's first layers are linear: the per-head norms are the arch's.
+            qk_norm: cfg.qk_norm || arch.is_hybrid(),
             ..cfg
         };
         cfg.validate()?;
@@ -779,6 +794,7 @@ impl HfLinear {
             value_heads: need(self.linear_num_value_heads, "linear_num_value_heads")?,
             key_head_dim: need(self.linear_key_head_dim, "linear_key_head_dim")?,
             value_head_dim: need(self.linear_value_head_dim, "linear_value_head_dim")?,
+            tiled_value_heads: false,
         }))
     }
 }
@@ -830,6 +846,45 @@ impl HfMoe {
                 .collect(),
         }))
     }
+}
+
+/// The linear layers of a GGUF file (llama.cpp's `qwen35` / `qwen35moe`): sizes from
+/// the `ssm.*` metadata (conv_kernel, state_size = key head dim, group_count = key
+/// heads, time_step_rank = value heads, inner_size = value dim), the linear layers from
+/// their `ssm_a` tensors, the value heads in the converter's tiled order.
+fn hybrid_from_gguf(
+    h: &GgufHeader,
+    arch: Arch,
+    arch_s: &str,
+    num_layers: usize,
+) -> Result<Option<HybridConfig>> {
+    if !arch.is_hybrid() {
+        return Ok(None);
+    }
+    let req = |k: &str| {
+        let key = format!("{arch_s}.ssm.{k}");
+        h.get_u64(&key)
+            .map(|v| v as usize)
+            .ok_or_else(|| Error::BadMetadata(format!("{key} missing or not an integer")))
+    };
+    let value_heads = req("time_step_rank")?;
+    let inner = req("inner_size")?;
+    if value_heads == 0 || !inner.is_multiple_of(value_heads) {
+        return Err(Error::BadMetadata(format!(
+            "{arch_s}.ssm.inner_size {inner} over {value_heads} value heads"
+        )));
+    }
+    Ok(Some(HybridConfig {
+        linear_layers: (0..num_layers)
+            .map(|i| h.tensor(&format!("blk.{i}.ssm_a")).is_some())
+            .collect(),
+        conv_kernel: req("conv_kernel")?,
+        key_heads: req("group_count")?,
+        value_heads,
+        key_head_dim: req("state_size")?,
+        value_head_dim: inner / value_heads,
+        tiled_value_heads: true,
+    }))
 }
 
 /// The experts of a GGUF file (llama.cpp's `qwen3moe`): counts from the metadata, the

@@ -89,7 +89,11 @@ pub fn load_gguf(bytes: &[u8]) -> Result<LoadedModel> {
         config.rope.scaling = RopeScaling::Factors(src.vector("rope_freqs.weight")?);
         config.validate()?;
     }
-    let weights = ModelWeights::load(config, &src, Naming::Gguf)?;
+    let mut weights = ModelWeights::load(config, &src, Naming::Gguf)?;
+    if weights.config.arch.has_attention_gate() {
+        // llama.cpp's converter already wrote the norms as 1 + w and A as -exp(A_log).
+        split_attention_gates(&mut weights);
+    }
     Ok(LoadedModel {
         weights,
         tokenizer,
@@ -283,10 +287,9 @@ fn load_hf_with(files: &HfFiles, full_precision: bool) -> Result<LoadedModel> {
 
 /// A Qwen3.5 checkpoint as the engine reads it: its zero-centred RMSNorm weights as
 /// `1 + w` (the gated norm of the linear layers is not zero-centred), `A_log` as the
-/// decay rate `-exp(A_log)`, q_proj's rows per head (query, gate) split into the
-/// queries and the gate projection.
+/// decay rate `-exp(A_log)` (what llama.cpp's converter writes), q_proj's gate rows split
+/// off.
 fn qwen35_from_hf(w: &mut ModelWeights) {
-    let hd = w.config.head_dim;
     let plus_one = |v: &mut Vec<f32>| v.iter_mut().for_each(|x| *x += 1.0);
     plus_one(&mut w.norm);
     for l in &mut w.layers {
@@ -298,21 +301,32 @@ fn qwen35_from_hf(w: &mut ModelWeights) {
                     .iter_mut()
                     .chain(a.k_norm.iter_mut())
                     .for_each(plus_one);
-                let heads = a.wq.rows / hd;
-                let rows = |first: usize| {
-                    let part: Vec<QuantMatrix> = (first..heads)
-                        .step_by(2)
-                        .map(|i| a.wq.row_range(i * hd, hd))
-                        .collect();
-                    QuantMatrix::stack_rows(&part.iter().collect::<Vec<_>>())
-                        .expect("rows of one matrix")
-                };
-                (a.wq, a.gate) = (rows(0), Some(rows(1)));
             }
             crate::weights::Mixer::DeltaNet(d) => {
                 d.decay.iter_mut().for_each(|x| *x = -x.exp());
             }
         }
+    }
+    split_attention_gates(w);
+}
+
+/// q_proj's rows per head (query, gate), as checkpoints and GGUF files of Qwen3.5 keep
+/// them, split into the queries and the gate projection.
+fn split_attention_gates(w: &mut ModelWeights) {
+    let hd = w.config.head_dim;
+    for l in &mut w.layers {
+        let crate::weights::Mixer::Attention(a) = &mut l.mixer else {
+            continue;
+        };
+        let heads = a.wq.rows / hd;
+        let rows = |first: usize| {
+            let part: Vec<QuantMatrix> = (first..heads)
+                .step_by(2)
+                .map(|i| a.wq.row_range(i * hd, hd))
+                .collect();
+            QuantMatrix::stack_rows(&part.iter().collect::<Vec<_>>()).expect("rows of one matrix")
+        };
+        (a.wq, a.gate) = (rows(0), Some(rows(1)));
     }
 }
 
@@ -471,7 +485,10 @@ pub fn load_gguf_parts<R: std::io::Read>(
         stream_part(stream.as_mut().expect("set above"), reader, &name)?;
     }
     let stream = stream.ok_or_else(|| Error::NotAModel("no GGUF file".into()))?;
-    let (streamed, HostSink) = stream.finish()?;
+    let (mut streamed, HostSink) = stream.finish()?;
+    if streamed.weights.config.arch.has_attention_gate() {
+        split_attention_gates(&mut streamed.weights);
+    }
     Ok(LoadedModel {
         weights: streamed.weights,
         tokenizer: streamed.tokenizer,

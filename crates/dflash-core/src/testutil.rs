@@ -127,6 +127,7 @@ pub fn tiny_config(arch: Arch) -> ModelConfig {
             value_heads: 4,
             key_head_dim: 16,
             value_head_dim: 16,
+            tiled_value_heads: false,
         }),
     }
 }
@@ -169,34 +170,100 @@ pub fn random_weights(c: &ModelConfig, seed: u64) -> BTreeMap<String, (Vec<usize
             1.0,
             &mut rng,
         );
-        put(
-            format!("blk.{i}.attn_q.weight"),
-            vec![q, h],
-            2.0 * s(h),
-            0.0,
-            &mut rng,
-        );
-        put(
-            format!("blk.{i}.attn_k.weight"),
-            vec![kv, h],
-            2.0 * s(h),
-            0.0,
-            &mut rng,
-        );
-        put(
-            format!("blk.{i}.attn_v.weight"),
-            vec![kv, h],
-            s(h),
-            0.0,
-            &mut rng,
-        );
-        put(
-            format!("blk.{i}.attn_output.weight"),
-            vec![h, q],
-            s(q),
-            0.0,
-            &mut rng,
-        );
+        match c.hybrid.as_ref().filter(|hy| hy.is_linear(i)) {
+            Some(hy) => {
+                // Hugging Face's values (A_log, grouped value heads) under llama.cpp's
+                // names; write_gguf converts them as its converter does.
+                let (cd, vd, nv, k) = (
+                    hy.conv_dim(),
+                    hy.value_dim(),
+                    hy.value_heads,
+                    hy.conv_kernel,
+                );
+                put(
+                    format!("blk.{i}.attn_qkv.weight"),
+                    vec![cd, h],
+                    2.0 * s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.attn_gate.weight"),
+                    vec![vd, h],
+                    s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.ssm_beta.weight"),
+                    vec![nv, h],
+                    s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.ssm_alpha.weight"),
+                    vec![nv, h],
+                    s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.ssm_conv1d.weight"),
+                    vec![cd, k],
+                    0.5,
+                    0.0,
+                    &mut rng,
+                );
+                put(format!("blk.{i}.ssm_dt.bias"), vec![nv], 0.5, 0.0, &mut rng);
+                put(format!("blk.{i}.ssm_a"), vec![nv], 0.5, 1.0, &mut rng);
+                put(
+                    format!("blk.{i}.ssm_norm.weight"),
+                    vec![hy.value_head_dim],
+                    0.2,
+                    1.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.ssm_out.weight"),
+                    vec![h, vd],
+                    s(vd),
+                    0.0,
+                    &mut rng,
+                );
+            }
+            None => {
+                put(
+                    format!("blk.{i}.attn_q.weight"),
+                    // With an output gate each head's query rows, then its gate rows.
+                    vec![q * (1 + c.arch.has_attention_gate() as usize), h],
+                    2.0 * s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.attn_k.weight"),
+                    vec![kv, h],
+                    2.0 * s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.attn_v.weight"),
+                    vec![kv, h],
+                    s(h),
+                    0.0,
+                    &mut rng,
+                );
+                put(
+                    format!("blk.{i}.attn_output.weight"),
+                    vec![h, q],
+                    s(q),
+                    0.0,
+                    &mut rng,
+                );
+            }
+        }
         match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
             Some(m) => {
                 let (e, eff) = (m.num_experts, m.expert_intermediate_size);
@@ -258,7 +325,7 @@ pub fn random_weights(c: &ModelConfig, seed: u64) -> BTreeMap<String, (Vec<usize
             put(format!("blk.{i}.attn_k.bias"), vec![kv], 0.3, 0.0, &mut rng);
             put(format!("blk.{i}.attn_v.bias"), vec![kv], 0.3, 0.0, &mut rng);
         }
-        if c.qk_norm {
+        if c.qk_norm && !c.hybrid.as_ref().is_some_and(|hy| hy.is_linear(i)) {
             put(
                 format!("blk.{i}.attn_q_norm.weight"),
                 vec![c.head_dim],
@@ -335,8 +402,17 @@ pub fn gguf_metadata(c: &ModelConfig) -> Vec<(String, Value)> {
     let voc = tiny_vocab();
     let u = |v: usize| Value::U32(v as u32);
     let mut moe = Vec::new();
+    if let Some(hy) = &c.hybrid {
+        moe.extend([
+            (format!("{a}.ssm.conv_kernel"), u(hy.conv_kernel)),
+            (format!("{a}.ssm.state_size"), u(hy.key_head_dim)),
+            (format!("{a}.ssm.group_count"), u(hy.key_heads)),
+            (format!("{a}.ssm.time_step_rank"), u(hy.value_heads)),
+            (format!("{a}.ssm.inner_size"), u(hy.value_dim())),
+        ]);
+    }
     if let Some(m) = &c.moe {
-        moe = vec![
+        moe.extend([
             (format!("{a}.expert_count"), u(m.num_experts)),
             (format!("{a}.expert_used_count"), u(m.experts_per_token)),
             (
@@ -347,7 +423,7 @@ pub fn gguf_metadata(c: &ModelConfig) -> Vec<(String, Value)> {
                 format!("{a}.expert_weights_norm"),
                 Value::Bool(m.norm_topk_prob),
             ),
-        ];
+        ]);
     }
     moe.into_iter()
         .chain([
@@ -419,7 +495,12 @@ pub fn write_gguf(
             };
             vals = permute_qk(&vals, shape[0], shape[1], heads);
         }
-        let t = if shape.len() >= 2 {
+        if let Some(hy) = &c.hybrid {
+            vals = qwen35_to_gguf(hy, name, shape, vals);
+        }
+        // Tensors whose rows are no whole number of blocks stay F32, as llama.cpp keeps
+        // them (the convolution's taps).
+        let t = if shape.len() >= 2 && shape[shape.len() - 1].is_multiple_of(32) {
             matrix_type
         } else {
             GgmlType::F32
@@ -437,6 +518,10 @@ pub fn write_gguf(
 /// A tensor by GGUF name as Hugging Face writes it: an expert stack
 /// (`blk.N.ffn_*_exps.weight`, `[experts, rows, cols]`) as one tensor per expert.
 fn hf_tensors(gguf: &str, shape: &[usize], v: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    if let Some((i, hf, hf_shape)) = hf_linear_name(gguf, shape) {
+        let name = format!("model.layers.{i}.linear_attn.{hf}");
+        return vec![(name, hf_shape, v.to_vec())];
+    }
     let Some(rest) = gguf
         .strip_suffix("_exps.weight")
         .and_then(|r| r.strip_prefix("blk."))
@@ -455,6 +540,81 @@ fn hf_tensors(gguf: &str, shape: &[usize], v: &[f32]) -> Vec<(String, Vec<usize>
             )
         })
         .collect()
+}
+
+/// What llama.cpp's converter does to a Qwen3.5 tensor (Hugging Face's values): the
+/// zero-centred norms as 1 + w (not the linear layers' gated norm), A_log as
+/// -exp(A_log), the value heads from grouped by key head to tiled order (rows of the
+/// v part of qkv, of z, b, a, of the convolution's v channels; dt and A; out's columns).
+fn qwen35_to_gguf(
+    hy: &crate::config::HybridConfig,
+    name: &str,
+    shape: &[usize],
+    v: Vec<f32>,
+) -> Vec<f32> {
+    let (nk, nv, dv) = (hy.key_heads, hy.value_heads, hy.value_head_dim);
+    let r = nv / nk;
+    // Grouped head g * r + j goes to tiled position j * nk + g.
+    let tiled = |h: usize| (h % r) * nk + h / r;
+    let cols = shape.get(1).copied().unwrap_or(1);
+    // Rows [first, first + nv * per) as value heads of `per` rows each.
+    let reorder_rows = |v: &mut Vec<f32>, first: usize, per: usize| {
+        let old = v.clone();
+        for h in 0..nv {
+            let (src, dst) = (first + h * per, first + tiled(h) * per);
+            v[dst * cols..(dst + per) * cols].copy_from_slice(&old[src * cols..(src + per) * cols]);
+        }
+    };
+    let mut v = v;
+    let what = name.split_once('.').map_or(name, |x| x.1);
+    let what = what.split_once('.').map_or(what, |x| x.1);
+    match what {
+        "attn_norm.weight" | "ffn_norm.weight" | "attn_q_norm.weight" | "attn_k_norm.weight" => {
+            v.iter_mut().for_each(|x| *x += 1.0)
+        }
+        _ if name == "output_norm.weight" => v.iter_mut().for_each(|x| *x += 1.0),
+        "attn_qkv.weight" | "ssm_conv1d.weight" => reorder_rows(&mut v, 2 * hy.key_dim(), dv),
+        "attn_gate.weight" => reorder_rows(&mut v, 0, dv),
+        "ssm_beta.weight" | "ssm_alpha.weight" | "ssm_dt.bias" => reorder_rows(&mut v, 0, 1),
+        "ssm_a" => {
+            reorder_rows(&mut v, 0, 1);
+            v.iter_mut().for_each(|x| *x = -x.exp());
+        }
+        "ssm_out.weight" => {
+            let old = v.clone();
+            for row in 0..shape[0] {
+                for h in 0..nv {
+                    let (src, dst) = (row * cols + h * dv, row * cols + tiled(h) * dv);
+                    v[dst..dst + dv].copy_from_slice(&old[src..src + dv]);
+                }
+            }
+        }
+        _ => {}
+    }
+    v
+}
+
+/// A Gated DeltaNet tensor's Hugging Face name (under `linear_attn.`) and shape.
+fn hf_linear_name(gguf: &str, shape: &[usize]) -> Option<(usize, &'static str, Vec<usize>)> {
+    let rest = gguf.strip_prefix("blk.")?;
+    let (i, what) = rest.split_once('.')?;
+    let hf = match what {
+        "attn_qkv.weight" => "in_proj_qkv.weight",
+        "attn_gate.weight" => "in_proj_z.weight",
+        "ssm_beta.weight" => "in_proj_b.weight",
+        "ssm_alpha.weight" => "in_proj_a.weight",
+        "ssm_conv1d.weight" => "conv1d.weight",
+        "ssm_dt.bias" => "dt_bias",
+        "ssm_a" => "A_log",
+        "ssm_norm.weight" => "norm.weight",
+        "ssm_out.weight" => "out_proj.weight",
+        _ => return None,
+    };
+    let shape = match what {
+        "ssm_conv1d.weight" => vec![shape[0], 1, shape[1]],
+        _ => shape.to_vec(),
+    };
+    Some((i.parse().ok()?, hf, shape))
 }
 
 fn hf_name(gguf: &str) -> String {
@@ -567,6 +727,24 @@ pub fn write_hf(
         "tie_word_embeddings": c.tie_word_embeddings,
         "eos_token_id": voc.eos, "bos_token_id": voc.bos,
     });
+    if let Some(hy) = &c.hybrid {
+        let types: Vec<&str> = (0..c.num_layers)
+            .map(|i| match hy.is_linear(i) {
+                true => "linear_attention",
+                false => "full_attention",
+            })
+            .collect();
+        let fields = serde_json::json!({
+            "layer_types": types, "linear_conv_kernel_dim": hy.conv_kernel,
+            "linear_num_key_heads": hy.key_heads, "linear_num_value_heads": hy.value_heads,
+            "linear_key_head_dim": hy.key_head_dim, "linear_value_head_dim": hy.value_head_dim,
+            "partial_rotary_factor": c.rope.dim as f64 / c.head_dim as f64,
+        });
+        config
+            .as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+    }
     if let Some(m) = &c.moe {
         let dense: Vec<usize> = (0..c.num_layers).filter(|&i| !m.is_sparse(i)).collect();
         let fields = serde_json::json!({

@@ -341,3 +341,59 @@ fn dflash_on_a_hybrid_target_equals_plain_decoding() {
         }
     }
 }
+
+/// A Qwen3.5 model as llama.cpp's converter writes it (norms as 1 + w, A as -exp(A_log),
+/// the value heads in tiled order; testutil::write_gguf does what the converter does)
+/// and as transformers saves it: the same config but the value heads' order, the same
+/// logits up to summation order (value heads of 32 dims: a head's out_proj columns are
+/// one quantization group, so the reordered columns repack to the same values), and the
+/// whole-file and streamed GGUF loads the same bits.
+#[test]
+fn gguf_and_hf_copies_of_a_hybrid_model_agree() {
+    let max_diff = |a: &[f32], b: &[f32]| {
+        let range = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let d = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        d / range.max(1.0)
+    };
+    let logits = |m: &dflash_core::model_files::LoadedModel| {
+        let cpu = CpuModel::new(&m.weights);
+        let mut cache = cpu.new_cache(32);
+        let t = [104, 101, 108, 108, 111, 32, 119, 9];
+        cpu.forward(&t, &mut cache, LogitRows::All, &[])
+            .unwrap()
+            .logits
+    };
+    for arch in [Arch::Qwen35, Arch::Qwen35Moe] {
+        let mut c = tiny_config(arch);
+        c.hybrid.as_mut().unwrap().value_head_dim = 32;
+        let w = random_weights(&c, 13);
+        let file = write_gguf(&c, &w, GgmlType::F32);
+        let g = load_gguf(&file).unwrap();
+        let h = hf(&write_hf(&c, &w, Dtype::F32, 1)).unwrap();
+        let (gh, hh) = (
+            g.config().hybrid.clone().unwrap(),
+            h.config().hybrid.clone().unwrap(),
+        );
+        assert!(gh.tiled_value_heads && !hh.tiled_value_heads, "{arch:?}");
+        let untiled = dflash_core::config::HybridConfig {
+            tiled_value_heads: false,
+            ..gh
+        };
+        assert_eq!(untiled, hh, "{arch:?}");
+        let d = max_diff(&logits(&h), &logits(&g));
+        assert!(
+            d < 2e-2,
+            "{arch:?}: GGUF vs HF logits differ by {d} of the range"
+        );
+        let path =
+            std::env::temp_dir().join(format!("dflash-{arch:?}-{}.gguf", std::process::id()));
+        std::fs::write(&path, &file).unwrap();
+        let streamed = dflash_core::model_files::load_path(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(logits(&streamed), logits(&g), "{arch:?}: streamed");
+    }
+}

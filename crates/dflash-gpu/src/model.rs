@@ -325,6 +325,7 @@ fn delta_net_shape(c: &ModelConfig) -> Option<ops::DeltaNetShape> {
         key_head_dim: h.key_head_dim,
         value_head_dim: h.value_head_dim,
         eps: c.rms_norm_eps,
+        tiled: h.tiled_value_heads,
     })
 }
 

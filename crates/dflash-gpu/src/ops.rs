@@ -1516,6 +1516,8 @@ pub struct DeltaNetShape {
     pub key_head_dim: usize,
     pub value_head_dim: usize,
     pub eps: f32,
+    /// Value heads in llama.cpp's tiled order (`HybridConfig::tiled_value_heads`).
+    pub tiled: bool,
 }
 
 impl DeltaNetShape {
@@ -1538,7 +1540,7 @@ pub struct DeltaNetParams {
     pub key_head_dim: u32,
     pub value_head_dim: u32,
     pub eps: f32,
-    pub pad0: u32,
+    pub tiled: u32,
     pub pad1: u32,
     pub pad2: u32,
 }
@@ -1587,6 +1589,7 @@ pub fn delta_net(
         key_head_dim: s.key_head_dim as u32,
         value_head_dim: s.value_head_dim as u32,
         eps: s.eps,
+        tiled: s.tiled as u32,
         ..Default::default()
     };
     let kernel = |entry| Kernel::new(Shader::DeltaNet, entry).with("REPLAY", replay as u8 as f64);

@@ -125,6 +125,13 @@ impl StreamLoader {
             },
             sink,
         ) = self.stream.finish()?;
+        if weights.config.arch.has_attention_gate() {
+            // Its q_proj's per-head gate rows are split from the queries on the host.
+            return Err(GpuError::Unsupported(format!(
+                "a {} GGUF streamed to the GPU: load it on the host first",
+                weights.config.arch.model_type()
+            )));
+        }
         let model = GpuModel::from_gpu_weights(sink.ctx, weights, opts)?;
         Ok(StreamedModel {
             model,

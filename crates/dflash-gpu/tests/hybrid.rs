@@ -122,3 +122,21 @@ fn dflash_on_a_hybrid_target_equals_plain_decoding() {
         common::assert_dflash_lossless(&ctx, &m, 1, &tokens(9, m.config().vocab_size - 1, 6));
     }
 }
+
+/// A GGUF hybrid (llama.cpp's layout: value heads tiled, so head h reads key head
+/// h mod key_heads) on the GPU against the CPU reference of the same file.
+#[test]
+fn a_gguf_hybrid_with_tiled_value_heads_matches_the_cpu_reference() {
+    use dflash_core::config::Arch;
+    use dflash_core::formats::ggml::GgmlType;
+    use dflash_core::testutil::{random_weights, tiny_config, write_gguf};
+    let c = tiny_config(Arch::Qwen35);
+    let m = dflash_core::model_files::load_gguf(&write_gguf(
+        &c,
+        &random_weights(&c, 14),
+        GgmlType::Q8_0,
+    ))
+    .unwrap();
+    assert!(m.config().hybrid.as_ref().unwrap().tiled_value_heads);
+    logits_match(&m);
+}

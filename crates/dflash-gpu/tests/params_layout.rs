@@ -52,7 +52,7 @@ fn gemv_params_match_the_wgsl_struct() {
 #[test]
 fn delta_net_params_match_the_wgsl_struct() {
     assert_layout!(Shader::DeltaNet, "Params", DeltaNetParams; n_rows, conv_dim, kernel,
-        proj_stride, key_heads, value_heads, key_head_dim, value_head_dim, eps, pad0, pad1,
+        proj_stride, key_heads, value_heads, key_head_dim, value_head_dim, eps, tiled, pad1,
         pad2);
 }
 

@@ -134,9 +134,8 @@ impl CpuDeltaNet {
     fn recur(&self, mixed: &[f32], (b, a): (&[f32], &[f32]), s: &mut [f32], out: &mut [f32]) {
         let c = &self.shape;
         let (dk, dv, kd) = (c.key_head_dim, c.value_head_dim, c.key_dim());
-        let per_key = c.value_heads / c.key_heads;
         for h in 0..c.value_heads {
-            let kh = h / per_key;
+            let kh = c.key_head_of(h);
             let mut q = mixed[kh * dk..(kh + 1) * dk].to_vec();
             let mut k = mixed[kd + kh * dk..kd + (kh + 1) * dk].to_vec();
             let v = &mixed[2 * kd + h * dv..2 * kd + (h + 1) * dv];

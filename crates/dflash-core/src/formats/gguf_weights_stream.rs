@@ -163,8 +163,11 @@ impl<S: TensorSink> WeightStream<S> {
 
     fn take(&mut self, t: StreamTensor) -> Result<(), S::Error> {
         let info = &t.info;
+        // A 2-D tensor whose rows are no whole number of weight groups is a vector of
+        // its values (a convolution's taps, `ssm_conv1d`).
+        let matrix = matches!(info.dims.len(), 2 | 3) && info.dims[0].is_multiple_of(32);
         match info.dims.len() {
-            2 | 3 => {
+            _ if matrix => {
                 let (rows, cols) = info.matrix_shape().expect("2 or 3 dims");
                 let m = QuantMatrix::from_ggml(&info.name, info.dtype, &t.bytes, rows, cols)?;
                 let m = match info.dims.get(2) {
@@ -173,7 +176,7 @@ impl<S: TensorSink> WeightStream<S> {
                 };
                 self.matrices.insert(info.name.clone(), m);
             }
-            1 => {
+            1..=3 => {
                 if !info.dtype.is_supported() {
                     return Err(Error::UnsupportedTensorType {
                         tensor: info.name.clone(),
