@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// qwen2.5-32b; test-tiny). No tokenizer: prompts are random token ids.
     #[arg(long)]
     synthetic: Option<String>,
+    /// With --synthetic: only the shape's first N layers (per-layer costs, such as a
+    /// verify pass against one row, of a model too large for the device).
+    #[arg(long, requires = "synthetic")]
+    synthetic_layers: Option<usize>,
     /// Prompt length for the prefill measurement (with --synthetic and --drafter: the
     /// length of each random prompt).
     #[arg(long, default_value_t = 128)]
@@ -248,6 +252,15 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             ))
         })?),
         None => None,
+    };
+    let synthetic = match (synthetic, a.synthetic_layers) {
+        (Some(s), Some(n)) => Some(s.first_layers(n).ok_or_else(|| {
+            CliError::Usage(format!(
+                "--synthetic-layers {n}: the shape has {} layers",
+                s.config.num_layers
+            ))
+        })?),
+        (s, _) => s,
     };
     if synthetic.is_some() {
         if a.prompts.is_some() {

@@ -616,6 +616,29 @@ pub fn spec(name: &str) -> Option<SyntheticSpec> {
 }
 
 impl SyntheticSpec {
+    /// The shape with only its first `n` layers (the drafter tapping them as z-lab's
+    /// rule places taps over `n`): a model too large for the device whose per-layer
+    /// costs (a verify pass against one row) are what is measured. None when `n` is 0 or
+    /// more than the layers.
+    pub fn first_layers(&self, n: usize) -> Option<Self> {
+        let mut s = self.clone();
+        if n == 0 || n > s.config.num_layers {
+            return None;
+        }
+        s.config.num_layers = n;
+        if let Some(m) = s.config.moe.as_mut() {
+            m.sparse_layers.truncate(n);
+        }
+        if let Some(h) = s.config.hybrid.as_mut() {
+            h.linear_layers.truncate(n);
+        }
+        s.drafter.num_target_layers = n;
+        s.drafter.target_layer_ids =
+            DrafterConfig::default_target_layer_ids(s.drafter.num_layers, n);
+        s.name = format!("{} (first {n} layers)", s.name);
+        Some(s)
+    }
+
     /// A target and its drafter read from their `config.json` texts, each checked and
     /// the drafter against the target, their weights in the formats of a Q4_K_M GGUF as
     /// the loader repacks it (what `dflash plan` sizes published pairs by).
@@ -682,6 +705,11 @@ mod tests {
         let l0 = moe.layer(0);
         assert_eq!((l0.w_gate.rows, l0.w_gate.parts), (128 * 768, 128));
         assert_eq!(l0.router.map(|r| r.rows), Some(128));
+        let two = moe.first_layers(2).unwrap();
+        assert_eq!((two.config.num_layers, two.drafter.num_target_layers), (2, 2));
+        two.config.validate().unwrap();
+        two.drafter.validate_against(&two.config).unwrap();
+        assert!(moe.first_layers(0).is_none() && moe.first_layers(49).is_none());
         let hy = spec("qwen3.5-9b").unwrap();
         let h = hy.config.hybrid.as_ref().unwrap();
         assert_eq!(h.linear_layers.iter().filter(|&&l| l).count(), 24);

@@ -118,7 +118,7 @@ fn dflash_on_a_hybrid_target_equals_plain_decoding() {
     if let Some(ctx) = common::contexts().pop() {
         common::assert_dflash_lossless(&ctx, &moe, 1, &tokens(9, 127, 7));
     }
-    for ctx in common::contexts() {
+    if let Some(ctx) = common::contexts().into_iter().next() {
         common::assert_dflash_lossless(&ctx, &m, 1, &tokens(9, m.config().vocab_size - 1, 6));
     }
 }

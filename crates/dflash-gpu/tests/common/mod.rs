@@ -85,8 +85,8 @@ pub fn assert_batch_invariant(g: &mut dflash_gpu::GpuModel, toks: &[u32], prefil
 }
 
 /// A random z-lab drafter of `layers` layers over `t` on the GPU: speculative output
-/// equals plain decoding (16 tokens after `prompt`) token for token at blocks 1, 4, 16
-/// and auto, greedy and seeded T = 0.8.
+/// equals plain decoding (16 tokens after `prompt`) token for token at blocks 1, 2, 4,
+/// 8, 16 and auto, greedy and seeded T = 0.8.
 pub fn assert_dflash_lossless(
     ctx: &Rc<GpuContext>,
     t: &dflash_core::model_files::LoadedModel,
@@ -150,7 +150,7 @@ pub fn assert_dflash_lossless(
                 next = plain.step_with(&[next], head).unwrap()[0];
             }
         }
-        let blocks = [1, 4, 16].map(BlockSize::Fixed);
+        let blocks = [1, 2, 4, 8, 16].map(BlockSize::Fixed);
         for b in blocks.into_iter().chain([BlockSize::auto_linear(16, 0.05)]) {
             let req = GenerateRequest {
                 prompt_ids: prompt.to_vec(),
