@@ -706,7 +706,10 @@ mod tests {
         assert_eq!((l0.w_gate.rows, l0.w_gate.parts), (128 * 768, 128));
         assert_eq!(l0.router.map(|r| r.rows), Some(128));
         let two = moe.first_layers(2).unwrap();
-        assert_eq!((two.config.num_layers, two.drafter.num_target_layers), (2, 2));
+        assert_eq!(
+            (two.config.num_layers, two.drafter.num_target_layers),
+            (2, 2)
+        );
         two.config.validate().unwrap();
         two.drafter.validate_against(&two.config).unwrap();
         assert!(moe.first_layers(0).is_none() && moe.first_layers(49).is_none());
