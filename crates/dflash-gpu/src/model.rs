@@ -773,13 +773,10 @@ impl GpuModel {
     pub(crate) fn state_rollback(&self, before: bool) -> Result<Vec<Dispatch>> {
         let (ctx, bufs) = (&*self.ctx, self.layer_buffers());
         let mut d = Vec::new();
-        for (dn, lb) in self
-            .layers
-            .iter()
-            .filter_map(|l| l.delta_net.as_ref())
-            .zip(std::iter::repeat(&bufs.linear))
-        {
-            let lb = lb.as_ref().expect("a hybrid model's work rows");
+        let (Some(lb), true) = (&bufs.linear, self.is_hybrid()) else {
+            return Ok(d);
+        };
+        for dn in self.layers.iter().filter_map(|l| l.delta_net.as_ref()) {
             let b = dn.buffers(lb);
             d.push(ops::delta_net_states(ctx, &dn.shape, &b, !before)?);
             if !before {

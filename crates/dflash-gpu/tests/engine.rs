@@ -6,7 +6,7 @@ use dflash_core::config::Arch;
 use dflash_core::cpu::{CpuModel, LogitRows};
 use dflash_core::formats::ggml::GgmlType;
 use dflash_core::model_files::load_gguf;
-use dflash_core::testutil::{random_weights, tiny_config, write_gguf, Rng};
+use dflash_core::testutil::{random_weights, tiny_config, write_gguf};
 use dflash_core::weights::ModelWeights;
 use dflash_gpu::{GpuModel, GpuModelOptions, GpuOptions};
 mod common;
@@ -19,10 +19,7 @@ fn tiny(arch: Arch, t: GgmlType, seed: u64) -> ModelWeights {
         .weights
 }
 
-fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut r = Rng(seed);
-    (0..n).map(|_| r.below(vocab) as u32).collect()
-}
+use common::tokens;
 
 #[test]
 fn logits_match_the_cpu_reference() {

@@ -7,7 +7,6 @@
 
 use dflash_core::cpu::{CpuModel, LogitRows};
 use dflash_core::model_files::{load_path, LoadedModel};
-use dflash_core::testutil::Rng;
 use dflash_gpu::{GpuError, GpuModel, GpuModelOptions};
 use std::path::Path;
 mod common;
@@ -21,10 +20,7 @@ fn hybrid() -> LoadedModel {
     fixture("qwen3_5")
 }
 
-fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut r = Rng(seed);
-    (0..n).map(|_| r.below(vocab) as u32).collect()
-}
+use common::tokens;
 
 fn opts(context: usize) -> GpuModelOptions {
     GpuModelOptions {

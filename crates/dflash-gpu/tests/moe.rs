@@ -7,7 +7,7 @@ use dflash_core::config::Arch;
 use dflash_core::cpu::{CpuModel, LogitRows};
 use dflash_core::formats::ggml::GgmlType;
 use dflash_core::model_files::load_gguf;
-use dflash_core::testutil::{random_weights, tiny_config, write_gguf, Rng};
+use dflash_core::testutil::{random_weights, tiny_config, write_gguf};
 use dflash_core::weights::ModelWeights;
 use dflash_gpu::{GpuModel, GpuModelOptions};
 mod common;
@@ -19,10 +19,7 @@ fn tiny_moe(t: GgmlType, seed: u64) -> (ModelWeights, Vec<u8>) {
     (load_gguf(&file).unwrap().weights, file)
 }
 
-fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut r = Rng(seed);
-    (0..n).map(|_| r.below(vocab) as u32).collect()
-}
+use common::tokens;
 
 /// Logits of 12 rows in one pass and the taps after layers 0 (sparse) and 2 (sparse,
 /// the last: after the final norm) equal the CPU reference's within the dense models'

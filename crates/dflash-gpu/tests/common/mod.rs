@@ -167,3 +167,9 @@ pub fn assert_dflash_lossless(
         }
     }
 }
+
+/// `n` random token ids below `vocab`, seeded.
+pub fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut r = dflash_core::testutil::Rng(seed);
+    (0..n).map(|_| r.below(vocab) as u32).collect()
+}
