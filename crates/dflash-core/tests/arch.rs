@@ -397,3 +397,53 @@ fn gguf_and_hf_copies_of_a_hybrid_model_agree() {
         assert_eq!(logits(&streamed), logits(&g), "{arch:?}: streamed");
     }
 }
+
+/// A multimodal checkpoint as transformers saves Qwen3_5ForConditionalGeneration: the
+/// text model's config under `text_config`, its tensors under `model.language_model.`,
+/// a vision tower beside them: the text model loads as the text-only checkpoint does
+/// (the same config and logits), the vision tower unread.
+#[test]
+fn a_multimodal_hybrid_checkpoint_loads_its_text_model() {
+    let (model, _) = fixture("qwen3_5");
+    let read = |f: &str| std::fs::read(model.join(f)).unwrap();
+    let text_cfg: serde_json::Value = serde_json::from_slice(&read("config.json")).unwrap();
+    let st_bytes = read("model.safetensors");
+    let st = safetensors::SafeTensors::deserialize(&st_bytes).unwrap();
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let n = n.replacen("model.", "model.language_model.", 1);
+            (n, t.dtype(), t.shape().to_vec(), t.data().to_vec())
+        })
+        .collect();
+    tensors.push((
+        "model.visual.patch_embed.proj.weight".into(),
+        Dtype::F32,
+        vec![2, 3],
+        vec![0; 24],
+    ));
+    let config = serde_json::json!({
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text_cfg,
+        "vision_config": {"depth": 1},
+        "tie_word_embeddings": false,
+    });
+    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    files.insert("config.json".into(), config.to_string().into_bytes());
+    files.insert("tokenizer.json".into(), read("tokenizer.json"));
+    let st = dflash_core::formats::hf::write_safetensors(&tensors);
+    files.insert("model.safetensors".into(), st);
+    let multi = hf(&files).unwrap();
+    let text = dflash_core::model_files::load_path(&model).unwrap();
+    assert_eq!(multi.config(), text.config());
+    let logits = |m: &dflash_core::model_files::LoadedModel| {
+        let cpu = CpuModel::new(&m.weights);
+        let mut cache = cpu.new_cache(16);
+        cpu.forward(&[1, 2, 3, 4], &mut cache, LogitRows::All, &[])
+            .unwrap()
+            .logits
+    };
+    assert_eq!(logits(&multi), logits(&text));
+}

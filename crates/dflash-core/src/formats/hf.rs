@@ -192,6 +192,19 @@ impl<'a> SafeTensorsSource<'a> {
                 }
             }
         }
+        // A multimodal checkpoint (Qwen3.5's ForConditionalGeneration) keeps the text
+        // model under `model.language_model.`: read as `model.` (the vision tower, under
+        // `model.visual.`, is not loaded).
+        let aliases: Vec<(String, Entry)> = entries
+            .iter()
+            .filter_map(|(name, e)| {
+                let rest = name.strip_prefix("model.language_model.")?;
+                Some((format!("model.{rest}"), e.clone()))
+            })
+            .collect();
+        for (name, e) in aliases {
+            entries.entry(name).or_insert(e);
+        }
         Ok(SafeTensorsSource {
             files,
             entries,
