@@ -159,6 +159,9 @@ fn main() {
 pub fn load(path: &std::path::Path) -> Result<(LoadedModel, f64), CliError> {
     let t = Instant::now();
     let m = load_path(path)?;
+    for n in &m.notes {
+        eprintln!("note: {n}");
+    }
     Ok((m, t.elapsed().as_secs_f64()))
 }
 

@@ -17,6 +17,9 @@ pub struct LoadedModel {
     pub chat_template: Option<ChatTemplate>,
     /// "gguf" or "hf".
     pub format: &'static str,
+    /// What of the file was left out (a multimodal checkpoint's vision tower), for the
+    /// host to tell the user.
+    pub notes: Vec<String>,
 }
 
 impl LoadedModel {
@@ -99,6 +102,7 @@ pub fn load_gguf(bytes: &[u8]) -> Result<LoadedModel> {
         tokenizer,
         chat_template,
         format: "gguf",
+        notes: vec![],
     })
 }
 
@@ -277,11 +281,16 @@ fn load_hf_with(files: &HfFiles, full_precision: bool) -> Result<LoadedModel> {
     if weights.config.arch.is_hybrid() {
         qwen35_from_hf(&mut weights);
     }
+    let notes = match cfg_json.get("vision_config") {
+        Some(_) => vec!["the checkpoint's vision tower is not loaded: text only".into()],
+        None => vec![],
+    };
     Ok(LoadedModel {
         weights,
         tokenizer,
         chat_template,
         format: "hf",
+        notes,
     })
 }
 
@@ -494,6 +503,7 @@ pub fn load_gguf_parts<R: std::io::Read>(
         tokenizer: streamed.tokenizer,
         chat_template: streamed.chat_template,
         format: "gguf",
+        notes: vec![],
     })
 }
 

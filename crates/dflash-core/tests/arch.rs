@@ -436,7 +436,9 @@ fn a_multimodal_hybrid_checkpoint_loads_its_text_model() {
     let st = dflash_core::formats::hf::write_safetensors(&tensors);
     files.insert("model.safetensors".into(), st);
     let multi = hf(&files).unwrap();
+    assert!(multi.notes[0].contains("vision tower"), "{:?}", multi.notes);
     let text = dflash_core::model_files::load_path(&model).unwrap();
+    assert!(text.notes.is_empty());
     assert_eq!(multi.config(), text.config());
     let logits = |m: &dflash_core::model_files::LoadedModel| {
         let cpu = CpuModel::new(&m.weights);
