@@ -518,9 +518,10 @@ pub fn write_gguf(
 /// A tensor by GGUF name as Hugging Face writes it: an expert stack
 /// (`blk.N.ffn_*_exps.weight`, `[experts, rows, cols]`) as one tensor per expert.
 fn hf_tensors(gguf: &str, shape: &[usize], v: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    if let Some((i, hf, hf_shape)) = hf_linear_name(gguf, shape) {
-        let name = format!("model.layers.{i}.linear_attn.{hf}");
-        return vec![(name, hf_shape, v.to_vec())];
+    if gguf.ends_with(".ssm_conv1d.weight") {
+        // Hugging Face keeps the convolution as [channels, 1, kernel].
+        let shape = vec![shape[0], 1, shape[1]];
+        return vec![(hf_name(gguf), shape, v.to_vec())];
     }
     let Some(rest) = gguf
         .strip_suffix("_exps.weight")
@@ -592,29 +593,6 @@ fn qwen35_to_gguf(
         _ => {}
     }
     v
-}
-
-/// A Gated DeltaNet tensor's Hugging Face name (under `linear_attn.`) and shape.
-fn hf_linear_name(gguf: &str, shape: &[usize]) -> Option<(usize, &'static str, Vec<usize>)> {
-    let rest = gguf.strip_prefix("blk.")?;
-    let (i, what) = rest.split_once('.')?;
-    let hf = match what {
-        "attn_qkv.weight" => "in_proj_qkv.weight",
-        "attn_gate.weight" => "in_proj_z.weight",
-        "ssm_beta.weight" => "in_proj_b.weight",
-        "ssm_alpha.weight" => "in_proj_a.weight",
-        "ssm_conv1d.weight" => "conv1d.weight",
-        "ssm_dt.bias" => "dt_bias",
-        "ssm_a" => "A_log",
-        "ssm_norm.weight" => "norm.weight",
-        "ssm_out.weight" => "out_proj.weight",
-        _ => return None,
-    };
-    let shape = match what {
-        "ssm_conv1d.weight" => vec![shape[0], 1, shape[1]],
-        _ => shape.to_vec(),
-    };
-    Some((i.parse().ok()?, hf, shape))
 }
 
 fn hf_name(gguf: &str) -> String {

@@ -102,6 +102,19 @@ impl Naming {
                     "ffn_up.weight" => "mlp.up_proj.weight",
                     "ffn_down.weight" => "mlp.down_proj.weight",
                     "ffn_gate_inp.weight" => "mlp.gate.weight",
+                    "ffn_gate_shexp.weight" => "mlp.shared_expert.gate_proj.weight",
+                    "ffn_up_shexp.weight" => "mlp.shared_expert.up_proj.weight",
+                    "ffn_down_shexp.weight" => "mlp.shared_expert.down_proj.weight",
+                    "ffn_gate_inp_shexp.weight" => "mlp.shared_expert_gate.weight",
+                    "attn_qkv.weight" => "linear_attn.in_proj_qkv.weight",
+                    "attn_gate.weight" => "linear_attn.in_proj_z.weight",
+                    "ssm_beta.weight" => "linear_attn.in_proj_b.weight",
+                    "ssm_alpha.weight" => "linear_attn.in_proj_a.weight",
+                    "ssm_conv1d.weight" => "linear_attn.conv1d.weight",
+                    "ssm_dt.bias" => "linear_attn.dt_bias",
+                    "ssm_a" => "linear_attn.A_log",
+                    "ssm_norm.weight" => "linear_attn.norm.weight",
+                    "ssm_out.weight" => "linear_attn.out_proj.weight",
                     _ => unreachable!("unknown layer tensor {what}"),
                 };
                 format!("model.layers.{i}.{hf}")
@@ -231,31 +244,12 @@ fn load_experts<M, V>(
     };
     let shared = match moe.shared_expert_intermediate_size {
         Some(sf) => {
-            let name = |gguf: &str, hf: &str| match naming {
-                Naming::Gguf => format!("blk.{i}.{gguf}"),
-                Naming::HuggingFace => format!("model.layers.{i}.mlp.{hf}"),
-            };
-            let mat = |g: &str, f: &str, rows, cols| checked_matrix(src, &name(g, f), rows, cols);
+            let mat = |w: &str, rows, cols| checked_matrix(src, &naming.layer(i, w), rows, cols);
             Some(SharedExpert {
-                gate: mat(
-                    "ffn_gate_shexp.weight",
-                    "shared_expert.gate_proj.weight",
-                    sf,
-                    h,
-                )?,
-                up: mat("ffn_up_shexp.weight", "shared_expert.up_proj.weight", sf, h)?,
-                down: mat(
-                    "ffn_down_shexp.weight",
-                    "shared_expert.down_proj.weight",
-                    h,
-                    sf,
-                )?,
-                weigh: mat(
-                    "ffn_gate_inp_shexp.weight",
-                    "shared_expert_gate.weight",
-                    1,
-                    h,
-                )?,
+                gate: mat("ffn_gate_shexp.weight", sf, h)?,
+                up: mat("ffn_up_shexp.weight", sf, h)?,
+                down: mat("ffn_down_shexp.weight", h, sf)?,
+                weigh: mat("ffn_gate_inp_shexp.weight", 1, h)?,
             })
         }
         None => None,
@@ -279,29 +273,25 @@ fn load_delta_net<M, V>(
     hy: &crate::config::HybridConfig,
     h: usize,
 ) -> Result<DeltaNetWeights<M, V>> {
-    let name = |gguf: &str, hf: &str| match naming {
-        Naming::Gguf => format!("blk.{i}.{gguf}"),
-        Naming::HuggingFace => format!("model.layers.{i}.linear_attn.{hf}"),
-    };
     let (nv, conv_dim) = (hy.value_heads, hy.conv_dim());
-    let mat = |g: &str, f: &str, rows, cols| checked_matrix(src, &name(g, f), rows, cols);
-    let vec = |g: &str, f: &str, len| checked_vector(src, &name(g, f), len);
-    let conv_name = name("ssm_conv1d.weight", "conv1d.weight");
+    let mat = |w: &str, rows, cols| checked_matrix(src, &naming.layer(i, w), rows, cols);
+    let vec = |w: &str, len| checked_vector(src, &naming.layer(i, w), len);
+    let conv_name = naming.layer(i, "ssm_conv1d.weight");
     let conv_shape = match naming {
         Naming::Gguf => vec![conv_dim, hy.conv_kernel],
         Naming::HuggingFace => vec![conv_dim, 1, hy.conv_kernel],
     };
     check_shape(src, &conv_name, &conv_shape)?;
     Ok(DeltaNetWeights {
-        qkv: mat("attn_qkv.weight", "in_proj_qkv.weight", conv_dim, h)?,
-        z: mat("attn_gate.weight", "in_proj_z.weight", hy.value_dim(), h)?,
-        b: mat("ssm_beta.weight", "in_proj_b.weight", nv, h)?,
-        a: mat("ssm_alpha.weight", "in_proj_a.weight", nv, h)?,
+        qkv: mat("attn_qkv.weight", conv_dim, h)?,
+        z: mat("attn_gate.weight", hy.value_dim(), h)?,
+        b: mat("ssm_beta.weight", nv, h)?,
+        a: mat("ssm_alpha.weight", nv, h)?,
         conv: src.vector(&conv_name)?,
-        dt_bias: vec("ssm_dt.bias", "dt_bias", nv)?,
-        decay: vec("ssm_a", "A_log", nv)?,
-        norm: vec("ssm_norm.weight", "norm.weight", hy.value_head_dim)?,
-        out: mat("ssm_out.weight", "out_proj.weight", h, hy.value_dim())?,
+        dt_bias: vec("ssm_dt.bias", nv)?,
+        decay: vec("ssm_a", nv)?,
+        norm: vec("ssm_norm.weight", hy.value_head_dim)?,
+        out: mat("ssm_out.weight", h, hy.value_dim())?,
     })
 }
 

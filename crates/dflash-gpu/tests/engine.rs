@@ -83,15 +83,7 @@ fn logits_match_on(ctx: &std::rc::Rc<dflash_gpu::GpuContext>) {
             // f32 path: summation order only. f16 KV: plus f16 rounding of K and V.
             let tol = if f16 { 5e-3 } else { 5e-5 } * scale.max(1.0);
             assert!(max <= tol, "{arch:?} {t:?}: {max} > {tol}");
-            let v = w.config.vocab_size;
-            for r in 0..toks.len() {
-                let row = &got[r * v..(r + 1) * v];
-                assert_eq!(
-                    ids[r] as usize,
-                    dflash_core::cpu::ops::argmax(row),
-                    "GPU argmax of row {r}"
-                );
-            }
+            common::assert_argmax_rows(&ids, &got, w.config.vocab_size);
         }
     }
 }

@@ -52,15 +52,7 @@ fn moe_logits_and_taps_match_the_cpu_reference() {
                 ctx.f16
             );
             assert!(d <= tol, "{t:?}: logits differ by {d} > {tol}");
-            let v = w.config.vocab_size;
-            for r in 0..toks.len() {
-                let row = &got[r * v..(r + 1) * v];
-                assert_eq!(
-                    ids[r] as usize,
-                    dflash_core::cpu::ops::argmax(row),
-                    "row {r}"
-                );
-            }
+            common::assert_argmax_rows(&ids, &got, w.config.vocab_size);
             let d = max_abs_diff(&want.taps, &g.read_taps(toks.len()).unwrap());
             assert!(
                 d < if ctx.f16 { 1e-2 } else { 1e-3 },

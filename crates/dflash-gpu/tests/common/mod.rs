@@ -173,3 +173,11 @@ pub fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut r = dflash_core::testutil::Rng(seed);
     (0..n).map(|_| r.below(vocab) as u32).collect()
 }
+
+/// Each row's token of a greedy pass (`ids`) is the argmax of its logits (`[rows, vocab]`).
+pub fn assert_argmax_rows(ids: &[u32], logits: &[f32], vocab: usize) {
+    for (r, row) in logits.chunks_exact(vocab).enumerate() {
+        let want = dflash_core::cpu::ops::argmax(row);
+        assert_eq!(ids[r] as usize, want, "GPU argmax of row {r}");
+    }
+}
