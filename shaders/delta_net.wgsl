@@ -94,6 +94,8 @@ const MAX_HEAD_DIM: u32 = 256u;
 var<workgroup> q: array<f32, MAX_HEAD_DIM>;
 var<workgroup> kv: array<f32, MAX_HEAD_DIM>;
 var<workgroup> o: array<f32, MAX_HEAD_DIM>;
+// The rows to run, read once and shared: the loop around the barriers stays uniform.
+var<workgroup> wg_rows: u32;
 
 // 1 / sqrt(sum(x^2) + 1e-6) of q and of k (every thread, the same order).
 fn inv_l2(len: u32) -> vec2<f32> {
@@ -117,7 +119,10 @@ fn recur(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: v
     let vd = p.value_heads * dv;
     let kh = select(h / (p.value_heads / p.key_heads), h % p.key_heads, p.tiled == 1u);
     let sb = h * dk * dv;
-    let n = rows();
+    if (lid == 0u) {
+        wg_rows = rows();
+    }
+    let n = workgroupUniformLoad(&wg_rows);
     for (var t = 0u; t < n; t++) {
         let m = t * p.conv_dim;
         for (var i = lid; i < dk; i += WG) {
