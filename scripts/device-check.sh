@@ -132,6 +132,11 @@ case "${1:-}" in
       step 60 "profile smollm2 p64 intel-xe2" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --tuning intel-xe2 --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-smollm2-p64-intel-xe2.json"
       # One output row per GEMV thread against the table's 4 (the 16-row step's cost).
       step 60 "profile smollm2 p64 outs1" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --gemv-outputs 1 --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-smollm2-p64-outs1.json"
+      # DFlash steps pipelined (the GPU tuning's default) against one at a time, same run
+      # settings (the host's read-back latency per step is what pipelining hides).
+      for piped in true false; do
+        step 40 "bench smollm2 dflash pipelined=$piped" sh -c "\"$BIN/dflash\" bench --model $model --adapter \"${ADAPTER:-NVIDIA}\" --json --pipelined $piped --drafter drafters/smollm2-135m-instruct-dflash-b16 --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 4,16,auto > $OUT/bench-smollm2-dflash-pipelined-$piped.json"
+      done
       step 90 "profile smollm2 dflash" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --drafter drafters/smollm2-135m-instruct-dflash-b16 --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $OUT/profile-smollm2-dflash.json"
     fi
     # Conditional per-slot acceptance with mean tau 6.5 at block 16 (z-lab's published

@@ -140,6 +140,11 @@ pub struct BenchArgs {
     /// tuning table's (to measure the choice on this adapter).
     #[arg(long, value_parser = gemv_outputs)]
     gemv_outputs: Option<usize>,
+    /// Decoding (plain and DFlash) with the next step submitted before the previous one
+    /// is read (`true`) or one step at a time (`false`), in place of the tuning's choice
+    /// (GPUs pipeline, CPU adapters do not).
+    #[arg(long)]
+    pipelined: Option<bool>,
     /// A conversation of N turns (the `chat` messages of --prompts, each reply kept):
     /// the time to first token of every turn with multi-turn KV reuse against the same
     /// turn prefilled whole.
@@ -348,6 +353,7 @@ fn gpu_options(a: &BenchArgs, timestamps: bool) -> dflash_gpu::GpuOptions {
             TuningChoice::Cpu => Tuning::cpu(),
         }),
         gemv_outputs: a.gemv_outputs,
+        pipelined_decode: a.pipelined,
         ..Default::default()
     }
 }

@@ -270,6 +270,7 @@ fn cpu_bench_reports_speed_and_bandwidth_and_refuses_gpu_flags() {
     for flag in [
         &["--synthetic", "test-tiny"][..],
         &["--model", p, "--profile"],
+        &["--model", p, "--pipelined", "true"],
     ] {
         let mut args = vec!["bench", "--device", "cpu"];
         args.extend_from_slice(flag);
@@ -433,6 +434,8 @@ fn dflash_generate_and_bench_are_lossless_on_a_tiny_model() {
             "0.8",
             "--seed",
             "2",
+            "--pipelined",
+            "true",
             "--json",
         ]);
         assert!(
@@ -442,6 +445,7 @@ fn dflash_generate_and_bench_are_lossless_on_a_tiny_model() {
         );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["lossless"], true);
+        assert_eq!(v["pipelined"], true, "--pipelined true on any adapter");
         for k in ["plain_tok_s", "dflash_tok_s", "speedup", "mean_tau"] {
             assert!(v[k].as_f64().unwrap() > 0.0, "{k}");
         }
@@ -473,6 +477,7 @@ fn dflash_generate_and_bench_are_lossless_on_a_tiny_model() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["lossless"], true);
         assert_eq!(v["acceptance"], "simulated");
+        assert_eq!(v["pipelined"], false, "simulated drafts follow each step");
         assert!(v["mean_tau"].as_f64().unwrap() > 1.0);
     }
 }

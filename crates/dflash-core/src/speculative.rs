@@ -334,6 +334,17 @@ impl BlockLoop {
         b
     }
 
+    /// The largest block `next_block` can return when neither the context nor the
+    /// budget caps it: a fixed block (within the step's rows), or auto's ceiling. An
+    /// engine that chooses the next block before this step's outcome is known (a
+    /// pipelined loop) chooses the same block whenever its worst-case room holds this.
+    pub fn largest_block(&self) -> usize {
+        match &self.policy {
+            BlockSize::Fixed(b) => (*b).clamp(1, self.max_block),
+            BlockSize::Auto { .. } => self.max_block,
+        }
+    }
+
     /// A step of `b` rows took `seconds` (0 without a clock) and accepted `accepted`
     /// drafts.
     pub fn record(&mut self, b: usize, seconds: f64, accepted: usize) {

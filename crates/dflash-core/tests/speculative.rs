@@ -26,16 +26,7 @@ fn target() -> LoadedModel {
 
 fn spec(seed: u64) -> DrafterSpec {
     let c = tiny_drafter_target();
-    DrafterSpec {
-        layers: 2,
-        block_size: 16,
-        target_layer_ids: None,
-        block_in_dflash_config: true,
-        layer_types: None,
-        sliding_window: 0,
-        mask_token_id: c.vocab_size as u32 - 1,
-        seed,
-    }
+    DrafterSpec::new(&c, 2, seed)
 }
 
 fn load(files: &BTreeMap<String, Vec<u8>>) -> dflash_core::Result<DrafterWeights> {

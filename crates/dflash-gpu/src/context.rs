@@ -15,6 +15,9 @@ pub struct GpuOptions {
     /// Override the GEMV's output rows per thread (1, 2 or 4) for every shape, keeping
     /// the rest of the knobs (`dflash bench --gemv-outputs`: the choice measured on a GPU).
     pub gemv_outputs: Option<usize>,
+    /// Override whether decoding keeps the next step in flight (`dflash bench
+    /// --pipelined`: the choice measured on this adapter), keeping the rest of the knobs.
+    pub pipelined_decode: Option<bool>,
     /// Run within the limits a browser's WebGPU grants (see `browser_limits`), so that a
     /// native run finds what the browser build would.
     pub browser_limits: bool,
@@ -150,8 +153,10 @@ pub struct Tuning {
     /// instead of qkv.wgsl + one workgroup per (head, row) walking every key
     /// (attention.wgsl), which CPU adapters run faster.
     pub chunked_attention: bool,
-    /// Plain decoding with the next step submitted before the previous token is read
-    /// (GPUs: the GPU never waits for the host). On lavapipe it is about 5% slower (48
+    /// Decoding with the next step submitted before the previous one is read, plain
+    /// (the token stays on the GPU as the next input) and DFlash (the GPU keeps the
+    /// positions, anchor and drafter context; `Speculative::decode_steps`): on GPUs the
+    /// GPU never waits for the host. On lavapipe it is about 5% slower (48
     /// tokens of SmolLM2 alternated 6 times: the host's work in flight competes with the
     /// CPU that runs the kernels), so CPU adapters read each token before the next step.
     pub pipelined_decode: bool,
@@ -314,6 +319,7 @@ impl GpuContext {
         let summary = AdapterSummary::of(&info, features, &limits);
         let mut tuning = opts.tuning.unwrap_or_else(|| Tuning::for_adapter(&info));
         tuning.gemv_outputs_override = opts.gemv_outputs.or(tuning.gemv_outputs_override);
+        tuning.pipelined_decode = opts.pipelined_decode.unwrap_or(tuning.pipelined_decode);
         // The limit granted to the device (browser_limits caps it at 10).
         tuning.chunked_attention &= device.limits().max_storage_buffers_per_shader_stage
             >= CHUNKED_ATTENTION_STORAGE_BUFFERS;

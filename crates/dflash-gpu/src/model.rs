@@ -815,6 +815,13 @@ impl GpuModel {
         self.drafted = self.drafted.min(self.len);
     }
 
+    /// A pass past the committed rows ran and is not committed (a pipelined step after
+    /// the end of generation): a hybrid model's recurrent states include it, so they are
+    /// lost like a rollback's (the next prompt is prefilled from the start).
+    pub(crate) fn states_ran_ahead(&mut self) {
+        self.states_lost |= self.is_hybrid();
+    }
+
     /// Forgets which tokens the KV cache holds, so that the next prompt is prefilled
     /// whole (`resetChat`).
     pub fn forget_cached(&mut self) {
@@ -825,14 +832,17 @@ impl GpuModel {
     /// `drafted_too`, only rows the drafter's context holds as well.
     pub(crate) fn reusable_rows(&self, prompt: &[u32], drafted_too: bool) -> usize {
         let k = dflash_core::generate::reusable_prefix(&self.kv_ids, prompt);
-        // A recurrent state is kept only for the end of the cache: reused whole or not.
-        if self.is_hybrid() && k != self.len {
-            return 0;
-        }
-        match drafted_too {
+        let k = match drafted_too {
             true => k.min(self.drafted),
             false => k,
+        };
+        // A recurrent state is kept only for the end of the cache: reused whole or not
+        // (not at all once lost, e.g. to a pipelined step past the end of generation;
+        // after DFlash the drafter's context ends before the cache, so not then either).
+        if self.is_hybrid() && (k != self.len || self.states_lost) {
+            return 0;
         }
+        k
     }
 
     /// Records the tokens of the rows `at..at + tokens.len()` (rows past them are

@@ -543,6 +543,60 @@ fn pipelined_plain_generation_equals_step_by_step_decoding() {
     }
 }
 
+/// DFlash generation keeps the next step in flight on GPUs (its block chosen before the
+/// step before is read, wherever that step's outcome cannot change it): its tokens, each
+/// step's tau and the drafts tried per slot (so the blocks) are those of one step at a
+/// time, at fixed blocks, a budget that ends
+/// inside a block, and a stop string that ends generation with a step in flight; that
+/// step is dropped, so the next turn, which reuses the cache, is unchanged too.
+#[test]
+fn pipelined_dflash_equals_one_step_at_a_time() {
+    let t = target();
+    let w = drafter(&t, 7);
+    let taps = w.config.target_layer_ids.clone();
+    let pair = |pipelined| {
+        let ctx = common::gpu_tuned_context(pipelined)?;
+        Some(Speculative::new(gpu_target(&ctx, &t, taps.clone()), &w).unwrap())
+    };
+    let (Some(mut piped), Some(mut stepped)) = (pair(true), pair(false)) else {
+        return;
+    };
+    let blocks = if quick() { vec![4] } else { vec![1, 4, 16] };
+    for sp in greedy_and_seeded() {
+        for p in prompts() {
+            for &b in &blocks {
+                let block = BlockSize::Fixed(b);
+                let mut both = |r: &GenerateRequest| {
+                    let run = |s: &mut Speculative| {
+                        let x = s.generate(&t.tokenizer, r, &block, &|| 0.0, &mut |_| {});
+                        let x = x.unwrap();
+                        (x.result.tokens, x.taus, x.acceptance)
+                    };
+                    let (got, want) = (run(&mut piped), run(&mut stepped));
+                    assert_eq!(got, want, "block {b} T={}", sp.temperature);
+                    got.0
+                };
+                let whole = both(&req(&p, &sp));
+                both(&req_n(&p, &sp, 7));
+                // A stop string: a whole-character token's text after the second token.
+                let text = |i: usize| t.tokenizer.decode(&whole[i..i + 1], false).unwrap();
+                let at = (2..whole.len().saturating_sub(1))
+                    .find(|&i| !text(i).trim().is_empty() && !text(i).contains('\u{FFFD}'));
+                let reply = match at {
+                    Some(i) => both(&GenerateRequest {
+                        stop_strings: vec![text(i)],
+                        ..req(&p, &sp)
+                    }),
+                    None => whole,
+                };
+                // The next turn: this turn's prompt and reply, then more.
+                let next: Vec<u32> = p.iter().chain(&reply).chain(&p[..4]).copied().collect();
+                both(&req_n(&next, &sp, 12));
+            }
+        }
+    }
+}
+
 /// One turn of a conversation on `spec`'s GPU engine: DFlash at block 4, or plain
 /// decoding on its target (as the browser worker runs a request with `dflash: false`).
 fn gpu_turn(

@@ -220,16 +220,7 @@ fn smollm2_dflash_and_dflash2_are_lossless_and_the_trained_drafter_accepts_draft
         )
         .unwrap()
     };
-    let spec = |layers, seed| DrafterSpec {
-        layers,
-        block_size: 16,
-        target_layer_ids: None,
-        block_in_dflash_config: true,
-        layer_types: None,
-        sliding_window: 0,
-        mask_token_id: c.vocab_size as u32 - 1,
-        seed,
-    };
+    let spec = |layers, seed| DrafterSpec::new(c, layers, seed);
     let dflash2 = DFlash2Spec::new(2, 16, 32, 16);
     let trained_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../drafters/smollm2-135m-instruct-dflash-b16");

@@ -28,6 +28,7 @@ pub(super) fn run(
         (accept_profile, "--accept-profile"),
         (a.profile, "--profile"),
         (a.tuning.is_some(), "--tuning"),
+        (a.pipelined.is_some(), "--pipelined"),
         (a.adapter.is_some(), "--adapter"),
     ];
     if let Some((_, flag)) = gpu_only.iter().find(|(set, _)| *set) {

@@ -64,7 +64,8 @@ impl IdsRun {
 
 /// DFlash decoding of `n` tokens by token id, through the engine's own steps (context
 /// extension, draft pass, verification, acceptance, rollback) and the same block choice
-/// as `Speculative::generate`. With `sim`, before each step the host writes the block's
+/// as `Speculative::generate`: its step loop (`decode_steps`, pipelined on GPUs). With
+/// `sim`, one step at a time: before each step the host writes the block's
 /// drafts (`set_host_drafts_at`, by absolute position): slot i is the plain run's token
 /// with the profile's probability given slots < i were right, a wrong token otherwise;
 /// the drafter's pass still runs, its drafts unused.
@@ -92,6 +93,15 @@ pub(super) fn dflash_ids(
         }
         tokens.push(spec.prefill(prompt, head)?);
         let t1 = clock();
+        if sim.is_none() {
+            // The engine's own loop (pipelined on GPUs), as generation runs it.
+            let mut push = |t: u32, _: bool| {
+                tokens.push(t);
+                Ok(false)
+            };
+            spec.decode_steps(&mut blocks, head, n - 1, clock, &mut push)?;
+            return Ok(clock() - t1);
+        }
         while tokens.len() < n {
             let b = blocks.next_block(spec.target.context - spec.target.len(), n - tokens.len());
             if let Some(s) = sim.as_mut() {
@@ -193,6 +203,7 @@ pub(super) fn run_dflash(
         budget_json,
         synthetic.as_ref(),
         profile,
+        ctx.tuning.pipelined_decode,
     );
     let results = DflashResults {
         blocks,
@@ -514,9 +525,13 @@ pub(super) fn gpu_fields(
     budget_json: serde_json::Value,
     synthetic: Option<&SyntheticSpec>,
     profile: Option<serde_json::Value>,
+    pipelined: bool,
 ) -> serde_json::Value {
     let mut fields = serde_json::json!({
         "acceptance": if accept.is_some() { "simulated" } else { "measured" },
+        // The DFlash steps' loop kept the next step in flight (simulated acceptance
+        // writes each step's drafts after the step before: one at a time).
+        "pipelined": pipelined && accept.is_none(),
         "accept_profile": accept.map(|profile| profile.0.clone()),
         "adapter": adapter,
         "memory_budget": budget_json,

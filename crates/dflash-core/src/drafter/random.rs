@@ -35,6 +35,23 @@ pub struct DrafterSpec {
     pub seed: u64,
 }
 
+impl DrafterSpec {
+    /// `layers` layers over target `t` at block 16: the default taps, the block inside
+    /// `dflash_config`, full attention, the vocabulary's last id as the mask token.
+    pub fn new(t: &ModelConfig, layers: usize, seed: u64) -> Self {
+        DrafterSpec {
+            layers,
+            block_size: 16,
+            target_layer_ids: None,
+            block_in_dflash_config: true,
+            layer_types: None,
+            sliding_window: 0,
+            mask_token_id: t.vocab_size as u32 - 1,
+            seed,
+        }
+    }
+}
+
 /// A drafter for the target `t`: config.json and model.safetensors (bf16) with the
 /// z-lab tensor names.
 pub fn write_drafter(t: &ModelConfig, s: &DrafterSpec) -> BTreeMap<String, Vec<u8>> {

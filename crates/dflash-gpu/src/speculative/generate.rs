@@ -5,6 +5,7 @@
 use super::Speculative;
 use crate::error::Result;
 use crate::model::OutputHead;
+use dflash_core::speculative::BlockLoop;
 
 impl Speculative {
     /// Speculative generation: the same request, stop handling and result as plain
@@ -45,7 +46,6 @@ impl Speculative {
         on_piece: &mut dyn FnMut(&str, bool),
     ) -> Result<dflash_core::speculative::SpeculativeResult> {
         use dflash_core::generate::{prepare, TokenSink};
-        use dflash_core::speculative::BlockLoop;
         let mut cfg = self.target.config.clone();
         cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
         let (_, budget) = prepare(req, &cfg)?;
@@ -65,19 +65,97 @@ impl Speculative {
         let mut on_text = |s: &str| on_piece(s, drafted.get());
         let mut sink = TokenSink::new(tok, req, budget, &mut on_text);
         let mut blocks = BlockLoop::new(block, self.block_capacity());
-        let mut done = budget == 0 || sink.push(anchor)?;
-        while !done {
-            let b = blocks.next_block(self.target.context - self.target.len(), sink.remaining());
-            let t_step = clock();
-            let r = self.step_async(b, head).await?;
-            done = blocks.commit_step(b, clock() - t_step, r.accepted, r.tokens, |t, d| {
+        if budget > 0 && !sink.push(anchor)? {
+            let left = sink.remaining();
+            let mut push = |t: u32, d: bool| {
                 drafted.set(d);
-                sink.push(t)
-            })?;
+                Ok(sink.push(t)?)
+            };
+            self.decode_steps_async(&mut blocks, head, left, clock, &mut push)
+                .await?;
         }
         let t2 = clock();
         let mut r = sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1);
         r.cached_tokens = keep;
         Ok(blocks.result(r))
+    }
+
+    /// DFlash steps after the prefill until `push` says generation is over or
+    /// `tokens_left` tokens are committed: each step's block from `blocks`, its tokens
+    /// through `blocks.commit_step` (with the time since the step before completed).
+    ///
+    /// Pipelined where the adapter's tuning says so (`pipelined_decode`): the next step
+    /// is submitted before this one is read whenever its block cannot depend on this
+    /// step's outcome, i.e. even if this step commits all its rows the context and the
+    /// budget leave room for the largest block the policy gives. The GPU keeps the
+    /// positions, the anchor and the drafter's context itself, so the host only reads.
+    /// A step queued past the end of generation is dropped (nothing of it is committed).
+    /// Not with the bench's simulated acceptance, whose host drafts follow each step.
+    pub async fn decode_steps_async(
+        &mut self,
+        blocks: &mut BlockLoop,
+        head: OutputHead,
+        mut tokens_left: usize,
+        clock: &dyn Fn() -> f64,
+        push: &mut dyn FnMut(u32, bool) -> Result<bool>,
+    ) -> Result<()> {
+        let pipelined = self.target.ctx.tuning.pipelined_decode && !self.simulate;
+        let context = self.target.context;
+        let mut last_done = clock();
+        let mut queued = None;
+        while tokens_left > 0 {
+            let q = match queued.take() {
+                Some(q) => q,
+                None => {
+                    let pos = self.target.len();
+                    let b = blocks.next_block(context - pos, tokens_left);
+                    self.submit_step(b, head, 0, pos)?
+                }
+            };
+            let map = self.begin_read(&q);
+            // The worst case of this step for the next one's room: all its rows kept.
+            let (pos, left) = (self.target.len() + q.b, tokens_left.saturating_sub(q.b));
+            let largest = blocks.largest_block();
+            if pipelined && left > 0 && left + 1 >= largest && pos + largest <= context {
+                let b = blocks.next_block(context - pos, left);
+                match self.submit_step(b, head, 1 - q.slot, pos) {
+                    Ok(next) => queued = Some(next),
+                    Err(e) => {
+                        let _ = self.target.ctx.finish_map(map).await;
+                        return Err(e);
+                    }
+                }
+            }
+            let read = self.read_step(&q, map).await;
+            let now = clock();
+            let done = read.and_then(|r| {
+                tokens_left = tokens_left.saturating_sub(r.accepted + 1);
+                blocks.commit_step(q.b, now - last_done, r.accepted, r.tokens, &mut *push)
+            });
+            last_done = now;
+            if !matches!(done, Ok(false)) {
+                if let Some(next) = queued.take() {
+                    self.drop_queued(next);
+                }
+                return done.map(|_| ());
+            }
+        }
+        if let Some(next) = queued {
+            self.drop_queued(next);
+        }
+        Ok(())
+    }
+
+    /// `decode_steps_async`, blocking (native hosts).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn decode_steps(
+        &mut self,
+        blocks: &mut BlockLoop,
+        head: OutputHead,
+        tokens_left: usize,
+        clock: &dyn Fn() -> f64,
+        push: &mut dyn FnMut(u32, bool) -> Result<bool>,
+    ) -> Result<()> {
+        pollster::block_on(self.decode_steps_async(blocks, head, tokens_left, clock, push))
     }
 }

@@ -54,6 +54,18 @@ pub struct Speculative {
     rejection: bool,
     /// With rejection sampling, a plain drafter's drafts sampled (`sampled_drafts`).
     sampled_drafts: bool,
+    /// Where a step leaves (accepted, tokens) for the host: two, so that a pipelined
+    /// loop's next step writes the other while the host reads this one.
+    step_readback: [wgpu::Buffer; 2],
+}
+
+/// A step submitted whose outcome the host has not read yet.
+pub(crate) struct QueuedStep {
+    /// Its rows.
+    b: usize,
+    /// Its `step_readback` buffer.
+    slot: usize,
+    index: wgpu::SubmissionIndex,
 }
 
 impl Speculative {
@@ -76,7 +88,16 @@ impl Speculative {
     }
 
     fn with_drafter(target: GpuModel, drafter: GpuDrafter) -> Self {
+        let step_readback = [0, 1].map(|_| {
+            target.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("step readback"),
+                size: ((MAX_ROWS + 1) * 4) as u64,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
         Speculative {
+            step_readback,
             target,
             drafter,
             plans: HashMap::new(),
@@ -266,8 +287,24 @@ impl Speculative {
 
     /// `step` for event-loop hosts.
     pub async fn step_async(&mut self, b: usize, head: OutputHead) -> Result<StepResult> {
+        let q = self.submit_step(b, head, 0, self.target.len())?;
+        let map = self.begin_read(&q);
+        self.read_step(&q, map).await
+    }
+
+    /// Encodes and submits a step of `b` rows (clamped to what a step holds) whose first
+    /// row is at most at `pos` (the committed length, or its bound while the step before
+    /// is unread: the GPU keeps the position itself); its outcome goes to
+    /// `step_readback[slot]`. The next step's plan extends the drafter's context by
+    /// this step's rows.
+    pub(crate) fn submit_step(
+        &mut self,
+        b: usize,
+        head: OutputHead,
+        slot: usize,
+        pos: usize,
+    ) -> Result<QueuedStep> {
         let b = b.clamp(1, self.block_capacity());
-        let pos = self.target.len();
         if pos + b > self.target.context {
             return Err(GpuError::Core(dflash_core::Error::ContextOverflow {
                 prompt_tokens: pos + b,
@@ -295,35 +332,55 @@ impl Speculative {
                 d.encode(&mut pass);
             }
         }
-        enc.copy_buffer_to_buffer(
-            &self.target.act.result,
-            0,
-            &self.target.act.readback,
-            0,
-            ((b + 1) * 4) as u64,
-        );
-        ctx.queue.submit([enc.finish()]);
-        let bytes = ctx.read_mapped_async(&self.target.act.readback).await?;
+        let out = &self.step_readback[slot];
+        enc.copy_buffer_to_buffer(&self.target.act.result, 0, out, 0, ((b + 1) * 4) as u64);
+        let index = ctx.queue.submit([enc.finish()]);
+        self.prev_block = b;
+        Ok(QueuedStep { b, slot, index })
+    }
+
+    /// Requests the read-back of a queued step's outcome (before the next submission, so
+    /// that in the browser the map does not wait for it).
+    pub(crate) fn begin_read(&self, q: &QueuedStep) -> crate::context::PendingMap {
+        let buffer = &self.step_readback[q.slot];
+        self.target.ctx.begin_map(buffer, Some(q.index.clone()))
+    }
+
+    /// Reads a queued step's (accepted, tokens) and commits them on the host: the steps
+    /// before it must have been read. The block's rows are the anchor (the last token of
+    /// the step before, or of the prefill), then the accepted drafts; the step extended
+    /// the drafter's context to its first row.
+    pub(crate) async fn read_step(
+        &mut self,
+        q: &QueuedStep,
+        map: crate::context::PendingMap,
+    ) -> Result<StepResult> {
+        let bytes = self.target.ctx.finish_map(map).await?;
         let r: &[u32] = bytemuck::cast_slice(&bytes);
         let acc = r[0] as usize;
-        if acc >= b {
+        if acc >= q.b {
             return Err(GpuError::Readback(format!(
-                "accepted {acc} of a block of {b}"
+                "accepted {acc} of a block of {}",
+                q.b
             )));
         }
-        // The block's rows: the anchor (the last token of the previous step, or of the
-        // prefill), then the accepted drafts; the step extended the drafter's context to
-        // `pos`.
+        let pos = self.target.len();
         self.target.len = pos + acc + 1;
         self.target.record_ids(pos, &[self.anchor]);
         self.target.record_ids(pos + 1, &r[1..acc + 1]);
         self.anchor = r[acc + 1];
         self.target.drafted = pos;
-        self.prev_block = b;
         Ok(StepResult {
             accepted: acc,
             tokens: r[1..acc + 2].to_vec(),
         })
+    }
+
+    /// A queued step that will not be read (generation ended before it): the host's
+    /// view stays at the last step read. The GPU's positions ran ahead, which the next
+    /// prefill writes over, but a hybrid target's recurrent states cannot be taken back.
+    pub(crate) fn drop_queued(&mut self, _: QueuedStep) {
+        self.target.states_ran_ahead();
     }
 }
 

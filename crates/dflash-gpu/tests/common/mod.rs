@@ -93,31 +93,12 @@ pub fn assert_dflash_lossless(
     layers: usize,
     prompt: &[u32],
 ) {
-    use dflash_core::drafter::{DrafterPrecision, DrafterWeights};
     use dflash_core::generate::GenerateRequest;
     use dflash_core::sampling::SamplingParams;
     use dflash_core::speculative::BlockSize;
-    use dflash_core::testutil::{write_drafter, DrafterSpec};
     use dflash_gpu::model::OutputHead;
     use dflash_gpu::{speculative::Speculative, GpuModel, GpuModelOptions};
-    let c = t.config();
-    let spec = DrafterSpec {
-        layers,
-        block_size: 16,
-        target_layer_ids: None,
-        block_in_dflash_config: true,
-        layer_types: None,
-        sliding_window: 0,
-        mask_token_id: c.vocab_size as u32 - 1,
-        seed: 8,
-    };
-    let f = write_drafter(c, &spec);
-    let w = DrafterWeights::load(
-        std::str::from_utf8(&f["config.json"]).unwrap(),
-        vec![("model.safetensors", &f["model.safetensors"][..])],
-        DrafterPrecision::Q8,
-    )
-    .unwrap();
+    let w = random_drafter(t, layers);
     let opts = |taps| GpuModelOptions {
         context: 96,
         taps,
@@ -180,4 +161,33 @@ pub fn assert_argmax_rows(ids: &[u32], logits: &[f32], vocab: usize) {
         let want = dflash_core::cpu::ops::argmax(row);
         assert_eq!(ids[r] as usize, want, "GPU argmax of row {r}");
     }
+}
+
+/// A random z-lab drafter of `layers` layers (block 16, 8-bit) for target `t`.
+pub fn random_drafter(
+    t: &dflash_core::model_files::LoadedModel,
+    layers: usize,
+) -> dflash_core::drafter::DrafterWeights {
+    use dflash_core::drafter::{DrafterPrecision, DrafterWeights};
+    use dflash_core::testutil::{write_drafter, DrafterSpec};
+    let c = t.config();
+    let f = write_drafter(c, &DrafterSpec::new(c, layers, 8));
+    DrafterWeights::load(
+        std::str::from_utf8(&f["config.json"]).unwrap(),
+        vec![("model.safetensors", &f["model.safetensors"][..])],
+        DrafterPrecision::Q8,
+    )
+    .unwrap()
+}
+
+/// A context with a GPU's tuning, its decoding pipelined (the next step submitted
+/// before the previous one is read) or one step at a time.
+pub fn gpu_tuned_context(pipelined: bool) -> Option<Rc<GpuContext>> {
+    gpu_context(&GpuOptions {
+        tuning: Some(Tuning {
+            pipelined_decode: pipelined,
+            ..Tuning::gpu()
+        }),
+        ..Default::default()
+    })
 }
