@@ -545,10 +545,12 @@ fn pipelined_plain_generation_equals_step_by_step_decoding() {
 
 /// DFlash generation keeps the next step in flight on GPUs (its block chosen before the
 /// step before is read, wherever that step's outcome cannot change it): its tokens, each
-/// step's tau and the drafts tried per slot (so the blocks) are those of one step at a
-/// time, at fixed blocks, a budget that ends
-/// inside a block, and a stop string that ends generation with a step in flight; that
-/// step is dropped, so the next turn, which reuses the cache, is unchanged too.
+/// step's tau, the drafts tried per slot (so the blocks) and the rows reused are those
+/// of one step at a time, at fixed blocks, a budget that ends inside a block, a stop
+/// string that ends generation with a step in flight (dropped, so the next turn, which
+/// reuses the cache, is unchanged too), and drafts forced to the true continuation on a
+/// prompt that runs into the context (most drafts accepted, the context's room decides
+/// near the end).
 #[test]
 fn pipelined_dflash_equals_one_step_at_a_time() {
     let t = target();
@@ -561,40 +563,65 @@ fn pipelined_dflash_equals_one_step_at_a_time() {
     let (Some(mut piped), Some(mut stepped)) = (pair(true), pair(false)) else {
         return;
     };
-    let blocks = if quick() { vec![4] } else { vec![1, 4, 16] };
+    let mut both = |r: &GenerateRequest, b: usize, forced: Option<&[u32]>| {
+        let run = |s: &mut Speculative| {
+            if let Some(drafts) = forced {
+                s.set_host_drafts(drafts);
+            }
+            let x = s.generate(&t.tokenizer, r, &BlockSize::Fixed(b), &|| 0.0, &mut |_| {});
+            s.host_drafts = false;
+            let x = x.unwrap();
+            let reused = x.result.cached_tokens;
+            (x.result.tokens, x.taus, x.acceptance, reused)
+        };
+        let (got, want) = (run(&mut piped), run(&mut stepped));
+        assert_eq!(got, want, "block {b} T={}", r.sampling.temperature);
+        got.0
+    };
+    let blocks = if quick() { vec![4] } else { vec![4, 16] };
     for sp in greedy_and_seeded() {
-        for p in prompts() {
+        for p in prompts().into_iter().rev().take(2) {
             for &b in &blocks {
-                let block = BlockSize::Fixed(b);
-                let mut both = |r: &GenerateRequest| {
-                    let run = |s: &mut Speculative| {
-                        let x = s.generate(&t.tokenizer, r, &block, &|| 0.0, &mut |_| {});
-                        let x = x.unwrap();
-                        (x.result.tokens, x.taus, x.acceptance)
-                    };
-                    let (got, want) = (run(&mut piped), run(&mut stepped));
-                    assert_eq!(got, want, "block {b} T={}", sp.temperature);
-                    got.0
-                };
-                let whole = both(&req(&p, &sp));
-                both(&req_n(&p, &sp, 7));
+                let whole = both(&req(&p, &sp), b, None);
+                both(&req_n(&p, &sp, 7), b, None);
                 // A stop string: a whole-character token's text after the second token.
                 let text = |i: usize| t.tokenizer.decode(&whole[i..i + 1], false).unwrap();
                 let at = (2..whole.len().saturating_sub(1))
                     .find(|&i| !text(i).trim().is_empty() && !text(i).contains('\u{FFFD}'));
                 let reply = match at {
-                    Some(i) => both(&GenerateRequest {
-                        stop_strings: vec![text(i)],
-                        ..req(&p, &sp)
-                    }),
+                    Some(i) => {
+                        let stop = vec![text(i)];
+                        let r = GenerateRequest {
+                            stop_strings: stop,
+                            ..req(&p, &sp)
+                        };
+                        both(&r, b, None)
+                    }
                     None => whole,
                 };
                 // The next turn: this turn's prompt and reply, then more.
                 let next: Vec<u32> = p.iter().chain(&reply).chain(&p[..4]).copied().collect();
-                both(&req_n(&next, &sp, 12));
+                both(&req_n(&next, &sp, 12), b, None);
             }
         }
+        // 110 prompt tokens leave 18 of the context of 128.
+        let long: Vec<u32> = prompts().concat().into_iter().cycle().take(110).collect();
+        let plain = both(&req(&long, &sp), 1, None);
+        let mut seq = long.clone();
+        seq.extend(&plain);
+        let forced: Vec<u32> = (0..seq.len() + 64)
+            .map(|i| match seq.get(i) {
+                Some(&x) if i % 7 != 0 => x,
+                Some(&x) => (x + 1) % 200,
+                None => 0,
+            })
+            .collect();
+        for &b in &blocks {
+            both(&req(&long, &sp), b, Some(&forced));
+        }
     }
+    assert!(piped.steps_queued_ahead > 0 && piped.steps_dropped > 0);
+    assert_eq!(stepped.steps_queued_ahead, 0);
 }
 
 /// One turn of a conversation on `spec`'s GPU engine: DFlash at block 4, or plain

@@ -122,8 +122,9 @@ fn dflash_on_a_hybrid_target_equals_plain_decoding() {
 /// Generation on a GPU keeps a step in flight (pipelined), and the one past the end of
 /// generation is dropped; a hybrid model's recurrent states include it, so the next turn
 /// cannot reuse the cache and is prefilled whole: it equals the same turn on a cache
-/// forgotten first, for plain decoding and DFlash (before, plain decoding's reuse ran
-/// into the lost states' error, and DFlash's reused a cache its states had run past).
+/// forgotten first, after plain decoding, after DFlash, and as a plain turn on the DFlash
+/// pair's target (a request with DFlash off). Before, plain decoding's reuse ran into
+/// the lost states' error, and the others reused a cache the states had run past.
 #[test]
 fn a_hybrid_turn_after_a_dropped_pipelined_step_equals_a_fresh_one() {
     use dflash_core::generate::GenerateRequest;
@@ -133,7 +134,6 @@ fn a_hybrid_turn_after_a_dropped_pipelined_step_equals_a_fresh_one() {
         return;
     };
     let m = hybrid();
-    let vocab = m.config().vocab_size;
     let w = common::random_drafter(&m, 1);
     let mut plain = GpuModel::new(ctx.clone(), &m.weights, &opts(96)).unwrap();
     let taps = GpuModelOptions {
@@ -141,53 +141,52 @@ fn a_hybrid_turn_after_a_dropped_pipelined_step_equals_a_fresh_one() {
         ..opts(96)
     };
     let mut spec = Speculative::new(GpuModel::new(ctx, &m.weights, &taps).unwrap(), &w).unwrap();
-    let req = |prompt: Vec<u32>, n| GenerateRequest {
-        prompt_ids: prompt,
+    let req = |prompt: &[u32], n| GenerateRequest {
+        prompt_ids: prompt.to_vec(),
         max_new_tokens: n,
         sampling: Default::default(),
         stop_strings: vec![],
         context: 96,
         interrupt: Default::default(),
     };
-    let first = tokens(9, vocab - 1, 11);
     let tok = &m.tokenizer;
-    for dflash in [false, true] {
-        let mut turn = |r: &GenerateRequest, forget: bool| {
-            let block = BlockSize::Fixed(4);
-            let res = if dflash {
-                if forget {
-                    spec.target.forget_cached();
-                }
-                spec.generate(tok, r, &block, &|| 0.0, &mut |_| {})
-                    .map(|x| x.result)
-            } else {
-                if forget {
-                    plain.forget_cached();
-                }
-                plain.generate(tok, r, &|| 0.0, &mut |_| {})
-            };
-            res.unwrap().tokens
-        };
-        // A stop string (a token's text after the second) ends generation with a step
-        // in flight.
-        let whole = turn(&req(first.clone(), 24), true);
-        let text = |i: usize| tok.decode(&whole[i..i + 1], false).unwrap();
-        let at = (2..whole.len().min(9))
-            .find(|&i| !text(i).trim().is_empty() && !text(i).contains('\u{FFFD}'));
-        let stop = GenerateRequest {
-            stop_strings: vec![text(at.expect("a token with text"))],
-            ..req(first.clone(), 24)
-        };
-        let reply = turn(&stop, false);
-        let next: Vec<u32> = first
-            .iter()
-            .chain(&reply)
-            .chain(&first[..3])
-            .copied()
-            .collect();
-        let got = turn(&req(next.clone(), 8), false);
-        assert_eq!(got, turn(&req(next, 8), true), "dflash {dflash}");
-    }
+    let on_plain = |g: &mut GpuModel, r: &GenerateRequest| {
+        g.generate(tok, r, &|| 0.0, &mut |_| {}).unwrap().tokens
+    };
+    let on_dflash = |s: &mut Speculative, r: &GenerateRequest| {
+        let x = s.generate(tok, r, &BlockSize::Fixed(4), &|| 0.0, &mut |_| {});
+        x.unwrap().result.tokens
+    };
+    let first = tokens(9, m.config().vocab_size - 1, 11);
+    // A stop string (a token's text after the second) ends generation with a step in
+    // flight.
+    let whole = on_plain(&mut plain, &req(&first, 24));
+    let text = |i: usize| tok.decode(&whole[i..i + 1], false).unwrap();
+    let at = (2..whole.len().min(9))
+        .find(|&i| !text(i).trim().is_empty() && !text(i).contains('\u{FFFD}'));
+    let stop = GenerateRequest {
+        stop_strings: vec![text(at.expect("a token with text"))],
+        ..req(&first, 24)
+    };
+    let reply = on_plain(&mut plain, &stop);
+    let next: Vec<u32> = [&first[..], &reply, &first[..3]].concat();
+    let got = on_plain(&mut plain, &req(&next, 8));
+    plain.forget_cached();
+    let want = on_plain(&mut plain, &req(&next, 8));
+    assert_eq!(got, want, "plain decoding");
+    assert_eq!(on_dflash(&mut spec, &stop), reply);
+    assert_eq!(on_dflash(&mut spec, &req(&next, 8)), want, "DFlash");
+    on_dflash(&mut spec, &stop);
+    assert_eq!(
+        on_plain(&mut spec.target, &req(&next, 8)),
+        want,
+        "plain after DFlash"
+    );
+    assert!(
+        spec.steps_dropped >= 2,
+        "{} DFlash steps dropped",
+        spec.steps_dropped
+    );
 }
 
 /// A GGUF hybrid (llama.cpp's layout: value heads tiled, so head h reads key head

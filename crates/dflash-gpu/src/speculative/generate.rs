@@ -2,7 +2,7 @@
 //! generation, driven step by step by the decode loop every engine shares
 //! (`dflash_core::speculative::BlockLoop`).
 
-use super::Speculative;
+use super::{QueuedStep, Speculative};
 use crate::error::Result;
 use crate::model::OutputHead;
 use dflash_core::speculative::BlockLoop;
@@ -82,7 +82,8 @@ impl Speculative {
 
     /// DFlash steps after the prefill until `push` says generation is over or
     /// `tokens_left` tokens are committed: each step's block from `blocks`, its tokens
-    /// through `blocks.commit_step` (with the time since the step before completed).
+    /// through `blocks.commit_step` with its time (from its submission, or for a step
+    /// queued ahead from the completion of the step before).
     ///
     /// Pipelined where the adapter's tuning says so (`pipelined_decode`): the next step
     /// is submitted before this one is read whenever its block cannot depend on this
@@ -101,15 +102,15 @@ impl Speculative {
     ) -> Result<()> {
         let pipelined = self.target.ctx.tuning.pipelined_decode && !self.simulate;
         let context = self.target.context;
-        let mut last_done = clock();
-        let mut queued = None;
+        // A step queued ahead, and when it began: when the step before it completed.
+        let mut queued: Option<(QueuedStep, f64)> = None;
         while tokens_left > 0 {
-            let q = match queued.take() {
+            let (q, began) = match queued.take() {
                 Some(q) => q,
                 None => {
-                    let pos = self.target.len();
+                    let (began, pos) = (clock(), self.target.len());
                     let b = blocks.next_block(context - pos, tokens_left);
-                    self.submit_step(b, head, 0, pos)?
+                    (self.submit_step(b, head, 0, pos)?, began)
                 }
             };
             let map = self.begin_read(&q);
@@ -118,10 +119,11 @@ impl Speculative {
             let largest = blocks.largest_block();
             if pipelined && left > 0 && left + 1 >= largest && pos + largest <= context {
                 let b = blocks.next_block(context - pos, left);
-                match self.submit_step(b, head, 1 - q.slot, pos) {
-                    Ok(next) => queued = Some(next),
+                match self.queue_step(b, head, 1 - q.slot, pos) {
+                    Ok(next) => queued = Some((next, 0.0)),
                     Err(e) => {
                         let _ = self.target.ctx.finish_map(map).await;
+                        self.target.states_ran_ahead();
                         return Err(e);
                     }
                 }
@@ -130,18 +132,18 @@ impl Speculative {
             let now = clock();
             let done = read.and_then(|r| {
                 tokens_left = tokens_left.saturating_sub(r.accepted + 1);
-                blocks.commit_step(q.b, now - last_done, r.accepted, r.tokens, &mut *push)
+                blocks.commit_step(q.b, now - began, r.accepted, r.tokens, &mut *push)
             });
-            last_done = now;
-            if !matches!(done, Ok(false)) {
-                if let Some(next) = queued.take() {
-                    self.drop_queued(next);
+            match (done, queued.as_mut()) {
+                (Ok(false), Some(next)) => next.1 = now,
+                (Ok(false), None) => {}
+                (over, _) => {
+                    if let Some((next, _)) = queued.take() {
+                        self.drop_queued(next);
+                    }
+                    return over.map(|_| ());
                 }
-                return done.map(|_| ());
             }
-        }
-        if let Some(next) = queued {
-            self.drop_queued(next);
         }
         Ok(())
     }

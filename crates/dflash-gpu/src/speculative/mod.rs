@@ -57,6 +57,10 @@ pub struct Speculative {
     /// Where a step leaves (accepted, tokens) for the host: two, so that a pipelined
     /// loop's next step writes the other while the host reads this one.
     step_readback: [wgpu::Buffer; 2],
+    /// Steps submitted before the step before them was read (pipelined decoding).
+    pub steps_queued_ahead: usize,
+    /// Steps queued ahead and dropped because generation ended before them.
+    pub steps_dropped: usize,
 }
 
 /// A step submitted whose outcome the host has not read yet.
@@ -98,6 +102,8 @@ impl Speculative {
         });
         Speculative {
             step_readback,
+            steps_queued_ahead: 0,
+            steps_dropped: 0,
             target,
             drafter,
             plans: HashMap::new(),
@@ -292,6 +298,19 @@ impl Speculative {
         self.read_step(&q, map).await
     }
 
+    /// `submit_step` of a step queued before the step before it is read.
+    pub(crate) fn queue_step(
+        &mut self,
+        b: usize,
+        head: OutputHead,
+        slot: usize,
+        pos_bound: usize,
+    ) -> Result<QueuedStep> {
+        let q = self.submit_step(b, head, slot, pos_bound)?;
+        self.steps_queued_ahead += 1;
+        Ok(q)
+    }
+
     /// Encodes and submits a step of `b` rows (clamped to what a step holds) whose first
     /// row is at most at `pos` (the committed length, or its bound while the step before
     /// is unread: the GPU keeps the position itself); its outcome goes to
@@ -355,10 +374,13 @@ impl Speculative {
         q: &QueuedStep,
         map: crate::context::PendingMap,
     ) -> Result<StepResult> {
-        let bytes = self.target.ctx.finish_map(map).await?;
+        // A step the host cannot read ran on the GPU all the same.
+        let bytes = self.target.ctx.finish_map(map).await;
+        let bytes = bytes.inspect_err(|_| self.target.states_ran_ahead())?;
         let r: &[u32] = bytemuck::cast_slice(&bytes);
         let acc = r[0] as usize;
         if acc >= q.b {
+            self.target.states_ran_ahead();
             return Err(GpuError::Readback(format!(
                 "accepted {acc} of a block of {}",
                 q.b
@@ -380,6 +402,7 @@ impl Speculative {
     /// view stays at the last step read. The GPU's positions ran ahead, which the next
     /// prefill writes over, but a hybrid target's recurrent states cannot be taken back.
     pub(crate) fn drop_queued(&mut self, _: QueuedStep) {
+        self.steps_dropped += 1;
         self.target.states_ran_ahead();
     }
 }
