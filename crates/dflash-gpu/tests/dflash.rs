@@ -200,6 +200,19 @@ fn speculative_equals_plain_on_the_gpu_at_every_block_size() {
     }
 }
 
+/// Host drafts by absolute position: the prompt and its true continuation, corrupted at
+/// every `every`th position, then 64 zeros.
+fn forced_drafts(prompt: &[u32], continuation: &[u32], every: usize) -> Vec<u32> {
+    let seq = [prompt, continuation].concat();
+    (0..seq.len() + 64)
+        .map(|i| match seq.get(i) {
+            Some(&x) if i % every != 0 => x,
+            Some(&x) => (x + 1) % 200,
+            None => 0,
+        })
+        .collect()
+}
+
 #[test]
 fn forced_acceptance_and_rollback_stay_lossless() {
     let t = target();
@@ -219,16 +232,7 @@ fn forced_acceptance_and_rollback_stay_lossless() {
             for p in prompts() {
                 let plain = plain_gpu(&mut plain_model, &p, &sp, 40, &|x| t.tokenizer.is_stop(x));
                 // Drafts: the true continuation, corrupted at every 5th position.
-                let mut seq = p.clone();
-                seq.extend(&plain);
-                let forced: Vec<u32> = (0..seq.len() + 64)
-                    .map(|i| match seq.get(i) {
-                        Some(&x) if i % 5 != 0 => x,
-                        Some(&x) => (x + 1) % 200,
-                        None => 0,
-                    })
-                    .collect();
-                spec.set_host_drafts(&forced);
+                spec.set_host_drafts(&forced_drafts(&p, &plain, 5));
                 let r = spec
                     .generate(
                         &t.tokenizer,
@@ -607,15 +611,7 @@ fn pipelined_dflash_equals_one_step_at_a_time() {
         // 110 prompt tokens leave 18 of the context of 128.
         let long: Vec<u32> = prompts().concat().into_iter().cycle().take(110).collect();
         let plain = both(&req(&long, &sp), 1, None);
-        let mut seq = long.clone();
-        seq.extend(&plain);
-        let forced: Vec<u32> = (0..seq.len() + 64)
-            .map(|i| match seq.get(i) {
-                Some(&x) if i % 7 != 0 => x,
-                Some(&x) => (x + 1) % 200,
-                None => 0,
-            })
-            .collect();
+        let forced = forced_drafts(&long, &plain, 7);
         for &b in &blocks {
             both(&req(&long, &sp), b, Some(&forced));
         }
