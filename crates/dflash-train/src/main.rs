@@ -53,6 +53,10 @@ struct TrainArgs {
     /// Optimizer steps in the whole run (a resumed run continues to this step).
     #[arg(long, default_value_t = 1000)]
     steps: usize,
+    /// Stop (checkpointed) after this step; the learning-rate schedule still spans
+    /// --steps (to reproduce a run that was resumed with another --steps).
+    #[arg(long)]
+    stop_at: Option<usize>,
     #[arg(long, default_value_t = 4)]
     seqs_per_step: usize,
     #[arg(long, default_value_t = 32)]
@@ -270,6 +274,7 @@ fn run_train(a: TrainArgs) -> Result<(), TrainError> {
                 negatives,
                 full_every: a.full_head_every,
             }),
+        stop_at: a.stop_at,
     };
     eprintln!(
         "{} samples, {} tokens; mask token {mask}",

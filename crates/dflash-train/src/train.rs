@@ -41,6 +41,11 @@ pub struct TrainConfig {
     /// The loss's softmax over a sample of the vocabulary; None: the whole vocabulary.
     #[serde(default)]
     pub sampled_head: Option<SampledHead>,
+    /// Stop (checkpointed) after this step although the schedule spans `steps`: a run
+    /// resumed with another step count is reproduced by stopping each part where it was
+    /// resumed. Not one of the run's settings (never saved, never compared on resume).
+    #[serde(skip)]
+    pub stop_at: Option<usize>,
 }
 
 /// A cross-entropy whose softmax runs over the tokens of the data's responses (every
@@ -468,7 +473,8 @@ pub fn train(
     let mut last = TrainSummary::default();
     let vars = params.all();
     let mut taps_cache: Vec<Option<Tensor>> = vec![None; samples.len()];
-    while state.step < tc.steps {
+    let end = tc.stop_at.map_or(tc.steps, |s| s.min(tc.steps));
+    while state.step < end {
         let step = state.step;
         let lr = schedule(step, tc.steps, warmup, tc.lr, 0.05);
         opt.lr = lr;
@@ -493,7 +499,7 @@ pub fn train(
             loss: &loss,
         };
         last = log.record(&report, tc.dflash2.is_some())?;
-        if state.step % tc.checkpoint_every == 0 || state.step == tc.steps {
+        if state.step % tc.checkpoint_every == 0 || state.step == end {
             state.cpu_seconds = log.clock.cpu_s();
             save_checkpoint(&run, &params, &opt, &state)?;
         }

@@ -53,6 +53,7 @@ fn config(vocab: u32, dflash2: Option<DFlash2Config>, steps: usize, lr: f64) -> 
         grad_clip: 1.0,
         dflash2,
         sampled_head: None,
+        stop_at: None,
     }
 }
 

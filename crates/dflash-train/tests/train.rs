@@ -72,6 +72,7 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
         grad_clip: 1.0,
         dflash2: None,
         sampled_head: None,
+        stop_at: None,
     };
     train(&target, &samples, &run, &tc, Init::Random, true).unwrap();
     tc.steps = 300;
@@ -115,6 +116,37 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
         serde_json::from_str(&std::fs::read_to_string(run.join("checkpoint.json")).unwrap())
             .unwrap();
     assert_eq!(state["step"], 300);
+
+    // A run stopped early (stop_at, `--stop-at`) and resumed with another step count is
+    // reproduced bit for bit by stopping where it was resumed: the schedule spans the
+    // step count of each part (here 12 steps on a 20-step schedule, then 8 on a 16-step
+    // one), the sampled head's draws and the batches follow the step.
+    let parts = |dir: &std::path::Path, at: usize| {
+        let sampled = tc.sampled_head.or(Some(dflash_train::train::SampledHead {
+            negatives: 8,
+            full_every: 4,
+        }));
+        for (steps, stop_at) in [(20, Some(at)), (16, None)] {
+            let part = TrainConfig {
+                steps,
+                stop_at,
+                sampled_head: sampled,
+                ..tc.clone()
+            };
+            train(&target, &samples, dir, &part, Init::Random, true).unwrap();
+        }
+        std::fs::read(dir.join("checkpoint.safetensors")).unwrap()
+    };
+    let (again, other) = (
+        parts(&dir.join("parts-a"), 12),
+        parts(&dir.join("parts-b"), 12),
+    );
+    assert_eq!(again, other, "the same parts give the same weights");
+    assert_ne!(
+        again,
+        parts(&dir.join("parts-c"), 10),
+        "the stop step matters"
+    );
 
     // A sampled head: the softmax over the responses' tokens and 8 random ids, the whole
     // vocabulary every 4th step; its loss falls too.
