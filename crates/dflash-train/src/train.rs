@@ -469,7 +469,7 @@ pub fn train(
     let (params, mut opt, mut state) = resume_or_start(&run, &dcfg, &target.device, tc, init)?;
     let inputs = StepInputs::new(target, samples, tc, &dcfg, &params)?;
     let warmup = ((tc.steps as f64 * tc.warmup_frac).round() as usize).max(1);
-    let mut log = RunLog::open(&run, tc.steps, quiet, state.cpu_seconds)?;
+    let mut log = RunLog::open(&run, tc.steps, quiet, &state)?;
     let mut last = TrainSummary::default();
     let vars = params.all();
     let mut taps_cache: Vec<Option<Tensor>> = vec![None; samples.len()];
@@ -886,9 +886,34 @@ struct RunLog {
     clock: Clock,
 }
 
+/// Rewrites the log at `path` without the lines of steps after `step` (a missing log is
+/// left alone; a line that does not parse is kept).
+fn drop_lines_after(path: &Path, step: usize) -> Result<(), TrainError> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let after = |line: &str| {
+        let v: Option<serde_json::Value> = serde_json::from_str(line).ok();
+        v.and_then(|v| v["step"].as_u64())
+            .is_some_and(|s| s as usize > step)
+    };
+    if !text.lines().any(after) {
+        return Ok(());
+    }
+    let kept: String = text
+        .lines()
+        .filter(|l| !after(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(path, kept).map_err(io)
+}
+
 impl RunLog {
-    /// Opens the log of `run`, a bar of `steps` (hidden when `quiet`) and starts the clock.
-    fn open(run: &RunDir, steps: usize, quiet: bool, cpu_before: f64) -> Result<Self, TrainError> {
+    /// Opens the log of `run` at the checkpoint's `state` (the lines of steps after it, which
+    /// an interrupted run logged but did not keep, are dropped: they run again), a bar of
+    /// `steps` (hidden when `quiet`), and starts the clock.
+    fn open(run: &RunDir, steps: usize, quiet: bool, state: &State) -> Result<Self, TrainError> {
+        drop_lines_after(&run.log(), state.step)?;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -904,7 +929,7 @@ impl RunLog {
         Ok(RunLog {
             file,
             progress,
-            clock: Clock::start(cpu_before),
+            clock: Clock::start(state.cpu_seconds),
         })
     }
 

@@ -75,6 +75,12 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
         stop_at: None,
     };
     train(&target, &samples, &run, &tc, Init::Random, true).unwrap();
+    // An interruption after the checkpoint: the lines of steps it logged but did not
+    // keep are dropped on resume (they run again).
+    let log_path = run.join("train.log.jsonl");
+    let mut text = std::fs::read_to_string(&log_path).unwrap();
+    text.push_str("{\"step\": 31, \"loss\": 9.0}\n{\"step\": 32, \"loss\": 9.0}\n");
+    std::fs::write(&log_path, text).unwrap();
     tc.steps = 300;
     let last = train(&target, &samples, &run, &tc, Init::Random, true).unwrap();
     assert_eq!(last.step, 300);
@@ -84,6 +90,7 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(log.len(), 300, "one log line per step across the resume");
+    assert!(log.iter().enumerate().all(|(i, r)| r["step"] == i + 1));
     let mean = |xs: &[serde_json::Value]| {
         xs.iter().map(|r| r["loss"].as_f64().unwrap()).sum::<f64>() / xs.len() as f64
     };
