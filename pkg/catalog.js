@@ -27,7 +27,7 @@ export const CATALOG = [
       'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53')],
     drafter: {
       config: { url: SMOLLM2_DRAFTER_CONFIG, sha256: '117fe9e850b16c564908167cea7317064eb7ed8fc280a8b3eed68984508b7562', size: 840 },
-      weights: { url: SMOLLM2_DRAFTER_WEIGHTS, sha256: 'aa98206134e7c06f335748eed04e50941c017bc9f34c0bae1fcacfe815108acc', size: 23237968 },
+      weights: { url: SMOLLM2_DRAFTER_WEIGHTS, sha256: 'fb5d815be14665723cfb18d1d116d13693309240d0b7fa3c5cf6060afafb647c', size: 23237968 },
     },
     requires: [],
   },
