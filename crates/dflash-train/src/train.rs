@@ -905,7 +905,10 @@ fn drop_lines_after(path: &Path, step: usize) -> Result<(), TrainError> {
         .filter(|l| !after(l))
         .map(|l| format!("{l}\n"))
         .collect();
-    std::fs::write(path, kept).map_err(io)
+    // By rename, as checkpoints are written: an interruption leaves one log or the other.
+    let tmp = path.with_extension("jsonl.tmp");
+    std::fs::write(&tmp, kept).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
 }
 
 impl RunLog {
