@@ -167,5 +167,16 @@ pub fn print(v: &Value) -> Result<(), crate::CliError> {
             f(&r["copy_ratio"]),
         )?;
     }
+    for r in c["gemv_dp4a"].as_array().into_iter().flatten() {
+        outln!(
+            "  gemv_dp4a {:<23} {:>9.1} us {:>8.2} GB/s ({:.3} of copy; + quantize {:.1} us: {:.2}x the f32 gemv)",
+            r["shape"].as_str().unwrap_or(""),
+            f(&r["us"]),
+            f(&r["gbps"]),
+            f(&r["copy_ratio"]),
+            f(&r["quantize_us"]),
+            f(&r["speedup_over_f32"]),
+        )?;
+    }
     Ok(())
 }

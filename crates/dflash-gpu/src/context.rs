@@ -60,6 +60,9 @@ pub struct AdapterSummary {
     pub driver: String,
     pub shader_f16: bool,
     pub subgroups: bool,
+    /// WGSL's `packed_4x8_integer_dot_product` (`dot4I8Packed`), which naga lowers to
+    /// the device's integer dot product or a bit-field polyfill.
+    pub packed_int8_dot: bool,
     pub max_storage_buffer_binding_size: u64,
     pub max_buffer_size: u64,
     pub max_compute_invocations_per_workgroup: u32,
@@ -316,7 +319,10 @@ impl GpuContext {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
-        let summary = AdapterSummary::of(&info, features, &limits);
+        let mut summary = AdapterSummary::of(&info, features, &limits);
+        summary.packed_int8_dot = instance
+            .wgsl_language_features()
+            .contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct);
         let mut tuning = opts.tuning.unwrap_or_else(|| Tuning::for_adapter(&info));
         tuning.gemv_outputs_override = opts.gemv_outputs.or(tuning.gemv_outputs_override);
         tuning.pipelined_decode = opts.pipelined_decode.unwrap_or(tuning.pipelined_decode);
@@ -630,6 +636,7 @@ impl AdapterSummary {
                 .to_string(),
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
+            packed_int8_dot: false,
             max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
             max_buffer_size: limits.max_buffer_size,
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,

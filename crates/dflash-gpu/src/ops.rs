@@ -10,6 +10,8 @@
 //! check what each kernel computes. A Rust constant per binding would repeat the shader
 //! at more length, with nothing to check it.
 
+pub mod dp4a;
+
 use crate::context::GpuContext;
 use crate::error::Result;
 use crate::pipelines::{grid, Dispatch, Kernel, Shader, NO_PARAMS, WORKGROUP_SIZE};
@@ -27,7 +29,7 @@ pub fn shape_name(rows: usize, cols: usize, f: QFormat, n: usize) -> String {
     format!("{rows}x{cols} {f} n={n}")
 }
 
-fn format_id(f: QFormat) -> f64 {
+pub(crate) fn format_id(f: QFormat) -> f64 {
     if f == QFormat::Q4 {
         0.0
     } else {

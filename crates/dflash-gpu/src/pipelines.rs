@@ -12,6 +12,9 @@ use std::rc::Rc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Shader {
     Gemv,
+    /// The 8-bit-activation GEMV (integer dot products): adapters with WGSL's
+    /// `packed_4x8_integer_dot_product` only (`AdapterSummary::packed_int8_dot`).
+    GemvDp4a,
     Embedding,
     RmsNorm,
     Rope,
@@ -41,6 +44,7 @@ const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
 const RANDOM: &str = include_str!("../../../shaders/random.wgsl");
 
 impl Shader {
+    /// Every shader that every adapter compiles (`GemvDp4a` needs a WGSL extension).
     pub const ALL: [Shader; 15] = [
         Shader::Qkv,
         Shader::DFlash,
@@ -62,6 +66,7 @@ impl Shader {
     fn body(self) -> &'static str {
         match self {
             Shader::Gemv => include_str!("../../../shaders/gemv.wgsl"),
+            Shader::GemvDp4a => include_str!("../../../shaders/gemv_dp4a.wgsl"),
             Shader::Embedding => include_str!("../../../shaders/embedding.wgsl"),
             Shader::RmsNorm => include_str!("../../../shaders/rmsnorm.wgsl"),
             Shader::Rope => include_str!("../../../shaders/rope.wgsl"),
@@ -84,6 +89,9 @@ impl Shader {
     /// quantized-weight and random helpers where used.
     pub fn source(self, f16: bool) -> String {
         let mut s = String::new();
+        if self == Shader::GemvDp4a {
+            s.push_str("requires packed_4x8_integer_dot_product;\n");
+        }
         if matches!(
             self,
             Shader::Attention | Shader::AttentionChunks | Shader::Elementwise | Shader::Qkv
@@ -98,7 +106,7 @@ impl Shader {
         s.push_str(COMMON);
         s.push('\n');
         s.push_str(self.body());
-        if matches!(self, Shader::Gemv | Shader::Embedding) {
+        if matches!(self, Shader::Gemv | Shader::GemvDp4a | Shader::Embedding) {
             s.push('\n');
             s.push_str(QUANT);
         }

@@ -11,6 +11,7 @@ use crate::error::{GpuError, Result};
 use crate::ops;
 use crate::pipelines::{Dispatch, Kernel, OpLabel, Shader, NO_PARAMS};
 use crate::upload::{work_buffer, GpuMatrix};
+use dflash_core::quant::QFormat;
 use serde_json::{json, Value};
 
 /// Copies encoded before every timed run (source, destination, bytes): the state a plan
@@ -65,6 +66,10 @@ pub struct Calibration {
     pub stream_bytes: u64,
     /// (shape, rows of x, µs per GEMV, GB/s) for each weight shape of the model.
     pub gemv: Vec<(String, usize, f64, f64)>,
+    /// The same for the 8-bit-activation GEMV (`ops::dp4a`), where the adapter has
+    /// integer dot products, with the µs of quantizing its x: (shape, rows, µs, GB/s,
+    /// quantize µs).
+    pub gemv_dp4a: Vec<(String, usize, f64, f64, f64)>,
 }
 
 fn timestamp_buffers(ctx: &GpuContext, count: usize) -> (wgpu::QuerySet, wgpu::Buffer) {
@@ -334,6 +339,37 @@ pub fn gemv_shape(
     Ok((s / reps as f64 * 1e6, bytes as f64 / s / 1e9))
 }
 
+/// The 8-bit-activation GEMV of one shape at `n` rows as `gemv_shape` times the f32
+/// one, and the quantization of its x alone: (µs per GEMV, GB/s, µs per quantization).
+pub fn gemv_dp4a_shape(
+    ctx: &GpuContext,
+    m: &GpuMatrix,
+    n: usize,
+    now: &dyn Fn() -> f64,
+) -> Result<(f64, f64, f64)> {
+    let reps = ((64u64 << 20) / m.n_bytes.max(1)).clamp(4, 64) as usize;
+    let x = work_buffer(ctx, "gemv_x", (n * m.cols * 4) as u64);
+    let q = ops::dp4a::QuantizedActivations::for_matrix(ctx, m, n)?;
+    let quantize = ops::dp4a::quantize(ctx, &x, &q)?;
+    let quantize_s = time_pass(ctx, &[&quantize], 3, now)?;
+    let ys: Vec<wgpu::Buffer> = (0..reps)
+        .map(|_| work_buffer(ctx, "gemv_y", (n * m.rows * 4) as u64))
+        .collect();
+    let outputs = ctx.tuning.gemv_outputs(m.rows, m.cols);
+    let mut ds = Vec::new();
+    for y in &ys {
+        ds.extend(ops::dp4a::gemv(ctx, m, &q, y, n, outputs)?);
+    }
+    let refs: Vec<&Dispatch> = ds.iter().collect();
+    let bytes: u64 = ds.iter().map(|d| d.label.bytes).sum();
+    let s = time_pass(ctx, &refs, 3, now)?;
+    Ok((
+        s / reps as f64 * 1e6,
+        bytes as f64 / s / 1e9,
+        quantize_s * 1e6,
+    ))
+}
+
 /// Dispatch times summed per (op family, shape), largest total first.
 pub fn by_family(p: &PlanProfile) -> Vec<Value> {
     let mut rows: Vec<(String, String, usize, f64, u64)> = Vec::new();
@@ -415,12 +451,22 @@ impl Calibration {
                 "shape": shape, "rows": n, "us": us, "gbps": gb,
                 "copy_ratio": gb / self.copy_gbps.max(1e-12),
             })).collect::<Vec<_>>(),
+            "gemv_dp4a": self.gemv_dp4a.iter().map(|(shape, n, us, gb, quantize_us)| {
+                let f32_us = self.gemv.iter().find(|g| &g.0 == shape).map(|g| g.2);
+                json!({
+                    "shape": shape, "rows": n, "us": us, "gbps": gb,
+                    "copy_ratio": gb / self.copy_gbps.max(1e-12),
+                    "quantize_us": quantize_us,
+                    "speedup_over_f32": f32_us.map(|f| f / (us + quantize_us)),
+                })
+            }).collect::<Vec<_>>(),
         })
     }
 }
 
 /// The calibration kernels: the dispatch chain, the stream and the copy at `size` bytes,
-/// and every distinct GEMV shape of `mats` at 1 and 16 rows.
+/// and every distinct GEMV shape of `mats` at 1 and 16 rows (with 8-bit activations
+/// too where the adapter has integer dot products).
 pub fn calibrate(
     ctx: &GpuContext,
     mats: &[&GpuMatrix],
@@ -428,6 +474,7 @@ pub fn calibrate(
     now: &dyn Fn() -> f64,
 ) -> Result<Calibration> {
     let mut gemv = Vec::new();
+    let mut gemv_dp4a = Vec::new();
     let mut seen = Vec::new();
     for m in mats {
         let key = (m.rows, m.cols, m.format);
@@ -437,7 +484,12 @@ pub fn calibrate(
         seen.push(key);
         for n in [1, 16] {
             let (us, gb) = gemv_shape(ctx, m, n, now)?;
-            gemv.push((ops::shape_name(m.rows, m.cols, m.format, n), n, us, gb));
+            let shape = ops::shape_name(m.rows, m.cols, m.format, n);
+            gemv.push((shape.clone(), n, us, gb));
+            if ctx.summary.packed_int8_dot && m.format != QFormat::F32 {
+                let (us, gb, quantize_us) = gemv_dp4a_shape(ctx, m, n, now)?;
+                gemv_dp4a.push((shape, n, us, gb, quantize_us));
+            }
         }
     }
     Ok(Calibration {
@@ -446,5 +498,6 @@ pub fn calibrate(
         stream_gbps: stream_gbps(ctx, size, now)?,
         stream_bytes: size.min(ctx.max_binding()) / 16 * 16,
         gemv,
+        gemv_dp4a,
     })
 }

@@ -5,10 +5,12 @@ mod common;
 use common::{contexts, max_abs_diff};
 use dflash_core::config::RopeStyle;
 use dflash_core::cpu::ops as cpu;
+use dflash_core::cpu::quant_matmul::QuantizedRows;
 use dflash_core::formats::ggml::{quantize, GgmlType};
 use dflash_core::quant::QuantMatrix;
 use dflash_core::testutil::Rng;
 use dflash_gpu::ops;
+use dflash_gpu::ops::dp4a;
 use dflash_gpu::upload::{f32_buffer, storage_buffer, upload_matrix, work_buffer};
 use dflash_gpu::GpuContext;
 
@@ -123,6 +125,153 @@ fn gemv_rows_are_batch_invariant() {
                 );
             }
         }
+    }
+}
+
+/// x quantized on the GPU for each weight format, and the CPU engine's quantization of
+/// the same x: (GPU bytes, GPU (scale, sum) pairs, CPU rows).
+fn quantize_both(
+    ctx: &GpuContext,
+    g: &dflash_gpu::upload::GpuMatrix,
+    x: &[f32],
+    n: usize,
+) -> (Vec<i8>, Vec<f32>, QuantizedRows) {
+    let q = dp4a::QuantizedActivations::for_matrix(ctx, g, n).unwrap();
+    let xb = f32_buffer(ctx, "x", x);
+    run(ctx, &[dp4a::quantize(ctx, &xb, &q).unwrap()]);
+    let bytes = ctx.read_back(&q.qs, 0, (n * g.cols) as u64).unwrap();
+    let pairs = read_f32(ctx, &q.scales_sums, 2 * n * g.cols / g.group);
+    let cpu = QuantizedRows::new(x, n, g.cols, g.format, g.group);
+    (bytes.iter().map(|&b| b as i8).collect(), pairs, cpu)
+}
+
+/// The 8-bit-activation GEMV's quantization is the CPU engine's: the same bytes in the
+/// same order but where x * (127 / amax) lands within a rounding of a half (WGSL's
+/// division is not correctly rounded: at most 1 in 1000 bytes, each off by one), scales
+/// and sums within 1e-6 relative.
+#[test]
+fn dp4a_quantization_is_the_cpu_engines() {
+    for ctx in contexts() {
+        assert!(
+            ctx.summary.packed_int8_dot,
+            "wgpu implements the WGSL extension natively"
+        );
+        let mut rng = Rng(5);
+        let (rows, cols) = (8, 512);
+        for (name, m) in matrices(&mut rng, rows, cols) {
+            let g = upload_matrix(&ctx, "w", &m).unwrap();
+            let n = 16;
+            let mut x = rng.vec(n * cols, 1.0);
+            x[cols..2 * cols].fill(0.0); // a row of zeros: scale 0
+            let (bytes, pairs, cpu) = quantize_both(&ctx, &g, &x, n);
+            let off: Vec<(i8, i8)> = bytes
+                .iter()
+                .zip(cpu.values())
+                .filter(|(a, b)| a != b)
+                .map(|(a, b)| (*a, *b))
+                .collect();
+            assert!(
+                off.len() * 1000 <= bytes.len(),
+                "{name}: {} bytes differ",
+                off.len()
+            );
+            assert!(
+                off.iter().all(|(a, b)| (a - b).abs() == 1),
+                "{name}: {off:?}"
+            );
+            let group = g.group;
+            for (i, (s, t)) in cpu.scales().iter().zip(cpu.sums()).enumerate() {
+                let (gs, gt) = (pairs[2 * i], pairs[2 * i + 1]);
+                let span = i * group..(i + 1) * group;
+                let moved: i32 = bytes[span.clone()]
+                    .iter()
+                    .zip(&cpu.values()[span])
+                    .map(|(a, b)| (*a as i32 - *b as i32).abs())
+                    .sum();
+                assert!((gs - s).abs() <= 1e-6 * s, "{name} group {i}: {gs} vs {s}");
+                let tol = s * moved as f32 + 1e-6 * s * 127.0 * group as f32;
+                assert!((gt - t).abs() <= tol, "{name} group {i}: {gt} vs {t}");
+            }
+        }
+    }
+}
+
+/// The 8-bit-activation GEMV on the CPU engine's own quantized rows is the CPU engine's
+/// product (the same exact integer sums, terms and tree: within 1e-6 relative to the sum
+/// of |term|, for a driver that fuses a product into an add), for 1..16 rows, any
+/// outputs per thread and a matrix in chunks; each row's bits do not depend on how many
+/// rows share the pass; and against the f32 product of the dequantized weights it is
+/// within the 8-bit activations' error (1% of sum |w x|).
+#[test]
+fn dp4a_gemv_is_the_cpu_engines_product() {
+    use dflash_core::cpu::quant_matmul::{quant_matmul, Kernel};
+    for ctx in contexts() {
+        let mut rng = Rng(6);
+        let (rows, cols) = (72, 512);
+        for (name, m) in matrices(&mut rng, rows, cols) {
+            let g = upload_matrix(&ctx, "w", &m).unwrap();
+            let wf = m.dequantize();
+            let x = rng.vec(16 * cols, 1.0);
+            let mut sixteen = Vec::new();
+            for n in [16usize, 1, 3] {
+                let cpu = QuantizedRows::new(&x[..n * cols], n, cols, m.format, m.group);
+                let want = quant_matmul(&m, &cpu, Kernel::Scalar);
+                let q = dp4a::QuantizedActivations::for_matrix(&ctx, &g, n).unwrap();
+                let bytes: Vec<u8> = cpu.values().iter().map(|&b| b as u8).collect();
+                ctx.queue.write_buffer(&q.qs, 0, &bytes);
+                let pairs: Vec<f32> = cpu
+                    .scales()
+                    .iter()
+                    .zip(cpu.sums())
+                    .flat_map(|(a, b)| [*a, *b])
+                    .collect();
+                ctx.queue
+                    .write_buffer(&q.scales_sums, 0, bytemuck::cast_slice(&pairs));
+                for outputs in [1, 4] {
+                    let yb = work_buffer(&ctx, "y", (n * rows * 4) as u64);
+                    run(&ctx, &dp4a::gemv(&ctx, &g, &q, &yb, n, outputs).unwrap());
+                    let got = read_f32(&ctx, &yb, n * rows);
+                    for i in 0..n * rows {
+                        let (r, o) = (i / rows, i % rows);
+                        let absdot: f32 = (0..cols)
+                            .map(|k| (x[r * cols + k] * wf[o * cols + k]).abs())
+                            .sum();
+                        let tol = 1e-6 * absdot + 1e-7;
+                        assert!((got[i] - want[i]).abs() <= tol, "{name} n={n} elem {i}");
+                        let dense: f32 =
+                            (0..cols).map(|k| x[r * cols + k] * wf[o * cols + k]).sum();
+                        assert!((got[i] - dense).abs() <= 1e-2 * absdot, "{name} elem {i}");
+                    }
+                    if n == 16 {
+                        sixteen = got.clone();
+                    }
+                    assert!(
+                        got.iter()
+                            .zip(&sixteen)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{name}: the first {n} rows alone differ from the 16-row pass"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A GEMV with 8-bit activations for another matrix's shape or format is refused.
+#[test]
+fn dp4a_gemv_refuses_activations_of_another_matrix() {
+    for ctx in contexts() {
+        let mut rng = Rng(7);
+        let ms = matrices(&mut rng, 8, 256);
+        let q4 = upload_matrix(&ctx, "w", &ms[0].1).unwrap();
+        let q8 = upload_matrix(&ctx, "w", &ms[2].1).unwrap();
+        let q = dp4a::QuantizedActivations::for_matrix(&ctx, &q4, 2).unwrap();
+        let y = work_buffer(&ctx, "y", 64);
+        let e = dp4a::gemv(&ctx, &q8, &q, &y, 2, 1)
+            .err()
+            .expect("q8 weights, q4 activations");
+        assert!(matches!(e, dflash_gpu::GpuError::Unsupported(_)), "{e}");
+        assert!(dp4a::gemv(&ctx, &q4, &q, &y, 3, 1).is_err(), "3 rows of 2");
     }
 }
 
@@ -567,6 +716,22 @@ fn every_kernel_variant_compiles() {
             ks.push(Kernel::new(Shader::DeltaNet, entry));
         }
         ks.push(Kernel::new(Shader::Elementwise, "sigmoid_gate"));
+        for (f, g) in [(0.0, 32.0), (1.0, 32.0), (1.0, 16.0)] {
+            ks.push(
+                Kernel::new(Shader::GemvDp4a, "quantize")
+                    .with("FORMAT", f)
+                    .with("GROUP", g),
+            );
+            for (n, outs) in [(1.0, 1.0), (16.0, 4.0)] {
+                ks.push(
+                    Kernel::new(Shader::GemvDp4a, "main")
+                        .with("FORMAT", f)
+                        .with("GROUP", g)
+                        .with("N_ROWS", n)
+                        .with("OUTS", outs),
+                );
+            }
+        }
         for k in &ks {
             ctx.pipelines
                 .get(&ctx, k)

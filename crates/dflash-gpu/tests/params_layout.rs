@@ -2,6 +2,7 @@
 //! fills: the same member names at the same byte offsets, and the same size, read from
 //! the shader by naga (wgpu's own WGSL front end).
 
+use dflash_gpu::ops::dp4a::Dp4aParams;
 use dflash_gpu::ops::{
     ArgmaxParams, AttentionChunkParams, AttentionParams, ConvParams, CopyParams, DeltaNetParams,
     ElementwiseParams, EmbeddingParams, GemvParams, MoeParams, QkvParams, RmsNormParams,
@@ -47,6 +48,12 @@ fn gemv_params_match_the_wgsl_struct() {
     assert_layout!(Shader::Gemv, "Params", GemvParams; n_rows, k, m, out_offset,
         out_stride, wg_x, eps, bias_offset, pair_rows, part_offset, n_parts, tap_offset,
         tap_stride, expert_lo, pad1, pad2);
+}
+
+#[test]
+fn gemv_dp4a_params_match_the_wgsl_struct() {
+    assert_layout!(Shader::GemvDp4a, "Params", Dp4aParams; n_rows, k, m, out_offset,
+        out_stride, wg_x, pad1, pad2);
 }
 
 #[test]

@@ -215,6 +215,7 @@ pub(super) fn plain_json(
             "name": summary.name, "backend": summary.backend,
             "device_type": summary.device_type, "driver": summary.driver,
             "shader_f16": summary.shader_f16, "subgroups": summary.subgroups,
+            "packed_int8_dot": summary.packed_int8_dot,
             "kv_cache_f16": ctx.f16,
             "max_storage_buffer_binding_size": summary.max_storage_buffer_binding_size,
             "max_buffer_size": summary.max_buffer_size,

@@ -91,6 +91,21 @@ impl QuantizedRows {
         self.n
     }
 
+    /// `[n, cols]` quantized values, each group in the weight format's byte order.
+    pub fn values(&self) -> &[i8] {
+        &self.qs
+    }
+
+    /// `[n, cols / group]` scales (`amax / 127`).
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+
+    /// `[n, cols / group]`: `scale * sum(q)`.
+    pub fn sums(&self) -> &[f32] {
+        &self.sums
+    }
+
     fn row(&self, t: usize) -> ActRow<'_> {
         let gpr = self.cols / self.group;
         ActRow {
