@@ -165,6 +165,10 @@ struct DataArgs {
     stdlib: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The prompt mix: `code` (mostly coding, the committed drafter's) or `general`
+    /// (explanations, role-play, reasoning and rewriting besides code).
+    #[arg(long, value_enum, default_value_t = prompts::Mix::Code)]
+    mix: prompts::Mix,
     /// What answers: `cpu`, the quantized CPU engine (default; --batch is ignored), or
     /// `candle`, candle's f32 target with --batch prompts together.
     #[arg(long, default_value = "cpu")]
@@ -197,7 +201,7 @@ fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
 fn run_data(a: DataArgs) -> Result<(), TrainError> {
     let model = dflash_core::model_files::load_path(&a.model)?;
     let stdlib = a.stdlib.clone().or_else(prompts::find_stdlib);
-    let mut all = prompts::build(stdlib.as_deref(), a.seed);
+    let mut all = prompts::build_mix(stdlib.as_deref(), a.seed, a.mix);
     all.truncate(a.prompts);
     let target: Box<dyn dflash_train::data::Answerer> = match a.engine.as_str() {
         "cpu" => Box::new(dflash_core::cpu::CpuModel::with_kernels(

@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+mod general;
+
 #[derive(Debug, Clone)]
 pub struct Prompt {
     /// Stable id: source and index, so a resumed run skips what is done.
@@ -129,12 +131,21 @@ fn indent_doc(doc: &str) -> String {
         .join("\n")
 }
 
+/// What the standard library gives: coding requests from its docstrings, module
+/// questions, and each docstring's first paragraph (keyed by module.function).
+pub struct StdlibPools {
+    pub code: Vec<Prompt>,
+    pub modules: Vec<Prompt>,
+    pub paragraphs: Vec<(String, String)>,
+}
+
 /// Coding requests from the standard library's docstrings, and module questions.
-pub fn stdlib_prompts(stdlib: &Path) -> (Vec<Prompt>, Vec<Prompt>) {
+pub fn stdlib_prompts(stdlib: &Path) -> StdlibPools {
     let mut files = Vec::new();
     py_files(stdlib, &mut files);
     let mut code = Vec::new();
     let mut modules = Vec::new();
+    let mut paragraphs = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for f in &files {
         let rel = f
@@ -161,6 +172,7 @@ pub fn stdlib_prompts(stdlib: &Path) -> (Vec<Prompt>, Vec<Prompt>) {
                 .next()
                 .unwrap_or("")
                 .replace('\n', " ");
+            paragraphs.push((key.clone(), first_para.clone()));
             let stub = format!(
                 "def {}:\n    \"\"\"{}\n    \"\"\"\n",
                 func.signature,
@@ -192,7 +204,11 @@ pub fn stdlib_prompts(stdlib: &Path) -> (Vec<Prompt>, Vec<Prompt>) {
             text: forms[i % 3].replace("{}", m),
         })
         .collect();
-    (code, questions)
+    StdlibPools {
+        code,
+        modules: questions,
+        paragraphs,
+    }
 }
 
 const NAMES: &[&str] = &[
@@ -269,32 +285,63 @@ pub fn writing_prompts() -> Vec<Prompt> {
     out
 }
 
+/// The prompt mixes of `dflash-train data --mix`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mix {
+    /// Per 10 prompts: 5 code, 2 module questions, 2 arithmetic, 1 writing (the mix of
+    /// the committed SmolLM2 drafter's data).
+    Code,
+    /// Per 10: 2 code, 2 explanations, and one each of role-play, reasoning,
+    /// rewriting, arithmetic, writing and module questions.
+    General,
+}
+
 /// Every prompt, mixed deterministically: roughly half coding, the rest module
-/// questions, arithmetic and writing.
+/// questions, arithmetic and writing (`Mix::Code`).
 pub fn build(stdlib: Option<&Path>, seed: u64) -> Vec<Prompt> {
-    let (mut code, mut modules) = match stdlib {
+    build_mix(stdlib, seed, Mix::Code)
+}
+
+/// Every prompt of `mix`, each pool shuffled by `seed`, interleaved by the mix's
+/// pattern; exhausted pools are skipped.
+pub fn build_mix(stdlib: Option<&Path>, seed: u64, mix: Mix) -> Vec<Prompt> {
+    let std = match stdlib {
         Some(d) => stdlib_prompts(d),
-        None => (vec![], vec![]),
+        None => StdlibPools {
+            code: vec![],
+            modules: vec![],
+            paragraphs: vec![],
+        },
     };
-    let mut math = arithmetic_prompts(2000, seed);
-    let mut writing = writing_prompts();
     let mut r = Rng(seed ^ 0x5EED);
-    r.shuffle(&mut code);
-    r.shuffle(&mut modules);
-    r.shuffle(&mut math);
-    r.shuffle(&mut writing);
-    let mut pools = [
-        code.into_iter(),
-        modules.into_iter(),
-        math.into_iter(),
-        writing.into_iter(),
+    let mut pools = vec![
+        std.code,
+        std.modules,
+        arithmetic_prompts(2000, seed),
+        writing_prompts(),
     ];
-    // Per 10 prompts: 5 code, 2 module, 2 math, 1 writing; exhausted pools are skipped.
-    let pattern = [0, 2, 0, 1, 0, 3, 0, 2, 0, 1];
+    let pattern: &[usize] = match mix {
+        Mix::Code => &[0, 2, 0, 1, 0, 3, 0, 2, 0, 1],
+        Mix::General => {
+            pools.push(general::explanation_prompts());
+            pools.push(general::roleplay_prompts());
+            pools.push(general::reasoning_prompts(2000, seed));
+            pools.push(general::rewrite_prompts(&std.paragraphs));
+            &[0, 4, 5, 6, 7, 0, 4, 2, 3, 1]
+        }
+    };
+    for p in pools.iter_mut() {
+        r.shuffle(p);
+    }
+    interleave(pools, pattern)
+}
+
+fn interleave(pools: Vec<Vec<Prompt>>, pattern: &[usize]) -> Vec<Prompt> {
+    let mut pools: Vec<_> = pools.into_iter().map(|p| p.into_iter()).collect();
     let mut out = Vec::new();
     loop {
         let mut any = false;
-        for &p in &pattern {
+        for &p in pattern {
             if let Some(x) = pools[p].next() {
                 out.push(x);
                 any = true;
@@ -317,4 +364,108 @@ pub fn find_stdlib() -> Option<PathBuf> {
         .ok()?;
     let p = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
     p.is_dir().then_some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny standard library: three modules, five documented functions.
+    fn fake_stdlib(name: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("dflash-fake-stdlib-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let f = |file: &str, body: &str| std::fs::write(d.join(file), body).unwrap();
+        f("alpha.py", "def one(x):\n    \"\"\"Return x plus one, for any number that can be added to.\"\"\"\n    return x + 1\n\ndef two(a, b):\n    \"\"\"Join two strings with a space between them and return the joined text.\"\"\"\n    return a + ' ' + b\n");
+        f("beta.py", "def three():\n    \"\"\"Three.\"\"\"\n    return 3\n\nclass K:\n    def four(self):\n        \"\"\"The number four, as an integer value that a caller can rely on.\"\"\"\n        return 4\n");
+        f("gamma.py", "def five(s):\n    '''Upper-case s.\n\n    More words.\n    '''\n    return s.upper()\n");
+        d
+    }
+
+    /// FNV-1a over every prompt's id and text.
+    fn fnv(p: &[Prompt]) -> u64 {
+        let mut h = 0xcbf29ce484222325u64;
+        for b in p.iter().flat_map(|p| p.id.bytes().chain(p.text.bytes())) {
+            h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+        h
+    }
+
+    fn ids(p: &[Prompt], n: usize) -> Vec<&str> {
+        p.iter().take(n).map(|p| p.id.as_str()).collect()
+    }
+
+    /// The code mix is the one the committed drafter's data was made with (so
+    /// scripts/train-smollm2.sh still reproduces it): the same prompts in the same
+    /// order as the mix gave them before the general mix was added (these ids, and
+    /// the count and hash of every id and text).
+    #[test]
+    fn the_code_mix_is_unchanged() {
+        let d = fake_stdlib("code");
+        let all = build(Some(&d), 1);
+        let golden = [
+            "py:alpha.one",
+            "math:1:259",
+            "py:alpha.two",
+            "mod:gamma:2",
+            "py:beta.four",
+            "write:4:9",
+            "math:1:94",
+            "mod:alpha:0",
+            "math:1:1496",
+            "mod:beta:1",
+            "write:4:0",
+            "math:1:1044",
+            "math:1:835",
+            "write:3:14",
+            "math:1:316",
+            "math:1:803",
+            "write:0:19",
+            "math:1:1010",
+            "math:1:1823",
+            "write:1:18",
+            "math:1:528",
+            "math:1:1565",
+            "write:4:5",
+            "math:1:139",
+        ];
+        assert_eq!(ids(&all, 24), golden);
+        assert_eq!((all.len(), fnv(&all)), (2126, 0x2ed8c424a867313f));
+    }
+
+    /// The general mix draws from every pool in its pattern, and every id is distinct
+    /// (a resumed `data` run skips prompts by id).
+    #[test]
+    fn the_general_mix_has_every_pool_and_distinct_ids() {
+        let d = fake_stdlib("general");
+        let long = "Split the text at every comma, strip the spaces around each piece and return the pieces that are not empty, in order.";
+        std::fs::write(
+            d.join("delta.py"),
+            format!("def six(t):\n    \"\"\"{long}\"\"\"\n"),
+        )
+        .unwrap();
+        let all = build_mix(Some(&d), 1, Mix::General);
+        let first: Vec<&str> = all.iter().take(10).map(|p| p.source).collect();
+        for source in [
+            "stdlib-code",
+            "explanation",
+            "roleplay",
+            "reasoning",
+            "rewrite",
+            "arithmetic",
+            "writing",
+            "stdlib-module",
+        ] {
+            assert!(first.contains(&source), "{source} missing from {first:?}");
+        }
+        let mut seen = std::collections::HashSet::new();
+        assert!(
+            all.iter().all(|p| seen.insert(p.id.clone())),
+            "duplicate ids"
+        );
+        assert!(all
+            .iter()
+            .any(|p| p.source == "rewrite" && p.text.contains(long)));
+        assert_eq!(fnv(&all), fnv(&build_mix(Some(&d), 1, Mix::General)));
+    }
 }
