@@ -14,6 +14,7 @@
 // files with the app.
 const SMOLLM2_DRAFTER_CONFIG = new URL('./drafters/smollm2-135m-instruct-dflash-b16/config.json', import.meta.url).href;
 const SMOLLM2_DRAFTER_WEIGHTS = new URL('./drafters/smollm2-135m-instruct-dflash-b16/model.safetensors', import.meta.url).href;
+const SMOLLM2_DRAFTER_VOCAB = new URL('./drafters/smollm2-135m-instruct-dflash-b16/draft_vocab.json', import.meta.url).href;
 
 const hf = (repo, file, size, sha256) => ({ repo, file, size, sha256 });
 
@@ -28,6 +29,7 @@ export const CATALOG = [
     drafter: {
       config: { url: SMOLLM2_DRAFTER_CONFIG, sha256: '117fe9e850b16c564908167cea7317064eb7ed8fc280a8b3eed68984508b7562', size: 840 },
       weights: { url: SMOLLM2_DRAFTER_WEIGHTS, sha256: 'fb5d815be14665723cfb18d1d116d13693309240d0b7fa3c5cf6060afafb647c', size: 23237968 },
+      draftVocab: { url: SMOLLM2_DRAFTER_VOCAB, sha256: 'a24e2ab3340fcbc2ce061fa8a1d7b82cd21db41f2e333fa02956a1ec3f3c3d9c', size: 43193 },
     },
     requires: [],
   },

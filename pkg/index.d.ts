@@ -31,7 +31,7 @@ export type FileSource = string | URL | Blob;
 
 export interface Progress {
   phase: 'download' | 'cache' | 'build';
-  file: 'model' | 'drafter config' | 'drafter weights';
+  file: 'model' | 'drafter config' | 'drafter weights' | 'drafter vocab';
   /** The file's bytes so far, of `total`. */
   loaded: number;
   total: number;
@@ -67,7 +67,7 @@ export interface CatalogEntry {
   /** The GGUF file, or every part of a split one, in order. */
   files: (HuggingFaceFile & { size: number; sha256: string })[];
   /** Its DFlash drafter, or null. */
-  drafter: null | { repo: string; revision?: string } | { config: ModelFile; weights: ModelFile };
+  drafter: null | { repo: string; revision?: string } | { config: ModelFile; weights: ModelFile; draftVocab?: ModelFile };
   /** WebGPU features needed beyond the defaults. */
   requires: string[];
 }
@@ -107,6 +107,9 @@ export interface EngineOptions {
     | {
         config: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
         weights: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
+        /** Its draft_vocab.json: greedy drafts among these ids of the lm_head (faster
+         *  drafts, still lossless). */
+        draftVocab?: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
       };
   /** KV cache capacity in tokens (default 2048). */
   context?: number;

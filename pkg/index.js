@@ -120,8 +120,8 @@ function drafterSource(d) {
   if (d.sha256 !== undefined && (typeof d.sha256 !== 'object' || d.sha256 === null)) {
     throw new DFlashError(CODE.BadRequest, 'drafter.sha256 must be { config?, weights? }');
   }
-  for (const k of ['config', 'weights']) pin(d.sha256?.[k], `drafter.sha256.${k}`);
-  for (const k of ['config', 'weights']) pin(d[k]?.sha256, `drafter.${k}.sha256`);
+  for (const k of ['config', 'weights', 'draftVocab']) pin(d.sha256?.[k], `drafter.sha256.${k}`);
+  for (const k of ['config', 'weights', 'draftVocab']) pin(d[k]?.sha256, `drafter.${k}.sha256`);
   const folder = (url, sha256, size) => {
     const base = absolute(url).replace(/\/?$/, '/');
     return { config: base + 'config.json', weights: base + 'model.safetensors', sha256: { ...sha256 }, size: { ...size } };
@@ -130,9 +130,11 @@ function drafterSource(d) {
   if (d.url !== undefined) return folder(d.url, d.sha256, d.size);
   if (d.repo !== undefined) return folder(huggingFaceUrl({ repo: d.repo, revision: d.revision }), d.sha256, d.size);
   const [config, weights] = [fileSource(d.config, 'drafter.config'), fileSource(d.weights, 'drafter.weights')];
+  const vocab = d.draftVocab === undefined ? null : fileSource(d.draftVocab, 'drafter.draftVocab');
   return {
-    config: config.src, weights: weights.src,
-    sha256: { config: config.sha256, weights: weights.sha256 }, size: { config: config.size, weights: weights.size },
+    config: config.src, weights: weights.src, draftVocab: vocab?.src,
+    sha256: { config: config.sha256, weights: weights.sha256, draftVocab: vocab?.sha256 },
+    size: { config: config.size, weights: weights.size, draftVocab: vocab?.size },
   };
 }
 
@@ -419,7 +421,9 @@ function checkBudget(memoryBudget) {
 /** What the worker checks before it downloads anything: the catalogue model's shape
  *  against the adapter (or the CPU engine's memory), and the bytes of every file. */
 function loadPlan(src, drafterSrc, memoryBudget) {
-  const sizes = [...src.parts.map((p) => p.size), ...(drafterSrc ? [drafterSrc.size?.config, drafterSrc.size?.weights] : [])];
+  const drafterSizes = drafterSrc ? [drafterSrc.size?.config, drafterSrc.size?.weights] : [];
+  if (drafterSrc?.draftVocab) drafterSizes.push(drafterSrc.size?.draftVocab);
+  const sizes = [...src.parts.map((p) => p.size), ...drafterSizes];
   const download = sizes.every((x) => Number.isFinite(x)) ? sizes.reduce((a, b) => a + b, 0) : null;
   return { shape: src.entry?.shape ?? null, dflash: !!drafterSrc, budget: memoryBudget, download };
 }
@@ -491,7 +495,8 @@ function filesOf(idOrUrl) {
   const entry = catalogEntry(idOrUrl);
   if (!entry) return splitParts(new URL(String(idOrUrl), globalThis.location?.href).href);
   const d = drafterSource(entry.drafter);
-  return [...modelSource(entry.id).parts.map((p) => p.src), ...(d ? [d.config, d.weights] : [])];
+  const drafter = d ? [d.config, d.weights, ...(d.draftVocab ? [d.draftVocab] : [])] : [];
+  return [...modelSource(entry.id).parts.map((p) => p.src), ...drafter];
 }
 
 /** Whether every file of a catalogue model (its id: the model's parts and its drafter)

@@ -442,9 +442,10 @@ function allParts(sources, shas) {
   };
 }
 
-/** The drafter's two files set on `loader`; a drafter that does not load leaves neither
- *  file cached, and a cached pair that is corrupt or does not parse is fetched once more.
- *  Returns the pair's sources, committed after the load. */
+/** The drafter's files set on `loader` (config and weights, and its draft vocabulary
+ *  where it has one); a drafter that does not load leaves none of them cached, and cached
+ *  files that are corrupt or do not parse are fetched once more. Returns their sources,
+ *  committed after the load. */
 async function setDrafter(mod, loader, d, onProgress) {
   for (let attempt = 0; ; attempt++) {
     const files = [];
@@ -454,11 +455,16 @@ async function setDrafter(mod, loader, d, onProgress) {
       files.push(await readAll(d.weights, 'drafter weights', onProgress));
       await checkSha(mod, files[1], 'drafter weights', d.sha256?.weights);
       loader.setDrafter(new TextDecoder().decode(files[0].bytes), files[1].bytes);
+      if (d.draftVocab) {
+        files.push(await readAll(d.draftVocab, 'drafter vocab', onProgress));
+        await checkSha(mod, files[2], 'drafter vocab', d.sha256?.draftVocab);
+        loader.setDraftVocab(new TextDecoder().decode(files[2].bytes));
+      }
       return files;
     } catch (e) {
       if (isTrap(e)) throw e;
       for (const f of files) await f.dropCache();
-      const unparsable = files.length === 2 && e.code === CODE.BadModelFile && files.some((f) => f.cached);
+      const unparsable = files.length >= 2 && e.code === CODE.BadModelFile && files.some((f) => f.cached);
       if (attempt > 0 || !(e.retry || unparsable)) throw e;
     }
   }
@@ -545,6 +551,7 @@ function overallProgress(onProgress, m) {
   if (m.drafter) {
     size.set('drafter config', m.drafter.size?.config ?? 0);
     size.set('drafter weights', m.drafter.size?.weights ?? 0);
+    if (m.drafter.draftVocab) size.set('drafter vocab', m.drafter.size?.draftVocab ?? 0);
   }
   const sum = (map) => [...map.values()].reduce((a, b) => a + b, 0);
   const mb = (b) => (b / 1e6).toFixed(1);

@@ -50,5 +50,5 @@ mv pkg/dist/threads/dflash_web_bg.opt.wasm pkg/dist/threads/dflash_web_bg.wasm
 threads=$(stat -c %s pkg/dist/threads/dflash_web_bg.wasm)
 # The catalogue's SmolLM2 drafter ships in the package (pkg/catalog.js names it).
 rm -rf pkg/drafters && mkdir -p pkg/drafters/smollm2-135m-instruct-dflash-b16
-cp drafters/smollm2-135m-instruct-dflash-b16/{config.json,model.safetensors,README.md} pkg/drafters/smollm2-135m-instruct-dflash-b16/
+cp drafters/smollm2-135m-instruct-dflash-b16/{config.json,model.safetensors,draft_vocab.json,README.md} pkg/drafters/smollm2-135m-instruct-dflash-b16/
 echo "{\"wasm_bytes_before_opt\": $before, \"wasm_bytes\": $after, \"wasm_gzip_bytes\": $gz, \"threads_wasm_bytes\": $threads}"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Makes the committed SmolLM2-135M-Instruct drafter (drafters/smollm2-135m-instruct-dflash-b16),
 # every stage resumable: run it again after an interruption and it continues.
-#   scripts/train-smollm2.sh [data|train|export|eval|all]     (default: all)
+#   scripts/train-smollm2.sh [data|train|export|vocab|eval|all]     (default: all)
 # Work folder: $DFLASH_TRAIN_DIR (default ~/.cache/dflash/train/smollm2). Long: run it in
 # the background (nohup scripts/train-smollm2.sh > train.out 2>&1 &).
-# Knobs (environment): PROMPTS, MAX_NEW, STEPS, LAYERS, EVAL_LIMIT, EVAL_TOKENS.
+# Knobs (environment): PROMPTS, MAX_NEW, STEPS, LAYERS, DRAFT_VOCAB, EVAL_LIMIT, EVAL_TOKENS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK="${DFLASH_TRAIN_DIR:-$HOME/.cache/dflash/train/smollm2}"
@@ -47,6 +47,12 @@ if [ "$stage" = export ] || [ "$stage" = all ]; then
   cp "$WORK/run3/train.log.jsonl" "$OUT/train.log.jsonl"
   cp "$WORK/run3/train_config.json" "$OUT/train_config.json"
   cp "$WORK/run3/checkpoint.json" "$OUT/train_state.json"
+fi
+if [ "$stage" = vocab ] || [ "$stage" = export ] || [ "$stage" = all ]; then
+  # The draft vocabulary: the ids the target wrote most in the data's answers (and its
+  # stop tokens); greedy drafts are chosen among them, a fraction of the lm_head's rows.
+  $T draft-vocab --model "$model" --data "$WORK/data.jsonl" --size "${DRAFT_VOCAB:-8192}" \
+    --out "$OUT/draft_vocab.json"
 fi
 if [ "$stage" = eval ] || [ "$stage" = all ]; then
   for set in humaneval mtbench; do

@@ -2,6 +2,10 @@
 // NaN never chosen. One workgroup per row; thread t scans i = t, t+WG, ... in order,
 // then a fixed tree. (The rule is a commutative monoid, so any order gives the same
 // token: `reduce` finishes the partials of gemv.wgsl `main_argmax` by the same rule.)
+// With MAP the rows were a subset of the vocabulary (a drafter's draft head): the token
+// is id_map[best].
+
+override MAP: bool = false;
 
 struct Params {
     len: u32,     // vocabulary size (reduce: partials per row)
@@ -14,13 +18,18 @@ struct Params {
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> tokens: array<u32>;
 @group(0) @binding(3) var<storage, read> parts: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read> id_map: array<u32>;
 
 // Thread t's best (value, index) meet in a fixed tree (common.wgsl's wg_best); thread 0
 // writes the token.
 fn finish(t: u32, row: u32, best_v: f32, best_i: u32) {
     let best = wg_best(t, best_v, best_i);
     if (t == 0u) {
-        tokens[p.out_offset + row] = select(best.y, 0u, best.y == WG_NONE);
+        var token = select(best.y, 0u, best.y == WG_NONE);
+        if (MAP && best.y != WG_NONE) {
+            token = id_map[best.y];
+        }
+        tokens[p.out_offset + row] = token;
     }
 }
 

@@ -48,7 +48,8 @@ test('every catalogue record is complete, with a shape the engine knows that fit
 
 test('the SmolLM2 drafter the catalogue ships is the committed one, pinned', () => {
   const d = catalogEntry('smollm2-135m-instruct-q4_1').drafter;
-  for (const [k, file] of [['config', 'config.json'], ['weights', 'model.safetensors']]) {
+  const files = [['config', 'config.json'], ['weights', 'model.safetensors'], ['draftVocab', 'draft_vocab.json']];
+  for (const [k, file] of files) {
     const committed = readFileSync(join(ROOT, 'drafters', 'smollm2-135m-instruct-dflash-b16', file));
     assert.equal(d[k].size, committed.length, file);
     assert.equal(d[k].sha256, wasm.sha256Hex(committed), file);

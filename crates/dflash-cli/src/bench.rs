@@ -145,6 +145,11 @@ pub struct BenchArgs {
     /// (GPUs pipeline, CPU adapters do not).
     #[arg(long)]
     pipelined: Option<bool>,
+    /// Greedy drafts among the drafter's draft vocabulary (`draft_vocab.json`, where its
+    /// folder has one: a few thousand rows of the lm_head instead of all), or `false`:
+    /// among the whole vocabulary (the JSON's `draft_vocab`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    draft_vocab: bool,
     /// A conversation of N turns (the `chat` messages of --prompts, each reply kept):
     /// the time to first token of every turn with multi-turn KV reuse against the same
     /// turn prefilled whole.
@@ -317,6 +322,16 @@ fn check_profile_len(p: &AcceptProfile, block_size: usize) -> Result<(), CliErro
 }
 
 /// `--model`'s path, or `synthetic:NAME`.
+/// The --drafter folder, without its draft vocabulary when --draft-vocab false.
+fn load_bench_drafter(a: &BenchArgs) -> Result<DrafterWeights, CliError> {
+    let dir = a.drafter.as_ref().expect("a DFlash bench has --drafter");
+    let mut w = load_drafter_dir(dir, DrafterPrecision::Q8)?;
+    if !a.draft_vocab {
+        w.draft_vocab = None;
+    }
+    Ok(w)
+}
+
 fn model_label(a: &BenchArgs) -> String {
     match (&a.synthetic, &a.model) {
         (Some(n), _) => format!("synthetic:{n}"),

@@ -163,6 +163,31 @@ impl QuantMatrix {
         Some(m)
     }
 
+    /// Rows `ids` (in that order) as a matrix of their own (a drafter's draft head).
+    pub fn gather_rows(&self, ids: &[u32]) -> QuantMatrix {
+        let words = self.cols * self.format.bits() / 32;
+        let gpr = if self.format == QFormat::F32 {
+            0
+        } else {
+            self.groups_per_row()
+        };
+        let mut m = QuantMatrix {
+            rows: ids.len(),
+            qs: Vec::with_capacity(ids.len() * words),
+            scales: Vec::with_capacity(ids.len() * gpr),
+            mins: Vec::with_capacity(ids.len() * gpr),
+            ..*self
+        };
+        for &r in ids {
+            let r = r as usize;
+            m.qs.extend_from_slice(&self.qs[r * words..(r + 1) * words]);
+            m.scales
+                .extend_from_slice(&self.scales[r * gpr..(r + 1) * gpr]);
+            m.mins.extend_from_slice(&self.mins[r * gpr..(r + 1) * gpr]);
+        }
+        m
+    }
+
     /// Rows `lo..lo + n` as a matrix of their own (one expert of a stack).
     pub fn row_range(&self, lo: usize, n: usize) -> QuantMatrix {
         let words = self.cols * self.format.bits() / 32;

@@ -500,6 +500,9 @@ pub struct DFlashCpu<'a> {
     pub drafter: &'a CpuDrafter,
     pub target: &'a CpuModel,
     state: DraftState,
+    /// The lm_head's rows of the drafter's draft vocabulary (greedy drafts of a plain
+    /// drafter that has one).
+    head: Option<crate::cpu::DraftHead>,
 }
 
 /// The drafter's context between requests (kept by the host beside its `CpuSession`).
@@ -530,9 +533,14 @@ impl<'a> DFlashCpu<'a> {
                 .pending
                 .len()
                 .is_multiple_of((drafter.config.n_taps() * target.config.hidden_size).max(1));
+        let head = match (&drafter.draft_vocab, drafter.is_dflash2()) {
+            (Some(v), false) => Some(target.draft_head(v)),
+            _ => None,
+        };
         Ok(DFlashCpu {
             drafter,
             target,
+            head,
             state: match fits {
                 true => state,
                 false => DraftState {
@@ -563,18 +571,23 @@ impl<'a> DFlashCpu<'a> {
     }
 
     /// The drafter's final hidden rows for a block `[anchor, MASK...]` of `b` rows at
-    /// `pos`, and the target lm_head's logits of its `b - 1` draft rows.
-    fn block(&mut self, anchor: u32, pos: usize, b: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-        let h = self.target.config.hidden_size;
+    /// `pos`.
+    fn block_hidden(&mut self, anchor: u32, pos: usize, b: usize) -> Result<Vec<f32>> {
         let mut ids = vec![anchor];
         ids.extend(std::iter::repeat_n(
             self.drafter.config.mask_token_id,
             b - 1,
         ));
         let embeds = self.target.embed(&ids)?;
-        let (drafter, target) = (self.drafter, self.target);
-        let hidden = drafter.forward_block(self.context(), &embeds, pos);
-        let logits = target.lm_head_rows(&hidden[h..], b - 1);
+        let drafter = self.drafter;
+        Ok(drafter.forward_block(self.context(), &embeds, pos))
+    }
+
+    /// `block_hidden`, and the target lm_head's logits of its `b - 1` draft rows.
+    fn block(&mut self, anchor: u32, pos: usize, b: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let h = self.target.config.hidden_size;
+        let hidden = self.block_hidden(anchor, pos, b)?;
+        let logits = self.target.lm_head_rows(&hidden[h..], b - 1);
         Ok((hidden, logits))
     }
 
@@ -601,7 +614,7 @@ impl<'a> DFlashCpu<'a> {
                 self.target
                     .forward(&vec![0; b], &mut cache, LogitRows::All, &taps)?;
                 if b > 1 {
-                    probe.block(0, prompt.len(), b)?;
+                    probe.draft(0, prompt.len(), b)?;
                 }
                 best = best.min(clock() - t0);
             }
@@ -642,6 +655,11 @@ impl Proposer for DFlashCpu<'_> {
             self.target.config.hidden_size,
             self.target.config.vocab_size,
         );
+        if self.head.is_some() {
+            let hidden = self.block_hidden(anchor, pos, b)?;
+            let head = self.head.as_ref().expect("checked");
+            return Ok(head.drafts(&hidden[h..], b - 1, &self.drafter.config));
+        }
         let (hidden, logits) = self.block(anchor, pos, b)?;
         if self.drafter.is_dflash2() {
             return Ok(self.drafter.select(anchor, &hidden[h..], &logits));

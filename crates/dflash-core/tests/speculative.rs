@@ -2,16 +2,17 @@
 //! drafter/target mismatch, and the speculative loop's output equal to plain decoding
 //! token for token (greedy and sampled), at every block size and in auto mode.
 
-use dflash_core::cpu::{CpuKernels, CpuModel};
+use dflash_core::cpu::{CpuKernels, CpuModel, LogitRows};
 use dflash_core::drafter::{
-    CpuDrafter, DrafterConfig, DrafterPrecision, DrafterWeights, LayerKind,
+    load_drafter_dir, CpuDrafter, DraftVocab, DrafterConfig, DrafterPrecision, DrafterWeights,
+    LayerKind, DRAFT_VOCAB_FILE,
 };
 use dflash_core::formats::ggml::GgmlType;
 use dflash_core::generate::{generate_cpu, GenerateRequest};
 use dflash_core::model_files::{load_gguf, LoadedModel};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{
-    generate_speculative_cpu, generate_speculative_with, BlockSize, Proposer,
+    generate_speculative_cpu, generate_speculative_with, BlockSize, DFlashCpu, Proposer,
 };
 use dflash_core::testutil::{
     random_weights, tiny_drafter_target, write_drafter, write_gguf, DrafterSpec, Rng,
@@ -356,7 +357,7 @@ fn context_rows_fed_one_at_a_time_equal_all_at_once() {
         .forward(
             toks,
             &mut cache,
-            dflash_core::cpu::LogitRows::None,
+            LogitRows::None,
             &w.config.target_layer_ids,
         )
         .unwrap()
@@ -806,4 +807,96 @@ fn a_fixed_block_longer_than_the_drafters_own_runs_at_its_length() {
         let most = p.drafts.iter().map(|(_, d)| d.len()).max().unwrap();
         assert_eq!(most, longest, "{block:?}: the longest block's drafts");
     }
+}
+
+/// Every third token id, and the whole vocabulary, as draft vocabularies.
+fn vocabularies(vocab: usize) -> (DraftVocab, DraftVocab) {
+    let third = (0..vocab as u32).filter(|i| i % 3 != 1).collect();
+    let all = (0..vocab as u32).collect();
+    (
+        DraftVocab::new(third, vocab).unwrap(),
+        DraftVocab::new(all, vocab).unwrap(),
+    )
+}
+
+/// A drafter with a draft vocabulary drafts among it: the whole vocabulary as a list
+/// gives the drafts of no list; a subset gives ids in it, and the drafts of no list
+/// wherever those are in it (the largest logit, lowest id on ties, of a subset that
+/// holds the overall one); and speculation stays lossless.
+#[test]
+fn a_draft_vocabulary_drafts_among_its_ids_and_stays_lossless() {
+    let t = target();
+    let w = load(&write_drafter(t.config(), &spec(9))).unwrap();
+    let (third, all) = vocabularies(t.config().vocab_size);
+    for kernels in [CpuKernels::Reference, CpuKernels::Quantized] {
+        let cpu = CpuModel::with_kernels(&t.weights, kernels);
+        let with = |v: Option<&DraftVocab>| {
+            let mut w = w.clone();
+            w.draft_vocab = v.cloned();
+            CpuDrafter::with_kernels(&w, kernels)
+        };
+        let (none, sub, whole) = (with(None), with(Some(&third)), with(Some(&all)));
+        let mut agreed = 0;
+        for p in prompts() {
+            let mut cache = cpu.new_cache(64);
+            let taps = cpu
+                .forward(&p, &mut cache, LogitRows::None, &w.config.target_layer_ids)
+                .unwrap()
+                .taps;
+            let draft = |d: &CpuDrafter| {
+                let mut s = DFlashCpu::new(d, &cpu).unwrap();
+                s.commit(&taps);
+                s.draft(p[0], p.len(), 8).unwrap()
+            };
+            let (a, b, c) = (draft(&none), draft(&sub), draft(&whole));
+            assert_eq!(c, a, "{kernels:?}: the whole vocabulary as a list");
+            for (x, y) in a.iter().zip(&b) {
+                assert!(third.ids().binary_search(y).is_ok(), "{y} outside the list");
+                if third.ids().binary_search(x).is_ok() {
+                    assert_eq!(x, y);
+                    agreed += 1;
+                }
+            }
+        }
+        assert!(agreed > 0, "no draft of the whole head fell in the list");
+        let mut w3 = w.clone();
+        w3.draft_vocab = Some(third.clone());
+        lossless_with(&t, &w3, kernels);
+    }
+}
+
+/// `draft_vocab.json` beside a drafter's config is read with it; a file that is not
+/// ascending, holds an id outside the vocabulary, is empty, was made for another
+/// vocabulary or has an unknown field is a `BadConfig` naming the file.
+#[test]
+fn the_draft_vocabulary_file_is_read_and_checked() {
+    let t = target();
+    let vocab = t.config().vocab_size;
+    let dir = std::env::temp_dir().join(format!("dflash-draft-vocab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, bytes) in write_drafter(t.config(), &spec(9)) {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    let path = dir.join(DRAFT_VOCAB_FILE);
+    let good = DraftVocab::new(vec![2, 5, 9], vocab).unwrap();
+    std::fs::write(&path, good.to_json(vocab, "test")).unwrap();
+    let w = load_drafter_dir(&dir, DrafterPrecision::Q8).unwrap();
+    assert_eq!(w.draft_vocab, Some(good));
+    let bad = [
+        format!(r#"{{"target_vocab_size":{vocab},"token_ids":[5,2]}}"#),
+        format!(r#"{{"target_vocab_size":{vocab},"token_ids":[2,2]}}"#),
+        format!(r#"{{"target_vocab_size":{vocab},"token_ids":[2,{vocab}]}}"#),
+        format!(r#"{{"target_vocab_size":{vocab},"token_ids":[]}}"#),
+        format!(r#"{{"target_vocab_size":{},"token_ids":[2]}}"#, vocab + 1),
+        format!(r#"{{"target_vocab_size":{vocab},"token_ids":[2],"extra":1}}"#),
+        "[1, 2".to_string(),
+    ];
+    for text in bad {
+        std::fs::write(&path, &text).unwrap();
+        match load_drafter_dir(&dir, DrafterPrecision::Q8) {
+            Err(Error::BadConfig(m)) => assert!(m.contains(DRAFT_VOCAB_FILE), "{m}"),
+            other => panic!("{text}: {:?}", other.map(|_| ())),
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -255,17 +255,42 @@ pub fn argmax_reduce(
     rows: usize,
     parts: usize,
 ) -> Result<Dispatch> {
+    reduce_partials(ctx, best, tokens, rows, parts, None)
+}
+
+/// `argmax_reduce` over the partials of a head whose rows are the token ids `id_map`
+/// (a drafter's draft head): `tokens[r] = id_map[best of row r]`.
+pub fn argmax_reduce_mapped(
+    ctx: &GpuContext,
+    best: &wgpu::Buffer,
+    tokens: &wgpu::Buffer,
+    rows: usize,
+    parts: usize,
+    id_map: &wgpu::Buffer,
+) -> Result<Dispatch> {
+    reduce_partials(ctx, best, tokens, rows, parts, Some(id_map))
+}
+
+fn reduce_partials(
+    ctx: &GpuContext,
+    best: &wgpu::Buffer,
+    tokens: &wgpu::Buffer,
+    rows: usize,
+    parts: usize,
+    id_map: Option<&wgpu::Buffer>,
+) -> Result<Dispatch> {
     let params = ArgmaxParams {
         len: parts as u32,
         stride: parts as u32,
         out_offset: 0,
         pad: 0,
     };
+    let kernel = Kernel::new(Shader::Argmax, "reduce").with("MAP", id_map.is_some() as u8 as f64);
     Ok(Dispatch::new(
         ctx,
-        &Kernel::new(Shader::Argmax, "reduce"),
+        &kernel,
         Some(&params),
-        &[(2, tokens), (3, best)],
+        &[(2, tokens), (3, best), (4, id_map.unwrap_or(&ctx.unused))],
         [rows as u32, 1, 1],
     )?
     .family("argmax_reduce")
@@ -914,7 +939,7 @@ pub fn argmax(
         ctx,
         &Kernel::new(Shader::Argmax, "main"),
         Some(&params),
-        &[(1, logits), (2, tokens)],
+        &[(1, logits), (2, tokens), (4, &ctx.unused)],
         [rows as u32, 1, 1],
     )?
     .shaped(format!("{rows}x{len}"), 4 * (rows * len) as u64))

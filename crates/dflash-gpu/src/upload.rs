@@ -237,3 +237,55 @@ pub fn concat_f32(ctx: &GpuContext, label: &str, parts: &[(&wgpu::Buffer, usize)
     ctx.queue.submit([enc.finish()]);
     out
 }
+
+/// Rows `ids` (ascending) of `m` as a matrix of their own, by copies on the GPU (a
+/// drafter's draft head out of the target's lm_head, streamed or not), or None where a
+/// row's scales do not fill whole 4-byte words (copies move words) or the result does
+/// not fit one binding. Consecutive ids are copied as one run.
+pub fn gather_rows(ctx: &GpuContext, label: &str, m: &GpuMatrix, ids: &[u32]) -> Option<GpuMatrix> {
+    let row_q = (m.cols * m.format.bits() / 8) as u64;
+    let row_s = (m.cols / m.group * 2) as u64;
+    let n = ids.len() as u64;
+    if !row_s.is_multiple_of(4) || n * row_q > ctx.max_binding() || ids.is_empty() {
+        return None;
+    }
+    let qs = work_buffer(ctx, label, n * row_q);
+    let scales = work_buffer(ctx, label, n * row_s);
+    let mins = work_buffer(ctx, label, n * row_s);
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let mut i = 0;
+    while i < ids.len() {
+        let id = ids[i] as usize;
+        let ch = m
+            .chunks
+            .iter()
+            .find(|c| (c.row_lo..c.row_lo + c.rows).contains(&id))?;
+        let mut run = 1;
+        while i + run < ids.len()
+            && ids[i + run] as usize == id + run
+            && id + run < ch.row_lo + ch.rows
+        {
+            run += 1;
+        }
+        let (src, dst, len) = ((id - ch.row_lo) as u64, i as u64, run as u64);
+        enc.copy_buffer_to_buffer(&ch.qs, src * row_q, &qs, dst * row_q, len * row_q);
+        enc.copy_buffer_to_buffer(&ch.scales, src * row_s, &scales, dst * row_s, len * row_s);
+        enc.copy_buffer_to_buffer(&ch.mins, src * row_s, &mins, dst * row_s, len * row_s);
+        i += run;
+    }
+    ctx.queue.submit([enc.finish()]);
+    Some(GpuMatrix {
+        format: m.format,
+        group: m.group,
+        rows: ids.len(),
+        cols: m.cols,
+        chunks: vec![MatrixChunk {
+            row_lo: 0,
+            rows: ids.len(),
+            qs,
+            scales,
+            mins,
+        }],
+        n_bytes: n * (row_q + 2 * row_s),
+    })
+}

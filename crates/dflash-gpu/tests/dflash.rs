@@ -713,3 +713,48 @@ fn a_conversation_that_reuses_its_kv_rows_equals_one_prefilled_every_turn() {
         }
     }
 }
+
+/// A drafter with a draft vocabulary (every third id left out) on the GPU: its drafts are
+/// those of the CPU's draft head over the GPU's own hidden rows (the lm_head's rows of
+/// the list gathered on the GPU, the argmax mapped back to token ids), and speculation
+/// stays equal to plain decoding at blocks 4 and 16, greedy and seeded.
+#[test]
+fn a_draft_vocabulary_on_the_gpu_drafts_as_the_cpu_and_stays_lossless() {
+    let t = target();
+    let v = t.config().vocab_size;
+    let ids: Vec<u32> = (0..v as u32).filter(|i| i % 3 != 1).collect();
+    let mut w = drafter(&t, 10);
+    w.draft_vocab = Some(dflash_core::drafter::DraftVocab::new(ids, v).unwrap());
+    let cpu_t = CpuModel::new(&t.weights);
+    let head = cpu_t.draft_head(w.draft_vocab.as_ref().unwrap());
+    let n = if quick() { 16 } else { 32 };
+    for ctx in contexts()
+        .into_iter()
+        .rev()
+        .take(if quick() { 1 } else { 2 })
+    {
+        let mut plain_model = gpu_target(&ctx, &t, vec![]);
+        let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
+        let mut spec = Speculative::new(tm, &w).unwrap();
+        assert!(spec.drafter.has_draft_head());
+        let p = prompts().last().unwrap().clone();
+        spec.prefill(&p, OutputHead::Argmax).unwrap();
+        let b = 8;
+        spec.step(b, OutputHead::Argmax).unwrap();
+        let hidden = spec.read_draft_hidden(b).unwrap();
+        let h = t.config().hidden_size;
+        let want = head.drafts(&hidden[h..], b - 1, &w.config);
+        assert_eq!(spec.read_drafts(b).unwrap(), want, "f16={}", ctx.f16);
+        for sp in greedy_and_seeded() {
+            for p in prompts().into_iter().take(2) {
+                let plain = plain_gpu(&mut plain_model, &p, &sp, n, &|x| t.tokenizer.is_stop(x));
+                for b in [BlockSize::Fixed(4), BlockSize::Fixed(16)] {
+                    let r = spec
+                        .generate(&t.tokenizer, &req_n(&p, &sp, n), &b, &|| 0.0, &mut |_| {})
+                        .unwrap();
+                    assert_eq!(r.result.tokens, plain, "{b:?} T={}", sp.temperature);
+                }
+            }
+        }
+    }
+}

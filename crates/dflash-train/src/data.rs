@@ -183,3 +183,46 @@ pub fn distill(
     }
     Ok(written)
 }
+
+/// A draft vocabulary of `size` ids for a target of `vocab_size` tokens, ranked by how
+/// often the target wrote them in `samples`' responses, then how often its prompts
+/// hold them, then by id (a tokenizer's early merges are its frequent pieces); `always`
+/// (the target's stop tokens) first, so that a draft can end an answer.
+pub fn draft_vocab(
+    samples: &[Sample],
+    vocab_size: usize,
+    size: usize,
+    always: &[u32],
+) -> Result<dflash_core::drafter::DraftVocab, TrainError> {
+    let mut response = vec![0u64; vocab_size];
+    let mut prompt = vec![0u64; vocab_size];
+    for s in samples {
+        for (ids, counts) in [
+            (&s.response_ids, &mut response),
+            (&s.prompt_ids, &mut prompt),
+        ] {
+            for &t in ids.iter().filter(|&&t| (t as usize) < vocab_size) {
+                counts[t as usize] += 1;
+            }
+        }
+    }
+    let mut ranked: Vec<u32> = (0..vocab_size as u32).collect();
+    ranked.sort_by_key(|&t| {
+        let t = t as usize;
+        (
+            std::cmp::Reverse(response[t]),
+            std::cmp::Reverse(prompt[t]),
+            t,
+        )
+    });
+    let mut ids: Vec<u32> = always
+        .iter()
+        .copied()
+        .filter(|&t| (t as usize) < vocab_size)
+        .collect();
+    ids.extend(ranked.into_iter().filter(|t| !always.contains(t)));
+    ids.truncate(size.clamp(1, vocab_size));
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(dflash_core::drafter::DraftVocab::new(ids, vocab_size)?)
+}

@@ -25,6 +25,25 @@ enum Cmd {
     Export(ExportArgs),
     /// Mean tau and per-position acceptance on a prompt file, through the engine's loop.
     Eval(EvalArgs),
+    /// A drafter's draft vocabulary (draft_vocab.json): the ids the target writes most
+    /// in the data's responses, which its greedy drafts are then chosen among.
+    DraftVocab(DraftVocabArgs),
+}
+
+#[derive(clap::Args)]
+struct DraftVocabArgs {
+    /// The target: a .gguf file or a Hugging Face folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// JSON lines written by `data`.
+    #[arg(long)]
+    data: PathBuf,
+    /// Ids in the list.
+    #[arg(long, default_value_t = 8192)]
+    size: usize,
+    /// The file to write (a drafter folder's draft_vocab.json).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -365,6 +384,34 @@ fn keep_freed_memory() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn keep_freed_memory() {}
 
+fn run_draft_vocab(a: DraftVocabArgs) -> Result<(), TrainError> {
+    let model = dflash_core::model_files::load_path(&a.model)?;
+    let samples = dflash_train::data::read_samples(&a.data)?;
+    let vocab = model.config().vocab_size;
+    let stops: Vec<u32> = (0..vocab as u32)
+        .filter(|&t| model.tokenizer.is_stop(t))
+        .collect();
+    let v = dflash_train::data::draft_vocab(&samples, vocab, a.size, &stops)?;
+    let responses: usize = samples.iter().map(|s| s.response_ids.len()).sum();
+    let covered: usize = samples
+        .iter()
+        .flat_map(|s| &s.response_ids)
+        .filter(|t| v.ids().binary_search(t).is_ok())
+        .count();
+    let source = format!(
+        "dflash-train draft-vocab --size {}: the ids the target wrote most in {} ({} samples, {} response tokens, {:.4} of them in the list), its stop tokens",
+        a.size,
+        a.data.file_name().unwrap_or_default().to_string_lossy(),
+        samples.len(),
+        responses,
+        covered as f64 / responses.max(1) as f64
+    );
+    std::fs::write(&a.out, v.to_json(vocab, &source))
+        .map_err(|e| TrainError::Io(format!("{}: {e}", a.out.display())))?;
+    eprintln!("{}: {source}", a.out.display());
+    Ok(())
+}
+
 fn main() {
     keep_freed_memory();
     let cli = Cli::parse();
@@ -373,6 +420,7 @@ fn main() {
         Cmd::Train(a) => run_train(a),
         Cmd::Export(a) => run_export(a),
         Cmd::Eval(a) => run_eval(a),
+        Cmd::DraftVocab(a) => run_draft_vocab(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");

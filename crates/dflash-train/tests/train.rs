@@ -365,3 +365,32 @@ fn the_quantized_engine_answers_as_plain_greedy_generation() {
         assert!(stop_at.is_some() || a.len() == 24);
     }
 }
+
+/// The draft vocabulary: the stop tokens first, then the ids most frequent in the
+/// responses, then in the prompts, then the lowest ids; ascending in the file.
+#[test]
+fn the_draft_vocabulary_ranks_response_ids_first() {
+    use dflash_train::data::{draft_vocab, Sample};
+    let sample = |prompt: Vec<u32>, response: Vec<u32>| Sample {
+        id: "s".into(),
+        source: "test".into(),
+        prompt_ids: prompt,
+        response_ids: response,
+    };
+    let samples = [
+        sample(vec![40, 40, 41], vec![7, 7, 7, 9, 9, 30]),
+        sample(vec![40, 42], vec![30, 30, 30, 30, 9]),
+    ];
+    let ids = |size| {
+        draft_vocab(&samples, 50, size, &[2])
+            .unwrap()
+            .ids()
+            .to_vec()
+    };
+    // 2 (stop), then 30 (5 times), 7 (3), 9 (3), then prompts' 40, 41, 42, then 0, 1, 3.
+    assert_eq!(ids(2), vec![2, 30]);
+    assert_eq!(ids(4), vec![2, 7, 9, 30]);
+    assert_eq!(ids(6), vec![2, 7, 9, 30, 40, 41]);
+    assert_eq!(ids(10), vec![0, 1, 2, 3, 7, 9, 30, 40, 41, 42]);
+    assert_eq!(ids(1000).len(), 50, "at most the vocabulary");
+}

@@ -10,7 +10,7 @@ use crate::request::{finish_reason, usage, BlockArg, ChatRequest};
 use dflash_core::chat::ChatTemplate;
 use dflash_core::cpu::quant_matmul::{self, Kernel};
 use dflash_core::cpu::{CpuKernels, CpuModel};
-use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
+use dflash_core::drafter::{CpuDrafter, DraftVocab, DrafterPrecision, DrafterWeights};
 use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, WeightStream};
 use dflash_core::generate::{
     CpuGeneration, CpuSession, GenerateRequest, GenerateResult, Interrupt,
@@ -320,6 +320,19 @@ impl Loader {
             )
             .map_err(core_err)?,
         );
+        Ok(())
+    }
+
+    /// The drafter's draft vocabulary (its draft_vocab.json text): greedy drafts among
+    /// these ids of the lm_head. After `setDrafter`; checked against its vocabulary.
+    #[wasm_bindgen(js_name = setDraftVocab)]
+    pub fn set_draft_vocab(&mut self, json: &str) -> Result<(), JsValue> {
+        let Some(d) = self.drafter.as_mut() else {
+            return Err(core_err(dflash_core::Error::BadConfig(
+                "a draft vocabulary before its drafter".into(),
+            )));
+        };
+        d.draft_vocab = Some(DraftVocab::from_json(json, d.config.vocab_size).map_err(core_err)?);
         Ok(())
     }
 

@@ -10,7 +10,7 @@ use super::{
 use crate::{load, CliError};
 use dflash_core::cpu::quant_matmul::{self, Kernel};
 use dflash_core::cpu::{CpuKernels, CpuModel, LogitRows};
-use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
+use dflash_core::drafter::CpuDrafter;
 use dflash_core::generate::generate_cpu;
 use dflash_core::model_files::LoadedModel;
 use dflash_core::speculative::{generate_speculative_cpu, DFlashCpu};
@@ -153,7 +153,7 @@ fn run_dflash(
     kernels: CpuKernels,
     t_load: Instant,
 ) -> Result<(), CliError> {
-    let w = load_drafter_dir(a.drafter.as_ref().unwrap(), DrafterPrecision::Q8)?;
+    let w = super::load_bench_drafter(a)?;
     w.config.validate_against(m.config())?;
     let rows_in = prompt_rows(a, m)?;
     let cpu = CpuModel::with_kernels(&m.weights, kernels);

@@ -238,10 +238,7 @@ pub(super) fn dflash_host(
     let (loaded, drafter): (Option<LoadedModel>, _) = match synthetic {
         None => (
             Some(load(args.model.as_ref().expect("clap requires --model"))?.0),
-            Some(load_drafter_dir(
-                args.drafter.as_ref().unwrap(),
-                DrafterPrecision::Q8,
-            )?),
+            Some(super::load_bench_drafter(args)?),
         ),
         Some(_) => (None, None),
     };

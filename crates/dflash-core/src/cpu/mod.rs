@@ -5,4 +5,4 @@ pub mod model;
 pub mod ops;
 pub mod quant_matmul;
 
-pub use model::{CpuKernels, CpuModel, ForwardOutput, KvCache, LogitRows};
+pub use model::{CpuKernels, CpuModel, DraftHead, ForwardOutput, KvCache, LogitRows};

@@ -5,6 +5,7 @@ use super::delta_net::{CpuDeltaNet, LinearState};
 use super::ops::{argmax, attention_row, matmul_t, rms_norm, rope, route_experts, silu};
 use super::quant_matmul::{for_each_band, in_pool, quant_matmul, Kernel, QuantizedRows};
 use crate::config::{ModelConfig, MoeConfig};
+use crate::drafter::DraftVocab;
 use crate::error::{Error, Result};
 use crate::quant::{QFormat, QuantMatrix};
 use crate::weights::{FeedForward, Mixer, ModelWeights, MoeWeights};
@@ -112,6 +113,25 @@ impl Matrix {
         }
     }
 
+    /// Rows `ids` of the matrix, in that order.
+    pub(crate) fn gather_rows(&self, ids: &[u32]) -> Matrix {
+        match self {
+            Matrix::Dense { w, cols, .. } => Matrix::Dense {
+                w: ids
+                    .iter()
+                    .flat_map(|&r| &w[r as usize * cols..(r as usize + 1) * cols])
+                    .copied()
+                    .collect(),
+                rows: ids.len(),
+                cols: *cols,
+            },
+            Matrix::Quant { m, kernel } => Matrix::Quant {
+                m: m.gather_rows(ids),
+                kernel: *kernel,
+            },
+        }
+    }
+
     /// Appends row `r` in f32 to `out` (embedding lookups).
     pub(crate) fn push_row(&self, r: usize, out: &mut Vec<f32>) {
         match self {
@@ -122,6 +142,27 @@ impl Matrix {
                 m.dequantize_row(r, &mut out[at..]);
             }
         }
+    }
+}
+
+/// A target lm_head's rows of a drafter's draft vocabulary (`CpuModel::draft_head`).
+pub struct DraftHead {
+    rows: Matrix,
+    vocab: DraftVocab,
+}
+
+impl DraftHead {
+    /// The greedy drafts of `n` normalised drafter rows `x`: each row's largest logit
+    /// among the draft vocabulary (as `c` scales and caps draft logits), as a token id.
+    pub fn drafts(&self, x: &[f32], n: usize, c: &crate::drafter::DrafterConfig) -> Vec<u32> {
+        let mut logits = in_pool(|| self.rows.apply(x, n));
+        if c.output_multiplier != 1.0 || c.final_logit_softcapping.is_some() {
+            logits.iter_mut().for_each(|v| *v = c.draft_logit(*v));
+        }
+        logits
+            .chunks_exact(self.vocab.len())
+            .map(|row| self.vocab.argmax(row))
+            .collect()
     }
 }
 
@@ -577,6 +618,15 @@ impl CpuModel {
             self.embed.push_row(t as usize, &mut x);
         }
         Ok(x)
+    }
+
+    /// The lm_head's rows of a draft vocabulary (a drafter's greedy drafts among them).
+    pub fn draft_head(&self, vocab: &DraftVocab) -> DraftHead {
+        let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
+        DraftHead {
+            rows: lm.gather_rows(vocab.ids()),
+            vocab: vocab.clone(),
+        }
     }
 
     /// lm_head alone over rows that are already normalised (the drafter's output).

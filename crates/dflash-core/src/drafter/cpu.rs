@@ -96,6 +96,8 @@ pub struct CpuDrafter {
     layers: Vec<CpuDraftLayer>,
     inv_freq: Vec<f32>,
     pub(super) selector: Option<CpuSelector>,
+    /// The ids its greedy drafts are chosen among (None: the whole vocabulary).
+    pub draft_vocab: Option<super::DraftVocab>,
 }
 
 /// The persistent context K/V of every draft layer: one row per committed position.
@@ -267,6 +269,7 @@ impl CpuDrafter {
             layers,
             inv_freq: w.config.rope_inv_freq(),
             selector,
+            draft_vocab: w.draft_vocab.clone(),
         }
     }
 

@@ -204,10 +204,12 @@ impl DrafterConfig {
 
 mod cpu;
 mod dflash2;
+pub mod draft_vocab;
 pub mod random;
 mod weights;
 pub use cpu::{grouped_conv, top_k, CpuDrafter, DraftContext, Probe};
 pub use dflash2::Candidates;
+pub use draft_vocab::{DraftVocab, DRAFT_VOCAB_FILE};
 #[cfg(not(target_arch = "wasm32"))]
 pub use weights::load_drafter_dir;
 pub use weights::{

@@ -66,6 +66,8 @@ pub struct DrafterWeights {
     pub norm: Vec<f32>,
     pub layers: Vec<DrafterLayer>,
     pub selector: Option<Selector>,
+    /// The ids its greedy drafts are chosen among (`draft_vocab.json`; None: all).
+    pub draft_vocab: Option<super::DraftVocab>,
 }
 
 impl DrafterWeights {
@@ -97,6 +99,7 @@ impl DrafterWeights {
             hidden_norm: r.vec("hidden_norm.weight", h)?,
             norm: r.vec("norm.weight", h)?,
             layers,
+            draft_vocab: None,
             config: c,
         })
     }
@@ -249,9 +252,16 @@ pub fn load_drafter_dir(
         require_regular_file(&p)?;
         blobs.push((n.clone(), std::fs::read(&p).map_err(|e| io(&p, e))?));
     }
-    DrafterWeights::load(
+    let mut w = DrafterWeights::load(
         &cfg,
         blobs.iter().map(|(n, b)| (n.as_str(), &b[..])).collect(),
         precision,
-    )
+    )?;
+    let vocab_path = dir.join(super::DRAFT_VOCAB_FILE);
+    if vocab_path.exists() {
+        require_regular_file(&vocab_path)?;
+        let text = std::fs::read_to_string(&vocab_path).map_err(|e| io(&vocab_path, e))?;
+        w.draft_vocab = Some(super::DraftVocab::from_json(&text, w.config.vocab_size)?);
+    }
+    Ok(w)
 }

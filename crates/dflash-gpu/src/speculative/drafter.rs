@@ -99,7 +99,17 @@ pub struct GpuDrafter {
     pub(super) d2: Option<DFlash2Gpu>,
     /// Plain drafters only.
     pub(super) sampled: Option<SampledProposal>,
+    /// The target lm_head's rows of the drafter's draft vocabulary and their token ids
+    /// (greedy drafts of a plain drafter that has one).
+    draft_head: Option<DraftHead>,
     pub n_bytes: u64,
+}
+
+/// A draft vocabulary's rows of the target's lm_head (gathered on the GPU) and the
+/// token id of each row.
+struct DraftHead {
+    rows: GpuMatrix,
+    ids: wgpu::Buffer,
 }
 
 /// A DFlash drafter's weights already on the GPU (made on the device, for instance the
@@ -244,16 +254,17 @@ impl GpuDrafter {
             norm: f32_buffer(ctx, "d.norm", &w.norm),
             layers,
         };
-        Ok(Self::assemble(
-            ctx,
-            c,
-            gw,
-            convs,
-            d2,
-            n_bytes,
-            target,
-            host_draft_capacity,
-        ))
+        let mut d = Self::assemble(ctx, c, gw, convs, d2, n_bytes, target, host_draft_capacity);
+        if let (Some(v), None) = (&w.draft_vocab, &c.dflash2) {
+            d.draft_head = DraftHead::gather(ctx, target, v);
+            d.n_bytes += d.draft_head.as_ref().map_or(0, |h| h.rows.n_bytes);
+        }
+        Ok(d)
+    }
+
+    /// Whether greedy drafts come from a draft vocabulary's rows of the head.
+    pub fn has_draft_head(&self) -> bool {
+        self.draft_head.is_some()
     }
 
     /// A drafter whose weights are already on the GPU (checked against the target first).
@@ -395,6 +406,7 @@ impl GpuDrafter {
                 }
             }),
             d2,
+            draft_head: None,
             n_bytes,
             config: c.clone(),
         }
@@ -686,24 +698,41 @@ impl GpuDrafter {
     }
 
     /// A plain drafter's greedy drafts: the argmax in the lm_head's epilogue (the
-    /// target's partials buffer: its head runs later in the step), then its reduction.
+    /// target's partials buffer: its head runs later in the step), then its reduction;
+    /// over the draft vocabulary's rows where the drafter has one.
     fn greedy_drafts(&self, p: &BlockPass, d: &mut Vec<Dispatch>) -> Result<()> {
         let (ctx, t, b) = (p.ctx, p.t, p.b);
-        let lm = t.lm_head.as_ref().unwrap_or(&t.embed);
+        let lm = match &self.draft_head {
+            Some(h) => &h.rows,
+            None => t.lm_head.as_ref().unwrap_or(&t.embed),
+        };
         let f = ops::GemvFusion {
             argmax: Some(&t.act.best),
             ..Default::default()
         };
         d.extend(ops::gemv_fused(ctx, lm, &self.xn, &t.act.logits, b, &f)?);
         let parts = ops::argmax_parts(ctx, lm);
-        d.push(ops::argmax_reduce(
-            ctx,
-            &t.act.best,
-            &self.drafts,
-            b,
-            parts,
-        )?);
+        d.push(match &self.draft_head {
+            Some(h) => ops::argmax_reduce_mapped(ctx, &t.act.best, &self.drafts, b, parts, &h.ids)?,
+            None => ops::argmax_reduce(ctx, &t.act.best, &self.drafts, b, parts)?,
+        });
         Ok(())
+    }
+}
+
+impl DraftHead {
+    /// The rows of `v` out of the target's lm_head (None where they cannot be copied as
+    /// words: the drafts then come from the whole head).
+    fn gather(
+        ctx: &GpuContext,
+        t: &GpuModel,
+        v: &dflash_core::drafter::DraftVocab,
+    ) -> Option<Self> {
+        let lm = t.lm_head.as_ref().unwrap_or(&t.embed);
+        Some(DraftHead {
+            rows: crate::upload::gather_rows(ctx, "d.draft_head", lm, v.ids())?,
+            ids: crate::upload::storage_buffer(ctx, "d.draft_ids", bytemuck::cast_slice(v.ids())),
+        })
     }
 }
 
