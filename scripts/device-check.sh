@@ -23,7 +23,8 @@
 #                                            thread against the table's, and of the
 #                                            synthetic qwen3-8b and qwen2.5-32b pairs, with
 #                                            their DFlash runs at the published acceptance
-#                                            (--accept-profile), and the measured step costs
+#                                            (--accept-profile; qwen3-8b's also drafting
+#                                            among 8192 ids), and the measured step costs
 #                                            (16-row verify against one row) of the
 #                                            synthetic qwen3-coder-30b-a3b mixture
 # Knobs: TESTS=0 skips the tests (and the plain benchmark); TOKENS (64), BLOCKS
@@ -138,6 +139,8 @@ case "${1:-}" in
         step 40 "bench smollm2 dflash pipelined=$piped" sh -c "\"$BIN/dflash\" bench --model $model --adapter \"${ADAPTER:-NVIDIA}\" --json --pipelined $piped --drafter drafters/smollm2-135m-instruct-dflash-b16 --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 4,16,auto > $OUT/bench-smollm2-dflash-pipelined-$piped.json"
       done
       step 90 "profile smollm2 dflash" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --drafter drafters/smollm2-135m-instruct-dflash-b16 --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $OUT/profile-smollm2-dflash.json"
+      # The same with the drafts over the whole vocabulary (the drafter's draft_vocab.json off).
+      step 60 "profile smollm2 dflash full head" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --drafter drafters/smollm2-135m-instruct-dflash-b16 --draft-vocab false --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $OUT/profile-smollm2-dflash-full-head.json"
     fi
     # Conditional per-slot acceptance with mean tau 6.5 at block 16 (z-lab's published
     # DFlash figure for Qwen3-8B on HumanEval; the per-slot shape is ours).
@@ -147,6 +150,8 @@ case "${1:-}" in
       step 120 "profile $shape outs1" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --gemv-outputs 1 --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-$shape-outs1.json"
       step 120 "profile $shape dflash" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --drafter synthetic --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $OUT/profile-$shape-dflash.json"
     done
+    # The qwen3-8b pair drafting among 8192 ids (a draft vocabulary) at the same acceptance.
+    step 120 "profile qwen3-8b dflash draft-vocab" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b ${a[*]} --drafter synthetic --synthetic-draft-vocab 8192 --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $OUT/profile-qwen3-8b-dflash-draft-vocab.json"
     # The mixture's verify cost: step_costs[16] / step_costs[1] of the 30B-A3B shape
     # (each of 16 rows picks 8 of 128 experts; `auto` sizes blocks by these costs).
     step 150 "moe qwen3-coder-30b-a3b" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-coder-30b-a3b --adapter \"${ADAPTER:-NVIDIA}\" --json --drafter synthetic --limit 1 --prompt-tokens 64 --max-new-tokens 32 --block auto > $OUT/bench-qwen3-coder-30b-a3b.json"

@@ -53,6 +53,11 @@ pub struct BenchArgs {
     /// verify pass against one row, of a model too large for the device).
     #[arg(long, requires = "synthetic")]
     synthetic_layers: Option<usize>,
+    /// With --synthetic and --drafter synthetic: the random drafter drafts among the
+    /// first N token ids (what a draft vocabulary of N ids costs; JSON
+    /// `synthetic_draft_vocab`).
+    #[arg(long)]
+    synthetic_draft_vocab: Option<usize>,
     /// Prompt length for the prefill measurement (with --synthetic and --drafter: the
     /// length of each random prompt).
     #[arg(long, default_value_t = 128)]

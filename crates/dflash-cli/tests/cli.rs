@@ -579,22 +579,22 @@ fn accept_profile_sets_tau_on_a_synthetic_pair() {
     if !have_gpu() {
         return;
     }
-    let run = |profile: &str| {
-        bench_json(&[
-            "--synthetic",
-            "test-tiny",
-            "--drafter",
-            "synthetic",
+    // The tiny pair at block 8 with `profile`, and `extra` arguments.
+    let args = |profile: &'static str, extra: &[&'static str]| {
+        let mut a = vec!["--synthetic", "test-tiny", "--drafter", "synthetic"];
+        a.extend([
             "--prompt-tokens",
             "16",
             "--max-new-tokens",
             "24",
             "--block",
             "8",
-            "--accept-profile",
-            profile,
-        ])
+        ]);
+        a.extend(["--accept-profile", profile]);
+        a.extend_from_slice(extra);
+        a
     };
+    let run = |profile: &'static str| bench_json(&args(profile, &[]));
     let v = run("1,1,1");
     assert_eq!(v["acceptance"], "simulated");
     assert_eq!(v["accept_profile"], serde_json::json!([1.0, 1.0, 1.0]));
@@ -604,6 +604,14 @@ fn accept_profile_sets_tau_on_a_synthetic_pair() {
     let v = run("0");
     assert_eq!(v["lossless"], true);
     assert_eq!(v["mean_tau"].as_f64().unwrap(), 1.0);
+    // The random drafter drafting among the first 100 ids: the same simulated run.
+    let with_vocab = |n: &'static str| args("1,1,1", &["--synthetic-draft-vocab", n]);
+    let v = bench_json(&with_vocab("100"));
+    assert_eq!(v["lossless"], true);
+    assert_eq!(v["synthetic_draft_vocab"], 100);
+    assert!(v["mean_tau"].as_f64().unwrap() > 3.0, "{}", v["mean_tau"]);
+    let err = usage_error(&[&["bench"][..], &with_vocab("0")].concat());
+    assert!(err.contains("--synthetic-draft-vocab 0"), "{err}");
 }
 
 /// Runs `dflash args` with stdout a pipe whose reader is gone before anything is

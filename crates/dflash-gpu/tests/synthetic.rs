@@ -136,7 +136,7 @@ fn simulated_acceptance_replays_plain_tokens_through_the_real_step() {
         },
     )
     .unwrap();
-    let mut spec_ = Speculative::from_gpu_drafter(target, &s.drafter, d.unwrap()).unwrap();
+    let mut spec_ = Speculative::from_gpu_drafter(target, &s.drafter, d.unwrap(), None).unwrap();
     let prompt: Vec<u32> = (0..12).map(|i| (i * 37 % 512) as u32).collect();
     let truth = plain.generate_greedy(&prompt, 30, &|_| false).unwrap();
     // The drafter's own drafts (random weights): lossless.

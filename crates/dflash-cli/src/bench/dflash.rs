@@ -295,11 +295,33 @@ pub(super) fn dflash_pair(
             let target = GpuModel::from_gpu_weights(ctx.clone(), weights, &taps)?;
             let plain = target.sharing_weights(opts)?;
             let drafter = drafter.expect("built with the drafter");
-            let spec = Speculative::from_gpu_drafter(target, &shape.drafter, drafter)?;
+            let vocab = synthetic_draft_vocab(args, shape.config.vocab_size)?;
+            let spec =
+                Speculative::from_gpu_drafter(target, &shape.drafter, drafter, vocab.as_ref())?;
             Ok((plain, spec))
         }
         _ => unreachable!(),
     }
+}
+
+/// --synthetic-draft-vocab N: the synthetic drafter drafts among ids 0..N (the cost of a
+/// draft vocabulary of N ids; the random drafter's drafts are noise either way).
+fn synthetic_draft_vocab(
+    args: &BenchArgs,
+    vocab: usize,
+) -> Result<Option<dflash_core::drafter::DraftVocab>, CliError> {
+    let Some(n) = args.synthetic_draft_vocab else {
+        return Ok(None);
+    };
+    if n == 0 || n > vocab {
+        return Err(CliError::Usage(format!(
+            "--synthetic-draft-vocab {n}: 1..={vocab} (the model's vocabulary)"
+        )));
+    }
+    Ok(Some(dflash_core::drafter::DraftVocab::new(
+        (0..n as u32).collect(),
+        vocab,
+    )?))
 }
 
 /// The block sizes of a DFlash bench: as --block names them, the measured step costs

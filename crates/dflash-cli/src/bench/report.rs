@@ -149,6 +149,7 @@ impl BlockRun {
             "rejection_sampling": a.rejection_sampling,
             "sampled_drafts": a.sampled_drafts,
             "draft_vocab": a.draft_vocab,
+            "synthetic_draft_vocab": a.synthetic_draft_vocab,
             "max_new_tokens": a.max_new_tokens,
             "prompts": self.rows.len(),
             "plain_tok_s": plain_tok_s,

@@ -255,11 +255,24 @@ impl GpuDrafter {
             layers,
         };
         let mut d = Self::assemble(ctx, c, gw, convs, d2, n_bytes, target, host_draft_capacity);
-        if let (Some(v), None) = (&w.draft_vocab, &c.dflash2) {
-            d.draft_head = DraftHead::gather(ctx, target, v);
-            d.n_bytes += d.draft_head.as_ref().map_or(0, |h| h.rows.n_bytes);
+        if let Some(v) = &w.draft_vocab {
+            d.set_draft_vocab(ctx, target, v);
         }
         Ok(d)
+    }
+
+    /// Greedy drafts among `v`'s ids of the target's lm_head from now on (a plain
+    /// drafter whose head rows can be gathered; before any step is recorded).
+    pub(super) fn set_draft_vocab(
+        &mut self,
+        ctx: &GpuContext,
+        target: &GpuModel,
+        v: &dflash_core::drafter::DraftVocab,
+    ) {
+        if self.d2.is_none() {
+            self.draft_head = DraftHead::gather(ctx, target, v);
+            self.n_bytes += self.draft_head.as_ref().map_or(0, |h| h.rows.n_bytes);
+        }
     }
 
     /// Whether greedy drafts come from a draft vocabulary's rows of the head.

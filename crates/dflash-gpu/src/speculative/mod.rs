@@ -79,15 +79,20 @@ impl Speculative {
         Ok(Self::with_drafter(target, drafter))
     }
 
-    /// A pair whose drafter's weights are already on the GPU.
+    /// A pair whose drafter's weights are already on the GPU, drafting among
+    /// `draft_vocab` where given.
     pub fn from_gpu_drafter(
         target: GpuModel,
         config: &dflash_core::drafter::DrafterConfig,
         w: GpuDrafterWeights,
+        draft_vocab: Option<&dflash_core::drafter::DraftVocab>,
     ) -> Result<Self> {
         let ctx = target.ctx.clone();
-        let drafter =
+        let mut drafter =
             GpuDrafter::from_gpu_weights(&ctx, config, w, &target, host_draft_capacity(&target))?;
+        if let Some(v) = draft_vocab {
+            drafter.set_draft_vocab(&ctx, &target, v);
+        }
         Ok(Self::with_drafter(target, drafter))
     }
 
