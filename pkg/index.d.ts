@@ -93,7 +93,8 @@ export interface EngineOptions {
    */
   model: string | ModelFile | { parts: ModelFile[] };
   /** A DFlash drafter: a folder URL holding config.json and model.safetensors, the folder
-   *  with pinned sha256s (hex) of its files, or both files, each optionally pinned. Every
+   *  with pinned sha256s (hex) of its files (and of its draft_vocab.json, which is then
+   *  read too), or the files, each optionally pinned. Every
    *  file's sha256 is stored with its cached copy and checked on each load, as the model's:
    *  a pinned hash that differs is 'IntegrityError', a cached copy that changed is fetched
    *  again. */
@@ -102,8 +103,8 @@ export interface EngineOptions {
     | false
     | string
     | URL
-    | { url: string | URL; sha256?: { config?: string; weights?: string } }
-    | { repo: string; revision?: string; sha256?: { config?: string; weights?: string } }
+    | { url: string | URL; sha256?: { config?: string; weights?: string; draftVocab?: string } }
+    | { repo: string; revision?: string; sha256?: { config?: string; weights?: string; draftVocab?: string } }
     | {
         config: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
         weights: FileSource | { url?: string | URL; file?: Blob; sha256?: string };

@@ -118,13 +118,15 @@ function drafterSource(d) {
     throw new DFlashError(CODE.BadRequest, `${what} must be 64 hex digits (a sha256), not ${JSON.stringify(h)}`);
   };
   if (d.sha256 !== undefined && (typeof d.sha256 !== 'object' || d.sha256 === null)) {
-    throw new DFlashError(CODE.BadRequest, 'drafter.sha256 must be { config?, weights? }');
+    throw new DFlashError(CODE.BadRequest, 'drafter.sha256 must be { config?, weights?, draftVocab? }');
   }
   for (const k of ['config', 'weights', 'draftVocab']) pin(d.sha256?.[k], `drafter.sha256.${k}`);
   for (const k of ['config', 'weights', 'draftVocab']) pin(d[k]?.sha256, `drafter.${k}.sha256`);
+  // A folder's draft_vocab.json is read where its hash is pinned (a folder need not have one).
   const folder = (url, sha256, size) => {
     const base = absolute(url).replace(/\/?$/, '/');
-    return { config: base + 'config.json', weights: base + 'model.safetensors', sha256: { ...sha256 }, size: { ...size } };
+    const draftVocab = sha256?.draftVocab ? base + 'draft_vocab.json' : undefined;
+    return { config: base + 'config.json', weights: base + 'model.safetensors', draftVocab, sha256: { ...sha256 }, size: { ...size } };
   };
   if (typeof d === 'string' || d instanceof URL) return folder(d, {});
   if (d.url !== undefined) return folder(d.url, d.sha256, d.size);

@@ -442,11 +442,23 @@ function allParts(sources, shas) {
   };
 }
 
-/** The drafter's files set on `loader` (config and weights, and its draft vocabulary
- *  where it has one); a drafter that does not load leaves none of them cached, and cached
- *  files that are corrupt or do not parse are fetched once more. Returns their sources,
- *  committed after the load. */
+/** The drafter's files set on `loader`: config and weights, then its draft vocabulary
+ *  where it has one. A pair that does not load leaves neither file cached, and a cached
+ *  pair that is corrupt or does not parse is fetched once more; the vocabulary the same
+ *  on its own (a pair that loaded stays cached whatever its vocabulary does). Returns the
+ *  files' sources, committed after the load. */
 async function setDrafter(mod, loader, d, onProgress) {
+  const pair = await setDrafterPair(mod, loader, d, onProgress);
+  if (!d.draftVocab) return pair;
+  try {
+    return [...pair, await setDraftVocab(mod, loader, d, onProgress)];
+  } catch (e) {
+    if (!isTrap(e)) for (const f of pair) await f.finishCache();
+    throw e;
+  }
+}
+
+async function setDrafterPair(mod, loader, d, onProgress) {
   for (let attempt = 0; ; attempt++) {
     const files = [];
     try {
@@ -455,16 +467,28 @@ async function setDrafter(mod, loader, d, onProgress) {
       files.push(await readAll(d.weights, 'drafter weights', onProgress));
       await checkSha(mod, files[1], 'drafter weights', d.sha256?.weights);
       loader.setDrafter(new TextDecoder().decode(files[0].bytes), files[1].bytes);
-      if (d.draftVocab) {
-        files.push(await readAll(d.draftVocab, 'drafter vocab', onProgress));
-        await checkSha(mod, files[2], 'drafter vocab', d.sha256?.draftVocab);
-        loader.setDraftVocab(new TextDecoder().decode(files[2].bytes));
-      }
       return files;
     } catch (e) {
       if (isTrap(e)) throw e;
       for (const f of files) await f.dropCache();
-      const unparsable = files.length >= 2 && e.code === CODE.BadModelFile && files.some((f) => f.cached);
+      const unparsable = files.length === 2 && e.code === CODE.BadModelFile && files.some((f) => f.cached);
+      if (attempt > 0 || !(e.retry || unparsable)) throw e;
+    }
+  }
+}
+
+async function setDraftVocab(mod, loader, d, onProgress) {
+  for (let attempt = 0; ; attempt++) {
+    let file = null;
+    try {
+      file = await readAll(d.draftVocab, 'drafter vocab', onProgress);
+      await checkSha(mod, file, 'drafter vocab', d.sha256?.draftVocab);
+      loader.setDraftVocab(new TextDecoder().decode(file.bytes));
+      return file;
+    } catch (e) {
+      if (isTrap(e)) throw e;
+      await file?.dropCache();
+      const unparsable = file?.cached && e.code === CODE.BadModelFile;
       if (attempt > 0 || !(e.retry || unparsable)) throw e;
     }
   }

@@ -56,7 +56,7 @@ pub struct BenchArgs {
     /// With --synthetic and --drafter synthetic: the random drafter drafts among the
     /// first N token ids (what a draft vocabulary of N ids costs; JSON
     /// `synthetic_draft_vocab`).
-    #[arg(long)]
+    #[arg(long, requires = "synthetic")]
     synthetic_draft_vocab: Option<usize>,
     /// Prompt length for the prefill measurement (with --synthetic and --drafter: the
     /// length of each random prompt).
@@ -152,7 +152,8 @@ pub struct BenchArgs {
     pipelined: Option<bool>,
     /// Greedy drafts among the drafter's draft vocabulary (`draft_vocab.json`, where its
     /// folder has one: a few thousand rows of the lm_head instead of all), or `false`:
-    /// among the whole vocabulary (the JSON's `draft_vocab`).
+    /// among the whole vocabulary (the JSON's `draft_vocab`; `draft_head_ids`: the ids
+    /// drafts were chosen among, null for the whole head).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     draft_vocab: bool,
     /// A conversation of N turns (the `chat` messages of --prompts, each reply kept):
@@ -326,7 +327,6 @@ fn check_profile_len(p: &AcceptProfile, block_size: usize) -> Result<(), CliErro
     Ok(())
 }
 
-/// `--model`'s path, or `synthetic:NAME`.
 /// The --drafter folder, without its draft vocabulary when --draft-vocab false.
 fn load_bench_drafter(a: &BenchArgs) -> Result<DrafterWeights, CliError> {
     let dir = a.drafter.as_ref().expect("a DFlash bench has --drafter");
@@ -337,6 +337,7 @@ fn load_bench_drafter(a: &BenchArgs) -> Result<DrafterWeights, CliError> {
     Ok(w)
 }
 
+/// `--model`'s path, or `synthetic:NAME`.
 fn model_label(a: &BenchArgs) -> String {
     match (&a.synthetic, &a.model) {
         (Some(n), _) => format!("synthetic:{n}"),

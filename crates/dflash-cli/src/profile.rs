@@ -168,6 +168,13 @@ pub fn print(v: &Value) -> Result<(), crate::CliError> {
         )?;
     }
     for r in c["gemv_dp4a"].as_array().into_iter().flatten() {
+        if let Some(e) = r["error"].as_str() {
+            outln!(
+                "  gemv_dp4a {:<23} failed: {e}",
+                r["shape"].as_str().unwrap_or("")
+            )?;
+            continue;
+        }
         outln!(
             "  gemv_dp4a {:<23} {:>9.1} us {:>8.2} GB/s ({:.3} of copy; + quantize {:.1} us: {:.2}x the f32 gemv)",
             r["shape"].as_str().unwrap_or(""),

@@ -500,9 +500,6 @@ pub struct DFlashCpu<'a> {
     pub drafter: &'a CpuDrafter,
     pub target: &'a CpuModel,
     state: DraftState,
-    /// The lm_head's rows of the drafter's draft vocabulary (greedy drafts of a plain
-    /// drafter that has one).
-    head: Option<crate::cpu::DraftHead>,
 }
 
 /// The drafter's context between requests (kept by the host beside its `CpuSession`).
@@ -513,6 +510,9 @@ pub struct DraftState {
     /// the next block is drafted (the extension is batch invariant: the same context as
     /// row by row), so steps that do not draft pay nothing for it.
     pending: Vec<f32>,
+    /// The lm_head's rows of the drafter's draft vocabulary (greedy drafts of a plain
+    /// drafter that has one), gathered once for the requests that resume this state.
+    head: Option<std::sync::Arc<crate::cpu::DraftHead>>,
 }
 
 impl<'a> DFlashCpu<'a> {
@@ -533,21 +533,24 @@ impl<'a> DFlashCpu<'a> {
                 .pending
                 .len()
                 .is_multiple_of((drafter.config.n_taps() * target.config.hidden_size).max(1));
-        let head = match (&drafter.draft_vocab, drafter.is_dflash2()) {
-            (Some(v), false) => Some(target.draft_head(v)),
-            _ => None,
+        let mut state = match fits {
+            true => state,
+            false => DraftState {
+                ctx: drafter.new_context(),
+                ..Default::default()
+            },
         };
+        let wanted = drafter
+            .draft_vocab
+            .as_ref()
+            .filter(|_| !drafter.is_dflash2());
+        if wanted != state.head.as_ref().map(|h| h.vocab()) {
+            state.head = wanted.map(|v| std::sync::Arc::new(target.draft_head(v)));
+        }
         Ok(DFlashCpu {
             drafter,
             target,
-            head,
-            state: match fits {
-                true => state,
-                false => DraftState {
-                    ctx: drafter.new_context(),
-                    pending: Vec::new(),
-                },
-            },
+            state,
         })
     }
 
@@ -655,9 +658,8 @@ impl Proposer for DFlashCpu<'_> {
             self.target.config.hidden_size,
             self.target.config.vocab_size,
         );
-        if self.head.is_some() {
+        if let Some(head) = self.state.head.clone() {
             let hidden = self.block_hidden(anchor, pos, b)?;
-            let head = self.head.as_ref().expect("checked");
             return Ok(head.drafts(&hidden[h..], b - 1, &self.drafter.config));
         }
         let (hidden, logits) = self.block(anchor, pos, b)?;

@@ -68,9 +68,14 @@ pub struct Calibration {
     pub gemv: Vec<(String, usize, f64, f64)>,
     /// The same for the 8-bit-activation GEMV (`ops::dp4a`), where the adapter has
     /// integer dot products, with the µs of quantizing its x: (shape, rows, µs, GB/s,
-    /// quantize µs).
-    pub gemv_dp4a: Vec<(String, usize, f64, f64, f64)>,
+    /// quantize µs), or why it could not run (an optional prototype: the calibration
+    /// goes on without it).
+    pub gemv_dp4a: Vec<(String, usize, Dp4aTiming)>,
 }
+
+/// One 8-bit-activation GEMV timing: (µs per GEMV, GB/s, µs per quantization of its x),
+/// or why it could not run.
+pub type Dp4aTiming = std::result::Result<(f64, f64, f64), String>;
 
 fn timestamp_buffers(ctx: &GpuContext, count: usize) -> (wgpu::QuerySet, wgpu::Buffer) {
     let qs = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
@@ -451,14 +456,17 @@ impl Calibration {
                 "shape": shape, "rows": n, "us": us, "gbps": gb,
                 "copy_ratio": gb / self.copy_gbps.max(1e-12),
             })).collect::<Vec<_>>(),
-            "gemv_dp4a": self.gemv_dp4a.iter().map(|(shape, n, us, gb, quantize_us)| {
+            "gemv_dp4a": self.gemv_dp4a.iter().map(|(shape, n, r)| {
                 let f32_us = self.gemv.iter().find(|g| &g.0 == shape).map(|g| g.2);
-                json!({
-                    "shape": shape, "rows": n, "us": us, "gbps": gb,
-                    "copy_ratio": gb / self.copy_gbps.max(1e-12),
-                    "quantize_us": quantize_us,
-                    "speedup_over_f32": f32_us.map(|f| f / (us + quantize_us)),
-                })
+                match r {
+                    Ok((us, gb, quantize_us)) => json!({
+                        "shape": shape, "rows": n, "us": us, "gbps": gb,
+                        "copy_ratio": gb / self.copy_gbps.max(1e-12),
+                        "quantize_us": quantize_us,
+                        "speedup_over_f32": f32_us.map(|f| f / (us + quantize_us)),
+                    }),
+                    Err(e) => json!({ "shape": shape, "rows": n, "error": e }),
+                }
             }).collect::<Vec<_>>(),
         })
     }
@@ -487,8 +495,8 @@ pub fn calibrate(
             let shape = ops::shape_name(m.rows, m.cols, m.format, n);
             gemv.push((shape.clone(), n, us, gb));
             if ctx.summary.packed_int8_dot && m.format != QFormat::F32 {
-                let (us, gb, quantize_us) = gemv_dp4a_shape(ctx, m, n, now)?;
-                gemv_dp4a.push((shape, n, us, gb, quantize_us));
+                let r = gemv_dp4a_shape(ctx, m, n, now).map_err(|e| e.to_string());
+                gemv_dp4a.push((shape, n, r));
             }
         }
     }

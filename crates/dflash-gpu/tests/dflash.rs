@@ -736,7 +736,10 @@ fn a_draft_vocabulary_on_the_gpu_drafts_as_the_cpu_and_stays_lossless() {
         let mut plain_model = gpu_target(&ctx, &t, vec![]);
         let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
         let mut spec = Speculative::new(tm, &w).unwrap();
-        assert!(spec.drafter.has_draft_head());
+        assert_eq!(
+            spec.drafter.draft_head_ids(),
+            Some(w.draft_vocab.as_ref().unwrap().len())
+        );
         let p = prompts().last().unwrap().clone();
         spec.prefill(&p, OutputHead::Argmax).unwrap();
         let b = 8;

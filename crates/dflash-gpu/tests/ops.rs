@@ -716,6 +716,7 @@ fn every_kernel_variant_compiles() {
             ks.push(Kernel::new(Shader::DeltaNet, entry));
         }
         ks.push(Kernel::new(Shader::Elementwise, "sigmoid_gate"));
+        ks.push(Kernel::new(Shader::Argmax, "reduce").with("MAP", 1.0));
         for (f, g) in [(0.0, 32.0), (1.0, 32.0), (1.0, 16.0)] {
             ks.push(
                 Kernel::new(Shader::GemvDp4a, "quantize")

@@ -187,7 +187,14 @@ fn run_dflash(
             Ok(IdsRun::from(spec))
         },
     )?;
-    let fields = serde_json::json!({"acceptance": "measured", "cpu": engine_json(kernels)});
+    let head_ids = (!drafter.is_dflash2())
+        .then(|| drafter.draft_vocab.as_ref().map(|v| v.len()))
+        .flatten();
+    let fields = serde_json::json!({
+        "acceptance": "measured",
+        "cpu": engine_json(kernels),
+        "draft_head_ids": head_ids,
+    });
     let results = DflashResults {
         blocks,
         runs,

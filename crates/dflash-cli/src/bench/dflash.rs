@@ -197,7 +197,7 @@ pub(super) fn run_dflash(
         runs.all_prompts(&mut plain, &mut spec, &host.rows, &blocks.policies, &a)?;
     let profile = dflash_profile(&a, &ctx, &mut plain, &mut spec, first, &clock)?;
     let adapter = &ctx.summary.name;
-    let fields = gpu_fields(
+    let mut fields = gpu_fields(
         accept.as_ref(),
         adapter,
         budget_json,
@@ -205,6 +205,7 @@ pub(super) fn run_dflash(
         profile,
         ctx.tuning.pipelined_decode,
     );
+    fields["draft_head_ids"] = serde_json::json!(spec.drafter.draft_head_ids());
     let results = DflashResults {
         blocks,
         runs: block_runs,

@@ -152,6 +152,11 @@ pub struct DraftHead {
 }
 
 impl DraftHead {
+    /// The draft vocabulary whose rows these are.
+    pub fn vocab(&self) -> &DraftVocab {
+        &self.vocab
+    }
+
     /// The greedy drafts of `n` normalised drafter rows `x`: each row's largest logit
     /// among the draft vocabulary (as `c` scales and caps draft logits), as a token id.
     pub fn drafts(&self, x: &[f32], n: usize, c: &crate::drafter::DrafterConfig) -> Vec<u32> {

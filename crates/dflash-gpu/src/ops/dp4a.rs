@@ -43,7 +43,12 @@ pub struct QuantizedActivations {
 impl QuantizedActivations {
     /// Buffers for `rows` rows of `cols` values, quantized for weights like `m`.
     pub fn for_matrix(ctx: &GpuContext, m: &GpuMatrix, rows: usize) -> Result<Self> {
-        if m.format == QFormat::F32 || !m.cols.is_multiple_of(m.group) || m.group > 32 {
+        let kernel_reads = match m.format {
+            QFormat::Q4 => m.group == 32,
+            QFormat::Q8 => m.group == 16 || m.group == 32,
+            QFormat::F32 => false,
+        };
+        if !kernel_reads || !m.cols.is_multiple_of(m.group) {
             return Err(GpuError::Unsupported(format!(
                 "8-bit activations for a {:?} matrix of groups of {}",
                 m.format, m.group

@@ -275,9 +275,10 @@ impl GpuDrafter {
         }
     }
 
-    /// Whether greedy drafts come from a draft vocabulary's rows of the head.
-    pub fn has_draft_head(&self) -> bool {
-        self.draft_head.is_some()
+    /// The ids greedy drafts are chosen among where a draft vocabulary's rows of the
+    /// head are in use (None: the whole head).
+    pub fn draft_head_ids(&self) -> Option<usize> {
+        self.draft_head.as_ref().map(|h| h.rows.rows)
     }
 
     /// A drafter whose weights are already on the GPU (checked against the target first).
