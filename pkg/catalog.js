@@ -28,8 +28,8 @@ export const CATALOG = [
       'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53')],
     drafter: {
       config: { url: SMOLLM2_DRAFTER_CONFIG, sha256: '117fe9e850b16c564908167cea7317064eb7ed8fc280a8b3eed68984508b7562', size: 840 },
-      weights: { url: SMOLLM2_DRAFTER_WEIGHTS, sha256: 'edcb5ffc8be782da243b82d5fca835307ec7774a350ecad984a794ada901373a', size: 23237968 },
-      draftVocab: { url: SMOLLM2_DRAFTER_VOCAB, sha256: 'a24e2ab3340fcbc2ce061fa8a1d7b82cd21db41f2e333fa02956a1ec3f3c3d9c', size: 43193 },
+      weights: { url: SMOLLM2_DRAFTER_WEIGHTS, sha256: 'aec76ae2f59dcc42ecb9b864eb059f24a48e611efe00b2a9cfbb7e7f5b83ac72', size: 23237968 },
+      draftVocab: { url: SMOLLM2_DRAFTER_VOCAB, sha256: 'd52bd44c389c48179e315743e5fb1e443d931a86647a3dc1dc1e7ff2fe227a1a', size: 44282 },
     },
     requires: [],
   },

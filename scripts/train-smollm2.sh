@@ -19,33 +19,39 @@ if [ "$stage" = data ] || [ "$stage" = all ]; then
   # The target answers prompts built from Python's standard library and templates.
   $T data --model "$model" --out "$WORK/data.jsonl" --prompts "${PROMPTS:-1400}" \
     --max-new-tokens "${MAX_NEW:-160}" --batch 32 --seed 1
+  # Run 5's second set: the general mix (explanations, role-play, reasoning, rewriting
+  # beside code), then both in one file, the code set first (the last 32 lines, held
+  # out, are general prompts).
+  $T data --model "$model" --out "$WORK/data-general.jsonl" --prompts "${PROMPTS_GENERAL:-400}" \
+    --max-new-tokens "${MAX_NEW:-160}" --seed 1 --mix general
+  cat "$WORK/data.jsonl" "$WORK/data-general.jsonl" >"$WORK/data-mixed.jsonl"
 fi
 if [ "$stage" = train ] || [ "$stage" = all ]; then
-  # Run 4: continues run 3's drafter (this folder at commit 1d7847a, taken from git; the
-  # script at 1d7847a reproduces run 3 from run 2's, and so on back to run 1) on the
-  # whole data, 1400 steps of 4 sequences x 32 anchors: gamma 2 (the first slots weigh
-  # still more than run 3's 4), seed 3 (other batches), lr 6e-4, 4% warmup, cosine, the
-  # softmax over the responses' tokens and 1024 random others (the whole vocabulary
-  # every 8th step); the last 32 samples held out. One uninterrupted part.
-  init="$WORK/init-1d7847a"
+  # Run 5: continues run 4's drafter (this folder at commit 4561ca5, taken from git; the
+  # script at 4561ca5 reproduces run 4 from run 3's, and so on back to run 1) on the
+  # code set and the general set together, 400 steps of 4 sequences x 32 anchors: gamma
+  # 2, seed 4, lr 6e-4, 4% warmup, cosine, the softmax over the responses' tokens and
+  # 1024 random others (the whole vocabulary every 8th step); the last 32 samples held
+  # out. One uninterrupted part.
+  init="$WORK/init-4561ca5"
   if [ ! -f "$init/model.safetensors" ]; then
     mkdir -p "$init"
-    for f in config.json model.safetensors; do git show "1d7847a:$OUT/$f" >"$init/$f"; done
+    for f in config.json model.safetensors; do git show "4561ca5:$OUT/$f" >"$init/$f"; done
   fi
-  $T train --model "$model" --data "$WORK/data.jsonl" --out "$WORK/run4" --layers "${LAYERS:-3}" \
-    --block 16 --steps "${STEPS:-1400}" --seqs-per-step 4 --anchors 32 --holdout 32 \
-    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 3
+  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run5" --layers "${LAYERS:-3}" \
+    --block 16 --steps "${STEPS:-400}" --seqs-per-step 4 --anchors 32 --holdout 32 \
+    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 4
 fi
 if [ "$stage" = export ] || [ "$stage" = all ]; then
-  $T export --run "$WORK/run4" --out "$OUT"
-  cp "$WORK/run4/train.log.jsonl" "$OUT/train.log.jsonl"
-  cp "$WORK/run4/train_config.json" "$OUT/train_config.json"
-  cp "$WORK/run4/checkpoint.json" "$OUT/train_state.json"
+  $T export --run "$WORK/run5" --out "$OUT"
+  cp "$WORK/run5/train.log.jsonl" "$OUT/train.log.jsonl"
+  cp "$WORK/run5/train_config.json" "$OUT/train_config.json"
+  cp "$WORK/run5/checkpoint.json" "$OUT/train_state.json"
 fi
 if [ "$stage" = vocab ] || [ "$stage" = export ] || [ "$stage" = all ]; then
   # The draft vocabulary: the ids the target wrote most in the data's answers (and its
   # stop tokens); greedy drafts are chosen among them, a fraction of the lm_head's rows.
-  $T draft-vocab --model "$model" --data "$WORK/data.jsonl" --size "${DRAFT_VOCAB:-8192}" \
+  $T draft-vocab --model "$model" --data "$WORK/data-mixed.jsonl" --size "${DRAFT_VOCAB:-8192}" \
     --out "$OUT/draft_vocab.json"
 fi
 if [ "$stage" = eval ] || [ "$stage" = all ]; then
