@@ -230,6 +230,13 @@ impl StepCosts {
         }
     }
 
+    /// Whether steps that draft have been timed in this generation but steps of one row
+    /// (the baseline every other size's cost is relative to) have not.
+    pub fn needs_baseline(&self) -> bool {
+        let timed = |b: usize| self.seen.get(b).is_some_and(|&n| n >= 2);
+        !timed(1) && (2..self.seen.len()).any(timed)
+    }
+
     /// The policy with the current costs.
     pub fn policy(&self) -> BlockSize {
         BlockSize::Auto {
@@ -284,6 +291,27 @@ pub fn choose_block(policy: &BlockSize, acc: &Acceptance, max_block: usize, idle
     }
 }
 
+/// Once steps that draft have been timed, a block whose expected tokens per unit of
+/// cost are less than this many times plain decoding's is drafted again only after
+/// this generation has timed its own one-row steps too. The prior's costs are relative
+/// to a one-row step measured before it (the probe of `measure_step_costs`, or another
+/// request's refinement); where that is off, a generation that drafts from its first
+/// step would refine the block's seconds and scale every other size with them, never
+/// learning that the block is dear (lavapipe: a 4-row step probed at 1.25 one-row
+/// steps, truly 2.4). A few plain steps (never slower than plain decoding) settle it;
+/// where drafting clearly pays (a GPU with a good drafter) it is never interrupted.
+pub const BASELINE_MARGIN: f64 = 1.5;
+
+/// Whether block `b` under `verify_cost` and `acc` is worth less than [`BASELINE_MARGIN`]
+/// times plain decoding.
+fn marginal(verify_cost: &[f64], acc: &Acceptance, b: usize) -> bool {
+    let values = block_values(verify_cost, acc, b);
+    match (values.first(), values.last()) {
+        (Some(&(1, plain)), Some(&(last, value))) if last == b => value < BASELINE_MARGIN * plain,
+        _ => false,
+    }
+}
+
 /// The bookkeeping every speculative loop shares (the CPU reference, the GPU engine,
 /// the benchmark's by-id loop): the block of each step under the policy (auto mode's
 /// step costs refined by the steps' wall times, its probes), the per-position
@@ -322,14 +350,15 @@ impl BlockLoop {
     pub fn next_block(&mut self, room: usize, tokens_left: usize) -> usize {
         let room = room.min(tokens_left.saturating_add(1));
         let current = self.costs.as_ref().map(StepCosts::policy);
-        let b = choose_block(
-            current.as_ref().unwrap_or(&self.policy),
-            &self.acceptance,
-            self.max_block,
-            self.idle,
-        )
-        .min(room)
-        .max(1);
+        let policy = current.as_ref().unwrap_or(&self.policy);
+        let mut b = choose_block(policy, &self.acceptance, self.max_block, self.idle)
+            .min(room)
+            .max(1);
+        if let (Some(costs), BlockSize::Auto { verify_cost }) = (&self.costs, policy) {
+            if b > 1 && costs.needs_baseline() && marginal(verify_cost, &self.acceptance, b) {
+                b = 1;
+            }
+        }
         self.idle = if b > 1 { 0 } else { self.idle + 1 };
         b
     }
@@ -377,9 +406,14 @@ impl BlockLoop {
         Ok(false)
     }
 
+    /// In auto mode, the step costs as this loop's steps have refined them.
+    pub fn step_costs(&self) -> Option<Vec<f64>> {
+        self.costs.as_ref().map(StepCosts::verify_cost)
+    }
+
     /// The run's result around the sink's.
     pub fn result(self, result: GenerateResult) -> SpeculativeResult {
-        let step_costs = self.costs.as_ref().map(StepCosts::verify_cost);
+        let step_costs = self.step_costs();
         SpeculativeResult {
             step_costs,
             result,

@@ -492,6 +492,52 @@ fn auto_costs_are_refined_by_the_measured_steps() {
     assert!(StepCosts::new(&BlockSize::Fixed(4)).is_none());
 }
 
+/// A prior that calls drafting cheap where it is dear (lavapipe's probe once measured a
+/// 4-row step at 1.25 one-row steps; it costs 2.4) and a drafter whose first slot is
+/// accepted one step in three: the loop drafts, times its blocks, then times one-row
+/// steps of its own before drafting again, learns the block's true cost and settles on
+/// plain decoding (with rare probes), so that it decodes at least 0.95x as fast as
+/// plain decoding. Without the one-row steps it would draft blocks of 4 throughout at
+/// about 0.55x. A drafter that clearly pays is never held back.
+#[test]
+fn auto_mode_times_its_own_one_row_steps_before_trusting_a_marginal_block() {
+    use dflash_core::speculative::{BlockLoop, BASELINE_MARGIN};
+    // The costs auto measured in that run (results/lavapipe-run-sh-bench-smollm2.jsonl).
+    let cheap_prior = BlockSize::Auto {
+        verify_cost: vec![
+            1.0, 1.0, 1.361, 1.307, 1.254, 1.592, 1.930, 2.268, 2.606, 2.968, 3.330, 3.691, 4.053,
+            4.415, 4.776, 5.138, 5.499,
+        ],
+    };
+    let truth = |b: usize| 1.0 + 0.47 * (b - 1) as f64;
+    let run = |prior: &BlockSize, accepts: &dyn Fn(usize, usize) -> usize| {
+        let mut blocks = BlockLoop::new(prior, 16);
+        let (mut seconds, mut tokens, mut drafted) = (0.0, 0usize, 0usize);
+        for step in 0..400 {
+            let b = blocks.next_block(usize::MAX, usize::MAX);
+            let accepted = accepts(step, b).min(b - 1);
+            blocks.record(b, truth(b), accepted);
+            seconds += truth(b);
+            tokens += accepted + 1;
+            drafted += usize::from(b > 1);
+        }
+        (tokens as f64 / seconds, drafted)
+    };
+    let poor = |step: usize, _b: usize| usize::from(step.is_multiple_of(3));
+    let (tok_s, drafted) = run(&cheap_prior, &poor);
+    assert!(
+        tok_s >= 0.95,
+        "{tok_s} tokens per one-row second, {drafted} drafting steps"
+    );
+    assert!(drafted < 40, "{drafted} drafting steps of 400");
+    // A drafter whose blocks are all accepted pays more than BASELINE_MARGIN times plain
+    // decoding even at the true costs: it drafts from its first step to its last.
+    let all = |_: usize, b: usize| b - 1;
+    let (tok_s, drafted) = run(&cheap_prior, &all);
+    assert_eq!(drafted, 400);
+    assert!(tok_s > BASELINE_MARGIN, "{tok_s}");
+}
+
 fn prior_cost(p: &BlockSize, b: usize) -> f64 {
     match p {
         BlockSize::Auto { verify_cost } => verify_cost[b],

@@ -42,6 +42,8 @@ pub(super) struct IdsRun {
     pub(super) decode_s: f64,
     pub(super) taus: Vec<usize>,
     pub(super) acceptance: Acceptance,
+    /// In auto mode, the step costs as the run's steps refined them.
+    pub(super) step_costs: Option<Vec<f64>>,
 }
 
 impl From<SpeculativeResult> for IdsRun {
@@ -52,6 +54,7 @@ impl From<SpeculativeResult> for IdsRun {
             decode_s: run.result.decode_s,
             taus: run.taus,
             acceptance: run.acceptance,
+            step_costs: run.step_costs,
         }
     }
 }
@@ -127,11 +130,13 @@ pub(super) fn dflash_ids(
     spec.simulate = false;
     let decode_s = run?;
     tokens.truncate(n);
+    let step_costs = blocks.step_costs();
     Ok(IdsRun {
         tokens,
         decode_s,
         taus: blocks.taus,
         acceptance: blocks.acceptance,
+        step_costs,
     })
 }
 
@@ -502,12 +507,21 @@ pub(super) fn bench_prompts(
 ) -> Result<((usize, f64), Vec<BlockRun>), CliError> {
     let (mut plain_tokens, mut plain_s) = (0usize, 0f64);
     let mut runs: Vec<BlockRun> = policies.iter().map(|_| BlockRun::default()).collect();
+    // As a host does (serve, the browser): each auto request starts from the costs the
+    // one before refined.
+    let mut policies = policies.to_vec();
     for (fields, ids) in rows {
         let (plain_out, plain_decode_s) = plain(ids)?;
         plain_tokens += plain_out.len().saturating_sub(1);
         plain_s += plain_decode_s;
-        for (i, (policy, run)) in policies.iter().zip(&mut runs).enumerate() {
+        for (i, (policy, run)) in policies.iter_mut().zip(&mut runs).enumerate() {
             let dflash_out = dflash(i, policy, ids, &plain_out)?;
+            if let (BlockSize::Auto { verify_cost }, Some(refined)) =
+                (&mut *policy, &dflash_out.step_costs)
+            {
+                verify_cost.clone_from(refined);
+                run.step_costs = Some(refined.clone());
+            }
             run.add(fields, ids.len(), &plain_out, plain_decode_s, dflash_out);
         }
     }

@@ -27,11 +27,11 @@ pub(super) fn report_dflash(
     for (block, run) in blocks.names.iter().zip(results.runs) {
         all_lossless &= run.lossless;
         let mut summary = run.summary(args, block, results.plain, results.load_s);
-        summary["step_costs"] = serde_json::json!(if block == "auto" {
-            blocks.costs.clone()
-        } else {
-            None
-        });
+        // Auto's costs as measured before the prompts, and as the last prompt's steps
+        // left them (each prompt starts from the costs the one before refined).
+        let auto = block == "auto";
+        summary["step_costs"] = serde_json::json!(blocks.costs.as_ref().filter(|_| auto));
+        summary["step_costs_refined"] = serde_json::json!(run.step_costs.as_ref().filter(|_| auto));
         if let (Some(entries), Some(extra)) = (summary.as_object_mut(), fields.as_object()) {
             entries.extend(extra.clone());
         }
@@ -74,6 +74,8 @@ pub(super) struct BlockRun {
     pub(super) taus: Vec<usize>,
     pub(super) lossless: bool,
     pub(super) rows: Vec<serde_json::Value>,
+    /// In auto mode, the step costs as the last prompt's steps refined them.
+    pub(super) step_costs: Option<Vec<f64>>,
 }
 
 impl BlockRun {
@@ -198,6 +200,7 @@ impl Default for BlockRun {
             taus: Vec::new(),
             lossless: true,
             rows: Vec::new(),
+            step_costs: None,
         }
     }
 }
