@@ -67,7 +67,7 @@ export interface CatalogEntry {
   /** The GGUF file, or every part of a split one, in order. */
   files: (HuggingFaceFile & { size: number; sha256: string })[];
   /** Its DFlash drafter, or null. */
-  drafter: null | { repo: string; revision?: string } | { config: ModelFile; weights: ModelFile; draftVocab?: ModelFile };
+  drafter: null | { repo: string; revision?: string } | { config: ModelFile; weights: ModelFile; draftVocab?: ModelFile & { ids?: number } };
   /** WebGPU features needed beyond the defaults. */
   requires: string[];
 }
@@ -109,8 +109,9 @@ export interface EngineOptions {
         config: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
         weights: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
         /** Its draft_vocab.json: greedy drafts among these ids of the lm_head (faster
-         *  drafts, still lossless). */
-        draftVocab?: FileSource | { url?: string | URL; file?: Blob; sha256?: string };
+         *  drafts, still lossless); `ids`, how many it lists, puts their rows of the head
+         *  in the memory plan. */
+        draftVocab?: FileSource | { url?: string | URL; file?: Blob; sha256?: string; ids?: number };
       };
   /** KV cache capacity in tokens (default 2048). */
   context?: number;

@@ -137,6 +137,8 @@ function drafterSource(d) {
     config: config.src, weights: weights.src, draftVocab: vocab?.src,
     sha256: { config: config.sha256, weights: weights.sha256, draftVocab: vocab?.sha256 },
     size: { config: config.size, weights: weights.size, draftVocab: vocab?.size },
+    // How many ids the draft vocabulary lists (its head's rows are in the memory plan).
+    draftVocabIds: Number.isSafeInteger(d.draftVocab?.ids) ? d.draftVocab.ids : null,
   };
 }
 
@@ -427,7 +429,8 @@ function loadPlan(src, drafterSrc, memoryBudget) {
   if (drafterSrc?.draftVocab) drafterSizes.push(drafterSrc.size?.draftVocab);
   const sizes = [...src.parts.map((p) => p.size), ...drafterSizes];
   const download = sizes.every((x) => Number.isFinite(x)) ? sizes.reduce((a, b) => a + b, 0) : null;
-  return { shape: src.entry?.shape ?? null, dflash: !!drafterSrc, budget: memoryBudget, download };
+  const draftVocab = drafterSrc?.draftVocabIds ?? null;
+  return { shape: src.entry?.shape ?? null, dflash: !!drafterSrc, budget: memoryBudget, download, draftVocab };
 }
 
 /**

@@ -552,7 +552,7 @@ async function checkPlan(mod, engine, plan, context) {
   if (!plan.shape) return { engine: 'gpu', download: plan.download, ...none };
   let p;
   try {
-    p = await mod.planShape(plan.shape, context, plan.dflash, plan.budget);
+    p = await mod.planShape(plan.shape, context, plan.dflash, plan.budget, plan.draftVocab ?? undefined);
   } catch (e) {
     // 'auto' loads on the CPU engine where no device opens.
     if (engine === 'auto' && e.code === CODE.NoWebGPU) return checkPlan(mod, 'cpu', plan, context);

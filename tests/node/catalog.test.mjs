@@ -55,6 +55,9 @@ test('the SmolLM2 drafter the catalogue ships is the committed one, pinned', () 
     assert.equal(d[k].sha256, wasm.sha256Hex(committed), file);
     assert.ok(d[k].url.endsWith(`/pkg/drafters/smollm2-135m-instruct-dflash-b16/${file}`), d[k].url);
   }
+  // The memory plan counts the draft vocabulary's rows of the head: as many as it lists.
+  const vocab = JSON.parse(readFileSync(join(ROOT, 'drafters', 'smollm2-135m-instruct-dflash-b16', 'draft_vocab.json')));
+  assert.equal(d.draftVocab.ids, vocab.token_ids.length);
 });
 
 test('Hugging Face files and split GGUF names resolve to every part', () => {

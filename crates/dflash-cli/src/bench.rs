@@ -278,6 +278,19 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
         })?),
         (s, _) => s,
     };
+    let synthetic = match (synthetic, a.synthetic_draft_vocab) {
+        (Some(s), Some(n)) if n == 0 || n > s.config.vocab_size => {
+            return Err(CliError::Usage(format!(
+                "--synthetic-draft-vocab {n}: 1..={} (the model's vocabulary)",
+                s.config.vocab_size
+            )))
+        }
+        (Some(s), n) => Some(SyntheticSpec {
+            draft_vocab: n,
+            ..s
+        }),
+        (None, _) => None,
+    };
     if synthetic.is_some() {
         if a.prompts.is_some() {
             return Err(CliError::Usage(

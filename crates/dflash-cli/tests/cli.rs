@@ -418,9 +418,17 @@ fn dflash_generate_and_bench_are_lossless_on_a_tiny_model() {
         "auto measures the step costs"
     );
     // Its steps refine them, and the next prompt starts from the refined costs.
-    let refined = runs[2]["step_costs_refined"].as_array().expect("refined costs");
-    assert_eq!(refined.len(), runs[2]["step_costs"].as_array().unwrap().len());
-    assert!(runs[1]["step_costs_refined"].is_null(), "a fixed block has none");
+    let refined = runs[2]["step_costs_refined"]
+        .as_array()
+        .expect("refined costs");
+    assert_eq!(
+        refined.len(),
+        runs[2]["step_costs"].as_array().unwrap().len()
+    );
+    assert!(
+        runs[1]["step_costs_refined"].is_null(),
+        "a fixed block has none"
+    );
     if gpu {
         let out = dflash(&[
             "bench",

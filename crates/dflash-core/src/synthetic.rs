@@ -30,6 +30,9 @@ pub struct SyntheticSpec {
     pub name: String,
     pub config: ModelConfig,
     pub drafter: DrafterConfig,
+    /// The drafter drafts among the first N token ids (a draft vocabulary: the lm_head's
+    /// N rows gathered beside the whole head); None: among all of them.
+    pub draft_vocab: Option<usize>,
 }
 
 /// One weight matrix of a synthetic model: `[rows, cols]` in format `format` with groups
@@ -254,15 +257,29 @@ impl SyntheticSpec {
         v
     }
 
-    /// Bytes of the drafter's weights on the GPU (matrices and norms).
+    /// Bytes of the drafter's weights on the GPU: matrices and norms, each layer's
+    /// `[wk; wv]` again (the context pass's stacked copy), and the rows of its draft
+    /// vocabulary's head.
     pub fn drafter_weight_bytes(&self) -> u64 {
         let d = &self.drafter;
         let vectors = 2 * d.hidden_size + d.num_layers * (2 * d.hidden_size + 2 * d.head_dim);
-        self.drafter_matrices()
-            .iter()
-            .map(MatrixShape::n_bytes)
-            .sum::<u64>()
+        let matrices = self.drafter_matrices();
+        // fc, then per layer q, k, v, o, gate, up, down.
+        let context_kv: u64 = matrices[1..]
+            .chunks(7)
+            .map(|l| l[1].n_bytes() + l[2].n_bytes())
+            .sum();
+        matrices.iter().map(MatrixShape::n_bytes).sum::<u64>()
+            + context_kv
             + 4 * vectors as u64
+            + self.draft_vocab.map_or(0, |n| self.draft_head_bytes(n))
+    }
+
+    /// Bytes of the output head's rows that a draft vocabulary of `ids` ids gathers, and
+    /// of the ids themselves.
+    pub fn draft_head_bytes(&self, ids: usize) -> u64 {
+        let head = self.lm_head().unwrap_or_else(|| self.embed());
+        MatrixShape { rows: ids, ..head }.n_bytes() + 4 * ids as u64
     }
 }
 
@@ -612,6 +629,7 @@ pub fn spec(name: &str) -> Option<SyntheticSpec> {
         name: name.into(),
         config,
         drafter,
+        draft_vocab: None,
     })
 }
 
@@ -651,6 +669,7 @@ impl SyntheticSpec {
             name: name.into(),
             config,
             drafter,
+            draft_vocab: None,
         })
     }
 }

@@ -114,6 +114,40 @@ fn a_shape_that_does_not_fit_is_refused_before_allocation() {
     }
 }
 
+/// The pair's memory plan counts the drafter byte for byte as built: its matrices and
+/// norms, the context pass's stacked `[wk; wv]`, and a draft vocabulary's rows of the
+/// head (`--synthetic-draft-vocab`) with their ids.
+#[test]
+fn the_plan_counts_the_drafter_as_built_with_its_draft_vocabulary() {
+    let Some(ctx) = common::gpu_context(&GpuOptions::default()) else {
+        return;
+    };
+    let whole = spec("test-tiny").unwrap();
+    let s = dflash_core::synthetic::SyntheticSpec {
+        draft_vocab: Some(100),
+        ..whole.clone()
+    };
+    let p = plan(&ctx, &s, 64, Planned::PlainAndDFlash, None).unwrap();
+    let p_whole = plan(&ctx, &whole, 64, Planned::PlainAndDFlash, None).unwrap();
+    assert_eq!(
+        p.drafter_weights - p_whole.drafter_weights,
+        s.draft_head_bytes(100)
+    );
+    assert!(s.draft_head_bytes(100) > 0);
+    let (w, d) = build(&ctx, &s, 1, true).unwrap();
+    let opts = GpuModelOptions {
+        context: 64,
+        taps: s.drafter.target_layer_ids.clone(),
+        ..Default::default()
+    };
+    let target = GpuModel::from_gpu_weights(ctx.clone(), w, &opts).unwrap();
+    let ids = dflash_core::drafter::DraftVocab::new((0..100).collect(), s.config.vocab_size);
+    let spec_ =
+        Speculative::from_gpu_drafter(target, &s.drafter, d.unwrap(), Some(&ids.unwrap())).unwrap();
+    assert_eq!(spec_.drafter.draft_head_ids(), Some(100));
+    assert_eq!(spec_.drafter.n_bytes, p.drafter_weights);
+}
+
 #[test]
 fn simulated_acceptance_replays_plain_tokens_through_the_real_step() {
     let Some(ctx) = common::gpu_context(&GpuOptions::default()) else {

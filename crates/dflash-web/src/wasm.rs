@@ -166,7 +166,8 @@ fn named_shape(shape: &str) -> Result<dflash_core::synthetic::SyntheticSpec, JsV
 
 /// The memory plan of a model of the named shape (`dflash_core::synthetic::NAMES`:
 /// "qwen3-8b", "llama-3.1-8b", ...; the catalogue's models name theirs) on this browser's
-/// WebGPU adapter at `context` tokens, with its z-lab drafter when `dflash`: `{ weights,
+/// WebGPU adapter at `context` tokens, with its z-lab drafter when `dflash` (drafting
+/// among `draft_vocab` ids, whose rows of the head it gathers, where given): `{ weights,
 /// kv_cache, activations, total }` in bytes. Code `LimitsExceeded`, naming the limit,
 /// where a buffer would not fit the adapter; `OutOfMemory` past `budget` bytes;
 /// `NoWebGPU` without a device. Nothing is allocated and nothing downloaded: the worker
@@ -177,9 +178,20 @@ pub async fn plan_shape(
     context: u32,
     dflash: bool,
     budget: Option<f64>,
+    draft_vocab: Option<u32>,
 ) -> Result<JsValue, JsValue> {
     use dflash_gpu::synthetic::{plan, Planned};
-    let spec = named_shape(&shape)?;
+    let mut spec = named_shape(&shape)?;
+    let vocab = spec.config.vocab_size;
+    match draft_vocab.map(|n| n as usize) {
+        Some(n) if n == 0 || n > vocab => {
+            return Err(js_error(
+                "BadRequest",
+                &format!("a draft vocabulary of {n} ids for a vocabulary of {vocab}"),
+            ))
+        }
+        n => spec.draft_vocab = n.filter(|_| dflash),
+    }
     let ctx = GpuContext::new_async(&GpuOptions::default())
         .await
         .map_err(gpu_err)?;

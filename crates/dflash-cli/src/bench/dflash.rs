@@ -301,7 +301,7 @@ pub(super) fn dflash_pair(
             let target = GpuModel::from_gpu_weights(ctx.clone(), weights, &taps)?;
             let plain = target.sharing_weights(opts)?;
             let drafter = drafter.expect("built with the drafter");
-            let vocab = synthetic_draft_vocab(args, shape.config.vocab_size)?;
+            let vocab = synthetic_draft_vocab(shape)?;
             let spec =
                 Speculative::from_gpu_drafter(target, &shape.drafter, drafter, vocab.as_ref())?;
             Ok((plain, spec))
@@ -310,23 +310,18 @@ pub(super) fn dflash_pair(
     }
 }
 
-/// --synthetic-draft-vocab N: the synthetic drafter drafts among ids 0..N (the cost of a
-/// draft vocabulary of N ids; the random drafter's drafts are noise either way).
+/// --synthetic-draft-vocab N (checked against the vocabulary, counted in the shape's
+/// plan): the synthetic drafter drafts among ids 0..N (the cost of a draft vocabulary of
+/// N ids; the random drafter's drafts are noise either way).
 fn synthetic_draft_vocab(
-    args: &BenchArgs,
-    vocab: usize,
+    shape: &SyntheticSpec,
 ) -> Result<Option<dflash_core::drafter::DraftVocab>, CliError> {
-    let Some(n) = args.synthetic_draft_vocab else {
+    let Some(n) = shape.draft_vocab else {
         return Ok(None);
     };
-    if n == 0 || n > vocab {
-        return Err(CliError::Usage(format!(
-            "--synthetic-draft-vocab {n}: 1..={vocab} (the model's vocabulary)"
-        )));
-    }
     Ok(Some(dflash_core::drafter::DraftVocab::new(
         (0..n as u32).collect(),
-        vocab,
+        shape.config.vocab_size,
     )?))
 }
 

@@ -271,7 +271,10 @@ impl GpuDrafter {
     ) {
         if self.d2.is_none() {
             self.draft_head = DraftHead::gather(ctx, target, v);
-            self.n_bytes += self.draft_head.as_ref().map_or(0, |h| h.rows.n_bytes);
+            self.n_bytes += self
+                .draft_head
+                .as_ref()
+                .map_or(0, |h| h.rows.n_bytes + h.ids.size());
         }
     }
 
@@ -336,6 +339,15 @@ impl GpuDrafter {
         let cap = target.context + MAX_ROWS;
         let elt = if ctx.f16 { 2 } else { 4 };
         let kv_bytes = (cap * c.kv_dim() * elt) as u64;
+        // The norms' vectors beside the matrices counted by the caller.
+        let norms = w.hidden_norm.size()
+            + w.norm.size()
+            + w.layers
+                .iter()
+                .map(|l| {
+                    l.input_norm.size() + l.post_norm.size() + l.q_norm.size() + l.k_norm.size()
+                })
+                .sum::<u64>();
         let layers = w
             .layers
             .into_iter()
@@ -364,6 +376,7 @@ impl GpuDrafter {
             .collect::<Vec<DraftLayer>>();
         // The context's stacked [wk; wv] copies weights the block pass also holds.
         let n_bytes = n_bytes
+            + norms
             + layers
                 .iter()
                 .filter(|l| l.context_kv.len() == 1)
