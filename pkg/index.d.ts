@@ -67,7 +67,7 @@ export interface CatalogEntry {
   /** The GGUF file, or every part of a split one, in order. */
   files: (HuggingFaceFile & { size: number; sha256: string })[];
   /** Its DFlash drafter, or null. */
-  drafter: null | { repo: string; revision?: string } | { config: ModelFile; weights: ModelFile; draftVocab?: ModelFile & { ids?: number } };
+  drafter: null | { repo: string; revision?: string } | { config: ModelFile; weights: ModelFile; draftVocab?: FileSource | { url?: string | URL; file?: Blob; sha256?: string; size?: number; ids?: number } | (HuggingFaceFile & { ids?: number }) };
   /** WebGPU features needed beyond the defaults. */
   requires: string[];
 }

@@ -111,6 +111,15 @@ function modelSource(model) {
  *  folder with pinned hashes), { repo, revision, sha256 } (a Hugging Face repo), or
  *  { config, weights }, each a URL, a File or { url, sha256 }. Returns { config, weights,
  *  sha256: { config, weights } }. */
+/** A drafter's `draftVocab.ids`: how many ids its draft vocabulary lists, or null. */
+function draftVocabIds(ids) {
+  if (ids === undefined || ids === null) return null;
+  if (!(Number.isInteger(ids) && ids >= 1 && ids < 2 ** 32)) {
+    throw new DFlashError(CODE.BadRequest, `drafter.draftVocab.ids must be a positive integer (how many ids draft_vocab.json lists), not ${JSON.stringify(ids)}`);
+  }
+  return ids;
+}
+
 function drafterSource(d) {
   if (!d) return null;
   const pin = (h, what) => {
@@ -138,7 +147,7 @@ function drafterSource(d) {
     sha256: { config: config.sha256, weights: weights.sha256, draftVocab: vocab?.sha256 },
     size: { config: config.size, weights: weights.size, draftVocab: vocab?.size },
     // How many ids the draft vocabulary lists (its head's rows are in the memory plan).
-    draftVocabIds: Number.isSafeInteger(d.draftVocab?.ids) ? d.draftVocab.ids : null,
+    draftVocabIds: draftVocabIds(d.draftVocab?.ids),
   };
 }
 

@@ -81,6 +81,11 @@ test('an unknown catalogue id and malformed model names are BadRequest before an
   assert.equal(await code(createEngine({ model: { parts: [] } })), 'BadRequest');
   assert.equal(await code(createEngine({ model: { url: 'x.gguf', sha256: 'abc' } })), 'BadRequest');
   assert.equal(await code(createEngine({ model: 'smollm2-135m-instruct-q4_1', memoryBudget: -1 })), 'BadRequest');
+  // A draft vocabulary's declared size is a positive integer below 2^32.
+  for (const ids of [0, -1, 2 ** 32, 1.5, '8192']) {
+    const drafter = { config: 'c.json', weights: 'w.safetensors', draftVocab: { url: 'v.json', ids } };
+    assert.equal(await code(createEngine({ model: 'smollm2-135m-instruct-q4_1', drafter })), 'BadRequest', String(ids));
+  }
   assert.equal(await code(planModel('qwen3-9b-q4')), 'BadRequest');
   assert.equal(await code(planModel('qwen3-8b-q4_k_m', { context: 0 })), 'BadRequest');
   // An engine's worker answers its own calls: a plan takes a worker function.

@@ -47,12 +47,28 @@ fn config_text(path: &Path) -> Result<String, CliError> {
     std::fs::read_to_string(&file).map_err(|e| CliError::Usage(format!("{}: {e}", file.display())))
 }
 
+/// The ids a drafter folder's `draft_vocab.json` lists (checked against the target's
+/// vocabulary), None without one or for a DFlash2 drafter (it drafts with the whole head).
+fn draft_vocab_ids(spec: &SyntheticSpec, drafter: &Path) -> Result<Option<usize>, CliError> {
+    use dflash_core::drafter::{DraftVocab, DRAFT_VOCAB_FILE};
+    let file = drafter.join(DRAFT_VOCAB_FILE);
+    if !drafter.is_dir() || !file.is_file() || spec.drafter.dflash2.is_some() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| CliError::Usage(format!("{}: {e}", file.display())))?;
+    Ok(Some(
+        DraftVocab::from_json(&text, spec.config.vocab_size)?.len(),
+    ))
+}
+
 pub fn run(a: PlanArgs) -> Result<(), CliError> {
-    let spec = SyntheticSpec::from_configs(
+    let mut spec = SyntheticSpec::from_configs(
         &a.config.display().to_string(),
         &config_text(&a.config)?,
         &config_text(&a.drafter)?,
     )?;
+    spec.draft_vocab = draft_vocab_ids(&spec, &a.drafter)?;
     let opts = GpuOptions {
         adapter: a.adapter.clone(),
         browser_limits: a.browser_limits,
@@ -88,6 +104,7 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
         "drafter": a.drafter.display().to_string(),
         "arch": c.arch, "layers": c.num_layers, "hidden": c.hidden_size,
         "drafter_layers": spec.drafter.num_layers,
+        "draft_vocab": spec.draft_vocab,
         "block_size": spec.drafter.block_size,
         "target_layer_ids": spec.drafter.target_layer_ids,
         "weights_format": "as a Q4_K_M GGUF repacked (q4/32, q8/16 where Q6_K)",

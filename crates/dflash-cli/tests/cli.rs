@@ -821,6 +821,62 @@ fn published_pairs_validate_and_get_memory_plans() {
     assert_eq!((code, &v["plans"][0]["fits"]), (Some(0), &true.into()));
 }
 
+/// A drafter folder's `draft_vocab.json` puts its rows of the head in `dflash plan`'s
+/// drafter weights (as `SyntheticSpec::draft_head_bytes` sizes them); a list made for
+/// another vocabulary is an error.
+#[test]
+fn the_plan_counts_a_drafter_folders_draft_vocabulary() {
+    if !have_gpu() {
+        return;
+    }
+    let pair = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/published/qwen3-4b-dflash-b16");
+    let dir = tmp("plan-draft-vocab");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(pair.join("drafter.json"), dir.join("config.json")).unwrap();
+    let target = std::fs::read_to_string(pair.join("config.json")).unwrap();
+    let drafter = std::fs::read_to_string(pair.join("drafter.json")).unwrap();
+    let spec = dflash_core::synthetic::SyntheticSpec::from_configs("t", &target, &drafter).unwrap();
+    let vocab = spec.config.vocab_size;
+    let plan = |dir: &std::path::Path| {
+        let config = pair.join("config.json");
+        let args = [
+            "plan",
+            "--config",
+            config.to_str().unwrap(),
+            "--drafter",
+            dir.to_str().unwrap(),
+            "--json",
+        ];
+        let out = dflash(&args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        (
+            serde_json::from_slice::<serde_json::Value>(&out.stdout).ok(),
+            err,
+        )
+    };
+    let (without, err) = plan(&dir);
+    let without = without.unwrap_or_else(|| panic!("{err}"));
+    assert!(without["draft_vocab"].is_null());
+    let ids = dflash_core::drafter::DraftVocab::new((0..1000).collect(), vocab).unwrap();
+    let vocab_file = dir.join(dflash_core::drafter::DRAFT_VOCAB_FILE);
+    std::fs::write(&vocab_file, ids.to_json(vocab, "test")).unwrap();
+    let (with, err) = plan(&dir);
+    let with = with.unwrap_or_else(|| panic!("{err}"));
+    assert_eq!(with["draft_vocab"], 1000);
+    let weights = |v: &serde_json::Value| v["plans"][0]["drafter_weights"].as_u64().unwrap();
+    assert_eq!(
+        weights(&with) - weights(&without),
+        spec.draft_head_bytes(1000)
+    );
+    std::fs::write(&vocab_file, ids.to_json(vocab + 1, "test")).unwrap();
+    let (_, err) = plan(&dir);
+    assert!(
+        err.contains("draft_vocab.json") && err.contains("vocabulary"),
+        "{err}"
+    );
+}
+
 #[test]
 fn zero_prompt_or_decode_tokens_are_usage_errors() {
     // `bench --prompt-tokens 0` panicked in the CPU engine's argmax (found by

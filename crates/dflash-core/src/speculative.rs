@@ -230,11 +230,12 @@ impl StepCosts {
         }
     }
 
-    /// Whether steps that draft have been timed in this generation but steps of one row
-    /// (the baseline every other size's cost is relative to) have not.
+    /// Whether steps that draft have been timed in this generation but fewer than
+    /// [`BASELINE_STEPS`] steps of one row (the baseline every other size's cost is
+    /// relative to) have.
     pub fn needs_baseline(&self) -> bool {
-        let timed = |b: usize| self.seen.get(b).is_some_and(|&n| n >= 2);
-        !timed(1) && (2..self.seen.len()).any(timed)
+        let timed = |b: usize, n: u32| self.seen.get(b).is_some_and(|&s| s > n);
+        !timed(1, BASELINE_STEPS) && (2..self.seen.len()).any(|b| timed(b, 1))
     }
 
     /// The policy with the current costs.
@@ -302,6 +303,14 @@ pub fn choose_block(policy: &BlockSize, acc: &Acceptance, max_block: usize, idle
 /// where drafting clearly pays (a GPU with a good drafter) it is never interrupted.
 pub const BASELINE_MARGIN: f64 = 1.5;
 
+/// One-row steps timed before a marginal block is drafted again (a running mean: one
+/// slow sample on a busy machine moves it by `StepCosts::ALPHA` only).
+pub const BASELINE_STEPS: u32 = 2;
+
+/// At most this many one-row steps are forced for the baseline in a generation (a clock
+/// too coarse to time a one-row step must not stop drafting for good).
+pub const BASELINE_MAX_FORCED: usize = 8;
+
 /// Whether block `b` under `verify_cost` and `acc` is worth less than [`BASELINE_MARGIN`]
 /// times plain decoding.
 fn marginal(verify_cost: &[f64], acc: &Acceptance, b: usize) -> bool {
@@ -323,6 +332,8 @@ pub struct BlockLoop {
     max_block: usize,
     /// Steps since the last one that drafted.
     idle: usize,
+    /// One-row steps forced to time the baseline (at most [`BASELINE_MAX_FORCED`]).
+    forced: usize,
     pub acceptance: Acceptance,
     /// Tokens committed per step (tau).
     pub taus: Vec<usize>,
@@ -337,6 +348,7 @@ impl BlockLoop {
             costs: StepCosts::new(policy),
             max_block: max_block.max(1),
             idle: 0,
+            forced: 0,
             acceptance: Acceptance::default(),
             taus: Vec::new(),
         }
@@ -355,7 +367,12 @@ impl BlockLoop {
             .min(room)
             .max(1);
         if let (Some(costs), BlockSize::Auto { verify_cost }) = (&self.costs, policy) {
-            if b > 1 && costs.needs_baseline() && marginal(verify_cost, &self.acceptance, b) {
+            if b > 1
+                && self.forced < BASELINE_MAX_FORCED
+                && costs.needs_baseline()
+                && marginal(verify_cost, &self.acceptance, b)
+            {
+                self.forced += 1;
                 b = 1;
             }
         }

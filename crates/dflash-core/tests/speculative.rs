@@ -497,11 +497,13 @@ fn auto_costs_are_refined_by_the_measured_steps() {
 /// accepted one step in three: the loop drafts, times its blocks, then times one-row
 /// steps of its own before drafting again, learns the block's true cost and settles on
 /// plain decoding (with rare probes), so that it decodes at least 0.95x as fast as
-/// plain decoding. Without the one-row steps it would draft blocks of 4 throughout at
-/// about 0.55x. A drafter that clearly pays is never held back.
+/// plain decoding, also when it chooses each block before the step ahead of it is
+/// recorded (the pipelined GPU loop). Without the one-row steps it would draft blocks
+/// of 4 throughout at about 0.55x. A drafter that clearly pays is never held back, and
+/// a clock that cannot time a one-row step (0 s) forces at most BASELINE_MAX_FORCED.
 #[test]
 fn auto_mode_times_its_own_one_row_steps_before_trusting_a_marginal_block() {
-    use dflash_core::speculative::{BlockLoop, BASELINE_MARGIN};
+    use dflash_core::speculative::{BlockLoop, BASELINE_MARGIN, BASELINE_MAX_FORCED};
     // The costs auto measured in that run (results/lavapipe-run-sh-bench-smollm2.jsonl).
     let cheap_prior = BlockSize::Auto {
         verify_cost: vec![
@@ -510,32 +512,48 @@ fn auto_mode_times_its_own_one_row_steps_before_trusting_a_marginal_block() {
         ],
     };
     let truth = |b: usize| 1.0 + 0.47 * (b - 1) as f64;
-    let run = |prior: &BlockSize, accepts: &dyn Fn(usize, usize) -> usize| {
-        let mut blocks = BlockLoop::new(prior, 16);
-        let (mut seconds, mut tokens, mut drafted) = (0.0, 0usize, 0usize);
-        for step in 0..400 {
-            let b = blocks.next_block(usize::MAX, usize::MAX);
-            let accepted = accepts(step, b).min(b - 1);
-            blocks.record(b, truth(b), accepted);
-            seconds += truth(b);
-            tokens += accepted + 1;
-            drafted += usize::from(b > 1);
-        }
-        (tokens as f64 / seconds, drafted)
-    };
+    // 400 steps: (tokens per one-row second, drafting steps); `pipelined`: each block
+    // chosen before the step ahead of it is recorded; `clock`: the seconds recorded.
+    let run =
+        |accepts: &dyn Fn(usize, usize) -> usize, pipelined: bool, clock: &dyn Fn(usize) -> f64| {
+            let mut blocks = BlockLoop::new(&cheap_prior, 16);
+            let (mut seconds, mut tokens, mut drafted) = (0.0, 0usize, 0usize);
+            let mut next = blocks.next_block(usize::MAX, usize::MAX);
+            for step in 0..400 {
+                let b = next;
+                if pipelined {
+                    next = blocks.next_block(usize::MAX, usize::MAX);
+                }
+                let accepted = accepts(step, b).min(b - 1);
+                blocks.record(b, clock(b), accepted);
+                if !pipelined {
+                    next = blocks.next_block(usize::MAX, usize::MAX);
+                }
+                seconds += truth(b);
+                tokens += accepted + 1;
+                drafted += usize::from(b > 1);
+            }
+            (tokens as f64 / seconds, drafted)
+        };
     let poor = |step: usize, _b: usize| usize::from(step.is_multiple_of(3));
-    let (tok_s, drafted) = run(&cheap_prior, &poor);
-    assert!(
-        tok_s >= 0.95,
-        "{tok_s} tokens per one-row second, {drafted} drafting steps"
-    );
-    assert!(drafted < 40, "{drafted} drafting steps of 400");
+    for pipelined in [false, true] {
+        let (tok_s, drafted) = run(&poor, pipelined, &truth);
+        assert!(
+            tok_s >= 0.95 && drafted < 40,
+            "pipelined {pipelined}: {tok_s} tokens per one-row second, {drafted} drafting steps of 400"
+        );
+    }
     // A drafter whose blocks are all accepted pays more than BASELINE_MARGIN times plain
     // decoding even at the true costs: it drafts from its first step to its last.
     let all = |_: usize, b: usize| b - 1;
-    let (tok_s, drafted) = run(&cheap_prior, &all);
+    let (tok_s, drafted) = run(&all, false, &truth);
     assert_eq!(drafted, 400);
     assert!(tok_s > BASELINE_MARGIN, "{tok_s}");
+    // One-row steps that read 0 s are never timed: the baseline is forced a few times,
+    // then the loop goes on with the costs it has.
+    let coarse = |b: usize| if b == 1 { 0.0 } else { truth(b) };
+    let (_, drafted) = run(&poor, false, &coarse);
+    assert!(drafted >= 400 - BASELINE_MAX_FORCED, "{drafted}");
 }
 
 fn prior_cost(p: &BlockSize, b: usize) -> f64 {

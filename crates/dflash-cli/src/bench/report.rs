@@ -28,10 +28,15 @@ pub(super) fn report_dflash(
         all_lossless &= run.lossless;
         let mut summary = run.summary(args, block, results.plain, results.load_s);
         // Auto's costs as measured before the prompts, and as the last prompt's steps
-        // left them (each prompt starts from the costs the one before refined).
+        // left them (each prompt starts from the costs the one before refined), both
+        // relative to a one-row step.
         let auto = block == "auto";
+        let refined = run.step_costs.as_ref().map(|c| {
+            let one = c.get(1).copied().unwrap_or(1.0).max(1e-12);
+            c.iter().map(|x| x / one).collect::<Vec<f64>>()
+        });
         summary["step_costs"] = serde_json::json!(blocks.costs.as_ref().filter(|_| auto));
-        summary["step_costs_refined"] = serde_json::json!(run.step_costs.as_ref().filter(|_| auto));
+        summary["step_costs_refined"] = serde_json::json!(refined.filter(|_| auto));
         if let (Some(entries), Some(extra)) = (summary.as_object_mut(), fields.as_object()) {
             entries.extend(extra.clone());
         }
