@@ -27,26 +27,26 @@ if [ "$stage" = data ] || [ "$stage" = all ]; then
   cat "$WORK/data.jsonl" "$WORK/data-general.jsonl" >"$WORK/data-mixed.jsonl"
 fi
 if [ "$stage" = train ] || [ "$stage" = all ]; then
-  # Run 5: continues run 4's drafter (this folder at commit 4561ca5, taken from git; the
-  # script at 4561ca5 reproduces run 4 from run 3's, and so on back to run 1) on the
-  # code set and the general set together, 400 steps of 4 sequences x 32 anchors: gamma
-  # 2, seed 4, lr 6e-4, 4% warmup, cosine, the softmax over the responses' tokens and
+  # Run 6: continues run 5's drafter (this folder at commit 7250c49, taken from git; the
+  # script at 7250c49 reproduces run 5 from run 4's, and so on back to run 1) on the
+  # code set and the general set together, 600 steps of 4 sequences x 32 anchors: gamma
+  # 2, seed 5, lr 6e-4, 4% warmup, cosine, the softmax over the responses' tokens and
   # 1024 random others (the whole vocabulary every 8th step); the last 32 samples held
   # out. One uninterrupted part.
-  init="$WORK/init-4561ca5"
+  init="$WORK/init-7250c49"
   if [ ! -f "$init/model.safetensors" ]; then
     mkdir -p "$init"
-    for f in config.json model.safetensors; do git show "4561ca5:$OUT/$f" >"$init/$f"; done
+    for f in config.json model.safetensors; do git show "7250c49:$OUT/$f" >"$init/$f"; done
   fi
-  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run5" --layers "${LAYERS:-3}" \
-    --block 16 --steps "${STEPS:-400}" --seqs-per-step 4 --anchors 32 --holdout 32 \
-    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 4
+  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run6" --layers "${LAYERS:-3}" \
+    --block 16 --steps "${STEPS:-600}" --seqs-per-step 4 --anchors 32 --holdout 32 \
+    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 5
 fi
 if [ "$stage" = export ] || [ "$stage" = all ]; then
-  $T export --run "$WORK/run5" --out "$OUT"
-  cp "$WORK/run5/train.log.jsonl" "$OUT/train.log.jsonl"
-  cp "$WORK/run5/train_config.json" "$OUT/train_config.json"
-  cp "$WORK/run5/checkpoint.json" "$OUT/train_state.json"
+  $T export --run "$WORK/run6" --out "$OUT"
+  cp "$WORK/run6/train.log.jsonl" "$OUT/train.log.jsonl"
+  cp "$WORK/run6/train_config.json" "$OUT/train_config.json"
+  cp "$WORK/run6/checkpoint.json" "$OUT/train_state.json"
 fi
 if [ "$stage" = vocab ] || [ "$stage" = export ] || [ "$stage" = all ]; then
   # The draft vocabulary: the ids the target wrote most in the data's answers (and its
