@@ -17,7 +17,8 @@ pub struct PlanArgs {
     /// The target's config.json (or its Hugging Face model folder).
     #[arg(long)]
     config: PathBuf,
-    /// The drafter's config.json (or its folder).
+    /// The drafter's config.json (or its folder; a folder's draft_vocab.json puts the
+    /// head rows it gathers in the plan).
     #[arg(long)]
     drafter: PathBuf,
     /// Context lengths (KV capacity in tokens) to plan, comma separated.
