@@ -114,6 +114,28 @@ pub struct DataOptions {
     pub max_prompt_tokens: usize,
 }
 
+/// The ids of the samples in `out` (none when it does not exist), after dropping a last
+/// line cut by an interruption, so that appending continues a whole file.
+pub fn existing_ids(out: &Path) -> Result<HashSet<String>, TrainError> {
+    let mut done = HashSet::new();
+    if !out.exists() {
+        return Ok(done);
+    }
+    let text = std::fs::read_to_string(out).map_err(|e| TrainError::Io(e.to_string()))?;
+    let mut keep = String::new();
+    for line in text.lines() {
+        if let Ok(s) = serde_json::from_str::<Sample>(line) {
+            done.insert(s.id);
+            keep.push_str(line);
+            keep.push('\n');
+        }
+    }
+    if keep.len() != text.len() {
+        std::fs::write(out, keep).map_err(|e| TrainError::Io(e.to_string()))?;
+    }
+    Ok(done)
+}
+
 /// Answers the prompts not yet in `out`, `opts.batch` at a time (sorted by length so a
 /// batch pads little), appending each batch's lines.
 pub fn distill(
@@ -124,22 +146,7 @@ pub fn distill(
     opts: &DataOptions,
     progress: &indicatif::ProgressBar,
 ) -> Result<usize, TrainError> {
-    // Drop a last line cut by an interruption, then skip what is done.
-    let mut done = HashSet::new();
-    if out.exists() {
-        let text = std::fs::read_to_string(out).map_err(|e| TrainError::Io(e.to_string()))?;
-        let mut keep = String::new();
-        for line in text.lines() {
-            if let Ok(s) = serde_json::from_str::<Sample>(line) {
-                done.insert(s.id);
-                keep.push_str(line);
-                keep.push('\n');
-            }
-        }
-        if keep.len() != text.len() {
-            std::fs::write(out, keep).map_err(|e| TrainError::Io(e.to_string()))?;
-        }
-    }
+    let done = existing_ids(out)?;
     let mut todo: Vec<(Prompt, Vec<u32>)> = Vec::new();
     for p in prompts {
         if done.contains(&p.id) {

@@ -16,6 +16,7 @@ pub mod head_loss;
 pub mod nn;
 pub mod optim;
 pub mod prompts;
+pub mod self_prompts;
 pub mod target;
 pub mod train;
 

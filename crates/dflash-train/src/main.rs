@@ -184,8 +184,10 @@ struct DataArgs {
     stdlib: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// The prompt mix: `code` (mostly coding, the committed drafter's) or `general`
-    /// (explanations, role-play, reasoning and rewriting besides code).
+    /// The prompt mix: `code` (mostly coding, the committed drafter's), `general`
+    /// (explanations, role-play, reasoning and rewriting besides code) or `self` (the
+    /// target writes each prompt itself: its chat template's user turn sampled at
+    /// temperature 1, top-p 0.95, seeded by --seed and the prompt's index).
     #[arg(long, value_enum, default_value_t = prompts::Mix::Code)]
     mix: prompts::Mix,
     /// What answers: `cpu`, the quantized CPU engine (default; --batch is ignored), or
@@ -218,29 +220,49 @@ fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
 }
 
 fn run_data(a: DataArgs) -> Result<(), TrainError> {
+    use dflash_core::cpu::{CpuKernels, CpuModel};
+    use prompts::Mix;
     let model = dflash_core::model_files::load_path(&a.model)?;
-    let stdlib = a.stdlib.clone().or_else(prompts::find_stdlib);
-    let mut all = prompts::build_mix(stdlib.as_deref(), a.seed, a.mix);
-    all.truncate(a.prompts);
-    let target: Box<dyn dflash_train::data::Answerer> = match a.engine.as_str() {
-        "cpu" => Box::new(dflash_core::cpu::CpuModel::with_kernels(
-            &model.weights,
-            dflash_core::cpu::CpuKernels::Quantized,
-        )),
-        "candle" => Box::new(Target::new(&model.weights, &candle_device(&a.device)?)?),
-        other => {
+    // The quantized CPU engine answers (`--engine cpu`) and writes the self mix's queries.
+    let cpu = (a.engine == "cpu" || a.mix == Mix::SelfWritten)
+        .then(|| CpuModel::with_kernels(&model.weights, CpuKernels::Quantized));
+    let candle;
+    let target: &dyn dflash_train::data::Answerer = match (a.engine.as_str(), &cpu) {
+        ("cpu", Some(cpu)) => cpu,
+        ("candle", _) => {
+            candle = Target::new(&model.weights, &candle_device(&a.device)?)?;
+            &candle
+        }
+        (other, _) => {
             return Err(TrainError::Usage(format!(
                 "--engine {other}: cpu or candle"
             )))
         }
     };
-    let b = bar(all.len() as u64, "distill");
     let opts = DataOptions {
         batch: a.batch,
         max_new_tokens: a.max_new_tokens,
         max_prompt_tokens: a.max_prompt_tokens,
     };
-    let n = distill(&model, target.as_ref(), &all, &a.out, &opts, &b)?;
+    let b = bar(a.prompts as u64, "distill");
+    let n = match &cpu {
+        Some(cpu) if a.mix == Mix::SelfWritten => {
+            let queries = dflash_train::self_prompts::QueryOptions {
+                prompts: a.prompts as u64,
+                seed: a.seed,
+                ..Default::default()
+            };
+            dflash_train::self_prompts::distill_self_written(
+                &model, cpu, target, &a.out, &opts, &queries, &b,
+            )?
+        }
+        _ => {
+            let stdlib = a.stdlib.clone().or_else(prompts::find_stdlib);
+            let mut all = prompts::build_mix(stdlib.as_deref(), a.seed, a.mix);
+            all.truncate(a.prompts);
+            distill(&model, target, &all, &a.out, &opts, &b)?
+        }
+    };
     b.finish();
     eprintln!("{n} new samples in {}", a.out.display());
     Ok(())

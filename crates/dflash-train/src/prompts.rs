@@ -294,6 +294,10 @@ pub enum Mix {
     /// Per 10: 2 code, 2 explanations, and one each of role-play, reasoning,
     /// rewriting, arithmetic, writing and module questions.
     General,
+    /// Every prompt written by the target itself, sampled from its chat template's
+    /// user turn as `data` runs (`self_prompts`): the widest mix, from no corpus.
+    #[value(name = "self")]
+    SelfWritten,
 }
 
 /// Every prompt, mixed deterministically: roughly half coding, the rest module
@@ -303,8 +307,12 @@ pub fn build(stdlib: Option<&Path>, seed: u64) -> Vec<Prompt> {
 }
 
 /// Every prompt of `mix`, each pool shuffled by `seed`, interleaved by the mix's
-/// pattern; exhausted pools are skipped.
+/// pattern; exhausted pools are skipped. None for `Mix::SelfWritten`, whose prompts
+/// the target writes (`self_prompts::distill_self_written`).
 pub fn build_mix(stdlib: Option<&Path>, seed: u64, mix: Mix) -> Vec<Prompt> {
+    if mix == Mix::SelfWritten {
+        return Vec::new();
+    }
     let std = match stdlib {
         Some(d) => stdlib_prompts(d),
         None => StdlibPools {
@@ -329,6 +337,7 @@ pub fn build_mix(stdlib: Option<&Path>, seed: u64, mix: Mix) -> Vec<Prompt> {
             pools.push(general::rewrite_prompts(&std.paragraphs));
             &[0, 4, 5, 6, 7, 0, 4, 2, 3, 1]
         }
+        Mix::SelfWritten => unreachable!("returned above"),
     };
     for p in pools.iter_mut() {
         r.shuffle(p);

@@ -1,0 +1,182 @@
+//! Prompts the target writes itself (`data --mix self`, the "Magpie" recipe of Xu et al.,
+//! 2024): the chat template rendered up to where a user's message begins, then sampled
+//! until the turn ends. An instruct model fills that slot with the kind of request it
+//! was tuned on, so the data covers what its users ask far more widely than templates
+//! do, from nothing but the model's own files (no corpus, no evaluation set).
+
+use crate::data::{distill, existing_ids, Answerer, DataOptions};
+use crate::prompts::Prompt;
+use crate::TrainError;
+use dflash_core::chat::Message;
+use dflash_core::cpu::{CpuModel, LogitRows};
+use dflash_core::model_files::LoadedModel;
+use dflash_core::sampling::{sample, SamplingParams};
+use std::collections::HashSet;
+use std::path::Path;
+
+/// How the target's queries are drawn and which are kept.
+#[derive(Debug, Clone)]
+pub struct QueryOptions {
+    /// Prompt indices: `self:0 .. self:prompts-1`.
+    pub prompts: u64,
+    pub seed: u64,
+    /// Sampling temperature and nucleus of the draws.
+    pub temperature: f32,
+    pub top_p: f32,
+    /// Tokens a query may have: one whose turn has not ended by then is dropped.
+    pub max_tokens: usize,
+    /// Characters a kept query has at least, once trimmed.
+    pub min_chars: usize,
+    /// Draws per prompt index (each its own seed) before the index is given up.
+    pub attempts: u32,
+}
+
+impl Default for QueryOptions {
+    fn default() -> Self {
+        QueryOptions {
+            prompts: 1000,
+            seed: 1,
+            temperature: 1.0,
+            top_p: 0.95,
+            max_tokens: 96,
+            min_chars: 12,
+            attempts: 4,
+        }
+    }
+}
+
+/// Prompts written per chunk: an interruption loses at most one chunk's work.
+const CHUNK: usize = 16;
+/// A user message no template escapes or drops, to find where the message begins.
+const MARK: &str = "\u{E000}dflash-query\u{E000}";
+
+/// The id of prompt `index` of the self-written mix.
+pub fn prompt_id(index: u64) -> String {
+    format!("self:{index}")
+}
+
+/// Token ids of the chat up to where the user's message begins: the template with one
+/// user message, cut before it (the default system prompt of a template that adds one
+/// is kept, as in every chat the model answers).
+pub fn query_prefix(model: &LoadedModel) -> Result<Vec<u32>, TrainError> {
+    let tpl = model
+        .chat_template
+        .as_ref()
+        .ok_or_else(|| TrainError::Data("the model has no chat template".into()))?;
+    let text = tpl.render(&[Message::new("user", MARK)], false)?;
+    let cut = text.find(MARK).ok_or_else(|| {
+        TrainError::Data("the chat template does not write the user's message".into())
+    })?;
+    Ok(model.tokenizer.encode(&text[..cut], true)?)
+}
+
+/// The sampling of draw `attempt` of prompt `index`: a seed of its own for each.
+fn draw_params(opts: &QueryOptions, index: u64, attempt: u32) -> SamplingParams {
+    SamplingParams {
+        temperature: opts.temperature,
+        top_p: opts.top_p,
+        seed: (opts.seed << 40) ^ (index << 8) ^ attempt as u64,
+        ..SamplingParams::default()
+    }
+}
+
+/// Tokens sampled after `prefix` until (and with) the first stop token, or `max`.
+fn sample_turn(
+    cpu: &CpuModel,
+    prefix: &[u32],
+    params: &SamplingParams,
+    max: usize,
+    is_stop: &dyn Fn(u32) -> bool,
+) -> Result<Vec<u32>, TrainError> {
+    let vocab = cpu.config.vocab_size;
+    let mut cache = cpu.new_cache(prefix.len() + max);
+    let mut history = prefix.to_vec();
+    let mut logits = cpu
+        .forward(prefix, &mut cache, LogitRows::Last, &[])?
+        .logits;
+    while history.len() < prefix.len() + max {
+        let t = sample(
+            &logits[logits.len() - vocab..],
+            params,
+            &history,
+            history.len(),
+        );
+        history.push(t);
+        if is_stop(t) {
+            break;
+        }
+        logits = cpu.forward(&[t], &mut cache, LogitRows::Last, &[])?.logits;
+    }
+    Ok(history.split_off(prefix.len()))
+}
+
+/// The query of prompt `index`: the first of `opts.attempts` draws that ends its turn
+/// within `max_tokens`, holds no special token (chat markup), has `min_chars`
+/// characters once trimmed and is not in `seen`; `None` when none does.
+pub fn write_query(
+    model: &LoadedModel,
+    cpu: &CpuModel,
+    prefix: &[u32],
+    index: u64,
+    opts: &QueryOptions,
+    seen: &HashSet<String>,
+) -> Result<Option<String>, TrainError> {
+    let is_stop = |t: u32| model.tokenizer.is_stop(t);
+    for attempt in 0..opts.attempts {
+        let params = draw_params(opts, index, attempt);
+        let turn = sample_turn(cpu, prefix, &params, opts.max_tokens, &is_stop)?;
+        let Some((_, body)) = turn.split_last().filter(|(&last, _)| is_stop(last)) else {
+            continue;
+        };
+        let text = model.tokenizer.decode(body, false)?;
+        if text != model.tokenizer.decode(body, true)? {
+            continue;
+        }
+        let text = text.trim();
+        if text.chars().count() >= opts.min_chars && !seen.contains(text) {
+            return Ok(Some(text.to_string()));
+        }
+    }
+    Ok(None)
+}
+
+/// `data --mix self`: prompts `self:0 .. self:{queries.prompts - 1}`, each written by the target
+/// (`write_query`, on the quantized CPU engine) and answered by `answerer`, appended to
+/// `out` a chunk at a time. Indices already in `out` are skipped (a resumed run draws
+/// the same queries for the rest); an index whose every draw was dropped is left out.
+/// Returns the samples written.
+pub fn distill_self_written(
+    model: &LoadedModel,
+    cpu: &CpuModel,
+    answerer: &dyn Answerer,
+    out: &Path,
+    opts: &DataOptions,
+    queries: &QueryOptions,
+    progress: &indicatif::ProgressBar,
+) -> Result<usize, TrainError> {
+    let n = queries.prompts;
+    let done = existing_ids(out)?;
+    let prefix = query_prefix(model)?;
+    let todo: Vec<u64> = (0..n).filter(|&i| !done.contains(&prompt_id(i))).collect();
+    progress.set_length(n);
+    progress.set_position(n - todo.len() as u64);
+    let mut seen = HashSet::new();
+    let mut written = 0;
+    for chunk in todo.chunks(CHUNK) {
+        let mut prompts = Vec::new();
+        for &i in chunk {
+            if let Some(text) = write_query(model, cpu, &prefix, i, queries, &seen)? {
+                seen.insert(text.clone());
+                prompts.push(Prompt {
+                    id: prompt_id(i),
+                    source: "self",
+                    text,
+                });
+            }
+        }
+        let hidden = indicatif::ProgressBar::hidden();
+        written += distill(model, answerer, &prompts, out, opts, &hidden)?;
+        progress.inc(chunk.len() as u64);
+    }
+    Ok(written)
+}

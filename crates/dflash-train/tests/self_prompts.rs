@@ -1,0 +1,99 @@
+//! `data --mix self`: the target writes its own prompts from its chat template's user
+//! turn; the samples resume, and a resumed run draws the same queries.
+
+use dflash_core::cpu::{CpuKernels, CpuModel};
+use dflash_core::formats::ggml::GgmlType;
+use dflash_core::model_files::{load_gguf, load_path};
+use dflash_core::testutil::{cached_model, random_weights, tiny_drafter_target, write_gguf};
+use dflash_train::data::{read_samples, DataOptions};
+use dflash_train::self_prompts::{
+    distill_self_written, prompt_id, query_prefix, write_query, QueryOptions,
+};
+use dflash_train::TrainError;
+use std::collections::HashSet;
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("dflash-self-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The prefix is the chat template's text before the user's message: a chat with any
+/// message starts with it and continues with the message; a model without a template
+/// gets a typed error.
+#[test]
+fn the_query_prefix_is_the_chat_up_to_the_users_message() {
+    let c = tiny_drafter_target();
+    let mut m = load_gguf(&write_gguf(&c, &random_weights(&c, 5), GgmlType::Q8_0)).unwrap();
+    let prefix = query_prefix(&m).unwrap();
+    assert!(!prefix.is_empty());
+    let ids = m.chat_ids(None, "hello there").unwrap();
+    assert!(
+        ids.starts_with(&prefix),
+        "{prefix:?} is not a prefix of {ids:?}"
+    );
+    let rest = m.tokenizer.decode(&ids[prefix.len()..], false).unwrap();
+    assert!(rest.starts_with("hello there"), "{rest:?}");
+    m.chat_template = None;
+    assert!(matches!(query_prefix(&m), Err(TrainError::Data(_))));
+}
+
+/// On SmolLM2: every sample's prompt is the chat of a query the target wrote (plain
+/// text, no chat markup, ended within the limit); the same index draws the same query
+/// again; a cut last line is dropped and a larger run only adds the missing indices.
+#[test]
+fn self_written_prompts_are_the_targets_own_turns_and_resume() {
+    let Some(path) = cached_model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let m = load_path(&path).unwrap();
+    let cpu = CpuModel::with_kernels(&m.weights, CpuKernels::Quantized);
+    let dir = tmp("smollm2");
+    let out = dir.join("data.jsonl");
+    let opts = DataOptions {
+        batch: 16,
+        max_new_tokens: 6,
+        max_prompt_tokens: 384,
+    };
+    let mut q = QueryOptions {
+        prompts: 3,
+        max_tokens: 64,
+        ..QueryOptions::default()
+    };
+    let bar = indicatif::ProgressBar::hidden();
+    let first = distill_self_written(&m, &cpu, &cpu, &out, &opts, &q, &bar).unwrap();
+    assert!(first >= 2, "{first} of 3 queries kept");
+    let text = std::fs::read_to_string(&out).unwrap();
+    std::fs::write(&out, &text[..text.len() - 5]).unwrap();
+    q.prompts = 4;
+    let resumed = distill_self_written(&m, &cpu, &cpu, &out, &opts, &q, &bar).unwrap();
+    let samples = read_samples(&out).unwrap();
+    assert_eq!(
+        samples.len(),
+        first - 1 + resumed,
+        "the cut line was dropped"
+    );
+    assert!((1..=2).contains(&resumed), "the cut sample and self:3 only");
+
+    let prefix = query_prefix(&m).unwrap();
+    let mut ids = HashSet::new();
+    for s in &samples {
+        assert!(ids.insert(s.id.clone()), "{} twice", s.id);
+        assert_eq!(s.source, "self");
+        assert!(s.prompt_ids.starts_with(&prefix));
+        assert!(!s.response_ids.is_empty() && s.response_ids.len() <= 6);
+        let index: u64 = s.id.strip_prefix("self:").unwrap().parse().unwrap();
+        assert_eq!(s.id, prompt_id(index));
+        let again = write_query(&m, &cpu, &prefix, index, &q, &HashSet::new())
+            .unwrap()
+            .expect("the same draws keep the same query");
+        assert_eq!(m.chat_ids(None, &again).unwrap(), s.prompt_ids);
+        let plain = m
+            .tokenizer
+            .decode(&s.prompt_ids[prefix.len()..], true)
+            .unwrap();
+        assert!(plain.contains(again.as_str()), "{plain:?}");
+        assert!(again.len() >= q.min_chars && again == again.trim());
+    }
+}
