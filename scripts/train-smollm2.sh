@@ -16,37 +16,48 @@ T=./target/release/dflash-train
 stage="${1:-all}"
 
 if [ "$stage" = data ] || [ "$stage" = all ]; then
+  # The committed sets first (exactly the samples the drafter was trained on); each
+  # command below then only answers prompts they lack.
+  for set in data data-general data-self; do
+    if [ ! -s "$WORK/$set.jsonl" ] && [ -f "$OUT/$set.jsonl.gz" ]; then
+      gunzip -c "$OUT/$set.jsonl.gz" >"$WORK/$set.jsonl"
+    fi
+  done
   # The target answers prompts built from Python's standard library and templates.
   $T data --model "$model" --out "$WORK/data.jsonl" --prompts "${PROMPTS:-1400}" \
     --max-new-tokens "${MAX_NEW:-160}" --batch 32 --seed 1
   # Run 5's second set: the general mix (explanations, role-play, reasoning, rewriting
-  # beside code), then both in one file, the code set first (the last 32 lines, held
-  # out, are general prompts).
-  $T data --model "$model" --out "$WORK/data-general.jsonl" --prompts "${PROMPTS_GENERAL:-400}" \
+  # beside code); run 7 continued it from 400 to 800 prompts.
+  $T data --model "$model" --out "$WORK/data-general.jsonl" --prompts "${PROMPTS_GENERAL:-800}" \
     --max-new-tokens "${MAX_NEW:-160}" --seed 1 --mix general
-  cat "$WORK/data.jsonl" "$WORK/data-general.jsonl" >"$WORK/data-mixed.jsonl"
+  # Run 7's third set: prompts the target writes itself (its chat template's user turn
+  # sampled), the widest of the three.
+  $T data --model "$model" --out "$WORK/data-self.jsonl" --prompts "${PROMPTS_SELF:-640}" \
+    --max-new-tokens "${MAX_NEW:-160}" --seed 1 --mix self
+  # All in one file, code, general, self (the last 32 lines, held out, are self-written).
+  cat "$WORK/data.jsonl" "$WORK/data-general.jsonl" "$WORK/data-self.jsonl" >"$WORK/data-mixed.jsonl"
 fi
 if [ "$stage" = train ] || [ "$stage" = all ]; then
-  # Run 6: continues run 5's drafter (this folder at commit 7250c49, taken from git; the
-  # script at 7250c49 reproduces run 5 from run 4's, and so on back to run 1) on the
-  # code set and the general set together, 600 steps of 4 sequences x 32 anchors: gamma
-  # 2, seed 5, lr 6e-4, 4% warmup, cosine, the softmax over the responses' tokens and
-  # 1024 random others (the whole vocabulary every 8th step); the last 32 samples held
-  # out. One uninterrupted part.
-  init="$WORK/init-7250c49"
+  # Run 7: continues run 6's drafter (this folder at commit 8bf5846, taken from git; the
+  # script at 8bf5846 reproduces run 6 from run 5's, and so on back to run 1) on the
+  # code, general and self-written sets together, 800 steps of 4 sequences x 32
+  # anchors: gamma 2, seed 6, lr 6e-4, 4% warmup, cosine, the softmax over the
+  # responses' tokens and 1024 random others (the whole vocabulary every 8th step); the
+  # last 32 samples held out. One uninterrupted part.
+  init="$WORK/init-8bf5846"
   if [ ! -f "$init/model.safetensors" ]; then
     mkdir -p "$init"
-    for f in config.json model.safetensors; do git show "7250c49:$OUT/$f" >"$init/$f"; done
+    for f in config.json model.safetensors; do git show "8bf5846:$OUT/$f" >"$init/$f"; done
   fi
-  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run6" --layers "${LAYERS:-3}" \
-    --block 16 --steps "${STEPS:-600}" --seqs-per-step 4 --anchors 32 --holdout 32 \
-    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 5
+  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run7" --layers "${LAYERS:-3}" \
+    --block 16 --steps "${STEPS:-800}" --seqs-per-step 4 --anchors 32 --holdout 32 \
+    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 6
 fi
 if [ "$stage" = export ] || [ "$stage" = all ]; then
-  $T export --run "$WORK/run6" --out "$OUT"
-  cp "$WORK/run6/train.log.jsonl" "$OUT/train.log.jsonl"
-  cp "$WORK/run6/train_config.json" "$OUT/train_config.json"
-  cp "$WORK/run6/checkpoint.json" "$OUT/train_state.json"
+  $T export --run "$WORK/run7" --out "$OUT"
+  cp "$WORK/run7/train.log.jsonl" "$OUT/train.log.jsonl"
+  cp "$WORK/run7/train_config.json" "$OUT/train_config.json"
+  cp "$WORK/run7/checkpoint.json" "$OUT/train_state.json"
 fi
 if [ "$stage" = vocab ] || [ "$stage" = export ] || [ "$stage" = all ]; then
   # The draft vocabulary: the ids the target wrote most in the data's answers (and its
