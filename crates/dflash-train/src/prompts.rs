@@ -310,9 +310,6 @@ pub fn build(stdlib: Option<&Path>, seed: u64) -> Vec<Prompt> {
 /// pattern; exhausted pools are skipped. None for `Mix::SelfWritten`, whose prompts
 /// the target writes (`self_prompts::distill_self_written`).
 pub fn build_mix(stdlib: Option<&Path>, seed: u64, mix: Mix) -> Vec<Prompt> {
-    if mix == Mix::SelfWritten {
-        return Vec::new();
-    }
     let std = match stdlib {
         Some(d) => stdlib_prompts(d),
         None => StdlibPools {
@@ -337,7 +334,7 @@ pub fn build_mix(stdlib: Option<&Path>, seed: u64, mix: Mix) -> Vec<Prompt> {
             pools.push(general::rewrite_prompts(&std.paragraphs));
             &[0, 4, 5, 6, 7, 0, 4, 2, 3, 1]
         }
-        Mix::SelfWritten => unreachable!("returned above"),
+        Mix::SelfWritten => return Vec::new(),
     };
     for p in pools.iter_mut() {
         r.shuffle(p);
