@@ -187,7 +187,8 @@ struct DataArgs {
     /// The prompt mix: `code` (mostly coding, the committed drafter's), `general`
     /// (explanations, role-play, reasoning and rewriting besides code) or `self` (the
     /// target writes each prompt itself: its chat template's user turn sampled at
-    /// temperature 1, top-p 0.95, seeded by --seed and the prompt's index).
+    /// temperature 1, top-p 0.95, seeded by --seed and the prompt's index) or
+    /// `self-code` (the same after a system message about Python programming).
     #[arg(long, value_enum, default_value_t = prompts::Mix::Code)]
     mix: prompts::Mix,
     /// What answers: `cpu`, the quantized CPU engine (default; --batch is ignored), or
@@ -221,10 +222,9 @@ fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
 
 fn run_data(a: DataArgs) -> Result<(), TrainError> {
     use dflash_core::cpu::{CpuKernels, CpuModel};
-    use prompts::Mix;
     let model = dflash_core::model_files::load_path(&a.model)?;
     // The quantized CPU engine answers (`--engine cpu`) and writes the self mix's queries.
-    let cpu = (a.engine == "cpu" || a.mix == Mix::SelfWritten)
+    let cpu = (a.engine == "cpu" || a.mix.self_written().is_some())
         .then(|| CpuModel::with_kernels(&model.weights, CpuKernels::Quantized));
     let candle;
     let target: &dyn dflash_train::data::Answerer = match (a.engine.as_str(), &cpu) {
@@ -245,9 +245,10 @@ fn run_data(a: DataArgs) -> Result<(), TrainError> {
         max_prompt_tokens: a.max_prompt_tokens,
     };
     let b = bar(a.prompts as u64, "distill");
-    let n = match &cpu {
-        Some(cpu) if a.mix == Mix::SelfWritten => {
+    let n = match (&cpu, a.mix.self_written()) {
+        (Some(cpu), Some(topic)) => {
             let queries = dflash_train::self_prompts::QueryOptions {
+                topic,
                 prompts: a.prompts as u64,
                 seed: a.seed,
                 ..Default::default()

@@ -298,6 +298,22 @@ pub enum Mix {
     /// user turn as `data` runs (`self_prompts`): the widest mix, from no corpus.
     #[value(name = "self")]
     SelfWritten,
+    /// Prompts the target writes after a system message about Python programming
+    /// (`self_prompts::Topic::Code`): coding requests in its own words.
+    #[value(name = "self-code")]
+    SelfCode,
+}
+
+impl Mix {
+    /// The topic of a mix whose prompts the target writes; None for a built mix.
+    pub fn self_written(self) -> Option<crate::self_prompts::Topic> {
+        use crate::self_prompts::Topic;
+        match self {
+            Mix::SelfWritten => Some(Topic::Any),
+            Mix::SelfCode => Some(Topic::Code),
+            Mix::Code | Mix::General => None,
+        }
+    }
 }
 
 /// Every prompt, mixed deterministically: roughly half coding, the rest module
@@ -307,8 +323,8 @@ pub fn build(stdlib: Option<&Path>, seed: u64) -> Vec<Prompt> {
 }
 
 /// Every prompt of `mix`, each pool shuffled by `seed`, interleaved by the mix's
-/// pattern; exhausted pools are skipped. None for `Mix::SelfWritten`, whose prompts
-/// the target writes (`self_prompts::distill_self_written`).
+/// pattern; exhausted pools are skipped. None for the self-written mixes, whose
+/// prompts the target writes (`self_prompts::distill_self_written`).
 pub fn build_mix(stdlib: Option<&Path>, seed: u64, mix: Mix) -> Vec<Prompt> {
     let std = match stdlib {
         Some(d) => stdlib_prompts(d),
@@ -334,7 +350,7 @@ pub fn build_mix(stdlib: Option<&Path>, seed: u64, mix: Mix) -> Vec<Prompt> {
             pools.push(general::rewrite_prompts(&std.paragraphs));
             &[0, 4, 5, 6, 7, 0, 4, 2, 3, 1]
         }
-        Mix::SelfWritten => return Vec::new(),
+        Mix::SelfWritten | Mix::SelfCode => return Vec::new(),
     };
     for p in pools.iter_mut() {
         r.shuffle(p);

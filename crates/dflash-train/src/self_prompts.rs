@@ -14,10 +14,44 @@ use dflash_core::sampling::{sample, SamplingParams};
 use std::collections::HashSet;
 use std::path::Path;
 
+/// What the target is asked to write: any request, or one a programmer would make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topic {
+    /// The user turn after the template's own system prompt (`--mix self`).
+    Any,
+    /// The user turn after a system prompt that says the users ask about Python
+    /// (`--mix self-code`): coding requests in the model's own words.
+    Code,
+}
+
+impl Topic {
+    /// The mix's name: the prefix of its prompt ids and their `source`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Topic::Any => "self",
+            Topic::Code => "self-code",
+        }
+    }
+
+    /// The system message the queries are drawn after (None: the template's default).
+    fn system(self) -> Option<&'static str> {
+        match self {
+            Topic::Any => None,
+            Topic::Code => Some(CODE_SYSTEM),
+        }
+    }
+}
+
+/// Steers the drawn user turns to programming; the answers are written without it.
+const CODE_SYSTEM: &str = "You are a helpful AI assistant for Python programmers. \
+Users ask you to write Python functions and classes from a description, to complete, \
+fix, test or explain their code, and to solve programming exercises.";
+
 /// How the target's queries are drawn and which are kept.
 #[derive(Debug, Clone)]
 pub struct QueryOptions {
-    /// Prompt indices: `self:0 .. self:prompts-1`.
+    pub topic: Topic,
+    /// Prompt indices: `{topic}:0 .. {topic}:prompts-1`.
     pub prompts: u64,
     pub seed: u64,
     /// Sampling temperature and nucleus of the draws.
@@ -34,6 +68,7 @@ pub struct QueryOptions {
 impl Default for QueryOptions {
     fn default() -> Self {
         QueryOptions {
+            topic: Topic::Any,
             prompts: 1000,
             seed: 1,
             temperature: 1.0,
@@ -50,20 +85,26 @@ const CHUNK: usize = 16;
 /// A user message no template escapes or drops, to find where the message begins.
 const MARK: &str = "\u{E000}dflash-query\u{E000}";
 
-/// The id of prompt `index` of the self-written mix.
-pub fn prompt_id(index: u64) -> String {
-    format!("self:{index}")
+/// The id of prompt `index` of a self-written mix.
+pub fn prompt_id(topic: Topic, index: u64) -> String {
+    format!("{}:{index}", topic.name())
 }
 
 /// Token ids of the chat up to where the user's message begins: the template with one
 /// user message, cut before it (the default system prompt of a template that adds one
-/// is kept, as in every chat the model answers).
-pub fn query_prefix(model: &LoadedModel) -> Result<Vec<u32>, TrainError> {
+/// is kept, as in every chat the model answers; `topic`'s own system message replaces it).
+pub fn query_prefix(model: &LoadedModel, topic: Topic) -> Result<Vec<u32>, TrainError> {
     let tpl = model
         .chat_template
         .as_ref()
         .ok_or_else(|| TrainError::Data("the model has no chat template".into()))?;
-    let text = tpl.render(&[Message::new("user", MARK)], false)?;
+    let mut chat: Vec<Message> = topic
+        .system()
+        .map(|s| Message::new("system", s))
+        .into_iter()
+        .collect();
+    chat.push(Message::new("user", MARK));
+    let text = tpl.render(&chat, false)?;
     let cut = text.find(MARK).ok_or_else(|| {
         TrainError::Data("the chat template does not write the user's message".into())
     })?;
@@ -140,7 +181,7 @@ pub fn write_query(
     Ok(None)
 }
 
-/// `data --mix self`: prompts `self:0 .. self:{queries.prompts - 1}`, each written by the target
+/// `data --mix self` / `self-code`: prompts `{topic}:0 .. {topic}:{queries.prompts - 1}`, each written by the target
 /// (`write_query`, on the quantized CPU engine) and answered by `answerer`, appended to
 /// `out` a chunk at a time. Indices already in `out` are skipped (a resumed run draws
 /// the same queries for the rest); an index whose every draw was dropped is left out.
@@ -156,8 +197,11 @@ pub fn distill_self_written(
 ) -> Result<usize, TrainError> {
     let n = queries.prompts;
     let done = existing_ids(out)?;
-    let prefix = query_prefix(model)?;
-    let todo: Vec<u64> = (0..n).filter(|&i| !done.contains(&prompt_id(i))).collect();
+    let topic = queries.topic;
+    let prefix = query_prefix(model, topic)?;
+    let todo: Vec<u64> = (0..n)
+        .filter(|&i| !done.contains(&prompt_id(topic, i)))
+        .collect();
     progress.set_length(n);
     progress.set_position(n - todo.len() as u64);
     let mut seen = HashSet::new();
@@ -168,8 +212,8 @@ pub fn distill_self_written(
             if let Some(text) = write_query(model, cpu, &prefix, i, queries, &seen)? {
                 seen.insert(text.clone());
                 prompts.push(Prompt {
-                    id: prompt_id(i),
-                    source: "self",
+                    id: prompt_id(topic, i),
+                    source: topic.name(),
                     text,
                 });
             }

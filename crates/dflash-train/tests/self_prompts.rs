@@ -7,7 +7,7 @@ use dflash_core::model_files::{load_gguf, load_path};
 use dflash_core::testutil::{cached_model, random_weights, tiny_drafter_target, write_gguf};
 use dflash_train::data::{read_samples, DataOptions};
 use dflash_train::self_prompts::{
-    distill_self_written, prompt_id, query_prefix, write_query, QueryOptions,
+    distill_self_written, prompt_id, query_prefix, write_query, QueryOptions, Topic,
 };
 use dflash_train::TrainError;
 use std::collections::HashSet;
@@ -26,7 +26,7 @@ fn tmp(name: &str) -> std::path::PathBuf {
 fn the_query_prefix_is_the_chat_up_to_the_users_message() {
     let c = tiny_drafter_target();
     let mut m = load_gguf(&write_gguf(&c, &random_weights(&c, 5), GgmlType::Q8_0)).unwrap();
-    let prefix = query_prefix(&m).unwrap();
+    let prefix = query_prefix(&m, Topic::Any).unwrap();
     assert!(!prefix.is_empty());
     let ids = m.chat_ids(None, "hello there").unwrap();
     assert!(
@@ -35,8 +35,14 @@ fn the_query_prefix_is_the_chat_up_to_the_users_message() {
     );
     let rest = m.tokenizer.decode(&ids[prefix.len()..], false).unwrap();
     assert!(rest.starts_with("hello there"), "{rest:?}");
+    let code = query_prefix(&m, Topic::Code).unwrap();
+    let code_text = m.tokenizer.decode(&code, false).unwrap();
+    assert!(code_text.contains("Python programmers"), "{code_text:?}");
+    assert_ne!(code, prefix);
     m.chat_template = None;
-    assert!(matches!(query_prefix(&m), Err(TrainError::Data(_))));
+    for topic in [Topic::Any, Topic::Code] {
+        assert!(matches!(query_prefix(&m, topic), Err(TrainError::Data(_))));
+    }
 }
 
 /// On SmolLM2: every sample's prompt is the chat of a query the target wrote (plain
@@ -76,7 +82,7 @@ fn self_written_prompts_are_the_targets_own_turns_and_resume() {
     );
     assert!((1..=2).contains(&resumed), "the cut sample and self:3 only");
 
-    let prefix = query_prefix(&m).unwrap();
+    let prefix = query_prefix(&m, Topic::Any).unwrap();
     let mut ids = HashSet::new();
     for s in &samples {
         assert!(ids.insert(s.id.clone()), "{} twice", s.id);
@@ -84,7 +90,7 @@ fn self_written_prompts_are_the_targets_own_turns_and_resume() {
         assert!(s.prompt_ids.starts_with(&prefix));
         assert!(!s.response_ids.is_empty() && s.response_ids.len() <= 6);
         let index: u64 = s.id.strip_prefix("self:").unwrap().parse().unwrap();
-        assert_eq!(s.id, prompt_id(index));
+        assert_eq!(s.id, prompt_id(Topic::Any, index));
         let again = write_query(&m, &cpu, &prefix, index, &q, &HashSet::new())
             .unwrap()
             .expect("the same draws keep the same query");
@@ -95,5 +101,43 @@ fn self_written_prompts_are_the_targets_own_turns_and_resume() {
             .unwrap();
         assert!(plain.contains(again.as_str()), "{plain:?}");
         assert!(again.len() >= q.min_chars && again == again.trim());
+    }
+}
+
+/// `--mix self-code` on SmolLM2: the queries are drawn after the coding system message
+/// and answered in a plain chat without it, under ids and a source of their own.
+#[test]
+fn self_code_prompts_are_drawn_after_the_coding_system_message() {
+    let Some(path) = cached_model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let m = load_path(&path).unwrap();
+    let cpu = CpuModel::with_kernels(&m.weights, CpuKernels::Quantized);
+    let out = tmp("smollm2-code").join("data.jsonl");
+    let opts = DataOptions {
+        batch: 16,
+        max_new_tokens: 4,
+        max_prompt_tokens: 384,
+    };
+    let q = QueryOptions {
+        topic: Topic::Code,
+        prompts: 2,
+        ..QueryOptions::default()
+    };
+    let bar = indicatif::ProgressBar::hidden();
+    let n = distill_self_written(&m, &cpu, &cpu, &out, &opts, &q, &bar).unwrap();
+    assert!(n >= 1, "{n} of 2 queries kept");
+    let code_prefix = query_prefix(&m, Topic::Code).unwrap();
+    let any_prefix = query_prefix(&m, Topic::Any).unwrap();
+    for s in read_samples(&out).unwrap() {
+        assert_eq!(s.source, "self-code");
+        let index: u64 = s.id.strip_prefix("self-code:").unwrap().parse().unwrap();
+        assert_eq!(s.id, prompt_id(Topic::Code, index));
+        let query = write_query(&m, &cpu, &code_prefix, index, &q, &HashSet::new())
+            .unwrap()
+            .expect("the same draws keep the same query");
+        assert_eq!(m.chat_ids(None, &query).unwrap(), s.prompt_ids);
+        assert!(s.prompt_ids.starts_with(&any_prefix));
+        assert!(!s.prompt_ids.starts_with(&code_prefix));
     }
 }
