@@ -18,7 +18,7 @@ stage="${1:-all}"
 if [ "$stage" = data ] || [ "$stage" = all ]; then
   # The committed sets first (exactly the samples the drafter was trained on); each
   # command below then only answers prompts they lack.
-  for set in data data-general data-self; do
+  for set in data data-general data-self data-self-code; do
     if [ ! -s "$WORK/$set.jsonl" ] && [ -f "$OUT/$set.jsonl.gz" ]; then
       gunzip -c "$OUT/$set.jsonl.gz" >"$WORK/$set.jsonl"
     fi
@@ -34,30 +34,35 @@ if [ "$stage" = data ] || [ "$stage" = all ]; then
   # sampled), the widest of the three.
   $T data --model "$model" --out "$WORK/data-self.jsonl" --prompts "${PROMPTS_SELF:-640}" \
     --max-new-tokens "${MAX_NEW:-160}" --seed 1 --mix self
-  # All in one file, code, general, self (the last 32 lines, held out, are self-written).
-  cat "$WORK/data.jsonl" "$WORK/data-general.jsonl" "$WORK/data-self.jsonl" >"$WORK/data-mixed.jsonl"
+  # Run 8's fourth set: coding requests the target writes itself (its user turn drawn
+  # after a system message about Python, each answered without it).
+  $T data --model "$model" --out "$WORK/data-self-code.jsonl" --prompts "${PROMPTS_SELF_CODE:-512}" \
+    --max-new-tokens "${MAX_NEW:-160}" --seed 1 --mix self-code
+  # All in one file: code, general, self, self-code (the last 32 lines are held out).
+  cat "$WORK/data.jsonl" "$WORK/data-general.jsonl" "$WORK/data-self.jsonl" \
+    "$WORK/data-self-code.jsonl" >"$WORK/data-mixed.jsonl"
 fi
 if [ "$stage" = train ] || [ "$stage" = all ]; then
-  # Run 7: continues run 6's drafter (this folder at commit 8bf5846, taken from git; the
-  # script at 8bf5846 reproduces run 6 from run 5's, and so on back to run 1) on the
-  # code, general and self-written sets together, 800 steps of 4 sequences x 32
-  # anchors: gamma 2, seed 6, lr 6e-4, 4% warmup, cosine, the softmax over the
-  # responses' tokens and 1024 random others (the whole vocabulary every 8th step); the
-  # last 32 samples held out. One uninterrupted part.
-  init="$WORK/init-8bf5846"
+  # Run 8: continues run 7's drafter (this folder at commit ca6da03, taken from git; the
+  # script at ca6da03 reproduces run 7 from run 6's, and so on back to run 1) on the
+  # code, general, self-written and self-written coding sets together, 900 steps of 4
+  # sequences x 32 anchors: gamma 2, seed 7, lr 6e-4, 4% warmup, cosine, the softmax
+  # over the responses' tokens and 1024 random others (the whole vocabulary every 8th
+  # step); the last 32 samples held out. One uninterrupted part.
+  init="$WORK/init-ca6da03"
   if [ ! -f "$init/model.safetensors" ]; then
     mkdir -p "$init"
-    for f in config.json model.safetensors; do git show "8bf5846:$OUT/$f" >"$init/$f"; done
+    for f in config.json model.safetensors; do git show "ca6da03:$OUT/$f" >"$init/$f"; done
   fi
-  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run7" --layers "${LAYERS:-3}" \
-    --block 16 --steps "${STEPS:-800}" --seqs-per-step 4 --anchors 32 --holdout 32 \
-    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 6
+  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run8" --layers "${LAYERS:-3}" \
+    --block 16 --steps "${STEPS:-900}" --seqs-per-step 4 --anchors 32 --holdout 32 \
+    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 7
 fi
 if [ "$stage" = export ] || [ "$stage" = all ]; then
-  $T export --run "$WORK/run7" --out "$OUT"
-  cp "$WORK/run7/train.log.jsonl" "$OUT/train.log.jsonl"
-  cp "$WORK/run7/train_config.json" "$OUT/train_config.json"
-  cp "$WORK/run7/checkpoint.json" "$OUT/train_state.json"
+  $T export --run "$WORK/run8" --out "$OUT"
+  cp "$WORK/run8/train.log.jsonl" "$OUT/train.log.jsonl"
+  cp "$WORK/run8/train_config.json" "$OUT/train_config.json"
+  cp "$WORK/run8/checkpoint.json" "$OUT/train_state.json"
 fi
 if [ "$stage" = vocab ] || [ "$stage" = export ] || [ "$stage" = all ]; then
   # The draft vocabulary: the ids the target wrote most in the data's answers (and its
