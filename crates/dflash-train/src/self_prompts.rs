@@ -4,7 +4,7 @@
 //! was tuned on, so the data covers what its users ask far more widely than templates
 //! do, from nothing but the model's own files (no corpus, no evaluation set).
 
-use crate::data::{distill, existing_ids, Answerer, DataOptions};
+use crate::data::{distill, existing_ids, read_samples, Answerer, DataOptions};
 use crate::prompts::Prompt;
 use crate::TrainError;
 use dflash_core::chat::Message;
@@ -111,6 +111,44 @@ pub fn query_prefix(model: &LoadedModel, topic: Topic) -> Result<Vec<u32>, Train
     Ok(model.tokenizer.encode(&text[..cut], true)?)
 }
 
+/// The queries of `topic` already answered in `out`, read back from their prompts (the
+/// plain chat of each query: the text between the template's prefix and what it writes
+/// after a user's message), so that a resumed run keeps its new queries distinct.
+pub fn written_queries(
+    model: &LoadedModel,
+    topic: Topic,
+    out: &Path,
+) -> Result<HashSet<String>, TrainError> {
+    let mut seen = HashSet::new();
+    if !out.exists() {
+        return Ok(seen);
+    }
+    let plain = query_prefix(model, Topic::Any)?;
+    let rendered = match &model.chat_template {
+        Some(tpl) => tpl.render(&[Message::new("user", MARK)], true)?,
+        None => return Err(TrainError::Data("the model has no chat template".into())),
+    };
+    let Some((_, after_message)) = rendered.split_once(MARK) else {
+        return Err(TrainError::Data(
+            "the chat template does not write the user's message".into(),
+        ));
+    };
+    let own = format!("{}:", topic.name());
+    for sample in read_samples(out)? {
+        if !sample.id.starts_with(&own) {
+            continue;
+        }
+        let Some(rest) = sample.prompt_ids.strip_prefix(plain.as_slice()) else {
+            continue;
+        };
+        let text = model.tokenizer.decode(rest, false)?;
+        if let Some(query) = text.strip_suffix(after_message) {
+            seen.insert(query.trim().to_string());
+        }
+    }
+    Ok(seen)
+}
+
 /// The sampling of draw `attempt` of prompt `index`: a seed of its own for each.
 fn draw_params(opts: &QueryOptions, index: u64, attempt: u32) -> SamplingParams {
     SamplingParams {
@@ -204,7 +242,7 @@ pub fn distill_self_written(
         .collect();
     progress.set_length(n);
     progress.set_position(n - todo.len() as u64);
-    let mut seen = HashSet::new();
+    let mut seen = written_queries(model, topic, out)?;
     let mut written = 0;
     for chunk in todo.chunks(CHUNK) {
         let mut prompts = Vec::new();

@@ -7,7 +7,8 @@ use dflash_core::model_files::{load_gguf, load_path};
 use dflash_core::testutil::{cached_model, random_weights, tiny_drafter_target, write_gguf};
 use dflash_train::data::{read_samples, DataOptions};
 use dflash_train::self_prompts::{
-    distill_self_written, prompt_id, query_prefix, write_query, QueryOptions, Topic,
+    distill_self_written, prompt_id, query_prefix, write_query, written_queries, QueryOptions,
+    Topic,
 };
 use dflash_train::TrainError;
 use std::collections::HashSet;
@@ -83,6 +84,13 @@ fn self_written_prompts_are_the_targets_own_turns_and_resume() {
     assert!((1..=2).contains(&resumed), "the cut sample and self:3 only");
 
     let prefix = query_prefix(&m, Topic::Any).unwrap();
+    let written = written_queries(&m, Topic::Any, &out).unwrap();
+    assert_eq!(
+        written.len(),
+        samples.len(),
+        "a resumed run knows every query"
+    );
+    assert!(written_queries(&m, Topic::Code, &out).unwrap().is_empty());
     let mut ids = HashSet::new();
     for s in &samples {
         assert!(ids.insert(s.id.clone()), "{} twice", s.id);
@@ -101,6 +109,7 @@ fn self_written_prompts_are_the_targets_own_turns_and_resume() {
             .unwrap();
         assert!(plain.contains(again.as_str()), "{plain:?}");
         assert!(again.len() >= q.min_chars && again == again.trim());
+        assert!(written.contains(&again), "{again:?} is not read back");
     }
 }
 
