@@ -90,25 +90,35 @@ pub fn prompt_id(topic: Topic, index: u64) -> String {
     format!("{}:{index}", topic.name())
 }
 
-/// Token ids of the chat up to where the user's message begins: the template with one
-/// user message, cut before it (the default system prompt of a template that adds one
-/// is kept, as in every chat the model answers; `topic`'s own system message replaces it).
-pub fn query_prefix(model: &LoadedModel, topic: Topic) -> Result<Vec<u32>, TrainError> {
+/// The template's text of a chat (`system`'s message if any, then a user's) before and
+/// after the user's message, with or without the generation prompt.
+fn around_user_message(
+    model: &LoadedModel,
+    system: Option<&str>,
+    generation_prompt: bool,
+) -> Result<(String, String), TrainError> {
     let tpl = model
         .chat_template
         .as_ref()
         .ok_or_else(|| TrainError::Data("the model has no chat template".into()))?;
-    let mut chat: Vec<Message> = topic
-        .system()
+    let mut chat: Vec<Message> = system
         .map(|s| Message::new("system", s))
         .into_iter()
         .collect();
     chat.push(Message::new("user", MARK));
-    let text = tpl.render(&chat, false)?;
-    let cut = text.find(MARK).ok_or_else(|| {
+    let text = tpl.render(&chat, generation_prompt)?;
+    let (before, after) = text.split_once(MARK).ok_or_else(|| {
         TrainError::Data("the chat template does not write the user's message".into())
     })?;
-    Ok(model.tokenizer.encode(&text[..cut], true)?)
+    Ok((before.to_string(), after.to_string()))
+}
+
+/// Token ids of the chat up to where the user's message begins: the template with one
+/// user message, cut before it (the default system prompt of a template that adds one
+/// is kept, as in every chat the model answers; `topic`'s own system message replaces it).
+pub fn query_prefix(model: &LoadedModel, topic: Topic) -> Result<Vec<u32>, TrainError> {
+    let (before, _) = around_user_message(model, topic.system(), false)?;
+    Ok(model.tokenizer.encode(&before, true)?)
 }
 
 /// The queries of `topic` already answered in `out`, read back from their prompts (the
@@ -124,15 +134,7 @@ pub fn written_queries(
         return Ok(seen);
     }
     let plain = query_prefix(model, Topic::Any)?;
-    let rendered = match &model.chat_template {
-        Some(tpl) => tpl.render(&[Message::new("user", MARK)], true)?,
-        None => return Err(TrainError::Data("the model has no chat template".into())),
-    };
-    let Some((_, after_message)) = rendered.split_once(MARK) else {
-        return Err(TrainError::Data(
-            "the chat template does not write the user's message".into(),
-        ));
-    };
+    let (_, after_message) = around_user_message(model, None, true)?;
     let own = format!("{}:", topic.name());
     for sample in read_samples(out)? {
         if !sample.id.starts_with(&own) {
@@ -142,7 +144,7 @@ pub fn written_queries(
             continue;
         };
         let text = model.tokenizer.decode(rest, false)?;
-        if let Some(query) = text.strip_suffix(after_message) {
+        if let Some(query) = text.strip_suffix(after_message.as_str()) {
             seen.insert(query.trim().to_string());
         }
     }
@@ -219,10 +221,11 @@ pub fn write_query(
     Ok(None)
 }
 
-/// `data --mix self` / `self-code`: prompts `{topic}:0 .. {topic}:{queries.prompts - 1}`, each written by the target
-/// (`write_query`, on the quantized CPU engine) and answered by `answerer`, appended to
-/// `out` a chunk at a time. Indices already in `out` are skipped (a resumed run draws
-/// the same queries for the rest); an index whose every draw was dropped is left out.
+/// `data --mix self` / `self-code`: prompts `{topic}:0 .. {topic}:{queries.prompts - 1}`,
+/// each written by the target (`write_query`, on the quantized CPU engine) and answered
+/// by `answerer`, appended to `out` a chunk at a time. Indices already in `out` are
+/// skipped (a resumed run draws the same queries for the rest, kept distinct from those
+/// already written); an index whose every draw was dropped is left out.
 /// Returns the samples written.
 pub fn distill_self_written(
     model: &LoadedModel,
