@@ -35,34 +35,35 @@ if [ "$stage" = data ] || [ "$stage" = all ]; then
   $T data --model "$model" --out "$WORK/data-self.jsonl" --prompts "${PROMPTS_SELF:-640}" \
     --max-new-tokens "${MAX_NEW:-160}" --seed 1 --mix self
   # Run 8's fourth set: coding requests the target writes itself (its user turn drawn
-  # after a system message about Python, each answered without it).
-  $T data --model "$model" --out "$WORK/data-self-code.jsonl" --prompts "${PROMPTS_SELF_CODE:-512}" \
+  # after a system message about Python, each answered without it); run 9 continued it
+  # from 512 to 1024 prompts.
+  $T data --model "$model" --out "$WORK/data-self-code.jsonl" --prompts "${PROMPTS_SELF_CODE:-1024}" \
     --max-new-tokens "${MAX_NEW:-160}" --seed 1 --mix self-code
   # All in one file: code, general, self, self-code (the last 32 lines are held out).
   cat "$WORK/data.jsonl" "$WORK/data-general.jsonl" "$WORK/data-self.jsonl" \
     "$WORK/data-self-code.jsonl" >"$WORK/data-mixed.jsonl"
 fi
 if [ "$stage" = train ] || [ "$stage" = all ]; then
-  # Run 8: continues run 7's drafter (this folder at commit ca6da03, taken from git; the
-  # script at ca6da03 reproduces run 7 from run 6's, and so on back to run 1) on the
-  # code, general, self-written and self-written coding sets together, 900 steps of 4
-  # sequences x 32 anchors: gamma 2, seed 7, lr 6e-4, 4% warmup, cosine, the softmax
-  # over the responses' tokens and 1024 random others (the whole vocabulary every 8th
-  # step); the last 32 samples held out. One uninterrupted part.
-  init="$WORK/init-ca6da03"
+  # Run 9: continues run 8's drafter (this folder at commit 9aa024b, taken from git; the
+  # script at 9aa024b reproduces run 8 from run 7's, and so on back to run 1) on the
+  # code, general, self-written and self-written coding sets together (the last twice as
+  # long as in run 8), 900 steps of 4 sequences x 32 anchors: gamma 2, seed 9, lr 6e-4,
+  # 4% warmup, cosine, the softmax over the responses' tokens and 1024 random others (the
+  # whole vocabulary every 8th step); the last 32 samples held out. One uninterrupted part.
+  init="$WORK/init-9aa024b"
   if [ ! -f "$init/model.safetensors" ]; then
     mkdir -p "$init"
-    for f in config.json model.safetensors; do git show "ca6da03:$OUT/$f" >"$init/$f"; done
+    for f in config.json model.safetensors; do git show "9aa024b:$OUT/$f" >"$init/$f"; done
   fi
-  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run8" --layers "${LAYERS:-3}" \
+  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run9" --layers "${LAYERS:-3}" \
     --block 16 --steps "${STEPS:-900}" --seqs-per-step 4 --anchors 32 --holdout 32 \
-    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 7
+    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 9
 fi
 if [ "$stage" = export ] || [ "$stage" = all ]; then
-  $T export --run "$WORK/run8" --out "$OUT"
-  cp "$WORK/run8/train.log.jsonl" "$OUT/train.log.jsonl"
-  cp "$WORK/run8/train_config.json" "$OUT/train_config.json"
-  cp "$WORK/run8/checkpoint.json" "$OUT/train_state.json"
+  $T export --run "$WORK/run9" --out "$OUT"
+  cp "$WORK/run9/train.log.jsonl" "$OUT/train.log.jsonl"
+  cp "$WORK/run9/train_config.json" "$OUT/train_config.json"
+  cp "$WORK/run9/checkpoint.json" "$OUT/train_state.json"
 fi
 if [ "$stage" = vocab ] || [ "$stage" = export ] || [ "$stage" = all ]; then
   # The draft vocabulary: the ids the target wrote most in the data's answers (and its
