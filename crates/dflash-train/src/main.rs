@@ -249,6 +249,7 @@ fn run_data(a: DataArgs) -> Result<(), TrainError> {
         (Some(cpu), Some(topic)) => {
             let queries = dflash_train::self_prompts::QueryOptions {
                 topic,
+                max_tokens: topic.query_tokens(),
                 prompts: a.prompts as u64,
                 seed: a.seed,
                 ..Default::default()

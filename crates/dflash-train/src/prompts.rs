@@ -302,6 +302,10 @@ pub enum Mix {
     /// (`self_prompts::Topic::Code`): coding requests in its own words.
     #[value(name = "self-code")]
     SelfCode,
+    /// Python functions the target begins itself after that message, each to complete
+    /// (`self_prompts::Topic::Stub`): "Complete the following Python function" requests.
+    #[value(name = "self-stub")]
+    SelfStub,
 }
 
 impl Mix {
@@ -311,6 +315,7 @@ impl Mix {
         match self {
             Mix::SelfWritten => Some(Topic::Any),
             Mix::SelfCode => Some(Topic::Code),
+            Mix::SelfStub => Some(Topic::Stub),
             Mix::Code | Mix::General => None,
         }
     }
@@ -350,7 +355,7 @@ pub fn build_mix(stdlib: Option<&Path>, seed: u64, mix: Mix) -> Vec<Prompt> {
             pools.push(general::rewrite_prompts(&std.paragraphs));
             &[0, 4, 5, 6, 7, 0, 4, 2, 3, 1]
         }
-        Mix::SelfWritten | Mix::SelfCode => return Vec::new(),
+        Mix::SelfWritten | Mix::SelfCode | Mix::SelfStub => return Vec::new(),
     };
     for p in pools.iter_mut() {
         r.shuffle(p);

@@ -14,7 +14,8 @@ use dflash_core::sampling::{sample, SamplingParams};
 use std::collections::HashSet;
 use std::path::Path;
 
-/// What the target is asked to write: any request, or one a programmer would make.
+/// What the target is asked to write: any request, one a programmer would make, or a
+/// Python function to complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Topic {
     /// The user turn after the template's own system prompt (`--mix self`).
@@ -22,6 +23,10 @@ pub enum Topic {
     /// The user turn after a system prompt that says the users ask about Python
     /// (`--mix self-code`): coding requests in the model's own words.
     Code,
+    /// After the coding system prompt, the user turn begun with a request to complete a
+    /// Python function and the function's first word (`--mix self-stub`): the target
+    /// writes the signature and docstring itself.
+    Stub,
 }
 
 impl Topic {
@@ -30,6 +35,7 @@ impl Topic {
         match self {
             Topic::Any => "self",
             Topic::Code => "self-code",
+            Topic::Stub => "self-stub",
         }
     }
 
@@ -37,7 +43,24 @@ impl Topic {
     fn system(self) -> Option<&'static str> {
         match self {
             Topic::Any => None,
-            Topic::Code => Some(CODE_SYSTEM),
+            Topic::Code | Topic::Stub => Some(CODE_SYSTEM),
+        }
+    }
+
+    /// Tokens a drawn query may have before it is dropped: a function's signature and
+    /// docstring take more than a request in words.
+    pub fn query_tokens(self) -> usize {
+        match self {
+            Topic::Any | Topic::Code => 96,
+            Topic::Stub => 192,
+        }
+    }
+
+    /// The start of the user's message, written before the target continues it.
+    fn lead(self) -> &'static str {
+        match self {
+            Topic::Any | Topic::Code => "",
+            Topic::Stub => STUB_LEAD,
         }
     }
 }
@@ -46,6 +69,10 @@ impl Topic {
 const CODE_SYSTEM: &str = "You are a helpful AI assistant for Python programmers. \
 Users ask you to write Python functions and classes from a description, to complete, \
 fix, test or explain their code, and to solve programming exercises.";
+
+/// The user turn of `Topic::Stub` up to the function's name: a request to complete a
+/// function, its code block opened.
+const STUB_LEAD: &str = "Complete the following Python function:\n```python\ndef";
 
 /// How the target's queries are drawn and which are kept.
 #[derive(Debug, Clone)]
@@ -73,7 +100,7 @@ impl Default for QueryOptions {
             seed: 1,
             temperature: 1.0,
             top_p: 0.95,
-            max_tokens: 96,
+            max_tokens: Topic::Any.query_tokens(),
             min_chars: 12,
             attempts: 4,
         }
@@ -115,10 +142,11 @@ fn around_user_message(
 
 /// Token ids of the chat up to where the user's message begins: the template with one
 /// user message, cut before it (the default system prompt of a template that adds one
-/// is kept, as in every chat the model answers; `topic`'s own system message replaces it).
+/// is kept, as in every chat the model answers; `topic`'s own system message replaces it),
+/// then the topic's lead.
 pub fn query_prefix(model: &LoadedModel, topic: Topic) -> Result<Vec<u32>, TrainError> {
     let (before, _) = around_user_message(model, topic.system(), false)?;
-    Ok(model.tokenizer.encode(&before, true)?)
+    Ok(model.tokenizer.encode(&(before + topic.lead()), true)?)
 }
 
 /// The queries of `topic` already answered in `out`, read back from their prompts (the
@@ -191,9 +219,9 @@ fn sample_turn(
     Ok(history.split_off(prefix.len()))
 }
 
-/// The query of prompt `index`: the first of `opts.attempts` draws that ends its turn
-/// within `max_tokens`, holds no special token (chat markup), has `min_chars`
-/// characters once trimmed and is not in `seen`; `None` when none does.
+/// The query of prompt `index`: the topic's lead and the first of `opts.attempts` draws
+/// that ends its turn within `max_tokens`, holds no special token (chat markup), has
+/// `min_chars` characters once trimmed and is not in `seen`; `None` when none does.
 pub fn write_query(
     model: &LoadedModel,
     cpu: &CpuModel,
@@ -213,6 +241,7 @@ pub fn write_query(
         if text != model.tokenizer.decode(body, true)? {
             continue;
         }
+        let text = format!("{}{text}", opts.topic.lead());
         let text = text.trim();
         if text.chars().count() >= opts.min_chars && !seen.contains(text) {
             return Ok(Some(text.to_string()));
@@ -221,7 +250,7 @@ pub fn write_query(
     Ok(None)
 }
 
-/// `data --mix self` / `self-code`: prompts `{topic}:0 .. {topic}:{queries.prompts - 1}`,
+/// `data --mix self` / `self-code` / `self-stub`: prompts `{topic}:0 .. {topic}:{queries.prompts - 1}`,
 /// each written by the target (`write_query`, on the quantized CPU engine) and answered
 /// by `answerer`, appended to `out` a chunk at a time. Indices already in `out` are
 /// skipped (a resumed run draws the same queries for the rest, kept distinct from those

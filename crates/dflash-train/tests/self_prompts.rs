@@ -40,8 +40,19 @@ fn the_query_prefix_is_the_chat_up_to_the_users_message() {
     let code_text = m.tokenizer.decode(&code, false).unwrap();
     assert!(code_text.contains("Python programmers"), "{code_text:?}");
     assert_ne!(code, prefix);
+    let stub = query_prefix(&m, Topic::Stub).unwrap();
+    assert!(
+        stub.starts_with(&code[..code.len() - 1]),
+        "the stub prefix opens the user turn"
+    );
+    let stub_text = m.tokenizer.decode(&stub, false).unwrap();
+    assert!(
+        stub_text.starts_with(&code_text)
+            && stub_text.ends_with("Complete the following Python function:\n```python\ndef"),
+        "{stub_text:?}"
+    );
     m.chat_template = None;
-    for topic in [Topic::Any, Topic::Code] {
+    for topic in [Topic::Any, Topic::Code, Topic::Stub] {
         assert!(matches!(query_prefix(&m, topic), Err(TrainError::Data(_))));
     }
 }
@@ -113,8 +124,10 @@ fn self_written_prompts_are_the_targets_own_turns_and_resume() {
     }
 }
 
-/// `--mix self-code` on SmolLM2: the queries are drawn after the coding system message
-/// and answered in a plain chat without it, under ids and a source of their own.
+/// `--mix self-code` and `self-stub` on SmolLM2: the queries are drawn after the coding
+/// system message and answered in a plain chat without it, under ids and a source of
+/// their own; a self-stub query is a function the target began at `def` itself, to
+/// complete, and a resumed run reads it back whole.
 #[test]
 fn self_code_prompts_are_drawn_after_the_coding_system_message() {
     let Some(path) = cached_model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
@@ -122,31 +135,48 @@ fn self_code_prompts_are_drawn_after_the_coding_system_message() {
     };
     let m = load_path(&path).unwrap();
     let cpu = CpuModel::with_kernels(&m.weights, CpuKernels::Quantized);
-    let out = tmp("smollm2-code").join("data.jsonl");
     let opts = DataOptions {
         batch: 16,
         max_new_tokens: 4,
         max_prompt_tokens: 384,
     };
-    let q = QueryOptions {
-        topic: Topic::Code,
-        prompts: 2,
-        ..QueryOptions::default()
-    };
-    let bar = indicatif::ProgressBar::hidden();
-    let n = distill_self_written(&m, &cpu, &cpu, &out, &opts, &q, &bar).unwrap();
-    assert!(n >= 1, "{n} of 2 queries kept");
-    let code_prefix = query_prefix(&m, Topic::Code).unwrap();
     let any_prefix = query_prefix(&m, Topic::Any).unwrap();
-    for s in read_samples(&out).unwrap() {
-        assert_eq!(s.source, "self-code");
-        let index: u64 = s.id.strip_prefix("self-code:").unwrap().parse().unwrap();
-        assert_eq!(s.id, prompt_id(Topic::Code, index));
-        let query = write_query(&m, &cpu, &code_prefix, index, &q, &HashSet::new())
-            .unwrap()
-            .expect("the same draws keep the same query");
-        assert_eq!(m.chat_ids(None, &query).unwrap(), s.prompt_ids);
-        assert!(s.prompt_ids.starts_with(&any_prefix));
-        assert!(!s.prompt_ids.starts_with(&code_prefix));
+    for topic in [Topic::Code, Topic::Stub] {
+        let out = tmp(&format!("smollm2-{}", topic.name())).join("data.jsonl");
+        let q = QueryOptions {
+            topic,
+            prompts: 2,
+            max_tokens: topic.query_tokens(),
+            ..QueryOptions::default()
+        };
+        let bar = indicatif::ProgressBar::hidden();
+        let n = distill_self_written(&m, &cpu, &cpu, &out, &opts, &q, &bar).unwrap();
+        assert!(n >= 1, "{n} of 2 {} queries kept", topic.name());
+        let topic_prefix = query_prefix(&m, topic).unwrap();
+        let written = written_queries(&m, topic, &out).unwrap();
+        let samples = read_samples(&out).unwrap();
+        assert_eq!(
+            written.len(),
+            samples.len(),
+            "a resumed run knows every query"
+        );
+        for s in samples {
+            assert_eq!(s.source, topic.name());
+            let own = format!("{}:", topic.name());
+            let index: u64 = s.id.strip_prefix(own.as_str()).unwrap().parse().unwrap();
+            assert_eq!(s.id, prompt_id(topic, index));
+            let query = write_query(&m, &cpu, &topic_prefix, index, &q, &HashSet::new())
+                .unwrap()
+                .expect("the same draws keep the same query");
+            assert_eq!(m.chat_ids(None, &query).unwrap(), s.prompt_ids);
+            assert!(written.contains(&query), "{query:?} is not read back");
+            assert!(s.prompt_ids.starts_with(&any_prefix));
+            assert!(!s.prompt_ids.starts_with(&topic_prefix));
+            if topic == Topic::Stub {
+                let lead = "Complete the following Python function:\n```python\ndef ";
+                assert!(query.starts_with(lead), "{query:?}");
+                assert!(query.len() > lead.len() + 2, "{query:?}");
+            }
+        }
     }
 }
