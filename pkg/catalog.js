@@ -28,8 +28,8 @@ export const CATALOG = [
       'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53')],
     drafter: {
       config: { url: SMOLLM2_DRAFTER_CONFIG, sha256: '117fe9e850b16c564908167cea7317064eb7ed8fc280a8b3eed68984508b7562', size: 840 },
-      weights: { url: SMOLLM2_DRAFTER_WEIGHTS, sha256: '5d57a1d0cf6ddb1edb9fd37da9998cf6bd45986810a654937cfd0d2a629bdaed', size: 23237968 },
-      draftVocab: { url: SMOLLM2_DRAFTER_VOCAB, sha256: '17fff28c2e5e23e80f0bf0d0cc84aa7d369af6b423d48202ebd1b91ac8ee8f21', size: 43923, ids: 8192 },
+      weights: { url: SMOLLM2_DRAFTER_WEIGHTS, sha256: '89ff5b95209a923e3d5cb63ed675ed23150568f98391bd2acbfd991c03263a2c', size: 23237968 },
+      draftVocab: { url: SMOLLM2_DRAFTER_VOCAB, sha256: '32f8eacce43a9b1ef305735b03a16f78d6812723383c75f0fa347180f12b365b', size: 43984, ids: 8192 },
     },
     requires: [],
   },

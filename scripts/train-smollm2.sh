@@ -18,7 +18,7 @@ stage="${1:-all}"
 if [ "$stage" = data ] || [ "$stage" = all ]; then
   # The committed sets first (exactly the samples the drafter was trained on); each
   # command below then only answers prompts they lack.
-  for set in data data-general data-self data-self-code; do
+  for set in data data-general data-self data-self-code data-self-stub; do
     if [ ! -s "$WORK/$set.jsonl" ] && [ -f "$OUT/$set.jsonl.gz" ]; then
       gunzip -c "$OUT/$set.jsonl.gz" >"$WORK/$set.jsonl"
     fi
@@ -39,31 +39,37 @@ if [ "$stage" = data ] || [ "$stage" = all ]; then
   # from 512 to 1024 prompts.
   $T data --model "$model" --out "$WORK/data-self-code.jsonl" --prompts "${PROMPTS_SELF_CODE:-1024}" \
     --max-new-tokens "${MAX_NEW:-160}" --seed 1 --mix self-code
-  # All in one file: code, general, self, self-code (the last 32 lines are held out).
+  # Run 10's fifth set: Python functions the target begins itself (after the same system
+  # message, the user turn opened with "Complete the following Python function:" and a
+  # code block at `def`), each answered in a plain chat.
+  $T data --model "$model" --out "$WORK/data-self-stub.jsonl" --prompts "${PROMPTS_SELF_STUB:-512}" \
+    --max-new-tokens "${MAX_NEW:-160}" --seed 1 --mix self-stub
+  # All in one file: code, general, self, self-code, self-stub (the last 32 lines are
+  # held out).
   cat "$WORK/data.jsonl" "$WORK/data-general.jsonl" "$WORK/data-self.jsonl" \
-    "$WORK/data-self-code.jsonl" >"$WORK/data-mixed.jsonl"
+    "$WORK/data-self-code.jsonl" "$WORK/data-self-stub.jsonl" >"$WORK/data-mixed.jsonl"
 fi
 if [ "$stage" = train ] || [ "$stage" = all ]; then
-  # Run 9: continues run 8's drafter (this folder at commit 9aa024b, taken from git; the
-  # script at 9aa024b reproduces run 8 from run 7's, and so on back to run 1) on the
-  # code, general, self-written and self-written coding sets together (the last twice as
-  # long as in run 8), 900 steps of 4 sequences x 32 anchors: gamma 2, seed 9, lr 6e-4,
-  # 4% warmup, cosine, the softmax over the responses' tokens and 1024 random others (the
+  # Run 10: continues run 9's drafter (this folder at commit 1215ff3, taken from git; the
+  # script at 1215ff3 reproduces run 9 from run 8's, and so on back to run 1) on the
+  # code, general, self-written, self-written coding and self-begun function sets
+  # together, 800 steps of 4 sequences x 32 anchors: gamma 2, seed 10, lr 6e-4, 4%
+  # warmup, cosine, the softmax over the responses' tokens and 1024 random others (the
   # whole vocabulary every 8th step); the last 32 samples held out. One uninterrupted part.
-  init="$WORK/init-9aa024b"
+  init="$WORK/init-1215ff3"
   if [ ! -f "$init/model.safetensors" ]; then
     mkdir -p "$init"
-    for f in config.json model.safetensors; do git show "9aa024b:$OUT/$f" >"$init/$f"; done
+    for f in config.json model.safetensors; do git show "1215ff3:$OUT/$f" >"$init/$f"; done
   fi
-  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run9" --layers "${LAYERS:-3}" \
-    --block 16 --steps "${STEPS:-900}" --seqs-per-step 4 --anchors 32 --holdout 32 \
-    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 9
+  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run10" --layers "${LAYERS:-3}" \
+    --block 16 --steps "${STEPS:-800}" --seqs-per-step 4 --anchors 32 --holdout 32 \
+    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 10
 fi
 if [ "$stage" = export ] || [ "$stage" = all ]; then
-  $T export --run "$WORK/run9" --out "$OUT"
-  cp "$WORK/run9/train.log.jsonl" "$OUT/train.log.jsonl"
-  cp "$WORK/run9/train_config.json" "$OUT/train_config.json"
-  cp "$WORK/run9/checkpoint.json" "$OUT/train_state.json"
+  $T export --run "$WORK/run10" --out "$OUT"
+  cp "$WORK/run10/train.log.jsonl" "$OUT/train.log.jsonl"
+  cp "$WORK/run10/train_config.json" "$OUT/train_config.json"
+  cp "$WORK/run10/checkpoint.json" "$OUT/train_state.json"
 fi
 if [ "$stage" = vocab ] || [ "$stage" = export ] || [ "$stage" = all ]; then
   # The draft vocabulary: the ids the target wrote most in the data's answers (and its
