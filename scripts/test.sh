@@ -69,7 +69,7 @@ echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
 # pipeline cache between devices, and every test makes its own: the kernels' tests (but
 # the compile of every variant, which the lavapipe pass does within the browser's limits
 # too), and of DFlash's the whole step at three block sizes and the drafters' forwards.
-# The mixture-of-experts and hybrid targets: GPU == CPU, batch invariance, streaming.
+# And the mixture-of-experts and hybrid targets: GPU == CPU, batch invariance, streaming.
 # SwiftShader compiles one pipeline at a time per process (two tests of 23 and 15 s took 33
 # s as two threads, 25 s as two processes), so cargo-nextest, where the machine has it,
 # runs the tests as two processes at once: 294 s against 435 s here for the same 40 tests.
