@@ -75,7 +75,7 @@ struct Params {
 @group(0) @binding(10) var<storage, read> routes: array<u32>; // main_experts: [rows, EXPERT_K]
 
 const MAX_ROWS: u32 = 16u;
-const MAX_OUTS: u32 = 4u;
+const MAX_OUTS: u32 = 8u;
 // [2 matrix rows][16 x rows][WG threads]: thread-minor, so the tree has no bank conflicts.
 var<workgroup> partial: array<f32, 2u * MAX_ROWS * WG>;
 
@@ -91,17 +91,17 @@ var<private> slots: array<u32, 16>;
 var<private> row_base: u32;
 
 // [OUTS output rows][16 x rows]: acc for row o_j, acc2 for o_j + pair_rows (PAIR).
-var<private> acc: array<f32, 64>;
-var<private> acc2: array<f32, 64>;
+var<private> acc: array<f32, 128>;
+var<private> acc2: array<f32, 128>;
 // The current group of each owned row: its weight words, scale and min (and PAIR's).
-var<private> wq: array<vec4<u32>, 4>;
-var<private> wq2: array<vec4<u32>, 4>;
-var<private> ws: array<vec4<f32>, 4>; // (scale, min, scale2, min2)
+var<private> wq: array<vec4<u32>, 8>;
+var<private> wq2: array<vec4<u32>, 8>;
+var<private> ws: array<vec4<f32>, 8>; // (scale, min, scale2, min2)
 // The dequantized weights of the current words, each for all x rows.
-var<private> wa: array<vec4<f32>, 4>;
-var<private> wb: array<vec4<f32>, 4>;
-var<private> wa2: array<vec4<f32>, 4>;
-var<private> wb2: array<vec4<f32>, 4>;
+var<private> wa: array<vec4<f32>, 8>;
+var<private> wb: array<vec4<f32>, 8>;
+var<private> wa2: array<vec4<f32>, 8>;
+var<private> wb2: array<vec4<f32>, 8>;
 
 // partial[base ..] summed in place in the fixed tree order (pairs at distance len/2,
 // len/4, ..., 1) by one thread: the bits of the parallel tree without its barriers

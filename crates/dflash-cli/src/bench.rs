@@ -136,12 +136,17 @@ pub struct BenchArgs {
     /// encode/submit/map times and the calibration kernels.
     #[arg(long)]
     profile: bool,
+    /// With --profile: the rows of the profiled block step (the DFlash step of that block
+    /// size with --drafter, else the target's pass of that many rows), 1..=16.
+    #[arg(long, default_value_t = 16, requires = "profile",
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    profile_block: u16,
     /// The kernel knobs: this adapter's own (default), or those of a GPU, of an Intel
     /// Xe2 GPU or of a CPU adapter (to run the GPU plan on lavapipe, or the CPU plan on a
     /// GPU).
     #[arg(long, value_enum)]
     tuning: Option<TuningChoice>,
-    /// Output rows per GEMV thread (1, 2 or 4) for every matrix shape, in place of the
+    /// Output rows per GEMV thread (1, 2, 4 or 8) for every matrix shape, in place of the
     /// tuning table's (to measure the choice on this adapter).
     #[arg(long, value_parser = gemv_outputs)]
     gemv_outputs: Option<usize>,
@@ -366,11 +371,11 @@ pub enum TuningChoice {
     Cpu,
 }
 
-/// `--gemv-outputs`: 1, 2 or 4.
+/// `--gemv-outputs`: 1, 2, 4 or 8.
 fn gemv_outputs(s: &str) -> Result<usize, String> {
     match s.parse() {
-        Ok(n @ (1 | 2 | 4)) => Ok(n),
-        _ => Err(format!("{s}: 1, 2 or 4 output rows per thread")),
+        Ok(n @ (1 | 2 | 4 | 8)) => Ok(n),
+        _ => Err(format!("{s}: 1, 2, 4 or 8 output rows per thread")),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `dflash bench --profile`: where a step's time goes on this adapter. Every dispatch of
-//! a one-row decode step and of a 16-row step (the DFlash step with `--drafter`, else the
-//! target's 16-row verify pass) timed on the GPU, summed per op family and shape; the
+//! a one-row decode step and of a block step (`--profile-block` rows, 16 by default: the
+//! DFlash step with `--drafter`, else the target's verify pass of that many rows) timed
+//! on the GPU, summed per op family and shape; the
 //! host's encode / submit / map times; and the calibration kernels (dispatch cost, copy,
 //! read-only stream, each GEMV shape at 1 and 16 rows).
 
@@ -24,20 +25,20 @@ fn calibration_bytes(ctx: &GpuContext) -> u64 {
     }
 }
 
-/// The one-row and the 16-row profile, the host times and the calibration of `g`, whose
-/// KV cache holds at least `pos` positions of a real prompt. `spec`: a DFlash pair whose
-/// block step is profiled instead of the target's 16-row pass.
+/// The one-row and the `rows`-row profile, the host times and the calibration of `g`,
+/// whose KV cache holds at least `pos` positions of a real prompt. `spec`: a DFlash pair
+/// whose block step is profiled instead of the target's `rows`-row pass.
 pub fn profile(
     ctx: &GpuContext,
     g: &mut GpuModel,
     spec: Option<&mut Speculative>,
-    pos: usize,
+    (pos, rows): (usize, usize),
     now: &dyn Fn() -> f64,
 ) -> Result<Value, CliError> {
     let one = g.profile_pass(1, OutputHead::Argmax, pos, RUNS, now)?;
-    let sixteen = match spec {
-        Some(s) => s.profile_step(16, RUNS, now)?,
-        None => g.profile_pass(16, OutputHead::Argmax, pos, RUNS, now)?,
+    let block = match spec {
+        Some(s) => s.profile_step(rows, RUNS, now)?,
+        None => g.profile_pass(rows, OutputHead::Argmax, pos, RUNS, now)?,
     };
     let host = g.host_times(5, now)?;
     let cal = profile::calibrate(ctx, &g.weight_matrices(), calibration_bytes(ctx), now)?;
@@ -48,9 +49,10 @@ pub fn profile(
         "dispatches_aim": 6 * layers + 4,
         "layers": layers,
         "one_row_step": one.to_json(),
-        "sixteen_row_step": sixteen.to_json(),
-        "step_cost_16_over_1": sixteen.total_seconds() / one.total_seconds().max(1e-12),
-        "families": families(&one, &sixteen),
+        "block_rows": rows,
+        "block_step": block.to_json(),
+        "step_cost_block_over_1": block.total_seconds() / one.total_seconds().max(1e-12),
+        "families": families(&one, &block),
         "host_ms": {
             "encode": host.encode * 1e3,
             "submit": host.submit * 1e3,
@@ -60,14 +62,14 @@ pub fn profile(
     }))
 }
 
-/// Per op family: count, µs and share of the one-row and of the 16-row step.
-fn families(one: &PlanProfile, sixteen: &PlanProfile) -> Vec<Value> {
-    let (t1, t16) = (
+/// Per op family: count, µs and share of the one-row and of the block step.
+fn families(one: &PlanProfile, block: &PlanProfile) -> Vec<Value> {
+    let (t1, tb) = (
         one.total_seconds().max(1e-12),
-        sixteen.total_seconds().max(1e-12),
+        block.total_seconds().max(1e-12),
     );
     let a = profile::family_totals(one);
-    let b = profile::family_totals(sixteen);
+    let b = profile::family_totals(block);
     let mut names: Vec<&String> = a.iter().map(|r| &r.0).collect();
     names.extend(
         b.iter()
@@ -83,11 +85,11 @@ fn families(one: &PlanProfile, sixteen: &PlanProfile) -> Vec<Value> {
                     .map_or((0, 0.0), |r| (r.1, r.2))
             };
             let (c1, s1) = get(&a);
-            let (c16, s16) = get(&b);
+            let (cb, sb) = get(&b);
             json!({
                 "family": name,
                 "count_1": c1, "us_1": s1 * 1e6, "share_1": s1 / t1,
-                "count_16": c16, "us_16": s16 * 1e6, "share_16": s16 / t16,
+                "count_block": cb, "us_block": sb * 1e6, "share_block": sb / tb,
             })
         })
         .collect()
@@ -97,17 +99,20 @@ fn families(one: &PlanProfile, sixteen: &PlanProfile) -> Vec<Value> {
 pub fn print(v: &Value) -> Result<(), crate::CliError> {
     let f = |x: &Value| x.as_f64().unwrap_or(0.0);
     let one = &v["one_row_step"];
-    let six = &v["sixteen_row_step"];
+    let block = &v["block_step"];
+    let n = format!("n({})", v["block_rows"]);
+    let us = format!("us({})", v["block_rows"]);
+    let share = format!("%({})", v["block_rows"]);
     outln!(
         "profile ({} timing): one-row step {:.1} us in {} dispatches (aim <= {}), {} {:.1} us in {} dispatches ({:.2} one-row steps)",
         v["timing"].as_str().unwrap_or(""),
         f(&one["total_us"]),
         one["dispatches"],
         v["dispatches_aim"],
-        six["name"].as_str().unwrap_or(""),
-        f(&six["total_us"]),
-        six["dispatches"],
-        f(&v["step_cost_16_over_1"]),
+        block["name"].as_str().unwrap_or(""),
+        f(&block["total_us"]),
+        block["dispatches"],
+        f(&v["step_cost_block_over_1"]),
     )?;
     outln!(
         "{:<22} {:>6} {:>10} {:>7} {:>6} {:>10} {:>7}",
@@ -115,9 +120,9 @@ pub fn print(v: &Value) -> Result<(), crate::CliError> {
         "n(1)",
         "us(1)",
         "%(1)",
-        "n(16)",
-        "us(16)",
-        "%(16)"
+        n,
+        us,
+        share
     )?;
     for r in v["families"].as_array().into_iter().flatten() {
         outln!(
@@ -126,9 +131,9 @@ pub fn print(v: &Value) -> Result<(), crate::CliError> {
             r["count_1"],
             f(&r["us_1"]),
             100.0 * f(&r["share_1"]),
-            r["count_16"],
-            f(&r["us_16"]),
-            100.0 * f(&r["share_16"]),
+            r["count_block"],
+            f(&r["us_block"]),
+            100.0 * f(&r["share_block"]),
         )?;
     }
     outln!("one-row step by shape:")?;

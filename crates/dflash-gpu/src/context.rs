@@ -12,7 +12,7 @@ pub struct GpuOptions {
     pub no_f16: bool,
     /// Override the per-adapter kernel knobs.
     pub tuning: Option<Tuning>,
-    /// Override the GEMV's output rows per thread (1, 2 or 4) for every shape, keeping
+    /// Override the GEMV's output rows per thread (1, 2, 4 or 8) for every shape, keeping
     /// the rest of the knobs (`dflash bench --gemv-outputs`: the choice measured on a GPU).
     pub gemv_outputs: Option<usize>,
     /// Override whether decoding keeps the next step in flight (`dflash bench
@@ -72,7 +72,7 @@ pub struct AdapterSummary {
 
 /// One rule of a GEMV lane table: a matrix with at most `max_rows` output rows and at
 /// least `min_cols` columns gets `lanes` threads per output row (a power of two, 1..=64)
-/// and `outputs` output rows per thread (1, 2 or 4: each activation load serves them
+/// and `outputs` output rows per thread (1, 2, 4 or 8: each activation load serves them
 /// all); the 64-thread workgroup then covers `outputs * 64 / lanes` rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvLanes {
@@ -83,7 +83,7 @@ pub struct GemvLanes {
 }
 
 /// The most output rows one GEMV thread owns (gemv.wgsl's `MAX_OUTS`).
-pub const MAX_GEMV_OUTPUTS: usize = 4;
+pub const MAX_GEMV_OUTPUTS: usize = 8;
 
 impl GemvLanes {
     /// A rule every matrix meets.
@@ -98,12 +98,12 @@ impl GemvLanes {
 }
 
 /// One single-rule table per (lanes, outputs): `[log2 lanes][log2 outputs]`.
-const UNIFORM_LANES: [[[GemvLanes; 1]; 3]; 7] = {
-    let mut t = [[[GemvLanes::all(1, 1)]; 3]; 7];
+const UNIFORM_LANES: [[[GemvLanes; 1]; 4]; 7] = {
+    let mut t = [[[GemvLanes::all(1, 1)]; 4]; 7];
     let mut l = 0;
     while l < 7 {
         let mut o = 0;
-        while o < 3 {
+        while o < 4 {
             t[l][o] = [GemvLanes::all(1 << l, 1 << o)];
             o += 1;
         }
@@ -117,11 +117,24 @@ const UNIFORM_LANES: [[[GemvLanes; 1]; 3]; 7] = {
 /// a quarter as often (not yet measured on a GPU: `dflash bench --profile` decides).
 const GPU_GEMV: [GemvLanes; 1] = [GemvLanes::all(16, 4)];
 
-/// CPU adapters (lavapipe, SwiftShader): a thread per row, no barrier, and 4 rows per
-/// thread: on lavapipe (`examples/gemv_probe`, LANES=1) the 16-row GEMV of SmolLM2's
-/// lm_head took 96 ms against 242 ms with one row per thread, a 1536 x 576 one 3.2 ms
-/// against 6.3 ms; one-row GEMVs 0.8-1.0x the time.
-const CPU_GEMV: [GemvLanes; 1] = [GemvLanes::all(1, 4)];
+/// CPU adapters (lavapipe, SwiftShader): a thread per row, no barrier, and several rows
+/// per thread, since each activation load is dear there (a per-lane loop, not a vector
+/// load) and serves every row the thread owns. On lavapipe (`examples/gemv_probe`,
+/// LANES=1) 4 rows per thread made the 16-row GEMV of SmolLM2's lm_head 96 ms against
+/// 242 ms with one, a 1536 x 576 one 3.2 ms against 6.3 ms; 8 rows per thread then took
+/// a 3072 x 576 GEMV at 1 / 2 / 16 rows from 465 / 636 / 3502 us to 409 / 547 / 2599 us
+/// and the 49152-row lm_head from 8.5 / 11.9 / 55.7 ms to 7.8 / 9.8 / 42.8 ms (SwiftShader:
+/// 20% less at each). 16 rows per thread spill (3x slower). A matrix of at most 640 rows
+/// keeps 4: with 8 its 512-row workgroups would leave one of two cores a 64-row tail.
+const CPU_GEMV: [GemvLanes; 2] = [
+    GemvLanes {
+        max_rows: 640,
+        min_cols: 0,
+        lanes: 1,
+        outputs: 4,
+    },
+    GemvLanes::all(1, 8),
+];
 
 /// Intel Xe2 (Arc B-series, Lunar Lake), after llama.cpp's Vulkan choices for Intel: 4
 /// rows per 64-thread workgroup where a matrix has at most 8192 rows and 1024 columns or
@@ -225,7 +238,7 @@ impl Tuning {
     }
 
     /// These knobs with `lanes` (a power of two, 1..=64) threads per row and `outputs`
-    /// (1, 2 or 4) rows per thread for every GEMV shape.
+    /// (1, 2, 4 or 8) rows per thread for every GEMV shape.
     pub fn with_uniform_lanes(self, lanes: usize, outputs: usize) -> Self {
         let l = lanes.clamp(1, 64).ilog2() as usize;
         let o = outputs.clamp(1, MAX_GEMV_OUTPUTS).ilog2() as usize;
@@ -733,10 +746,11 @@ mod tests {
         // never more than the kernel's MAX_OUTS.
         assert_eq!(h200.gemv_outputs(576, 576), 4);
         assert_eq!(b70.gemv_outputs(4096, 4096), 4);
-        assert_eq!(cpu.gemv_outputs(4096, 4096), 4);
+        assert_eq!(cpu.gemv_outputs(4096, 4096), 8);
+        assert_eq!(cpu.gemv_outputs(576, 1536), 4);
         assert_eq!(
             Tuning::gpu().with_uniform_lanes(1, 64).gemv_outputs(1, 1),
-            4
+            8
         );
     }
 

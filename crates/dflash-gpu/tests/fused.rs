@@ -107,7 +107,7 @@ fn stacked_gate_up_with_swiglu_gives_the_same_bits() {
     }
 }
 
-/// Threads that own 2 or 4 output rows (each activation load serving them all) give the
+/// Threads that own 2, 4 or 8 output rows (each activation load serving them all) give the
 /// bits of threads that own one, for the plain, norm + bias, SwiGLU-pair and greedy-head
 /// GEMVs, q4 and q8, 1 and 16 rows, over a row count no workgroup size divides.
 #[test]
@@ -123,7 +123,7 @@ fn owning_several_output_rows_per_thread_gives_the_same_bits() {
     };
     let Some(one) = outputs_of(1) else { return };
     let mut results: Vec<Vec<Vec<u32>>> = Vec::new();
-    for outs in [1, 2, 4] {
+    for outs in [1, 2, 4, 8] {
         let ctx = if outs == 1 {
             one.clone()
         } else {
@@ -172,7 +172,7 @@ fn owning_several_output_rows_per_thread_gives_the_same_bits() {
         }
         results.push(got);
     }
-    for (outs, got) in [2, 4].iter().zip(&results[1..]) {
+    for (outs, got) in [2, 4, 8].iter().zip(&results[1..]) {
         for (i, (a, b)) in results[0].iter().zip(got).enumerate() {
             assert_eq!(a, b, "{outs} rows per thread, result {i}");
         }

@@ -639,7 +639,7 @@ fn every_kernel_variant_compiles() {
                     } else {
                         &[]
                     };
-                    for &(lanes, outs) in [(1.0, 1.0), (16.0, 4.0)].iter().chain(intel) {
+                    for &(lanes, outs) in [(1.0, 8.0), (16.0, 4.0)].iter().chain(intel) {
                         ks.push(
                             Kernel::new(Shader::Gemv, "main")
                                 .with("FORMAT", f)
@@ -673,7 +673,7 @@ fn every_kernel_variant_compiles() {
                 }
             }
             // The residual GEMV with a DFlash tap in its epilogue, CPU and GPU knobs.
-            for (lanes, outs) in [(1.0, 4.0), (16.0, 4.0)] {
+            for (lanes, outs) in [(1.0, 4.0), (1.0, 8.0), (16.0, 4.0)] {
                 for n in [1.0, 16.0] {
                     ks.push(
                         Kernel::new(Shader::Gemv, "main_tap")

@@ -539,7 +539,13 @@ pub(super) fn dflash_profile(
     plain.truncate(0);
     plain.prefill(ids)?;
     spec.prefill(ids, OutputHead::Argmax)?;
-    let profile = crate::profile::profile(ctx, plain, Some(spec), ids.len(), clock)?;
+    let profile = crate::profile::profile(
+        ctx,
+        plain,
+        Some(spec),
+        (ids.len(), usize::from(args.profile_block)),
+        clock,
+    )?;
     if !args.json {
         crate::profile::print(&profile)?;
     }

@@ -170,7 +170,7 @@ impl PlainBench {
                 &self.ctx,
                 &mut self.model,
                 None,
-                args.prompt_tokens,
+                (args.prompt_tokens, usize::from(args.profile_block)),
                 &now,
             )?)
         } else {
