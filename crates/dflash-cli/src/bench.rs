@@ -23,6 +23,7 @@ use dflash_core::config::ModelConfig;
 use dflash_core::drafter::{load_drafter_dir, DrafterPrecision, DrafterWeights};
 use dflash_core::generate::GenerateRequest;
 use dflash_core::model_files::LoadedModel;
+use dflash_core::quant::QFormat;
 use dflash_core::rng::Rng;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{AcceptProfile, Acceptance, BlockSize, SpeculativeResult};
@@ -81,6 +82,10 @@ pub struct BenchArgs {
     /// --synthetic: `synthetic`, a random drafter of the z-lab shape for that target.
     #[arg(long)]
     drafter: Option<PathBuf>,
+    /// How a drafter folder's matrices are kept on the device: `q8` (8-bit groups, the
+    /// default) or `q4` (half the bytes a step reads; its drafts may differ).
+    #[arg(long, value_enum, default_value = "q8", requires = "drafter")]
+    drafter_precision: crate::generate::DrafterPrecisionArg,
     /// Simulated acceptance for the DFlash run: P1,P2,... the probability that draft
     /// slot i is right given the slots before it were (slots past the list: wrong). The
     /// engine replays the plain run's tokens as drafts and does the real step.
@@ -243,7 +248,10 @@ fn synthetic_json(s: &SyntheticSpec, with_drafter: bool) -> serde_json::Value {
             "block_size": d.block_size,
             "target_layer_ids": d.target_layer_ids,
             "mask_token_id": d.mask_token_id,
-            "formats": "q8/32 (a bf16 checkpoint as the bench loads it)",
+            "formats": format!(
+                "{}/32 (a bf16 checkpoint as the bench loads it)",
+                if s.drafter_format == QFormat::Q4 { "q4" } else { "q8" }
+            ),
             "weight_bytes": s.drafter_weight_bytes(),
         });
     }
@@ -292,6 +300,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
         }
         (Some(s), n) => Some(SyntheticSpec {
             draft_vocab: n,
+            drafter_format: DrafterPrecision::from(a.drafter_precision).matrix_format(),
             ..s
         }),
         (None, _) => None,
@@ -348,7 +357,7 @@ fn check_profile_len(p: &AcceptProfile, block_size: usize) -> Result<(), CliErro
 /// The --drafter folder, without its draft vocabulary when --draft-vocab false.
 fn load_bench_drafter(a: &BenchArgs) -> Result<DrafterWeights, CliError> {
     let dir = a.drafter.as_ref().expect("a DFlash bench has --drafter");
-    let mut w = load_drafter_dir(dir, DrafterPrecision::Q8)?;
+    let mut w = load_drafter_dir(dir, a.drafter_precision.into())?;
     if !a.draft_vocab {
         w.draft_vocab = None;
     }

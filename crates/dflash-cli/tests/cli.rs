@@ -624,6 +624,19 @@ fn accept_profile_sets_tau_on_a_synthetic_pair() {
     assert!(v["mean_tau"].as_f64().unwrap() > 3.0, "{}", v["mean_tau"]);
     let err = usage_error(&[&["bench"][..], &with_vocab("0")].concat());
     assert!(err.contains("--synthetic-draft-vocab 0"), "{err}");
+    // The drafter's matrices in 4 bits: fewer bytes, the same simulated run; f32 is
+    // refused by the GPU with a typed error.
+    let q8_bytes = v["synthetic"]["drafter"]["weight_bytes"].as_u64().unwrap();
+    let v = bench_json(&args("1,1,1", &["--drafter-precision", "q4"]));
+    assert_eq!(
+        (&v["lossless"], &v["drafter_precision"]),
+        (&true.into(), &"q4".into())
+    );
+    assert!(v["mean_tau"].as_f64().unwrap() > 3.0, "{}", v["mean_tau"]);
+    let q4_bytes = v["synthetic"]["drafter"]["weight_bytes"].as_u64().unwrap();
+    assert!(q4_bytes < q8_bytes * 3 / 4, "{q4_bytes} vs {q8_bytes}");
+    let err = usage_error(&[&["bench"][..], &args("1", &["--drafter-precision", "f32"])].concat());
+    assert!(err.contains("no f32 matrices"), "{err}");
 }
 
 /// Runs `dflash args` with stdout a pipe whose reader is gone before anything is

@@ -33,6 +33,9 @@ pub struct SyntheticSpec {
     /// The drafter drafts among the first N token ids (a draft vocabulary: the lm_head's
     /// N rows gathered beside the whole head); None: among all of them.
     pub draft_vocab: Option<usize>,
+    /// The drafter's matrices: 8-bit groups (what a drafter folder loads as by default)
+    /// or 4-bit (`dflash bench --drafter-precision q4`).
+    pub drafter_format: QFormat,
 }
 
 /// One weight matrix of a synthetic model: `[rows, cols]` in format `format` with groups
@@ -230,28 +233,29 @@ impl SyntheticSpec {
             + 4 * vectors as u64
     }
 
-    /// The drafter's matrices as the bench loads a bf16 z-lab checkpoint: q8, groups of
-    /// 32. `fc` first, then per layer q, k, v, o, gate, up, down.
+    /// The drafter's matrices as the bench loads a bf16 z-lab checkpoint: q8 (or the
+    /// spec's `drafter_format`), groups of 32. `fc` first, then per layer q, k, v, o,
+    /// gate, up, down.
     pub fn drafter_matrices(&self) -> Vec<MatrixShape> {
         let d = &self.drafter;
-        let q8 = |rows, cols| MatrixShape {
+        let m = |rows, cols| MatrixShape {
             rows,
             cols,
-            format: QFormat::Q8,
+            format: self.drafter_format,
             group: 32,
             parts: 1,
         };
         let (h, q, kv, ff) = (d.hidden_size, d.q_dim(), d.kv_dim(), d.intermediate_size);
-        let mut v = vec![q8(h, d.n_taps() * h)];
+        let mut v = vec![m(h, d.n_taps() * h)];
         for _ in 0..d.num_layers {
             v.extend([
-                q8(q, h),
-                q8(kv, h),
-                q8(kv, h),
-                q8(h, q),
-                q8(ff, h),
-                q8(ff, h),
-                q8(h, ff),
+                m(q, h),
+                m(kv, h),
+                m(kv, h),
+                m(h, q),
+                m(ff, h),
+                m(ff, h),
+                m(h, ff),
             ]);
         }
         v
@@ -630,6 +634,7 @@ pub fn spec(name: &str) -> Option<SyntheticSpec> {
         config,
         drafter,
         draft_vocab: None,
+        drafter_format: QFormat::Q8,
     })
 }
 
@@ -670,6 +675,7 @@ impl SyntheticSpec {
             config,
             drafter,
             draft_vocab: None,
+            drafter_format: QFormat::Q8,
         })
     }
 }

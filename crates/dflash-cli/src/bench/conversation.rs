@@ -9,7 +9,7 @@ use super::{bench_request, gpu_options, model_label, BenchArgs};
 use crate::generate::{block_policy, gpu_target, open_device};
 use crate::{load, CliError, Device};
 use dflash_core::chat::Message;
-use dflash_core::drafter::{load_drafter_dir, DrafterPrecision, DrafterWeights};
+use dflash_core::drafter::{load_drafter_dir, DrafterWeights};
 use dflash_core::generate::{GenerateRequest, GenerateResult};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
@@ -102,7 +102,7 @@ pub(super) fn run(a: BenchArgs, turns: usize) -> Result<(), CliError> {
     let users = user_messages(&a, turns)?;
     let (m, _) = load(a.model.as_ref().expect("clap requires --model"))?;
     let drafter = match &a.drafter {
-        Some(d) => Some(load_drafter_dir(d, DrafterPrecision::Q8)?),
+        Some(d) => Some(load_drafter_dir(d, a.drafter_precision.into())?),
         None => None,
     };
     let ctx = open_device(Some(Device::Gpu), &gpu_options(&a, false))?.expect("gpu");

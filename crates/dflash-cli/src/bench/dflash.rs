@@ -211,6 +211,7 @@ pub(super) fn run_dflash(
         ctx.tuning.pipelined_decode,
     );
     fields["draft_head_ids"] = serde_json::json!(spec.drafter.draft_head_ids());
+    fields["drafter_precision"] = serde_json::json!(a.drafter_precision.name());
     let results = DflashResults {
         blocks,
         runs: block_runs,

@@ -17,6 +17,17 @@ pub enum DrafterPrecision {
     F32,
 }
 
+impl DrafterPrecision {
+    /// The format of a layer's or `fc`'s matrix at this precision.
+    pub fn matrix_format(self) -> QFormat {
+        match self {
+            DrafterPrecision::Q8 => QFormat::Q8,
+            DrafterPrecision::Q4 => QFormat::Q4,
+            DrafterPrecision::F32 => QFormat::F32,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct DrafterLayer {
     pub input_norm: Vec<f32>,
