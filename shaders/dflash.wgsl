@@ -1,13 +1,14 @@
 // The DFlash step's bookkeeping on the GPU, so that draft, verify, acceptance and KV
 // rollback need no host round trip. `state`: [0] committed length = the block's first
 // position, [2] the anchor token. `ext_state`: [0] where the drafter's context grows
-// next (the previous block start).
+// next (the previous block start). A deferred one-row step (`keep_context`) leaves it:
+// its row joins the rows the next extension adds.
 
 struct Params {
     block: u32,       // B: rows verified this step
     mask: u32,        // the drafter's mask token id
     host_drafts: u32, // 1: take drafts from `host` (tests) instead of the drafter
-    pad: u32,
+    keep_context: u32, // 1: commit leaves ext_state (the context extension is deferred)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -61,7 +62,9 @@ fn commit(acc: u32, bonus: u32) {
         result[j] = ids[j];
     }
     result[acc + 1u] = bonus;
-    ext_state[0] = state[0];
+    if (p.keep_context == 0u) {
+        ext_state[0] = state[0];
+    }
     state[0] = state[0] + acc + 1u;
     state[2] = bonus;
 }

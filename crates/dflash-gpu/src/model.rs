@@ -859,6 +859,17 @@ impl GpuModel {
     }
 
     pub(crate) fn build_plan(&self, n: usize, head: OutputHead) -> Result<Vec<Dispatch>> {
+        self.build_plan_tapping_at(n, head, 0)
+    }
+
+    /// `build_plan` whose taps land at rows `tap_row..tap_row + n` of the taps buffer (a
+    /// deferred DFlash step keeps the rows before it for the drafter's next extension).
+    pub(crate) fn build_plan_tapping_at(
+        &self,
+        n: usize,
+        head: OutputHead,
+        tap_row: usize,
+    ) -> Result<Vec<Dispatch>> {
         let ctx: &GpuContext = &self.ctx;
         let a = &self.act;
         let mut d = ops::embedding(ctx, &self.embed, &a.tokens, &a.x, n)?;
@@ -875,7 +886,7 @@ impl GpuModel {
             let first_tap = self.taps.iter().position(|&t| t == li).filter(|_| !last);
             let tap = first_tap.map(|ti| ops::GemvTap {
                 buf: &a.taps,
-                offset: ti * h,
+                offset: tap_row * stride + ti * h,
                 stride,
             });
             match &l.delta_net {
@@ -883,7 +894,7 @@ impl GpuModel {
                 None => blocks::attention_block(ctx, &mut d, &shape, &w, &bufs, n)?,
             }
             blocks::mlp_block(ctx, &mut d, &shape, &w, (&bufs, tap), n)?;
-            self.copy_taps(&mut d, li, first_tap, n)?;
+            self.copy_taps(&mut d, (li, tap_row), first_tap, n)?;
         }
         if head != OutputHead::None {
             self.head(&mut d, n, head)?;
@@ -897,7 +908,7 @@ impl GpuModel {
     fn copy_taps(
         &self,
         d: &mut Vec<Dispatch>,
-        li: usize,
+        (li, tap_row): (usize, usize),
         in_epilogue: Option<usize>,
         n: usize,
     ) -> Result<()> {
@@ -931,7 +942,7 @@ impl GpuModel {
                 n,
                 h,
                 stride,
-                ti * h,
+                tap_row * stride + ti * h,
             )?);
         }
         Ok(())

@@ -334,6 +334,52 @@ fn the_drafter_forward_matches_the_cpu_reference() {
     }
 }
 
+/// One-row steps after a one-row step defer the drafter's context extension (their taps
+/// wait in the taps buffer, 16 rows at most); the next step that drafts extends them all
+/// at once. Its block then has the bits of the same block on an engine that prefilled
+/// every committed row: the same drafted hidden rows and drafts, after 5 one-row steps
+/// (4 deferred) and after 20 (a full taps buffer extended by a one-row step on the way).
+#[test]
+fn deferred_context_extension_drafts_as_a_full_prefill() {
+    let t = target();
+    let w = drafter(&t, 14);
+    let taps = w.config.target_layer_ids.clone();
+    let p = prompts()[0].clone();
+    let b = 8;
+    for ctx in contexts() {
+        for singles in if quick() { vec![5] } else { vec![5, 20] } {
+            let mut spec = Speculative::new(gpu_target(&ctx, &t, taps.clone()), &w).unwrap();
+            let mut committed = p.clone();
+            let mut anchor = spec.prefill(&p, OutputHead::Argmax).unwrap();
+            for _ in 0..singles {
+                let r = spec.step(1, OutputHead::Argmax).unwrap();
+                assert_eq!(r.accepted, 0);
+                committed.push(anchor);
+                anchor = r.tokens[0];
+            }
+            spec.step(b, OutputHead::Argmax).unwrap();
+            let mut fresh = Speculative::new(gpu_target(&ctx, &t, taps.clone()), &w).unwrap();
+            assert_eq!(
+                fresh.prefill(&committed, OutputHead::Argmax).unwrap(),
+                anchor
+            );
+            fresh.step(b, OutputHead::Argmax).unwrap();
+            let what = format!("{singles} one-row steps, f16={}", ctx.f16);
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            assert_eq!(
+                bits(spec.read_draft_hidden(b).unwrap()),
+                bits(fresh.read_draft_hidden(b).unwrap()),
+                "{what}"
+            );
+            assert_eq!(
+                spec.read_drafts(b).unwrap(),
+                fresh.read_drafts(b).unwrap(),
+                "{what}"
+            );
+        }
+    }
+}
+
 fn dflash2_drafter(t: &LoadedModel, seed: u64) -> DrafterWeights {
     use dflash_core::testutil::{write_dflash2_drafter, DFlash2Spec};
     let s = DrafterSpec {

@@ -123,7 +123,7 @@ fn sample_params_match_the_wgsl_structs() {
 #[test]
 fn bookkeeping_params_match_the_wgsl_struct() {
     assert_layout!(Shader::DFlash, "Params", BookkeepingParams; block, mask, host_drafts,
-        pad);
+        keep_context);
 }
 
 #[test]

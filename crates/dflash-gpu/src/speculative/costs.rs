@@ -21,10 +21,11 @@ impl Speculative {
     ) -> Result<crate::profile::PlanProfile> {
         let ctx = self.target.ctx.clone();
         let b = b.clamp(1, self.block_capacity());
-        let keep = self.prev_block;
-        self.prev_block = b;
+        let keep = (self.prev_block, self.prev_single);
+        // The step after a step of b rows, extending the context by them (never deferred).
+        (self.prev_block, self.prev_single) = (b, false);
         let key = self.ensure_plan(b, OutputHead::Argmax);
-        self.prev_block = keep;
+        (self.prev_block, self.prev_single) = keep;
         let key = key?;
         let a = &self.target.act;
         let saved: Vec<wgpu::Buffer> = [&a.state, &a.ext_state]
@@ -87,6 +88,7 @@ impl Speculative {
         self.host_drafts = host;
         self.target.truncate(0);
         self.prev_block = 0;
+        self.prev_single = false;
         Ok(interpolate_costs(&times, max))
     }
 }

@@ -839,7 +839,8 @@ pub struct BookkeepingParams {
     pub block: u32,
     pub mask: u32,
     pub host_drafts: u32,
-    pub pad: u32,
+    /// 1: the step's commit leaves `ext_state` (a deferred one-row step).
+    pub keep_context: u32,
 }
 
 pub(super) fn bookkeeping(
@@ -850,11 +851,24 @@ pub(super) fn bookkeeping(
     b: usize,
     host: bool,
 ) -> Result<Dispatch> {
+    bookkeeping_keeping(ctx, t, dr, entry, (b, host), false)
+}
+
+/// `bookkeeping`, whose commit leaves the drafter's context start where it is when
+/// `keep_context` (a deferred one-row step).
+pub(super) fn bookkeeping_keeping(
+    ctx: &GpuContext,
+    t: &GpuModel,
+    dr: &GpuDrafter,
+    entry: &'static str,
+    (b, host): (usize, bool),
+    keep_context: bool,
+) -> Result<Dispatch> {
     let params = BookkeepingParams {
         block: b as u32,
         mask: dr.config.mask_token_id,
         host_drafts: host as u32,
-        pad: 0,
+        keep_context: keep_context as u32,
     };
     let a = &t.act;
     let k = Kernel::new(Shader::DFlash, entry);

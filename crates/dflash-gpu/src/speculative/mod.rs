@@ -6,7 +6,7 @@ mod costs;
 mod drafter;
 mod generate;
 
-use drafter::{bookkeeping, host_draft_capacity};
+use drafter::{bookkeeping_keeping, host_draft_capacity};
 pub use drafter::{
     BookkeepingParams, DrafterPlan, GpuDrafter, GpuDrafterLayerWeights, GpuDrafterWeights,
 };
@@ -29,8 +29,8 @@ pub struct StepResult {
 
 /// Target and drafter on one device, with the step plans per (block, head).
 /// A step plan's key: (rows of taps the context grows by, block, head, host drafts,
-/// drafter pass despite host drafts, rejection sampling, sampled drafts).
-type StepKey = (usize, usize, OutputHead, bool, bool, bool, bool);
+/// drafter pass despite host drafts, rejection sampling, sampled drafts, deferred).
+type StepKey = (usize, usize, OutputHead, bool, bool, bool, bool, bool);
 
 pub struct Speculative {
     pub target: GpuModel,
@@ -38,9 +38,14 @@ pub struct Speculative {
     /// Plans by (rows of taps to add to the drafter's context, block, head, host drafts).
     plans: HashMap<StepKey, Vec<Dispatch>>,
     ext_plans: HashMap<usize, Vec<Dispatch>>,
-    /// Rows the last verify pass computed (its committed rows feed the next step's
-    /// context extension); 0 right after a prefill, which extends the context itself.
+    /// Rows of taps the next step's context extension adds: the rows the last verify
+    /// pass computed (its committed rows feed the extension), or the rows of one-row
+    /// steps in a row whose extension was deferred; 0 right after a prefill, which
+    /// extends the context itself.
     prev_block: usize,
+    /// The last step was a one-row step: its row and the deferred ones before it are
+    /// committed rows at consecutive positions, so the next one-row step may defer.
+    prev_single: bool,
     /// The next block's first token (the prefill's token, then each step's bonus), which
     /// stays on the GPU; the host keeps it to know the rows the step writes.
     anchor: u32,
@@ -67,6 +72,8 @@ pub struct Speculative {
 pub(crate) struct QueuedStep {
     /// Its rows.
     b: usize,
+    /// It deferred the drafter's context extension (the context still ends where it did).
+    deferred: bool,
     /// Its `step_readback` buffer.
     slot: usize,
     index: wgpu::SubmissionIndex,
@@ -114,6 +121,7 @@ impl Speculative {
             plans: HashMap::new(),
             ext_plans: HashMap::new(),
             prev_block: 0,
+            prev_single: false,
             anchor: 0,
             host_drafts: false,
             simulate: false,
@@ -201,9 +209,19 @@ impl Speculative {
         state.write(&ctx, &self.target.act.state);
         PassState::at(pos).write(&ctx, &self.target.act.ext_state);
         self.prev_block = 0;
+        self.prev_single = false;
         self.anchor = first;
         self.target.drafted = pos;
         Ok(first)
+    }
+
+    /// Whether a step of `b` rows defers the drafter's context extension: a one-row
+    /// step after a one-row step, while the taps buffer has room for its row after the
+    /// waiting ones. It drafts nothing, so the context is only needed complete at the
+    /// next step that drafts (or fills the taps), which extends all the waiting rows at
+    /// once: an idle step of auto mode then costs what a plain step does.
+    fn defers(&self, b: usize) -> bool {
+        b == 1 && self.prev_single && self.prev_block < MAX_ROWS
     }
 
     /// The plan of a step of `b` rows after the current previous block, built once.
@@ -212,6 +230,7 @@ impl Speculative {
         // DFlash2's walk always samples under rejection; a plain drafter where asked.
         let sampled = rejection && (self.drafter.d2.is_some() || self.sampled_drafts);
         let pass = self.host_drafts && self.simulate;
+        let deferred = self.defers(b);
         let key = (
             self.prev_block,
             b,
@@ -220,10 +239,11 @@ impl Speculative {
             pass,
             rejection,
             sampled,
+            deferred,
         );
         if !self.plans.contains_key(&key) {
             let ctx = self.target.ctx.clone();
-            let mut d = if self.prev_block > 0 {
+            let mut d = if self.prev_block > 0 && !deferred {
                 self.drafter
                     .extend_dispatches(&ctx, &self.target, self.prev_block)?
             } else {
@@ -240,48 +260,44 @@ impl Speculative {
             // A hybrid target's recurrent states: kept before the verify pass, rolled
             // back to the accepted rows after acceptance.
             d.extend(self.target.state_rollback(true)?);
-            d.extend(self.target.build_plan(b, head)?);
-            if rejection {
-                if b > 1 {
-                    let dr = &self.drafter;
-                    // The drafter proposes from its walk's q (DFlash2's selector, or a
-                    // plain drafter's top candidates); host drafts come with certainty.
-                    let k = dr.config.candidate_count();
-                    let (q_ids, q_vals, qk) = match (&dr.d2, &dr.sampled, self.host_drafts) {
-                        (Some(s), _, false) => (&s.cand_ids, &s.q_vals, k),
-                        (None, Some(p), false) if sampled => (&p.ids, &p.q, k),
-                        _ => (&dr.drafts, &dr.host_drafts, 0),
-                    };
-                    let a = &self.target.act;
-                    let rb = ops::RejectionBuffers {
-                        sample_params: &a.sample_params,
-                        state: &a.state,
-                        logits: &a.logits,
-                        ids: &a.tokens,
-                        q_ids,
-                        q_vals,
-                        verdict: &dr.verdict,
-                    };
-                    d.push(ops::verify_rejection(&ctx, &rb, b - 1, qk)?);
-                }
-                d.push(bookkeeping(
-                    &ctx,
-                    &self.target,
-                    &self.drafter,
-                    "accept_rejection",
-                    b,
-                    self.host_drafts,
-                )?);
-            } else {
-                d.push(bookkeeping(
-                    &ctx,
-                    &self.target,
-                    &self.drafter,
-                    "accept",
-                    b,
-                    self.host_drafts,
-                )?);
+            // A deferred step's taps land after the rows still waiting for the context.
+            let tap_row = if deferred { self.prev_block } else { 0 };
+            d.extend(self.target.build_plan_tapping_at(b, head, tap_row)?);
+            if rejection && b > 1 {
+                let dr = &self.drafter;
+                // The drafter proposes from its walk's q (DFlash2's selector, or a
+                // plain drafter's top candidates); host drafts come with certainty.
+                let k = dr.config.candidate_count();
+                let (q_ids, q_vals, qk) = match (&dr.d2, &dr.sampled, self.host_drafts) {
+                    (Some(s), _, false) => (&s.cand_ids, &s.q_vals, k),
+                    (None, Some(p), false) if sampled => (&p.ids, &p.q, k),
+                    _ => (&dr.drafts, &dr.host_drafts, 0),
+                };
+                let a = &self.target.act;
+                let rb = ops::RejectionBuffers {
+                    sample_params: &a.sample_params,
+                    state: &a.state,
+                    logits: &a.logits,
+                    ids: &a.tokens,
+                    q_ids,
+                    q_vals,
+                    verdict: &dr.verdict,
+                };
+                d.push(ops::verify_rejection(&ctx, &rb, b - 1, qk)?);
             }
+            let accept = if rejection {
+                "accept_rejection"
+            } else {
+                "accept"
+            };
+            d.push(bookkeeping_keeping(
+                &ctx,
+                &self.target,
+                &self.drafter,
+                accept,
+                (b, self.host_drafts),
+                deferred,
+            )?);
             d.extend(self.target.state_rollback(false)?);
             self.plans.insert(key, d);
         }
@@ -359,8 +375,15 @@ impl Speculative {
         let out = &self.step_readback[slot];
         enc.copy_buffer_to_buffer(&self.target.act.result, 0, out, 0, ((b + 1) * 4) as u64);
         let index = ctx.queue.submit([enc.finish()]);
-        self.prev_block = b;
-        Ok(QueuedStep { b, slot, index })
+        let deferred = key.7;
+        self.prev_block = if deferred { self.prev_block + 1 } else { b };
+        self.prev_single = b == 1;
+        Ok(QueuedStep {
+            b,
+            deferred,
+            slot,
+            index,
+        })
     }
 
     /// Requests the read-back of a queued step's outcome (before the next submission, so
@@ -396,7 +419,10 @@ impl Speculative {
         self.target.record_ids(pos, &[self.anchor]);
         self.target.record_ids(pos + 1, &r[1..acc + 1]);
         self.anchor = r[acc + 1];
-        self.target.drafted = pos;
+        if !q.deferred {
+            // The step extended the drafter's context up to its own first row.
+            self.target.drafted = pos;
+        }
         Ok(StepResult {
             accepted: acc,
             tokens: r[1..acc + 2].to_vec(),
