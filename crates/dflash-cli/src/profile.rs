@@ -1,9 +1,9 @@
 //! `dflash bench --profile`: where a step's time goes on this adapter. Every dispatch of
 //! a one-row decode step and of a block step (`--profile-block` rows, 16 by default: the
 //! DFlash step with `--drafter`, else the target's verify pass of that many rows) timed
-//! on the GPU, summed per op family and shape; the
-//! host's encode / submit / map times; and the calibration kernels (dispatch cost, copy,
-//! read-only stream, each GEMV shape at 1 and 16 rows).
+//! on the GPU, summed per op family and shape; the host's encode / submit / map times;
+//! and the calibration kernels (dispatch cost, copy, read-only stream, each GEMV shape at
+//! 1 and 16 rows).
 
 use crate::CliError;
 use dflash_gpu::model::OutputHead;
