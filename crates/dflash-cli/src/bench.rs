@@ -23,7 +23,6 @@ use dflash_core::config::ModelConfig;
 use dflash_core::drafter::{load_drafter_dir, DrafterPrecision, DrafterWeights};
 use dflash_core::generate::GenerateRequest;
 use dflash_core::model_files::LoadedModel;
-use dflash_core::quant::QFormat;
 use dflash_core::rng::Rng;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{AcceptProfile, Acceptance, BlockSize, SpeculativeResult};
@@ -249,8 +248,8 @@ fn synthetic_json(s: &SyntheticSpec, with_drafter: bool) -> serde_json::Value {
             "target_layer_ids": d.target_layer_ids,
             "mask_token_id": d.mask_token_id,
             "formats": format!(
-                "{}/32 (a bf16 checkpoint as the bench loads it)",
-                if s.drafter_format == QFormat::Q4 { "q4" } else { "q8" }
+                "q{}/32 (a bf16 checkpoint as the bench loads it)",
+                s.drafter_format.bits()
             ),
             "weight_bytes": s.drafter_weight_bytes(),
         });

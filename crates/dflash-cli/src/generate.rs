@@ -117,17 +117,6 @@ pub enum DrafterPrecisionArg {
     F32,
 }
 
-impl DrafterPrecisionArg {
-    /// The name the option takes (`q8`, `q4`, `f32`).
-    pub fn name(self) -> &'static str {
-        match self {
-            DrafterPrecisionArg::Q8 => "q8",
-            DrafterPrecisionArg::Q4 => "q4",
-            DrafterPrecisionArg::F32 => "f32",
-        }
-    }
-}
-
 impl From<DrafterPrecisionArg> for DrafterPrecision {
     fn from(p: DrafterPrecisionArg) -> Self {
         match p {

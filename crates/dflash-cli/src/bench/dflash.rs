@@ -211,7 +211,8 @@ pub(super) fn run_dflash(
         ctx.tuning.pipelined_decode,
     );
     fields["draft_head_ids"] = serde_json::json!(spec.drafter.draft_head_ids());
-    fields["drafter_precision"] = serde_json::json!(a.drafter_precision.name());
+    let precision = clap::ValueEnum::to_possible_value(&a.drafter_precision);
+    fields["drafter_precision"] = serde_json::json!(precision.map(|p| p.get_name().to_owned()));
     let results = DflashResults {
         blocks,
         runs: block_runs,
