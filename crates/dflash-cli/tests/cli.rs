@@ -639,6 +639,78 @@ fn accept_profile_sets_tau_on_a_synthetic_pair() {
     assert!(err.contains("no f32 matrices"), "{err}");
 }
 
+/// One step of a profile: its dispatches summed by shape give its dispatch count and
+/// total, the shares sum to 1, and the whole pass was timed.
+fn check_profiled_step(step: &serde_json::Value) {
+    let rows = step["by_shape"].as_array().unwrap();
+    let f = |v: &serde_json::Value| v.as_f64().unwrap();
+    let count: u64 = rows.iter().map(|r| r["count"].as_u64().unwrap()).sum();
+    assert_eq!(count, step["dispatches"].as_u64().unwrap(), "{step}");
+    let total: f64 = rows.iter().map(|r| f(&r["total_us"])).sum();
+    assert!(
+        (total - f(&step["total_us"])).abs() <= 1e-6 * total,
+        "{step}"
+    );
+    let shares: f64 = rows.iter().map(|r| f(&r["share"])).sum();
+    assert!((shares - 1.0).abs() < 1e-9, "{shares}");
+    assert!(
+        f(&step["pass_us"]) > 0.0 && f(&step["total_us"]) > 0.0,
+        "{step}"
+    );
+}
+
+#[test]
+fn the_profile_counts_every_dispatch_and_times_whole_steps() {
+    if !have_gpu() {
+        return;
+    }
+    // The GPU plan (RMSNorm fused into the GEMVs) on whatever adapter this is, and the
+    // DFlash step of block 4.
+    let v = bench_json(&[
+        "--synthetic",
+        "test-tiny",
+        "--drafter",
+        "synthetic",
+        "--tuning",
+        "gpu",
+        "--profile",
+        "--profile-block",
+        "4",
+        "--prompt-tokens",
+        "16",
+        "--max-new-tokens",
+        "8",
+        "--block",
+        "4",
+    ]);
+    let p = &v["profile"];
+    let (one, block) = (&p["one_row_step"], &p["block_step"]);
+    let layers = p["layers"].as_u64().unwrap();
+    assert_eq!(p["dispatches_aim"].as_u64().unwrap(), 6 * layers + 4);
+    let dispatches = one["dispatches"].as_u64().unwrap();
+    assert_eq!(
+        p["dispatches_per_decode_step"].as_u64().unwrap(),
+        dispatches
+    );
+    assert_eq!(p["block_rows"], 4);
+    assert_eq!(block["name"], "DFlash step, block 4");
+    // The drafter's dispatches come on top of the target's.
+    assert!(block["dispatches"].as_u64().unwrap() > dispatches);
+    check_profiled_step(one);
+    check_profiled_step(block);
+    let f = |v: &serde_json::Value| v.as_f64().unwrap();
+    let ratio = |key: &str| f(&block[key]) / f(&one[key]);
+    assert!((f(&p["step_cost_block_over_1"]) - ratio("pass_us")).abs() < 1e-9);
+    assert!((f(&p["step_cost_dispatch_sums"]) - ratio("total_us")).abs() < 1e-9);
+    // Every dispatch of both steps is in one family row.
+    let families = p["families"].as_array().unwrap();
+    let sum = |key: &str| -> u64 { families.iter().map(|r| r[key].as_u64().unwrap()).sum() };
+    assert_eq!(sum("count_1"), dispatches);
+    assert_eq!(sum("count_block"), block["dispatches"].as_u64().unwrap());
+    let norms = families.iter().find(|r| r["family"] == "rmsnorm");
+    assert!(norms.is_none_or(|r| r["count_1"] == 0), "{norms:?}");
+}
+
 /// Runs `dflash args` with stdout a pipe whose reader is gone before anything is
 /// written (`dflash ... | head -c0`): (exit status, stderr).
 fn with_closed_stdout(args: &[&str]) -> (Option<i32>, String) {

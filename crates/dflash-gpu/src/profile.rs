@@ -35,11 +35,16 @@ pub struct PlanProfile {
     pub name: String,
     pub timing: Timestamps,
     pub dispatches: Vec<DispatchTime>,
+    /// The whole plan in one pass timed only at its two ends (the median of the runs,
+    /// each after a run of the timed dispatches): what a step costs without the
+    /// timestamps between dispatches, which a CPU adapter pays for at every dispatch.
+    pub pass_seconds: f64,
     /// Keys each query row sees (for the attention byte model).
     pub keys: usize,
 }
 
 impl PlanProfile {
+    /// The dispatches' times summed.
     pub fn total_seconds(&self) -> f64 {
         self.dispatches.iter().map(|d| d.seconds).sum()
     }
@@ -180,13 +185,51 @@ fn run_once(
     }
 }
 
+/// Seconds of one run of `ds` in one pass (after `restore`'s copies): the pass's
+/// timestamps where the adapter has them, else the host clock around its submission.
+fn pass_once(
+    ctx: &GpuContext,
+    ds: &[&Dispatch],
+    restore: &Restore,
+    now: &dyn Fn() -> f64,
+) -> Result<f64> {
+    if ctx.timestamps == Timestamps::None {
+        if !restore.is_empty() {
+            ctx.queue.submit([encoder(ctx, restore).finish()]);
+            ctx.wait()?;
+        }
+        let t0 = now();
+        ops::submit(ctx, ds);
+        ctx.wait()?;
+        return Ok((now() - t0).max(1e-9));
+    }
+    let (qs, resolve) = timestamp_buffers(ctx, 2);
+    let mut enc = encoder(ctx, restore);
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: &qs,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
+            }),
+        });
+        for d in ds {
+            d.encode(&mut pass);
+        }
+    }
+    let t = finish_timestamps(ctx, enc, &qs, &resolve, 2)?;
+    Ok((t[1] - t[0]).max(1e-9))
+}
+
 /// The median of `v` (sorted in place).
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-/// Times every dispatch of `ds`: `runs` timed runs after a warm-up, the median of each.
+/// Times every dispatch of `ds` and the whole pass: `runs` timed runs of each, taken in
+/// turn (so that a busy host slows both alike) after a warm-up, the median of each.
 pub fn profile_plan(
     ctx: &GpuContext,
     name: &str,
@@ -204,15 +247,19 @@ pub fn profile_plan(
         )));
     }
     run_once(ctx, ds, restore, now)?;
+    pass_once(ctx, ds, restore, now)?;
     let mut per: Vec<Vec<f64>> = vec![Vec::new(); ds.len()];
+    let mut passes = Vec::new();
     for _ in 0..runs.max(1) {
         for (i, t) in run_once(ctx, ds, restore, now)?.into_iter().enumerate() {
             per[i].push(t);
         }
+        passes.push(pass_once(ctx, ds, restore, now)?);
     }
     Ok(PlanProfile {
         name: name.into(),
         timing: ctx.timestamps,
+        pass_seconds: median(&mut passes),
         dispatches: ds
             .iter()
             .zip(per.iter_mut())
@@ -233,35 +280,10 @@ pub fn time_pass(
     trials: usize,
     now: &dyn Fn() -> f64,
 ) -> Result<f64> {
-    let run = || -> Result<f64> {
-        if ctx.timestamps == Timestamps::None {
-            let t0 = now();
-            ops::submit(ctx, ds);
-            ctx.wait()?;
-            return Ok(now() - t0);
-        }
-        let (qs, resolve) = timestamp_buffers(ctx, 2);
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: None,
-                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                    query_set: &qs,
-                    beginning_of_pass_write_index: Some(0),
-                    end_of_pass_write_index: Some(1),
-                }),
-            });
-            for d in ds {
-                d.encode(&mut pass);
-            }
-        }
-        let t = finish_timestamps(ctx, enc, &qs, &resolve, 2)?;
-        Ok((t[1] - t[0]).max(1e-9))
-    };
-    run()?;
+    pass_once(ctx, ds, &[], now)?;
     let mut best = f64::INFINITY;
     for _ in 0..trials.max(1) {
-        best = best.min(run()?);
+        best = best.min(pass_once(ctx, ds, &[], now)?);
     }
     Ok(best)
 }
@@ -439,6 +461,7 @@ impl PlanProfile {
             "timing": format!("{:?}", self.timing),
             "dispatches": self.dispatches.len(),
             "total_us": self.total_seconds() * 1e6,
+            "pass_us": self.pass_seconds * 1e6,
             "keys": self.keys,
             "by_shape": by_family(self),
         })
