@@ -8,6 +8,9 @@ use crate::model::OutputHead;
 use crate::pipelines::Dispatch;
 use dflash_core::speculative::interpolate_costs;
 
+/// Rounds of `Speculative::measure_step_costs`: each times one step of every size.
+const COST_ROUNDS: usize = 3;
+
 impl Speculative {
     /// Every dispatch of a step of `b` rows (after a step of `b` rows) timed on the GPU:
     /// the profiler's DFlash step. Call it after a prefill; the state the step changes is
@@ -71,20 +74,21 @@ impl Speculative {
         let host = self.host_drafts;
         self.host_drafts = false;
         let prompt = vec![0u32; 8];
-        let mut times = Vec::new();
-        for &b in &probe {
-            self.prefill_async(&prompt, OutputHead::Argmax).await?;
-            let mut best = f64::INFINITY;
-            // The first step compiles; then steps that extend the context by b rows.
-            for i in 0..4 {
+        // Rounds over all the sizes in turn, so that a slow spell of a busy host (a CPU
+        // adapter's) slows every size alike rather than one; the best of each size.
+        let mut best = vec![f64::INFINITY; probe.len()];
+        for _ in 0..COST_ROUNDS {
+            for (k, &b) in probe.iter().enumerate() {
+                self.prefill_async(&prompt, OutputHead::Argmax).await?;
+                // The first step extends the context by the prompt (and compiles, the
+                // first time); the second by b rows, as in a run of steps of b rows.
+                self.step_async(b, OutputHead::Argmax).await?;
                 let t0 = now();
                 self.step_async(b, OutputHead::Argmax).await?;
-                if i >= 2 {
-                    best = best.min(now() - t0);
-                }
+                best[k] = best[k].min(now() - t0);
             }
-            times.push((b, best));
         }
+        let times: Vec<(usize, f64)> = probe.into_iter().zip(best).collect();
         self.host_drafts = host;
         self.target.truncate(0);
         self.prev_block = 0;
