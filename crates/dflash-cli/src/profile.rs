@@ -108,12 +108,15 @@ pub fn print(v: &Value) -> Result<(), crate::CliError> {
     let us = format!("us({})", v["block_rows"]);
     let share = format!("%({})", v["block_rows"]);
     outln!(
-        "profile ({} timing): one-row step {:.1} us in one pass, {:.1} us over its {} dispatches (aim <= {}); {} {:.1} us in one pass, {:.1} us over its {} dispatches: {:.2} one-row steps ({:.2} by the dispatch sums)",
+        "profile ({} timing): one-row step {:.1} us in one pass, {:.1} us over its {} dispatches (aim <= {})",
         v["timing"].as_str().unwrap_or(""),
         f(&one["pass_us"]),
         f(&one["total_us"]),
         one["dispatches"],
         v["dispatches_aim"],
+    )?;
+    outln!(
+        "{} {:.1} us in one pass, {:.1} us over its {} dispatches: {:.2} one-row steps ({:.2} by the dispatch sums)",
         block["name"].as_str().unwrap_or(""),
         f(&block["pass_us"]),
         f(&block["total_us"]),

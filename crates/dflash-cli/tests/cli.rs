@@ -653,9 +653,11 @@ fn check_profiled_step(step: &serde_json::Value) {
     );
     let shares: f64 = rows.iter().map(|r| f(&r["share"])).sum();
     assert!((shares - 1.0).abs() < 1e-9, "{shares}");
+    // The whole pass was timed (more than a µs, and not past ten times its dispatches).
+    let (pass, total) = (f(&step["pass_us"]), f(&step["total_us"]));
     assert!(
-        f(&step["pass_us"]) > 0.0 && f(&step["total_us"]) > 0.0,
-        "{step}"
+        pass > 1.0 && pass < 10.0 * total,
+        "{pass} us whole, {total} us summed"
     );
 }
 
@@ -685,13 +687,7 @@ fn the_profile_counts_every_dispatch_and_times_whole_steps() {
     ]);
     let p = &v["profile"];
     let (one, block) = (&p["one_row_step"], &p["block_step"]);
-    let layers = p["layers"].as_u64().unwrap();
-    assert_eq!(p["dispatches_aim"].as_u64().unwrap(), 6 * layers + 4);
     let dispatches = one["dispatches"].as_u64().unwrap();
-    assert_eq!(
-        p["dispatches_per_decode_step"].as_u64().unwrap(),
-        dispatches
-    );
     assert_eq!(p["block_rows"], 4);
     assert_eq!(block["name"], "DFlash step, block 4");
     // The drafter's dispatches come on top of the target's.

@@ -1,5 +1,6 @@
 //! The profiler of `dflash bench --profile`: every dispatch of a recorded plan timed on
-//! the GPU and summed per op family and shape.
+//! the GPU and summed per op family and shape, and the plan whole in one pass timed at
+//! its two ends (what the step costs without timestamps between its dispatches).
 //!
 //! Timing, best first: timestamps between the dispatches of one pass (native adapters
 //! with `TIMESTAMP_QUERY_INSIDE_PASSES`); one pass per dispatch with pass timestamps

@@ -8,8 +8,9 @@ use crate::model::OutputHead;
 use crate::pipelines::Dispatch;
 use dflash_core::speculative::interpolate_costs;
 
-/// Rounds of `Speculative::measure_step_costs`: each times one step of every size.
-const COST_ROUNDS: usize = 3;
+/// Timed rounds of `Speculative::measure_step_costs` (after one that warms up): each
+/// times one step of every size.
+const COST_ROUNDS: usize = 2;
 
 impl Speculative {
     /// Every dispatch of a step of `b` rows (after a step of `b` rows) timed on the GPU:
@@ -75,17 +76,21 @@ impl Speculative {
         self.host_drafts = false;
         let prompt = vec![0u32; 8];
         // Rounds over all the sizes in turn, so that a slow spell of a busy host (a CPU
-        // adapter's) slows every size alike rather than one; the best of each size.
+        // adapter's) slows every size alike rather than one; the best of each size. The
+        // first round is not timed: it compiles and builds the steps' plans.
         let mut best = vec![f64::INFINITY; probe.len()];
-        for _ in 0..COST_ROUNDS {
+        for round in 0..=COST_ROUNDS {
             for (k, &b) in probe.iter().enumerate() {
+                // The prefill extends the drafter's context itself; the first step of b
+                // rows follows it, the timed one follows a step of b rows, as in a run
+                // of them (its context extension is theirs; b = 1 defers it).
                 self.prefill_async(&prompt, OutputHead::Argmax).await?;
-                // The first step extends the context by the prompt (and compiles, the
-                // first time); the second by b rows, as in a run of steps of b rows.
                 self.step_async(b, OutputHead::Argmax).await?;
                 let t0 = now();
                 self.step_async(b, OutputHead::Argmax).await?;
-                best[k] = best[k].min(now() - t0);
+                if round > 0 {
+                    best[k] = best[k].min(now() - t0);
+                }
             }
         }
         let times: Vec<(usize, f64)> = probe.into_iter().zip(best).collect();
