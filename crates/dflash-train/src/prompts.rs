@@ -306,6 +306,11 @@ pub enum Mix {
     /// (`self_prompts::Topic::Stub`): "Complete the following Python function" requests.
     #[value(name = "self-stub")]
     SelfStub,
+    /// Chat requests the target writes itself after a system message naming one kind
+    /// of request in turn (`self_prompts::Topic::Chat`: writing, role-play, reasoning,
+    /// math, extraction, science, humanities).
+    #[value(name = "self-chat")]
+    SelfChat,
 }
 
 impl Mix {
@@ -316,6 +321,7 @@ impl Mix {
             Mix::SelfWritten => Some(Topic::Any),
             Mix::SelfCode => Some(Topic::Code),
             Mix::SelfStub => Some(Topic::Stub),
+            Mix::SelfChat => Some(Topic::Chat),
             Mix::Code | Mix::General => None,
         }
     }
@@ -355,7 +361,7 @@ pub fn build_mix(stdlib: Option<&Path>, seed: u64, mix: Mix) -> Vec<Prompt> {
             pools.push(general::rewrite_prompts(&std.paragraphs));
             &[0, 4, 5, 6, 7, 0, 4, 2, 3, 1]
         }
-        Mix::SelfWritten | Mix::SelfCode | Mix::SelfStub => return Vec::new(),
+        Mix::SelfWritten | Mix::SelfCode | Mix::SelfStub | Mix::SelfChat => return Vec::new(),
     };
     for p in pools.iter_mut() {
         r.shuffle(p);

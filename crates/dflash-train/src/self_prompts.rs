@@ -27,6 +27,11 @@ pub enum Topic {
     /// Python function and the function's first word (`--mix self-stub`): the target
     /// writes the signature and docstring itself.
     Stub,
+    /// The user turn after a system prompt that names one kind of chat request of
+    /// `CHAT_SYSTEMS` (writing, role-play, reasoning, math, extraction, science,
+    /// humanities), prompt `i` after kind `i % 7` (`--mix self-chat`): the requests of a
+    /// general assistant's users, spread over those kinds in the model's own words.
+    Chat,
 }
 
 impl Topic {
@@ -36,22 +41,30 @@ impl Topic {
             Topic::Any => "self",
             Topic::Code => "self-code",
             Topic::Stub => "self-stub",
+            Topic::Chat => "self-chat",
         }
     }
 
-    /// The system message the queries are drawn after (None: the template's default).
-    fn system(self) -> Option<&'static str> {
+    /// The system messages prompt indices take in turn (none: the template's default).
+    pub fn systems(self) -> &'static [&'static str] {
         match self {
-            Topic::Any => None,
-            Topic::Code | Topic::Stub => Some(CODE_SYSTEM),
+            Topic::Any => &[],
+            Topic::Code | Topic::Stub => &[CODE_SYSTEM],
+            Topic::Chat => &CHAT_SYSTEMS,
         }
+    }
+
+    /// The system message prompt `index` is drawn after (None: the template's default).
+    fn system(self, index: u64) -> Option<&'static str> {
+        let systems = self.systems();
+        (!systems.is_empty()).then(|| systems[(index % systems.len() as u64) as usize])
     }
 
     /// Tokens a drawn query may have before it is dropped: a function's signature and
     /// docstring take more than a request in words.
     pub fn query_tokens(self) -> usize {
         match self {
-            Topic::Any | Topic::Code => 96,
+            Topic::Any | Topic::Code | Topic::Chat => 96,
             Topic::Stub => 192,
         }
     }
@@ -59,7 +72,7 @@ impl Topic {
     /// The start of the user's message, written before the target continues it.
     fn lead(self) -> &'static str {
         match self {
-            Topic::Any | Topic::Code => "",
+            Topic::Any | Topic::Code | Topic::Chat => "",
             Topic::Stub => STUB_LEAD,
         }
     }
@@ -69,6 +82,28 @@ impl Topic {
 const CODE_SYSTEM: &str = "You are a helpful AI assistant for Python programmers. \
 Users ask you to write Python functions and classes from a description, to complete, \
 fix, test or explain their code, and to solve programming exercises.";
+
+/// Steer the drawn user turns of `Topic::Chat` to one kind of request each (the kinds a
+/// general assistant is asked for; no evaluation set's text); the answers are written
+/// without them.
+const CHAT_SYSTEMS: [&str; 7] = [
+    "You are a helpful AI assistant for writers. Users ask you to write or edit essays, \
+emails, stories, poems, blog posts, speeches and letters.",
+    "You are a helpful AI assistant that plays characters. Users ask you to imagine you \
+are someone, a famous person, a professional or a fictional character, and to answer as \
+they would.",
+    "You are a helpful AI assistant for careful thinking. Users ask you logic puzzles, \
+riddles and questions that take step-by-step reasoning.",
+    "You are a helpful AI assistant for mathematics. Users ask you to solve arithmetic, \
+algebra, geometry and probability problems and to explain the steps.",
+    "You are a helpful AI assistant for working with documents. Users give you a text, \
+such as a review, a report, a table or an article, and ask you to extract, summarize or \
+reformat information from it.",
+    "You are a helpful AI assistant for science and technology. Users ask you questions \
+about physics, chemistry, biology, medicine, engineering and computers.",
+    "You are a helpful AI assistant for the humanities. Users ask you about history, \
+economics, philosophy, law, art, literature and society.",
+];
 
 /// The user turn of `Topic::Stub` up to the function's name: a request to complete a
 /// function, its code block opened.
@@ -140,12 +175,12 @@ fn around_user_message(
     Ok((before.to_string(), after.to_string()))
 }
 
-/// Token ids of the chat up to where the user's message begins: the template with one
-/// user message, cut before it (the default system prompt of a template that adds one
-/// is kept, as in every chat the model answers; `topic`'s own system message replaces it),
-/// then the topic's lead.
-pub fn query_prefix(model: &LoadedModel, topic: Topic) -> Result<Vec<u32>, TrainError> {
-    let (before, _) = around_user_message(model, topic.system(), false)?;
+/// Token ids of the chat of prompt `index` up to where the user's message begins: the
+/// template with one user message, cut before it (the default system prompt of a
+/// template that adds one is kept, as in every chat the model answers; the topic's own
+/// system message for `index` replaces it), then the topic's lead.
+pub fn query_prefix(model: &LoadedModel, topic: Topic, index: u64) -> Result<Vec<u32>, TrainError> {
+    let (before, _) = around_user_message(model, topic.system(index), false)?;
     Ok(model.tokenizer.encode(&(before + topic.lead()), true)?)
 }
 
@@ -161,7 +196,7 @@ pub fn written_queries(
     if !out.exists() {
         return Ok(seen);
     }
-    let plain = query_prefix(model, Topic::Any)?;
+    let plain = query_prefix(model, Topic::Any, 0)?;
     let (_, after_message) = around_user_message(model, None, true)?;
     let own = format!("{}:", topic.name());
     for sample in read_samples(out)? {
@@ -250,7 +285,7 @@ pub fn write_query(
     Ok(None)
 }
 
-/// `data --mix self` / `self-code` / `self-stub`: prompts `{topic}:0 .. {topic}:{queries.prompts - 1}`,
+/// `data --mix self` / `self-code` / `self-stub` / `self-chat`: prompts `{topic}:0 .. {topic}:{queries.prompts - 1}`,
 /// each written by the target (`write_query`, on the quantized CPU engine) and answered
 /// by `answerer`, appended to `out` a chunk at a time. Indices already in `out` are
 /// skipped (a resumed run draws the same queries for the rest, kept distinct from those
@@ -268,7 +303,10 @@ pub fn distill_self_written(
     let n = queries.prompts;
     let done = existing_ids(out)?;
     let topic = queries.topic;
-    let prefix = query_prefix(model, topic)?;
+    // One prefix per system message the indices take in turn.
+    let prefixes = (0..topic.systems().len().max(1) as u64)
+        .map(|i| query_prefix(model, topic, i))
+        .collect::<Result<Vec<_>, _>>()?;
     let todo: Vec<u64> = (0..n)
         .filter(|&i| !done.contains(&prompt_id(topic, i)))
         .collect();
@@ -279,7 +317,8 @@ pub fn distill_self_written(
     for chunk in todo.chunks(CHUNK) {
         let mut prompts = Vec::new();
         for &i in chunk {
-            if let Some(text) = write_query(model, cpu, &prefix, i, queries, &seen)? {
+            let prefix = &prefixes[(i % prefixes.len() as u64) as usize];
+            if let Some(text) = write_query(model, cpu, prefix, i, queries, &seen)? {
                 seen.insert(text.clone());
                 prompts.push(Prompt {
                     id: prompt_id(topic, i),

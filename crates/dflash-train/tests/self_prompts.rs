@@ -27,7 +27,7 @@ fn tmp(name: &str) -> std::path::PathBuf {
 fn the_query_prefix_is_the_chat_up_to_the_users_message() {
     let c = tiny_drafter_target();
     let mut m = load_gguf(&write_gguf(&c, &random_weights(&c, 5), GgmlType::Q8_0)).unwrap();
-    let prefix = query_prefix(&m, Topic::Any).unwrap();
+    let prefix = query_prefix(&m, Topic::Any, 0).unwrap();
     assert!(!prefix.is_empty());
     let ids = m.chat_ids(None, "hello there").unwrap();
     assert!(
@@ -36,11 +36,11 @@ fn the_query_prefix_is_the_chat_up_to_the_users_message() {
     );
     let rest = m.tokenizer.decode(&ids[prefix.len()..], false).unwrap();
     assert!(rest.starts_with("hello there"), "{rest:?}");
-    let code = query_prefix(&m, Topic::Code).unwrap();
+    let code = query_prefix(&m, Topic::Code, 0).unwrap();
     let code_text = m.tokenizer.decode(&code, false).unwrap();
     assert!(code_text.contains("Python programmers"), "{code_text:?}");
     assert_ne!(code, prefix);
-    let stub = query_prefix(&m, Topic::Stub).unwrap();
+    let stub = query_prefix(&m, Topic::Stub, 0).unwrap();
     assert!(
         stub.starts_with(&code[..code.len() - 1]),
         "the stub prefix opens the user turn"
@@ -51,9 +51,25 @@ fn the_query_prefix_is_the_chat_up_to_the_users_message() {
             && stub_text.ends_with("Complete the following Python function:\n```python\ndef"),
         "{stub_text:?}"
     );
+    // Chat requests: index i after kind i % 7, each a prefix of its own.
+    let kinds = Topic::Chat.systems().len() as u64;
+    assert_eq!(kinds, 7);
+    let chats: Vec<Vec<u32>> = (0..kinds)
+        .map(|i| query_prefix(&m, Topic::Chat, i).unwrap())
+        .collect();
+    for (i, chat) in chats.iter().enumerate() {
+        let text = m.tokenizer.decode(chat, false).unwrap();
+        assert!(text.contains(Topic::Chat.systems()[i]), "{text:?}");
+        assert!(chats[..i].iter().all(|other| other != chat), "kind {i}");
+        let again = query_prefix(&m, Topic::Chat, i as u64 + kinds).unwrap();
+        assert_eq!(&again, chat, "index {} takes kind {i}", i as u64 + kinds);
+    }
     m.chat_template = None;
-    for topic in [Topic::Any, Topic::Code, Topic::Stub] {
-        assert!(matches!(query_prefix(&m, topic), Err(TrainError::Data(_))));
+    for topic in [Topic::Any, Topic::Code, Topic::Stub, Topic::Chat] {
+        assert!(matches!(
+            query_prefix(&m, topic, 0),
+            Err(TrainError::Data(_))
+        ));
     }
 }
 
@@ -94,7 +110,7 @@ fn self_written_prompts_are_the_targets_own_turns_and_resume() {
     );
     assert!((1..=2).contains(&resumed), "the cut sample and self:3 only");
 
-    let prefix = query_prefix(&m, Topic::Any).unwrap();
+    let prefix = query_prefix(&m, Topic::Any, 0).unwrap();
     let written = written_queries(&m, Topic::Any, &out).unwrap();
     assert_eq!(
         written.len(),
@@ -124,10 +140,10 @@ fn self_written_prompts_are_the_targets_own_turns_and_resume() {
     }
 }
 
-/// `--mix self-code` and `self-stub` on SmolLM2: the queries are drawn after the coding
-/// system message and answered in a plain chat without it, under ids and a source of
-/// their own; a self-stub query is a function the target began at `def` itself, to
-/// complete, and a resumed run reads it back whole.
+/// `--mix self-code`, `self-stub` and `self-chat` on SmolLM2: the queries are drawn after
+/// the topic's system message for their index and answered in a plain chat without it,
+/// under ids and a source of their own; a self-stub query is a function the target
+/// began at `def` itself, to complete, and a resumed run reads it back whole.
 #[test]
 fn self_code_prompts_are_drawn_after_the_coding_system_message() {
     let Some(path) = cached_model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
@@ -140,8 +156,8 @@ fn self_code_prompts_are_drawn_after_the_coding_system_message() {
         max_new_tokens: 4,
         max_prompt_tokens: 384,
     };
-    let any_prefix = query_prefix(&m, Topic::Any).unwrap();
-    for topic in [Topic::Code, Topic::Stub] {
+    let any_prefix = query_prefix(&m, Topic::Any, 0).unwrap();
+    for topic in [Topic::Code, Topic::Stub, Topic::Chat] {
         let out = tmp(&format!("smollm2-{}", topic.name())).join("data.jsonl");
         let q = QueryOptions {
             topic,
@@ -152,7 +168,6 @@ fn self_code_prompts_are_drawn_after_the_coding_system_message() {
         let bar = indicatif::ProgressBar::hidden();
         let n = distill_self_written(&m, &cpu, &cpu, &out, &opts, &q, &bar).unwrap();
         assert!(n >= 1, "{n} of 2 {} queries kept", topic.name());
-        let topic_prefix = query_prefix(&m, topic).unwrap();
         let written = written_queries(&m, topic, &out).unwrap();
         let samples = read_samples(&out).unwrap();
         assert_eq!(
@@ -165,6 +180,7 @@ fn self_code_prompts_are_drawn_after_the_coding_system_message() {
             let own = format!("{}:", topic.name());
             let index: u64 = s.id.strip_prefix(own.as_str()).unwrap().parse().unwrap();
             assert_eq!(s.id, prompt_id(topic, index));
+            let topic_prefix = query_prefix(&m, topic, index).unwrap();
             let query = write_query(&m, &cpu, &topic_prefix, index, &q, &HashSet::new())
                 .unwrap()
                 .expect("the same draws keep the same query");
