@@ -28,8 +28,8 @@ export const CATALOG = [
       'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53')],
     drafter: {
       config: { url: SMOLLM2_DRAFTER_CONFIG, sha256: '117fe9e850b16c564908167cea7317064eb7ed8fc280a8b3eed68984508b7562', size: 840 },
-      weights: { url: SMOLLM2_DRAFTER_WEIGHTS, sha256: '89ff5b95209a923e3d5cb63ed675ed23150568f98391bd2acbfd991c03263a2c', size: 23237968 },
-      draftVocab: { url: SMOLLM2_DRAFTER_VOCAB, sha256: '32f8eacce43a9b1ef305735b03a16f78d6812723383c75f0fa347180f12b365b', size: 43984, ids: 8192 },
+      weights: { url: SMOLLM2_DRAFTER_WEIGHTS, sha256: '9993d8fe433f3f7913ce3960a3499e50c37a62385d50cb1860aa8236fa238085', size: 23237968 },
+      draftVocab: { url: SMOLLM2_DRAFTER_VOCAB, sha256: 'fefee77c2a6df133b5255645c119352eff1bd11b67fb36d88a7df694003ab14f', size: 43900, ids: 8192 },
     },
     requires: [],
   },

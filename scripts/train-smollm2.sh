@@ -18,7 +18,7 @@ stage="${1:-all}"
 if [ "$stage" = data ] || [ "$stage" = all ]; then
   # The committed sets first (exactly the samples the drafter was trained on); each
   # command below then only answers prompts they lack.
-  for set in data data-general data-self data-self-code data-self-stub; do
+  for set in data data-general data-self data-self-code data-self-stub data-self-chat; do
     if [ ! -s "$WORK/$set.jsonl" ] && [ -f "$OUT/$set.jsonl.gz" ]; then
       gunzip -c "$OUT/$set.jsonl.gz" >"$WORK/$set.jsonl"
     fi
@@ -44,32 +44,39 @@ if [ "$stage" = data ] || [ "$stage" = all ]; then
   # code block at `def`), each answered in a plain chat.
   $T data --model "$model" --out "$WORK/data-self-stub.jsonl" --prompts "${PROMPTS_SELF_STUB:-512}" \
     --max-new-tokens "${MAX_NEW:-160}" --seed 1 --mix self-stub
-  # All in one file: code, general, self, self-code, self-stub (the last 32 lines are
-  # held out).
+  # Run 11's sixth set: chat requests the target writes itself after a system message
+  # naming one kind of request in turn (writing, role-play, reasoning, math, extraction,
+  # science, humanities), each answered in a plain chat without it.
+  $T data --model "$model" --out "$WORK/data-self-chat.jsonl" --prompts "${PROMPTS_SELF_CHAT:-384}" \
+    --max-new-tokens "${MAX_NEW:-160}" --seed 1 --mix self-chat
+  # All in one file: code, general, self, self-code, self-stub, self-chat (the last 32
+  # lines are held out).
   cat "$WORK/data.jsonl" "$WORK/data-general.jsonl" "$WORK/data-self.jsonl" \
-    "$WORK/data-self-code.jsonl" "$WORK/data-self-stub.jsonl" >"$WORK/data-mixed.jsonl"
+    "$WORK/data-self-code.jsonl" "$WORK/data-self-stub.jsonl" "$WORK/data-self-chat.jsonl" \
+    >"$WORK/data-mixed.jsonl"
 fi
 if [ "$stage" = train ] || [ "$stage" = all ]; then
-  # Run 10: continues run 9's drafter (this folder at commit 1215ff3, taken from git; the
-  # script at 1215ff3 reproduces run 9 from run 8's, and so on back to run 1) on the
-  # code, general, self-written, self-written coding and self-begun function sets
-  # together, 800 steps of 4 sequences x 32 anchors: gamma 2, seed 10, lr 6e-4, 4%
-  # warmup, cosine, the softmax over the responses' tokens and 1024 random others (the
-  # whole vocabulary every 8th step); the last 32 samples held out. One uninterrupted part.
-  init="$WORK/init-1215ff3"
+  # Run 11: continues run 10's drafter (this folder at commit c069f7d, taken from git; the
+  # script at c069f7d reproduces run 10 from run 9's, and so on back to run 1) on the
+  # code, general, self-written, self-written coding, self-begun function and
+  # self-written chat sets together, 600 steps of 4 sequences x 32 anchors: gamma 2,
+  # seed 11, lr 6e-4, 4% warmup, cosine, the softmax over the responses' tokens and 1024
+  # random others (the whole vocabulary every 8th step); the last 32 samples held out.
+  # One uninterrupted part.
+  init="$WORK/init-c069f7d"
   if [ ! -f "$init/model.safetensors" ]; then
     mkdir -p "$init"
-    for f in config.json model.safetensors; do git show "1215ff3:$OUT/$f" >"$init/$f"; done
+    for f in config.json model.safetensors; do git show "c069f7d:$OUT/$f" >"$init/$f"; done
   fi
-  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run10" --layers "${LAYERS:-3}" \
-    --block 16 --steps "${STEPS:-800}" --seqs-per-step 4 --anchors 32 --holdout 32 \
-    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 10
+  $T train --model "$model" --data "$WORK/data-mixed.jsonl" --out "$WORK/run11" --layers "${LAYERS:-3}" \
+    --block 16 --steps "${STEPS:-600}" --seqs-per-step 4 --anchors 32 --holdout 32 \
+    --checkpoint-every 25 --init-from "$init" --sampled-head 1024 --full-head-every 8 --gamma 2 --seed 11
 fi
 if [ "$stage" = export ] || [ "$stage" = all ]; then
-  $T export --run "$WORK/run10" --out "$OUT"
-  cp "$WORK/run10/train.log.jsonl" "$OUT/train.log.jsonl"
-  cp "$WORK/run10/train_config.json" "$OUT/train_config.json"
-  cp "$WORK/run10/checkpoint.json" "$OUT/train_state.json"
+  $T export --run "$WORK/run11" --out "$OUT"
+  cp "$WORK/run11/train.log.jsonl" "$OUT/train.log.jsonl"
+  cp "$WORK/run11/train_config.json" "$OUT/train_config.json"
+  cp "$WORK/run11/checkpoint.json" "$OUT/train_state.json"
 fi
 if [ "$stage" = vocab ] || [ "$stage" = export ] || [ "$stage" = all ]; then
   # The draft vocabulary: the ids the target wrote most in the data's answers (and its
