@@ -166,8 +166,8 @@ pub struct Tuning {
     pub fuse_norm: bool,
     /// Attention in chunks of keys (attention_chunks.wgsl: many workgroups per row, the
     /// query heads of a KV head served together, q/k norms + RoPE + KV store inside)
-    /// instead of qkv.wgsl + one workgroup per (head, row) walking every key
-    /// (attention.wgsl), which CPU adapters run faster.
+    /// instead of qkv.wgsl + one workgroup per (row, query heads of a KV head) walking
+    /// every key (attention.wgsl), which CPU adapters run faster.
     pub chunked_attention: bool,
     /// Decoding with the next step submitted before the previous one is read, plain
     /// (the token stays on the GPU as the next input) and DFlash (the GPU keeps the

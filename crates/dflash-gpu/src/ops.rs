@@ -724,6 +724,17 @@ pub struct AttentionParams {
     pub pad2: u32,
 }
 
+/// The query heads one workgroup of attention.wgsl serves (its `HEADS`): the largest
+/// divisor of the group (query heads per KV head) up to the kernel's `MAX_HEADS`, so
+/// that every workgroup's heads share one KV head.
+pub fn attention_heads_per_workgroup(group: usize) -> usize {
+    const MAX_HEADS: usize = 8;
+    (1..=group.clamp(1, MAX_HEADS))
+        .rev()
+        .find(|h| group.is_multiple_of(*h))
+        .unwrap_or(1)
+}
+
 /// Causal attention of `n` query rows (positions `state[0] + row`) over a KV cache.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
@@ -755,12 +766,20 @@ pub fn attention(
         pad1: 0,
         pad2: 0,
     };
+    if !s.head_dim.is_multiple_of(4) || s.head_dim > 4 * WORKGROUP_SIZE as usize {
+        return Err(crate::error::GpuError::Unsupported(format!(
+            "attention over heads of {} dimensions (a multiple of 4, at most {})",
+            s.head_dim,
+            4 * WORKGROUP_SIZE
+        )));
+    }
+    let heads = attention_heads_per_workgroup(s.n_heads / s.n_kv_heads);
     let mut d = Dispatch::new(
         ctx,
-        &Kernel::new(Shader::Attention, "main"),
+        &Kernel::new(Shader::Attention, "main").with("HEADS", heads as f64),
         Some(&params),
         &[(1, state), (2, q), (3, kc), (4, vc), (5, out)],
-        [s.n_heads as u32, n as u32, 1],
+        [(s.n_heads / heads) as u32, n as u32, 1],
     )?
     .shaped(
         format!("{}/{}x{} n={n}", s.n_heads, s.n_kv_heads, s.head_dim),

@@ -423,81 +423,112 @@ fn rope_both_styles() {
 }
 
 /// Attention over a cache of 150 positions for 4 query rows: within 2e-5 of the CPU with
-/// an f32 cache; within 2e-3 with an f16 cache (K and V rounded to f16).
+/// an f32 cache; within 2e-3 with an f16 cache (K and V rounded to f16). Two shapes: 3
+/// query heads per KV head (one workgroup serves all 3) and 16 (two workgroups of 8).
 #[test]
 fn attention_matches_the_reference() {
     for ctx in contexts() {
-        let mut rng = Rng(6);
-        let (nh, nkv, hd) = (6, 2, 64);
-        let kvd = nkv * hd;
-        let (start, n) = (146usize, 4usize);
-        let total = start + n;
-        let k = rng.vec(total * kvd, 1.0);
-        let v = rng.vec(total * kvd, 1.0);
-        let q = rng.vec(n * nh * hd, 1.0);
-        let mut want = vec![0f32; n * nh * hd];
-        for r in 0..n {
-            cpu::attention_row(
-                &q[r * nh * hd..(r + 1) * nh * hd],
-                &k,
-                &v,
-                start + r,
-                nh,
-                nkv,
-                hd,
-                &mut want[r * nh * hd..(r + 1) * nh * hd],
-            );
-        }
-        // Fill the caches through store_kv (f32 or f16 per the context).
-        let elt = if ctx.f16 { 2 } else { 4 };
-        let (kc, vc) = (
-            work_buffer(&ctx, "kc", (total * kvd * elt) as u64),
-            work_buffer(&ctx, "vc", (total * kvd * elt) as u64),
+        attention_shape_matches_the_reference(&ctx, 6, 2, 64);
+        attention_shape_matches_the_reference(&ctx, 16, 1, 32);
+    }
+}
+
+fn attention_shape_matches_the_reference(ctx: &GpuContext, nh: usize, nkv: usize, hd: usize) {
+    let mut rng = Rng(6);
+    let kvd = nkv * hd;
+    let (start, n) = (146usize, 4usize);
+    let total = start + n;
+    let k = rng.vec(total * kvd, 1.0);
+    let v = rng.vec(total * kvd, 1.0);
+    let q = rng.vec(n * nh * hd, 1.0);
+    let mut want = vec![0f32; n * nh * hd];
+    for r in 0..n {
+        cpu::attention_row(
+            &q[r * nh * hd..(r + 1) * nh * hd],
+            &k,
+            &v,
+            start + r,
+            nh,
+            nkv,
+            hd,
+            &mut want[r * nh * hd..(r + 1) * nh * hd],
         );
-        let st0 = state(&ctx, 0);
-        let (kb, vb) = (f32_buffer(&ctx, "k", &k), f32_buffer(&ctx, "v", &v));
-        run(
-            &ctx,
-            &[
-                ops::store_kv(&ctx, &kb, &st0, &kc, total, kvd).unwrap(),
-                ops::store_kv(&ctx, &vb, &st0, &vc, total, kvd).unwrap(),
-            ],
-        );
-        let out = work_buffer(&ctx, "out", (n * nh * hd * 4) as u64);
+    }
+    // Fill the caches through store_kv (f32 or f16 per the context).
+    let elt = if ctx.f16 { 2 } else { 4 };
+    let (kc, vc) = (
+        work_buffer(ctx, "kc", (total * kvd * elt) as u64),
+        work_buffer(ctx, "vc", (total * kvd * elt) as u64),
+    );
+    let st0 = state(ctx, 0);
+    let (kb, vb) = (f32_buffer(ctx, "k", &k), f32_buffer(ctx, "v", &v));
+    run(
+        ctx,
+        &[
+            ops::store_kv(ctx, &kb, &st0, &kc, total, kvd).unwrap(),
+            ops::store_kv(ctx, &vb, &st0, &vc, total, kvd).unwrap(),
+        ],
+    );
+    let out = work_buffer(ctx, "out", (n * nh * hd * 4) as u64);
+    let shape = ops::AttentionShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        window: 0,
+        causal: true,
+        q_stride: 0,
+    };
+    run(
+        ctx,
+        &[ops::attention(
+            ctx,
+            &shape,
+            &state(ctx, start as u32),
+            &f32_buffer(ctx, "q", &q),
+            &kc,
+            &vc,
+            &out,
+            n,
+        )
+        .unwrap()],
+    );
+    let got = read_f32(ctx, &out, want.len());
+    let tol = if ctx.f16 { 2e-3 } else { 2e-5 };
+    eprintln!(
+        "attention f16={}: max error {:e}",
+        ctx.f16,
+        max_abs_diff(&got, &want)
+    );
+    assert!(
+        max_abs_diff(&got, &want) <= tol,
+        "f16={}: {}",
+        ctx.f16,
+        max_abs_diff(&got, &want)
+    );
+}
+
+/// A workgroup of attention.wgsl serves the largest divisor of the group up to 8 query
+/// heads; heads whose length is not a multiple of 4 get the typed Unsupported error.
+#[test]
+fn attention_groups_heads_and_refuses_odd_head_lengths() {
+    let served: Vec<usize> = [1, 2, 3, 4, 5, 7, 12, 16, 32]
+        .map(ops::attention_heads_per_workgroup)
+        .to_vec();
+    assert_eq!(served, [1, 2, 3, 4, 5, 7, 6, 8, 8]);
+    for ctx in contexts() {
         let shape = ops::AttentionShape {
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 18,
             window: 0,
             causal: true,
             q_stride: 0,
         };
-        run(
-            &ctx,
-            &[ops::attention(
-                &ctx,
-                &shape,
-                &state(&ctx, start as u32),
-                &f32_buffer(&ctx, "q", &q),
-                &kc,
-                &vc,
-                &out,
-                n,
-            )
-            .unwrap()],
-        );
-        let got = read_f32(&ctx, &out, want.len());
-        let tol = if ctx.f16 { 2e-3 } else { 2e-5 };
-        eprintln!(
-            "attention f16={}: max error {:e}",
-            ctx.f16,
-            max_abs_diff(&got, &want)
-        );
+        let b = work_buffer(&ctx, "b", 4096);
+        let err = ops::attention(&ctx, &shape, &state(&ctx, 0), &b, &b, &b, &b, 1).err();
         assert!(
-            max_abs_diff(&got, &want) <= tol,
-            "f16={}: {}",
-            ctx.f16,
-            max_abs_diff(&got, &want)
+            matches!(err, Some(dflash_gpu::error::GpuError::Unsupported(_))),
+            "{err:?}"
         );
     }
 }
