@@ -145,11 +145,19 @@ fn x_row(r: u32) -> u32 {
     return r;
 }
 
-// vec4 `i` of x row `r`, normalised when NORM.
-fn x_at(r: u32, i: u32) -> vec4<f32> {
+// vec4 `i` of the norm's weight (NORM), loaded once for every x row.
+fn norm_at(i: u32) -> vec4<f32> {
+    if (NORM) {
+        return norm_w[i];
+    }
+    return vec4<f32>(1.0);
+}
+
+// vec4 `i` of x row `r`, normalised when NORM (nw: norm_at(i)).
+fn x_at(r: u32, i: u32, nw: vec4<f32>) -> vec4<f32> {
     let v = x[x_row(r) * (p.k / 4u) + i];
     if (NORM) {
-        return (v * inv_rms[r]) * norm_w[i];
+        return (v * inv_rms[r]) * nw;
     }
     return v;
 }
@@ -195,9 +203,11 @@ fn load_words(o0: u32, g: u32, gpr: u32, vi: u32) {
 
 // Every x row's two vec4 at vec4 index xi against wa/wb of each owned row.
 fn accumulate_q4_word(xi: u32) {
+    let nw0 = norm_at(xi);
+    let nw1 = norm_at(xi + 1u);
     for (var r = 0u; r < N_ROWS; r++) {
-        let x0 = x_at(r, xi);
-        let x1 = x_at(r, xi + 1u);
+        let x0 = x_at(r, xi, nw0);
+        let x1 = x_at(r, xi + 1u, nw1);
         for (var j = 0u; j < OUTS; j++) {
             acc[j * MAX_ROWS + r] += dot(wa[j], x0) + dot(wb[j], x1);
             if (PAIR) {
@@ -209,8 +219,9 @@ fn accumulate_q4_word(xi: u32) {
 
 // Every x row's vec4 at index xi against wa of each owned row.
 fn accumulate_q8_word(xi: u32) {
+    let nw = norm_at(xi);
     for (var r = 0u; r < N_ROWS; r++) {
-        let xv = x_at(r, xi);
+        let xv = x_at(r, xi, nw);
         for (var j = 0u; j < OUTS; j++) {
             acc[j * MAX_ROWS + r] += dot(wa[j], xv);
             if (PAIR) {
