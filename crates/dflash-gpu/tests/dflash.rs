@@ -286,6 +286,25 @@ fn clock() -> impl Fn() -> f64 {
     move || t0.elapsed().as_secs_f64()
 }
 
+/// A step whose plan is built for it says so (its wall time includes the build, so auto
+/// mode's refinement of the step costs leaves it out); the same step again does not.
+#[test]
+fn a_step_that_builds_its_plan_says_so() {
+    let t = target();
+    let w = drafter(&t, 10);
+    for ctx in contexts() {
+        let tm = gpu_target(&ctx, &t, w.config.target_layer_ids.clone());
+        let mut spec = Speculative::new(tm, &w).unwrap();
+        spec.prefill(&prompts()[0], OutputHead::Argmax).unwrap();
+        let built: Vec<bool> = (0..3)
+            .map(|_| spec.step(2, OutputHead::Argmax).unwrap().built_plan)
+            .collect();
+        // A step of 2 after the prefill, then one after a step of 2: two plans; the
+        // third step is the second's plan again.
+        assert_eq!(built, [true, true, false]);
+    }
+}
+
 /// The drafter's block output on the GPU equals the CPU reference within 1e-3 (f32 cache;
 /// 1e-2 with an f16 cache), given the same committed context.
 #[test]

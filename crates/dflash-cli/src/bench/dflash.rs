@@ -119,7 +119,8 @@ pub(super) fn dflash_ids(
             }
             let t_step = clock();
             let r = spec.step(b, head)?;
-            blocks.commit_step(b, clock() - t_step, r.accepted, r.tokens, |t, _| {
+            let seconds = if r.built_plan { 0.0 } else { clock() - t_step };
+            blocks.commit_step(b, seconds, r.accepted, r.tokens, |t, _| {
                 tokens.push(t);
                 Ok::<_, CliError>(false)
             })?;

@@ -132,7 +132,9 @@ impl Speculative {
             let now = clock();
             let done = read.and_then(|r| {
                 tokens_left = tokens_left.saturating_sub(r.accepted + 1);
-                blocks.commit_step(q.b, now - began, r.accepted, r.tokens, &mut *push)
+                // 0 s: a step that built its plan is not timed (`StepResult::built_plan`).
+                let seconds = if r.built_plan { 0.0 } else { now - began };
+                blocks.commit_step(q.b, seconds, r.accepted, r.tokens, &mut *push)
             });
             match (done, queued.as_mut()) {
                 (Ok(false), Some(next)) => next.1 = now,

@@ -25,6 +25,10 @@ pub struct StepResult {
     pub accepted: usize,
     /// The accepted drafts then the bonus token: `accepted + 1` tokens.
     pub tokens: Vec<u32>,
+    /// Its plan was built for it (the first step of its block after a step of its
+    /// previous block's size), compiling kernels where new: its wall time is not what a
+    /// step of its size costs, so auto mode's refinement leaves it out.
+    pub built_plan: bool,
 }
 
 /// Target and drafter on one device, with the step plans per (block, head).
@@ -76,6 +80,8 @@ pub(crate) struct QueuedStep {
     deferred: bool,
     /// Its `step_readback` buffer.
     slot: usize,
+    /// Its plan was built for it (`StepResult::built_plan`).
+    built_plan: bool,
     index: wgpu::SubmissionIndex,
 }
 
@@ -357,7 +363,9 @@ impl Speculative {
         // The context grows by the rows the last step committed; the plan adds all the
         // rows that step verified: rows past the committed ones land at positions the
         // block overwrites or that are rewritten before any read.
+        let plans_before = self.plans.len();
         let key = self.ensure_plan(b, head)?;
+        let built_plan = self.plans.len() > plans_before;
         let mut enc = ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -379,6 +387,7 @@ impl Speculative {
         self.prev_block = if deferred { self.prev_block + 1 } else { b };
         self.prev_single = b == 1;
         Ok(QueuedStep {
+            built_plan,
             b,
             deferred,
             slot,
@@ -426,6 +435,7 @@ impl Speculative {
         Ok(StepResult {
             accepted: acc,
             tokens: r[1..acc + 2].to_vec(),
+            built_plan: q.built_plan,
         })
     }
 
