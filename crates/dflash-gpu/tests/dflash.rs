@@ -286,6 +286,48 @@ fn clock() -> impl Fn() -> f64 {
     move || t0.elapsed().as_secs_f64()
 }
 
+/// measure_step_costs failing midway (a 16-row step does not fit a 20-token context,
+/// after the smaller sizes ran) returns the typed error and puts back what it changed:
+/// host drafts, an empty cache; the pair then decodes as before.
+#[test]
+fn step_costs_failing_midway_put_the_state_back() {
+    let t = target();
+    let w = drafter(&t, 10);
+    for ctx in contexts() {
+        let opts = GpuModelOptions {
+            context: 20,
+            taps: w.config.target_layer_ids.clone(),
+            ..Default::default()
+        };
+        let tm = GpuModel::new(ctx.clone(), &t.weights, &opts).unwrap();
+        let mut spec = Speculative::new(tm, &w).unwrap();
+        spec.host_drafts = true;
+        let err = spec.measure_step_costs(16, &clock()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                GpuError::Core(dflash_core::Error::ContextOverflow { .. })
+            ),
+            "{err:?}"
+        );
+        assert!(spec.host_drafts);
+        assert_eq!(spec.target.len(), 0);
+        spec.host_drafts = false;
+        let tm = GpuModel::new(ctx.clone(), &t.weights, &opts).unwrap();
+        let mut fresh = Speculative::new(tm, &w).unwrap();
+        let p = &prompts()[0][..4];
+        let outcomes: Vec<(u32, Vec<u32>, usize)> = [&mut spec, &mut fresh]
+            .into_iter()
+            .map(|s| {
+                let anchor = s.prefill(p, OutputHead::Argmax).unwrap();
+                let r = s.step(2, OutputHead::Argmax).unwrap();
+                (anchor, r.tokens, s.target.len())
+            })
+            .collect();
+        assert_eq!(outcomes[0], outcomes[1]);
+    }
+}
+
 /// A step whose plan is built for it says so (its wall time includes the build, so auto
 /// mode's refinement of the step costs leaves it out); the same step again does not.
 #[test]

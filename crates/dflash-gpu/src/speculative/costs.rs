@@ -64,7 +64,8 @@ impl Speculative {
         pollster::block_on(self.measure_step_costs_async(max, now))
     }
 
-    /// `measure_step_costs` for event-loop hosts.
+    /// `measure_step_costs` for event-loop hosts. On an error midway the state it
+    /// changed is put back all the same (host drafts, an empty cache, no previous block).
     pub async fn measure_step_costs_async(
         &mut self,
         max: usize,
@@ -74,6 +75,21 @@ impl Speculative {
         let probe = dflash_core::speculative::probe_block_sizes(max);
         let host = self.host_drafts;
         self.host_drafts = false;
+        let best = self.time_step_sizes(&probe, now).await;
+        self.host_drafts = host;
+        self.target.truncate(0);
+        self.prev_block = 0;
+        self.prev_single = false;
+        let times: Vec<(usize, f64)> = probe.into_iter().zip(best?).collect();
+        Ok(interpolate_costs(&times, max))
+    }
+
+    /// The best time of a step of each size in `probe` over the timed rounds.
+    async fn time_step_sizes(
+        &mut self,
+        probe: &[usize],
+        now: &dyn Fn() -> f64,
+    ) -> Result<Vec<f64>> {
         let prompt = vec![0u32; 8];
         // Rounds over all the sizes in turn, so that a slow spell of a busy host (a CPU
         // adapter's) slows every size alike rather than one; the best of each size. The
@@ -93,11 +109,6 @@ impl Speculative {
                 }
             }
         }
-        let times: Vec<(usize, f64)> = probe.into_iter().zip(best).collect();
-        self.host_drafts = host;
-        self.target.truncate(0);
-        self.prev_block = 0;
-        self.prev_single = false;
-        Ok(interpolate_costs(&times, max))
+        Ok(best)
     }
 }
