@@ -286,6 +286,25 @@ fn clock() -> impl Fn() -> f64 {
     move || t0.elapsed().as_secs_f64()
 }
 
+/// Auto mode refines a size's cost only with steps that follow a step of their own size
+/// and did not build their plan: a probe after one-row steps carries their deferred
+/// context extension.
+#[test]
+fn only_steps_in_a_run_of_their_size_refine_the_costs() {
+    use dflash_gpu::speculative::{step_seconds, StepResult};
+    let step = |built_plan| StepResult {
+        accepted: 0,
+        tokens: vec![1],
+        built_plan,
+    };
+    assert_eq!(step_seconds(Some(2), 2, &step(false), 0.25), 0.25);
+    assert_eq!(step_seconds(Some(1), 1, &step(false), 0.25), 0.25);
+    assert_eq!(step_seconds(Some(1), 2, &step(false), 0.25), 0.0);
+    assert_eq!(step_seconds(Some(2), 1, &step(false), 0.25), 0.0);
+    assert_eq!(step_seconds(None, 1, &step(false), 0.25), 0.0);
+    assert_eq!(step_seconds(Some(2), 2, &step(true), 0.25), 0.0);
+}
+
 /// measure_step_costs failing midway (a 16-row step does not fit a 20-token context,
 /// after the smaller sizes ran) returns the typed error and puts back what it changed:
 /// host drafts, an empty cache; the pair then decodes as before.

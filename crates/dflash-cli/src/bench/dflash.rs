@@ -2,6 +2,7 @@
 //! the same run, by token id, with measured or simulated (`--accept-profile`) acceptance.
 
 use super::*;
+use dflash_gpu::speculative::step_seconds;
 
 /// Plain decoding of `n` tokens by token id (no tokenizer, no stop tokens): the tokens
 /// and the decode time after the first token (prefill excluded).
@@ -105,6 +106,7 @@ pub(super) fn dflash_ids(
             spec.decode_steps(&mut blocks, head, n - 1, clock, &mut push)?;
             return Ok(clock() - t1);
         }
+        let mut prev_rows = None;
         while tokens.len() < n {
             let b = blocks.next_block(spec.target.context - spec.target.len(), n - tokens.len());
             if let Some(s) = sim.as_mut() {
@@ -119,7 +121,7 @@ pub(super) fn dflash_ids(
             }
             let t_step = clock();
             let r = spec.step(b, head)?;
-            let seconds = if r.built_plan { 0.0 } else { clock() - t_step };
+            let seconds = step_seconds(prev_rows.replace(b), b, &r, clock() - t_step);
             blocks.commit_step(b, seconds, r.accepted, r.tokens, |t, _| {
                 tokens.push(t);
                 Ok::<_, CliError>(false)

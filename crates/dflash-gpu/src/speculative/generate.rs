@@ -2,7 +2,7 @@
 //! generation, driven step by step by the decode loop every engine shares
 //! (`dflash_core::speculative::BlockLoop`).
 
-use super::{QueuedStep, Speculative};
+use super::{QueuedStep, Speculative, StepResult};
 use crate::error::Result;
 use crate::model::OutputHead;
 use dflash_core::speculative::BlockLoop;
@@ -104,6 +104,8 @@ impl Speculative {
         let context = self.target.context;
         // A step queued ahead, and when it began: when the step before it completed.
         let mut queued: Option<(QueuedStep, f64)> = None;
+        // The rows of the step before (see `step_seconds`).
+        let mut prev_rows = None;
         while tokens_left > 0 {
             let (q, began) = match queued.take() {
                 Some(q) => q,
@@ -132,8 +134,7 @@ impl Speculative {
             let now = clock();
             let done = read.and_then(|r| {
                 tokens_left = tokens_left.saturating_sub(r.accepted + 1);
-                // 0 s: a step that built its plan is not timed (`StepResult::built_plan`).
-                let seconds = if r.built_plan { 0.0 } else { now - began };
+                let seconds = step_seconds(prev_rows.replace(q.b), q.b, &r, now - began);
                 blocks.commit_step(q.b, seconds, r.accepted, r.tokens, &mut *push)
             });
             match (done, queued.as_mut()) {
@@ -161,5 +162,20 @@ impl Speculative {
         push: &mut dyn FnMut(u32, bool) -> Result<bool>,
     ) -> Result<()> {
         pollster::block_on(self.decode_steps_async(blocks, head, tokens_left, clock, push))
+    }
+}
+
+/// The wall time auto mode refines a step size's cost with (`BlockLoop::commit_step`;
+/// 0 s: not timed): only a step that follows a step of its own size and did not build its
+/// plan (`StepResult::built_plan`) costs what such steps cost in a run of them. A step
+/// after one of another size extends the drafter's context by that one's rows: a probe
+/// after k one-row steps carries their k deferred rows, an extension that a later
+/// one-row step would have made anyway (the one-row steps' own times include it once
+/// every 16 steps).
+pub fn step_seconds(prev_rows: Option<usize>, rows: usize, r: &StepResult, wall: f64) -> f64 {
+    if r.built_plan || prev_rows != Some(rows) {
+        0.0
+    } else {
+        wall
     }
 }

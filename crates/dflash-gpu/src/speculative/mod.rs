@@ -5,6 +5,7 @@
 mod costs;
 mod drafter;
 mod generate;
+pub use generate::step_seconds;
 
 use drafter::{bookkeeping_keeping, host_draft_capacity};
 pub use drafter::{
