@@ -5,7 +5,9 @@
 // meet in a fixed tree. Each thread owns OUTS output rows (o, o + WG / LANES, ...) and
 // loads each activation once for all of them, so the workgroup covers OUTS * WG / LANES
 // rows and an activation is requested OUTS times less often; every output row's sum is
-// the same expressions in the same order whatever OUTS is.
+// the same expressions in the same order whatever OUTS is. Eight weights at a time, a
+// row's sum gains scale * sum(q * x) + min * sum(x) (vec4 products, summed once): the
+// dequantization's multiply-add is paid per eight weights, not per weight.
 // LANES and OUTS are per-device, per-shape tuning knobs (16 lanes on GPUs, 1 on CPU
 // adapters, where barriers are dear); N_ROWS and OUTS make the loops unroll.
 //
@@ -58,8 +60,8 @@ struct Params {
     tap_offset: u32,  // main_tap: first float of this matrix's rows in a taps row
     tap_stride: u32,  // main_tap: floats per taps row
     expert_lo: u32,   // main_experts: the first expert whose rows are in this chunk
-    pad1: u32,
-    pad2: u32,
+    zero: u32,        // 0 (see x_sum)
+    pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -97,7 +99,7 @@ var<private> acc2: array<f32, 128>;
 var<private> wq: array<vec4<u32>, 8>;
 var<private> wq2: array<vec4<u32>, 8>;
 var<private> ws: array<vec4<f32>, 8>; // (scale, min, scale2, min2)
-// The dequantized weights of the current words, each for all x rows.
+// The quantized values (not yet scaled) of the current eight weights of each owned row.
 var<private> wa: array<vec4<f32>, 8>;
 var<private> wb: array<vec4<f32>, 8>;
 var<private> wa2: array<vec4<f32>, 8>;
@@ -201,31 +203,62 @@ fn load_words(o0: u32, g: u32, gpr: u32, vi: u32) {
     }
 }
 
-// Every x row's two vec4 at vec4 index xi against wa/wb of each owned row.
-fn accumulate_q4_word(xi: u32) {
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// The sum of two vec4 of x. A normalised x (NORM) is a product, which a compiler may fuse
+// into the add as a multiply-add (and algebraic rewrites see through float arithmetic);
+// XORed with p.zero (0, unknown to the compiler) it is rounded first, as the separate
+// RMSNorm's stored xn is: the same bits fused or not.
+fn x_sum(x0: vec4<f32>, x1: vec4<f32>) -> f32 {
+    if (NORM) {
+        let z = vec4<u32>(p.zero);
+        let r0 = bitcast<vec4<f32>>(bitcast<vec4<u32>>(x0) ^ z);
+        let r1 = bitcast<vec4<f32>>(bitcast<vec4<u32>>(x1) ^ z);
+        return hsum(r0 + r1);
+    }
+    return hsum(x0 + x1);
+}
+
+// Eight weights of each owned row (wa, wb: their quantized values, not yet scaled)
+// against every x row's vec4 pair at xi and xi + 1: the row's sum gains
+// scale * sum(q * x) + min * sum(x), so the dequantization's multiply-add is paid per
+// eight weights and the products stay vec4 until their sum.
+fn accumulate_eight(xi: u32) {
     let nw0 = norm_at(xi);
     let nw1 = norm_at(xi + 1u);
     for (var r = 0u; r < N_ROWS; r++) {
         let x0 = x_at(r, xi, nw0);
         let x1 = x_at(r, xi + 1u, nw1);
+        let xs = x_sum(x0, x1);
         for (var j = 0u; j < OUTS; j++) {
-            acc[j * MAX_ROWS + r] += dot(wa[j], x0) + dot(wb[j], x1);
+            let i = j * MAX_ROWS + r;
+            acc[i] += ws[j].x * hsum(fma(wb[j], x1, wa[j] * x0)) + ws[j].y * xs;
             if (PAIR) {
-                acc2[j * MAX_ROWS + r] += dot(wa2[j], x0) + dot(wb2[j], x1);
+                acc2[i] += ws[j].z * hsum(fma(wb2[j], x1, wa2[j] * x0)) + ws[j].w * xs;
             }
         }
     }
 }
 
-// Every x row's vec4 at index xi against wa of each owned row.
-fn accumulate_q8_word(xi: u32) {
-    let nw = norm_at(xi);
-    for (var r = 0u; r < N_ROWS; r++) {
-        let xv = x_at(r, xi, nw);
-        for (var j = 0u; j < OUTS; j++) {
-            acc[j * MAX_ROWS + r] += dot(wa[j], xv);
+// The quantized values of two vec4 of each owned row's current words into wa, wb (wa2,
+// wb2): nibbles 0..3 and 4..7 of q4 word w, or the bytes of q8 words w and w + 1.
+fn unpack_eight(w: u32) {
+    for (var j = 0u; j < OUTS; j++) {
+        if (FORMAT == 0u) {
+            wa[j] = q4_lo(wq[j][w]);
+            wb[j] = q4_hi(wq[j][w]);
             if (PAIR) {
-                acc2[j * MAX_ROWS + r] += dot(wa2[j], xv);
+                wa2[j] = q4_lo(wq2[j][w]);
+                wb2[j] = q4_hi(wq2[j][w]);
+            }
+        } else {
+            wa[j] = q8_of(wq[j][w]);
+            wb[j] = q8_of(wq[j][w + 1u]);
+            if (PAIR) {
+                wa2[j] = q8_of(wq2[j][w]);
+                wb2[j] = q8_of(wq2[j][w + 1u]);
             }
         }
     }
@@ -247,27 +280,15 @@ fn accumulate(o0: u32, lane: u32) {
         if (FORMAT == 0u) {
             load_words(o0, g, gpr, 0u);
             for (var w = 0u; w < 4u; w++) {
-                for (var j = 0u; j < OUTS; j++) {
-                    wa[j] = q4_lo(wq[j][w]) * ws[j].x + ws[j].y;
-                    wb[j] = q4_hi(wq[j][w]) * ws[j].x + ws[j].y;
-                    if (PAIR) {
-                        wa2[j] = q4_lo(wq2[j][w]) * ws[j].z + ws[j].w;
-                        wb2[j] = q4_hi(wq2[j][w]) * ws[j].z + ws[j].w;
-                    }
-                }
-                accumulate_q4_word(xb + w * 2u);
+                unpack_eight(w);
+                accumulate_eight(xb + w * 2u);
             }
         } else {
             for (var vi = 0u; vi < GROUP / 16u; vi++) {
                 load_words(o0, g, gpr, vi);
-                for (var w = 0u; w < 4u; w++) {
-                    for (var j = 0u; j < OUTS; j++) {
-                        wa[j] = q8_of(wq[j][w]) * ws[j].x + ws[j].y;
-                        if (PAIR) {
-                            wa2[j] = q8_of(wq2[j][w]) * ws[j].z + ws[j].w;
-                        }
-                    }
-                    accumulate_q8_word(xb + vi * 4u + w);
+                for (var w = 0u; w < 4u; w += 2u) {
+                    unpack_eight(w);
+                    accumulate_eight(xb + vi * 4u + w);
                 }
             }
         }

@@ -101,8 +101,11 @@ pub struct GemvParams {
     pub tap_offset: u32,
     pub tap_stride: u32,
     pub expert_lo: u32,
-    pub pad1: u32,
-    pub pad2: u32,
+    /// 0, which the shader's compiler cannot see: a normalised x (NORM) is XORed with it
+    /// before x's sum, so that it is rounded first, as the separate RMSNorm's stored
+    /// output is, rather than fused into a multiply-add (the same bits fused or not).
+    pub zero: u32,
+    pub pad: u32,
 }
 
 /// Threads per output row of a GEMV over `m` on this adapter (`Tuning::gemv`).
@@ -208,8 +211,7 @@ pub fn gemv_fused(
             tap_offset: f.tap.map_or(0, |t| t.offset) as u32,
             tap_stride: f.tap.map_or(0, |t| t.stride) as u32,
             expert_lo: 0,
-            pad1: 0,
-            pad2: 0,
+            ..Default::default()
         };
         part_offset += rows.div_ceil(argmax_rows_per_part(ctx, m));
         let mut bufs = vec![
