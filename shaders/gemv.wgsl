@@ -2,13 +2,13 @@
 // for all rows (the verification path of DFlash). A row's sum runs in the same order
 // whatever N_ROWS is: LANES threads share an output row and take its groups
 // g = lane, lane + LANES, ...; each lane sums its groups in order; the LANES partial sums
-// meet in a fixed tree. Each thread owns OUTS output rows (o, o + WG / LANES, ...) and
-// loads each activation once for all of them, so the workgroup covers OUTS * WG / LANES
-// rows and an activation is requested OUTS times less often; every output row's sum is
+// meet in a fixed tree. Each thread owns OUTS output rows (o, o + THREADS / LANES, ...) and
+// loads each activation once for all of them, so the workgroup of THREADS covers
+// OUTS * THREADS / LANES rows and an activation is requested OUTS times less often; every output row's sum is
 // the same expressions in the same order whatever OUTS is. Eight weights at a time, a
 // row's sum gains scale * sum(q * x) + min * sum(x) (vec4 products, summed once): the
 // dequantization's multiply-add is paid per eight weights, not per weight.
-// LANES and OUTS are per-device, per-shape tuning knobs (16 lanes on GPUs, 1 on CPU
+// LANES, OUTS and THREADS are per-device, per-shape tuning knobs (16 lanes on GPUs, 1 on CPU
 // adapters, where barriers are dear); N_ROWS and OUTS make the loops unroll.
 //
 // Fused neighbours (each an override constant, each the same arithmetic as the separate
@@ -44,6 +44,7 @@ override BIAS: bool = false;
 override PAIR: bool = false;
 override EXPERT_K: u32 = 0u; // main_experts: experts per x row (0: a plain GEMV)
 override X_SLOTS: bool = false; // main_experts: x row r reads its slot's row of x
+override THREADS: u32 = 64u; // threads per workgroup: WG, or 32 (at least LANES and N_ROWS)
 
 struct Params {
     n_rows: u32,      // = N_ROWS (kept for the layout of the uniform)
@@ -78,7 +79,7 @@ struct Params {
 
 const MAX_ROWS: u32 = 16u;
 const MAX_OUTS: u32 = 8u;
-// [2 matrix rows][16 x rows][WG threads]: thread-minor, so the tree has no bank conflicts.
+// [2 matrix rows][16 x rows][WG slots]: thread-minor, so the tree has no bank conflicts.
 var<workgroup> partial: array<f32, 2u * MAX_ROWS * WG>;
 
 var<workgroup> shared_inv_rms: array<f32, 16>;
@@ -117,17 +118,20 @@ fn tree_in_place(base: u32, len: u32) -> f32 {
     return partial[base];
 }
 
-// Each x row's 1 / rms, in rmsnorm.wgsl's order: thread t sums x[r, i]^2 for
-// i = t, t + WG, ...; the WG sums meet in the fixed tree.
+// Each x row's 1 / rms, in rmsnorm.wgsl's order: sum t of WG sums x[r, i]^2 for
+// i = t, t + WG, ... (thread lid takes sums lid, lid + THREADS, ...); the WG sums meet
+// in the fixed tree.
 fn norm_prologue(lid: u32) {
     for (var r = 0u; r < N_ROWS; r++) {
-        var ss = 0.0;
-        for (var i = lid; i < p.k; i += WG) {
-            let j = r * p.k + i;
-            let v = x[j / 4u][j % 4u];
-            ss += v * v;
+        for (var t = lid; t < WG; t += THREADS) {
+            var ss = 0.0;
+            for (var i = t; i < p.k; i += WG) {
+                let j = r * p.k + i;
+                let v = x[j / 4u][j % 4u];
+                ss += v * v;
+            }
+            partial[r * WG + t] = ss;
         }
-        partial[r * WG + lid] = ss;
     }
     workgroupBarrier();
     if (lid < N_ROWS) {
@@ -166,7 +170,7 @@ fn x_at(r: u32, i: u32, nw: vec4<f32>) -> vec4<f32> {
 
 // Output row j of the thread whose first row is o0.
 fn out_row(o0: u32, j: u32) -> u32 {
-    return o0 + j * (WG / LANES);
+    return o0 + j * (THREADS / LANES);
 }
 
 // Index of group g of output row j, clamped into the chunk: a thread's rows past the
@@ -355,7 +359,7 @@ fn store(o0: u32) {
 
 // Output rows one workgroup covers.
 fn rows_per_workgroup() -> u32 {
-    return OUTS * (WG / LANES);
+    return OUTS * (THREADS / LANES);
 }
 
 // The first output row of thread lid of workgroup wgi.
@@ -376,14 +380,14 @@ fn gemv(lid: u32, wgi: u32) {
     }
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(THREADS)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     gemv(lid, wg.x + wg.y * p.wg_x);
 }
 
 // One expert's tile of rows for every x row that chose it (see the header). Workgroup
 // wgi serves expert expert_lo + wgi / tiles and tile wgi % tiles of its rows.
-@compute @workgroup_size(WG)
+@compute @workgroup_size(THREADS)
 fn main_experts(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let wgi = wg.x + wg.y * p.wg_x;
     let tiles = (p.m + rows_per_workgroup() - 1u) / rows_per_workgroup();
@@ -417,7 +421,7 @@ fn main_experts(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
 }
 
 // `main`, then each stored value (read back by the thread that stored it) into the taps.
-@compute @workgroup_size(WG)
+@compute @workgroup_size(THREADS)
 fn main_tap(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let wgi = wg.x + wg.y * p.wg_x;
     gemv(lid, wgi);
@@ -443,7 +447,7 @@ fn better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
 
 // `main`, then each x row's best (largest value, lowest index, NaN never) among this
 // workgroup's output rows into best[r * n_parts + part_offset + workgroup].
-@compute @workgroup_size(WG)
+@compute @workgroup_size(THREADS)
 fn main_argmax(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let wgi = wg.x + wg.y * p.wg_x;
     gemv(lid, wgi);

@@ -2,6 +2,7 @@
 //! runs with, and watches for device loss.
 
 use crate::error::{GpuError, Result};
+use crate::pipelines::WORKGROUP_SIZE;
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, Default)]
@@ -71,15 +72,17 @@ pub struct AdapterSummary {
 }
 
 /// One rule of a GEMV lane table: a matrix with at most `max_rows` output rows and at
-/// least `min_cols` columns gets `lanes` threads per output row (a power of two, 1..=64)
-/// and `outputs` output rows per thread (1, 2, 4 or 8: each activation load serves them
-/// all); the 64-thread workgroup then covers `outputs * 64 / lanes` rows.
+/// least `min_cols` columns gets `lanes` threads per output row (a power of two, 1..=64),
+/// `outputs` output rows per thread (1, 2, 4 or 8: each activation load serves them
+/// all) and `threads` threads per workgroup (32 or 64, at least `lanes`); a workgroup
+/// then covers `outputs * threads / lanes` rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvLanes {
     pub max_rows: usize,
     pub min_cols: usize,
     pub lanes: usize,
     pub outputs: usize,
+    pub threads: usize,
 }
 
 /// The most output rows one GEMV thread owns (gemv.wgsl's `MAX_OUTS`).
@@ -93,6 +96,7 @@ impl GemvLanes {
             min_cols: 0,
             lanes,
             outputs,
+            threads: WORKGROUP_SIZE as usize,
         }
     }
 }
@@ -125,13 +129,16 @@ const GPU_GEMV: [GemvLanes; 1] = [GemvLanes::all(16, 4)];
 /// a 3072 x 576 GEMV at 1 / 2 / 16 rows from 465 / 636 / 3502 us to 409 / 547 / 2599 us
 /// and the 49152-row lm_head from 8.5 / 11.9 / 55.7 ms to 7.8 / 9.8 / 42.8 ms (SwiftShader:
 /// 20% less at each). 16 rows per thread spill (3x slower). A matrix of at most 640 rows
-/// keeps 4: with 8 its 512-row workgroups would leave one of two cores a 64-row tail.
+/// has 8 in workgroups of 32 threads: 64-thread workgroups of 512 rows would leave one of
+/// two cores a 64-row tail, and with 4 rows per thread (the same 256-row workgroups) a
+/// 576 x 1536 GEMV took 310 / 469 / 2856 us at 1 / 2 / 16 rows against 250 / 364 / 2203.
 const CPU_GEMV: [GemvLanes; 2] = [
     GemvLanes {
         max_rows: 640,
         min_cols: 0,
         lanes: 1,
-        outputs: 4,
+        outputs: 8,
+        threads: 32,
     },
     GemvLanes::all(1, 8),
 ];
@@ -147,6 +154,7 @@ const INTEL_XE2_GEMV: [GemvLanes; 2] = [
         min_cols: 1024,
         lanes: 16,
         outputs: 4,
+        threads: WORKGROUP_SIZE as usize,
     },
     GemvLanes::all(4, 1),
 ];
@@ -264,6 +272,11 @@ impl Tuning {
     /// Threads per output row of a GEMV over a `rows` x `cols` matrix.
     pub fn gemv_lanes(&self, rows: usize, cols: usize) -> usize {
         self.gemv_rule(rows, cols).lanes
+    }
+
+    /// Threads per workgroup of a GEMV over a `rows` x `cols` matrix.
+    pub fn gemv_threads(&self, rows: usize, cols: usize) -> usize {
+        self.gemv_rule(rows, cols).threads
     }
 
     /// Output rows per thread of a GEMV over a `rows` x `cols` matrix.
@@ -740,6 +753,16 @@ mod tests {
         assert_eq!(b70.gemv_lanes(576, 576), 4);
         assert_eq!(h200.gemv_lanes(151_936, 4096), 16);
         assert_eq!(cpu.gemv_lanes(4096, 4096), 1);
+        // CPU adapters: 8 rows per thread; 32 threads where 64 would leave a core a tail.
+        assert_eq!(
+            (cpu.gemv_outputs(576, 1536), cpu.gemv_threads(576, 1536)),
+            (8, 32)
+        );
+        assert_eq!(
+            (cpu.gemv_outputs(3072, 576), cpu.gemv_threads(3072, 576)),
+            (8, 64)
+        );
+        assert_eq!(h200.gemv_threads(576, 1536), 64);
         let uniform = Tuning::gpu().with_uniform_lanes(8, 2);
         assert_eq!(
             (uniform.gemv_lanes(1, 1), uniform.gemv_outputs(1, 1)),
@@ -750,7 +773,6 @@ mod tests {
         assert_eq!(h200.gemv_outputs(576, 576), 4);
         assert_eq!(b70.gemv_outputs(4096, 4096), 4);
         assert_eq!(cpu.gemv_outputs(4096, 4096), 8);
-        assert_eq!(cpu.gemv_outputs(576, 1536), 4);
         assert_eq!(
             Tuning::gpu().with_uniform_lanes(1, 64).gemv_outputs(1, 1),
             8

@@ -124,9 +124,14 @@ pub fn gemv_outputs(ctx: &GpuContext, m: &GpuMatrix, pair: bool) -> usize {
     }
 }
 
+/// Threads per workgroup of a GEMV over `m` on this adapter.
+pub fn gemv_threads(ctx: &GpuContext, m: &GpuMatrix) -> usize {
+    ctx.tuning.gemv_threads(m.rows, m.cols)
+}
+
 /// Output rows (pairs, when `pair`) one GEMV workgroup over `m` covers on this adapter.
 pub fn gemv_rows_per_workgroup(ctx: &GpuContext, m: &GpuMatrix, pair: bool) -> usize {
-    gemv_outputs(ctx, m, pair) * WORKGROUP_SIZE as usize / gemv_lanes(ctx, m)
+    gemv_outputs(ctx, m, pair) * gemv_threads(ctx, m) / gemv_lanes(ctx, m)
 }
 
 /// Output rows behind one partial of the fused greedy head: a workgroup's, or one row
@@ -181,6 +186,7 @@ pub fn gemv_fused(
         .with("N_ROWS", n as f64)
         .with("LANES", gemv_lanes(ctx, m) as f64)
         .with("OUTS", gemv_outputs(ctx, m, f.pair) as f64)
+        .with("THREADS", gemv_threads(ctx, m) as f64)
         .with("NORM", f.norm.is_some() as u8 as f64)
         .with("BIAS", f.bias.is_some() as u8 as f64)
         .with("PAIR", f.pair as u8 as f64);
@@ -1507,6 +1513,7 @@ pub fn gemv_experts(
         .with("N_ROWS", n as f64)
         .with("LANES", gemv_lanes(ctx, m) as f64)
         .with("OUTS", gemv_outputs(ctx, m, f.pair) as f64)
+        .with("THREADS", gemv_threads(ctx, m) as f64)
         .with("NORM", f.norm.is_some() as u8 as f64)
         .with("PAIR", f.pair as u8 as f64)
         .with("EXPERT_K", s.k as f64)
