@@ -225,6 +225,12 @@ fn x_sum(x0: vec4<f32>, x1: vec4<f32>) -> f32 {
     return hsum(x0 + x1);
 }
 
+// What eight weights (quantized values qa, qb against x0, x1; xs = x_sum(x0, x1)) of a
+// group with scale sc.x and min sc.y add to a row's sum: both accumulate paths use it.
+fn eight_term(sc: vec2<f32>, qa: vec4<f32>, qb: vec4<f32>, x0: vec4<f32>, x1: vec4<f32>, xs: f32) -> f32 {
+    return sc.x * hsum(fma(qb, x1, qa * x0)) + sc.y * xs;
+}
+
 // Eight weights of each owned row (wa, wb: their quantized values, not yet scaled)
 // against every x row's vec4 pair at xi and xi + 1: the row's sum gains
 // scale * sum(q * x) + min * sum(x), so the dequantization's multiply-add is paid per
@@ -238,9 +244,9 @@ fn accumulate_eight(xi: u32) {
         let xs = x_sum(x0, x1);
         for (var j = 0u; j < OUTS; j++) {
             let i = j * MAX_ROWS + r;
-            acc[i] += ws[j].x * hsum(fma(wb[j], x1, wa[j] * x0)) + ws[j].y * xs;
+            acc[i] += eight_term(ws[j].xy, wa[j], wb[j], x0, x1, xs);
             if (PAIR) {
-                acc2[i] += ws[j].z * hsum(fma(wb2[j], x1, wa2[j] * x0)) + ws[j].w * xs;
+                acc2[i] += eight_term(ws[j].zw, wa2[j], wb2[j], x0, x1, xs);
             }
         }
     }
@@ -296,6 +302,74 @@ fn accumulate(o0: u32, lane: u32) {
                 }
             }
         }
+    }
+}
+
+// `accumulate` for a thread that owns one output row (OUTS = 1), its sums in function
+// variables: the same expressions in the same order, so the same bits. SwiftShader's
+// JIT keeps the module's private arrays in memory and does not unroll their loops
+// (there a thread per row took 2.7x the time with the arrays).
+fn accumulate_one_row(o0: u32, lane: u32) {
+    var a1: array<f32, 16>;
+    var a2: array<f32, 16>;
+    for (var r = 0u; r < N_ROWS; r++) {
+        a1[r] = 0.0;
+        a2[r] = 0.0;
+    }
+    let gpr = p.k / GROUP;
+    for (var g = lane; g < gpr && o0 < p.m; g += LANES) {
+        let gi = group_index(o0, 0u, g, gpr);
+        let gi2 = gi + p.pair_rows * gpr;
+        let sc = vec2<f32>(group_scale(gi), group_min(gi));
+        var sc2 = vec2<f32>(0.0);
+        if (PAIR) {
+            sc2 = vec2<f32>(group_scale(gi2), group_min(gi2));
+        }
+        let xb = g * (GROUP / 4u);
+        let nv = select(GROUP / 16u, 1u, FORMAT == 0u);
+        for (var vi = 0u; vi < nv; vi++) {
+            let v = qs[gi * nv + vi];
+            var v2 = vec4<u32>(0u);
+            if (PAIR) {
+                v2 = qs[gi2 * nv + vi];
+            }
+            for (var w = 0u; w < 4u; w += select(2u, 1u, FORMAT == 0u)) {
+                // Eight weights: nibbles 0..3 and 4..7 of q4 word w, or q8 words w, w + 1.
+                var qa: vec4<f32>;
+                var qb: vec4<f32>;
+                var qa2: vec4<f32>;
+                var qb2: vec4<f32>;
+                var xi: u32;
+                if (FORMAT == 0u) {
+                    qa = q4_lo(v[w]);
+                    qb = q4_hi(v[w]);
+                    qa2 = q4_lo(v2[w]);
+                    qb2 = q4_hi(v2[w]);
+                    xi = xb + w * 2u;
+                } else {
+                    qa = q8_of(v[w]);
+                    qb = q8_of(v[w + 1u]);
+                    qa2 = q8_of(v2[w]);
+                    qb2 = q8_of(v2[w + 1u]);
+                    xi = xb + vi * 4u + w;
+                }
+                let nw0 = norm_at(xi);
+                let nw1 = norm_at(xi + 1u);
+                for (var r = 0u; r < N_ROWS; r++) {
+                    let x0 = x_at(r, xi, nw0);
+                    let x1 = x_at(r, xi + 1u, nw1);
+                    let xs = x_sum(x0, x1);
+                    a1[r] += eight_term(sc, qa, qb, x0, x1, xs);
+                    if (PAIR) {
+                        a2[r] += eight_term(sc2, qa2, qb2, x0, x1, xs);
+                    }
+                }
+            }
+        }
+    }
+    for (var r = 0u; r < N_ROWS; r++) {
+        acc[r] = a1[r];
+        acc2[r] = a2[r];
     }
 }
 
@@ -373,7 +447,11 @@ fn gemv(lid: u32, wgi: u32) {
     }
     let lane = lid % LANES;
     let o0 = first_row(lid, wgi);
-    accumulate(o0, lane);
+    if (OUTS == 1u) {
+        accumulate_one_row(o0, lane);
+    } else {
+        accumulate(o0, lane);
+    }
     lane_tree(lid, lane);
     if (lane == 0u) {
         store(o0);

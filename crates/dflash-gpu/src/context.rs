@@ -143,6 +143,23 @@ const CPU_GEMV: [GemvLanes; 2] = [
     GemvLanes::all(1, 8),
 ];
 
+/// SwiftShader (Chrome's CPU WebGPU, and its Vulkan ICD natively): as lavapipe, but a
+/// matrix of at most 640 rows gets one row per thread in 64-thread workgroups (gemv.wgsl
+/// `accumulate_one_row`): its JIT keeps the kernel's private arrays in memory, so 8 rows
+/// per thread pay off only where a matrix has enough rows to keep both cores busy
+/// (`examples/gemv_probe` at 1 row: 576 x 1536 3.34 ms against 4.63 with 8 rows per
+/// thread, 576 x 576 1.32 against 2.19; 3072 x 576 5.27 ms with 8 against 6.31).
+const SWIFTSHADER_GEMV: [GemvLanes; 2] = [
+    GemvLanes {
+        max_rows: 640,
+        min_cols: 0,
+        lanes: 1,
+        outputs: 1,
+        threads: WORKGROUP_SIZE as usize,
+    },
+    GemvLanes::all(1, 8),
+];
+
 /// Intel Xe2 (Arc B-series, Lunar Lake), after llama.cpp's Vulkan choices for Intel: 4
 /// rows per 64-thread workgroup where a matrix has at most 8192 rows and 1024 columns or
 /// more (its large workgroup with `rm_stdq = 2`), else a subgroup's 16 threads per 4
@@ -210,6 +227,9 @@ impl Tuning {
     pub fn for_device(device_type: wgpu::DeviceType, vendor: u32, name: &str) -> Self {
         match device_type {
             // Barriers are dear there: one thread per row, the norms and attention apart.
+            wgpu::DeviceType::Cpu if name.to_lowercase().contains("swiftshader") => {
+                Tuning::swiftshader()
+            }
             wgpu::DeviceType::Cpu => Tuning::cpu(),
             _ if vendor == INTEL || name.to_lowercase().contains("intel") => Tuning::intel_xe2(),
             _ => Tuning::gpu(),
@@ -245,6 +265,14 @@ impl Tuning {
             pipelined_decode: false,
             chunked_sampler: false,
             gemv_outputs_override: None,
+        }
+    }
+
+    /// The knobs of SwiftShader: `cpu()` with the GEMV of `SWIFTSHADER_GEMV`.
+    pub fn swiftshader() -> Self {
+        Tuning {
+            gemv: &SWIFTSHADER_GEMV,
+            ..Tuning::cpu()
         }
     }
 
@@ -742,6 +770,10 @@ mod tests {
         use wgpu::DeviceType::*;
         let cpu = Tuning::for_device(Cpu, 0x10005, "llvmpipe");
         assert_eq!(cpu, Tuning::cpu());
+        let swiftshader = Tuning::for_device(Cpu, 0x1ae0, "SwiftShader Device (Subzero)");
+        assert_eq!(swiftshader, Tuning::swiftshader());
+        assert_eq!(swiftshader.gemv_outputs(576, 1536), 1);
+        assert_eq!(swiftshader.gemv_outputs(3072, 576), 8);
         let b70 = Tuning::for_device(DiscreteGpu, INTEL, "Intel(R) Arc(TM) Pro B70");
         assert_eq!(b70, Tuning::intel_xe2());
         let h200 = Tuning::for_device(DiscreteGpu, 0x10de, "NVIDIA H200");
