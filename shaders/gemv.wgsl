@@ -2,14 +2,14 @@
 // for all rows (the verification path of DFlash). A row's sum runs in the same order
 // whatever N_ROWS is: LANES threads share an output row and take its groups
 // g = lane, lane + LANES, ...; each lane sums its groups in order; the LANES partial sums
-// meet in a fixed tree. Each thread owns OUTS output rows (o, o + THREADS / LANES, ...) and
-// loads each activation once for all of them, so the workgroup of THREADS covers
-// OUTS * THREADS / LANES rows and an activation is requested OUTS times less often; every output row's sum is
-// the same expressions in the same order whatever OUTS is. Eight weights at a time, a
-// row's sum gains scale * sum(q * x) + min * sum(x) (vec4 products, summed once): the
-// dequantization's multiply-add is paid per eight weights, not per weight.
-// LANES, OUTS and THREADS are per-device, per-shape tuning knobs (16 lanes on GPUs, 1 on CPU
-// adapters, where barriers are dear); N_ROWS and OUTS make the loops unroll.
+// meet in a fixed tree. Each thread owns OUTS output rows (o, o + THREADS / LANES, ...)
+// and loads each activation once for all of them, so the workgroup of THREADS covers
+// OUTS * THREADS / LANES rows and an activation is requested OUTS times less often;
+// every output row's sum is the same expressions in the same order whatever OUTS is.
+// Eight weights at a time, a row's sum gains scale * sum(q * x) + min * sum(x) (vec4
+// products, summed once): the dequantization's multiply-add is paid per eight weights.
+// LANES, OUTS and THREADS are per-device, per-shape tuning knobs (16 lanes on GPUs, 1 on
+// CPU adapters, where barriers are dear); N_ROWS and OUTS make the loops unroll.
 //
 // Fused neighbours (each an override constant, each the same arithmetic as the separate
 // kernel it replaces, so the bits do not change):
@@ -227,7 +227,9 @@ fn x_sum(x0: vec4<f32>, x1: vec4<f32>) -> f32 {
 
 // What eight weights (quantized values qa, qb against x0, x1; xs = x_sum(x0, x1)) of a
 // group with scale sc.x and min sc.y add to a row's sum: both accumulate paths use it.
-fn eight_term(sc: vec2<f32>, qa: vec4<f32>, qb: vec4<f32>, x0: vec4<f32>, x1: vec4<f32>, xs: f32) -> f32 {
+fn eight_term(
+    sc: vec2<f32>, qa: vec4<f32>, qb: vec4<f32>, x0: vec4<f32>, x1: vec4<f32>, xs: f32,
+) -> f32 {
     return sc.x * hsum(fma(qb, x1, qa * x0)) + sc.y * xs;
 }
 
