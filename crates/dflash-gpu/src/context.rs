@@ -144,18 +144,25 @@ const CPU_GEMV: [GemvLanes; 2] = [
 ];
 
 /// SwiftShader (Chrome's CPU WebGPU, and its Vulkan ICD natively): as lavapipe, but a
-/// matrix of at most 640 rows gets one row per thread in 64-thread workgroups (gemv.wgsl
-/// `accumulate_one_row`): its JIT keeps the kernel's private arrays in memory, so 8 rows
-/// per thread pay off only where a matrix has enough rows to keep both cores busy
-/// (`examples/gemv_probe` at 1 row: 576 x 1536 3.34 ms against 4.63 with 8 rows per
-/// thread, 576 x 576 1.32 against 2.19; 3072 x 576 5.27 ms with 8 against 6.31).
+/// matrix of at most 4096 rows gets one row per thread in 32-thread workgroups (gemv.wgsl
+/// `accumulate_one_row`). Its JIT keeps the kernel's private arrays in memory, so 8 rows
+/// per thread pay off only on the lm_head (`examples/gemv_probe` at 1 row: 576 x 1536
+/// 3.34 ms against 4.63 with 8 rows per thread, 576 x 576 1.32 against 2.19), and it runs
+/// each workgroup on one core, so 32-thread workgroups split SmolLM2's 576- and 960-row
+/// matrices evenly over two cores where 64-thread ones leave one a workgroup more. In the
+/// decode step (`dflash bench --profile`, SmolLM2, 1 row) the paired 3072 x 576 gate/up
+/// GEMV took 5.39 ms with one pair per thread against 7.33 with 4, and with 32 threads
+/// 576 x 1536 took 3.10 ms against 3.58, 960 x 576 1.99 against 2.22, 576 x 576 1.22
+/// against 1.40; the 49152-row q8 lm_head took 115 ms with 8 rows per thread against
+/// 130 with one (2 and 4 rows per thread were slower than both at every shape), 112 with
+/// 32 threads. Decode: 1.68 tok/s (the rule at 640 rows, 64 threads) -> 2.01.
 const SWIFTSHADER_GEMV: [GemvLanes; 2] = [
     GemvLanes {
-        max_rows: 640,
+        max_rows: 4096,
         min_cols: 0,
         lanes: 1,
         outputs: 1,
-        threads: WORKGROUP_SIZE as usize,
+        threads: 32,
     },
     GemvLanes::all(1, 8),
 ];
