@@ -44,7 +44,7 @@ override BIAS: bool = false;
 override PAIR: bool = false;
 override EXPERT_K: u32 = 0u; // main_experts: experts per x row (0: a plain GEMV)
 override X_SLOTS: bool = false; // main_experts: x row r reads its slot's row of x
-override THREADS: u32 = 64u; // threads per workgroup: WG, or 32 (at least LANES and N_ROWS)
+override THREADS: u32 = 64u; // threads per workgroup: WG, 32 or 16 (at least LANES and N_ROWS)
 
 struct Params {
     n_rows: u32,      // = N_ROWS (kept for the layout of the uniform)
@@ -81,6 +81,8 @@ const MAX_ROWS: u32 = 16u;
 const MAX_OUTS: u32 = 8u;
 // [2 matrix rows][16 x rows][WG slots]: thread-minor, so the tree has no bank conflicts.
 var<workgroup> partial: array<f32, 2u * MAX_ROWS * WG>;
+// main_argmax: the index of each thread's best row per x row (its value in `partial`).
+var<workgroup> part_index: array<u32, MAX_ROWS * WG>;
 
 var<workgroup> shared_inv_rms: array<f32, 16>;
 var<private> inv_rms: array<f32, 16>; // NORM: each x row's 1 / rms
@@ -307,10 +309,11 @@ fn accumulate(o0: u32, lane: u32) {
     }
 }
 
-// `accumulate` for a thread that owns one output row (OUTS = 1), its sums in function
-// variables: the same expressions in the same order, so the same bits. SwiftShader's
-// JIT keeps the module's private arrays in memory and does not unroll their loops
-// (there a thread per row took 2.7x the time with the arrays).
+// `accumulate` for a thread that owns one output row (OUTS = 1, PAIR: one gate/up pair)
+// or two (OUTS = 2), its sums in function variables: the same expressions in the same
+// order, so the same bits. SwiftShader's JIT keeps the module's private arrays in memory
+// and does not unroll their loops (there a thread per row took 2.7x the time with the
+// arrays); its second row (the up row, or the second owned row) shares the x loads.
 fn accumulate_one_row(o0: u32, lane: u32) {
     var a1: array<f32, 16>;
     var a2: array<f32, 16>;
@@ -318,13 +321,17 @@ fn accumulate_one_row(o0: u32, lane: u32) {
         a1[r] = 0.0;
         a2[r] = 0.0;
     }
+    let two = PAIR || OUTS == 2u;
     let gpr = p.k / GROUP;
     for (var g = lane; g < gpr && o0 < p.m; g += LANES) {
         let gi = group_index(o0, 0u, g, gpr);
-        let gi2 = gi + p.pair_rows * gpr;
+        var gi2 = gi + p.pair_rows * gpr;
+        if (OUTS == 2u) {
+            gi2 = group_index(o0, 1u, g, gpr);
+        }
         let sc = vec2<f32>(group_scale(gi), group_min(gi));
         var sc2 = vec2<f32>(0.0);
-        if (PAIR) {
+        if (two) {
             sc2 = vec2<f32>(group_scale(gi2), group_min(gi2));
         }
         let xb = g * (GROUP / 4u);
@@ -332,7 +339,7 @@ fn accumulate_one_row(o0: u32, lane: u32) {
         for (var vi = 0u; vi < nv; vi++) {
             let v = qs[gi * nv + vi];
             var v2 = vec4<u32>(0u);
-            if (PAIR) {
+            if (two) {
                 v2 = qs[gi2 * nv + vi];
             }
             for (var w = 0u; w < 4u; w += select(2u, 1u, FORMAT == 0u)) {
@@ -362,7 +369,7 @@ fn accumulate_one_row(o0: u32, lane: u32) {
                     let x1 = x_at(r, xi + 1u, nw1);
                     let xs = x_sum(x0, x1);
                     a1[r] += eight_term(sc, qa, qb, x0, x1, xs);
-                    if (PAIR) {
+                    if (two) {
                         a2[r] += eight_term(sc2, qa2, qb2, x0, x1, xs);
                     }
                 }
@@ -371,7 +378,11 @@ fn accumulate_one_row(o0: u32, lane: u32) {
     }
     for (var r = 0u; r < N_ROWS; r++) {
         acc[r] = a1[r];
-        acc2[r] = a2[r];
+        if (OUTS == 2u) {
+            acc[MAX_ROWS + r] = a2[r];
+        } else {
+            acc2[r] = a2[r];
+        }
     }
 }
 
@@ -449,7 +460,7 @@ fn gemv(lid: u32, wgi: u32) {
     }
     let lane = lid % LANES;
     let o0 = first_row(lid, wgi);
-    if (OUTS == 1u) {
+    if (OUTS == 1u || (OUTS == 2u && !PAIR)) {
         accumulate_one_row(o0, lane);
     } else {
         accumulate(o0, lane);
@@ -546,27 +557,38 @@ fn main_argmax(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id)
         }
         return;
     }
-    // [x row][the workgroup's rows] (at most 16 x 128 = the scratch's size).
-    let rows = rows_per_workgroup();
-    let base = wgi * rows;
+    // Each row-owning thread's best among its owned rows, per x row, into
+    // [x row][thread's slot] (THREADS / LANES <= WG slots: at most 16 x 64, whatever
+    // OUTS is); thread r then takes the best of x row r's slots. `better` is a total
+    // order (largest value, then lowest index), so the grouping does not change the pick.
+    let subs = THREADS / LANES;
     workgroupBarrier();
     if (lid % LANES == 0u) {
-        for (var j = 0u; j < OUTS; j++) {
-            for (var r = 0u; r < N_ROWS; r++) {
-                partial[r * rows + out_row(o0, j) - base] = acc[j * MAX_ROWS + r];
+        for (var r = 0u; r < N_ROWS; r++) {
+            var bv = 0.0;
+            var bi = 0xffffffffu;
+            for (var j = 0u; j < OUTS; j++) {
+                let o = out_row(o0, j);
+                let v = acc[j * MAX_ROWS + r];
+                if (o < p.m && v == v && better(v, p.out_offset + o, bv, bi)) {
+                    bv = v;
+                    bi = p.out_offset + o;
+                }
             }
+            partial[r * subs + lid / LANES] = bv;
+            part_index[r * subs + lid / LANES] = bi;
         }
     }
     workgroupBarrier();
-    if (lid < N_ROWS && base < p.m) {
+    if (lid < N_ROWS && wgi * rows_per_workgroup() < p.m) {
         var bv = 0.0;
         var bi = 0xffffffffu;
-        for (var i = 0u; i < rows; i++) {
-            let v = partial[lid * rows + i];
-            let o = base + i;
-            if (o < p.m && v == v && better(v, p.out_offset + o, bv, bi)) {
+        for (var i = 0u; i < subs; i++) {
+            let v = partial[lid * subs + i];
+            let at = part_index[lid * subs + i];
+            if (at != 0xffffffffu && better(v, at, bv, bi)) {
                 bv = v;
-                bi = p.out_offset + o;
+                bi = at;
             }
         }
         best[lid * p.n_parts + p.part_offset + wgi] = vec2<u32>(bitcast<u32>(bv), bi);

@@ -74,8 +74,9 @@ pub struct AdapterSummary {
 /// One rule of a GEMV lane table: a matrix with at most `max_rows` output rows and at
 /// least `min_cols` columns gets `lanes` threads per output row (a power of two, 1..=64),
 /// `outputs` output rows per thread (1, 2, 4 or 8: each activation load serves them
-/// all) and `threads` threads per workgroup (32 or 64, at least `lanes`); a workgroup
-/// then covers `outputs * threads / lanes` rows.
+/// all) and `threads` threads per workgroup (16, 32 or 64, at least `lanes`: gemv.wgsl
+/// needs a thread per x row, at most 16); a workgroup then covers `outputs * threads /
+/// lanes` rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvLanes {
     pub max_rows: usize,
@@ -143,29 +144,27 @@ const CPU_GEMV: [GemvLanes; 2] = [
     GemvLanes::all(1, 8),
 ];
 
-/// SwiftShader (Chrome's CPU WebGPU, and its Vulkan ICD natively): as lavapipe, but a
-/// matrix of at most 4096 rows gets one row per thread in 32-thread workgroups (gemv.wgsl
-/// `accumulate_one_row`). Its JIT keeps the kernel's private arrays in memory, so 8 rows
-/// per thread pay off only on the lm_head (`examples/gemv_probe` at 1 row: 576 x 1536
-/// 3.34 ms against 4.63 with 8 rows per thread, 576 x 576 1.32 against 2.19), and it runs
-/// each workgroup on one core, so 32-thread workgroups split SmolLM2's 576- and 960-row
-/// matrices evenly over two cores where 64-thread ones leave one a workgroup more. In the
-/// decode step (`dflash bench --profile`, SmolLM2, 1 row) the paired 3072 x 576 gate/up
-/// GEMV took 5.39 ms with one pair per thread against 7.33 with 4, and with 32 threads
-/// 576 x 1536 took 3.10 ms against 3.58, 960 x 576 1.99 against 2.22, 576 x 576 1.22
-/// against 1.40; the 49152-row q8 lm_head took 115 ms with 8 rows per thread against
-/// 130 with one (2 and 4 rows per thread were slower than both at every shape), 112 with
-/// 32 threads. Decode: 1.68 tok/s (the rule at 640 rows, 64 threads) -> 2.01.
-const SWIFTSHADER_GEMV: [GemvLanes; 2] = [
-    GemvLanes {
-        max_rows: 4096,
-        min_cols: 0,
-        lanes: 1,
-        outputs: 1,
-        threads: 32,
-    },
-    GemvLanes::all(1, 8),
-];
+/// SwiftShader (Chrome's CPU WebGPU, and its Vulkan ICD natively): one lane per row as on
+/// lavapipe, but 2 rows (or one gate/up pair) per thread in 16-thread workgroups, through
+/// gemv.wgsl `accumulate_one_row`, whose sums live in function variables. Its JIT keeps
+/// the kernel's private arrays in memory and runs a workgroup on one core, so more rows
+/// per thread through those arrays cost more than the shared activation loads save, and
+/// small workgroups split SmolLM2's 576- and 960-row matrices evenly over two cores. In
+/// the decode step (`dflash bench --profile`, SmolLM2, 1 row) against one row per
+/// thread in 32-thread workgroups: 576 x 1536 2.51 ms against 3.10, 960 x 576 1.64
+/// against 1.99, 576 x 576 0.99 against 1.22, the 49152-row q8 lm_head 107 ms against
+/// 111 with 8 rows per thread through the arrays (130 with one row per thread); the
+/// 16-row GEMVs 30-40% less (576 x 1536 9.9 ms against 16.6). One row per thread in
+/// 64-thread workgroups had made the paired 3072 x 576 GEMV 5.39 ms against 7.33 with
+/// 4 pairs per thread through the arrays. Decode 1.68 tok/s (8 rows per thread but for
+/// matrices of at most 640 rows, 64 threads) -> 2.01 (one row, 32 threads) -> 2.16.
+const SWIFTSHADER_GEMV: [GemvLanes; 1] = [GemvLanes {
+    max_rows: usize::MAX,
+    min_cols: 0,
+    lanes: 1,
+    outputs: 2,
+    threads: 16,
+}];
 
 /// Intel Xe2 (Arc B-series, Lunar Lake), after llama.cpp's Vulkan choices for Intel: 4
 /// rows per 64-thread workgroup where a matrix has at most 8192 rows and 1024 columns or
@@ -779,8 +778,11 @@ mod tests {
         assert_eq!(cpu, Tuning::cpu());
         let swiftshader = Tuning::for_device(Cpu, 0x1ae0, "SwiftShader Device (Subzero)");
         assert_eq!(swiftshader, Tuning::swiftshader());
-        assert_eq!(swiftshader.gemv_outputs(576, 1536), 1);
-        assert_eq!(swiftshader.gemv_outputs(3072, 576), 8);
+        assert_eq!(swiftshader.gemv_outputs(576, 1536), 2);
+        assert_eq!(swiftshader.gemv_threads(49_152, 576), 16);
+        assert_eq!(cpu.gemv_outputs(576, 1536), 8);
+        assert_eq!(cpu.gemv_threads(576, 1536), 32);
+        assert_eq!(cpu.gemv_threads(3072, 576), 64);
         let b70 = Tuning::for_device(DiscreteGpu, INTEL, "Intel(R) Arc(TM) Pro B70");
         assert_eq!(b70, Tuning::intel_xe2());
         let h200 = Tuning::for_device(DiscreteGpu, 0x10de, "NVIDIA H200");

@@ -179,6 +179,40 @@ fn owning_several_output_rows_per_thread_gives_the_same_bits() {
     }
 }
 
+/// The greedy head's workgroup pick holds wherever a workgroup covers many rows: with 2
+/// lanes and 8 rows per thread (256 rows per workgroup) and 16 x rows, more (value,
+/// index) pairs than its scratch holds, each x row's token is still the argmax of the
+/// logits the same kernel writes.
+#[test]
+fn the_greedy_head_picks_the_argmax_when_a_workgroup_covers_256_rows() {
+    use dflash_gpu::context::Tuning;
+    let Some(ctx) = common::gpu_context(&dflash_gpu::GpuOptions {
+        tuning: Some(Tuning::gpu().with_uniform_lanes(2, 8)),
+        no_f16: true,
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let (rows, cols, n) = (600, 64, 16);
+    let mut rng = Rng(17);
+    let m = upload_matrix(&ctx, "w", &matrix(&mut rng, GgmlType::Q8_0, rows, cols)).unwrap();
+    assert_eq!(ops::gemv_rows_per_workgroup(&ctx, &m, false), 256);
+    let x = f32_buffer(&ctx, "x", &rng.vec(n * cols, 2.0));
+    let logits = work_buffer(&ctx, "logits", (n * rows * 4) as u64);
+    let parts = ops::argmax_parts(&ctx, &m);
+    let best = work_buffer(&ctx, "best", (n * parts * 8) as u64);
+    let tokens = work_buffer(&ctx, "tokens", (n * 4) as u64);
+    let head = GemvFusion {
+        argmax: Some(&best),
+        ..Default::default()
+    };
+    let mut d = ops::gemv_fused(&ctx, &m, &x, &logits, n, &head).unwrap();
+    d.push(ops::argmax_reduce(&ctx, &best, &tokens, n, parts).unwrap());
+    run(&ctx, &d);
+    let values: Vec<f32> = bytemuck::cast_slice(&read_u32(&ctx, &logits, n * rows)).to_vec();
+    common::assert_argmax_rows(&read_u32(&ctx, &tokens, n), &values, rows);
+}
+
 /// A tap in the residual GEMV's epilogue writes the bits of the copy it replaces (the
 /// residual stream after the add), at its place in a taps row of two taps.
 #[test]

@@ -662,15 +662,17 @@ fn every_kernel_variant_compiles() {
         for (f, g) in [(0.0, 32.0), (1.0, 32.0), (1.0, 16.0)] {
             for acc in [0.0, 1.0] {
                 for n in 1..=16 {
-                    // (lanes, rows per thread): CPU adapters' and GPUs' (Tuning::cpu,
-                    // Tuning::gpu), and Intel's narrow rule (Tuning::intel_xe2) at the
-                    // decode and verify rows.
-                    let intel: &[(f64, f64)] = if n == 1 || n == 16 {
-                        &[(4.0, 1.0)]
+                    // (lanes, rows per thread, threads): CPU adapters' and GPUs'
+                    // (Tuning::cpu, Tuning::gpu), and at the decode and verify rows
+                    // Intel's narrow rule (Tuning::intel_xe2), lavapipe's small matrices
+                    // and SwiftShader's (Tuning::swiftshader).
+                    let more: &[(f64, f64, f64)] = if n == 1 || n == 16 {
+                        &[(4.0, 1.0, 64.0), (1.0, 8.0, 32.0), (1.0, 2.0, 16.0)]
                     } else {
                         &[]
                     };
-                    for &(lanes, outs) in [(1.0, 8.0), (16.0, 4.0)].iter().chain(intel) {
+                    let every = [(1.0, 8.0, 64.0), (16.0, 4.0, 64.0)];
+                    for &(lanes, outs, threads) in every.iter().chain(more) {
                         ks.push(
                             Kernel::new(Shader::Gemv, "main")
                                 .with("FORMAT", f)
@@ -678,7 +680,8 @@ fn every_kernel_variant_compiles() {
                                 .with("ACCUMULATE", acc)
                                 .with("N_ROWS", n as f64)
                                 .with("LANES", lanes)
-                                .with("OUTS", outs),
+                                .with("OUTS", outs)
+                                .with("THREADS", threads),
                         );
                     }
                 }
