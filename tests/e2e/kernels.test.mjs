@@ -24,12 +24,14 @@ const sources = {
 
 function variants() {
   const v = [];
-  // (lanes, rows per thread): GPUs and Intel's large matrices; Intel's narrow rule.
-  for (const [lanes, outs] of [[16, 4], [4, 1]]) {
+  // (lanes, rows per thread, threads): GPUs and Intel's large matrices; Intel's narrow
+  // rule; SwiftShader's own entry (Tuning::swiftshader: the GPU engine, engine: 'gpu', on
+  // Chrome's fallback adapter).
+  for (const [lanes, outs, threads] of [[16, 4, 64], [4, 1, 64], [1, 2, 16]]) {
     for (const n of [1, 16]) {
       for (const [entry, norm, bias, pair, acc] of [['main', 0, 0, 0, 1], ['main', 1, 1, 0, 0], ['main', 1, 0, 1, 0], ['main_argmax', 1, 0, 0, 0]]) {
         for (const [format, group] of [[0, 32], [1, 32], [1, 16]]) {
-          const c = { FORMAT: format, GROUP: group, N_ROWS: n, LANES: lanes, OUTS: pair ? Math.max(1, outs / 2) : outs, NORM: norm, BIAS: bias, PAIR: pair, ACCUMULATE: acc };
+          const c = { FORMAT: format, GROUP: group, N_ROWS: n, LANES: lanes, OUTS: pair ? Math.max(1, outs / 2) : outs, THREADS: threads, NORM: norm, BIAS: bias, PAIR: pair, ACCUMULATE: acc };
           v.push({ shader: 'gemv', entry, c });
           if (acc) v.push({ shader: 'gemv', entry: 'main_tap', c }); // a DFlash tap in the residual's epilogue
         }

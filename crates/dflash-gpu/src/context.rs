@@ -223,8 +223,14 @@ const INTEL: u32 = 0x8086;
 
 impl Tuning {
     /// The table's entry for an adapter: CPU adapters (lavapipe, SwiftShader), Intel
-    /// (by PCI vendor id or name), other GPUs.
+    /// (by PCI vendor id or name), other GPUs. In a browser the adapter's name is often
+    /// hidden and its type is Cpu exactly when it is the fallback adapter, which is
+    /// Chrome's SwiftShader (the only browser with a software WebGPU adapter).
     pub fn for_adapter(info: &wgpu::AdapterInfo) -> Self {
+        if info.backend == wgpu::Backend::BrowserWebGpu && info.device_type == wgpu::DeviceType::Cpu
+        {
+            return Tuning::swiftshader();
+        }
         let name = format!("{} {}", info.name, info.driver);
         Tuning::for_device(info.device_type, info.vendor, &name)
     }
@@ -783,6 +789,23 @@ mod tests {
         assert_eq!(cpu.gemv_outputs(576, 1536), 8);
         assert_eq!(cpu.gemv_threads(576, 1536), 32);
         assert_eq!(cpu.gemv_threads(3072, 576), 64);
+        // A browser's fallback adapter, its name hidden, is Chrome's SwiftShader.
+        let browser = |device_type| wgpu::AdapterInfo {
+            name: String::new(),
+            vendor: 0,
+            device: 0,
+            device_type,
+            device_pci_bus_id: String::new(),
+            driver: String::new(),
+            driver_info: String::new(),
+            backend: wgpu::Backend::BrowserWebGpu,
+            subgroup_min_size: 4,
+            subgroup_max_size: 128,
+            transient_saves_memory: None,
+            limit_bucket: None,
+        };
+        assert_eq!(Tuning::for_adapter(&browser(Cpu)), Tuning::swiftshader());
+        assert_eq!(Tuning::for_adapter(&browser(Other)), Tuning::gpu());
         let b70 = Tuning::for_device(DiscreteGpu, INTEL, "Intel(R) Arc(TM) Pro B70");
         assert_eq!(b70, Tuning::intel_xe2());
         let h200 = Tuning::for_device(DiscreteGpu, 0x10de, "NVIDIA H200");
