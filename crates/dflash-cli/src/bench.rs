@@ -159,6 +159,10 @@ pub struct BenchArgs {
     /// (GPUs pipeline, CPU adapters do not).
     #[arg(long)]
     pipelined: Option<bool>,
+    /// RMSNorm fused into the GEMV that follows it (`true`) or a kernel of its own
+    /// (`false`), in place of the tuning's choice (GPUs fuse, CPU adapters do not).
+    #[arg(long)]
+    fuse_norm: Option<bool>,
     /// Greedy drafts among the drafter's draft vocabulary (`draft_vocab.json`, where its
     /// folder has one: a few thousand rows of the lm_head instead of all), or `false`:
     /// among the whole vocabulary (the JSON's `draft_vocab`; `draft_head_ids`: the ids
@@ -401,6 +405,7 @@ fn gpu_options(a: &BenchArgs, timestamps: bool) -> dflash_gpu::GpuOptions {
         }),
         gemv_outputs: a.gemv_outputs,
         pipelined_decode: a.pipelined,
+        fuse_norm: a.fuse_norm,
         ..Default::default()
     }
 }

@@ -19,6 +19,9 @@ pub struct GpuOptions {
     /// Override whether decoding keeps the next step in flight (`dflash bench
     /// --pipelined`: the choice measured on this adapter), keeping the rest of the knobs.
     pub pipelined_decode: Option<bool>,
+    /// Override whether RMSNorm is fused into the GEMV that follows it (`dflash bench
+    /// --fuse-norm`: the choice measured on this adapter), keeping the rest of the knobs.
+    pub fuse_norm: Option<bool>,
     /// Run within the limits a browser's WebGPU grants (see `browser_limits`), so that a
     /// native run finds what the browser build would.
     pub browser_limits: bool,
@@ -196,7 +199,11 @@ pub struct Tuning {
     /// sums, both slower than the separate one-workgroup kernel. Measured again at
     /// 300bfac on lavapipe (SmolLM2, 96 tokens after 64, 4 alternations): 12.7-14.5
     /// tok/s apart against 11.8-13.6 fused, although fused makes 6 dispatches per layer
-    /// (183 per step) instead of 8 (244).
+    /// (183 per step) instead of 8 (244); and at d58640e with 8 GEMV rows per thread
+    /// (`dflash bench --fuse-norm`, 64 tokens after 64, 6 alternations): 17.1 tok/s
+    /// apart against 15.8 fused by median (prefill 60.5 against 58.8). A barrier-free
+    /// prologue (each thread summing the row in the shared order, vec4 loads) measured
+    /// no better, and a barrier-free separate kernel of that kind far worse there.
     pub fuse_norm: bool,
     /// Attention in chunks of keys (attention_chunks.wgsl: many workgroups per row, the
     /// query heads of a KV head served together, q/k norms + RoPE + KV store inside)
@@ -395,6 +402,7 @@ impl GpuContext {
         let mut tuning = opts.tuning.unwrap_or_else(|| Tuning::for_adapter(&info));
         tuning.gemv_outputs_override = opts.gemv_outputs.or(tuning.gemv_outputs_override);
         tuning.pipelined_decode = opts.pipelined_decode.unwrap_or(tuning.pipelined_decode);
+        tuning.fuse_norm = opts.fuse_norm.unwrap_or(tuning.fuse_norm);
         // The limit granted to the device (browser_limits caps it at 10).
         tuning.chunked_attention &= device.limits().max_storage_buffers_per_shader_stage
             >= CHUNKED_ATTENTION_STORAGE_BUFFERS;

@@ -29,6 +29,7 @@ pub(super) fn run(
         (a.profile, "--profile"),
         (a.tuning.is_some(), "--tuning"),
         (a.pipelined.is_some(), "--pipelined"),
+        (a.fuse_norm.is_some(), "--fuse-norm"),
         (a.adapter.is_some(), "--adapter"),
     ];
     if let Some((_, flag)) = gpu_only.iter().find(|(set, _)| *set) {

@@ -201,6 +201,7 @@ pub(super) fn plain_json(
         "prompt_tokens": args.prompt_tokens,
         "decode_tokens": args.decode_tokens,
         "temperature": args.temperature,
+        "fuse_norm": ctx.tuning.fuse_norm,
         "pipelined_decode": ctx.tuning.pipelined_decode,
         "chunked_sampler": ctx.tuning.chunked_sampler,
         "gemv_outputs_override": ctx.tuning.gemv_outputs_override,
