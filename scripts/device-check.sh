@@ -133,6 +133,8 @@ case "${1:-}" in
       step 60 "profile smollm2 p64 intel-xe2" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --tuning intel-xe2 --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-smollm2-p64-intel-xe2.json"
       # One output row per GEMV thread against the table's 4 (the 16-row step's cost).
       step 60 "profile smollm2 p64 outs1" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --gemv-outputs 1 --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-smollm2-p64-outs1.json"
+      # The RMSNorm apart against fused into the next GEMV (the GPU tuning's default).
+      step 40 "profile smollm2 p64 norm apart" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --fuse-norm false --prompt-tokens 64 --decode-tokens 64 > $OUT/profile-smollm2-p64-norm-apart.json"
       # DFlash steps pipelined (the GPU tuning's default) against one at a time, same run
       # settings (the host's read-back latency per step is what pipelining hides).
       for piped in true false; do
