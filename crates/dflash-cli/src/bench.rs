@@ -81,9 +81,10 @@ pub struct BenchArgs {
     /// --synthetic: `synthetic`, a random drafter of the z-lab shape for that target.
     #[arg(long)]
     drafter: Option<PathBuf>,
-    /// How a drafter folder's matrices are kept on the device: `q8` (8-bit groups, the
-    /// default) or `q4` (half the bytes a step reads; its drafts may differ).
-    #[arg(long, value_enum, default_value = "q8", requires = "drafter")]
+    /// How a drafter folder's (or a synthetic drafter's) matrices are kept on the device:
+    /// `q4` (4-bit groups, the default) or `q8` (twice the bytes a step reads; its
+    /// drafts may differ).
+    #[arg(long, value_enum, default_value = "q4", requires = "drafter")]
     drafter_precision: crate::generate::DrafterPrecisionArg,
     /// Simulated acceptance for the DFlash run: P1,P2,... the probability that draft
     /// slot i is right given the slots before it were (slots past the list: wrong). The

@@ -494,7 +494,7 @@ impl Engine {
         let (m, _) = load(&a.model)?;
         let context = a.context.min(m.config().max_position_embeddings);
         let drafter = match &a.drafter {
-            Some(p) => Some(load_drafter_dir(p, DrafterPrecision::Q8)?),
+            Some(p) => Some(load_drafter_dir(p, DrafterPrecision::default())?),
             None => None,
         };
         if let Some(d) = &drafter {

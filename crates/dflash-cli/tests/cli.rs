@@ -613,6 +613,9 @@ fn accept_profile_sets_tau_on_a_synthetic_pair() {
     assert_eq!(v["lossless"], true);
     assert!(v["mean_tau"].as_f64().unwrap() > 3.0, "{}", v["mean_tau"]);
     assert_eq!(v["accepted_by_position"][3], 0);
+    // The drafter's matrices are kept in 4 bits unless asked otherwise.
+    assert_eq!(v["drafter_precision"], "q4");
+    let q4_bytes = v["synthetic"]["drafter"]["weight_bytes"].as_u64().unwrap();
     let v = run("0");
     assert_eq!(v["lossless"], true);
     assert_eq!(v["mean_tau"].as_f64().unwrap(), 1.0);
@@ -624,16 +627,15 @@ fn accept_profile_sets_tau_on_a_synthetic_pair() {
     assert!(v["mean_tau"].as_f64().unwrap() > 3.0, "{}", v["mean_tau"]);
     let err = usage_error(&[&["bench"][..], &with_vocab("0")].concat());
     assert!(err.contains("--synthetic-draft-vocab 0"), "{err}");
-    // The drafter's matrices in 4 bits: fewer bytes, the same simulated run; f32 is
+    // The drafter's matrices in 8 bits: more bytes, the same simulated run; f32 is
     // refused by the GPU with a typed error.
-    let q8_bytes = v["synthetic"]["drafter"]["weight_bytes"].as_u64().unwrap();
-    let v = bench_json(&args("1,1,1", &["--drafter-precision", "q4"]));
+    let v = bench_json(&args("1,1,1", &["--drafter-precision", "q8"]));
     assert_eq!(
         (&v["lossless"], &v["drafter_precision"]),
-        (&true.into(), &"q4".into())
+        (&true.into(), &"q8".into())
     );
     assert!(v["mean_tau"].as_f64().unwrap() > 3.0, "{}", v["mean_tau"]);
-    let q4_bytes = v["synthetic"]["drafter"]["weight_bytes"].as_u64().unwrap();
+    let q8_bytes = v["synthetic"]["drafter"]["weight_bytes"].as_u64().unwrap();
     assert!(q4_bytes < q8_bytes * 3 / 4, "{q4_bytes} vs {q8_bytes}");
     let err = usage_error(&[&["bench"][..], &args("1", &["--drafter-precision", "f32"])].concat());
     assert!(err.contains("no f32 matrices"), "{err}");

@@ -328,7 +328,7 @@ impl Loader {
             DrafterWeights::load(
                 config_json,
                 vec![("model.safetensors", safetensors)],
-                DrafterPrecision::Q8,
+                DrafterPrecision::default(),
             )
             .map_err(core_err)?,
         );
