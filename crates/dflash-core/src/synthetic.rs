@@ -4,7 +4,7 @@
 //! that target. The weights themselves are random and made on the device.
 
 use crate::config::{Arch, ModelConfig, Rope, RopeStyle};
-use crate::drafter::{DrafterConfig, LayerKind};
+use crate::drafter::{DrafterConfig, DrafterPrecision, LayerKind};
 use crate::quant::QFormat;
 
 /// Every named shape (`test-tiny` is a small shape for tests).
@@ -33,8 +33,8 @@ pub struct SyntheticSpec {
     /// The drafter drafts among the first N token ids (a draft vocabulary: the lm_head's
     /// N rows gathered beside the whole head); None: among all of them.
     pub draft_vocab: Option<usize>,
-    /// The drafter's matrices: 8-bit groups (what a drafter folder loads as by default)
-    /// or 4-bit (`dflash bench --drafter-precision q4`).
+    /// The drafter's matrices: 4-bit groups (what a drafter folder loads as by default,
+    /// `DrafterPrecision::default()`) or 8-bit (`dflash bench --drafter-precision q8`).
     pub drafter_format: QFormat,
 }
 
@@ -634,7 +634,7 @@ pub fn spec(name: &str) -> Option<SyntheticSpec> {
         config,
         drafter,
         draft_vocab: None,
-        drafter_format: QFormat::Q8,
+        drafter_format: DrafterPrecision::default().matrix_format(),
     })
 }
 
@@ -675,7 +675,7 @@ impl SyntheticSpec {
             config,
             drafter,
             draft_vocab: None,
-            drafter_format: QFormat::Q8,
+            drafter_format: DrafterPrecision::default().matrix_format(),
         })
     }
 }
