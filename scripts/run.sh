@@ -5,7 +5,9 @@
 # Vulkan device, where there is none; installed if missing). Prints the JSON:
 # plain_tok_s, dflash_tok_s, speedup, mean_tau, acceptance_by_position, lossless, rows.
 # PROMPTS (default 8) of fixtures/prompts/chat20.jsonl, TOKENS (default 64) each,
-# BLOCK (default auto). BENCH=plain runs the plain-decoding bandwidth benchmark instead.
+# BLOCK (default auto), ROUNDS (default 1: each prompt decoded once each way; more
+# rounds alternate the order and sum the times). BENCH=plain runs the plain-decoding
+# bandwidth benchmark instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 && [ "$(id -u)" = 0 ]; then
@@ -19,4 +21,4 @@ if [ "${BENCH:-dflash}" = plain ] || [ ! -f "$drafter/model.safetensors" ]; then
   exec ./target/release/dflash bench --model "$model" --prompt-tokens 64 --decode-tokens 32 --json
 fi
 exec ./target/release/dflash bench --model "$model" --drafter "$drafter" --prompts fixtures/prompts/chat20.jsonl \
-  --limit "${PROMPTS:-8}" --max-new-tokens "${TOKENS:-64}" --block "${BLOCK:-auto}" --json
+  --limit "${PROMPTS:-8}" --max-new-tokens "${TOKENS:-64}" --block "${BLOCK:-auto}" --rounds "${ROUNDS:-1}" --json

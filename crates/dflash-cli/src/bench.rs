@@ -108,6 +108,13 @@ pub struct BenchArgs {
     /// of random prompts (default 1).
     #[arg(long)]
     limit: Option<usize>,
+    /// Decode every prompt this many times, plainly and with each block (rows per prompt
+    /// and round; the ratios are of the summed times): the first round decodes plainly
+    /// first, odd rounds run DFlash first, so that a slow spell of a busy machine weighs
+    /// on both sides.
+    #[arg(long, default_value_t = 1, requires = "drafter",
+          value_parser = clap::value_parser!(u16).range(1..=100))]
+    rounds: u16,
     /// Tokens per prompt in the DFlash benchmark.
     #[arg(long, default_value_t = 64)]
     max_new_tokens: usize,

@@ -587,6 +587,65 @@ fn accept_profile_bad_values_are_usage_errors() {
 }
 
 #[test]
+fn rounds_decode_every_prompt_again_and_sum_the_times() {
+    if !have_gpu() {
+        return;
+    }
+    let run = |rounds: &'static str| {
+        bench_json(&[
+            "--synthetic",
+            "test-tiny",
+            "--drafter",
+            "synthetic",
+            "--limit",
+            "2",
+            "--prompt-tokens",
+            "8",
+            "--max-new-tokens",
+            "12",
+            "--block",
+            "4",
+            "--accept-profile",
+            "1,1",
+            "--rounds",
+            rounds,
+        ])
+    };
+    let (one, two) = (run("1"), run("2"));
+    assert_eq!((&two["rounds"], &two["prompts"]), (&2.into(), &2.into()));
+    let rows = two["rows"].as_array().unwrap();
+    let round_of = |r: &serde_json::Value| r["round"].as_u64().unwrap();
+    assert_eq!(rows.iter().map(round_of).collect::<Vec<_>>(), [0, 0, 1, 1]);
+    // Every round decodes the same tokens, plainly and with DFlash (odd rounds DFlash
+    // first), and the totals are the rows' sums.
+    assert_eq!(two["lossless"], true);
+    let sum = |v: &serde_json::Value, key: &str| -> f64 {
+        let rows = v["rows"].as_array().unwrap();
+        rows.iter().map(|r| r[key].as_f64().unwrap()).sum()
+    };
+    assert_eq!(
+        two["plain_tokens"],
+        2 * one["plain_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(two["steps"], 2 * one["steps"].as_u64().unwrap());
+    let plain_s = two["plain_decode_s"].as_f64().unwrap();
+    assert!((sum(&two, "plain_decode_s") - plain_s).abs() < 1e-9 * plain_s.max(1.0));
+    // Zero rounds is refused by the argument parser (its usage error, exit code 2).
+    let out = dflash(&[
+        "bench",
+        "--synthetic",
+        "test-tiny",
+        "--drafter",
+        "synthetic",
+        "--rounds",
+        "0",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--rounds"), "{err}");
+}
+
+#[test]
 fn accept_profile_sets_tau_on_a_synthetic_pair() {
     if !have_gpu() {
         return;

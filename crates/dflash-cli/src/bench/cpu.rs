@@ -171,6 +171,7 @@ fn run_dflash(
     let (plain, runs) = bench_prompts(
         &rows_in,
         &blocks.policies,
+        usize::from(a.rounds),
         |ids| {
             let result = generate_cpu(&cpu, &m.tokenizer, &request(ids), &clock, &mut |_| {})?;
             Ok((result.tokens, result.decode_s))

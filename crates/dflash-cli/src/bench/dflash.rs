@@ -470,6 +470,7 @@ impl PairRuns<'_> {
         bench_prompts(
             rows,
             policies,
+            usize::from(args.rounds),
             |ids| self.plain(plain, ids, max_new),
             |i, policy, ids, plain_tokens| {
                 self.dflash(spec, ids, max_new, plain_tokens, policy, &mut rngs[i])
@@ -496,12 +497,17 @@ impl PairRuns<'_> {
     }
 }
 
-/// Every prompt decoded plain (`plain`: its tokens and decode seconds), then with each
-/// policy (`dflash`: the policy's index, the policy, the prompt and the plain tokens):
-/// the plain totals (tokens after the first, decode seconds) and each policy's run.
+/// Every prompt decoded plain (`plain`: its tokens and decode seconds) and with each
+/// policy (`dflash`: the policy's index, the policy, the prompt and the plain tokens),
+/// `rounds` times over: the plain totals (tokens after the first, decode seconds) and
+/// each policy's runs (a row per prompt and round). Round 0 decodes a prompt plainly
+/// first (its tokens are what every DFlash run must equal, and what simulated
+/// acceptance replays); odd rounds run the policies first, so that a slow spell of the
+/// machine weighs on both sides of the ratio.
 pub(super) fn bench_prompts(
     rows: &[(serde_json::Value, Vec<u32>)],
     policies: &[BlockSize],
+    rounds: usize,
     mut plain: impl FnMut(&[u32]) -> Result<(Vec<u32>, f64), CliError>,
     mut dflash: impl FnMut(usize, &BlockSize, &[u32], &[u32]) -> Result<IdsRun, CliError>,
 ) -> Result<((usize, f64), Vec<BlockRun>), CliError> {
@@ -510,19 +516,37 @@ pub(super) fn bench_prompts(
     // As a host does (serve, the browser): each auto request starts from the costs the
     // one before refined.
     let mut policies = policies.to_vec();
-    for (fields, ids) in rows {
-        let (plain_out, plain_decode_s) = plain(ids)?;
-        plain_tokens += plain_out.len().saturating_sub(1);
-        plain_s += plain_decode_s;
-        for (i, (policy, run)) in policies.iter_mut().zip(&mut runs).enumerate() {
-            let dflash_out = dflash(i, policy, ids, &plain_out)?;
-            if let (BlockSize::Auto { verify_cost }, Some(refined)) =
-                (&mut *policy, &dflash_out.step_costs)
-            {
-                verify_cost.clone_from(refined);
-                run.step_costs = Some(refined.clone());
+    let mut truth: Vec<Vec<u32>> = Vec::with_capacity(rows.len());
+    for round in 0..rounds.max(1) {
+        for (p, (fields, ids)) in rows.iter().enumerate() {
+            let mut timed = None;
+            if round % 2 == 0 {
+                timed = Some(plain(ids)?);
             }
-            run.add(fields, ids.len(), &plain_out, plain_decode_s, dflash_out);
+            if round == 0 {
+                truth.push(timed.as_ref().map(|t| t.0.clone()).unwrap_or_default());
+            }
+            let mut outs = Vec::with_capacity(policies.len());
+            for (i, policy) in policies.iter_mut().enumerate() {
+                let out = dflash(i, policy, ids, &truth[p])?;
+                if let (BlockSize::Auto { verify_cost }, Some(refined)) =
+                    (&mut *policy, &out.step_costs)
+                {
+                    verify_cost.clone_from(refined);
+                    runs[i].step_costs = Some(refined.clone());
+                }
+                outs.push(out);
+            }
+            let (plain_out, plain_decode_s) = match timed {
+                Some(t) => t,
+                None => plain(ids)?,
+            };
+            plain_tokens += plain_out.len().saturating_sub(1);
+            plain_s += plain_decode_s;
+            for (run, out) in runs.iter_mut().zip(outs) {
+                let prompt = (fields, ids.len(), round);
+                run.add(prompt, &plain_out, plain_decode_s, out);
+            }
         }
     }
     Ok(((plain_tokens, plain_s), runs))

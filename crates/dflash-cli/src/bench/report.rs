@@ -85,11 +85,11 @@ pub(super) struct BlockRun {
 
 impl BlockRun {
     /// Adds one prompt's plain tokens (decoded in `plain_s` after the first) and DFlash
-    /// run: the totals, and the prompt's row (the prompt file's fields but the text).
+    /// run in one round: the totals, and the prompt's row (the prompt file's fields but
+    /// the text, its token count and the round).
     pub(super) fn add(
         &mut self,
-        fields: &serde_json::Value,
-        prompt_tokens: usize,
+        (fields, prompt_tokens, round): (&serde_json::Value, usize, usize),
         plain: &[u32],
         plain_s: f64,
         s: IdsRun,
@@ -110,6 +110,7 @@ impl BlockRun {
             o.remove("prompt");
             let extra = serde_json::json!({
                 "prompt_tokens": prompt_tokens,
+                "round": round,
                 "tokens": plain.len(),
                 "plain_tok_s": p_tok_s,
                 "dflash_tok_s": s_tok_s,
@@ -158,7 +159,8 @@ impl BlockRun {
             "draft_vocab": a.draft_vocab,
             "synthetic_draft_vocab": a.synthetic_draft_vocab,
             "max_new_tokens": a.max_new_tokens,
-            "prompts": self.rows.len(),
+            "prompts": self.rows.len() / usize::from(a.rounds),
+            "rounds": a.rounds,
             "plain_tok_s": plain_tok_s,
             "dflash_tok_s": dflash_tok_s,
             "speedup": dflash_tok_s / plain_tok_s.max(1e-9),
