@@ -154,7 +154,7 @@ case "${1:-}" in
     done
     # The qwen3-8b pair drafting among 8192 ids (a draft vocabulary) at the same acceptance.
     step 120 "profile qwen3-8b dflash draft-vocab" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b ${a[*]} --drafter synthetic --synthetic-draft-vocab 8192 --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $OUT/profile-qwen3-8b-dflash-draft-vocab.json"
-    # The same pair with the drafter's matrices in 8 bits (twice its bytes per step of
+    # The same pair with the drafter's matrices in 8 bits (nearly twice its bytes per step of
     # the default 4).
     step 120 "profile qwen3-8b dflash q8 drafter" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b ${a[*]} --drafter synthetic --drafter-precision q8 --synthetic-draft-vocab 8192 --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $OUT/profile-qwen3-8b-dflash-q8-drafter.json"
     # The mixture's verify cost: step_costs[16] / step_costs[1] of the 30B-A3B shape

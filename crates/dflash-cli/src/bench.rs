@@ -82,7 +82,7 @@ pub struct BenchArgs {
     #[arg(long)]
     drafter: Option<PathBuf>,
     /// How a drafter folder's (or a synthetic drafter's) matrices are kept on the device:
-    /// `q4` (4-bit groups, the default) or `q8` (twice the bytes a step reads; its
+    /// `q4` (4-bit groups, the default) or `q8` (nearly twice the bytes a step reads; its
     /// drafts may differ).
     #[arg(long, value_enum, default_value = "q4", requires = "drafter")]
     drafter_precision: crate::generate::DrafterPrecisionArg,
@@ -112,7 +112,7 @@ pub struct BenchArgs {
     /// and round; the ratios are of the summed times): the first round decodes plainly
     /// first, odd rounds run DFlash first, so that a slow spell of a busy machine weighs
     /// on both sides.
-    #[arg(long, default_value_t = 1, requires = "drafter",
+    #[arg(long, default_value_t = 1, requires = "drafter", conflicts_with = "turns",
           value_parser = clap::value_parser!(u16).range(1..=100))]
     rounds: u16,
     /// Tokens per prompt in the DFlash benchmark.

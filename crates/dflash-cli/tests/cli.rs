@@ -271,6 +271,7 @@ fn cpu_bench_reports_speed_and_bandwidth_and_refuses_gpu_flags() {
         &["--synthetic", "test-tiny"][..],
         &["--model", p, "--profile"],
         &["--model", p, "--pipelined", "true"],
+        &["--model", p, "--fuse-norm", "true"],
     ] {
         let mut args = vec!["bench", "--device", "cpu"];
         args.extend_from_slice(flag);

@@ -133,7 +133,7 @@ pub fn upload_matrix_chunked(
 ) -> Result<GpuMatrix> {
     if m.format == QFormat::F32 {
         return Err(GpuError::Unsupported(format!(
-            "{name} is an f32 matrix (a full-precision drafter): the GPU kernels read 4- and 8-bit weights; load the drafter in 8 bits for the GPU"
+            "{name} is an f32 matrix (a full-precision drafter): the GPU kernels read 4- and 8-bit weights; load the drafter in 4 bits (the default) or 8 for the GPU"
         )));
     }
     let words_per_row = m.cols * m.format.bits() / 32;

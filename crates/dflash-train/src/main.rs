@@ -352,6 +352,8 @@ fn run_export(a: ExportArgs) -> Result<(), TrainError> {
 fn run_eval(a: EvalArgs) -> Result<(), TrainError> {
     use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
     let model = dflash_core::model_files::load_path(&a.model)?;
+    // The drafter's evaluation tables are of its 8-bit matrices, nearest the trained
+    // values (the engines keep 4 bits by default, ~1% of tau below).
     let dw = load_drafter_dir(&a.drafter, DrafterPrecision::Q8)?;
     dw.config.validate_against(model.config())?;
     let target = dflash_core::cpu::CpuModel::new(&model.weights);

@@ -216,6 +216,7 @@ pub(super) fn run_dflash(
     fields["draft_head_ids"] = serde_json::json!(spec.drafter.draft_head_ids());
     let precision = clap::ValueEnum::to_possible_value(&a.drafter_precision);
     fields["drafter_precision"] = serde_json::json!(precision.map(|p| p.get_name().to_owned()));
+    fields["fuse_norm"] = serde_json::json!(ctx.tuning.fuse_norm);
     let results = DflashResults {
         blocks,
         runs: block_runs,
