@@ -520,10 +520,7 @@ pub(super) fn bench_prompts(
     let mut truth: Vec<Vec<u32>> = Vec::with_capacity(rows.len());
     for round in 0..rounds.max(1) {
         for (p, (fields, ids)) in rows.iter().enumerate() {
-            let mut timed = None;
-            if round % 2 == 0 {
-                timed = Some(plain(ids)?);
-            }
+            let timed = (round % 2 == 0).then(|| plain(ids)).transpose()?;
             if round == 0 {
                 truth.push(timed.as_ref().map(|t| t.0.clone()).unwrap_or_default());
             }
