@@ -102,9 +102,10 @@ pub struct GenerateArgs {
     /// does) instead of its argmax proposed with certainty.
     #[arg(long, requires = "rejection_sampling")]
     sampled_drafts: bool,
-    /// How the drafter's matrices are kept: `q4` (4-bit groups, the default: half the
-    /// bytes of `q8` per step for ~1% of tau), `q8`, or `f32` (the file's values: the
-    /// drafts of z-lab's reference itself; the CPU engines only, the GPU refuses it).
+    /// How the drafter's matrices are kept: `q4` (4-bit groups, the default: a little
+    /// over half the bytes of `q8` per step for ~1% of tau), `q8`, or `f32` (the file's
+    /// values: the drafts of z-lab's reference itself; the CPU engines only, the GPU
+    /// refuses it).
     #[arg(long, value_enum, default_value = "q4", requires = "drafter")]
     drafter_precision: DrafterPrecisionArg,
 }

@@ -11,8 +11,8 @@ use crate::weights::{check_shape, checked_matrix, checked_vector, TensorSource};
 pub enum DrafterPrecision {
     /// 8-bit groups (float checkpoints are quantized like target weights).
     Q8,
-    /// 4-bit groups, the default (`Default`): half the bytes a step reads for ~1% of
-    /// tau (`results/drafter-q4-vs-q8-lavapipe.jsonl`).
+    /// 4-bit groups, the default (`Default`): a little over half the bytes a step reads
+    /// for ~1% of tau (`results/drafter-q4-vs-q8-lavapipe.jsonl`).
     #[default]
     Q4,
     /// The file's values unquantized (f32, `QFormat::F32`), every matrix: the drafts of
