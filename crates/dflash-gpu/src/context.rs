@@ -203,7 +203,13 @@ pub struct Tuning {
     /// (`dflash bench --fuse-norm`, 64 tokens after 64, 6 alternations): 17.1 tok/s
     /// apart against 15.8 fused by median (prefill 60.5 against 58.8). A barrier-free
     /// prologue (each thread summing the row in the shared order, vec4 loads) measured
-    /// no better, and a barrier-free separate kernel of that kind far worse there.
+    /// no better, and a barrier-free separate kernel of that kind far worse there. At
+    /// c380b0b a norm streamed by each one-lane thread (x^2 summed as it reads x, x
+    /// scaled by the weight only, 1/rms applied to its sums at the end: no prologue, no
+    /// barrier) made each fused GEMV about 15% slower (3072x576: 664 against 589 us;
+    /// lm_head 11.5 against 9.9 ms) and decoded 14.6-16.8 tok/s against 16.3-17.4
+    /// apart (3 alternations): the per-thread x and weight loads cost more there than
+    /// the 61 dispatches they save.
     pub fuse_norm: bool,
     /// Attention in chunks of keys (attention_chunks.wgsl: many workgroups per row, the
     /// query heads of a KV head served together, q/k norms + RoPE + KV store inside)
