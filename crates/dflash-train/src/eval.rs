@@ -46,6 +46,27 @@ pub fn read_prompts(
         .collect())
 }
 
+/// The prompts of the samples in a `data` file as (id, prompt ids), the last `last` of them
+/// (all when None): e.g. the samples `train --holdout` never trained on.
+pub fn sample_prompts(
+    path: &std::path::Path,
+    last: Option<usize>,
+) -> Result<Vec<(String, Vec<u32>)>, TrainError> {
+    let samples = crate::data::read_samples(path)?;
+    let n = last.unwrap_or(samples.len());
+    if n == 0 || n > samples.len() {
+        return Err(TrainError::Usage(format!(
+            "--last {n}: {} holds {} samples",
+            path.display(),
+            samples.len()
+        )));
+    }
+    Ok(samples[samples.len() - n..]
+        .iter()
+        .map(|s| (s.id.clone(), s.prompt_ids.clone()))
+        .collect())
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     m: &LoadedModel,

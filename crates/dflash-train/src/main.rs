@@ -144,8 +144,15 @@ struct EvalArgs {
     #[arg(long)]
     drafter: PathBuf,
     /// JSON lines with `chat` or `prompt` (and optional `id`).
+    #[arg(long, required_unless_present = "samples", conflicts_with = "samples")]
+    prompts: Option<PathBuf>,
+    /// Instead of --prompts: the prompts (token ids as they are) of samples written by
+    /// `data`, e.g. a run's held-out ones (with --last).
     #[arg(long)]
-    prompts: PathBuf,
+    samples: Option<PathBuf>,
+    /// With --samples: only the last N samples (`train --holdout N` holds these out).
+    #[arg(long, requires = "samples")]
+    last: Option<usize>,
     #[arg(long, default_value_t = 16)]
     block: usize,
     #[arg(long, default_value_t = 64)]
@@ -358,7 +365,11 @@ fn run_eval(a: EvalArgs) -> Result<(), TrainError> {
     dw.config.validate_against(model.config())?;
     let target = dflash_core::cpu::CpuModel::new(&model.weights);
     let drafter = CpuDrafter::new(&dw);
-    let mut prompts = dflash_train::eval::read_prompts(&a.prompts, &model)?;
+    let mut prompts = match (&a.prompts, &a.samples) {
+        (Some(p), _) => dflash_train::eval::read_prompts(p, &model)?,
+        (None, Some(s)) => dflash_train::eval::sample_prompts(s, a.last)?,
+        (None, None) => return Err(TrainError::Usage("--prompts or --samples".into())),
+    };
     if let Some(n) = a.limit {
         prompts.truncate(n);
     }

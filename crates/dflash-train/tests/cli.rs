@@ -90,6 +90,47 @@ fn binary_runs_the_whole_pipeline() {
         .iter()
         .all(|r| r["lossless"] == true));
 
+    // The held-out samples' own prompt ids: the data's last two, lossless, by their ids.
+    let eval_samples = |last: &str| {
+        run(&[
+            "eval",
+            "--model",
+            &m,
+            "--drafter",
+            &p("drafter"),
+            "--samples",
+            &p("data.jsonl"),
+            "--last",
+            last,
+            "--max-new-tokens",
+            "8",
+            "--check-plain",
+        ])
+    };
+    let o = eval_samples("2");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rep: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let data = std::fs::read_to_string(p("data.jsonl")).unwrap();
+    let last_ids: Vec<serde_json::Value> = data
+        .lines()
+        .skip(10)
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].clone())
+        .collect();
+    let rows = rep["rows"].as_array().unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r["id"].clone()).collect::<Vec<_>>(),
+        last_ids
+    );
+    assert!(rows.iter().all(|r| r["lossless"] == true));
+    // More samples than the file holds: a usage error.
+    let o = eval_samples("13");
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("usage: --last 13"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
     // Bad input: a prompt line without `chat`/`prompt`, a corrupt data file, a missing run.
     std::fs::write(&prompts, "{\"id\": 1}\n").unwrap();
     let o = run(&[
