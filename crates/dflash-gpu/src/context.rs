@@ -209,7 +209,11 @@ pub struct Tuning {
     /// barrier) made each fused GEMV about 15% slower (3072x576: 664 against 589 us;
     /// lm_head 11.5 against 9.9 ms) and decoded 14.6-16.8 tok/s against 16.3-17.4
     /// apart (3 alternations): the per-thread x and weight loads cost more there than
-    /// the 61 dispatches they save.
+    /// the 61 dispatches they save. At 2159a5b each workgroup normalising x once into
+    /// its workgroup memory (the prologue's barriers and one more; each thread then
+    /// reading normalised x) decoded 13.9-14.4 tok/s against 14.9-15.7 apart (3
+    /// alternations): 3072x576 613 against 517 us, lm_head 13.2 against 10.1 ms, its 96
+    /// workgroups each ~32 us dearer; the norms apart cost 2.4 ms per step in all.
     pub fuse_norm: bool,
     /// Attention in chunks of keys (attention_chunks.wgsl: many workgroups per row, the
     /// query heads of a KV head served together, q/k norms + RoPE + KV store inside)
