@@ -6,7 +6,9 @@
 #                                       strip it, and cut it with the target model, the Python
 #                                       standard library the prompts come from and the two
 #                                       evaluation sets into DIR/p0/, DIR/p1/, ... of at most
-#                                       $PIECE bytes (40 MB), one per transfer; DIR/MANIFEST
+#                                       $PIECE bytes (what one call of the device tool can
+#                                       carry beside the working tree:
+#                                       scripts/device-piece-size.sh), one per call; DIR/MANIFEST
 #                                       holds every file's sha256 (DIR inside the checkout and
 #                                       ignored by git, e.g. .train-pack, so it can be carried)
 #   scripts/train-gpu.sh unpack DIR DEST  join DIR's pieces into DEST and check every file
@@ -35,7 +37,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DEV="${DEV:-/tmp/dflash-train-dev}"
 OUT="${OUT:-train-out}"
-PIECE="${PIECE:-40000000}"
 MODEL=SmolLM2-135M-Instruct.Q4_1.gguf
 
 # The standard library's Python files the prompt mix reads (as dflash-train walks them).
@@ -58,7 +59,7 @@ pack() {
   stdlib_files "$lib" | tar cf - -C "$lib" -T - | tar xf - -C "$tmp/files/stdlib"
   for set in humaneval mtbench; do cp "$(scripts/fetch-evalsets.sh $set)" "$tmp/files/evalsets/"; done
   (cd "$tmp/files" && find . -type f -print0 | sort -z | xargs -0 sha256sum) > "$dir/MANIFEST"
-  tar cf - -C "$tmp/files" . | xz -T0 -3 | split -b "$PIECE" -d -a 2 - "$dir/pack.part"
+  tar cf - -C "$tmp/files" . | xz -T0 -3 | split -b "${PIECE:-$(scripts/device-piece-size.sh)}" -d -a 2 - "$dir/pack.part"
   rm -rf "$tmp"
   local i=0
   for f in "$dir"/pack.part*; do mkdir -p "$dir/p$i"; mv "$f" "$dir/p$i/"; i=$((i + 1)); done
