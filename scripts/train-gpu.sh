@@ -21,13 +21,15 @@
 #                                       and evaluated (HumanEval and MT-Bench, 40 prompts x 96
 #                                       tokens, block 16, T=0, on the CPU engine as here); every
 #                                       stage has a time limit so the whole run fits in 9 minutes,
-#                                       and $OUT gets the logs, the evaluations and the drafter in
+#                                       and $OUT gets the logs and the evaluations (in
+#                                       results.tar.gz, log.txt also apart) and the drafter in
 #                                       pieces of at most 16 MiB with their sha256
 # (with this workplace's device tool: `scripts/train-gpu.sh stash .train-pack/pN` carrying
 # .train-pack/pN, for each piece, then `scripts/train-gpu.sh run` with a 560 s limit; $OUT
 # comes back) and back here:
 #   scripts/train-gpu.sh join OUTDIR DEST   join the drafter's pieces from OUTDIR into DEST,
-#                                       checked by sha256
+#                                       checked by sha256, and unpack OUTDIR/results.tar.gz
+#                                       (logs, evaluations) into DEST/run-logs
 # Knobs: PROMPTS (4000), MAX_NEW (160), BATCH (64), STEPS (3000), SEQS (16), ANCHORS (64),
 # LAYERS (3), SAMPLED (--sampled-head negatives; 0, the default, is the whole vocabulary:
 # on a GPU the whole head is cheap, and the sample costs acc at equal slots),
@@ -116,6 +118,12 @@ run_on_gpu() {
     (cd "$drafter" && sha256sum -- *) >"$OUT/drafter.sha256"
   fi
   ls -la "$OUT" | tee -a "$log"
+  # The device tool brings back at most 8 files: the small ones travel as one.
+  local small=() f
+  for f in log.txt train.log.jsonl train_config.json eval-humaneval.json eval-mtbench.json; do
+    if [ -f "$OUT/$f" ]; then small+=("$f"); fi
+  done
+  (cd "$OUT" && tar czf results.tar.gz -- "${small[@]}" && rm -f -- "${small[@]:1}")
 }
 
 join_drafter() {
@@ -124,6 +132,9 @@ join_drafter() {
   cat "$from"/drafter.part* | tar xf - -C "$dest"
   (cd "$dest" && sha256sum --quiet -c "$(realpath "$from/drafter.sha256")")
   echo "drafter joined into $dest, sha256 checked"
+  if [ -f "$from/results.tar.gz" ]; then
+    mkdir -p "$dest/run-logs" && tar xzf "$from/results.tar.gz" -C "$dest/run-logs"
+  fi
 }
 
 case "${1:-}" in
