@@ -26,7 +26,10 @@
 # runs with timeout_s 600. The pack is 4 pieces (28 MB each but the last; the working tree
 # takes the rest of a call's 64 MiB), so a task's 15 minutes hold the start, three short
 # calls and the `all` call; the machine stays warm 30 s after a call, so make them back to
-# back (a cold start loses what was stashed). The verbs
+# back (a cold start loses what was stashed). scripts/train-gpu.sh (the drafter's GPU run)
+# takes 4 pieces and a call of ~9.5 minutes of its own: 15 minutes hold one of the two,
+# and at most p0 alone of this one (no model: the synthetic profiles and tests) after
+# the trainer. The verbs
 # `all` strings together, each also alone:
 #   scripts/device-check.sh setup     unpack the binaries, join the model once all its
 #                                     parts are here (its sha256 checked against the
