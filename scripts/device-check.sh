@@ -22,14 +22,17 @@
 # (`all`: setup, profile, run, tests, in that order of importance, within BUDGET_S, 470 s
 # unless set: each step's limit is cut to what is left, and a step with under 15 s left
 # is skipped). Back here: `tar xzf <files_at>/results.tar.gz -C device-out`. With the
-# tool: each stash call carries [".device-pack/pN"] (and ".gl" where needed), the last one
-# runs with timeout_s 600. The pack is 4 pieces (28 MB each but the last; the working tree
-# takes the rest of a call's 64 MiB), so a task's 15 minutes hold the start, three short
-# calls and the `all` call; the machine stays warm 30 s after a call, so make them back to
-# back (a cold start loses what was stashed). scripts/train-gpu.sh (the drafter's GPU run)
-# takes 4 pieces and a call of ~9.5 minutes of its own: 15 minutes hold one of the two,
-# and at most p0 alone of this one (no model: the synthetic profiles and tests) after
-# the trainer. The verbs
+# tool: each stash call carries [".device-pack/pN"] (and ".gl" where needed). The pack
+# is 4 pieces (28 MB each but the last; the working tree takes the rest of a call's
+# 64 MiB). Device time counts from the start to the give-back, the gaps between calls
+# too, and the machine stays warm only 30 s after a call (a cold start loses what was
+# stashed): make the calls back to back, give the last one BUDGET_S = status's
+# budget_left_s less ~90 s (at most 540) and timeout_s 600, then give_back at once. A
+# task's 15 minutes hold the start (1-2 min), three stash calls and an `all` of ~8
+# minutes. scripts/train-gpu.sh (the drafter's GPU run) takes 4 pieces and a call of
+# ~9 minutes of its own: 15 minutes hold one of the two, and after the trainer at most
+# p0 alone of this one (no model: the synthetic profiles and tests) with what is left.
+# The verbs
 # `all` strings together, each also alone:
 #   scripts/device-check.sh setup     unpack the binaries, join the model once all its
 #                                     parts are here (its sha256 checked against the
@@ -61,12 +64,12 @@ cd "$(dirname "$0")/.."
 DEV="${DEV:-/tmp/dflash-dev}"
 RES="${RES:-$DEV/results}"
 BACK="${OUT:-device-out}"
-mkdir -p "$DEV" "$RES" "$BACK"; RES=$(realpath "$RES"); BACK=$(realpath "$BACK")
+mkdir -p "$DEV" "$RES" "$BACK"; DEV=$(realpath "$DEV"); RES=$(realpath "$RES"); BACK=$(realpath "$BACK")
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" DFLASH_CACHE="$DEV/cache"
 BIN="$DEV/bin"
 MODEL="$DFLASH_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 # The dflash-gpu test binaries that run there: on synthetic models, then the real model.
-GPU_TESTS="dflash_gpu ops fused engine dflash stream_load synthetic moe"
+GPU_TESTS="dflash_gpu ops fused engine dflash stream_load synthetic moe hybrid zlab"
 REAL_TESTS="real_models"
 # NVIDIA's Vulkan driver where the container mounts it outside the loader's search path.
 nv_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -83,7 +86,7 @@ step() { # limit-seconds name command...
   fi
   [ "$limit" -le "$left" ] || limit=$left
   log "$name: $*"
-  timeout "$limit" "$@" >>"$RES/log.txt" 2>&1
+  timeout -k 10 "$limit" "$@" >>"$RES/log.txt" 2>&1
   local rc=$?
   log "$name: rc=$rc"
   bundle
@@ -95,7 +98,8 @@ if [ ! -e "$built_in/Cargo.toml" ]; then
   mkdir -p "$(dirname "$built_in")" && ln -sfn "$PWD" "$built_in"
 fi
 
-pack() {
+pack() (
+  set -e
   local dir=$1 model tmp exe n piece first i f
   model=$(scripts/fetch-models.sh smollm2)
   piece=${PIECE:-$(scripts/device-piece-size.sh)}
@@ -107,6 +111,9 @@ pack() {
     n=$(basename "$exe"); n=${n%-*}
     case " $GPU_TESTS $REAL_TESTS " in *" $n "*) strip -o "$tmp/bin/t_$n" "$exe" ;; esac
   done
+  for n in $GPU_TESTS $REAL_TESTS; do
+    [ -x "$tmp/bin/t_$n" ] || { echo "pack: no test binary $n" >&2; exit 1; }
+  done
   rm -rf "$dir" && mkdir -p "$dir/p0"
   # xz -9: its 64 MiB window sees what the binaries share (about 10 MB against 25 at -6).
   tar cf - -C "$tmp" bin | xz -T0 -9 > "$dir/p0/bins.tar.xz"
@@ -114,13 +121,15 @@ pack() {
   (cd "$(dirname "$model")" && sha256sum "$(basename "$MODEL")") > "$dir/p0/model.sha256"
   # The model fills the rest of p0, then one piece per call.
   first=$((piece - $(du -cb "$dir"/p0/* | awk 'END {print $1}') - 4096))
+  [ "$first" -gt 0 ] || { echo "pack: pieces of $piece bytes leave no room beside the binaries" >&2; exit 1; }
   head -c "$first" "$model" > "$dir/p0/model.part00"
   tail -c +$((first + 1)) "$model" | split -b "$piece" -d -a 2 --numeric-suffixes=1 - "$dir/model.part"
   for f in "$dir"/model.part*; do
+    [ -e "$f" ] || continue
     i=$((10#${f##*.part})); mkdir -p "$dir/p$i"; mv "$f" "$dir/p$i/"
   done
   ls -la "$dir"/p*
-}
+)
 
 # The model from its parts once all of them are here (its sha256 says so).
 join_model() {
@@ -136,7 +145,7 @@ join_model() {
 
 setup() {
   # The Vulkan loader, carried as Debian packages in .gl/ where the machine has none.
-  if ! ldconfig -p | grep -q libvulkan.so.1 && ls .gl/*.deb >/dev/null 2>&1; then
+  if ! grep -q libvulkan.so.1 <(ldconfig -p) && ls .gl/*.deb >/dev/null 2>&1; then
     for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
   fi
   if [ -f "$DEV/bins.tar.xz" ]; then
@@ -165,7 +174,9 @@ run() {
   step 60 "bench plain" sh -c "\"$BIN/dflash\" bench ${a[*]} --prompt-tokens 512 --decode-tokens 128 --json > $RES/bench-plain.json"
   local d=(--prompts fixtures/prompts/chat20.jsonl --max-new-tokens "${TOKENS:-64}" --block "${BLOCKS:-2,4,8,16,auto}" --top-p 0.95 --seed 7 --json)
   local trained=drafters/smollm2-135m-instruct-dflash-b16
-  "$BIN/dflash" make-random-drafter --model "$model" --out "$DEV/random-drafter" --seed 1 >>"$RES/log.txt" 2>&1
+  case " ${DRAFTERS:-trained random} " in
+    *" random "*) step 60 "random drafter" "$BIN/dflash" make-random-drafter --model "$model" --out "$DEV/random-drafter" --seed 1 ;;
+  esac
   for drafter in ${DRAFTERS:-trained random}; do
     path=$trained; [ "$drafter" = random ] && path="$DEV/random-drafter"
     for t in ${TEMPS:-0 0.8}; do
@@ -231,7 +242,7 @@ case "${1:-}" in
   run) run ;;
   profile) profile ;;
   all)
-    BUDGET_S=${BUDGET_S:-470}; DEADLINE=$((SECONDS + BUDGET_S))
+    BUDGET_S=${BUDGET_S:-470}; [ "$BUDGET_S" -le 540 ] || BUDGET_S=540; DEADLINE=$((SECONDS + BUDGET_S))
     setup && { profile; run; tests; }
     grep -E "rc=|skipped" "$RES/log.txt" | tail -40
     cp "$RES/log.txt" "$BACK/log.txt"; bundle

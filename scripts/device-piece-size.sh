@@ -7,10 +7,15 @@
 # PIECE is not set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | awk 'END {print $1}')
+# One du over every path (a tracked file deleted in the working tree is skipped).
+tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1) || true
+if ! [ "${tree:-}" -gt 0 ] 2>/dev/null; then
+  echo "device-piece-size: could not measure the working tree" >&2
+  exit 1
+fi
 piece=$((64 * 1024 * 1024 - tree - ${MARGIN:-$((4 * 1024 * 1024))}))
 if [ "$piece" -lt $((4 * 1024 * 1024)) ]; then
-  echo "the working tree ($tree bytes) leaves no room for a carried piece" >&2
+  echo "device-piece-size: the working tree ($tree bytes) leaves no room for a carried piece" >&2
   exit 1
 fi
 echo $((piece < 40000000 ? piece : 40000000))

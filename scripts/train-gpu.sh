@@ -20,20 +20,23 @@
 #                                       the drafter trains $STEPS steps on the GPU, is exported
 #                                       and evaluated (HumanEval and MT-Bench, 40 prompts x 96
 #                                       tokens, block 16, T=0, on the CPU engine as here); every
-#                                       stage has a time limit so the whole run fits in 9 minutes,
-#                                       and $OUT gets the logs and the evaluations (in
-#                                       results.tar.gz, log.txt also apart) and the drafter in
-#                                       pieces of at most 16 MiB with their sha256
+#                                       stage has a time limit, cut to what is left of
+#                                       BUDGET_S (540 s), and $OUT gets the drafter in pieces
+#                                       of at most 16 MiB with their sha256 as soon as it is
+#                                       exported, and the logs and evaluations (in
+#                                       results.tar.gz, log.txt also apart) after every stage
 # (with this workplace's device tool: `scripts/train-gpu.sh stash .train-pack/pN` carrying
-# .train-pack/pN, for each piece, then `scripts/train-gpu.sh run` with a 560 s limit; $OUT
-# comes back) and back here:
+# .train-pack/pN, for each piece, back to back, then `scripts/train-gpu.sh stash
+# .train-pack/p3 && scripts/train-gpu.sh run` with timeout_s 600 and BUDGET_S at most the
+# session's budget_left_s less ~90 s; $OUT comes back) and back here:
 #   scripts/train-gpu.sh join OUTDIR DEST   join the drafter's pieces from OUTDIR into DEST,
 #                                       checked by sha256, and unpack OUTDIR/results.tar.gz
 #                                       (logs, evaluations) into DEST/run-logs
 # Knobs: PROMPTS (4000), MAX_NEW (160), BATCH (64), STEPS (3000), SEQS (16), ANCHORS (64),
 # LAYERS (3), SAMPLED (--sampled-head negatives; 0, the default, is the whole vocabulary:
 # on a GPU the whole head is cheap, and the sample costs acc at equal slots),
-# DATA_S / TRAIN_S / EVAL_S (time limits: 150, 300, 100 s), EVAL_LIMIT (40), EVAL_TOKENS (96),
+# DATA_S / TRAIN_S / EVAL_S (time limits: 150, 300, 100 s, each cut to what is left of
+# BUDGET_S, 540 s: a stage with under 15 s left is skipped), EVAL_LIMIT (40), EVAL_TOKENS (96),
 # DEVICE (cuda; cpu runs the same stages here, small, as a dry run of the script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -81,22 +84,35 @@ unpack() {
 
 run_on_gpu() {
   mkdir -p "$OUT"; OUT=$(realpath "$OUT")
-  local w="$DEV/work" t log="$OUT/log.txt"
+  local w="$DEV/work" t res="$DEV/work/results" log="$DEV/work/results/log.txt"
+  local deadline=$((SECONDS + ${BUDGET_S:-540}))
+  mkdir -p "$res"
+  # The device tool brings back at most 8 files: logs and evaluations travel as one
+  # (results.tar.gz, log.txt also apart), rewritten after every stage.
+  bundle() {
+    tar czf "$OUT/results.tmp" -C "$res" . && mv "$OUT/results.tmp" "$OUT/results.tar.gz"
+    cp "$log" "$OUT/log.txt"
+  }
   [ -d "$w/files" ] || unpack "$DEV" "$w/files" | tee -a "$log"
   t="$w/files/dflash-train"; chmod +x "$t"
   # cuBLAS, cuRAND and the CUDA runtime from the machine's PyTorch environment.
   if [ "${DEVICE:-cuda}" = cuda ]; then
     # shellcheck source=scripts/train-gpu-env.sh
-    source scripts/train-gpu-env.sh "$t" 2>>"$log" || { echo "CUDA libraries missing" | tee -a "$log"; return 1; }
+    source scripts/train-gpu-env.sh "$t" 2>>"$log" || { echo "CUDA libraries missing" | tee -a "$log"; bundle; return 1; }
   fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$log" 2>&1 || true
   local model="$w/files/$MODEL" run="$w/run" drafter="$w/drafter" sampled=()
   [ "${SAMPLED:-0}" = 0 ] || sampled=(--sampled-head "${SAMPLED}")
-  stage() { # limit name command...
-    local limit=$1 name=$2; shift 2
+  stage() { # limit name command...: the limit cut to what is left of BUDGET_S
+    local limit=$1 name=$2 left=$((deadline - SECONDS - 5)); shift 2
+    if [ "$left" -lt 15 ]; then
+      echo "== [$SECONDS s] $name: skipped, $left s left of the budget" | tee -a "$log"; return 0
+    fi
+    [ "$limit" -le "$left" ] || limit=$left
     echo "== [$SECONDS s] $name: $*" | tee -a "$log"
-    timeout "$limit" "$@" >>"$log" 2>&1 && echo "== [$SECONDS s] $name: ok" | tee -a "$log" \
+    timeout -k 10 "$limit" "$@" >>"$log" 2>&1 && echo "== [$SECONDS s] $name: ok" | tee -a "$log" \
       || echo "== [$SECONDS s] $name: rc=$?" | tee -a "$log"
+    bundle
   }
   stage "${DATA_S:-150}" data "$t" data --model "$model" --out "$w/data.jsonl" --prompts "${PROMPTS:-4000}" \
     --max-new-tokens "${MAX_NEW:-160}" --batch "${BATCH:-64}" --seed 1 --engine candle --device "${DEVICE:-cuda}" \
@@ -104,37 +120,37 @@ run_on_gpu() {
   stage "${TRAIN_S:-300}" train "$t" train --model "$model" --data "$w/data.jsonl" --out "$run" \
     --device "${DEVICE:-cuda}" --layers "${LAYERS:-3}" --block 16 --steps "${STEPS:-3000}" --seqs-per-step "${SEQS:-16}" \
     --anchors "${ANCHORS:-64}" --holdout 32 --checkpoint-every 50 "${sampled[@]}"
-  # The last checkpoint is exported even when the time limit cut the run short.
+  # The last checkpoint is exported even when the time limit cut the run short, and the
+  # drafter goes out at once (pieces of at most 16 MiB), before the evaluations.
   stage 30 export "$t" export --run "$run" --out "$drafter"
-  cp "$run/train.log.jsonl" "$run/train_config.json" "$OUT/" 2>/dev/null || true
-  for set in humaneval mtbench; do
-    stage "${EVAL_S:-100}" "eval $set" "$t" eval --model "$model" --drafter "$drafter" \
-      --prompts "$w/files/evalsets/$set.jsonl" --block 16 --max-new-tokens "${EVAL_TOKENS:-96}" --limit "${EVAL_LIMIT:-40}" \
-      --json-out "$OUT/eval-$set.json"
-  done
-  # The drafter back in pieces of at most 16 MiB.
+  cp "$run/train.log.jsonl" "$run/train_config.json" "$res/" 2>/dev/null || true
   if [ -f "$drafter/model.safetensors" ]; then
     (cd "$drafter" && tar cf - . | split -b 16000000 -d -a 2 - "$OUT/drafter.part")
     (cd "$drafter" && sha256sum -- *) >"$OUT/drafter.sha256"
   fi
-  ls -la "$OUT" | tee -a "$log"
-  # The device tool brings back at most 8 files: the small ones travel as one.
-  local small=() f
-  for f in log.txt train.log.jsonl train_config.json eval-humaneval.json eval-mtbench.json; do
-    if [ -f "$OUT/$f" ]; then small+=("$f"); fi
+  bundle
+  for set in humaneval mtbench; do
+    stage "${EVAL_S:-100}" "eval $set" "$t" eval --model "$model" --drafter "$drafter" \
+      --prompts "$w/files/evalsets/$set.jsonl" --block 16 --max-new-tokens "${EVAL_TOKENS:-96}" --limit "${EVAL_LIMIT:-40}" \
+      --json-out "$res/eval-$set.json"
   done
-  (cd "$OUT" && tar czf results.tar.gz -- "${small[@]}" && rm -f -- "${small[@]:1}")
+  ls -la "$OUT" | tee -a "$log"
+  bundle
 }
 
 join_drafter() {
   local from=$1 dest=$2
   mkdir -p "$dest"
+  if [ -f "$from/results.tar.gz" ]; then
+    mkdir -p "$dest/run-logs" && tar xzf "$from/results.tar.gz" -C "$dest/run-logs"
+    echo "logs and evaluations in $dest/run-logs"
+  fi
+  if ! ls "$from"/drafter.part* >/dev/null 2>&1; then
+    echo "no drafter came back" >&2; return 1
+  fi
   cat "$from"/drafter.part* | tar xf - -C "$dest"
   (cd "$dest" && sha256sum --quiet -c "$(realpath "$from/drafter.sha256")")
   echo "drafter joined into $dest, sha256 checked"
-  if [ -f "$from/results.tar.gz" ]; then
-    mkdir -p "$dest/run-logs" && tar xzf "$from/results.tar.gz" -C "$dest/run-logs"
-  fi
 }
 
 case "${1:-}" in
