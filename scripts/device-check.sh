@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The real-GPU checks, for a machine with a GPU but no Rust toolchain and no network
 # (the lent device machine of this workplace): prebuilt, stripped binaries (`dflash` and
-# the dflash-gpu test binaries that run there, as `t_<name>`) and the default model travel
-# as one xz stream cut into pieces, each small enough for one call of the device tool
+# the dflash-gpu test binaries that run there, as `t_<name>`: one xz stream) and the
+# default model travel in pieces, each small enough for one call of the device tool
 # (which carries at most 64 MiB with the working tree: `scripts/device-piece-size.sh`),
 # and everything the run writes comes back as one file, results.tar.gz (the tool brings
 # back at most 8 files). Here, first:
