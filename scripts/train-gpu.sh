@@ -32,8 +32,13 @@
 #   scripts/train-gpu.sh join OUTDIR DEST   join the drafter's pieces from OUTDIR into DEST,
 #                                       checked by sha256, and unpack OUTDIR/results.tar.gz
 #                                       (logs, evaluations) into DEST/run-logs
-# Knobs: PROMPTS (4000), MAX_NEW (160), BATCH (64), STEPS (3000), SEQS (16), ANCHORS (64),
-# LAYERS (3), SAMPLED (--sampled-head negatives; 0, the default, is the whole vocabulary:
+# The run starts from the committed drafter (INIT: its folder, in the working tree the
+# device tool carries; `none`: random layers) and trains on the committed data (its six
+# sets, COMMITTED_SETS; `none`: only the GPU's) followed by what the GPU wrote: a GPU
+# slower than hoped still returns a drafter no worse than the committed one.
+# Knobs: PROMPTS (4000), MIX (general), DATA_SEED (2: other prompts than the committed
+# sets' seed 1), MAX_NEW (160), BATCH (64), STEPS (3000), SEQS (16), ANCHORS (64),
+# LR (4e-4), LAYERS (3), SAMPLED (--sampled-head negatives; 0, the default, is the whole vocabulary:
 # on a GPU the whole head is cheap, and the sample costs acc at equal slots),
 # DATA_S / TRAIN_S / EVAL_S (time limits: 150, 300, 100 s, each cut to what is left of
 # BUDGET_S, 540 s: a stage with under 15 s left is skipped), EVAL_LIMIT (40), EVAL_TOKENS (96),
@@ -43,6 +48,7 @@ cd "$(dirname "$0")/.."
 DEV="${DEV:-/tmp/dflash-train-dev}"
 OUT="${OUT:-train-out}"
 MODEL=SmolLM2-135M-Instruct.Q4_1.gguf
+COMMITTED_DIR=drafters/smollm2-135m-instruct-dflash-b16
 
 # The standard library's Python files the prompt mix reads (as dflash-train walks them).
 stdlib_files() {
@@ -115,15 +121,28 @@ run_on_gpu() {
     bundle
   }
   stage "${DATA_S:-150}" data "$t" data --model "$model" --out "$w/data.jsonl" --prompts "${PROMPTS:-4000}" \
-    --max-new-tokens "${MAX_NEW:-160}" --batch "${BATCH:-64}" --seed 1 --engine candle --device "${DEVICE:-cuda}" \
-    --stdlib "$w/files/stdlib"
-  stage "${TRAIN_S:-300}" train "$t" train --model "$model" --data "$w/data.jsonl" --out "$run" \
+    --max-new-tokens "${MAX_NEW:-160}" --batch "${BATCH:-64}" --seed "${DATA_SEED:-2}" --mix "${MIX:-general}" \
+    --engine candle --device "${DEVICE:-cuda}" --stdlib "$w/files/stdlib"
+  # The committed drafter's data (its six sets travel in the working tree) first, then
+  # what the GPU wrote (the last 32 samples held out): a data stage cut short still
+  # trains on ~0.95 M tokens.
+  local init=() sets="${COMMITTED_SETS:-$COMMITTED_DIR}"
+  [ "${INIT:-$COMMITTED_DIR}" = none ] || init=(--init-from "${INIT:-$COMMITTED_DIR}")
+  : >"$w/train-data.jsonl"
+  [ "$sets" = none ] || for f in "$sets"/data*.jsonl.gz; do gunzip -c "$f" >>"$w/train-data.jsonl"; done
+  [ ! -f "$w/data.jsonl" ] || cat "$w/data.jsonl" >>"$w/train-data.jsonl"
+  echo "training data: $(wc -l <"$w/train-data.jsonl") samples; init: ${init[*]:-random}" | tee -a "$log"
+  stage "${TRAIN_S:-300}" train "$t" train --model "$model" --data "$w/train-data.jsonl" --out "$run" \
     --device "${DEVICE:-cuda}" --layers "${LAYERS:-3}" --block 16 --steps "${STEPS:-3000}" --seqs-per-step "${SEQS:-16}" \
-    --anchors "${ANCHORS:-64}" --holdout 32 --checkpoint-every 50 "${sampled[@]}"
+    --anchors "${ANCHORS:-64}" --holdout 32 --checkpoint-every 50 --lr "${LR:-4e-4}" "${init[@]}" "${sampled[@]}"
   # The last checkpoint is exported even when the time limit cut the run short, and the
   # drafter goes out at once (pieces of at most 16 MiB), before the evaluations.
   stage 30 export "$t" export --run "$run" --out "$drafter"
   cp "$run/train.log.jsonl" "$run/train_config.json" "$res/" 2>/dev/null || true
+  # The committed draft vocabulary (the target's most written ids in that data): the
+  # engines draft among them, as they do with the committed drafter.
+  [ ! -f "$drafter/model.safetensors" ] || [ ! -f "$COMMITTED_DIR/draft_vocab.json" ] \
+    || cp "$COMMITTED_DIR/draft_vocab.json" "$drafter/"
   if [ -f "$drafter/model.safetensors" ]; then
     (cd "$drafter" && tar cf - . | split -b 16000000 -d -a 2 - "$OUT/drafter.part")
     (cd "$drafter" && sha256sum -- *) >"$OUT/drafter.sha256"

@@ -9,6 +9,7 @@ use dflash_core::generate::{generate_cpu, GenerateRequest};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{generate_speculative_cpu, Acceptance, BlockSize};
+use rayon::prelude::*;
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -67,6 +68,64 @@ pub fn sample_prompts(
         .collect())
 }
 
+/// One prompt's speculative decoding: its row, acceptance and (taus, steps).
+struct PromptResult {
+    row: EvalRow,
+    acceptance: Acceptance,
+    taus: usize,
+    steps: usize,
+}
+
+fn evaluate_prompt(
+    m: &LoadedModel,
+    (target, drafter): (&CpuModel, &CpuDrafter),
+    (id, ids): &(String, Vec<u32>),
+    (block, max_new_tokens): (usize, usize),
+    check_plain: bool,
+) -> Result<PromptResult, TrainError> {
+    let clock = || 0.0;
+    let req = GenerateRequest {
+        prompt_ids: ids.clone(),
+        max_new_tokens,
+        sampling: SamplingParams::default(),
+        stop_strings: vec![],
+        context: ids.len() + max_new_tokens + block + 1,
+        interrupt: Default::default(),
+    };
+    let r = generate_speculative_cpu(
+        target,
+        drafter,
+        &m.tokenizer,
+        &req,
+        &BlockSize::Fixed(block),
+        &clock,
+        &mut |_| {},
+    )?;
+    let lossless = if check_plain {
+        Some(
+            generate_cpu(target, &m.tokenizer, &req, &clock, &mut |_| {})?.tokens
+                == r.result.tokens,
+        )
+    } else {
+        None
+    };
+    Ok(PromptResult {
+        row: EvalRow {
+            id: id.clone(),
+            tokens: r.result.tokens.len(),
+            steps: r.steps,
+            tau: r.mean_tau(),
+            lossless,
+        },
+        taus: r.taus.iter().sum::<usize>(),
+        steps: r.steps,
+        acceptance: r.acceptance,
+    })
+}
+
+/// Mean tau and per-position acceptance over `prompts`, decoded in parallel (each prompt
+/// on its own: the CPU reference's results do not depend on the threads), summed in the
+/// prompts' order; `on_row` sees each row as its prompt finishes.
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     m: &LoadedModel,
@@ -76,50 +135,30 @@ pub fn evaluate(
     block: usize,
     max_new_tokens: usize,
     check_plain: bool,
-    mut on_row: impl FnMut(&EvalRow),
+    on_row: impl Fn(&EvalRow) + Sync,
 ) -> Result<EvalReport, TrainError> {
+    let results: Vec<PromptResult> = prompts
+        .par_iter()
+        .map(|p| {
+            let r = evaluate_prompt(
+                m,
+                (target, drafter),
+                p,
+                (block, max_new_tokens),
+                check_plain,
+            )?;
+            on_row(&r.row);
+            Ok(r)
+        })
+        .collect::<Result<_, TrainError>>()?;
     let mut acc = Acceptance::default();
     let (mut taus, mut steps) = (0usize, 0usize);
-    let mut rows = Vec::new();
-    let clock = || 0.0;
-    for (id, ids) in prompts {
-        let req = GenerateRequest {
-            prompt_ids: ids.clone(),
-            max_new_tokens,
-            sampling: SamplingParams::default(),
-            stop_strings: vec![],
-            context: ids.len() + max_new_tokens + block + 1,
-            interrupt: Default::default(),
-        };
-        let r = generate_speculative_cpu(
-            target,
-            drafter,
-            &m.tokenizer,
-            &req,
-            &BlockSize::Fixed(block),
-            &clock,
-            &mut |_| {},
-        )?;
-        let lossless = if check_plain {
-            Some(
-                generate_cpu(target, &m.tokenizer, &req, &clock, &mut |_| {})?.tokens
-                    == r.result.tokens,
-            )
-        } else {
-            None
-        };
+    let mut rows = Vec::with_capacity(results.len());
+    for r in results {
         acc.add(&r.acceptance);
-        taus += r.taus.iter().sum::<usize>();
+        taus += r.taus;
         steps += r.steps;
-        let row = EvalRow {
-            id: id.clone(),
-            tokens: r.result.tokens.len(),
-            steps: r.steps,
-            tau: r.mean_tau(),
-            lossless,
-        };
-        on_row(&row);
-        rows.push(row);
+        rows.push(r.row);
     }
     Ok(EvalReport {
         prompts: prompts.len(),

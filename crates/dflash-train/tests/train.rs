@@ -277,6 +277,30 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
         t.mean_tau,
         r.mean_tau
     );
+    // The prompts run in parallel: each row, and the sums in the prompts' order, are those
+    // of each prompt evaluated alone.
+    let (mut taus, mut steps) = (0.0, 0usize);
+    for (p, row) in eval_prompts.iter().zip(&t.rows) {
+        let one = evaluate(
+            &m,
+            &cpu,
+            &CpuDrafter::new(&trained),
+            std::slice::from_ref(p),
+            8,
+            32,
+            false,
+            |_| {},
+        )
+        .unwrap();
+        let alone = &one.rows[0];
+        assert_eq!(
+            (&alone.id, alone.tokens, alone.steps),
+            (&row.id, row.tokens, row.steps)
+        );
+        taus += one.mean_tau * one.rows[0].steps as f64;
+        steps += one.rows[0].steps;
+    }
+    assert!((taus / steps as f64 - t.mean_tau).abs() < 1e-9);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
