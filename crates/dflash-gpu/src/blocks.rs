@@ -548,52 +548,7 @@ fn experts_block<'a>(
         (mb.routes, mb.weights),
         n,
     )?);
-    let slots = n * s.k;
-    match &e.gate_up {
-        GateUp::Stacked(m) => {
-            let f = ops::GemvFusion { pair: true, ..norm };
-            d.extend(ops::gemv_experts(
-                ctx,
-                m,
-                s,
-                mb.routes,
-                (x, b.ff),
-                false,
-                &f,
-                n,
-            )?);
-        }
-        GateUp::Apart { gate, up } => {
-            d.extend(ops::gemv_experts(
-                ctx,
-                gate,
-                s,
-                mb.routes,
-                (x, b.gate),
-                false,
-                &norm,
-                n,
-            )?);
-            d.extend(ops::gemv_experts(
-                ctx,
-                up,
-                s,
-                mb.routes,
-                (x, b.up),
-                false,
-                &norm,
-                n,
-            )?);
-            d.push(ops::swiglu(
-                ctx,
-                b.gate,
-                b.up,
-                b.ff,
-                slots,
-                up.rows / s.n_experts,
-            )?);
-        }
-    }
+    experts_gate_up(ctx, d, e, (&norm, x), (b, mb), n)?;
     let plain = ops::GemvFusion::default();
     d.extend(ops::gemv_experts(
         ctx,
@@ -615,5 +570,68 @@ fn experts_block<'a>(
         tap,
         n,
     )?);
+    Ok(())
+}
+
+/// Gate/up + SwiGLU of each row's chosen experts into `b.ff` (one paired GEMV where the
+/// stacks share buffers, else gate, up and a SwiGLU apart).
+fn experts_gate_up(
+    ctx: &GpuContext,
+    d: &mut Vec<Dispatch>,
+    e: &GpuExperts,
+    (norm, x): (&ops::GemvFusion, &wgpu::Buffer),
+    (b, mb): (&LayerBuffers, &MoeBuffers),
+    n: usize,
+) -> Result<()> {
+    let s = &e.shape;
+    let slots = n * s.k;
+    match &e.gate_up {
+        GateUp::Stacked(m) => {
+            let f = ops::GemvFusion {
+                pair: true,
+                ..*norm
+            };
+            d.extend(ops::gemv_experts(
+                ctx,
+                m,
+                s,
+                mb.routes,
+                (x, b.ff),
+                false,
+                &f,
+                n,
+            )?);
+        }
+        GateUp::Apart { gate, up } => {
+            d.extend(ops::gemv_experts(
+                ctx,
+                gate,
+                s,
+                mb.routes,
+                (x, b.gate),
+                false,
+                norm,
+                n,
+            )?);
+            d.extend(ops::gemv_experts(
+                ctx,
+                up,
+                s,
+                mb.routes,
+                (x, b.up),
+                false,
+                norm,
+                n,
+            )?);
+            d.push(ops::swiglu(
+                ctx,
+                b.gate,
+                b.up,
+                b.ff,
+                slots,
+                up.rows / s.n_experts,
+            )?);
+        }
+    }
     Ok(())
 }

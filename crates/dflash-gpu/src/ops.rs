@@ -150,15 +150,8 @@ pub fn argmax_parts(ctx: &GpuContext, m: &GpuMatrix) -> usize {
     m.chunks.iter().map(|c| c.rows.div_ceil(per)).sum()
 }
 
-/// `y[r, o] (+)= W x[r]` with the fusions of `f`, one dispatch per chunk of W.
-pub fn gemv_fused(
-    ctx: &GpuContext,
-    m: &GpuMatrix,
-    x: &wgpu::Buffer,
-    y: &wgpu::Buffer,
-    n: usize,
-    f: &GemvFusion,
-) -> Result<Vec<Dispatch>> {
+/// The fusions of `f` that one GEMV over `m` can carry together.
+fn check_fusion(m: &GpuMatrix, f: &GemvFusion) -> Result<()> {
     if f.pair && f.argmax.is_some() {
         return Err(crate::error::GpuError::Unsupported(
             "a paired GEMV with the greedy head's partials".into(),
@@ -174,12 +167,17 @@ pub fn gemv_fused(
             "a GEMV with both a tap and the greedy head's partials".into(),
         ));
     }
+    Ok(())
+}
+
+/// The GEMV pipeline's entry and override constants for `n` rows of `m` with `f`.
+fn gemv_kernel(ctx: &GpuContext, m: &GpuMatrix, n: usize, f: &GemvFusion) -> Kernel {
     let entry = match (f.argmax, f.tap) {
         (Some(_), _) => "main_argmax",
         (None, Some(_)) => "main_tap",
         (None, None) => "main",
     };
-    let k = Kernel::new(Shader::Gemv, entry)
+    Kernel::new(Shader::Gemv, entry)
         .with("FORMAT", format_id(m.format))
         .with("GROUP", m.group as f64)
         .with("ACCUMULATE", f.accumulate as u8 as f64)
@@ -189,7 +187,20 @@ pub fn gemv_fused(
         .with("THREADS", gemv_threads(ctx, m) as f64)
         .with("NORM", f.norm.is_some() as u8 as f64)
         .with("BIAS", f.bias.is_some() as u8 as f64)
-        .with("PAIR", f.pair as u8 as f64);
+        .with("PAIR", f.pair as u8 as f64)
+}
+
+/// `y[r, o] (+)= W x[r]` with the fusions of `f`, one dispatch per chunk of W.
+pub fn gemv_fused(
+    ctx: &GpuContext,
+    m: &GpuMatrix,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: usize,
+    f: &GemvFusion,
+) -> Result<Vec<Dispatch>> {
+    check_fusion(m, f)?;
+    let k = gemv_kernel(ctx, m, n, f);
     let per = gemv_rows_per_workgroup(ctx, m, f.pair);
     let out_rows = if f.pair { m.rows / 2 } else { m.rows };
     let n_parts = argmax_parts(ctx, m);

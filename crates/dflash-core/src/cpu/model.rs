@@ -2,7 +2,9 @@
 //! attention over a KV cache, SwiGLU MLP, lm_head; optional hidden-state taps.
 
 use super::delta_net::{CpuDeltaNet, LinearState};
-use super::ops::{argmax, attention_row, matmul_t, rms_norm, rope, route_experts, silu};
+use super::ops::{
+    argmax, attention_row, matmul_t, rms_norm, rms_norm_rows, rope, route_experts, silu,
+};
 use super::quant_matmul::{for_each_band, in_pool, quant_matmul, Kernel, QuantizedRows};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::drafter::DraftVocab;
@@ -643,14 +645,12 @@ impl CpuModel {
     pub fn logits_of(&self, x: &[f32], n: usize) -> Vec<f32> {
         let h = self.config.hidden_size;
         let mut normed = vec![0f32; n * h];
-        for r in 0..n {
-            rms_norm(
-                &x[r * h..(r + 1) * h],
-                &self.norm,
-                self.config.rms_norm_eps,
-                &mut normed[r * h..(r + 1) * h],
-            );
-        }
+        rms_norm_rows(
+            &x[..n * h],
+            &self.norm,
+            self.config.rms_norm_eps,
+            &mut normed,
+        );
         self.lm_head
             .as_ref()
             .unwrap_or(&self.embed)
@@ -685,19 +685,7 @@ impl CpuModel {
                 taps: vec![],
             });
         }
-        if cache.len + n > cache.capacity {
-            return Err(Error::ContextOverflow {
-                prompt_tokens: cache.len + n,
-                max_new_tokens: 0,
-                context: cache.capacity,
-            });
-        }
-        if let Some(&bad) = taps.iter().find(|&&t| t >= c.num_layers) {
-            return Err(Error::BadConfig(format!(
-                "tap layer {bad} >= {} layers",
-                c.num_layers
-            )));
-        }
+        self.check_pass(cache, n, taps)?;
         let h = c.hidden_size;
         let start = cache.len;
         let mut x = self.embed(tokens)?;
@@ -711,57 +699,13 @@ impl CpuModel {
         let mut snapshots = vec![cache.rec.linear.clone(); n];
         cache.rec.history = vec![(start, cache.rec.linear.clone())];
         for (li, l) in self.layers.iter().enumerate() {
-            for r in 0..n {
-                rms_norm(
-                    &x[r * h..(r + 1) * h],
-                    &l.attn_norm,
-                    c.rms_norm_eps,
-                    &mut normed[r * h..(r + 1) * h],
-                );
-            }
-            let o = match &l.mixer {
-                CpuMixer::Attention(a) => self.attention(a, &normed, n, cache, li),
-                CpuMixer::DeltaNet(d) => {
-                    let state = cache.rec.linear[li]
-                        .as_mut()
-                        .expect("a linear layer's state");
-                    let mut r = 0;
-                    d.forward(&normed, n, state, &mut |s| {
-                        snapshots[r][li] = Some(s.clone());
-                        r += 1;
-                    })
-                }
-            };
-            for i in 0..n * h {
-                x[i] += o[i];
-            }
-            for r in 0..n {
-                rms_norm(
-                    &x[r * h..(r + 1) * h],
-                    &l.ffn_norm,
-                    c.rms_norm_eps,
-                    &mut normed[r * h..(r + 1) * h],
-                );
-            }
+            rms_norm_rows(&x, &l.attn_norm, c.rms_norm_eps, &mut normed);
+            let o = self.mixer_output((li, l), &normed, n, cache, &mut snapshots);
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            rms_norm_rows(&x, &l.ffn_norm, c.rms_norm_eps, &mut normed);
             let d = l.ffn.apply(&normed, n);
-            for i in 0..n * h {
-                x[i] += d[i];
-            }
-            // A tap of the last layer is after the final norm, as transformers'
-            // `output_hidden_states` gives it to the reference drafter.
-            let last = li + 1 == c.num_layers;
-            for (ti, _) in taps.iter().enumerate().filter(|(_, &t)| t == li) {
-                for r in 0..n {
-                    let dst = r * taps.len() * h + ti * h;
-                    let row = &x[r * h..(r + 1) * h];
-                    match last {
-                        true => {
-                            rms_norm(row, &self.norm, c.rms_norm_eps, &mut tap_out[dst..dst + h])
-                        }
-                        false => tap_out[dst..dst + h].copy_from_slice(row),
-                    }
-                }
-            }
+            x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
+            self.copy_taps(li, &x, taps, &mut tap_out);
         }
         cache.len += n;
         if cache.rec.linear.iter().any(Option::is_some) {
@@ -780,6 +724,67 @@ impl CpuModel {
             logits,
             taps: tap_out,
         })
+    }
+
+    /// A pass of `n` rows fits the cache and its taps name layers of the model.
+    fn check_pass(&self, cache: &KvCache, n: usize, taps: &[usize]) -> Result<()> {
+        if cache.len + n > cache.capacity {
+            return Err(Error::ContextOverflow {
+                prompt_tokens: cache.len + n,
+                max_new_tokens: 0,
+                context: cache.capacity,
+            });
+        }
+        let layers = self.config.num_layers;
+        match taps.iter().find(|&&t| t >= layers) {
+            Some(bad) => Err(Error::BadConfig(format!(
+                "tap layer {bad} >= {layers} layers"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Layer `li`'s attention or DeltaNet over the normalised rows (their states after
+    /// each row into `snapshots`): its output, before the residual add.
+    fn mixer_output(
+        &self,
+        (li, l): (usize, &Layer),
+        normed: &[f32],
+        n: usize,
+        cache: &mut KvCache,
+        snapshots: &mut [Vec<Option<LinearState>>],
+    ) -> Vec<f32> {
+        match &l.mixer {
+            CpuMixer::Attention(a) => self.attention(a, normed, n, cache, li),
+            CpuMixer::DeltaNet(d) => {
+                let state = cache.rec.linear[li]
+                    .as_mut()
+                    .expect("a linear layer's state");
+                let mut r = 0;
+                d.forward(normed, n, state, &mut |s| {
+                    snapshots[r][li] = Some(s.clone());
+                    r += 1;
+                })
+            }
+        }
+    }
+
+    /// The residual rows `x` after layer `li` into each tap of that layer
+    /// (`tap_out[r, tap, hidden]`). A tap of the last layer is after the final norm, as
+    /// transformers' `output_hidden_states` gives it to the reference drafter.
+    fn copy_taps(&self, li: usize, x: &[f32], taps: &[usize], tap_out: &mut [f32]) {
+        let c = &self.config;
+        let h = c.hidden_size;
+        let last = li + 1 == c.num_layers;
+        for (ti, _) in taps.iter().enumerate().filter(|(_, &t)| t == li) {
+            for (r, row) in x.chunks_exact(h).enumerate() {
+                let dst = &mut tap_out[(r * taps.len() + ti) * h..][..h];
+                match last {
+                    true => rms_norm(row, &self.norm, c.rms_norm_eps, dst),
+                    false => dst.copy_from_slice(row),
+                }
+            }
+        }
     }
 
     /// Attention of `n` normalised rows at positions `cache.len..` over layer `li`'s

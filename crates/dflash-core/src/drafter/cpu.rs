@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::cpu::model::Matrix as Mat;
-use crate::cpu::ops::{dot, rms_norm, rope, silu, softmax};
+use crate::cpu::ops::{dot, rms_norm, rms_norm_rows, rope, silu, softmax};
 use crate::cpu::quant_matmul::in_pool;
 use crate::cpu::CpuKernels;
 use crate::quant::QuantMatrix;
@@ -302,14 +302,7 @@ impl CpuDrafter {
         }
         let f = self.fc.apply(taps, r);
         let mut cn = vec![0f32; r * h];
-        for i in 0..r {
-            rms_norm(
-                &f[i * h..(i + 1) * h],
-                &self.hidden_norm,
-                c.rms_norm_eps,
-                &mut cn[i * h..(i + 1) * h],
-            );
-        }
+        rms_norm_rows(&f, &self.hidden_norm, c.rms_norm_eps, &mut cn);
         probe("context", &cn);
         for (li, l) in self.layers.iter().enumerate() {
             let mut k = l.wk.apply(&cn, r);
@@ -361,128 +354,134 @@ impl CpuDrafter {
         probe: Probe,
     ) -> Vec<f32> {
         let c = &self.config;
-        let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
-        let (qd, kvd) = (c.q_dim(), c.kv_dim());
-        let b = block_embeds.len() / h;
+        let h = c.hidden_size;
         let mut x = block_embeds.to_vec();
         if c.input_embedding_scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= c.input_embedding_scale);
         }
         probe("block_embeds", &x);
-        // DFlash2: one side of a layer's convolution, coefficients from `coef` rows.
-        let conv = |cv: &CpuConv, x: &[f32], coef: &[f32], side: usize| -> Vec<f32> {
-            let d = c
-                .dflash2
-                .as_ref()
-                .expect("convolutions only in DFlash2 drafters");
-            let (taps, groups) = (d.conv_kernel_size, d.num_groups(h));
-            grouped_conv(
-                x,
-                h,
-                taps,
-                d.conv_group_size,
-                &cv.base[side * taps * h..(side + 1) * taps * h],
-                coef,
-                2 * taps * groups,
-                side * taps * groups,
-            )
-        };
-        let mut hn = vec![0f32; b * h];
         for (li, l) in self.layers.iter().enumerate() {
-            for i in 0..b {
-                rms_norm(
-                    &x[i * h..(i + 1) * h],
-                    &l.input_norm,
-                    c.rms_norm_eps,
-                    &mut hn[i * h..(i + 1) * h],
-                );
-            }
-            let coef_att = l.conv.as_ref().map(|cv| cv[0].projection.apply(&hn, b));
-            if let (Some(cv), Some(coef)) = (&l.conv, &coef_att) {
-                probe(&format!("conv.{li}.attention_conv.in"), &hn);
-                probe(&format!("conv.{li}.attention_conv.kernel"), coef);
-                hn = conv(&cv[0], &hn, coef, 0);
-                probe(&format!("conv.{li}.attention_conv.prepared"), &hn);
-            }
-            let mut q = l.wq.apply(&hn, b);
-            let mut k = l.wk.apply(&hn, b);
-            let v = l.wv.apply(&hn, b);
-            for i in 0..b {
-                head_norm_rope(
-                    &mut q[i * qd..(i + 1) * qd],
-                    nh,
-                    hd,
-                    &l.q_norm,
-                    c.rms_norm_eps,
-                    start + i,
-                    &self.inv_freq,
-                );
-                head_norm_rope(
-                    &mut k[i * kvd..(i + 1) * kvd],
-                    nkv,
-                    hd,
-                    &l.k_norm,
-                    c.rms_norm_eps,
-                    start + i,
-                    &self.inv_freq,
-                );
-            }
-            let keys = BlockKeys {
-                k_ctx: &ctx.k[li],
-                v_ctx: &ctx.v[li],
-                n_ctx: ctx.len,
-                k: &k,
-                v: &v,
-                start,
-            };
-            let att = block_attention(c, l.kind, &q, &keys, b);
-            let mut o = l.wo.apply(&att, b);
-            if let (Some(cv), Some(coef)) = (&l.conv, &coef_att) {
-                probe(&format!("conv.{li}.attention_conv.sublayer_out"), &o);
-                o = conv(&cv[0], &o, coef, 1);
-                probe(&format!("conv.{li}.attention_conv.finished"), &o);
-            }
-            for i in 0..b * h {
-                x[i] += o[i];
-            }
-            for i in 0..b {
-                rms_norm(
-                    &x[i * h..(i + 1) * h],
-                    &l.post_norm,
-                    c.rms_norm_eps,
-                    &mut hn[i * h..(i + 1) * h],
-                );
-            }
-            let coef_mlp = l.conv.as_ref().map(|cv| cv[1].projection.apply(&hn, b));
-            if let (Some(cv), Some(coef)) = (&l.conv, &coef_mlp) {
-                probe(&format!("conv.{li}.mlp_conv.in"), &hn);
-                probe(&format!("conv.{li}.mlp_conv.kernel"), coef);
-                hn = conv(&cv[1], &hn, coef, 0);
-                probe(&format!("conv.{li}.mlp_conv.prepared"), &hn);
-            }
-            let g = l.w_gate.apply(&hn, b);
-            let u = l.w_up.apply(&hn, b);
-            let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
-            let mut d = l.w_down.apply(&a, b);
-            if let (Some(cv), Some(coef)) = (&l.conv, &coef_mlp) {
-                probe(&format!("conv.{li}.mlp_conv.sublayer_out"), &d);
-                d = conv(&cv[1], &d, coef, 1);
-                probe(&format!("conv.{li}.mlp_conv.finished"), &d);
-            }
-            for i in 0..b * h {
-                x[i] += d[i];
-            }
+            let o = self.block_attention_sublayer((li, l), ctx, &x, start, probe);
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            let d = self.block_mlp_sublayer((li, l), &x, probe);
+            x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
             probe("layer_outputs", &x);
         }
-        let mut out = vec![0f32; b * h];
+        let mut out = vec![0f32; x.len()];
+        rms_norm_rows(&x, &self.norm, c.rms_norm_eps, &mut out);
+        debug_assert_eq!(out.len() % h, 0);
+        out
+    }
+
+    /// Layer `li`'s attention over the block rows `x` at positions `start..` (and the
+    /// context): its output, before the residual add.
+    fn block_attention_sublayer(
+        &self,
+        (li, l): (usize, &CpuDraftLayer),
+        ctx: &DraftContext,
+        x: &[f32],
+        start: usize,
+        probe: Probe,
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let (h, hd, qd, kvd) = (c.hidden_size, c.head_dim, c.q_dim(), c.kv_dim());
+        let b = x.len() / h;
+        let tag = format!("conv.{li}.attention_conv");
+        let conv = l.conv.as_ref().map(|cv| &cv[0]);
+        let (hn, conv) = self.sublayer_input(x, &l.input_norm, conv, &tag, probe);
+        let mut q = l.wq.apply(&hn, b);
+        let mut k = l.wk.apply(&hn, b);
+        let v = l.wv.apply(&hn, b);
         for i in 0..b {
-            rms_norm(
-                &x[i * h..(i + 1) * h],
-                &self.norm,
-                c.rms_norm_eps,
-                &mut out[i * h..(i + 1) * h],
-            );
+            let (qi, ki) = (&mut q[i * qd..(i + 1) * qd], &mut k[i * kvd..(i + 1) * kvd]);
+            let (eps, pos) = (c.rms_norm_eps, start + i);
+            head_norm_rope(qi, c.num_heads, hd, &l.q_norm, eps, pos, &self.inv_freq);
+            head_norm_rope(ki, c.num_kv_heads, hd, &l.k_norm, eps, pos, &self.inv_freq);
         }
+        let keys = BlockKeys {
+            k_ctx: &ctx.k[li],
+            v_ctx: &ctx.v[li],
+            n_ctx: ctx.len,
+            k: &k,
+            v: &v,
+            start,
+        };
+        let o = l.wo.apply(&block_attention(c, l.kind, &q, &keys, b), b);
+        self.sublayer_output(o, conv, &tag, probe)
+    }
+
+    /// Layer `li`'s MLP over the block rows `x`: its output, before the residual add.
+    fn block_mlp_sublayer(
+        &self,
+        (li, l): (usize, &CpuDraftLayer),
+        x: &[f32],
+        probe: Probe,
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let b = x.len() / c.hidden_size;
+        let tag = format!("conv.{li}.mlp_conv");
+        let conv = l.conv.as_ref().map(|cv| &cv[1]);
+        let (hn, conv) = self.sublayer_input(x, &l.post_norm, conv, &tag, probe);
+        let g = l.w_gate.apply(&hn, b);
+        let u = l.w_up.apply(&hn, b);
+        let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
+        self.sublayer_output(l.w_down.apply(&a, b), conv, &tag, probe)
+    }
+
+    /// DFlash2: one side of a sublayer's convolution over the block rows `x`, the
+    /// coefficients from the kernel rows `coef`.
+    fn conv_side(&self, cv: &CpuConv, x: &[f32], coef: &[f32], side: usize) -> Vec<f32> {
+        let h = self.config.hidden_size;
+        let d = self
+            .config
+            .dflash2
+            .as_ref()
+            .expect("convolutions only in DFlash2 drafters");
+        let (taps, groups) = (d.conv_kernel_size, d.num_groups(h));
+        let base = &cv.base[side * taps * h..(side + 1) * taps * h];
+        let (stride, offset) = (2 * taps * groups, side * taps * groups);
+        grouped_conv(x, h, taps, d.conv_group_size, base, coef, stride, offset)
+    }
+
+    /// A sublayer's input: the block rows `x` normalised by `norm`, then side 0 of its
+    /// DFlash2 convolution where it has one (returned with the coefficients side 1
+    /// takes), reported to `probe` as `{tag}.in`, `.kernel` and `.prepared`.
+    fn sublayer_input<'c>(
+        &self,
+        x: &[f32],
+        norm: &[f32],
+        conv: Option<&'c CpuConv>,
+        tag: &str,
+        probe: Probe,
+    ) -> (Vec<f32>, Option<(&'c CpuConv, Vec<f32>)>) {
+        let mut hn = vec![0f32; x.len()];
+        rms_norm_rows(x, norm, self.config.rms_norm_eps, &mut hn);
+        let Some(cv) = conv else {
+            return (hn, None);
+        };
+        let coef = cv.projection.apply(&hn, x.len() / self.config.hidden_size);
+        probe(&format!("{tag}.in"), &hn);
+        probe(&format!("{tag}.kernel"), &coef);
+        let prepared = self.conv_side(cv, &hn, &coef, 0);
+        probe(&format!("{tag}.prepared"), &prepared);
+        (prepared, Some((cv, coef)))
+    }
+
+    /// A sublayer's output `o` (before the residual add), through side 1 of its
+    /// convolution where it has one, reported as `{tag}.sublayer_out` and `.finished`.
+    fn sublayer_output(
+        &self,
+        o: Vec<f32>,
+        conv: Option<(&CpuConv, Vec<f32>)>,
+        tag: &str,
+        probe: Probe,
+    ) -> Vec<f32> {
+        let Some((cv, coef)) = conv else {
+            return o;
+        };
+        probe(&format!("{tag}.sublayer_out"), &o);
+        let out = self.conv_side(cv, &o, &coef, 1);
+        probe(&format!("{tag}.finished"), &out);
         out
     }
 }

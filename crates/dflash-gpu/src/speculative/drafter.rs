@@ -348,32 +348,7 @@ impl GpuDrafter {
                     l.input_norm.size() + l.post_norm.size() + l.q_norm.size() + l.k_norm.size()
                 })
                 .sum::<u64>();
-        let layers = w
-            .layers
-            .into_iter()
-            .zip(convs)
-            .zip(&c.layer_kinds)
-            .map(|((l, conv), kind)| DraftLayer {
-                input_norm: l.input_norm,
-                post_norm: l.post_norm,
-                qk_norm: [l.q_norm, l.k_norm],
-                context_kv: match concat_rows(ctx, "d.context_kv", &[&l.wk, &l.wv]) {
-                    Some(m) => vec![m],
-                    None => vec![l.wk.clone(), l.wv.clone()],
-                },
-                qkv: stack_qkv(ctx, "d.qkv", vec![l.wq, l.wk, l.wv], [None, None, None]),
-                wo: l.wo,
-                ffn: GpuFfn::Dense {
-                    gate_up: GateUp::new(ctx, "d.gate_up", l.w_gate, l.w_up),
-                    down: l.w_down,
-                },
-                k_ctx: work_buffer(ctx, "d.k_ctx", kv_bytes),
-                v_ctx: work_buffer(ctx, "d.v_ctx", kv_bytes),
-                window: c.window(*kind).unwrap_or(0),
-                causal: c.is_causal(*kind),
-                conv,
-            })
-            .collect::<Vec<DraftLayer>>();
+        let layers = draft_layers(ctx, c, w.layers, convs, kv_bytes);
         // The context's stacked [wk; wv] copies weights the block pass also holds.
         let n_bytes = n_bytes
             + norms
@@ -382,14 +357,7 @@ impl GpuDrafter {
                 .filter(|l| l.context_kv.len() == 1)
                 .map(|l| l.context_kv[0].n_bytes)
                 .sum::<u64>();
-        let inv = c.rope_inv_freq();
-        let mut table = Vec::with_capacity(cap * inv.len() * 2);
-        for pos in 0..cap {
-            for &f in &inv {
-                let (cs, sn) = rope_cos_sin(pos, f);
-                table.extend([cs, sn]);
-            }
-        }
+        let table = rope_table(c, cap);
         let n = MAX_ROWS as u64 * 4;
         let (h, qd, kvd, ff) = (
             c.hidden_size as u64,
@@ -745,6 +713,55 @@ impl GpuDrafter {
         });
         Ok(())
     }
+}
+
+/// The draft layers around their weights: stacked QKV for the block pass, stacked
+/// `[wk; wv]` for the context, the context caches of `kv_bytes` each.
+fn draft_layers(
+    ctx: &GpuContext,
+    c: &dflash_core::drafter::DrafterConfig,
+    weights: Vec<GpuDrafterLayerWeights>,
+    convs: Vec<Option<[GpuConv; 2]>>,
+    kv_bytes: u64,
+) -> Vec<DraftLayer> {
+    weights
+        .into_iter()
+        .zip(convs)
+        .zip(&c.layer_kinds)
+        .map(|((l, conv), kind)| DraftLayer {
+            input_norm: l.input_norm,
+            post_norm: l.post_norm,
+            qk_norm: [l.q_norm, l.k_norm],
+            context_kv: match concat_rows(ctx, "d.context_kv", &[&l.wk, &l.wv]) {
+                Some(m) => vec![m],
+                None => vec![l.wk.clone(), l.wv.clone()],
+            },
+            qkv: stack_qkv(ctx, "d.qkv", vec![l.wq, l.wk, l.wv], [None, None, None]),
+            wo: l.wo,
+            ffn: GpuFfn::Dense {
+                gate_up: GateUp::new(ctx, "d.gate_up", l.w_gate, l.w_up),
+                down: l.w_down,
+            },
+            k_ctx: work_buffer(ctx, "d.k_ctx", kv_bytes),
+            v_ctx: work_buffer(ctx, "d.v_ctx", kv_bytes),
+            window: c.window(*kind).unwrap_or(0),
+            causal: c.is_causal(*kind),
+            conv,
+        })
+        .collect()
+}
+
+/// (cos, sin) of every position below `cap` and every RoPE frequency of the drafter.
+fn rope_table(c: &dflash_core::drafter::DrafterConfig, cap: usize) -> Vec<f32> {
+    let inv = c.rope_inv_freq();
+    let mut table = Vec::with_capacity(cap * inv.len() * 2);
+    for pos in 0..cap {
+        for &f in &inv {
+            let (cs, sn) = rope_cos_sin(pos, f);
+            table.extend([cs, sn]);
+        }
+    }
+    table
 }
 
 impl DraftHead {
