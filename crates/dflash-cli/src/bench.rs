@@ -284,6 +284,25 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
         Some(p) => Some(AcceptProfile::parse(p, usize::MAX).map_err(CliError::Usage)?),
         None => None,
     };
+    let synthetic = synthetic_spec(&a)?;
+    check_synthetic_usage(&a, synthetic.is_some())?;
+    if let (Some(p), Some(s)) = (&profile, &synthetic) {
+        check_profile_len(p, s.drafter.block_size)?;
+    }
+    if let Some(turns) = a.turns {
+        return conversation::run(a, turns);
+    }
+    if let Some(kernels) = a.device.cpu_kernels() {
+        return cpu::run(a, kernels, synthetic.is_some(), profile.is_some());
+    }
+    if a.drafter.is_some() {
+        return run_dflash(a, synthetic, profile);
+    }
+    run_plain(a, synthetic)
+}
+
+/// The `--synthetic` shape asked for, with its layer count and draft vocabulary.
+fn synthetic_spec(a: &BenchArgs) -> Result<Option<SyntheticSpec>, CliError> {
     let synthetic = match &a.synthetic {
         Some(n) => Some(dflash_core::synthetic::spec(n).ok_or_else(|| {
             CliError::Usage(format!(
@@ -316,7 +335,12 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
         }),
         (None, _) => None,
     };
-    if synthetic.is_some() {
+    Ok(synthetic)
+}
+
+/// `--prompts` and `--drafter` as `--synthetic` (or its absence) allows them.
+fn check_synthetic_usage(a: &BenchArgs, synthetic: bool) -> Result<(), CliError> {
+    if synthetic {
         if a.prompts.is_some() {
             return Err(CliError::Usage(
                 "--prompts needs a tokenizer; --synthetic decodes random token ids".into(),
@@ -337,19 +361,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
     } else if a.drafter.is_some() && a.prompts.is_none() {
         return Err(CliError::Usage("--drafter needs --prompts".into()));
     }
-    if let (Some(p), Some(s)) = (&profile, &synthetic) {
-        check_profile_len(p, s.drafter.block_size)?;
-    }
-    if let Some(turns) = a.turns {
-        return conversation::run(a, turns);
-    }
-    if let Some(kernels) = a.device.cpu_kernels() {
-        return cpu::run(a, kernels, synthetic.is_some(), profile.is_some());
-    }
-    if a.drafter.is_some() {
-        return run_dflash(a, synthetic, profile);
-    }
-    run_plain(a, synthetic)
+    Ok(())
 }
 
 /// At most one entry per draft slot of the drafter's block.

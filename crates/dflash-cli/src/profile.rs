@@ -101,12 +101,17 @@ fn families(one: &PlanProfile, block: &PlanProfile) -> Vec<Value> {
 
 /// The profile as tables on stdout.
 pub fn print(v: &Value) -> Result<(), crate::CliError> {
+    print_steps(v)?;
+    print_families(v)?;
+    print_shapes(&v["one_row_step"])?;
+    print_host_and_calibration(v)
+}
+
+/// The one-row and block steps whole.
+fn print_steps(v: &Value) -> Result<(), crate::CliError> {
     let f = |x: &Value| x.as_f64().unwrap_or(0.0);
     let one = &v["one_row_step"];
     let block = &v["block_step"];
-    let n = format!("n({})", v["block_rows"]);
-    let us = format!("us({})", v["block_rows"]);
-    let share = format!("%({})", v["block_rows"]);
     outln!(
         "profile ({} timing): one-row step {:.1} us in one pass, {:.1} us over its {} dispatches (aim <= {})",
         v["timing"].as_str().unwrap_or(""),
@@ -124,6 +129,15 @@ pub fn print(v: &Value) -> Result<(), crate::CliError> {
         f(&v["step_cost_block_over_1"]),
         f(&v["step_cost_dispatch_sums"]),
     )?;
+    Ok(())
+}
+
+/// Each op family's count, time and share of both steps.
+fn print_families(v: &Value) -> Result<(), crate::CliError> {
+    let f = |x: &Value| x.as_f64().unwrap_or(0.0);
+    let n = format!("n({})", v["block_rows"]);
+    let us = format!("us({})", v["block_rows"]);
+    let share = format!("%({})", v["block_rows"]);
     outln!(
         "{:<22} {:>6} {:>10} {:>7} {:>6} {:>10} {:>7}",
         "family",
@@ -146,6 +160,12 @@ pub fn print(v: &Value) -> Result<(), crate::CliError> {
             100.0 * f(&r["share_block"]),
         )?;
     }
+    Ok(())
+}
+
+/// The one-row step by matrix shape.
+fn print_shapes(one: &Value) -> Result<(), crate::CliError> {
+    let f = |x: &Value| x.as_f64().unwrap_or(0.0);
     outln!("one-row step by shape:")?;
     for r in one["by_shape"].as_array().into_iter().flatten() {
         outln!(
@@ -159,6 +179,12 @@ pub fn print(v: &Value) -> Result<(), crate::CliError> {
             f(&r["gbps"]),
         )?;
     }
+    Ok(())
+}
+
+/// The host's times per step and the calibration kernels.
+fn print_host_and_calibration(v: &Value) -> Result<(), crate::CliError> {
+    let f = |x: &Value| x.as_f64().unwrap_or(0.0);
     let h = &v["host_ms"];
     outln!(
         "host per step: encode {:.3} ms, submit {:.3} ms, map {:.3} ms",

@@ -209,6 +209,67 @@ pub fn load_hf_full_precision(files: &HfFiles) -> Result<LoadedModel> {
     load_hf_with(files, true)
 }
 
+/// The tokenizer of a Hugging Face folder (`tokenizer.json`), its BOS and stop ids from
+/// the tokenizer's, generation and model configs (`bos`, `eos`: the tokenizer config's
+/// token texts).
+fn hf_tokenizer(
+    files: &HfFiles,
+    (tok_json, tok_cfg, cfg_json): (&[u8], &serde_json::Value, &serde_json::Value),
+    (bos, eos): (Option<&str>, Option<&str>),
+) -> Result<crate::tokenizer::TextTokenizer> {
+    let gen_cfg = json_file(files, "generation_config.json")?.unwrap_or_default();
+    let mut tokenizer = crate::tokenizer::TextTokenizer::from_hf(tok_json, None, vec![], false)?;
+    let bos_id = bos
+        .and_then(|b| tokenizer.token_to_id(b))
+        .or_else(|| ids_field(gen_cfg.get("bos_token_id")).first().copied());
+    let mut stop_ids = ids_field(gen_cfg.get("eos_token_id"));
+    if stop_ids.is_empty() {
+        stop_ids = ids_field(cfg_json.get("eos_token_id"));
+    }
+    if let Some(e) = eos.and_then(|e| tokenizer.token_to_id(e)) {
+        if !stop_ids.contains(&e) {
+            stop_ids.push(e);
+        }
+    }
+    tokenizer.bos_id = bos_id;
+    tokenizer.stop_ids = stop_ids;
+    tokenizer.add_bos = tok_cfg
+        .get("add_bos_token")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    Ok(tokenizer)
+}
+
+/// The chat template's source: `chat_template.jinja`, else the tokenizer config's (its
+/// `default` entry where it lists several).
+fn hf_chat_template(files: &HfFiles, tok_cfg: &serde_json::Value) -> Option<String> {
+    match files.get("chat_template.jinja") {
+        Some(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        None => match tok_cfg.get("chat_template") {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(serde_json::Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .and_then(|t| t.get("template").and_then(|s| s.as_str()).map(String::from)),
+            _ => None,
+        },
+    }
+}
+
+/// The safetensors files the folder's index names (or its one file), as (name, bytes).
+fn hf_weight_bytes<'m, 'a>(files: &'m HfFiles<'a>) -> Result<Vec<(&'m str, &'a [u8])>> {
+    let names = hf_weight_files(files.get("model.safetensors.index.json").copied())?;
+    names
+        .iter()
+        .map(|n| {
+            files
+                .get_key_value(n.as_str())
+                .map(|(k, b)| (k.as_str(), *b))
+                .ok_or_else(|| Error::NotAModel(format!("weight file {n} not found")))
+        })
+        .collect()
+}
+
 fn load_hf_with(files: &HfFiles, full_precision: bool) -> Result<LoadedModel> {
     let config_bytes = files
         .get("config.json")
@@ -221,42 +282,16 @@ fn load_hf_with(files: &HfFiles, full_precision: bool) -> Result<LoadedModel> {
         .get("tokenizer.json")
         .ok_or_else(|| Error::MissingTokenizer("tokenizer.json not found".into()))?;
     let tok_cfg = json_file(files, "tokenizer_config.json")?.unwrap_or_default();
-    let gen_cfg = json_file(files, "generation_config.json")?.unwrap_or_default();
     let cfg_json: serde_json::Value = serde_json::from_str(config_text).unwrap_or_default();
     let bos = token_field(tok_cfg.get("bos_token"));
     let eos = token_field(tok_cfg.get("eos_token"));
-    let mut tokenizer = crate::tokenizer::TextTokenizer::from_hf(tok_json, None, vec![], false)?;
-    let bos_id = bos
-        .as_deref()
-        .and_then(|b| tokenizer.token_to_id(b))
-        .or_else(|| ids_field(gen_cfg.get("bos_token_id")).first().copied());
-    let mut stop_ids = ids_field(gen_cfg.get("eos_token_id"));
-    if stop_ids.is_empty() {
-        stop_ids = ids_field(cfg_json.get("eos_token_id"));
-    }
-    if let Some(e) = eos.as_deref().and_then(|e| tokenizer.token_to_id(e)) {
-        if !stop_ids.contains(&e) {
-            stop_ids.push(e);
-        }
-    }
-    tokenizer.bos_id = bos_id;
-    tokenizer.stop_ids = stop_ids;
-    tokenizer.add_bos = tok_cfg
-        .get("add_bos_token")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
+    let tokenizer = hf_tokenizer(
+        files,
+        (tok_json, &tok_cfg, &cfg_json),
+        (bos.as_deref(), eos.as_deref()),
+    )?;
     check_vocab(&config, &tokenizer)?;
-    let template_src = match files.get("chat_template.jinja") {
-        Some(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        None => match tok_cfg.get("chat_template") {
-            Some(serde_json::Value::String(s)) => Some(s.clone()),
-            Some(serde_json::Value::Array(list)) => list
-                .iter()
-                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-                .and_then(|t| t.get("template").and_then(|s| s.as_str()).map(String::from)),
-            _ => None,
-        },
-    };
+    let template_src = hf_chat_template(files, &tok_cfg);
     let chat_template = match template_src {
         Some(t) => Some(ChatTemplate::new(
             &t,
@@ -265,14 +300,7 @@ fn load_hf_with(files: &HfFiles, full_precision: bool) -> Result<LoadedModel> {
         )?),
         None => None,
     };
-    let names = hf_weight_files(files.get("model.safetensors.index.json").copied())?;
-    let mut st = Vec::new();
-    for n in &names {
-        let b = files
-            .get(n.as_str())
-            .ok_or_else(|| Error::NotAModel(format!("weight file {n} not found")))?;
-        st.push((n.as_str(), *b));
-    }
+    let st = hf_weight_bytes(files)?;
     let mut src = SafeTensorsSource::new(st, int4)?;
     if full_precision {
         src = src.full_precision();

@@ -322,6 +322,59 @@ fn cpu_seconds() -> f64 {
     (p(11) + p(12)) / tick
 }
 
+/// `--init-from-target` copies layers: the drafter must have the target's widths and
+/// at most its layers.
+fn check_target_widths(
+    t: &dflash_core::config::ModelConfig,
+    c: &DrafterConfig,
+) -> Result<(), TrainError> {
+    let widths = |h, nh, nkv, hd, ff| (h, nh, nkv, hd, ff);
+    let target = widths(
+        t.hidden_size,
+        t.num_heads,
+        t.num_kv_heads,
+        t.head_dim,
+        t.intermediate_size,
+    );
+    let drafter = widths(
+        c.hidden_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.intermediate_size,
+    );
+    if target != drafter || c.num_layers > t.num_layers {
+        return Err(TrainError::Usage(
+            "--init-from-target needs the drafter to have the target's widths".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A Q or K projection's rows in the neox order the drafter rotates in: interleaved
+/// (ggml) pairs (2i, 2i+1) go to (i, i + hd/2), per head.
+fn neox_rows(
+    t: &dflash_core::config::ModelConfig,
+    m: &dflash_core::quant::QuantMatrix,
+    heads: usize,
+) -> Vec<f32> {
+    let x = m.dequantize();
+    if t.rope.style != RopeStyle::Interleaved || t.rope.dim != t.head_dim {
+        return x;
+    }
+    let (hd, cols) = (t.head_dim, m.cols);
+    let mut out = vec![0f32; x.len()];
+    for h in 0..heads {
+        for i in 0..hd / 2 {
+            for (dst, src) in [(i, 2 * i), (hd / 2 + i, 2 * i + 1)] {
+                let (d, s) = ((h * hd + dst) * cols, (h * hd + src) * cols);
+                out[d..d + cols].copy_from_slice(&x[s..s + cols]);
+            }
+        }
+    }
+    out
+}
+
 /// Starts the drafter's layers as copies of the target's top layers (Q/K rows put in
 /// the neox order the drafter rotates in), `fc` as the identity on the last tap and
 /// `norm` as the target's final norm, instead of random matrices.
@@ -331,48 +384,14 @@ pub fn init_from_target(
     c: &DrafterConfig,
 ) -> Result<(), TrainError> {
     let t = &w.config;
-    if (
-        t.hidden_size,
-        t.num_heads,
-        t.num_kv_heads,
-        t.head_dim,
-        t.intermediate_size,
-    ) != (
-        c.hidden_size,
-        c.num_heads,
-        c.num_kv_heads,
-        c.head_dim,
-        c.intermediate_size,
-    ) || c.num_layers > t.num_layers
-    {
-        return Err(TrainError::Usage(
-            "--init-from-target needs the drafter to have the target's widths".into(),
-        ));
-    }
+    check_target_widths(t, c)?;
     let dev = p.vars["norm.weight"].device().clone();
     let set = |name: &str, v: Vec<f32>| -> Result<(), TrainError> {
         let var = &p.vars[name];
         var.set(&Tensor::from_vec(v, var.shape(), &dev)?)?;
         Ok(())
     };
-    // Interleaved (ggml) pairs (2i, 2i+1) -> neox pairs (i, i + hd/2), per head.
-    let neox = |m: &dflash_core::quant::QuantMatrix, heads: usize| -> Vec<f32> {
-        let x = m.dequantize();
-        if t.rope.style != RopeStyle::Interleaved || t.rope.dim != t.head_dim {
-            return x;
-        }
-        let (hd, cols) = (t.head_dim, m.cols);
-        let mut out = vec![0f32; x.len()];
-        for h in 0..heads {
-            for i in 0..hd / 2 {
-                for (dst, src) in [(i, 2 * i), (hd / 2 + i, 2 * i + 1)] {
-                    let (d, s) = ((h * hd + dst) * cols, (h * hd + src) * cols);
-                    out[d..d + cols].copy_from_slice(&x[s..s + cols]);
-                }
-            }
-        }
-        out
-    };
+    let neox = |m: &dflash_core::quant::QuantMatrix, heads: usize| neox_rows(t, m, heads);
     let first = t.num_layers - c.num_layers;
     for i in 0..c.num_layers {
         let l = &w.layers[first + i];
