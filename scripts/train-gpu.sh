@@ -34,11 +34,14 @@
 #                                       (logs, evaluations) into DEST/run-logs
 # The run starts from the committed drafter (INIT: its folder, in the working tree the
 # device tool carries; `none`: random layers) and trains on the committed data (its six
-# sets, COMMITTED_SETS; `none`: only the GPU's) followed by what the GPU wrote: a GPU
-# slower than hoped still returns a drafter no worse than the committed one.
+# sets, COMMITTED_SETS; `none`: only the GPU's) followed by what the GPU wrote, the
+# GPU's last 32 samples held out: a GPU slower than hoped still trains on the whole
+# committed data from where the CPU runs left off, not from nothing. STEPS sets the
+# learning rate's cosine: a run the time limit cuts stops above its floor, so compare
+# the result's evaluation with the committed one's before committing it.
 # Knobs: PROMPTS (4000), MIX (general), DATA_SEED (2: other prompts than the committed
 # sets' seed 1), MAX_NEW (160), BATCH (64), STEPS (3000), SEQS (16), ANCHORS (64),
-# LR (4e-4), LAYERS (3), SAMPLED (--sampled-head negatives; 0, the default, is the whole vocabulary:
+# LR (3e-4), LAYERS (3), SAMPLED (--sampled-head negatives; 0, the default, is the whole vocabulary:
 # on a GPU the whole head is cheap, and the sample costs acc at equal slots),
 # DATA_S / TRAIN_S / EVAL_S (time limits: 150, 300, 100 s, each cut to what is left of
 # BUDGET_S, 540 s: a stage with under 15 s left is skipped), EVAL_LIMIT (40), EVAL_TOKENS (96),
@@ -88,6 +91,26 @@ unpack() {
   echo "unpacked $(wc -l <"$manifest") files into $dest, sha256 checked"
 }
 
+# Writes $1/train-data.jsonl: the committed sets of folder $2 (`none`: none) in the
+# order train-smollm2.sh trains on them, then $1/data.jsonl (the GPU's). Prints how many
+# samples to hold out: the GPU's last 32 where it wrote that many, else none (the
+# committed ones are what the initial drafter trained on).
+training_data() {
+  local w=$1 sets=$2 set n=0
+  : >"$w/train-data.jsonl"
+  if [ "$sets" != none ]; then
+    for set in data data-general data-self data-self-code data-self-stub data-self-chat; do
+      if [ ! -f "$sets/$set.jsonl.gz" ]; then
+        echo "$sets/$set.jsonl.gz missing (COMMITTED_SETS=none trains on the GPU's data only)" | tee -a "$w/results/log.txt" >&2
+        return 1
+      fi
+      gunzip -c "$sets/$set.jsonl.gz" >>"$w/train-data.jsonl"
+    done
+  fi
+  [ ! -f "$w/data.jsonl" ] || { cat "$w/data.jsonl" >>"$w/train-data.jsonl"; n=$(wc -l <"$w/data.jsonl"); }
+  if [ "$n" -ge 32 ]; then echo 32; else echo 0; fi
+}
+
 run_on_gpu() {
   mkdir -p "$OUT"; OUT=$(realpath "$OUT")
   local w="$DEV/work" t res="$DEV/work/results" log="$DEV/work/results/log.txt"
@@ -123,18 +146,15 @@ run_on_gpu() {
   stage "${DATA_S:-150}" data "$t" data --model "$model" --out "$w/data.jsonl" --prompts "${PROMPTS:-4000}" \
     --max-new-tokens "${MAX_NEW:-160}" --batch "${BATCH:-64}" --seed "${DATA_SEED:-2}" --mix "${MIX:-general}" \
     --engine candle --device "${DEVICE:-cuda}" --stdlib "$w/files/stdlib"
-  # The committed drafter's data (its six sets travel in the working tree) first, then
-  # what the GPU wrote (the last 32 samples held out): a data stage cut short still
-  # trains on ~0.95 M tokens.
-  local init=() sets="${COMMITTED_SETS:-$COMMITTED_DIR}"
+  # The committed drafter's data (its six sets travel in the working tree), then what the
+  # GPU wrote: a data stage cut short still trains on ~0.95 M tokens.
+  local init=() holdout
   [ "${INIT:-$COMMITTED_DIR}" = none ] || init=(--init-from "${INIT:-$COMMITTED_DIR}")
-  : >"$w/train-data.jsonl"
-  [ "$sets" = none ] || for f in "$sets"/data*.jsonl.gz; do gunzip -c "$f" >>"$w/train-data.jsonl"; done
-  [ ! -f "$w/data.jsonl" ] || cat "$w/data.jsonl" >>"$w/train-data.jsonl"
-  echo "training data: $(wc -l <"$w/train-data.jsonl") samples; init: ${init[*]:-random}" | tee -a "$log"
+  holdout=$(training_data "$w" "${COMMITTED_SETS:-$COMMITTED_DIR}") || { bundle; return 1; }
+  echo "training data: $(wc -l <"$w/train-data.jsonl") samples, the last $holdout held out; init: ${init[*]:-random}" | tee -a "$log"
   stage "${TRAIN_S:-300}" train "$t" train --model "$model" --data "$w/train-data.jsonl" --out "$run" \
     --device "${DEVICE:-cuda}" --layers "${LAYERS:-3}" --block 16 --steps "${STEPS:-3000}" --seqs-per-step "${SEQS:-16}" \
-    --anchors "${ANCHORS:-64}" --holdout 32 --checkpoint-every 50 --lr "${LR:-4e-4}" "${init[@]}" "${sampled[@]}"
+    --anchors "${ANCHORS:-64}" --holdout "$holdout" --checkpoint-every 50 --lr "${LR:-3e-4}" "${init[@]}" "${sampled[@]}"
   # The last checkpoint is exported even when the time limit cut the run short, and the
   # drafter goes out at once (pieces of at most 16 MiB), before the evaluations.
   stage 30 export "$t" export --run "$run" --out "$drafter"

@@ -125,7 +125,9 @@ fn evaluate_prompt(
 
 /// Mean tau and per-position acceptance over `prompts`, decoded in parallel (each prompt
 /// on its own: the CPU reference's results do not depend on the threads), summed in the
-/// prompts' order; `on_row` sees each row as its prompt finishes.
+/// prompts' order; `on_row` sees each row as its prompt finishes (in the order they
+/// finish). Where prompts fail, the error is the first to happen, not necessarily the
+/// first prompt's.
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     m: &LoadedModel,

@@ -294,8 +294,8 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
         .unwrap();
         let alone = &one.rows[0];
         assert_eq!(
-            (&alone.id, alone.tokens, alone.steps),
-            (&row.id, row.tokens, row.steps)
+            (&alone.id, alone.tokens, alone.steps, alone.tau),
+            (&row.id, row.tokens, row.steps, row.tau)
         );
         taus += one.mean_tau * one.rows[0].steps as f64;
         steps += one.rows[0].steps;

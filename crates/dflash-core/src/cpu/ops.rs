@@ -110,6 +110,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// RMSNorm of each row of `x` (rows of `w.len()` values) into the same row of `out`.
 pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let h = w.len();
+    debug_assert!(x.len().is_multiple_of(h) && out.len() == x.len());
     for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
         rms_norm(xr, w, eps, or);
     }

@@ -355,6 +355,10 @@ impl CpuDrafter {
     ) -> Vec<f32> {
         let c = &self.config;
         let h = c.hidden_size;
+        assert!(
+            block_embeds.len().is_multiple_of(h),
+            "block rows of {h} values"
+        );
         let mut x = block_embeds.to_vec();
         if c.input_embedding_scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= c.input_embedding_scale);
@@ -369,7 +373,6 @@ impl CpuDrafter {
         }
         let mut out = vec![0f32; x.len()];
         rms_norm_rows(&x, &self.norm, c.rms_norm_eps, &mut out);
-        debug_assert_eq!(out.len() % h, 0);
         out
     }
 
