@@ -17,7 +17,8 @@
 #   scripts/train-gpu.sh stash DIR/pN   move a piece (and the manifest) to $DEV
 #   scripts/train-gpu.sh run            unpack from $DEV, then in one go: the target answers
 #                                       $PROMPTS prompts on the GPU (self-distillation, batched),
-#                                       the drafter trains $STEPS steps on the GPU, is exported
+#                                       the drafter trains on the GPU (as many steps as fit
+#                                       its stage, timed by an 8-step probe), is exported
 #                                       and evaluated (HumanEval and MT-Bench, 40 prompts x 96
 #                                       tokens, block 16, T=0, on the CPU engine as here); every
 #                                       stage has a time limit, cut to what is left of
@@ -36,14 +37,16 @@
 # device tool carries; `none`: random layers) and trains on the committed data (its six
 # sets, COMMITTED_SETS; `none`: only the GPU's) followed by what the GPU wrote, the
 # GPU's last 32 samples held out: a GPU slower than hoped still trains on the whole
-# committed data from where the CPU runs left off, not from nothing. STEPS sets the
-# learning rate's cosine: a run the time limit cuts stops above its floor, so compare
-# the result's evaluation with the committed one's before committing it.
+# committed data from where the CPU runs left off, not from nothing. The step count
+# (which the learning rate's cosine spans) is what a probe says fits the train stage,
+# so the decay ends inside the limit; a STEPS given instead may be cut above the floor.
+# Compare the result's evaluation with the committed drafter's before committing it.
 # Knobs: PROMPTS (4000), MIX (general), DATA_SEED (2: other prompts than the committed
-# sets' seed 1), MAX_NEW (160), BATCH (64), STEPS (3000), SEQS (16), ANCHORS (64),
+# sets' seed 1), MAX_NEW (160), BATCH (64), STEPS (unset: fitted; 3000 if the probe
+# fails), MAX_STEPS (20000, the fitted count's cap), SEQS (16), ANCHORS (64),
 # LR (3e-4), LAYERS (3), SAMPLED (--sampled-head negatives; 0, the default, is the whole vocabulary:
 # on a GPU the whole head is cheap, and the sample costs acc at equal slots),
-# DATA_S / TRAIN_S / EVAL_S (time limits: 150, 300, 100 s, each cut to what is left of
+# DATA_S / TRAIN_S / EVAL_S (time limits: 120, 270, 60 s, each cut to what is left of
 # BUDGET_S, 540 s: a stage with under 15 s left is skipped), EVAL_LIMIT (40), EVAL_TOKENS (96),
 # DEVICE (cuda; cpu runs the same stages here, small, as a dry run of the script).
 set -euo pipefail
@@ -111,6 +114,27 @@ training_data() {
   if [ "$n" -ge 32 ]; then echo 32; else echo 0; fi
 }
 
+# Training steps that fit the train stage: a probe of 8 steps in its own folder times a
+# step (the median after its first two) and the start-up (its wall time less its steps);
+# the stage's limit is TRAIN_S or what is left of the budget after the probe, less 10%;
+# at most MAX_STEPS (20000). Reads t, w, log and deadline of run_on_gpu.
+fitted_steps() {
+  local probe="$w/probe" t0=$SECONDS limit
+  rm -rf "$probe"
+  timeout -k 10 120 "$t" train "$@" --out "$probe" --steps 1000 --stop-at 8 --checkpoint-every 1000 \
+    >>"$log" 2>&1 || return 1
+  limit=$((deadline - SECONDS - 5))
+  [ "$limit" -le "${TRAIN_S:-270}" ] || limit=${TRAIN_S:-270}
+  python3 - "$probe/train.log.jsonl" $((SECONDS - t0)) "$limit" "${MAX_STEPS:-20000}" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+wall, limit, cap = float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+step = statistics.median(r["step_s"] for r in (rows[2:] or rows))
+startup = max(0.0, wall - sum(r["step_s"] for r in rows))
+print(max(1, min(cap, int((0.9 * limit - startup) / step))))
+PY
+}
+
 run_on_gpu() {
   mkdir -p "$OUT"; OUT=$(realpath "$OUT")
   local w="$DEV/work" t res="$DEV/work/results" log="$DEV/work/results/log.txt"
@@ -143,7 +167,7 @@ run_on_gpu() {
       || echo "== [$SECONDS s] $name: rc=$?" | tee -a "$log"
     bundle
   }
-  stage "${DATA_S:-150}" data "$t" data --model "$model" --out "$w/data.jsonl" --prompts "${PROMPTS:-4000}" \
+  stage "${DATA_S:-120}" data "$t" data --model "$model" --out "$w/data.jsonl" --prompts "${PROMPTS:-4000}" \
     --max-new-tokens "${MAX_NEW:-160}" --batch "${BATCH:-64}" --seed "${DATA_SEED:-2}" --mix "${MIX:-general}" \
     --engine candle --device "${DEVICE:-cuda}" --stdlib "$w/files/stdlib"
   # The committed drafter's data (its six sets travel in the working tree), then what the
@@ -152,9 +176,17 @@ run_on_gpu() {
   [ "${INIT:-$COMMITTED_DIR}" = none ] || init=(--init-from "${INIT:-$COMMITTED_DIR}")
   holdout=$(training_data "$w" "${COMMITTED_SETS:-$COMMITTED_DIR}") || { bundle; return 1; }
   echo "training data: $(wc -l <"$w/train-data.jsonl") samples, the last $holdout held out; init: ${init[*]:-random}" | tee -a "$log"
-  stage "${TRAIN_S:-300}" train "$t" train --model "$model" --data "$w/train-data.jsonl" --out "$run" \
-    --device "${DEVICE:-cuda}" --layers "${LAYERS:-3}" --block 16 --steps "${STEPS:-3000}" --seqs-per-step "${SEQS:-16}" \
-    --anchors "${ANCHORS:-64}" --holdout "$holdout" --checkpoint-every 50 --lr "${LR:-3e-4}" "${init[@]}" "${sampled[@]}"
+  local train=(--model "$model" --data "$w/train-data.jsonl" --device "${DEVICE:-cuda}" --layers "${LAYERS:-3}"
+    --block 16 --seqs-per-step "${SEQS:-16}" --anchors "${ANCHORS:-64}" --holdout "$holdout" --lr "${LR:-3e-4}"
+    "${init[@]}" "${sampled[@]}")
+  # Unless STEPS is given, as many steps as fit the train stage's limit, timed by a probe
+  # (so the learning rate's cosine ends inside the limit on a GPU of any speed).
+  local steps=${STEPS:-}
+  if [ -z "$steps" ]; then
+    steps=$(fitted_steps "${train[@]}") || steps=3000
+    echo "== [$SECONDS s] steps: $steps" | tee -a "$log"
+  fi
+  stage "${TRAIN_S:-270}" train "$t" train "${train[@]}" --out "$run" --steps "$steps" --checkpoint-every 50
   # The last checkpoint is exported even when the time limit cut the run short, and the
   # drafter goes out at once (pieces of at most 16 MiB), before the evaluations.
   stage 30 export "$t" export --run "$run" --out "$drafter"
@@ -169,7 +201,7 @@ run_on_gpu() {
   fi
   bundle
   for set in humaneval mtbench; do
-    stage "${EVAL_S:-100}" "eval $set" "$t" eval --model "$model" --drafter "$drafter" \
+    stage "${EVAL_S:-60}" "eval $set" "$t" eval --model "$model" --drafter "$drafter" \
       --prompts "$w/files/evalsets/$set.jsonl" --block 16 --max-new-tokens "${EVAL_TOKENS:-96}" --limit "${EVAL_LIMIT:-40}" \
       --json-out "$res/eval-$set.json"
   done
