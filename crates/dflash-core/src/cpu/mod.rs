@@ -3,6 +3,7 @@
 pub mod delta_net;
 pub mod model;
 pub mod ops;
+pub mod packed;
 pub mod quant_matmul;
 
 pub use model::{CpuKernels, CpuModel, DraftHead, ForwardOutput, KvCache, LogitRows};

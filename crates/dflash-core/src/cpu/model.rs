@@ -5,6 +5,7 @@ use super::delta_net::{CpuDeltaNet, LinearState};
 use super::ops::{
     argmax, attention_row, matmul_t, rms_norm, rms_norm_rows, rope, route_experts, silu,
 };
+use super::packed::{packed_kernel, PackedMatrix};
 use super::quant_matmul::{for_each_band, in_pool, quant_matmul, Kernel, QuantizedRows};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::drafter::DraftVocab;
@@ -54,6 +55,9 @@ pub(crate) enum Matrix {
         m: QuantMatrix,
         kernel: Kernel,
     },
+    /// Eight rows interleaved for the AVX-VNNI kernel (`super::packed`): the same
+    /// values, bit for bit, as `Quant`'s.
+    Packed(PackedMatrix),
 }
 
 impl Matrix {
@@ -63,11 +67,19 @@ impl Matrix {
             // An f32 matrix (a full-precision drafter) runs dense on either engine.
             _ if m.format == QFormat::F32 => Self::new(&m, kernels),
             CpuKernels::Reference => Self::new(&m, kernels),
-            CpuKernels::Quantized => Matrix::Quant {
+            CpuKernels::Quantized => Self::packed(&m).unwrap_or(Matrix::Quant {
                 m,
                 kernel: Kernel::detect(),
-            },
+            }),
         }
+    }
+
+    /// `m` interleaved for the packed kernel, where this CPU has it and the format fits.
+    fn packed(m: &QuantMatrix) -> Option<Self> {
+        packed_kernel(Kernel::detect())
+            .then(|| PackedMatrix::from_quant(m))
+            .flatten()
+            .map(Matrix::Packed)
     }
 
     pub(crate) fn new(m: &QuantMatrix, kernels: CpuKernels) -> Self {
@@ -82,10 +94,10 @@ impl Matrix {
                 rows: m.rows,
                 cols: m.cols,
             },
-            CpuKernels::Quantized => Matrix::Quant {
+            CpuKernels::Quantized => Self::packed(m).unwrap_or_else(|| Matrix::Quant {
                 m: m.clone(),
                 kernel: Kernel::detect(),
-            },
+            }),
         }
     }
 
@@ -93,6 +105,7 @@ impl Matrix {
         match self {
             Matrix::Dense { rows, .. } => *rows,
             Matrix::Quant { m, .. } => m.rows,
+            Matrix::Packed(p) => p.rows(),
         }
     }
 
@@ -101,6 +114,7 @@ impl Matrix {
         match self {
             Matrix::Dense { w, .. } => 4 * w.len(),
             Matrix::Quant { m, .. } => m.n_bytes(),
+            Matrix::Packed(p) => p.n_bytes(),
         }
     }
 
@@ -111,6 +125,10 @@ impl Matrix {
             Matrix::Quant { m, kernel } => {
                 let xq = QuantizedRows::new(x, n, m.cols, m.format, m.group);
                 quant_matmul(m, &xq, *kernel)
+            }
+            Matrix::Packed(p) => {
+                let xq = QuantizedRows::new(x, n, p.cols(), p.format(), 32);
+                p.matmul(&xq)
             }
         }
     }
@@ -131,6 +149,9 @@ impl Matrix {
                 m: m.gather_rows(ids),
                 kernel: *kernel,
             },
+            Matrix::Packed(p) => {
+                Self::packed(&p.quant_rows(ids)).expect("rows of a packed matrix repack")
+            }
         }
     }
 
@@ -142,6 +163,11 @@ impl Matrix {
                 let at = out.len();
                 out.resize(at + m.cols, 0.0);
                 m.dequantize_row(r, &mut out[at..]);
+            }
+            Matrix::Packed(p) => {
+                let at = out.len();
+                out.resize(at + p.cols(), 0.0);
+                p.dequantize_row(r, &mut out[at..]);
             }
         }
     }

@@ -18,6 +18,10 @@
 //! The activation bytes of a group are stored in the order the weight bytes are read:
 //! for Q4 (byte `b` of a group holds elements `2b` and `2b + 1` in its low and high
 //! nibble) the even elements then the odd ones; for Q8 the natural order.
+//!
+//! These kernels read the matrices as loaded, one output element at a time; where the
+//! CPU has AVX-VNNI the engine repacks matrices in groups of 32 for the faster
+//! `super::packed` kernel, which follows the same definition.
 
 use crate::quant::{QFormat, QuantMatrix};
 use half::f16;
@@ -43,6 +47,8 @@ pub struct QuantizedRows {
     scales: Vec<f32>,
     /// `[n, cols / group]`: `scale * sum(q)`.
     sums: Vec<f32>,
+    /// `[n, cols / group]`: `sum(q)` (the packed Q8 kernel's bias correction).
+    isums: Vec<i32>,
 }
 
 impl QuantizedRows {
@@ -62,6 +68,7 @@ impl QuantizedRows {
             qs: vec![0; n * cols],
             scales: Vec::with_capacity(groups),
             sums: Vec::with_capacity(groups),
+            isums: Vec::with_capacity(groups),
         };
         for (src, dst) in x.chunks_exact(group).zip(out.qs.chunks_exact_mut(group)) {
             let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
@@ -83,6 +90,7 @@ impl QuantizedRows {
             let total: i32 = dst.iter().map(|&q| q as i32).sum();
             out.scales.push(scale);
             out.sums.push(scale * total as f32);
+            out.isums.push(total);
         }
         out
     }
@@ -106,22 +114,38 @@ impl QuantizedRows {
         &self.sums
     }
 
-    fn row(&self, t: usize) -> ActRow<'_> {
+    pub fn format(&self) -> QFormat {
+        self.format
+    }
+
+    pub fn group(&self) -> usize {
+        self.group
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub(crate) fn row(&self, t: usize) -> ActRow<'_> {
         let gpr = self.cols / self.group;
         ActRow {
             qs: &self.qs[t * self.cols..(t + 1) * self.cols],
             scales: &self.scales[t * gpr..(t + 1) * gpr],
             sums: &self.sums[t * gpr..(t + 1) * gpr],
+            isums: &self.isums[t * gpr..(t + 1) * gpr],
         }
     }
 }
 
 /// One row of quantized activations.
 #[derive(Clone, Copy)]
-struct ActRow<'a> {
-    qs: &'a [i8],
-    scales: &'a [f32],
-    sums: &'a [f32],
+pub(crate) struct ActRow<'a> {
+    pub(crate) qs: &'a [i8],
+    pub(crate) scales: &'a [f32],
+    pub(crate) sums: &'a [f32],
+    /// Read by the packed kernel (x86_64) only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) isums: &'a [i32],
 }
 
 /// One row of a quantized weight matrix.
@@ -635,10 +659,10 @@ mod simd128 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn matrix(format: QFormat, rows: usize, cols: usize, seed: u32) -> QuantMatrix {
+    pub(crate) fn matrix(format: QFormat, rows: usize, cols: usize, seed: u32) -> QuantMatrix {
         let mut s = seed;
         let x: Vec<f32> = (0..rows * cols)
             .map(|_| {
@@ -653,7 +677,7 @@ mod tests {
         }
     }
 
-    fn activations(n: usize, cols: usize) -> Vec<f32> {
+    pub(crate) fn activations(n: usize, cols: usize) -> Vec<f32> {
         (0..n * cols)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
             .collect()
@@ -687,14 +711,17 @@ mod tests {
             (QFormat::Q8, matrix(QFormat::Q8, 5, 576, 7)),
             (QFormat::Q8, matrix_g16(5, 576)),
         ] {
-            let x = QuantizedRows::new(&activations(6, 576), 6, 576, format, w.group);
-            let fast = quant_matmul(&w, &x, kernel);
-            let scalar = quant_matmul(&w, &x, Kernel::Scalar);
-            assert_eq!(
-                fast.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                scalar.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{format:?} {kernel:?}"
-            );
+            // 1 to 9 rows: every count of rows taken at once, alone and after others.
+            for n in 1..=9 {
+                let x = QuantizedRows::new(&activations(n, 576), n, 576, format, w.group);
+                let fast = quant_matmul(&w, &x, kernel);
+                let scalar = quant_matmul(&w, &x, Kernel::Scalar);
+                assert_eq!(
+                    fast.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    scalar.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{format:?} {kernel:?} {n} rows"
+                );
+            }
         }
     }
 
