@@ -70,7 +70,29 @@ impl QuantizedRows {
             sums: Vec::with_capacity(groups),
             isums: Vec::with_capacity(groups),
         };
-        for (src, dst) in x.chunks_exact(group).zip(out.qs.chunks_exact_mut(group)) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            unsafe { out.quantize_avx2(x) };
+            return out;
+        }
+        out.quantize(x);
+        out
+    }
+
+    /// `quantize` compiled for AVX2 (the same operations: Rust neither fuses nor
+    /// reorders them, and `round` keeps its half-away-from-zero meaning).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn quantize_avx2(&mut self, x: &[f32]) {
+        self.quantize(x)
+    }
+
+    /// Fills the values, scales and sums from `x` (the doc's definition).
+    #[inline(always)]
+    fn quantize(&mut self, x: &[f32]) {
+        let (group, format) = (self.group, self.format);
+        for (src, dst) in x.chunks_exact(group).zip(self.qs.chunks_exact_mut(group)) {
             let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
             let (scale, inv) = if amax > 0.0 {
                 (amax / 127.0, 127.0 / amax)
@@ -88,11 +110,10 @@ impl QuantizedRows {
                 dst[at] = quant(v);
             }
             let total: i32 = dst.iter().map(|&q| q as i32).sum();
-            out.scales.push(scale);
-            out.sums.push(scale * total as f32);
-            out.isums.push(total);
+            self.scales.push(scale);
+            self.sums.push(scale * total as f32);
+            self.isums.push(total);
         }
-        out
     }
 
     pub fn rows(&self) -> usize {
@@ -721,6 +742,36 @@ pub(crate) mod tests {
                     scalar.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                     "{format:?} {kernel:?} {n} rows"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn activations_quantize_to_the_plain_codes_bits() {
+        // An all-zero group, a spread, and a group whose amax is 127 (so the scaled
+        // values are exact) holding halves, which round away from zero.
+        let mut x = activations(3, 64);
+        x[..32].fill(0.0);
+        x[64..69].copy_from_slice(&[127.0, 2.5, -3.5, 0.5, -0.5]);
+        for format in [QFormat::Q4, QFormat::Q8] {
+            for group in [16, 32] {
+                let fast = QuantizedRows::new(&x, 3, 64, format, group);
+                let mut plain = QuantizedRows {
+                    qs: vec![0; 3 * 64],
+                    scales: vec![],
+                    sums: vec![],
+                    isums: vec![],
+                    ..fast.clone()
+                };
+                plain.quantize(&x);
+                assert_eq!(fast.qs, plain.qs);
+                if format == QFormat::Q8 {
+                    assert_eq!(fast.qs[64..69], [127, 3, -4, 1, -1]);
+                }
+                assert_eq!(fast.isums, plain.isums);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast.scales), bits(&plain.scales));
+                assert_eq!(bits(&fast.sums), bits(&plain.sums));
             }
         }
     }
