@@ -8,6 +8,7 @@ use super::{
     prompt_rows, report_dflash, BenchArgs, DflashResults, IdsRun,
 };
 use crate::{load, CliError};
+use dflash_core::cpu::packed::packed_kernel;
 use dflash_core::cpu::quant_matmul::{self, Kernel};
 use dflash_core::cpu::{CpuKernels, CpuModel, LogitRows};
 use dflash_core::drafter::CpuDrafter;
@@ -57,6 +58,8 @@ fn engine_json(kernels: CpuKernels) -> serde_json::Value {
             CpuKernels::Quantized => Kernel::detect().name(),
             CpuKernels::Reference => "f32",
         },
+        // Matrices in groups of 32 interleaved by 8 rows for the AVX-VNNI kernel.
+        "packed_rows": kernels == CpuKernels::Quantized && packed_kernel(Kernel::detect()),
         "threads": quant_matmul::threads(),
     })
 }
