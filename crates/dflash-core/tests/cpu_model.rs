@@ -31,13 +31,15 @@ fn logits_are_bit_identical_in_one_token_steps_chunks_and_one_pass() {
         let w = model(arch);
         let cpu = CpuModel::with_kernels(&w, kernels);
         let v = w.config.vocab_size;
-        let toks = tokens(40, v);
-        let mut c1 = cpu.new_cache(64);
+        // 270 tokens: one-token steps past 256 cached keys split their heads across the
+        // threads (cpu::model's PARALLEL_HEADS_FROM).
+        let toks = tokens(270, v);
+        let mut c1 = cpu.new_cache(288);
         let all = cpu
             .forward(&toks, &mut c1, LogitRows::All, &[])
             .unwrap()
             .logits;
-        let mut c2 = cpu.new_cache(64);
+        let mut c2 = cpu.new_cache(288);
         let mut steps = Vec::new();
         for t in &toks {
             steps.extend(
@@ -46,7 +48,7 @@ fn logits_are_bit_identical_in_one_token_steps_chunks_and_one_pass() {
                     .logits,
             );
         }
-        let mut c3 = cpu.new_cache(64);
+        let mut c3 = cpu.new_cache(288);
         let mut chunks = Vec::new();
         for ch in toks.chunks(16) {
             chunks.extend(
@@ -67,7 +69,7 @@ fn logits_are_bit_identical_in_one_token_steps_chunks_and_one_pass() {
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{arch:?} {kernels:?}: one pass vs 16-row chunks"
         );
-        assert_eq!(all.len(), 40 * v);
+        assert_eq!(all.len(), 270 * v);
     }
 }
 

@@ -3,15 +3,20 @@
 
 use super::delta_net::{CpuDeltaNet, LinearState};
 use super::ops::{
-    argmax, attention_row, matmul_t, rms_norm, rms_norm_rows, rope, route_experts, silu,
+    argmax, attention_heads, attention_row, matmul_t, rms_norm, rms_norm_rows, rope, route_experts,
+    silu,
 };
 use super::packed::{packed_kernel, PackedMatrix};
-use super::quant_matmul::{for_each_band, in_pool, quant_matmul, Kernel, QuantizedRows};
+use super::quant_matmul::{for_each_band, in_pool, quant_matmul, threads, Kernel, QuantizedRows};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::drafter::DraftVocab;
 use crate::error::{Error, Result};
 use crate::quant::{QFormat, QuantMatrix};
 use crate::weights::{FeedForward, Mixer, ModelWeights, MoeWeights};
+
+/// Cached keys from which a one-row pass splits its attention heads across the threads
+/// (below, the split costs more than the heads' work).
+const PARALLEL_HEADS_FROM: usize = 256;
 
 /// Which matrix products the CPU engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -869,6 +874,15 @@ impl CpuModel {
         };
         if n > 1 {
             for_each_band(&mut att, qd, row);
+        } else if start >= PARALLEL_HEADS_FROM {
+            // One row over a long context: its heads split across the threads.
+            let per_band = nh.div_ceil(threads()).max(1);
+            let shape = (nh, nkv, hd);
+            for_each_band(&mut att, per_band * hd, |i, band| {
+                let first = i * per_band;
+                let heads = first..first + band.len() / hd;
+                attention_heads((&q, kc, vc, start), shape, heads, band)
+            });
         } else {
             row(0, &mut att);
         }

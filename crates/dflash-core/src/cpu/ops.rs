@@ -223,13 +223,25 @@ pub fn attention_row(
     head_dim: usize,
     out: &mut [f32],
 ) {
-    let args = (q, kc, vc, pos);
+    let shape = (n_heads, n_kv_heads, head_dim);
+    attention_heads((q, kc, vc, pos), shape, 0..n_heads, out)
+}
+
+/// `attention_row`'s query heads `heads` only, into `out` (`heads.len() * head_dim`
+/// values): each head's result is the one `attention_row` gives it, so the heads of a
+/// row can be split across threads.
+pub fn attention_heads(
+    args: (&[f32], &[f32], &[f32], usize),
+    shape: (usize, usize, usize),
+    heads: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2.
-        return unsafe { attention_row_avx2(args, (n_heads, n_kv_heads, head_dim), out) };
+        return unsafe { attention_row_avx2(args, shape, heads, out) };
     }
-    attention_row_body(args, (n_heads, n_kv_heads, head_dim), out)
+    attention_row_body(args, shape, heads, out)
 }
 
 /// `attention_row_body` with the two inner loops written for AVX2 where the head size is
@@ -241,11 +253,13 @@ pub fn attention_row(
 unsafe fn attention_row_avx2(
     (q, kc, vc, pos): (&[f32], &[f32], &[f32], usize),
     (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+    heads: std::ops::Range<usize>,
     out: &mut [f32],
 ) {
     use std::arch::x86_64::*;
     if !head_dim.is_multiple_of(8) {
-        return attention_row_body((q, kc, vc, pos), (n_heads, n_kv_heads, head_dim), out);
+        let shape = (n_heads, n_kv_heads, head_dim);
+        return attention_row_body((q, kc, vc, pos), shape, heads, out);
     }
     let kv_dim = n_kv_heads * head_dim;
     let group = n_heads / n_kv_heads;
@@ -258,7 +272,7 @@ unsafe fn attention_row_avx2(
         let sum = _mm_cvtss_f32(pair) + _mm_cvtss_f32(_mm_movehdup_ps(pair));
         (sum + 0.0) * scale
     };
-    for h in 0..n_heads {
+    for h in heads.clone() {
         let kh = h / group;
         let qh = q[h * head_dim..(h + 1) * head_dim].as_ptr();
         // Four keys at a time: four independent sums, each in dot's order.
@@ -289,7 +303,7 @@ unsafe fn attention_row_avx2(
         }
         softmax(&mut scores);
         let v = vc[kh * head_dim..].as_ptr();
-        let dst = out[h * head_dim..(h + 1) * head_dim].as_mut_ptr();
+        let dst = out[(h - heads.start) * head_dim..][..head_dim].as_mut_ptr();
         // Each output element's sum runs key by key whichever pieces the head is cut in.
         if head_dim == 128 {
             weighted_values::<16>(&scores, v, kv_dim, dst);
@@ -331,6 +345,7 @@ unsafe fn weighted_values<const C: usize>(p: &[f32], v: *const f32, stride: usiz
 fn attention_row_body(
     (q, kc, vc, pos): (&[f32], &[f32], &[f32], usize),
     (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+    heads: std::ops::Range<usize>,
     out: &mut [f32],
 ) {
     let kv_dim = n_kv_heads * head_dim;
@@ -338,7 +353,7 @@ fn attention_row_body(
     let scale = 1.0 / (head_dim as f32).sqrt();
     let mut scores = vec![0f32; pos + 1];
     out.fill(0.0);
-    for h in 0..n_heads {
+    for h in heads.clone() {
         let kh = h / group;
         let qh = &q[h * head_dim..(h + 1) * head_dim];
         for (j, s) in scores.iter_mut().enumerate() {
@@ -348,7 +363,7 @@ fn attention_row_body(
             ) * scale;
         }
         softmax(&mut scores);
-        let o = &mut out[h * head_dim..(h + 1) * head_dim];
+        let o = &mut out[(h - heads.start) * head_dim..][..head_dim];
         for (j, &p) in scores.iter().enumerate() {
             let vj = &vc[j * kv_dim + kh * head_dim..j * kv_dim + (kh + 1) * head_dim];
             for i in 0..head_dim {
@@ -386,7 +401,14 @@ mod tests {
                 let mut fast = vec![f32::NAN; heads * hd];
                 let mut plain = vec![f32::NAN; heads * hd];
                 attention_row(&q, &kc, &vc, pos, heads, kv_heads, hd, &mut fast);
-                attention_row_body((&q, &kc, &vc, pos), (heads, kv_heads, hd), &mut plain);
+                let shape = (heads, kv_heads, hd);
+                attention_row_body((&q, &kc, &vc, pos), shape, 0..heads, &mut plain);
+                // Each head alone is the same head of the whole row.
+                for h in 0..heads {
+                    let mut one = vec![f32::NAN; hd];
+                    attention_heads((&q, &kc, &vc, pos), shape, h..h + 1, &mut one);
+                    assert_eq!(one, fast[h * hd..(h + 1) * hd]);
+                }
                 assert_eq!(
                     fast.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                     plain.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
