@@ -159,3 +159,11 @@ test('OpenAI default fields pass; values that would change the answer name the f
     assert.match(e.message, new RegExp(k), k);
   }
 });
+
+test("the CPU engine's packed SIMD128 kernel is the scalar definition, bit for bit", (t) => {
+  // A test-hooks build (scripts/test.sh builds one) compares them inside the wasm.
+  if (typeof wasm.__testPackedKernel !== 'function') return t.skip('pkg/dist built without DFLASH_TEST_HOOKS=1');
+  const [bad, all] = wasm.__testPackedKernel();
+  assert.ok(all > 0, 'values compared');
+  assert.equal(bad, 0, `${bad} of ${all} values differ`);
+});

@@ -104,6 +104,16 @@ pub async fn test_trap(message: String) -> Result<(), JsValue> {
     panic!("{message}");
 }
 
+/// TEST ONLY: this build's packed CPU kernel (wasm SIMD128) against the scalar
+/// definition on random matrices (`testutil::packed_kernel_mismatches`): `[values whose
+/// bits differ, values compared]`.
+#[cfg(feature = "test-hooks")]
+#[wasm_bindgen(js_name = __testPackedKernel)]
+pub fn test_packed_kernel() -> Vec<u32> {
+    let (bad, all) = dflash_core::testutil::packed_kernel_mismatches();
+    vec![bad as u32, all as u32]
+}
+
 /// The request parsed and checked as `Engine::chat` does before it runs.
 fn parse_request(request: JsValue) -> Result<ChatRequest, JsValue> {
     let v: serde_json::Value = serde_wasm_bindgen::from_value(request)
