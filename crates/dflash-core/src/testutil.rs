@@ -862,8 +862,8 @@ pub mod zlab {
 }
 
 /// Output values of this host's packed CPU kernel (`cpu::packed`: AVX-VNNI natively,
-/// SIMD128 in wasm) whose bits differ from the scalar definition's, and how many were
-/// compared: random Q4 and Q8 matrices of 13 rows (a partial last block) and 300 (several
+/// SIMD128 in wasm) whose bits differ from the scalar definition's (and packed words,
+/// scales and mins that do not come back unchanged), and how many were compared: random Q4 and Q8 matrices of 13 rows (a partial last block) and 300 (several
 /// bands) x 576 columns (18 groups: two runs of the 8 accumulators and a tail of 2),
 /// against 1, 2, 3, 5 and 16 activation rows. (0, 0) where the host has no packed kernel.
 pub fn packed_kernel_mismatches() -> (usize, usize) {
@@ -883,6 +883,23 @@ pub fn packed_kernel_mismatches() -> (usize, usize) {
                 _ => QuantMatrix::quantize_q8(&w, rows, 576),
             };
             let p = PackedMatrix::from_quant(&m).expect("groups of 32 pack");
+            // The rows come back as they went in (embedding lookups, draft heads).
+            let ids: Vec<u32> = (0..rows as u32).collect();
+            let back = p.quant_rows(&ids);
+            all += m.qs.len() + m.scales.len() + m.mins.len();
+            bad += (back.qs.iter().zip(&m.qs).filter(|(a, b)| a != b).count())
+                + (back
+                    .scales
+                    .iter()
+                    .zip(&m.scales)
+                    .filter(|(a, b)| a != b)
+                    .count())
+                + (back
+                    .mins
+                    .iter()
+                    .zip(&m.mins)
+                    .filter(|(a, b)| a != b)
+                    .count());
             for n in [1, 2, 3, 5, 16] {
                 let x = QuantizedRows::new(&rng.vec(n * 576, 3.0), n, 576, format, 32);
                 let packed = p.matmul(&x);

@@ -60,7 +60,7 @@ pub(crate) enum Matrix {
         m: QuantMatrix,
         kernel: Kernel,
     },
-    /// Eight rows interleaved for the AVX-VNNI kernel (`super::packed`): the same
+    /// Rows interleaved for the AVX-VNNI or SIMD128 kernel (`super::packed`): the same
     /// values, bit for bit, as `Quant`'s.
     Packed(PackedMatrix),
 }

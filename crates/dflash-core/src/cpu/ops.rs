@@ -262,6 +262,10 @@ unsafe fn attention_row_avx2(
         return attention_row_body((q, kc, vc, pos), shape, heads, out);
     }
     let kv_dim = n_kv_heads * head_dim;
+    // The loads below are unchecked: the slices must hold what the body would index.
+    assert!(heads.end <= n_heads && q.len() >= n_heads * head_dim);
+    assert!(kc.len() >= (pos + 1) * kv_dim && vc.len() >= (pos + 1) * kv_dim);
+    assert_eq!(out.len(), heads.len() * head_dim);
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let mut scores = vec![0f32; pos + 1];

@@ -141,6 +141,12 @@ impl PackedMatrix {
 
     /// Rows `ids` in the usual row-major layout.
     pub fn quant_rows(&self, ids: &[u32]) -> QuantMatrix {
+        // A last block's padding rows are not rows of the matrix.
+        assert!(
+            ids.iter().all(|&r| (r as usize) < self.rows),
+            "row id past the matrix's {} rows",
+            self.rows
+        );
         let gpr = self.cols / GROUP;
         let gb = group_bytes(self.format);
         let bias = if self.format == QFormat::Q8 {

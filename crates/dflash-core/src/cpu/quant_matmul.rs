@@ -20,8 +20,8 @@
 //! nibble) the even elements then the odd ones; for Q8 the natural order.
 //!
 //! These kernels read the matrices as loaded, one output element at a time; where the
-//! CPU has AVX-VNNI the engine repacks matrices in groups of 32 for the faster
-//! `super::packed` kernel, which follows the same definition.
+//! CPU has AVX-VNNI, and in wasm, the engine repacks matrices in groups of 32 for the
+//! faster `super::packed` kernels, which follow the same definition.
 
 use crate::quant::{QFormat, QuantMatrix};
 use half::f16;
