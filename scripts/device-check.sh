@@ -53,8 +53,13 @@
 #                                     among 8192 ids), and the measured step costs
 #                                     (16-row verify against one row) of the
 #                                     synthetic qwen3-coder-30b-a3b mixture
-# Knobs: TOKENS (64), BLOCKS (2,4,8,16,auto), DRAFTERS ("trained random"), TEMPS ("0 0.8")
-# and BENCH_LIMIT (100 s per benchmark) shape the DFlash benchmarks; SHAPES ("qwen3-8b
+#   scripts/device-check.sh after-train  (after scripts/train-gpu.sh run, the model
+#                                     already in $DFLASH_CACHE) the trained drafter
+#                                     ($TRAINED) against the committed one, then the
+#                                     profile, within BUDGET_S
+# Knobs: TRAINED (the drafter that run, profile and after-train benchmark; the committed
+# one's folder unless set), EVAL_PROMPTS (after-train's second prompt set), TOKENS (64),
+# BLOCKS (2,4,8,16,auto), DRAFTERS ("trained random"), TEMPS ("0 0.8") and BENCH_LIMIT (100 s per benchmark) shape the DFlash benchmarks; SHAPES ("qwen3-8b
 # qwen2.5-32b") the synthetic profiles; BUDGET_S the whole call's seconds (none for a
 # verb alone); ADAPTER (NVIDIA) the adapter's name.
 # Everything is logged to $RES ($DEV/results) and bundled into $OUT (./device-out where
@@ -71,6 +76,8 @@ MODEL="$DFLASH_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 # The dflash-gpu test binaries that run there: on synthetic models, then the real model.
 GPU_TESTS="dflash_gpu ops fused engine dflash stream_load synthetic moe hybrid zlab"
 REAL_TESTS="real_models"
+COMMITTED=drafters/smollm2-135m-instruct-dflash-b16
+TRAINED="${TRAINED:-$COMMITTED}"
 # NVIDIA's Vulkan driver where the container mounts it outside the loader's search path.
 nv_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [ -n "${VK_DRIVER_FILES:-}" ] || [ ! -f "$nv_icd" ] || export VK_DRIVER_FILES="$nv_icd"
@@ -173,12 +180,11 @@ run() {
   local a=(--model "$model" --adapter "${ADAPTER:-NVIDIA}")
   step 60 "bench plain" sh -c "\"$BIN/dflash\" bench ${a[*]} --prompt-tokens 512 --decode-tokens 128 --json > $RES/bench-plain.json"
   local d=(--prompts fixtures/prompts/chat20.jsonl --max-new-tokens "${TOKENS:-64}" --block "${BLOCKS:-2,4,8,16,auto}" --top-p 0.95 --seed 7 --json)
-  local trained=drafters/smollm2-135m-instruct-dflash-b16
   case " ${DRAFTERS:-trained random} " in
     *" random "*) step 60 "random drafter" "$BIN/dflash" make-random-drafter --model "$model" --out "$DEV/random-drafter" --seed 1 ;;
   esac
   for drafter in ${DRAFTERS:-trained random}; do
-    path=$trained; [ "$drafter" = random ] && path="$DEV/random-drafter"
+    path=$TRAINED; [ "$drafter" = random ] && path="$DEV/random-drafter"
     for t in ${TEMPS:-0 0.8}; do
       step "${BENCH_LIMIT:-100}" "bench $drafter T=$t" sh -c "\"$BIN/dflash\" bench ${a[*]} --drafter $path --temperature $t ${d[*]} > $RES/bench-$drafter-T$t-n${TOKENS:-64}.jsonl"
     done
@@ -206,11 +212,11 @@ profile() {
     # DFlash steps pipelined (the GPU tuning's default) against one at a time, same run
     # settings (the host's read-back latency per step is what pipelining hides).
     for piped in true false; do
-      step 40 "bench smollm2 dflash pipelined=$piped" sh -c "\"$BIN/dflash\" bench --model $model --adapter \"${ADAPTER:-NVIDIA}\" --json --pipelined $piped --drafter drafters/smollm2-135m-instruct-dflash-b16 --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 4,16,auto > $RES/bench-smollm2-dflash-pipelined-$piped.json"
+      step 40 "bench smollm2 dflash pipelined=$piped" sh -c "\"$BIN/dflash\" bench --model $model --adapter \"${ADAPTER:-NVIDIA}\" --json --pipelined $piped --drafter $TRAINED --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 4,16,auto > $RES/bench-smollm2-dflash-pipelined-$piped.json"
     done
-    step 90 "profile smollm2 dflash" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --drafter drafters/smollm2-135m-instruct-dflash-b16 --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $RES/profile-smollm2-dflash.json"
+    step 90 "profile smollm2 dflash" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --drafter $TRAINED --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $RES/profile-smollm2-dflash.json"
     # The same with the drafts over the whole vocabulary (the drafter's draft_vocab.json off).
-    step 60 "profile smollm2 dflash full head" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --drafter drafters/smollm2-135m-instruct-dflash-b16 --draft-vocab false --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $RES/profile-smollm2-dflash-full-head.json"
+    step 60 "profile smollm2 dflash full head" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --drafter $TRAINED --draft-vocab false --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $RES/profile-smollm2-dflash-full-head.json"
   fi
   # Conditional per-slot acceptance with mean tau 6.5 at block 16 (z-lab's published
   # DFlash figure for Qwen3-8B on HumanEval; the per-slot shape is ours).
@@ -234,6 +240,34 @@ profile() {
   step 90 "long context qwen3-8b" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b --adapter \"${ADAPTER:-NVIDIA}\" --json --prompt-tokens 4096 --decode-tokens 32 > $RES/bench-qwen3-8b-p4096.json"
 }
 
+# After scripts/train-gpu.sh in the same call: the new drafter ($TRAINED) against the
+# committed one as scripts/run.sh measures them (chat20, 8 prompts x 64 tokens, T=0,
+# blocks auto and 16) and on HumanEval prompts ($EVAL_PROMPTS, where given), then the
+# profiles that matter most (SmolLM2's plain and DFlash steps, the synthetic qwen3-8b
+# pair at the published acceptance), then `profile` and `tests` as far as the budget goes.
+after_train() {
+  [ -f "$MODEL" ] || { log "after-train: no model here"; return; }
+  local set drafter name accept=0.96,0.93,0.90,0.87,0.84,0.80,0.76,0.72,0.68,0.64,0.60,0.56,0.52,0.48,0.44
+  local a=(--model "$MODEL" --adapter "${ADAPTER:-NVIDIA}" --temperature 0 --max-new-tokens "${TOKENS:-64}" --block auto,16 --json)
+  local p=(--adapter "${ADAPTER:-NVIDIA}" --profile --json)
+  for set in "fixtures/prompts/chat20.jsonl chat" "${EVAL_PROMPTS:-} humaneval"; do
+    # shellcheck disable=SC2086
+    set -- $set; [ $# -eq 2 ] && [ -f "$1" ] || continue
+    for drafter in $(printf '%s\n' "$TRAINED" "$COMMITTED" | uniq); do
+      name=trained; [ "$drafter" = "$COMMITTED" ] && name=committed
+      step "${BENCH_LIMIT:-60}" "bench $name $2" sh -c "\"$BIN/dflash\" bench ${a[*]} --drafter $drafter --prompts $1 --limit 8 > $RES/bench-$name-$2-T0.jsonl"
+    done
+  done
+  step 60 "profile smollm2 p64" sh -c "\"$BIN/dflash\" bench --model $MODEL ${p[*]} --prompt-tokens 64 --decode-tokens 64 > $RES/profile-smollm2-p64.json"
+  step 90 "profile smollm2 dflash" sh -c "\"$BIN/dflash\" bench --model $MODEL ${p[*]} --drafter $TRAINED --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $RES/profile-smollm2-dflash.json"
+  step 120 "profile qwen3-8b dflash" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b ${p[*]} --drafter synthetic --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $RES/profile-qwen3-8b-dflash.json"
+  step 60 "profile smollm2 p512" sh -c "\"$BIN/dflash\" bench --model $MODEL ${p[*]} --prompt-tokens 512 --decode-tokens 64 > $RES/profile-smollm2-p512.json"
+  step 120 "profile qwen2.5-32b" sh -c "\"$BIN/dflash\" bench --synthetic qwen2.5-32b ${p[*]} --prompt-tokens 64 --decode-tokens 64 > $RES/profile-qwen2.5-32b.json"
+  # Where the trainer left time (it failed, say): the whole profile, then the GPU tests.
+  profile
+  tests
+}
+
 case "${1:-}" in
   pack) pack "$2" ;;
   stash) mkdir -p "$DEV" && mv "$2"/* "$DEV"/ && ls -la "$DEV" ;;
@@ -241,6 +275,7 @@ case "${1:-}" in
   tests) tests ;;
   run) run ;;
   profile) profile ;;
+  after-train) setup && after_train; cp "$RES/log.txt" "$BACK/log.txt"; bundle ;;
   all)
     BUDGET_S=${BUDGET_S:-470}; [ "$BUDGET_S" -le 540 ] || BUDGET_S=540; DEADLINE=$((SECONDS + BUDGET_S))
     setup && { profile; run; tests; }

@@ -26,6 +26,8 @@
 #                                       of at most 16 MiB with their sha256 as soon as it is
 #                                       exported, and the logs and evaluations (in
 #                                       results.tar.gz, log.txt also apart) after every stage
+#   scripts/train-gpu.sh run-then-check  `run`, then scripts/device-check.sh after-train
+#                                       with the new drafter and what is left of TOTAL_S
 # (with this workplace's device tool: `scripts/train-gpu.sh stash .train-pack/pN` carrying
 # .train-pack/pN, for each piece, back to back, then `scripts/train-gpu.sh stash
 # .train-pack/p3 && scripts/train-gpu.sh run` with timeout_s 600 and BUDGET_S at most the
@@ -46,6 +48,7 @@
 # fails), MAX_STEPS (20000, the fitted count's cap), SEQS (16), ANCHORS (64),
 # LR (3e-4), LAYERS (3), SAMPLED (--sampled-head negatives; 0, the default, is the whole vocabulary:
 # on a GPU the whole head is cheap, and the sample costs acc at equal slots),
+# EVAL_SETS ("humaneval mtbench"; empty: no evaluation there, evaluate back here),
 # DATA_S / TRAIN_S / EVAL_S (time limits: 120, 270, 60 s, each cut to what is left of
 # BUDGET_S, 540 s: a stage with under 15 s left is skipped), EVAL_LIMIT (40), EVAL_TOKENS (96),
 # DEVICE (cuda; cpu runs the same stages here, small, as a dry run of the script).
@@ -110,21 +113,30 @@ training_data() {
       gunzip -c "$sets/$set.jsonl.gz" >>"$w/train-data.jsonl"
     done
   fi
-  [ ! -f "$w/data.jsonl" ] || { cat "$w/data.jsonl" >>"$w/train-data.jsonl"; n=$(wc -l <"$w/data.jsonl"); }
+  # The GPU's samples, but a line that a time limit cut short.
+  if [ -f "$w/data.jsonl" ]; then
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    try:
+        json.loads(line)
+    except ValueError:
+        continue
+    sys.stdout.write(line if line.endswith("\n") else line + "\n")' <"$w/data.jsonl" >"$w/data-whole.jsonl"
+    cat "$w/data-whole.jsonl" >>"$w/train-data.jsonl"; n=$(wc -l <"$w/data-whole.jsonl")
+  fi
   if [ "$n" -ge 32 ]; then echo 32; else echo 0; fi
 }
 
 # Training steps that fit the train stage: a probe of 8 steps in its own folder times a
 # step (the median after its first two) and the start-up (its wall time less its steps);
-# the stage's limit is TRAIN_S or what is left of the budget after the probe, less 10%;
+# the stage's limit is train_limit's after the probe, less 10%;
 # at most MAX_STEPS (20000). Reads t, w, log and deadline of run_on_gpu.
 fitted_steps() {
   local probe="$w/probe" t0=$SECONDS limit
   rm -rf "$probe"
   timeout -k 10 120 "$t" train "$@" --out "$probe" --steps 1000 --stop-at 8 --checkpoint-every 1000 \
     >>"$log" 2>&1 || return 1
-  limit=$((deadline - SECONDS - 5))
-  [ "$limit" -le "${TRAIN_S:-270}" ] || limit=${TRAIN_S:-270}
+  limit=$(train_limit)
   python3 - "$probe/train.log.jsonl" $((SECONDS - t0)) "$limit" "${MAX_STEPS:-20000}" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
@@ -133,6 +145,13 @@ step = statistics.median(r["step_s"] for r in (rows[2:] or rows))
 startup = max(0.0, wall - sum(r["step_s"] for r in rows))
 print(max(1, min(cap, int((0.9 * limit - startup) / step))))
 PY
+}
+
+# The train stage's limit: TRAIN_S (270) or what is left of the budget less the
+# export's reserve (EXPORT_RESERVE_S, 25), so that the drafter is always exported.
+train_limit() {
+  local limit=$((deadline - SECONDS - 5 - ${EXPORT_RESERVE_S:-25}))
+  echo $((limit < ${TRAIN_S:-270} ? limit : ${TRAIN_S:-270}))
 }
 
 run_on_gpu() {
@@ -158,7 +177,7 @@ run_on_gpu() {
   [ "${SAMPLED:-0}" = 0 ] || sampled=(--sampled-head "${SAMPLED}")
   stage() { # limit name command...: the limit cut to what is left of BUDGET_S
     local limit=$1 name=$2 left=$((deadline - SECONDS - 5)); shift 2
-    if [ "$left" -lt 15 ]; then
+    if [ "$left" -lt 15 ] || [ "$limit" -lt 1 ]; then
       echo "== [$SECONDS s] $name: skipped, $left s left of the budget" | tee -a "$log"; return 0
     fi
     [ "$limit" -le "$left" ] || limit=$left
@@ -186,7 +205,7 @@ run_on_gpu() {
     steps=$(fitted_steps "${train[@]}") || steps=3000
     echo "== [$SECONDS s] steps: $steps" | tee -a "$log"
   fi
-  stage "${TRAIN_S:-270}" train "$t" train "${train[@]}" --out "$run" --steps "$steps" --checkpoint-every 50
+  stage "$(train_limit)" train "$t" train "${train[@]}" --out "$run" --steps "$steps" --checkpoint-every 50
   # The last checkpoint is exported even when the time limit cut the run short, and the
   # drafter goes out at once (pieces of at most 16 MiB), before the evaluations.
   stage 30 export "$t" export --run "$run" --out "$drafter"
@@ -200,7 +219,7 @@ run_on_gpu() {
     (cd "$drafter" && sha256sum -- *) >"$OUT/drafter.sha256"
   fi
   bundle
-  for set in humaneval mtbench; do
+  for set in ${EVAL_SETS-humaneval mtbench}; do
     stage "${EVAL_S:-60}" "eval $set" "$t" eval --model "$model" --drafter "$drafter" \
       --prompts "$w/files/evalsets/$set.jsonl" --block 16 --max-new-tokens "${EVAL_TOKENS:-96}" --limit "${EVAL_LIMIT:-40}" \
       --json-out "$res/eval-$set.json"
@@ -224,7 +243,24 @@ join_drafter() {
   echo "drafter joined into $dest, sha256 checked"
 }
 
+# The trainer, then (same call, same machine) the GPU checks of scripts/device-check.sh
+# with the new drafter: `run` gets TOTAL_S (570) less CHECK_S (150) and evaluates nothing
+# there unless EVAL_SETS says (evaluate back here, on this machine's CPU, at no device
+# time); device-check.sh after-train gets what is left of TOTAL_S, with the model from
+# this pack (its binaries stashed beforehand: device-check.sh stash DIR/p0, without its
+# model part) and its results in $OUT/dc.
+run_then_check() {
+  local t0=$SECONDS total=${TOTAL_S:-570} trained="$DEV/work/drafter" models=/tmp/dflash-dev/cache/models
+  BUDGET_S=$((total - ${CHECK_S:-150})) EVAL_SETS=${EVAL_SETS-} "$0" run || echo "train-gpu.sh run: rc=$?"
+  mkdir -p "$models" "$OUT/dc"
+  cp "$DEV/work/files/$MODEL" "$models/" || echo "no model from the pack"
+  [ -f "$trained/model.safetensors" ] || trained=$COMMITTED_DIR
+  DEV=/tmp/dflash-dev OUT="$(realpath "$OUT")/dc" TRAINED=$trained EVAL_PROMPTS="$DEV/work/files/evalsets/humaneval.jsonl" \
+    BUDGET_S=$((total - (SECONDS - t0))) scripts/device-check.sh after-train
+}
+
 case "${1:-}" in
+  run-then-check) run_then_check ;;
   pack) pack "$2" ;;
   unpack) unpack "$2" "$3" ;;
   stash) mkdir -p "$DEV" && mv "$2"/* "$DEV"/ && ls -la "$DEV" ;;
