@@ -30,8 +30,11 @@
 # budget_left_s less ~90 s (at most 540) and timeout_s 600, then give_back at once. A
 # task's 15 minutes hold the start (1-2 min), three stash calls and an `all` of ~8
 # minutes. scripts/train-gpu.sh (the drafter's GPU run) takes 4 pieces and a call of
-# ~9 minutes of its own: 15 minutes hold one of the two, and after the trainer at most
-# p0 alone of this one (no model: the synthetic profiles and tests) with what is left.
+# ~9 minutes of its own: 15 minutes hold one of the two, or both at once with
+# `scripts/train-gpu.sh run-then-check` (the plan for a task's lease: the trainer's four
+# pieces, this pack's binaries (DIR/bins: p0 without its model part) riding with the
+# last: the model comes from the trainer's pack; then this script's `after-train` verb
+# with what is left of the call: see train-gpu.sh).
 # The verbs
 # `all` strings together, each also alone:
 #   scripts/device-check.sh setup     unpack the binaries, join the model once all its
@@ -59,8 +62,9 @@
 #                                     profile, within BUDGET_S
 # Knobs: TRAINED (the drafter that run, profile and after-train benchmark; the committed
 # one's folder unless set), EVAL_PROMPTS (after-train's second prompt set), TOKENS (64),
-# BLOCKS (2,4,8,16,auto), DRAFTERS ("trained random"), TEMPS ("0 0.8") and BENCH_LIMIT (100 s per benchmark) shape the DFlash benchmarks; SHAPES ("qwen3-8b
-# qwen2.5-32b") the synthetic profiles; BUDGET_S the whole call's seconds (none for a
+# BLOCKS (2,4,8,16,auto), DRAFTERS ("trained random"), TEMPS ("0 0.8") and BENCH_LIMIT
+# (100 s per benchmark) shape the DFlash benchmarks; SHAPES ("qwen3-8b qwen2.5-32b") the
+# synthetic profiles; BUDGET_S the whole call's seconds (none for a
 # verb alone); ADAPTER (NVIDIA) the adapter's name.
 # Everything is logged to $RES ($DEV/results) and bundled into $OUT (./device-out where
 # unset) after each step, so one call brings back everything that finished in it.
@@ -135,7 +139,10 @@ pack() (
     [ -e "$f" ] || continue
     i=$((10#${f##*.part})); mkdir -p "$dir/p$i"; mv "$f" "$dir/p$i/"
   done
-  ls -la "$dir"/p*
+  # The binaries alone too (hard links), for a call that brings the model another way
+  # (scripts/train-gpu.sh run-then-check).
+  mkdir -p "$dir/bins" && ln "$dir/p0/bins.tar.xz" "$dir/p0/model.sha256" "$dir/bins/"
+  ls -la "$dir"/p* "$dir/bins"
 )
 
 # The model from its parts once all of them are here (its sha256 says so).

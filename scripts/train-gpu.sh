@@ -28,10 +28,16 @@
 #                                       results.tar.gz, log.txt also apart) after every stage
 #   scripts/train-gpu.sh run-then-check  `run`, then scripts/device-check.sh after-train
 #                                       with the new drafter and what is left of TOTAL_S
-# (with this workplace's device tool: `scripts/train-gpu.sh stash .train-pack/pN` carrying
-# .train-pack/pN, for each piece, back to back, then `scripts/train-gpu.sh stash
-# .train-pack/p3 && scripts/train-gpu.sh run` with timeout_s 600 and BUDGET_S at most the
-# session's budget_left_s less ~90 s; $OUT comes back) and back here:
+# (with this workplace's device tool, the whole lease, ~15 device minutes: four calls
+# back to back, each within 30 s of the last reply (the machine stays warm 30 s):
+# `scripts/train-gpu.sh stash .train-pack/pN` carrying .train-pack/pN for N = 0, 1, 2,
+# then, carrying .train-pack/p3, .device-pack/bins (device-check.sh pack's binaries)
+# and .gl (the Vulkan loader's .deb, device-check.sh),
+# `scripts/train-gpu.sh stash .train-pack/p3 && scripts/device-check.sh stash
+# .device-pack/bins && TOTAL_S=... scripts/train-gpu.sh run-then-check` with timeout_s
+# 600 and TOTAL_S at most status's budget_left_s less ~60 s (570 at most); give_back at
+# once. $OUT comes back: the drafter's pieces, results.tar.gz and log.txt, and dc/ with
+# device-check's) and back here:
 #   scripts/train-gpu.sh join OUTDIR DEST   join the drafter's pieces from OUTDIR into DEST,
 #                                       checked by sha256, and unpack OUTDIR/results.tar.gz
 #                                       (logs, evaluations) into DEST/run-logs
@@ -247,8 +253,8 @@ join_drafter() {
 # with the new drafter: `run` gets TOTAL_S (570) less CHECK_S (150) and evaluates nothing
 # there unless EVAL_SETS says (evaluate back here, on this machine's CPU, at no device
 # time); device-check.sh after-train gets what is left of TOTAL_S, with the model from
-# this pack (its binaries stashed beforehand: device-check.sh stash DIR/p0, without its
-# model part) and its results in $OUT/dc.
+# this pack (its binaries stashed beforehand: device-check.sh stash .device-pack/bins)
+# and its results in $OUT/dc.
 run_then_check() {
   local t0=$SECONDS total=${TOTAL_S:-570} trained="$DEV/work/drafter" models=/tmp/dflash-dev/cache/models
   BUDGET_S=$((total - ${CHECK_S:-150})) EVAL_SETS=${EVAL_SETS-} "$0" run || echo "train-gpu.sh run: rc=$?"
