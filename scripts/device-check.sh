@@ -163,7 +163,10 @@ setup() {
     for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
   fi
   if [ -f "$DEV/bins.tar.xz" ]; then
-    tar xJf "$DEV/bins.tar.xz" -C "$DEV" && rm "$DEV/bins.tar.xz"
+    # xz, or Python's lzma where the machine has no xz.
+    if command -v xz >/dev/null; then xz -dc "$DEV/bins.tar.xz"; else
+      python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$DEV/bins.tar.xz"
+    fi | tar xf - -C "$DEV" && rm "$DEV/bins.tar.xz"
   fi
   join_model
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$RES/log.txt" 2>&1

@@ -93,12 +93,20 @@ pack() {
   ls -la "$dir"/p*
 }
 
+# xz -d, or Python's lzma where the machine has no xz (the GPU machine's image is not
+# known to have it).
+xz_decompress() {
+  if command -v xz >/dev/null; then xz -d; else
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)'
+  fi
+}
+
 unpack() {
   local dir manifest dest=$2
   dir=$(realpath "$1")
   manifest=$(find "$dir" -name MANIFEST | head -1)
   mkdir -p "$dest"
-  find "$dir" -name 'pack.part*' -print0 | sort -z | xargs -0 cat | xz -d | tar xf - -C "$dest"
+  find "$dir" -name 'pack.part*' -print0 | sort -z | xargs -0 cat | xz_decompress | tar xf - -C "$dest"
   (cd "$dest" && sha256sum --quiet -c "$manifest")
   echo "unpacked $(wc -l <"$manifest") files into $dest, sha256 checked"
 }
