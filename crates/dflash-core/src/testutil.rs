@@ -875,12 +875,14 @@ pub fn packed_kernel_mismatches() -> (usize, usize) {
     }
     let mut rng = Rng(17);
     let (mut bad, mut all) = (0, 0);
+    // Rows past and short of a block of eight (padding rows), one group to 48 per row.
+    let shapes = [(1, 32), (8, 96), (13, 576), (300, 576), (9, 1536)];
     for format in [QFormat::Q4, QFormat::Q8] {
-        for rows in [13, 300] {
-            let w = rng.vec(rows * 576, 0.5);
+        for (rows, cols) in shapes {
+            let w = rng.vec(rows * cols, 0.5);
             let m = match format {
-                QFormat::Q4 => QuantMatrix::quantize_q4(&w, rows, 576),
-                _ => QuantMatrix::quantize_q8(&w, rows, 576),
+                QFormat::Q4 => QuantMatrix::quantize_q4(&w, rows, cols),
+                _ => QuantMatrix::quantize_q8(&w, rows, cols),
             };
             let p = PackedMatrix::from_quant(&m).expect("groups of 32 pack");
             // The rows come back as they went in (embedding lookups, draft heads).
@@ -901,7 +903,7 @@ pub fn packed_kernel_mismatches() -> (usize, usize) {
                     .filter(|(a, b)| a != b)
                     .count());
             for n in [1, 2, 3, 5, 16] {
-                let x = QuantizedRows::new(&rng.vec(n * 576, 3.0), n, 576, format, 32);
+                let x = QuantizedRows::new(&rng.vec(n * cols, 3.0), n, cols, format, 32);
                 let packed = p.matmul(&x);
                 let scalar = quant_matmul(&m, &x, Kernel::Scalar);
                 all += scalar.len();
