@@ -51,12 +51,15 @@
 # Compare the result's evaluation with the committed drafter's before committing it.
 # Knobs: PROMPTS (4000), MIX (general), DATA_SEED (2: other prompts than the committed
 # sets' seed 1), MAX_NEW (160), BATCH (64), STEPS (unset: fitted; 3000 if the probe
-# fails), MAX_STEPS (20000, the fitted count's cap), SEQS (16), ANCHORS (64),
-# LR (3e-4), LAYERS (3), SAMPLED (--sampled-head negatives; 0, the default, is the whole vocabulary:
-# on a GPU the whole head is cheap, and the sample costs acc at equal slots),
-# EVAL_SETS ("humaneval mtbench"; empty: no evaluation there, evaluate back here),
-# DATA_S / TRAIN_S / EVAL_S (time limits: 120, 270, 60 s, each cut to what is left of
-# BUDGET_S, 540 s: a stage with under 15 s left is skipped), EVAL_LIMIT (40), EVAL_TOKENS (96),
+# fails), MAX_STEPS (20000, the fitted count's cap), SEQS (16), ANCHORS (128: twice the
+# CPU runs' slots per step; unmeasured, on the guess that a GPU step of 16 sequences,
+# each its own passes, waits on kernel launches more than on rows), LR (3e-4), LAYERS (3), SAMPLED (--sampled-head negatives;
+# 0, the default, is the whole vocabulary: on a GPU the whole head is cheap, and the
+# sample costs acc at equal slots), TF32 (true: the drafter's matrix products on TF32
+# tensor cores, the target's taps in full f32), EVAL_SETS ("humaneval mtbench"; empty:
+# no evaluation there, evaluate back here), DATA_S / TRAIN_S / EVAL_S (time limits: 120,
+# 270, 60 s, each cut to what is left of BUDGET_S, 540 s: a stage with under 15 s left
+# is skipped), EVAL_LIMIT (40), EVAL_TOKENS (96),
 # DEVICE (cuda; cpu runs the same stages here, small, as a dry run of the script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -210,8 +213,8 @@ run_on_gpu() {
   holdout=$(training_data "$w" "${COMMITTED_SETS:-$COMMITTED_DIR}") || { bundle; return 1; }
   echo "training data: $(wc -l <"$w/train-data.jsonl") samples, the last $holdout held out; init: ${init[*]:-random}" | tee -a "$log"
   local train=(--model "$model" --data "$w/train-data.jsonl" --device "${DEVICE:-cuda}" --layers "${LAYERS:-3}"
-    --block 16 --seqs-per-step "${SEQS:-16}" --anchors "${ANCHORS:-64}" --holdout "$holdout" --lr "${LR:-3e-4}"
-    "${init[@]}" "${sampled[@]}")
+    --block 16 --seqs-per-step "${SEQS:-16}" --anchors "${ANCHORS:-128}" --holdout "$holdout" --lr "${LR:-3e-4}"
+    --tf32 "${TF32:-true}" "${init[@]}" "${sampled[@]}")
   # Unless STEPS is given, as many steps as fit the train stage's limit, timed by a probe
   # (so the learning rate's cosine ends inside the limit on a GPU of any speed).
   local steps=${STEPS:-}

@@ -125,6 +125,11 @@ struct TrainArgs {
     /// With --sampled-head: every Nth step runs over the whole vocabulary (0: never).
     #[arg(long, default_value_t = 8, requires = "sampled_head")]
     full_head_every: usize,
+    /// On CUDA, the drafter's f32 matrix products (its layers, the head over the
+    /// vocabulary and their gradients) run on TF32 tensor cores; the target's taps stay
+    /// full f32. No effect on the CPU.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    tf32: bool,
 }
 
 #[derive(clap::Args)]
@@ -339,6 +344,7 @@ fn run_train(a: TrainArgs) -> Result<(), TrainError> {
             .sum::<usize>()
     );
     let target = Target::new(&model.weights, &candle_device(&a.device)?)?;
+    candle_core::cuda::set_gemm_reduced_precision_f32(a.tf32);
     use dflash_train::train::Init;
     let init = match (&a.init_from, a.init_from_target) {
         (Some(d), _) => Init::Drafter(d),

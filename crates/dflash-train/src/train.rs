@@ -721,12 +721,23 @@ impl<'a> StepInputs<'a> {
         Ok(match &*cached {
             Some(t) if t.dim(0)? == toks.len() => t.to_dtype(DType::F32)?,
             _ => {
-                let t = self.target.taps_of(toks, self.tap_layers)?;
+                let t = full_f32_products(|| self.target.taps_of(toks, self.tap_layers))?;
                 *cached = Some(t.to_dtype(DType::F16)?);
                 t
             }
         })
     }
+}
+
+/// Runs `f` with CUDA's f32 matrix products at full precision (the target's taps, even
+/// where the drafter's own products run on TF32: `dflash-train train --tf32`), then
+/// restores the setting. Without CUDA the setting means nothing.
+fn full_f32_products<T>(f: impl FnOnce() -> T) -> T {
+    let tf32 = candle_core::cuda::gemm_reduced_precision_f32();
+    candle_core::cuda::set_gemm_reduced_precision_f32(false);
+    let out = f();
+    candle_core::cuda::set_gemm_reduced_precision_f32(tf32);
+    out
 }
 
 /// One step's sequences added up: the weighted losses (tensors of the graph) and their
