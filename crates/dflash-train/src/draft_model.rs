@@ -219,7 +219,13 @@ pub struct SeqLoss {
     pub weighted_nll: Tensor,
     pub weight: f64,
     pub counts: Vec<usize>,
+    /// Per slot, the labels the argmax got right: counted once `settle` has run (at
+    /// once where the argmax is on the host, as on the CPU).
     pub correct: Vec<usize>,
+    /// The argmax still on the device (candle's ops, CUDA): reading it would wait for
+    /// the sequence's kernels, so that the next sequence's launches could not overlap
+    /// them; `settle` reads it once the step's work is queued.
+    pub pending: Option<PendingHits>,
     /// DFlash2: the selector's summed weighted NLL and weight.
     pub selector_nll: Option<Tensor>,
     pub selector_weight: f64,
@@ -228,12 +234,51 @@ pub struct SeqLoss {
     pub selector_correct: Vec<usize>,
 }
 
+/// Each labelled row's argmax on the device, with the rows' labels and slots.
+pub struct PendingHits {
+    argmax: Tensor,
+    labels: Vec<u32>,
+    slots: Vec<usize>,
+}
+
+impl PendingHits {
+    /// Reads the argmax (waiting for the kernels before it) and adds its hits per slot
+    /// to `correct`.
+    pub fn count_into(self, correct: &mut [usize]) -> Result<()> {
+        let pred = self.argmax.to_vec1::<u32>()?;
+        count_hits(&pred, &self.labels, &self.slots, correct);
+        Ok(())
+    }
+}
+
+impl SeqLoss {
+    /// Counts the pending argmax's hits into `correct` (nothing when none is pending).
+    pub fn settle(&mut self) -> Result<()> {
+        match self.pending.take() {
+            Some(p) => p.count_into(&mut self.correct),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Adds to `correct[slot]` each row whose prediction is its label.
+fn count_hits(pred: &[u32], labels: &[u32], slots: &[usize], correct: &mut [usize]) {
+    for ((p, l), &slot) in pred.iter().zip(labels).zip(slots) {
+        if p == l {
+            correct[slot] += 1;
+        }
+    }
+}
+
 pub struct DraftTrainer<'a> {
     pub config: DrafterConfig,
     pub embed: &'a Tensor,
     pub lm_head: &'a Tensor,
     pub rope: RopeTables,
     pub gamma: f64,
+    /// The head's loss by the fused CPU op (`FrozenHeadNll`, the default on the CPU), or
+    /// by candle's own ops (elsewhere, e.g. CUDA; tests run that path on the CPU too).
+    pub fused_head: bool,
 }
 
 /// One side (0: before the sublayer, 1: after) of a DFlash2 grouped dynamic depthwise
@@ -295,6 +340,7 @@ impl<'a> DraftTrainer<'a> {
         )?;
         Ok(DraftTrainer {
             config,
+            fused_head: embed.device().is_cpu(),
             embed,
             lm_head,
             rope,
@@ -529,6 +575,7 @@ impl<'a> DraftTrainer<'a> {
             weight: 0.0,
             counts: vec![0; b],
             correct: vec![0; b],
+            pending: None,
             selector_nll: None,
             selector_weight: 0.0,
             in_top_k: vec![0; b],
@@ -551,10 +598,17 @@ impl<'a> DraftTrainer<'a> {
         out.weight = lab.weights.iter().map(|&w| w as f64).sum();
         let wt = Tensor::from_vec(lab.weights.clone(), n, dev)?;
         out.weighted_nll = (nll * wt)?.sum_all()?;
-        for (i, &slot) in lab.slots.iter().enumerate() {
+        for &slot in &lab.slots {
             out.counts[slot] += 1;
-            if pred[i] == lab.labels[i] {
-                out.correct[slot] += 1;
+        }
+        match pred {
+            Argmax::Host(pred) => count_hits(&pred, &lab.labels, &lab.slots, &mut out.correct),
+            Argmax::Device(argmax) => {
+                out.pending = Some(PendingHits {
+                    argmax,
+                    labels: lab.labels.clone(),
+                    slots: lab.slots.clone(),
+                })
             }
         }
         if c.dflash2.is_some() {
@@ -604,9 +658,8 @@ impl<'a> DraftTrainer<'a> {
             return self.matrix_nll(self.lm_head, normed, labels.to_vec(), top_k);
         };
         let mut out = self.matrix_nll(&head.rows, normed, head.local_labels(labels)?, top_k)?;
-        for a in out.argmax.iter_mut() {
-            *a = head.ids[*a as usize];
-        }
+        let local = out.argmax.read()?;
+        out.argmax = Argmax::Host(local.iter().map(|&a| head.ids[a as usize]).collect());
         for (id, _) in out.top.iter_mut().flatten() {
             *id = head.ids[*id as usize];
         }
@@ -623,7 +676,7 @@ impl<'a> DraftTrainer<'a> {
     ) -> Result<HeadNll> {
         let dev = self.embed.device();
         let n = labels.len();
-        if dev.is_cpu() {
+        if self.fused_head {
             // The fused op: no gradient for the frozen lm_head, one pass over the logits.
             let op = crate::head_loss::FrozenHeadNll::new(matrix.clone(), labels).with_top_k(top_k);
             let stats = op.stats.clone();
@@ -631,7 +684,7 @@ impl<'a> DraftTrainer<'a> {
             let mut st = stats.lock().expect("stats lock");
             Ok(HeadNll {
                 nll,
-                argmax: std::mem::take(&mut st.argmax),
+                argmax: Argmax::Host(std::mem::take(&mut st.argmax)),
                 top: std::mem::take(&mut st.top),
             })
         } else {
@@ -653,7 +706,7 @@ impl<'a> DraftTrainer<'a> {
             };
             Ok(HeadNll {
                 nll,
-                argmax: logits.argmax(D::Minus1)?.to_vec1::<u32>()?,
+                argmax: Argmax::Device(logits.argmax(D::Minus1)?),
                 top,
             })
         }
@@ -776,8 +829,24 @@ struct SlotLabels {
 /// argmax, and (DFlash2) each row's top-K candidates (id, logit).
 struct HeadNll {
     nll: Tensor,
-    argmax: Vec<u32>,
+    argmax: Argmax,
     top: Vec<Vec<(u32, f32)>>,
+}
+
+/// Each row's argmax: on the host (the fused CPU op leaves it there), or a device
+/// tensor read when the step's work is queued (`SeqLoss::settle`).
+enum Argmax {
+    Host(Vec<u32>),
+    Device(Tensor),
+}
+
+impl Argmax {
+    fn read(&self) -> Result<Vec<u32>> {
+        match self {
+            Argmax::Host(v) => Ok(v.clone()),
+            Argmax::Device(t) => t.to_vec1::<u32>(),
+        }
+    }
 }
 
 /// DFlash2: the labelled rows whose label is among the row's top-K candidates, as the
@@ -822,5 +891,23 @@ impl SelectorRows {
             }
         }
         sel
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_hits_count_each_slots_right_predictions() {
+        let dev = Device::Cpu;
+        let hits = PendingHits {
+            argmax: Tensor::from_vec(vec![3u32, 5, 7, 9, 2], 5, &dev).unwrap(),
+            labels: vec![3, 0, 7, 9, 4],
+            slots: vec![1, 1, 2, 3, 3],
+        };
+        let mut correct = vec![0usize, 0, 5, 0];
+        hits.count_into(&mut correct).unwrap();
+        assert_eq!(correct, [0, 1, 6, 1]);
     }
 }

@@ -4,7 +4,7 @@
 //! and a JSON-lines log.
 
 use crate::data::Sample;
-use crate::draft_model::{DraftParams, DraftTrainer, SeqBatch, SeqLoss};
+use crate::draft_model::{DraftParams, DraftTrainer, PendingHits, SeqBatch, SeqLoss};
 use crate::head_loss::CandidateHead;
 use crate::optim::{schedule, AdamW};
 use crate::prompts::Rng;
@@ -505,6 +505,7 @@ pub fn train(
         };
         let fwd_s = started.elapsed().as_secs_f64();
         let grad_norm = optimizer_step(&loss.total, &vars, &mut opt, tc.grad_clip)?;
+        sums.settle()?;
         state.step += 1;
         state.opt_step = opt.step_t;
         state.trained_tokens += sums.tokens;
@@ -746,9 +747,11 @@ struct StepSums {
     /// Summed weighted NLL and its weight.
     total: Option<Tensor>,
     wsum: f64,
-    /// Per slot: labelled positions, and how many the argmax got right.
+    /// Per slot: labelled positions, and how many the argmax got right (those still on
+    /// the device counted by `settle`).
     counts: Vec<usize>,
     correct: Vec<usize>,
+    pending: Vec<PendingHits>,
     /// Tokens of the step's sequences.
     tokens: u64,
     /// Seconds spent getting the target's taps.
@@ -779,6 +782,7 @@ impl StepSums {
             wsum: 0.0,
             counts: vec![0usize; b],
             correct: vec![0usize; b],
+            pending: Vec::new(),
             tokens: 0u64,
             taps_s: 0.0,
             head_rows: None,
@@ -798,6 +802,7 @@ impl StepSums {
             self.in_top_k[k] += l.in_top_k[k];
             self.sel_correct[k] += l.selector_correct[k];
         }
+        self.pending.extend(l.pending);
         self.sel_w += l.selector_weight;
         if let Some(sn) = l.selector_nll {
             self.sel_total = Some(match self.sel_total.take() {
@@ -810,6 +815,15 @@ impl StepSums {
             Some(t) => (t + l.weighted_nll)?,
             None => l.weighted_nll,
         });
+        Ok(())
+    }
+
+    /// Counts the hits of the argmaxes still on the device: called once the step's
+    /// kernels are queued, so that reading them waits once, not once per sequence.
+    fn settle(&mut self) -> Result<(), TrainError> {
+        for p in self.pending.drain(..) {
+            p.count_into(&mut self.correct)?;
+        }
         Ok(())
     }
 
@@ -846,12 +860,22 @@ fn optimizer_step(
     clip: f64,
 ) -> Result<f64, TrainError> {
     let mut grads = loss.backward()?;
-    let mut sq = 0f64;
-    for (_, v) in vars {
-        if let Some(g) = grads.get(v.as_tensor()) {
-            sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        }
-    }
+    // Each gradient's sum of squares on the device, read in one go (one wait for the
+    // backward pass, not one per tensor), added up in f64 in the tensors' order.
+    let sums = vars
+        .iter()
+        .filter_map(|(_, v)| grads.get(v.as_tensor()))
+        .map(|g| g.sqr()?.sum_all())
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let sq: f64 = if sums.is_empty() {
+        0.0
+    } else {
+        Tensor::stack(&sums, 0)?
+            .to_vec1::<f32>()?
+            .iter()
+            .map(|&s| s as f64)
+            .sum()
+    };
     let norm = sq.sqrt();
     if norm > clip {
         let f = clip / norm;

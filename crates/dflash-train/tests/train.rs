@@ -418,3 +418,84 @@ fn the_draft_vocabulary_ranks_response_ids_first() {
     assert_eq!(ids(10), vec![0, 1, 2, 3, 7, 9, 30, 40, 41, 42]);
     assert_eq!(ids(1000).len(), 50, "at most the vocabulary");
 }
+
+#[test]
+fn the_head_by_candle_ops_gives_the_fused_ops_loss_and_hits() {
+    // The head path CUDA runs (candle's own ops, the argmax left on the device until
+    // the step settles it), run here on the CPU against the fused CPU op on one
+    // sequence: the same loss within f32 rounding, the same counts and hits, and a
+    // gradient that reaches the drafter's weights.
+    use dflash_train::draft_model::{DraftParams, DraftTrainer, SeqBatch};
+    let c = tiny_drafter_target();
+    let m = load_gguf(&write_gguf(&c, &random_weights(&c, 5), GgmlType::Q8_0)).unwrap();
+    let dev = candle_core::Device::Cpu;
+    let target = Target::new(&m.weights, &dev).unwrap();
+    let tc = TrainConfig {
+        layers: 1,
+        block_size: 8,
+        gamma: 4.0,
+        lr: 1e-2,
+        warmup_frac: 0.05,
+        weight_decay: 0.01,
+        steps: 1,
+        seqs_per_step: 1,
+        anchors_per_seq: 4,
+        max_seq_len: 64,
+        checkpoint_every: 1,
+        mask_token_id: c.vocab_size as u32 - 1,
+        seed: 3,
+        grad_clip: 1.0,
+        dflash2: None,
+        sampled_head: None,
+        stop_at: None,
+    };
+    let dcfg = dflash_train::train::run_drafter_config(&target.config, &tc);
+    let params = DraftParams::init(&dcfg, &dev, 3).unwrap();
+    let mut trainer =
+        DraftTrainer::new(dcfg.clone(), &target.embed, &target.lm_head, 4.0, 128).unwrap();
+    let tokens: Vec<u32> = (0..40u32)
+        .map(|i| (i * 7 + 3) % (c.vocab_size as u32 - 1))
+        .collect();
+    let taps = target.taps_of(&tokens, &dcfg.target_layer_ids).unwrap();
+    let anchors = [3usize, 10, 17, 25];
+    let batch = SeqBatch {
+        taps: &taps,
+        tokens: &tokens,
+        anchors: &anchors,
+        loss_from: 5,
+        head: None,
+    };
+    assert!(trainer.fused_head, "the CPU's default is the fused op");
+    let fused = trainer.sequence_loss(&params, &batch).unwrap();
+    trainer.fused_head = false;
+    let mut ops = trainer.sequence_loss(&params, &batch).unwrap();
+    assert!(fused.pending.is_none() && ops.pending.is_some());
+    assert!(
+        ops.correct.iter().all(|&n| n == 0),
+        "nothing counted before settling"
+    );
+    ops.settle().unwrap();
+    assert!(ops.pending.is_none());
+    assert_eq!(fused.counts, ops.counts);
+    assert!(fused.counts.iter().sum::<usize>() >= 20);
+    assert_eq!(fused.correct, ops.correct);
+    let (a, b) = (
+        fused.weighted_nll.to_scalar::<f32>().unwrap(),
+        ops.weighted_nll.to_scalar::<f32>().unwrap(),
+    );
+    assert!(
+        a > 0.0 && (a - b).abs() <= 1e-4 * a,
+        "fused {a} against candle's ops {b}"
+    );
+    let grads = ops.weighted_nll.backward().unwrap();
+    let reached = params
+        .all()
+        .iter()
+        .filter(|(_, v)| grads.get(v.as_tensor()).is_some())
+        .count();
+    assert!(
+        reached >= params.all().len() / 2,
+        "{reached} of {} weights",
+        params.all().len()
+    );
+}
