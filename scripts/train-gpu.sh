@@ -41,6 +41,8 @@
 #   scripts/train-gpu.sh join OUTDIR DEST   join the drafter's pieces from OUTDIR into DEST,
 #                                       checked by sha256, and unpack OUTDIR/results.tar.gz
 #                                       (logs, evaluations) into DEST/run-logs
+#   scripts/train-gpu.sh evaluate DEST  evaluate it here (HumanEval, MT-Bench: 40 x 96,
+#                                       block 16, T=0) beside the committed drafter
 # The run starts from the committed drafter (INIT: its folder, in the working tree the
 # device tool carries; `none`: random layers) and trains on the committed data (its six
 # sets, COMMITTED_SETS; `none`: only the GPU's) followed by what the GPU wrote, the
@@ -276,8 +278,31 @@ run_then_check() {
     BUDGET_S=$((total - (SECONDS - t0))) scripts/device-check.sh after-train
 }
 
+# The joined drafter in DEST evaluated here as the committed one was (HumanEval and
+# MT-Bench, EVAL_LIMIT prompts x EVAL_TOKENS tokens, block 16, T=0, the CPU reference
+# loop): DEST/eval-<set>.json, and its tau and slot-1 acceptance beside the committed
+# drafter's.
+evaluate() {
+  local dest=$1 model set
+  model=$(scripts/fetch-models.sh smollm2)
+  cargo build --release --locked -p dflash-train >&2
+  for set in humaneval mtbench; do
+    ./target/release/dflash-train eval --model "$model" --drafter "$dest" \
+      --prompts "$(scripts/fetch-evalsets.sh $set)" --block 16 --max-new-tokens "${EVAL_TOKENS:-96}" \
+      --limit "${EVAL_LIMIT:-40}" --json-out "$dest/eval-$set.json" >/dev/null
+    python3 - "$dest/eval-$set.json" "$COMMITTED_DIR/eval-$set.json" "$set" <<'PY'
+import json, sys
+new, old = (json.load(open(p)) for p in sys.argv[1:3])
+print(f"{sys.argv[3]} ({new['prompts']} x {new['max_new_tokens']}): tau {new['mean_tau']:.3f}, slot 1 "
+      f"{new['acceptance_by_position'][0]:.3f}; committed ({old['prompts']} x {old['max_new_tokens']}): "
+      f"tau {old['mean_tau']:.3f}, slot 1 {old['acceptance_by_position'][0]:.3f}")
+PY
+  done
+}
+
 case "${1:-}" in
   run-then-check) run_then_check ;;
+  evaluate) evaluate "$2" ;;
   pack) pack "$2" ;;
   unpack) unpack "$2" "$3" ;;
   stash) mkdir -p "$DEV" && mv "$2"/* "$DEV"/ && ls -la "$DEV" ;;
