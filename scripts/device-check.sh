@@ -90,8 +90,10 @@ log() { echo "== [$SECONDS s] $*" | tee -a "$RES/log.txt"; }
 bundle() {
   tar czf "$BACK/results.tmp" -C "$RES" . && mv "$BACK/results.tmp" "$BACK/results.tar.gz"
 }
-step() { # limit-seconds name command...
+DONE_STEPS=""
+step() { # limit-seconds name command...: a step that already ran (rc 0) is not run again
   local limit=$1 name=$2 left=$((DEADLINE - SECONDS - 5)); shift 2
+  case "$DONE_STEPS" in *"|$name|"*) log "$name: done already"; return ;; esac
   if [ "$left" -lt 15 ]; then
     log "$name: skipped, ${left} s left of the budget"; return
   fi
@@ -100,6 +102,7 @@ step() { # limit-seconds name command...
   timeout -k 10 "$limit" "$@" >>"$RES/log.txt" 2>&1
   local rc=$?
   log "$name: rc=$rc"
+  [ "$rc" -ne 0 ] || DONE_STEPS="$DONE_STEPS|$name|"
   bundle
 }
 
@@ -256,11 +259,12 @@ profile() {
 # profiles that matter most (SmolLM2's plain and DFlash steps, the synthetic qwen3-8b
 # pair at the published acceptance), then `profile` and `tests` as far as the budget goes.
 after_train() {
-  [ -f "$MODEL" ] || { log "after-train: no model here"; return; }
   local set drafter name accept=0.96,0.93,0.90,0.87,0.84,0.80,0.76,0.72,0.68,0.64,0.60,0.56,0.52,0.48,0.44
   local a=(--model "$MODEL" --adapter "${ADAPTER:-NVIDIA}" --temperature 0 --max-new-tokens "${TOKENS:-64}" --block auto,16 --json)
   local p=(--adapter "${ADAPTER:-NVIDIA}" --profile --json)
+  [ -f "$MODEL" ] || log "after-train: no model here, the synthetic profiles and tests only"
   for set in "fixtures/prompts/chat20.jsonl chat" "${EVAL_PROMPTS:-} humaneval"; do
+    [ -f "$MODEL" ] || break
     # shellcheck disable=SC2086
     set -- $set; [ $# -eq 2 ] && [ -f "$1" ] || continue
     for drafter in $(printf '%s\n' "$TRAINED" "$COMMITTED" | uniq); do
@@ -268,10 +272,12 @@ after_train() {
       step "${BENCH_LIMIT:-60}" "bench $name $2" sh -c "\"$BIN/dflash\" bench ${a[*]} --drafter $drafter --prompts $1 --limit 8 > $RES/bench-$name-$2-T0.jsonl"
     done
   done
-  step 60 "profile smollm2 p64" sh -c "\"$BIN/dflash\" bench --model $MODEL ${p[*]} --prompt-tokens 64 --decode-tokens 64 > $RES/profile-smollm2-p64.json"
-  step 90 "profile smollm2 dflash" sh -c "\"$BIN/dflash\" bench --model $MODEL ${p[*]} --drafter $TRAINED --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $RES/profile-smollm2-dflash.json"
+  if [ -f "$MODEL" ]; then
+    step 60 "profile smollm2 p64" sh -c "\"$BIN/dflash\" bench --model $MODEL ${p[*]} --prompt-tokens 64 --decode-tokens 64 > $RES/profile-smollm2-p64.json"
+    step 90 "profile smollm2 dflash" sh -c "\"$BIN/dflash\" bench --model $MODEL ${p[*]} --drafter $TRAINED --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $RES/profile-smollm2-dflash.json"
+  fi
   step 120 "profile qwen3-8b dflash" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b ${p[*]} --drafter synthetic --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $RES/profile-qwen3-8b-dflash.json"
-  step 60 "profile smollm2 p512" sh -c "\"$BIN/dflash\" bench --model $MODEL ${p[*]} --prompt-tokens 512 --decode-tokens 64 > $RES/profile-smollm2-p512.json"
+  [ ! -f "$MODEL" ] || step 60 "profile smollm2 p512" sh -c "\"$BIN/dflash\" bench --model $MODEL ${p[*]} --prompt-tokens 512 --decode-tokens 64 > $RES/profile-smollm2-p512.json"
   step 120 "profile qwen2.5-32b" sh -c "\"$BIN/dflash\" bench --synthetic qwen2.5-32b ${p[*]} --prompt-tokens 64 --decode-tokens 64 > $RES/profile-qwen2.5-32b.json"
   # Where the trainer left time (it failed, say): the whole profile, then the GPU tests.
   profile

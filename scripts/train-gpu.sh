@@ -35,7 +35,9 @@
 # and .gl (the Vulkan loader's .deb, device-check.sh),
 # `scripts/train-gpu.sh stash .train-pack/p3 && scripts/device-check.sh stash
 # .device-pack/bins && TOTAL_S=... scripts/train-gpu.sh run-then-check` with timeout_s
-# 600 and TOTAL_S at most status's budget_left_s less ~60 s (570 at most); give_back at
+# 600 and TOTAL_S at most status's budget_left_s less ~110 s (570 at most: the call
+# runs ~25 s past TOTAL_S, and the transfers count too); check first that the last
+# call's carry fits (scripts/train-gpu.sh carry-check); give_back at
 # once. $OUT comes back: the drafter's pieces, results.tar.gz and log.txt, and dc/ with
 # device-check's) and back here:
 #   scripts/train-gpu.sh join OUTDIR DEST   join the drafter's pieces from OUTDIR into DEST,
@@ -135,12 +137,12 @@ training_data() {
   # The GPU's samples, but a line that a time limit cut short.
   if [ -f "$w/data.jsonl" ]; then
     python3 -c 'import json, sys
-for line in sys.stdin:
+for line in sys.stdin.buffer:
     try:
         json.loads(line)
     except ValueError:
         continue
-    sys.stdout.write(line if line.endswith("\n") else line + "\n")' <"$w/data.jsonl" >"$w/data-whole.jsonl"
+    sys.stdout.buffer.write(line if line.endswith(b"\n") else line + b"\n")' <"$w/data.jsonl" >"$w/data-whole.jsonl"
     cat "$w/data-whole.jsonl" >>"$w/train-data.jsonl"; n=$(wc -l <"$w/data-whole.jsonl")
   fi
   if [ "$n" -ge 32 ]; then echo 32; else echo 0; fi
@@ -152,9 +154,12 @@ for line in sys.stdin:
 # at most MAX_STEPS (20000). Reads t, w, log and deadline of run_on_gpu.
 fitted_steps() {
   local probe="$w/probe" t0=$SECONDS limit
+  limit=$(train_limit)
+  # No probe where the stage could not pay for its start-up: a floor of steps instead.
+  if [ "$limit" -lt 60 ]; then echo 1; return 0; fi
   rm -rf "$probe"
-  timeout -k 10 120 "$t" train "$@" --out "$probe" --steps 1000 --stop-at 8 --checkpoint-every 1000 \
-    >>"$log" 2>&1 || return 1
+  timeout -k 10 $((limit < 120 ? limit : 120)) "$t" train "$@" --out "$probe" --steps 1000 --stop-at 8 \
+    --checkpoint-every 1000 >>"$log" 2>&1 || return 1
   limit=$(train_limit)
   python3 - "$probe/train.log.jsonl" $((SECONDS - t0)) "$limit" "${MAX_STEPS:-20000}" <<'PY'
 import json, statistics, sys
@@ -224,7 +229,10 @@ run_on_gpu() {
     steps=$(fitted_steps "${train[@]}") || steps=3000
     echo "== [$SECONDS s] steps: $steps" | tee -a "$log"
   fi
-  stage "$(train_limit)" train "$t" train "${train[@]}" --out "$run" --steps "$steps" --checkpoint-every 50
+  local limit
+  limit=$(train_limit)
+  [ "$limit" -ge 30 ] || limit=0 # a train stage under 30 s only pays its start-up: skipped
+  stage "$limit" train "$t" train "${train[@]}" --out "$run" --steps "$steps" --checkpoint-every 50
   # The last checkpoint is exported even when the time limit cut the run short, and the
   # drafter goes out at once (pieces of at most 16 MiB), before the evaluations.
   stage 30 export "$t" export --run "$run" --out "$drafter"
@@ -270,11 +278,13 @@ join_drafter() {
 # and its results in $OUT/dc.
 run_then_check() {
   local t0=$SECONDS total=${TOTAL_S:-570} trained="$DEV/work/drafter" models=/tmp/dflash-dev/cache/models
+  local humaneval="$DEV/work/files/evalsets/humaneval.jsonl"
+  [ "$total" -le 570 ] || total=570
   BUDGET_S=$((total - ${CHECK_S:-150})) EVAL_SETS=${EVAL_SETS-} "$0" run || echo "train-gpu.sh run: rc=$?"
   mkdir -p "$models" "$OUT/dc"
   cp "$DEV/work/files/$MODEL" "$models/" || echo "no model from the pack"
   [ -f "$trained/model.safetensors" ] || trained=$COMMITTED_DIR
-  DEV=/tmp/dflash-dev OUT="$(realpath "$OUT")/dc" TRAINED=$trained EVAL_PROMPTS="$DEV/work/files/evalsets/humaneval.jsonl" \
+  DEV=/tmp/dflash-dev OUT="$(realpath "$OUT")/dc" TRAINED=$trained EVAL_PROMPTS=$humaneval \
     BUDGET_S=$((total - (SECONDS - t0))) scripts/device-check.sh after-train
 }
 
@@ -300,8 +310,20 @@ PY
   done
 }
 
+# Whether the last call's carry (.train-pack's last piece, .device-pack/bins, .gl) fits
+# beside the working tree in one call of the device tool.
+carry_check() {
+  local room need last
+  last=$(find .train-pack -maxdepth 1 -name 'p*' -type d | sort -V | tail -1)
+  room=$(MARGIN=0 scripts/device-piece-size.sh)
+  need=$(du -cb "$last" .device-pack/bins .gl 2>/dev/null | tail -1 | cut -f1)
+  echo "last call: $last, .device-pack/bins and .gl: $need bytes beside the tree; room: $room"
+  [ "$need" -le "$room" ] || { echo "too big for one call" >&2; return 1; }
+}
+
 case "${1:-}" in
   run-then-check) run_then_check ;;
+  carry-check) carry_check ;;
   evaluate) evaluate "$2" ;;
   pack) pack "$2" ;;
   unpack) unpack "$2" "$3" ;;
