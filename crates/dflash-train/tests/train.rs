@@ -22,6 +22,29 @@ fn tmp(name: &str) -> std::path::PathBuf {
     d
 }
 
+/// The tiny runs' settings: one layer, blocks of 8, 30 steps of 4 sequences.
+fn tiny_train_config(vocab_size: usize) -> TrainConfig {
+    TrainConfig {
+        layers: 1,
+        block_size: 8,
+        gamma: 4.0,
+        lr: 1e-2,
+        warmup_frac: 0.05,
+        weight_decay: 0.01,
+        steps: 30,
+        seqs_per_step: 4,
+        anchors_per_seq: 16,
+        max_seq_len: 256,
+        checkpoint_every: 10,
+        mask_token_id: vocab_size as u32 - 1,
+        seed: 3,
+        grad_clip: 1.0,
+        dflash2: None,
+        sampled_head: None,
+        stop_at: None,
+    }
+}
+
 #[test]
 fn tiny_run_learns_and_exports_a_loadable_drafter() {
     let c = tiny_drafter_target();
@@ -55,25 +78,7 @@ fn tiny_run_learns_and_exports_a_loadable_drafter() {
 
     // Train 60 steps, interrupted at 30 and resumed.
     let run = dir.join("drafter-run");
-    let mut tc = TrainConfig {
-        layers: 1,
-        block_size: 8,
-        gamma: 4.0,
-        lr: 1e-2,
-        warmup_frac: 0.05,
-        weight_decay: 0.01,
-        steps: 30,
-        seqs_per_step: 4,
-        anchors_per_seq: 16,
-        max_seq_len: 256,
-        checkpoint_every: 10,
-        mask_token_id: c.vocab_size as u32 - 1,
-        seed: 3,
-        grad_clip: 1.0,
-        dflash2: None,
-        sampled_head: None,
-        stop_at: None,
-    };
+    let mut tc = tiny_train_config(c.vocab_size);
     train(&target, &samples, &run, &tc, Init::Random, true).unwrap();
     // An interruption after the checkpoint: the lines of steps it logged but did not
     // keep are dropped on resume (they run again).
@@ -430,25 +435,7 @@ fn the_head_by_candle_ops_gives_the_fused_ops_loss_and_hits() {
     let m = load_gguf(&write_gguf(&c, &random_weights(&c, 5), GgmlType::Q8_0)).unwrap();
     let dev = candle_core::Device::Cpu;
     let target = Target::new(&m.weights, &dev).unwrap();
-    let tc = TrainConfig {
-        layers: 1,
-        block_size: 8,
-        gamma: 4.0,
-        lr: 1e-2,
-        warmup_frac: 0.05,
-        weight_decay: 0.01,
-        steps: 1,
-        seqs_per_step: 1,
-        anchors_per_seq: 4,
-        max_seq_len: 64,
-        checkpoint_every: 1,
-        mask_token_id: c.vocab_size as u32 - 1,
-        seed: 3,
-        grad_clip: 1.0,
-        dflash2: None,
-        sampled_head: None,
-        stop_at: None,
-    };
+    let tc = tiny_train_config(c.vocab_size);
     let dcfg = dflash_train::train::run_drafter_config(&target.config, &tc);
     let params = DraftParams::init(&dcfg, &dev, 3).unwrap();
     let mut trainer =
