@@ -222,6 +222,8 @@ profile() {
     step 60 "profile smollm2 p64 outs1" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --gemv-outputs 1 --prompt-tokens 64 --decode-tokens 64 > $RES/profile-smollm2-p64-outs1.json"
     # The RMSNorm apart against fused into the next GEMV (the GPU tuning's default).
     step 40 "profile smollm2 p64 norm apart" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --fuse-norm false --prompt-tokens 64 --decode-tokens 64 > $RES/profile-smollm2-p64-norm-apart.json"
+    # The norm split into the residual GEMVs (the CPU adapters' default) against the prologue.
+    step 40 "profile smollm2 p64 norm in residual" sh -c "\"$BIN/dflash\" bench --model $model ${a[*]} --norm-in-residual true --prompt-tokens 64 --decode-tokens 64 > $RES/profile-smollm2-p64-norm-in-residual.json"
     # DFlash steps pipelined (the GPU tuning's default) against one at a time, same run
     # settings (the host's read-back latency per step is what pipelining hides).
     for piped in true false; do

@@ -19,6 +19,18 @@
 //   BIAS     y = acc + bias[bias_offset + o].
 //   PAIR     SwiGLU of two row blocks of one matrix ([gate; up]): the thread computes rows
 //            o and o + pair_rows from the same x loads; y[o] = silu(gate) * up.
+//   NORM_SUMS x is RMSNorm's input times the norm's weight, written with partial sums of
+//            its squares by the residual GEMV that wrote the residual stream
+//            (NORM_OUT): each thread sums row r's norm_parts partials in order for
+//            1/rms and scales its sums by it at the end (RMSNorm is linear in x once
+//            1/rms is known), so no workgroup walks x for its norm and no barrier is
+//            paid. Not the separate kernel's bits (its 1/rms multiplies each x first):
+//            the CPU reference's tolerance, and batch invariance, hold.
+//   NORM_OUT with ACCUMULATE: the next RMSNorm's share in the epilogue: each stored
+//            value v of x row r also as v * norm_w[o] into prenorm[r * out_stride + o],
+//            and each row-owning thread's sum of v^2 over its rows (in order) into
+//            prenorm[MAX_ROWS * out_stride + r * norm_parts + part], part = its index
+//            among the row-owning threads of the grid.
 //   main_tap also copies each stored value into taps[r * tap_stride + tap_offset + o] (a
 //   DFlash tap of the residual stream after a layer: the copy it replaces). An entry of
 //   its own, so that the others never bind the taps.
@@ -44,6 +56,8 @@ override BIAS: bool = false;
 override PAIR: bool = false;
 override EXPERT_K: u32 = 0u; // main_experts: experts per x row (0: a plain GEMV)
 override X_SLOTS: bool = false; // main_experts: x row r reads its slot's row of x
+override NORM_SUMS: bool = false;
+override NORM_OUT: bool = false;
 override THREADS: u32 = 64u; // threads per workgroup: WG, 32 or 16 (at least LANES and N_ROWS)
 
 struct Params {
@@ -53,7 +67,7 @@ struct Params {
     out_offset: u32,  // index of this chunk's first output row in y
     out_stride: u32,  // y row length (all chunks)
     wg_x: u32,        // workgroups along x (the grid may be 2-D)
-    eps: f32,         // NORM
+    eps: f32,         // NORM, NORM_SUMS
     bias_offset: u32, // BIAS: bias index of output row 0
     pair_rows: u32,   // PAIR: row distance from a gate row to its up row
     part_offset: u32, // main_argmax: this chunk's first workgroup among all chunks
@@ -62,7 +76,7 @@ struct Params {
     tap_stride: u32,  // main_tap: floats per taps row
     expert_lo: u32,   // main_experts: the first expert whose rows are in this chunk
     zero: u32,        // 0 (see x_sum)
-    pad: u32,
+    norm_parts: u32,  // NORM_SUMS, NORM_OUT: partial sums of squares per x row
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -76,6 +90,10 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> best: array<vec2<u32>>;
 @group(0) @binding(9) var<storage, read_write> taps: array<f32>;
 @group(0) @binding(10) var<storage, read> routes: array<u32>; // main_experts: [rows, EXPERT_K]
+// NORM_OUT: [MAX_ROWS, out_stride] of x * norm_w, then [MAX_ROWS, norm_parts] partial sums.
+@group(0) @binding(11) var<storage, read_write> prenorm: array<f32>;
+// NORM_SUMS: the same buffer (x is its first part), read for the partial sums.
+@group(0) @binding(12) var<storage, read> prenorm_sums: array<f32>;
 
 const MAX_ROWS: u32 = 16u;
 const MAX_OUTS: u32 = 8u;
@@ -142,6 +160,42 @@ fn norm_prologue(lid: u32) {
     workgroupBarrier();
     for (var r = 0u; r < N_ROWS; r++) {
         inv_rms[r] = shared_inv_rms[r];
+    }
+}
+
+// NORM_SUMS: the thread's finished sums times each x row's 1 / rms, from the
+// norm_parts partial sums NORM_OUT left, summed in order by every thread (no barrier;
+// after the sums, so that nothing more is live through them).
+fn scale_by_inv_rms() {
+    let at = MAX_ROWS * p.k;
+    for (var r = 0u; r < N_ROWS; r++) {
+        var ss = 0.0;
+        for (var i = 0u; i < p.norm_parts; i++) {
+            ss += prenorm_sums[at + r * p.norm_parts + i];
+        }
+        let inv = 1.0 / sqrt(ss / f32(p.k) + p.eps);
+        for (var j = 0u; j < OUTS; j++) {
+            acc[j * MAX_ROWS + r] *= inv;
+            acc2[j * MAX_ROWS + r] *= inv;
+        }
+    }
+}
+
+// NORM_OUT: the next norm's x * weight of the owned rows just stored, and their sum of
+// squares per x row as partial `part` (0 where the thread owns no row).
+fn norm_out(o0: u32, part: u32) {
+    let at = MAX_ROWS * p.out_stride;
+    for (var r = 0u; r < N_ROWS; r++) {
+        var ss = 0.0;
+        for (var j = 0u; j < OUTS; j++) {
+            let o = p.out_offset + out_row(o0, j);
+            if (out_row(o0, j) < p.m) {
+                let v = y[r * p.out_stride + o];
+                ss += v * v;
+                prenorm[r * p.out_stride + o] = v * norm_w[o / 4u][o % 4u];
+            }
+        }
+        prenorm[at + r * p.norm_parts + part] = ss;
     }
 }
 
@@ -467,7 +521,13 @@ fn gemv(lid: u32, wgi: u32) {
     }
     lane_tree(lid, lane);
     if (lane == 0u) {
+        if (NORM_SUMS) {
+            scale_by_inv_rms();
+        }
         store(o0);
+        if (NORM_OUT) {
+            norm_out(o0, wgi * (THREADS / LANES) + lid / LANES);
+        }
     }
 }
 

@@ -171,6 +171,12 @@ pub struct BenchArgs {
     /// (`false`), in place of the tuning's choice (GPUs fuse, CPU adapters do not).
     #[arg(long)]
     fuse_norm: Option<bool>,
+    /// RMSNorm split between the residual GEMV before it (x * weight and partial sums
+    /// of squares in its epilogue) and the GEMVs after it (1/rms from those sums, applied
+    /// at the end) where a residual GEMV precedes the norm (`true`), or not (`false`), in
+    /// place of the tuning's choice.
+    #[arg(long)]
+    norm_in_residual: Option<bool>,
     /// Greedy drafts among the drafter's draft vocabulary (`draft_vocab.json`, where its
     /// folder has one: a few thousand rows of the lm_head instead of all), or `false`:
     /// among the whole vocabulary (the JSON's `draft_vocab`; `draft_head_ids`: the ids
@@ -426,6 +432,7 @@ fn gpu_options(a: &BenchArgs, timestamps: bool) -> dflash_gpu::GpuOptions {
         gemv_outputs: a.gemv_outputs,
         pipelined_decode: a.pipelined,
         fuse_norm: a.fuse_norm,
+        norm_in_residual: a.norm_in_residual,
         ..Default::default()
     }
 }

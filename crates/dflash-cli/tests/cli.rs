@@ -272,6 +272,7 @@ fn cpu_bench_reports_speed_and_bandwidth_and_refuses_gpu_flags() {
         &["--model", p, "--profile"],
         &["--model", p, "--pipelined", "true"],
         &["--model", p, "--fuse-norm", "true"],
+        &["--model", p, "--norm-in-residual", "true"],
     ] {
         let mut args = vec!["bench", "--device", "cpu"];
         args.extend_from_slice(flag);

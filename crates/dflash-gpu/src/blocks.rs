@@ -3,6 +3,9 @@
 //! store, attention, o_proj + residual) and an MLP block (RMSNorm + stacked gate/up with
 //! SwiGLU, down + residual). The norm goes into the following GEMV where the adapter
 //! fuses it (`Tuning::fuse_norm`); DFlash2's convolutions around a sublayer keep it apart.
+//! Where the adapter splits it (`Tuning::norm_in_residual`), the residual GEMV before a
+//! norm does its share: each block returns the partial sums its last residual GEMV left
+//! for the norm after it (`Prepared`), and takes those of the GEMV before it.
 
 use crate::context::GpuContext;
 use crate::error::Result;
@@ -237,6 +240,9 @@ pub(crate) struct LayerBuffers<'a> {
     pub x: &'a wgpu::Buffer,
     /// RMSNorm(x) where the norm is not fused.
     pub xn: &'a wgpu::Buffer,
+    /// The next norm's x * weight and partial sums from a residual GEMV
+    /// (`ops::prenorm_bytes`).
+    pub prenorm: &'a wgpu::Buffer,
     /// q, k, v of each row: `[16, q_dim + 2 kv_dim]`.
     pub qkv: &'a wgpu::Buffer,
     pub att: &'a wgpu::Buffer,
@@ -262,16 +268,33 @@ pub(crate) struct MoeBuffers<'a> {
     pub shared: [&'a wgpu::Buffer; 2],
 }
 
+/// The partial sums of squares per row that the residual GEMV before a norm left with
+/// x * the norm's weight in the prenorm buffer (`Tuning::norm_in_residual`); `None`
+/// where it left x alone.
+pub(crate) type Prepared = Option<usize>;
+
 /// Pushes RMSNorm(x) by `w` where the adapter does not fuse it into the next GEMV, and
-/// returns that GEMV's fusion and input: x with the norm in its prologue, else xn.
+/// returns that GEMV's fusion and input: the prenorm buffer where the residual GEMV
+/// before did the norm's share (`prepared`), x with the norm in its prologue, else xn.
 pub(crate) fn norm_input<'a>(
     ctx: &GpuContext,
     d: &mut Vec<Dispatch>,
     (w, eps): (&'a wgpu::Buffer, f32),
-    (x, xn): (&'a wgpu::Buffer, &'a wgpu::Buffer),
-    n: usize,
+    (x, xn, prenorm): (&'a wgpu::Buffer, &'a wgpu::Buffer, &'a wgpu::Buffer),
+    (prepared, n): (Prepared, usize),
     hidden: usize,
 ) -> Result<(ops::GemvFusion<'a>, &'a wgpu::Buffer)> {
+    if let Some(parts) = prepared {
+        let f = ops::GemvFusion {
+            prenormed: Some(ops::Prenormed {
+                buf: prenorm,
+                parts,
+                eps,
+            }),
+            ..Default::default()
+        };
+        return Ok((f, prenorm));
+    }
     if ctx.tuning.fuse_norm {
         let f = ops::GemvFusion {
             norm: Some((w, eps)),
@@ -289,13 +312,14 @@ fn sublayer_input<'a>(
     ctx: &GpuContext,
     d: &mut Vec<Dispatch>,
     s: &LayerShape,
-    norm: &'a wgpu::Buffer,
+    (norm, prepared): (&'a wgpu::Buffer, Prepared),
     conv: Option<&ConvWeights<'a>>,
     b: &LayerBuffers<'a>,
     n: usize,
 ) -> Result<(ops::GemvFusion<'a>, &'a wgpu::Buffer)> {
     let (Some(cv), Some(cb)) = (conv, &b.conv) else {
-        return norm_input(ctx, d, (norm, s.eps), (b.x, b.xn), n, s.hidden);
+        let bufs = (b.x, b.xn, b.prenorm);
+        return norm_input(ctx, d, (norm, s.eps), bufs, (prepared, n), s.hidden);
     };
     d.push(ops::rmsnorm(ctx, s.eps, norm, b.x, b.xn, n, s.hidden)?);
     d.extend(ops::gemv(ctx, cv.projection, b.xn, cb.coef, n, false)?);
@@ -307,25 +331,31 @@ fn sublayer_input<'a>(
 }
 
 /// A sublayer's output projection `m` of `input` added to the residual: directly (and
-/// into `tap` where given, in the GEMV's epilogue), or through DFlash2's convolution
-/// (side 1) where the layer has one.
+/// into `tap` where given, and the share of the norm `next` where the adapter splits
+/// norms, in the GEMV's epilogue), or through DFlash2's convolution (side 1) where the
+/// layer has one.
 fn sublayer_output(
     ctx: &GpuContext,
     d: &mut Vec<Dispatch>,
     s: &LayerShape,
     (m, input, tap): (&GpuMatrix, &wgpu::Buffer, Option<ops::GemvTap>),
-    conv: Option<&ConvWeights>,
+    (conv, next): (Option<&ConvWeights>, Option<&wgpu::Buffer>),
     b: &LayerBuffers,
     n: usize,
-) -> Result<()> {
+) -> Result<Prepared> {
     let (Some(cv), Some(cb)) = (conv, &b.conv) else {
+        let split = ctx.tuning.norm_in_residual && m.chunks.len() == 1;
         let f = ops::GemvFusion {
             accumulate: true,
             tap,
+            norm_out: next.filter(|_| split).map(|weight| ops::NormOut {
+                weight,
+                buf: b.prenorm,
+            }),
             ..Default::default()
         };
         d.extend(ops::gemv_fused(ctx, m, input, b.x, n, &f)?);
-        return Ok(());
+        return Ok(f.norm_out.map(|_| ops::norm_out_parts(ctx, m)));
     };
     if tap.is_some() {
         return Err(crate::error::GpuError::Unsupported(
@@ -337,7 +367,16 @@ fn sublayer_output(
     d.push(ops::grouped_conv(
         ctx, &shape, cb.o, cb.coef, cv.base, b.x, n, true,
     )?);
-    Ok(())
+    Ok(None)
+}
+
+/// The norm after a layer's attention: its MLP's, which a residual GEMV can prepare
+/// unless DFlash2 convolves the MLP's input.
+fn mlp_norm<'a>(w: &LayerWeights<'a>) -> Option<&'a wgpu::Buffer> {
+    match &w.conv {
+        None => Some(w.ffn_norm),
+        Some(_) => None,
+    }
 }
 
 fn conv_shape(s: &LayerShape, cv: &ConvWeights, side: usize) -> ops::ConvShape {
@@ -350,18 +389,19 @@ fn conv_shape(s: &LayerShape, cv: &ConvWeights, side: usize) -> ops::ConvShape {
 }
 
 /// RMSNorm + QKV (one GEMV where q, k, v are stacked, the bias in its epilogue),
-/// per-head norms + RoPE + KV store, attention, o_proj + residual.
+/// per-head norms + RoPE + KV store, attention, o_proj + residual (and the MLP norm's
+/// share, whose partial sums it returns, where the adapter splits norms).
 pub(crate) fn attention_block(
     ctx: &GpuContext,
     d: &mut Vec<Dispatch>,
     s: &LayerShape,
     w: &LayerWeights,
-    b: &LayerBuffers,
+    (b, prepared): (&LayerBuffers, Prepared),
     n: usize,
-) -> Result<()> {
+) -> Result<Prepared> {
     let row = s.qkv_row();
     let conv = w.conv.as_ref().map(|c| &c[0]);
-    let (norm, x) = sublayer_input(ctx, d, s, w.attn_norm, conv, b, n)?;
+    let (norm, x) = sublayer_input(ctx, d, s, (w.attn_norm, prepared), conv, b, n)?;
     let mut col = 0;
     for (m, bias) in w.qkv {
         let f = ops::GemvFusion {
@@ -425,7 +465,7 @@ pub(crate) fn attention_block(
             s.q_dim(),
         )?);
     }
-    sublayer_output(ctx, d, s, (w.wo, b.att, None), conv, b, n)
+    sublayer_output(ctx, d, s, (w.wo, b.att, None), (conv, mlp_norm(w)), b, n)
 }
 
 /// RMSNorm + the input projection `[qkv; z; b; a]` (one GEMV where stacked), the
@@ -436,15 +476,16 @@ pub(crate) fn delta_net_block(
     d: &mut Vec<Dispatch>,
     s: &LayerShape,
     (w, dn): (&LayerWeights, &GpuDeltaNet),
-    b: &LayerBuffers,
+    (b, prepared): (&LayerBuffers, Prepared),
     n: usize,
-) -> Result<()> {
+) -> Result<Prepared> {
     let Some(lb) = &b.linear else {
         return Err(crate::error::GpuError::Unsupported(
             "a linear-attention layer without its work buffers".into(),
         ));
     };
-    let (norm, x) = norm_input(ctx, d, (w.attn_norm, s.eps), (b.x, b.xn), n, s.hidden)?;
+    let bufs = (b.x, b.xn, b.prenorm);
+    let (norm, x) = norm_input(ctx, d, (w.attn_norm, s.eps), bufs, (prepared, n), s.hidden)?;
     let stride = dn.shape.proj_stride();
     let mut col = 0;
     for (m, _) in w.qkv {
@@ -457,25 +498,29 @@ pub(crate) fn delta_net_block(
         col += m.rows;
     }
     d.extend(ops::delta_net(ctx, &dn.shape, &dn.buffers(lb), n, false)?);
-    sublayer_output(ctx, d, s, (w.wo, lb.read, None), None, b, n)
+    sublayer_output(ctx, d, s, (w.wo, lb.read, None), (None, mlp_norm(w)), b, n)
 }
 
 /// RMSNorm + gate/up + SwiGLU (one GEMV where the two are stacked), down + residual,
-/// the layer's output also into `tap` where given.
+/// the layer's output also into `tap` where given; where the adapter splits norms, the
+/// share of the norm `next` (the next layer's or the final one) in the down GEMV, whose
+/// partial sums it returns.
 pub(crate) fn mlp_block(
     ctx: &GpuContext,
     d: &mut Vec<Dispatch>,
     s: &LayerShape,
     w: &LayerWeights,
     (b, tap): (&LayerBuffers, Option<ops::GemvTap>),
+    (prepared, next): (Prepared, Option<&wgpu::Buffer>),
     n: usize,
-) -> Result<()> {
+) -> Result<Prepared> {
     let conv = w.conv.as_ref().map(|c| &c[1]);
-    let (norm, x) = sublayer_input(ctx, d, s, w.ffn_norm, conv, b, n)?;
+    let (norm, x) = sublayer_input(ctx, d, s, (w.ffn_norm, prepared), conv, b, n)?;
     let (gate_up, down) = match w.ffn {
         GpuFfn::Dense { gate_up, down } => (gate_up, down),
         GpuFfn::Moe(e) if conv.is_none() => {
-            return experts_block(ctx, d, e, (norm, x), (b, tap), n)
+            experts_block(ctx, d, e, (norm, x), (b, tap), n)?;
+            return Ok(None);
         }
         GpuFfn::Moe(_) => {
             return Err(crate::error::GpuError::Unsupported(
@@ -484,7 +529,7 @@ pub(crate) fn mlp_block(
         }
     };
     gate_up_swiglu(ctx, d, gate_up, (x, &norm), b, n, s.intermediate)?;
-    sublayer_output(ctx, d, s, (down, b.ff, tap), conv, b, n)
+    sublayer_output(ctx, d, s, (down, b.ff, tap), (conv, next), b, n)
 }
 
 /// `ff = silu(gate x) * up x` over `n` rows of `width`: one paired GEMV where gate and

@@ -22,6 +22,9 @@ pub struct GpuOptions {
     /// Override whether RMSNorm is fused into the GEMV that follows it (`dflash bench
     /// --fuse-norm`: the choice measured on this adapter), keeping the rest of the knobs.
     pub fuse_norm: Option<bool>,
+    /// Override whether the residual GEMV before an RMSNorm does the norm's share
+    /// (`dflash bench --norm-in-residual`), keeping the rest of the knobs.
+    pub norm_in_residual: Option<bool>,
     /// Run within the limits a browser's WebGPU grants (see `browser_limits`), so that a
     /// native run finds what the browser build would.
     pub browser_limits: bool,
@@ -215,6 +218,21 @@ pub struct Tuning {
     /// alternations): 3072x576 613 against 517 us, lm_head 13.2 against 10.1 ms, its 96
     /// workgroups each ~32 us dearer; the norms apart cost 2.4 ms per step in all.
     pub fuse_norm: bool,
+    /// RMSNorm split between the residual GEMV that writes the residual stream and the
+    /// GEMVs that read the norm (gemv.wgsl NORM_OUT and NORM_SUMS): the first writes x *
+    /// weight and each thread's sum of x^2 over its rows, the others sum those partials
+    /// for 1/rms and scale their sums by it at the end. No norm kernel and no workgroup
+    /// walking x where a residual GEMV precedes the norm (each layer's two norms and the
+    /// final one); elsewhere (the first layer's, DFlash2's convolved sublayers, after
+    /// a mixture of experts) `fuse_norm` decides. On lavapipe (SmolLM2, 8 rows per
+    /// thread: 96 partials per row) it makes 184 dispatches per step instead of 244 at
+    /// the same speed: 64 tokens after 64, alternated 4 times, 13.8-15.2 tok/s against
+    /// 13.4-14.3 apart, after 256 tokens prefill 39.1-41.7 against 36.2-39.6 tok/s, the
+    /// one-pass step 60.9 against 61.2 ms. On SwiftShader (2 rows per thread in 16-thread
+    /// workgroups: 288 partials per row, summed by every thread) it costs 12% of decode
+    /// and a third of prefill (1.57-1.69 against 1.81-1.91 tok/s), so it keeps the norms
+    /// apart; GPUs keep the prologue until a profile says otherwise.
+    pub norm_in_residual: bool,
     /// Attention in chunks of keys (attention_chunks.wgsl: many workgroups per row, the
     /// query heads of a KV head served together, q/k norms + RoPE + KV store inside)
     /// instead of qkv.wgsl + one workgroup per (row, query heads of a KV head) walking
@@ -270,6 +288,7 @@ impl Tuning {
         Tuning {
             gemv: &GPU_GEMV,
             fuse_norm: true,
+            norm_in_residual: false,
             chunked_attention: true,
             pipelined_decode: true,
             chunked_sampler: true,
@@ -290,6 +309,7 @@ impl Tuning {
         Tuning {
             gemv: &CPU_GEMV,
             fuse_norm: false,
+            norm_in_residual: true,
             chunked_attention: false,
             pipelined_decode: false,
             chunked_sampler: false,
@@ -297,10 +317,12 @@ impl Tuning {
         }
     }
 
-    /// The knobs of SwiftShader: `cpu()` with the GEMV of `SWIFTSHADER_GEMV`.
+    /// The knobs of SwiftShader: `cpu()` with the GEMV of `SWIFTSHADER_GEMV` and the
+    /// norms apart (`norm_in_residual`).
     pub fn swiftshader() -> Self {
         Tuning {
             gemv: &SWIFTSHADER_GEMV,
+            norm_in_residual: false,
             ..Tuning::cpu()
         }
     }
@@ -359,6 +381,9 @@ pub struct GpuContext {
     /// A small read-only storage buffer bound where a kernel variant leaves a binding
     /// unused (its layout still names it).
     pub unused: wgpu::Buffer,
+    /// The same for a binding a kernel writes (WebGPU forbids one buffer bound both
+    /// read-only and writable in a dispatch).
+    pub unused_out: wgpu::Buffer,
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<GpuError>>>,
 }
@@ -405,6 +430,12 @@ impl GpuContext {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let unused_out = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused written binding"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         let mut summary = AdapterSummary::of(&info, features, &limits);
         summary.packed_int8_dot = instance
             .wgsl_language_features()
@@ -413,6 +444,7 @@ impl GpuContext {
         tuning.gemv_outputs_override = opts.gemv_outputs.or(tuning.gemv_outputs_override);
         tuning.pipelined_decode = opts.pipelined_decode.unwrap_or(tuning.pipelined_decode);
         tuning.fuse_norm = opts.fuse_norm.unwrap_or(tuning.fuse_norm);
+        tuning.norm_in_residual = opts.norm_in_residual.unwrap_or(tuning.norm_in_residual);
         // The limit granted to the device (browser_limits caps it at 10).
         tuning.chunked_attention &= device.limits().max_storage_buffers_per_shader_stage
             >= CHUNKED_ATTENTION_STORAGE_BUFFERS;
@@ -425,6 +457,7 @@ impl GpuContext {
             tuning,
             timestamps,
             unused,
+            unused_out,
             lost,
             uncaptured,
         })

@@ -135,6 +135,8 @@ pub(crate) struct Activations {
     pub(crate) x: wgpu::Buffer,
     /// RMSNorm(x) where the adapter does not fuse the norm into the next GEMV.
     pub(crate) xn: wgpu::Buffer,
+    /// The next norm's x * weight and partial sums (`Tuning::norm_in_residual`).
+    pub(crate) prenorm: wgpu::Buffer,
     /// q, k and v of each row: `[16, q_dim + 2 kv_dim]`.
     pub(crate) qkv: wgpu::Buffer,
     pub(crate) att: wgpu::Buffer,
@@ -244,6 +246,7 @@ impl Activations {
             result: wb("result", (n + 4) * 4),
             x: wb("x", n * f * c.hidden_size as u64),
             xn: wb("xn", n * f * c.hidden_size as u64),
+            prenorm: wb("prenorm", ops::prenorm_bytes(c.hidden_size)),
             qkv: wb("qkv", n * f * qkv_row(c) as u64),
             att: wb("att", n * f * c.q_dim() as u64),
             att_parts: {
@@ -447,6 +450,7 @@ pub fn plan_buffers(
         + parts.1
         + n * f * (2 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * ffn_width(c)) as u64
         + moe_buffer_bytes(c)
+        + ops::prenorm_bytes(c.hidden_size)
         + linear_rows
         + 2 * logits
         + logits
@@ -878,6 +882,7 @@ impl GpuModel {
             self.config.hidden_size,
             self.taps.len() * self.config.hidden_size,
         );
+        let mut prepared = None;
         for (li, l) in self.layers.iter().enumerate() {
             let w = l.weights();
             let last = li + 1 == self.layers.len();
@@ -889,15 +894,22 @@ impl GpuModel {
                 offset: tap_row * stride + ti * h,
                 stride,
             });
-            match &l.delta_net {
-                Some(dn) => blocks::delta_net_block(ctx, &mut d, &shape, (&w, dn), &bufs, n)?,
-                None => blocks::attention_block(ctx, &mut d, &shape, &w, &bufs, n)?,
-            }
-            blocks::mlp_block(ctx, &mut d, &shape, &w, (&bufs, tap), n)?;
+            let b = (&bufs, prepared);
+            let mlp_prepared = match &l.delta_net {
+                Some(dn) => blocks::delta_net_block(ctx, &mut d, &shape, (&w, dn), b, n)?,
+                None => blocks::attention_block(ctx, &mut d, &shape, &w, b, n)?,
+            };
+            // The norm after the layer: the next layer's, or the final one.
+            let next = match self.layers.get(li + 1) {
+                Some(l) => l.weights().attn_norm,
+                None => &self.out_norm,
+            };
+            let links = (mlp_prepared, Some(next));
+            prepared = blocks::mlp_block(ctx, &mut d, &shape, &w, (&bufs, tap), links, n)?;
             self.copy_taps(&mut d, (li, tap_row), first_tap, n)?;
         }
         if head != OutputHead::None {
-            self.head(&mut d, n, head)?;
+            self.head(&mut d, (n, prepared), head)?;
         }
         Ok(d)
     }
@@ -973,6 +985,7 @@ impl GpuModel {
             rope_table: &self.rope_table,
             x: &a.x,
             xn: &a.xn,
+            prenorm: &a.prenorm,
             qkv: &a.qkv,
             att: &a.att,
             att_parts: [&a.att_parts[0], &a.att_parts[1]],
@@ -1003,7 +1016,12 @@ impl GpuModel {
 
     /// Final RMSNorm + lm_head (one GEMV), then the greedy head's reduction (its first
     /// half is the lm_head's epilogue) or the sampler.
-    fn head(&self, d: &mut Vec<Dispatch>, n: usize, head: OutputHead) -> Result<()> {
+    fn head(
+        &self,
+        d: &mut Vec<Dispatch>,
+        (n, prepared): (usize, blocks::Prepared),
+        head: OutputHead,
+    ) -> Result<()> {
         let (ctx, a) = (&*self.ctx, &self.act);
         let lm = self.lm_head.as_ref().unwrap_or(&self.embed);
         let c = &self.config;
@@ -1011,8 +1029,8 @@ impl GpuModel {
             ctx,
             d,
             (&self.out_norm, c.rms_norm_eps),
-            (&a.x, &a.xn),
-            n,
+            (&a.x, &a.xn, &a.prenorm),
+            (prepared, n),
             c.hidden_size,
         )?;
         if head == OutputHead::Sample {

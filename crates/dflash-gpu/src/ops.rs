@@ -73,6 +73,45 @@ pub struct GemvFusion<'a> {
     pub out_stride: usize,
     /// The stored rows also into these taps (a DFlash tap after a layer).
     pub tap: Option<GemvTap<'a>>,
+    /// x is the output of a residual GEMV's `norm_out` (x is then that buffer): the
+    /// RMSNorm's 1/rms from its partial sums, applied to the sums at the end.
+    pub prenormed: Option<Prenormed<'a>>,
+    /// With `accumulate`: the next RMSNorm's x * weight and partial sums of squares
+    /// into a buffer (`Tuning::norm_in_residual`), for a GEMV with `prenormed`.
+    pub norm_out: Option<NormOut<'a>>,
+}
+
+/// A residual stream's RMSNorm, half done by the GEMV that wrote it (`NormOut`):
+/// `buf` holds x * weight (`[16, hidden]`) then `parts` partial sums of x^2 per row.
+#[derive(Clone, Copy)]
+pub struct Prenormed<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub parts: usize,
+    pub eps: f32,
+}
+
+/// The next RMSNorm's share in a residual GEMV's epilogue: x * `weight` and each
+/// row-owning thread's sum of x^2 into `buf` (`prenorm_bytes` of it).
+#[derive(Clone, Copy)]
+pub struct NormOut<'a> {
+    pub weight: &'a wgpu::Buffer,
+    pub buf: &'a wgpu::Buffer,
+}
+
+/// Bytes of a buffer for `NormOut` over a residual stream of `hidden` values per row:
+/// 16 rows of x * weight and at most `hidden + 256` partial sums per row.
+pub fn prenorm_bytes(hidden: usize) -> u64 {
+    (MAX_GEMV_ROWS * (2 * hidden + 256) * 4) as u64
+}
+
+/// Rows of x a GEMV serves at most (gemv.wgsl's MAX_ROWS).
+const MAX_GEMV_ROWS: usize = 16;
+
+/// The partial sums per row that `NormOut` on `m` leaves: one per row-owning thread of
+/// the grid (a matrix in one chunk).
+pub fn norm_out_parts(ctx: &GpuContext, m: &GpuMatrix) -> usize {
+    let per = gemv_rows_per_workgroup(ctx, m, false);
+    m.rows.div_ceil(per) * (gemv_threads(ctx, m) / gemv_lanes(ctx, m))
 }
 
 /// Where a GEMV's epilogue also writes what it stores: `buf[r * stride + offset + o]`.
@@ -105,7 +144,8 @@ pub struct GemvParams {
     /// before x's sum, so that it is rounded first, as the separate RMSNorm's stored
     /// output is, rather than fused into a multiply-add (the same bits fused or not).
     pub zero: u32,
-    pub pad: u32,
+    /// NORM_SUMS, NORM_OUT: the partial sums of squares per row.
+    pub norm_parts: u32,
 }
 
 /// Threads per output row of a GEMV over `m` on this adapter (`Tuning::gemv`).
@@ -167,6 +207,19 @@ fn check_fusion(m: &GpuMatrix, f: &GemvFusion) -> Result<()> {
             "a GEMV with both a tap and the greedy head's partials".into(),
         ));
     }
+    if f.norm.is_some() && f.prenormed.is_some() {
+        return Err(crate::error::GpuError::Unsupported(
+            "a GEMV with both a norm prologue and a prenormed input".into(),
+        ));
+    }
+    if f.norm_out.is_some()
+        && (!f.accumulate || f.pair || f.argmax.is_some() || m.chunks.len() != 1)
+    {
+        return Err(crate::error::GpuError::Unsupported(
+            "a next norm's share in the epilogue of a GEMV other than a residual add in one chunk"
+                .into(),
+        ));
+    }
     Ok(())
 }
 
@@ -186,8 +239,30 @@ fn gemv_kernel(ctx: &GpuContext, m: &GpuMatrix, n: usize, f: &GemvFusion) -> Ker
         .with("OUTS", gemv_outputs(ctx, m, f.pair) as f64)
         .with("THREADS", gemv_threads(ctx, m) as f64)
         .with("NORM", f.norm.is_some() as u8 as f64)
+        .with("NORM_SUMS", f.prenormed.is_some() as u8 as f64)
+        .with("NORM_OUT", f.norm_out.is_some() as u8 as f64)
         .with("BIAS", f.bias.is_some() as u8 as f64)
         .with("PAIR", f.pair as u8 as f64)
+}
+
+/// The eps, partial sums per row and bindings (11, 12) of a GEMV's norm fusions:
+/// the prologue's or the prenormed input's eps; `norm_out`'s parts on `m`.
+fn gemv_norm_bindings<'a>(
+    ctx: &'a GpuContext,
+    m: &GpuMatrix,
+    f: &GemvFusion<'a>,
+) -> (f32, usize, [(u32, &'a wgpu::Buffer); 2]) {
+    let eps = f.norm.map(|(_, e)| e).or(f.prenormed.map(|p| p.eps));
+    let parts = match (f.prenormed, f.norm_out) {
+        (Some(p), _) => p.parts,
+        (None, Some(_)) => norm_out_parts(ctx, m),
+        (None, None) => 0,
+    };
+    let bufs = [
+        (11, f.norm_out.map_or(&ctx.unused_out, |o| o.buf)),
+        (12, f.prenormed.map_or(&ctx.unused, |p| p.buf)),
+    ];
+    (eps.unwrap_or(0.0), parts, bufs)
 }
 
 /// `y[r, o] (+)= W x[r]` with the fusions of `f`, one dispatch per chunk of W.
@@ -204,6 +279,7 @@ pub fn gemv_fused(
     let per = gemv_rows_per_workgroup(ctx, m, f.pair);
     let out_rows = if f.pair { m.rows / 2 } else { m.rows };
     let n_parts = argmax_parts(ctx, m);
+    let (eps, norm_parts, norm_bufs) = gemv_norm_bindings(ctx, m, f);
     let mut part_offset = 0;
     let mut out = Vec::new();
     for ch in &m.chunks {
@@ -220,7 +296,7 @@ pub fn gemv_fused(
                 out_rows
             } as u32,
             wg_x: gx,
-            eps: f.norm.map_or(0.0, |(_, e)| e),
+            eps,
             bias_offset: ch.row_lo as u32,
             pair_rows: if f.pair { rows as u32 } else { 0 },
             part_offset: part_offset as u32,
@@ -228,17 +304,21 @@ pub fn gemv_fused(
             tap_offset: f.tap.map_or(0, |t| t.offset) as u32,
             tap_stride: f.tap.map_or(0, |t| t.stride) as u32,
             expert_lo: 0,
+            norm_parts: norm_parts as u32,
             ..Default::default()
         };
         part_offset += rows.div_ceil(argmax_rows_per_part(ctx, m));
+        let norm_w = f.norm.map(|(w, _)| w).or(f.norm_out.map(|o| o.weight));
         let mut bufs = vec![
             (1, x),
             (2, &ch.qs),
             (3, &ch.scales),
             (4, &ch.mins),
             (5, y),
-            (6, f.norm.map_or(&ctx.unused, |(w, _)| w)),
+            (6, norm_w.unwrap_or(&ctx.unused)),
             (7, f.bias.unwrap_or(&ctx.unused)),
+            norm_bufs[0],
+            norm_bufs[1],
         ];
         if let Some(b) = f.argmax {
             bufs.push((8, b));
@@ -1508,6 +1588,11 @@ pub fn gemv_experts(
     let halves = if f.pair { 2 } else { 1 };
     let rows_per_expert = m.rows / s.n_experts / halves;
     let whole = |r: usize| r.is_multiple_of(rows_per_expert * halves);
+    if f.norm_out.is_some() {
+        return Err(crate::error::GpuError::Unsupported(
+            "a next norm's share in an expert GEMV's epilogue".into(),
+        ));
+    }
     if rows_per_expert == 0
         || rows_per_expert * s.n_experts * halves != m.rows
         || (f.pair && m.chunks.len() != 1)
@@ -1526,10 +1611,12 @@ pub fn gemv_experts(
         .with("OUTS", gemv_outputs(ctx, m, f.pair) as f64)
         .with("THREADS", gemv_threads(ctx, m) as f64)
         .with("NORM", f.norm.is_some() as u8 as f64)
+        .with("NORM_SUMS", f.prenormed.is_some() as u8 as f64)
         .with("PAIR", f.pair as u8 as f64)
         .with("EXPERT_K", s.k as f64)
         .with("X_SLOTS", x_slots as u8 as f64);
     let tiles = rows_per_expert.div_ceil(gemv_rows_per_workgroup(ctx, m, f.pair));
+    let (eps, norm_parts, norm_bufs) = gemv_norm_bindings(ctx, m, f);
     let mut out = Vec::new();
     for ch in &m.chunks {
         let experts = ch.rows / rows_per_expert / halves;
@@ -1540,9 +1627,10 @@ pub fn gemv_experts(
             m: rows_per_expert as u32,
             out_stride: rows_per_expert as u32,
             wg_x: gx,
-            eps: f.norm.map_or(0.0, |(_, e)| e),
+            eps,
             pair_rows: if f.pair { (ch.rows / 2) as u32 } else { 0 },
             expert_lo: (ch.row_lo / rows_per_expert / halves) as u32,
+            norm_parts: norm_parts as u32,
             ..Default::default()
         };
         let bufs = [
@@ -1554,6 +1642,8 @@ pub fn gemv_experts(
             (6, f.norm.map_or(&ctx.unused, |(w, _)| w)),
             (7, &ctx.unused),
             (10, routes),
+            norm_bufs[0],
+            norm_bufs[1],
         ];
         // What a pass reads at most: every expert some row chose, once.
         let chosen = (n * s.k).min(experts) as u64;

@@ -43,6 +43,25 @@ fn the_intel_xe2_tuning_matches_the_cpu_reference_and_is_batch_invariant() {
     }
 }
 
+/// The norm split between residual GEMVs and the GEMVs after them
+/// (`Tuning::norm_in_residual`, the CPU adapters' default, which the other tests run
+/// there) with a GPU's 16 lanes per row: GPU == CPU and batch invariance hold with it.
+#[test]
+fn the_norm_split_with_a_gpus_lanes_matches_the_cpu_reference_and_is_batch_invariant() {
+    use dflash_gpu::context::Tuning;
+    let opts = GpuOptions {
+        tuning: Some(Tuning {
+            norm_in_residual: true,
+            ..Tuning::gpu()
+        }),
+        ..Default::default()
+    };
+    if let Some(ctx) = gpu_context(&opts) {
+        logits_match_on(&ctx);
+        batch_invariance_on(&ctx);
+    }
+}
+
 fn logits_match_on(ctx: &std::rc::Rc<dflash_gpu::GpuContext>) {
     {
         for (arch, t) in [

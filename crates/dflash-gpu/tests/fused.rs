@@ -213,6 +213,124 @@ fn the_greedy_head_picks_the_argmax_when_a_workgroup_covers_256_rows() {
     common::assert_argmax_rows(&read_u32(&ctx, &tokens, n), &values, rows);
 }
 
+/// One pass of the norm split between a residual GEMV and the GEMVs after it
+/// (`Tuning::norm_in_residual`): the producer adds `w1 a` to the residual `resid` and
+/// leaves the norm's share; the consumer is `w2` with a bias, then `w2` as a greedy head.
+/// Returns the residual, the consumer's output, the head's logits and tokens.
+fn norm_split_pass(
+    ctx: &GpuContext,
+    (w1, w2): (
+        &dflash_gpu::upload::GpuMatrix,
+        &dflash_gpu::upload::GpuMatrix,
+    ),
+    (gain, bias, eps): (&wgpu::Buffer, &wgpu::Buffer, f32),
+    (a, resid): (&[f32], &[f32]),
+    n: usize,
+) -> [Vec<u32>; 4] {
+    let (hid, m2) = (w1.rows, w2.rows);
+    let a = f32_buffer(ctx, "a", a);
+    let x = f32_buffer(ctx, "x", resid);
+    let prenorm = work_buffer(ctx, "prenorm", ops::prenorm_bytes(hid));
+    let y = work_buffer(ctx, "y", (n * m2 * 4) as u64);
+    let logits = work_buffer(ctx, "logits", (n * m2 * 4) as u64);
+    let parts = ops::argmax_parts(ctx, w2);
+    let best = work_buffer(ctx, "best", (n * parts * 8) as u64);
+    let tokens = work_buffer(ctx, "tokens", 64);
+    let producer = GemvFusion {
+        accumulate: true,
+        norm_out: Some(ops::NormOut {
+            weight: gain,
+            buf: &prenorm,
+        }),
+        ..Default::default()
+    };
+    let mut d = ops::gemv_fused(ctx, w1, &a, &x, n, &producer).unwrap();
+    let prenormed = Some(ops::Prenormed {
+        buf: &prenorm,
+        parts: ops::norm_out_parts(ctx, w1),
+        eps,
+    });
+    let consumer = GemvFusion {
+        prenormed,
+        bias: Some(bias),
+        ..Default::default()
+    };
+    d.extend(ops::gemv_fused(ctx, w2, &prenorm, &y, n, &consumer).unwrap());
+    let head = GemvFusion {
+        prenormed,
+        argmax: Some(&best),
+        ..Default::default()
+    };
+    d.extend(ops::gemv_fused(ctx, w2, &prenorm, &logits, n, &head).unwrap());
+    d.push(ops::argmax_reduce(ctx, &best, &tokens, n, parts).unwrap());
+    run(ctx, &d);
+    [
+        read_u32(ctx, &x, n * hid),
+        read_u32(ctx, &y, n * m2),
+        read_u32(ctx, &logits, n * m2),
+        read_u32(ctx, &tokens, n),
+    ]
+}
+
+/// The norm split between the residual GEMV and the GEMV after it: the residual has the
+/// bits of the plain residual GEMV, the output matches the separate RMSNorm + GEMV +
+/// bias within rounding (1/rms multiplies the sums at the end, not each x), a row's bits
+/// are the same alone and among 16, and the greedy head after it picks the argmax of
+/// its logits. 288 rows: a CPU adapter's second producer workgroup is part-filled.
+#[test]
+fn the_norm_split_into_the_residual_gemv_matches_the_separate_norm() {
+    for ctx in contexts() {
+        let mut rng = Rng(19);
+        let (hid, c1, m2, eps) = (288, 128, 72, 1e-5);
+        let w1 = upload_matrix(&ctx, "w1", &matrix(&mut rng, GgmlType::Q4_1, hid, c1)).unwrap();
+        let w2 = upload_matrix(&ctx, "w2", &matrix(&mut rng, GgmlType::Q8_0, m2, hid)).unwrap();
+        let gain = f32_buffer(&ctx, "gain", &rng.vec(hid, 1.0));
+        let bias = f32_buffer(&ctx, "bias", &rng.vec(m2, 1.0));
+        let n = 16;
+        let (a, resid) = (rng.vec(n * c1, 1.0), rng.vec(n * hid, 2.0));
+        let split = norm_split_pass(&ctx, (&w1, &w2), (&gain, &bias, eps), (&a, &resid), n);
+        // The separate kernels.
+        let (ab, x) = (f32_buffer(&ctx, "a", &a), f32_buffer(&ctx, "x", &resid));
+        let xn = work_buffer(&ctx, "xn", (n * hid * 4) as u64);
+        let y = work_buffer(&ctx, "y", (n * m2 * 4) as u64);
+        let mut d = ops::gemv(&ctx, &w1, &ab, &x, n, true).unwrap();
+        d.push(ops::rmsnorm(&ctx, eps, &gain, &x, &xn, n, hid).unwrap());
+        d.extend(ops::gemv(&ctx, &w2, &xn, &y, n, false).unwrap());
+        d.push(ops::add_bias(&ctx, &bias, &y, n, m2).unwrap());
+        run(&ctx, &d);
+        assert_eq!(split[0], read_u32(&ctx, &x, n * hid), "the residual");
+        let floats = |v: &[u32]| v.iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>();
+        let (got, want) = (floats(&split[1]), read_f32s(&ctx, &y, n * m2));
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let err = common::max_abs_diff(&got, &want);
+        assert!(err <= 1e-5 * scale, "split norm: {err} against {scale}");
+        // The head's logits are the consumer's sums before the bias, the same bits.
+        let logits = floats(&split[2]);
+        let bias_v: Vec<f32> = read_f32s(&ctx, &bias, m2);
+        let plus_bias: Vec<u32> = (0..n * m2)
+            .map(|i| (logits[i] + bias_v[i % m2]).to_bits())
+            .collect();
+        assert_eq!(plus_bias, split[1], "the head's logits + bias");
+        common::assert_argmax_rows(&split[3], &logits, m2);
+        // Each row alone has its bits among the 16.
+        for r in [0, 5, 15] {
+            let alone = norm_split_pass(
+                &ctx,
+                (&w1, &w2),
+                (&gain, &bias, eps),
+                (&a[r * c1..(r + 1) * c1], &resid[r * hid..(r + 1) * hid]),
+                1,
+            );
+            assert_eq!(alone[1][..], split[1][r * m2..(r + 1) * m2], "row {r}");
+            assert_eq!(
+                alone[2][..],
+                split[2][r * m2..(r + 1) * m2],
+                "row {r} logits"
+            );
+        }
+    }
+}
+
 /// A tap in the residual GEMV's epilogue writes the bits of the copy it replaces (the
 /// residual stream after the add), at its place in a taps row of two taps.
 #[test]

@@ -47,7 +47,7 @@ macro_rules! assert_layout {
 fn gemv_params_match_the_wgsl_struct() {
     assert_layout!(Shader::Gemv, "Params", GemvParams; n_rows, k, m, out_offset,
         out_stride, wg_x, eps, bias_offset, pair_rows, part_offset, n_parts, tap_offset,
-        tap_stride, expert_lo, zero, pad);
+        tap_stride, expert_lo, zero, norm_parts);
 }
 
 #[test]

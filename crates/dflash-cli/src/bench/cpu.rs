@@ -31,6 +31,7 @@ pub(super) fn run(
         (a.tuning.is_some(), "--tuning"),
         (a.pipelined.is_some(), "--pipelined"),
         (a.fuse_norm.is_some(), "--fuse-norm"),
+        (a.norm_in_residual.is_some(), "--norm-in-residual"),
         (a.adapter.is_some(), "--adapter"),
     ];
     if let Some((_, flag)) = gpu_only.iter().find(|(set, _)| *set) {

@@ -217,6 +217,7 @@ pub(super) fn run_dflash(
     let precision = clap::ValueEnum::to_possible_value(&a.drafter_precision);
     fields["drafter_precision"] = serde_json::json!(precision.map(|p| p.get_name().to_owned()));
     fields["fuse_norm"] = serde_json::json!(ctx.tuning.fuse_norm);
+    fields["norm_in_residual"] = serde_json::json!(ctx.tuning.norm_in_residual);
     let results = DflashResults {
         blocks,
         runs: block_runs,

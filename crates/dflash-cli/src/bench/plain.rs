@@ -202,6 +202,7 @@ pub(super) fn plain_json(
         "decode_tokens": args.decode_tokens,
         "temperature": args.temperature,
         "fuse_norm": ctx.tuning.fuse_norm,
+        "norm_in_residual": ctx.tuning.norm_in_residual,
         "pipelined_decode": ctx.tuning.pipelined_decode,
         "chunked_sampler": ctx.tuning.chunked_sampler,
         "gemv_outputs_override": ctx.tuning.gemv_outputs_override,

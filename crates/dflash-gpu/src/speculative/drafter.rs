@@ -81,6 +81,8 @@ pub struct GpuDrafter {
     c: wgpu::Buffer,
     x: wgpu::Buffer,
     pub(super) xn: wgpu::Buffer,
+    /// The next norm's x * weight and partial sums (`Tuning::norm_in_residual`).
+    prenorm: wgpu::Buffer,
     /// q, k, v of each block row `[16, q_dim + 2 kv_dim]`; k, v of each context row.
     qkv: wgpu::Buffer,
     att: wgpu::Buffer,
@@ -209,6 +211,7 @@ impl GpuDrafter {
         Ok(DrafterPlan {
             context_cache: 2 * c.num_layers as u64 * kv_bytes,
             activations: n * rows as u64
+                + ops::prenorm_bytes(c.hidden_size)
                 + cap * (c.head_dim / 2 * 8) as u64
                 + (cap + 1) * 4
                 + 256
@@ -374,6 +377,7 @@ impl GpuDrafter {
             c: work_buffer(ctx, "d.c", n * h),
             x: work_buffer(ctx, "d.x", n * h),
             xn: work_buffer(ctx, "d.xn", n * h),
+            prenorm: work_buffer(ctx, "d.prenorm", ops::prenorm_bytes(c.hidden_size)),
             qkv: work_buffer(ctx, "d.qkv", n * (qd + 2 * kvd)),
             att: work_buffer(ctx, "d.att", n * qd),
             att_parts: {
@@ -422,8 +426,8 @@ impl GpuDrafter {
             ctx,
             &mut d,
             (&self.hidden_norm, c.rms_norm_eps),
-            (&self.c, &self.xn),
-            n,
+            (&self.c, &self.xn, &self.prenorm),
+            (None, n),
             c.hidden_size,
         )?;
         let row = 2 * c.kv_dim();
@@ -493,6 +497,7 @@ impl GpuDrafter {
             rope_table: &self.rope_table,
             x: &self.x,
             xn: &self.xn,
+            prenorm: &self.prenorm,
             qkv: &self.qkv,
             att: &self.att,
             att_parts: [&self.att_parts[0], &self.att_parts[1]],
@@ -581,10 +586,15 @@ impl GpuDrafter {
             d.push(ops::scale(ctx, &self.x, b * h, c.input_embedding_scale)?);
         }
         let (shape, bufs) = (self.layer_shape(), self.layer_buffers(&t.act.state));
-        for l in &self.layers {
+        let mut prepared = None;
+        for (li, l) in self.layers.iter().enumerate() {
             let w = self.layer_weights(l);
-            blocks::attention_block(ctx, d, &shape, &w, &bufs, b)?;
-            blocks::mlp_block(ctx, d, &shape, &w, (&bufs, None), b)?;
+            let mlp_prepared = blocks::attention_block(ctx, d, &shape, &w, (&bufs, prepared), b)?;
+            // The next layer's norm (the final one stays apart: the heads read xn).
+            let next = self.layers.get(li + 1).map(|l| self.layer_weights(l));
+            let next = next.filter(|w| w.conv.is_none()).map(|w| w.attn_norm);
+            let links = (mlp_prepared, next);
+            prepared = blocks::mlp_block(ctx, d, &shape, &w, (&bufs, None), links, b)?;
         }
         d.push(ops::rmsnorm(ctx, eps, &self.norm, &self.x, &self.xn, b, h)?);
         Ok(())
