@@ -21,16 +21,17 @@
 //            o and o + pair_rows from the same x loads; y[o] = silu(gate) * up.
 //   NORM_SUMS x is RMSNorm's input times the norm's weight, written with partial sums of
 //            its squares by the residual GEMV that wrote the residual stream
-//            (NORM_OUT): each thread sums row r's norm_parts partials in order for
-//            1/rms and scales its sums by it at the end (RMSNorm is linear in x once
-//            1/rms is known), so no workgroup walks x for its norm and no barrier is
-//            paid. Not the separate kernel's bits (its 1/rms multiplies each x first):
+//            (NORM_OUT): row r's norm_parts partials give its 1/rms, which scales the
+//            finished sums (RMSNorm is linear in x once 1/rms is known), so no
+//            workgroup walks x for its norm. With LANES = 1 each thread sums them alone
+//            in order (no barrier); else the workgroup shares them in the prologue. Not the separate kernel's bits (its 1/rms multiplies each x first):
 //            the CPU reference's tolerance, and batch invariance, hold.
 //   NORM_OUT with ACCUMULATE: the next RMSNorm's share in the epilogue: each stored
 //            value v of x row r also as v * norm_w[o] into prenorm[r * out_stride + o],
 //            and each row-owning thread's sum of v^2 over its rows (in order) into
 //            prenorm[MAX_ROWS * out_stride + r * norm_parts + part], part = its index
-//            among the row-owning threads of the grid.
+//            among the row-owning threads of the grid (norm_parts: their count padded
+//            with zeros to a multiple of 4, which the readers load as vec4).
 //   main_tap also copies each stored value into taps[r * tap_stride + tap_offset + o] (a
 //   DFlash tap of the residual stream after a layer: the copy it replaces). An entry of
 //   its own, so that the others never bind the taps.
@@ -93,7 +94,7 @@ struct Params {
 // NORM_OUT: [MAX_ROWS, out_stride] of x * norm_w, then [MAX_ROWS, norm_parts] partial sums.
 @group(0) @binding(11) var<storage, read_write> prenorm: array<f32>;
 // NORM_SUMS: the same buffer (x is its first part), read for the partial sums.
-@group(0) @binding(12) var<storage, read> prenorm_sums: array<f32>;
+@group(0) @binding(12) var<storage, read> prenorm_sums: array<vec4<f32>>;
 
 const MAX_ROWS: u32 = 16u;
 const MAX_OUTS: u32 = 8u;
@@ -138,17 +139,31 @@ fn tree_in_place(base: u32, len: u32) -> f32 {
     return partial[base];
 }
 
-// Each x row's 1 / rms, in rmsnorm.wgsl's order: sum t of WG sums x[r, i]^2 for
-// i = t, t + WG, ... (thread lid takes sums lid, lid + THREADS, ...); the WG sums meet
-// in the fixed tree.
+// Term i of x row r's sum of squares: x[r, i]^2 (NORM), or the sum of vec4 i of its
+// partial sums (NORM_SUMS: norm_parts, a multiple of 4, per row).
+fn norm_term(r: u32, i: u32) -> f32 {
+    if (NORM_SUMS) {
+        return hsum(prenorm_sums[MAX_ROWS * p.k / 4u + r * (p.norm_parts / 4u) + i]);
+    }
+    let j = r * p.k + i;
+    let v = x[j / 4u][j % 4u];
+    return v * v;
+}
+
+// Terms of a row's sum of squares.
+fn norm_terms() -> u32 {
+    return select(p.k, p.norm_parts / 4u, NORM_SUMS);
+}
+
+// Each x row's 1 / rms, in rmsnorm.wgsl's order: sum t of WG sums of norm_term(r, i)
+// for i = t, t + WG, ... (thread lid takes sums lid, lid + THREADS, ...); the WG sums
+// meet in the fixed tree.
 fn norm_prologue(lid: u32) {
     for (var r = 0u; r < N_ROWS; r++) {
         for (var t = lid; t < WG; t += THREADS) {
             var ss = 0.0;
-            for (var i = t; i < p.k; i += WG) {
-                let j = r * p.k + i;
-                let v = x[j / 4u][j % 4u];
-                ss += v * v;
+            for (var i = t; i < norm_terms(); i += WG) {
+                ss += norm_term(r, i);
             }
             partial[r * WG + t] = ss;
         }
@@ -163,17 +178,20 @@ fn norm_prologue(lid: u32) {
     }
 }
 
-// NORM_SUMS: the thread's finished sums times each x row's 1 / rms, from the
-// norm_parts partial sums NORM_OUT left, summed in order by every thread (no barrier;
-// after the sums, so that nothing more is live through them).
+// NORM_SUMS: the thread's finished sums times each x row's 1 / rms: from the prologue
+// where LANES > 1 (the workgroup shares the sum), else from the partial sums NORM_OUT
+// left, summed in order by the thread alone (no barrier; after the sums, so that
+// nothing more is live through them).
 fn scale_by_inv_rms() {
-    let at = MAX_ROWS * p.k;
     for (var r = 0u; r < N_ROWS; r++) {
-        var ss = 0.0;
-        for (var i = 0u; i < p.norm_parts; i++) {
-            ss += prenorm_sums[at + r * p.norm_parts + i];
+        var inv = inv_rms[r];
+        if (LANES == 1u) {
+            var ss = 0.0;
+            for (var i = 0u; i < norm_terms(); i++) {
+                ss += norm_term(r, i);
+            }
+            inv = 1.0 / sqrt(ss / f32(p.k) + p.eps);
         }
-        let inv = 1.0 / sqrt(ss / f32(p.k) + p.eps);
         for (var j = 0u; j < OUTS; j++) {
             acc[j * MAX_ROWS + r] *= inv;
             acc2[j * MAX_ROWS + r] *= inv;
@@ -182,10 +200,15 @@ fn scale_by_inv_rms() {
 }
 
 // NORM_OUT: the next norm's x * weight of the owned rows just stored, and their sum of
-// squares per x row as partial `part` (0 where the thread owns no row).
+// squares per x row as partial `part` (0 where the thread owns no row); partial 0's
+// thread zeroes the partials that pad the row's to a multiple of 4.
 fn norm_out(o0: u32, part: u32) {
     let at = MAX_ROWS * p.out_stride;
+    let owners = (p.m + rows_per_workgroup() - 1u) / rows_per_workgroup() * (THREADS / LANES);
     for (var r = 0u; r < N_ROWS; r++) {
+        for (var i = owners; i < p.norm_parts && part == 0u; i++) {
+            prenorm[at + r * p.norm_parts + i] = 0.0;
+        }
         var ss = 0.0;
         for (var j = 0u; j < OUTS; j++) {
             let o = p.out_offset + out_row(o0, j);
@@ -509,7 +532,7 @@ fn first_row(lid: u32, wgi: u32) -> u32 {
 }
 
 fn gemv(lid: u32, wgi: u32) {
-    if (NORM) {
+    if (NORM || (NORM_SUMS && LANES > 1u)) {
         norm_prologue(lid);
     }
     let lane = lid % LANES;

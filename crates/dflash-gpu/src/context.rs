@@ -225,13 +225,15 @@ pub struct Tuning {
     /// walking x where a residual GEMV precedes the norm (each layer's two norms and the
     /// final one); elsewhere (the first layer's, DFlash2's convolved sublayers, after
     /// a mixture of experts) `fuse_norm` decides. On lavapipe (SmolLM2, 8 rows per
-    /// thread: 96 partials per row) it makes 184 dispatches per step instead of 244 at
-    /// the same speed: 64 tokens after 64, alternated 4 times, 13.8-15.2 tok/s against
-    /// 13.4-14.3 apart, after 256 tokens prefill 39.1-41.7 against 36.2-39.6 tok/s, the
-    /// one-pass step 60.9 against 61.2 ms. On SwiftShader (2 rows per thread in 16-thread
-    /// workgroups: 288 partials per row, summed by every thread) it costs 12% of decode
-    /// and a third of prefill (1.57-1.69 against 1.81-1.91 tok/s), so it keeps the norms
-    /// apart; GPUs keep the prologue until a profile says otherwise.
+    /// thread: 96 partials per row, read as vec4 by each thread alone) it makes 184
+    /// dispatches per step instead of 244 at the same speed (3 alternations: 64 tokens
+    /// after 64 at 13.3-14.7 tok/s against 13.8-14.3 apart, prefill of 256 at 34.3-38.8
+    /// against 36.3-38.0; one pass of one row 61.4 against 62.0 ms, of 16 rows 447.6
+    /// against 449.8 ms). On SwiftShader (2 rows per thread in 16-thread workgroups: 288
+    /// partials per row) it costs 8% of decode and a fifth of prefill (1.68-1.69
+    /// against 1.83-1.84 tok/s, 5.8 against 7.4), so it keeps the norms apart. GPUs
+    /// keep the prologue until a profile says otherwise (`scripts/device-check.sh`
+    /// measures both; there the workgroup shares the partials' sum).
     pub norm_in_residual: bool,
     /// Attention in chunks of keys (attention_chunks.wgsl: many workgroups per row, the
     /// query heads of a KV head served together, q/k norms + RoPE + KV store inside)

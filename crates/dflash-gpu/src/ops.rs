@@ -108,10 +108,11 @@ pub fn prenorm_bytes(hidden: usize) -> u64 {
 const MAX_GEMV_ROWS: usize = 16;
 
 /// The partial sums per row that `NormOut` on `m` leaves: one per row-owning thread of
-/// the grid (a matrix in one chunk).
+/// the grid (a matrix in one chunk), padded with zeros to a multiple of 4.
 pub fn norm_out_parts(ctx: &GpuContext, m: &GpuMatrix) -> usize {
     let per = gemv_rows_per_workgroup(ctx, m, false);
-    m.rows.div_ceil(per) * (gemv_threads(ctx, m) / gemv_lanes(ctx, m))
+    let owners = m.rows.div_ceil(per) * (gemv_threads(ctx, m) / gemv_lanes(ctx, m));
+    owners.next_multiple_of(4)
 }
 
 /// Where a GEMV's epilogue also writes what it stores: `buf[r * stride + offset + o]`.
