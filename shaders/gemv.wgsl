@@ -20,13 +20,15 @@
 //   PAIR     SwiGLU of two row blocks of one matrix ([gate; up]): the thread computes rows
 //            o and o + pair_rows from the same x loads; y[o] = silu(gate) * up.
 //   NORM_SUMS x is RMSNorm's input times the norm's weight, written with partial sums of
-//            its squares by the residual GEMV that wrote the residual stream
-//            (NORM_OUT): row r's norm_parts partials give its 1/rms, which scales the
+//            its squares (after x's MAX_ROWS rows) by the residual GEMV that wrote the
+//            residual stream (main_norm_out): row r's norm_parts partials give its
+//            1/rms, which scales the
 //            finished sums (RMSNorm is linear in x once 1/rms is known), so no
 //            workgroup walks x for its norm. With LANES = 1 each thread sums them alone
 //            in order (no barrier); else the workgroup shares them in the prologue. Not the separate kernel's bits (its 1/rms multiplies each x first):
 //            the CPU reference's tolerance, and batch invariance, hold.
-//   NORM_OUT with ACCUMULATE: the next RMSNorm's share in the epilogue: each stored
+//   main_norm_out (and main_tap_norm_out, `main_tap` with it), with ACCUMULATE: the next
+//            RMSNorm's share in the epilogue: each stored
 //            value v of x row r also as v * norm_w[o] into prenorm[r * out_stride + o],
 //            and each row-owning thread's sum of v^2 over its rows (in order) into
 //            prenorm[MAX_ROWS * out_stride + r * norm_parts + part], part = its index
@@ -58,7 +60,6 @@ override PAIR: bool = false;
 override EXPERT_K: u32 = 0u; // main_experts: experts per x row (0: a plain GEMV)
 override X_SLOTS: bool = false; // main_experts: x row r reads its slot's row of x
 override NORM_SUMS: bool = false;
-override NORM_OUT: bool = false;
 override THREADS: u32 = 64u; // threads per workgroup: WG, 32 or 16 (at least LANES and N_ROWS)
 
 struct Params {
@@ -77,7 +78,7 @@ struct Params {
     tap_stride: u32,  // main_tap: floats per taps row
     expert_lo: u32,   // main_experts: the first expert whose rows are in this chunk
     zero: u32,        // 0 (see x_sum)
-    norm_parts: u32,  // NORM_SUMS, NORM_OUT: partial sums of squares per x row
+    norm_parts: u32,  // NORM_SUMS, main_norm_out: partial sums of squares per x row
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -91,10 +92,10 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> best: array<vec2<u32>>;
 @group(0) @binding(9) var<storage, read_write> taps: array<f32>;
 @group(0) @binding(10) var<storage, read> routes: array<u32>; // main_experts: [rows, EXPERT_K]
-// NORM_OUT: [MAX_ROWS, out_stride] of x * norm_w, then [MAX_ROWS, norm_parts] partial sums.
+// main_norm_out: [MAX_ROWS, out_stride] of x * norm_w, then [MAX_ROWS, norm_parts]
+// partial sums (a NORM_SUMS reader's x). Only its entries bind it, so that the others
+// stay within WebGPU's default 8 storage buffers.
 @group(0) @binding(11) var<storage, read_write> prenorm: array<f32>;
-// NORM_SUMS: the same buffer (x is its first part), read for the partial sums.
-@group(0) @binding(12) var<storage, read> prenorm_sums: array<vec4<f32>>;
 
 const MAX_ROWS: u32 = 16u;
 const MAX_OUTS: u32 = 8u;
@@ -143,7 +144,7 @@ fn tree_in_place(base: u32, len: u32) -> f32 {
 // partial sums (NORM_SUMS: norm_parts, a multiple of 4, per row).
 fn norm_term(r: u32, i: u32) -> f32 {
     if (NORM_SUMS) {
-        return hsum(prenorm_sums[MAX_ROWS * p.k / 4u + r * (p.norm_parts / 4u) + i]);
+        return hsum(x[MAX_ROWS * p.k / 4u + r * (p.norm_parts / 4u) + i]);
     }
     let j = r * p.k + i;
     let v = x[j / 4u][j % 4u];
@@ -179,7 +180,7 @@ fn norm_prologue(lid: u32) {
 }
 
 // NORM_SUMS: the thread's finished sums times each x row's 1 / rms: from the prologue
-// where LANES > 1 (the workgroup shares the sum), else from the partial sums NORM_OUT
+// where LANES > 1 (the workgroup shares the sum), else from the partial sums main_norm_out
 // left, summed in order by the thread alone (no barrier; after the sums, so that
 // nothing more is live through them).
 fn scale_by_inv_rms() {
@@ -199,7 +200,7 @@ fn scale_by_inv_rms() {
     }
 }
 
-// NORM_OUT: the next norm's x * weight of the owned rows just stored, and their sum of
+// main_norm_out: the next norm's x * weight of the owned rows just stored, and their sum of
 // squares per x row as partial `part` (0 where the thread owns no row); partial 0's
 // thread zeroes the partials that pad the row's to a multiple of 4.
 fn norm_out(o0: u32, part: u32) {
@@ -548,9 +549,6 @@ fn gemv(lid: u32, wgi: u32) {
             scale_by_inv_rms();
         }
         store(o0);
-        if (NORM_OUT) {
-            norm_out(o0, wgi * (THREADS / LANES) + lid / LANES);
-        }
     }
 }
 
@@ -594,14 +592,8 @@ fn main_experts(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
     gemv(lid, wgi % tiles);
 }
 
-// `main`, then each stored value (read back by the thread that stored it) into the taps.
-@compute @workgroup_size(THREADS)
-fn main_tap(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let wgi = wg.x + wg.y * p.wg_x;
-    gemv(lid, wgi);
-    if (lid % LANES != 0u) {
-        return;
-    }
+// Each value thread lid of workgroup wgi stored (read back) into the taps.
+fn tap_out(lid: u32, wgi: u32) {
     let o0 = first_row(lid, wgi);
     for (var j = 0u; j < OUTS; j++) {
         let o = out_row(o0, j);
@@ -612,6 +604,40 @@ fn main_tap(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg
             let at = p.out_offset + o;
             taps[r * p.tap_stride + p.tap_offset + at] = y[r * p.out_stride + at];
         }
+    }
+}
+
+// `main`, then each stored value (read back by the thread that stored it) into the taps.
+@compute @workgroup_size(THREADS)
+fn main_tap(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let wgi = wg.x + wg.y * p.wg_x;
+    gemv(lid, wgi);
+    if (lid % LANES == 0u) {
+        tap_out(lid, wgi);
+    }
+}
+
+// `main` (a residual add), then the next norm's share of what it stored (`norm_out`).
+@compute @workgroup_size(THREADS)
+fn main_norm_out(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let wgi = wg.x + wg.y * p.wg_x;
+    gemv(lid, wgi);
+    if (lid % LANES == 0u) {
+        norm_out(first_row(lid, wgi), wgi * (THREADS / LANES) + lid / LANES);
+    }
+}
+
+// `main_tap` and `main_norm_out` in one (9 storage buffers).
+@compute @workgroup_size(THREADS)
+fn main_tap_norm_out(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+) {
+    let wgi = wg.x + wg.y * p.wg_x;
+    gemv(lid, wgi);
+    if (lid % LANES == 0u) {
+        tap_out(lid, wgi);
+        norm_out(first_row(lid, wgi), wgi * (THREADS / LANES) + lid / LANES);
     }
 }
 

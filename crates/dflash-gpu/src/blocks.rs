@@ -344,7 +344,9 @@ fn sublayer_output(
     n: usize,
 ) -> Result<Prepared> {
     let (Some(cv), Some(cb)) = (conv, &b.conv) else {
-        let split = ctx.tuning.norm_in_residual && m.chunks.len() == 1;
+        let room =
+            tap.is_none() || ctx.storage_buffers() >= crate::context::TAP_NORM_OUT_STORAGE_BUFFERS;
+        let split = ctx.tuning.norm_in_residual && m.chunks.len() == 1 && room;
         let f = ops::GemvFusion {
             accumulate: true,
             tap,

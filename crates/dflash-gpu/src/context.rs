@@ -219,7 +219,7 @@ pub struct Tuning {
     /// workgroups each ~32 us dearer; the norms apart cost 2.4 ms per step in all.
     pub fuse_norm: bool,
     /// RMSNorm split between the residual GEMV that writes the residual stream and the
-    /// GEMVs that read the norm (gemv.wgsl NORM_OUT and NORM_SUMS): the first writes x *
+    /// GEMVs that read the norm (gemv.wgsl main_norm_out and NORM_SUMS): the first writes x *
     /// weight and each thread's sum of x^2 over its rows, the others sum those partials
     /// for 1/rms and scale their sums by it at the end. No norm kernel and no workgroup
     /// walking x where a residual GEMV precedes the norm (each layer's two norms and the
@@ -383,9 +383,6 @@ pub struct GpuContext {
     /// A small read-only storage buffer bound where a kernel variant leaves a binding
     /// unused (its layout still names it).
     pub unused: wgpu::Buffer,
-    /// The same for a binding a kernel writes (WebGPU forbids one buffer bound both
-    /// read-only and writable in a dispatch).
-    pub unused_out: wgpu::Buffer,
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<GpuError>>>,
 }
@@ -397,6 +394,9 @@ pub const MIN_WORKGROUP_STORAGE: u32 = 4096 + 1024;
 pub const MIN_STORAGE_BUFFERS: u32 = 8;
 /// Chunked attention binds 9: adapters with fewer run qkv.wgsl + attention.wgsl.
 pub const CHUNKED_ATTENTION_STORAGE_BUFFERS: u32 = 9;
+/// A residual GEMV with both a DFlash tap and the next norm's share binds 9: adapters
+/// with fewer run that layer's next norm apart (`Tuning::norm_in_residual`).
+pub const TAP_NORM_OUT_STORAGE_BUFFERS: u32 = 9;
 
 impl GpuContext {
     pub async fn new_async(opts: &GpuOptions) -> Result<Self> {
@@ -432,12 +432,6 @@ impl GpuContext {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
-        let unused_out = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("unused written binding"),
-            size: 16,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        });
         let mut summary = AdapterSummary::of(&info, features, &limits);
         summary.packed_int8_dot = instance
             .wgsl_language_features()
@@ -459,7 +453,6 @@ impl GpuContext {
             tuning,
             timestamps,
             unused,
-            unused_out,
             lost,
             uncaptured,
         })
@@ -468,6 +461,11 @@ impl GpuContext {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new(opts: &GpuOptions) -> Result<Self> {
         pollster::block_on(Self::new_async(opts))
+    }
+
+    /// Storage buffers a kernel may bind per stage on this device.
+    pub fn storage_buffers(&self) -> u32 {
+        self.device.limits().max_storage_buffers_per_shader_stage
     }
 
     /// The largest buffer a kernel may bind.

@@ -442,8 +442,8 @@ pub fn plan_buffers(
     let f = 4u64;
     let logits = n * c.vocab_size as u64 * f;
     check("the logits of 16 rows".into(), logits)?;
-    // x, xn, qkv, att, gate, up, ff; the greedy head's partials (one per row at most);
-    // chunked attention's partials.
+    // x, xn, qkv, att, gate, up, ff, the norm split's prenorm; the greedy head's partials
+    // (one per row at most); chunked attention's partials.
     let parts = attention_parts_bytes(ctx, c, opts.context);
     check("chunked attention's partial outputs".into(), parts.1)?;
     let activations = parts.0

@@ -145,7 +145,7 @@ pub struct GemvParams {
     /// before x's sum, so that it is rounded first, as the separate RMSNorm's stored
     /// output is, rather than fused into a multiply-add (the same bits fused or not).
     pub zero: u32,
-    /// NORM_SUMS, NORM_OUT: the partial sums of squares per row.
+    /// NORM_SUMS, main_norm_out: the partial sums of squares per row.
     pub norm_parts: u32,
 }
 
@@ -226,10 +226,12 @@ fn check_fusion(m: &GpuMatrix, f: &GemvFusion) -> Result<()> {
 
 /// The GEMV pipeline's entry and override constants for `n` rows of `m` with `f`.
 fn gemv_kernel(ctx: &GpuContext, m: &GpuMatrix, n: usize, f: &GemvFusion) -> Kernel {
-    let entry = match (f.argmax, f.tap) {
-        (Some(_), _) => "main_argmax",
-        (None, Some(_)) => "main_tap",
-        (None, None) => "main",
+    let entry = match (f.argmax, f.tap, f.norm_out) {
+        (Some(_), _, _) => "main_argmax",
+        (None, Some(_), None) => "main_tap",
+        (None, Some(_), Some(_)) => "main_tap_norm_out",
+        (None, None, Some(_)) => "main_norm_out",
+        (None, None, None) => "main",
     };
     Kernel::new(Shader::Gemv, entry)
         .with("FORMAT", format_id(m.format))
@@ -241,29 +243,20 @@ fn gemv_kernel(ctx: &GpuContext, m: &GpuMatrix, n: usize, f: &GemvFusion) -> Ker
         .with("THREADS", gemv_threads(ctx, m) as f64)
         .with("NORM", f.norm.is_some() as u8 as f64)
         .with("NORM_SUMS", f.prenormed.is_some() as u8 as f64)
-        .with("NORM_OUT", f.norm_out.is_some() as u8 as f64)
         .with("BIAS", f.bias.is_some() as u8 as f64)
         .with("PAIR", f.pair as u8 as f64)
 }
 
-/// The eps, partial sums per row and bindings (11, 12) of a GEMV's norm fusions:
-/// the prologue's or the prenormed input's eps; `norm_out`'s parts on `m`.
-fn gemv_norm_bindings<'a>(
-    ctx: &'a GpuContext,
-    m: &GpuMatrix,
-    f: &GemvFusion<'a>,
-) -> (f32, usize, [(u32, &'a wgpu::Buffer); 2]) {
+/// The eps and partial sums per row of a GEMV's norm fusions: the prologue's or the
+/// prenormed input's eps; the prenormed input's parts, or `norm_out`'s on `m`.
+fn gemv_norm_params(ctx: &GpuContext, m: &GpuMatrix, f: &GemvFusion) -> (f32, usize) {
     let eps = f.norm.map(|(_, e)| e).or(f.prenormed.map(|p| p.eps));
     let parts = match (f.prenormed, f.norm_out) {
         (Some(p), _) => p.parts,
         (None, Some(_)) => norm_out_parts(ctx, m),
         (None, None) => 0,
     };
-    let bufs = [
-        (11, f.norm_out.map_or(&ctx.unused_out, |o| o.buf)),
-        (12, f.prenormed.map_or(&ctx.unused, |p| p.buf)),
-    ];
-    (eps.unwrap_or(0.0), parts, bufs)
+    (eps.unwrap_or(0.0), parts)
 }
 
 /// `y[r, o] (+)= W x[r]` with the fusions of `f`, one dispatch per chunk of W.
@@ -280,7 +273,7 @@ pub fn gemv_fused(
     let per = gemv_rows_per_workgroup(ctx, m, f.pair);
     let out_rows = if f.pair { m.rows / 2 } else { m.rows };
     let n_parts = argmax_parts(ctx, m);
-    let (eps, norm_parts, norm_bufs) = gemv_norm_bindings(ctx, m, f);
+    let (eps, norm_parts) = gemv_norm_params(ctx, m, f);
     let mut part_offset = 0;
     let mut out = Vec::new();
     for ch in &m.chunks {
@@ -318,14 +311,15 @@ pub fn gemv_fused(
             (5, y),
             (6, norm_w.unwrap_or(&ctx.unused)),
             (7, f.bias.unwrap_or(&ctx.unused)),
-            norm_bufs[0],
-            norm_bufs[1],
         ];
         if let Some(b) = f.argmax {
             bufs.push((8, b));
         }
         if let Some(t) = f.tap {
             bufs.push((9, t.buf));
+        }
+        if let Some(o) = f.norm_out {
+            bufs.push((11, o.buf));
         }
         let weights = ch.qs.size() + ch.scales.size() + ch.mins.size();
         let io = 4 * n as u64 * (m.cols + rows * (1 + f.accumulate as usize)) as u64;
@@ -1617,7 +1611,7 @@ pub fn gemv_experts(
         .with("EXPERT_K", s.k as f64)
         .with("X_SLOTS", x_slots as u8 as f64);
     let tiles = rows_per_expert.div_ceil(gemv_rows_per_workgroup(ctx, m, f.pair));
-    let (eps, norm_parts, norm_bufs) = gemv_norm_bindings(ctx, m, f);
+    let (eps, norm_parts) = gemv_norm_params(ctx, m, f);
     let mut out = Vec::new();
     for ch in &m.chunks {
         let experts = ch.rows / rows_per_expert / halves;
@@ -1643,8 +1637,6 @@ pub fn gemv_experts(
             (6, f.norm.map_or(&ctx.unused, |(w, _)| w)),
             (7, &ctx.unused),
             (10, routes),
-            norm_bufs[0],
-            norm_bufs[1],
         ];
         // What a pass reads at most: every expert some row chose, once.
         let chosen = (n * s.k).min(experts) as u64;

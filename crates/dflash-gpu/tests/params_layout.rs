@@ -148,3 +148,45 @@ fn chunked_attention_params_match_the_wgsl_struct() {
     assert_layout!(Shader::AttentionChunks, "Params", AttentionChunkParams; n_rows, n_heads,
         n_kv_heads, head_dim, rope_dim, row_stride, chunk, n_chunks, window, causal, scale, eps);
 }
+
+/// Storage buffers each entry point of `shader` binds (those its code reaches, which is
+/// what an automatic pipeline layout holds, whatever the override constants say).
+fn storage_buffers_by_entry(shader: Shader) -> Vec<(String, usize)> {
+    let module = naga::front::wgsl::parse_str(&shader.source(false)).unwrap();
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{shader:?}: {e:?}"));
+    let storage: Vec<_> = module
+        .global_variables
+        .iter()
+        .filter(|(_, g)| matches!(g.space, naga::AddressSpace::Storage { .. }))
+        .map(|(h, _)| h)
+        .collect();
+    (module.entry_points.iter().enumerate())
+        .map(|(i, ep)| {
+            let uses = info.get_entry_point(i);
+            let n = storage.iter().filter(|&&h| !uses[h].is_empty()).count();
+            (ep.name.clone(), n)
+        })
+        .collect()
+}
+
+/// Every GEMV entry binds at most WebGPU's default 8 storage buffers (the engine's
+/// floor), but the residual GEMV with both a tap and the next norm's share, which binds
+/// the 9 its plan checks for.
+#[test]
+fn gemv_entries_stay_within_the_storage_buffers_the_engine_asks_for() {
+    use dflash_gpu::context::{MIN_STORAGE_BUFFERS, TAP_NORM_OUT_STORAGE_BUFFERS};
+    let entries = storage_buffers_by_entry(Shader::Gemv);
+    assert_eq!(entries.len(), 6, "{entries:?}");
+    for (name, n) in entries {
+        let limit = match name.as_str() {
+            "main_tap_norm_out" => TAP_NORM_OUT_STORAGE_BUFFERS,
+            _ => MIN_STORAGE_BUFFERS,
+        };
+        assert!(n <= limit as usize, "{name} binds {n} > {limit}");
+    }
+}
