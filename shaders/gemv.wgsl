@@ -22,15 +22,15 @@
 //   NORM_SUMS x is RMSNorm's input times the norm's weight, written with partial sums of
 //            its squares (after x's MAX_ROWS rows) by the residual GEMV that wrote the
 //            residual stream (main_norm_out): row r's norm_parts partials give its
-//            1/rms, which scales the
-//            finished sums (RMSNorm is linear in x once 1/rms is known), so no
-//            workgroup walks x for its norm. With LANES = 1 each thread sums them alone
-//            in order (no barrier); else the workgroup shares them in the prologue. Not the separate kernel's bits (its 1/rms multiplies each x first):
-//            the CPU reference's tolerance, and batch invariance, hold.
+//            1/rms, which scales the finished sums (RMSNorm is linear in x once 1/rms
+//            is known), so no workgroup walks x for its norm. With LANES = 1 each
+//            thread sums them alone in order (no barrier); else the workgroup shares
+//            them in the prologue. Not the separate kernel's bits (its 1/rms multiplies
+//            each x first): the CPU reference's tolerance, and batch invariance, hold.
 //   main_norm_out (and main_tap_norm_out, `main_tap` with it), with ACCUMULATE: the next
-//            RMSNorm's share in the epilogue: each stored
-//            value v of x row r also as v * norm_w[o] into prenorm[r * out_stride + o],
-//            and each row-owning thread's sum of v^2 over its rows (in order) into
+//            RMSNorm's share in the epilogue: each stored value v of x row r also as
+//            v * norm_w[o] into prenorm[r * out_stride + o], and each row-owning
+//            thread's sum of v^2 over its rows (in order) into
 //            prenorm[MAX_ROWS * out_stride + r * norm_parts + part], part = its index
 //            among the row-owning threads of the grid (norm_parts: their count padded
 //            with zeros to a multiple of 4, which the readers load as vec4).
@@ -180,9 +180,9 @@ fn norm_prologue(lid: u32) {
 }
 
 // NORM_SUMS: the thread's finished sums times each x row's 1 / rms: from the prologue
-// where LANES > 1 (the workgroup shares the sum), else from the partial sums main_norm_out
-// left, summed in order by the thread alone (no barrier; after the sums, so that
-// nothing more is live through them).
+// where LANES > 1 (the workgroup shares the sum), else from the partial sums
+// main_norm_out left, summed in order by the thread alone (no barrier; after the sums,
+// so that nothing more is live through them).
 fn scale_by_inv_rms() {
     for (var r = 0u; r < N_ROWS; r++) {
         var inv = inv_rms[r];
@@ -200,9 +200,9 @@ fn scale_by_inv_rms() {
     }
 }
 
-// main_norm_out: the next norm's x * weight of the owned rows just stored, and their sum of
-// squares per x row as partial `part` (0 where the thread owns no row); partial 0's
-// thread zeroes the partials that pad the row's to a multiple of 4.
+// main_norm_out: the next norm's x * weight of the owned rows just stored, and their
+// sum of squares per x row as partial `part` (0 where the thread owns no row); partial
+// 0's thread zeroes the partials that pad the row's to a multiple of 4.
 fn norm_out(o0: u32, part: u32) {
     let at = MAX_ROWS * p.out_stride;
     let owners = (p.m + rows_per_workgroup() - 1u) / rows_per_workgroup() * (THREADS / LANES);
