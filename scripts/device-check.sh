@@ -253,6 +253,9 @@ profile() {
   # (each of 16 rows picks 8 of 128 experts; `auto` sizes blocks by these costs).
   step 150 "moe qwen3-coder-30b-a3b" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-coder-30b-a3b --adapter \"${ADAPTER:-NVIDIA}\" --json --drafter synthetic --limit 1 --prompt-tokens 64 --max-new-tokens 32 --block auto > $RES/bench-qwen3-coder-30b-a3b.json"
   step 90 "long context qwen3-8b" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b --adapter \"${ADAPTER:-NVIDIA}\" --json --prompt-tokens 4096 --decode-tokens 32 > $RES/bench-qwen3-8b-p4096.json"
+  # The norm split into the residual GEMVs against the prologue's walk over x on a wide
+  # model (hidden 4096: the prologue reads 16 rows of it per GEMV workgroup at 16 rows).
+  step 120 "profile qwen3-8b norm in residual" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b ${a[*]} --norm-in-residual true --prompt-tokens 64 --decode-tokens 64 > $RES/profile-qwen3-8b-norm-in-residual.json"
 }
 
 # After scripts/train-gpu.sh in the same call: the new drafter ($TRAINED) against the
