@@ -101,11 +101,8 @@ pub struct NormOut<'a> {
 /// Bytes of a buffer for `NormOut` over a residual stream of `hidden` values per row:
 /// 16 rows of x * weight and at most `hidden + 256` partial sums per row.
 pub fn prenorm_bytes(hidden: usize) -> u64 {
-    (MAX_GEMV_ROWS * (2 * hidden + 256) * 4) as u64
+    (crate::model::MAX_ROWS * (2 * hidden + 256) * 4) as u64
 }
-
-/// Rows of x a GEMV serves at most (gemv.wgsl's MAX_ROWS).
-const MAX_GEMV_ROWS: usize = 16;
 
 /// The partial sums per row that `NormOut` on `m` leaves: one per row-owning thread of
 /// the grid (a matrix in one chunk), padded with zeros to a multiple of 4.
