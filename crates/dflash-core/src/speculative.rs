@@ -50,8 +50,9 @@ pub enum StepCostPrior {
     /// A CPU Vulkan or WebGPU adapter (lavapipe, SwiftShader): 3.8 at b = 4, 14 at b = 16
     /// (`results/lavapipe-engine-profile.jsonl`).
     CpuAdapter,
-    /// The quantized CPU engine: 1.83 at b = 2, 3.07 at b = 4 on 2 threads
-    /// (`results/cpu-side-by-side-smollm2-2threads.json`).
+    /// The quantized CPU engine: 1.41 at b = 2, 1.91 at b = 4, 5.7 at b = 16 on 2
+    /// threads (`results/cpu-side-by-side-smollm2-2threads.json`, the packed rows of
+    /// 686d7b0; fixed blocks of 2 in session 41: 1.35-1.47).
     CpuEngine,
 }
 
@@ -74,7 +75,7 @@ impl StepCostPrior {
         let (fixed, slope) = match self {
             StepCostPrior::Gpu => (0.21, 0.18),
             StepCostPrior::CpuAdapter => (0.25, 0.85),
-            StepCostPrior::CpuEngine => (0.21, 0.62),
+            StepCostPrior::CpuEngine => (0.11, 0.30),
         };
         (0..=max.max(1))
             .map(|b| match b {
@@ -525,6 +526,14 @@ pub trait Proposer {
     fn truncate(&mut self, len: usize) {
         let _ = len;
     }
+    /// Takes into its context now every committed row it has not yet taken but the last
+    /// `keep`: the backlog of the prompt and of one-row steps that drafted nothing. The
+    /// loop calls it before it times a step that drafts, so that the step costs what a
+    /// step after a drafting step does (it takes in only the last step's rows) and auto
+    /// mode does not charge a probe with the backlog. Default: nothing held back.
+    fn settle(&mut self, keep: usize) {
+        let _ = keep;
+    }
     /// `b - 1` draft tokens following `anchor` at absolute position `pos`.
     fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> Result<Vec<u32>>;
     /// Drafts with the distributions they were drawn from, for rejection sampling at
@@ -559,7 +568,8 @@ pub struct DraftState {
     ctx: crate::drafter::DraftContext,
     /// Committed tap rows not yet in the context. They join it in one batched pass when
     /// the next block is drafted (the extension is batch invariant: the same context as
-    /// row by row), so steps that do not draft pay nothing for it.
+    /// row by row), so steps that do not draft pay nothing for it; all but the last
+    /// step's rows join just before a drafting step is timed (`Proposer::settle`).
     pending: Vec<f32>,
     /// The lm_head's rows of the drafter's draft vocabulary (greedy drafts of a plain
     /// drafter that has one), gathered once for the requests that resume this state.
@@ -694,6 +704,16 @@ impl Proposer for DFlashCpu<'_> {
     fn context_rows(&self) -> usize {
         self.state.ctx.len + self.state.pending.len() / self.tap_width().max(1)
     }
+    fn settle(&mut self, keep: usize) {
+        let tap_w = self.tap_width().max(1);
+        let st = &mut self.state;
+        let backlog = (st.pending.len() / tap_w).saturating_sub(keep) * tap_w;
+        if backlog > 0 {
+            self.drafter
+                .extend_context(&mut st.ctx, &st.pending[..backlog]);
+            st.pending.drain(..backlog);
+        }
+    }
     fn truncate(&mut self, len: usize) {
         let tap_w = self.tap_width();
         let st = &mut self.state;
@@ -811,6 +831,9 @@ pub struct SpeculativeGeneration<'a> {
     anchor: u32,
     sink: TokenSink<'a>,
     blocks: BlockLoop,
+    /// Rows the last step committed (1 after the prefill): what a drafting step takes
+    /// into the drafter's context within its timed part (`Proposer::settle`).
+    last_committed: usize,
     done: bool,
     /// Start and end of the prefill.
     times: (f64, f64),
@@ -859,6 +882,7 @@ impl<'a> SpeculativeGeneration<'a> {
             anchor,
             sink,
             blocks: BlockLoop::new(block, capacity),
+            last_committed: 1,
             done,
             times: (t0, t1),
         })
@@ -876,6 +900,9 @@ impl<'a> SpeculativeGeneration<'a> {
         let b = self
             .blocks
             .next_block(self.context - pos, self.sink.remaining());
+        if b > 1 {
+            self.proposer.settle(self.last_committed);
+        }
         let t_step = clock();
         let (block_ids, proposed) = self.draft(pos, b)?;
         // Verify: one target pass over the block, with taps.
@@ -888,6 +915,7 @@ impl<'a> SpeculativeGeneration<'a> {
         self.session.truncate(pos + acc + 1);
         self.proposer.commit(&out.taps[..(acc + 1) * tap_w]);
         self.session.drafted = pos + acc + 1;
+        self.last_committed = acc + 1;
         let committed = block_ids[1..=acc].iter().copied().chain([bonus]);
         let sink = &mut self.sink;
         self.done = self

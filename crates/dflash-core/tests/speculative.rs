@@ -705,11 +705,188 @@ impl Proposer for Recording<'_> {
     fn truncate(&mut self, len: usize) {
         self.inner.truncate(len)
     }
+    fn settle(&mut self, keep: usize) {
+        self.inner.settle(keep)
+    }
     fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> dflash_core::Result<Vec<u32>> {
         let d = self.inner.draft(anchor, pos, b)?;
         self.drafts.push((pos, d.clone()));
         Ok(d)
     }
+}
+
+/// What the loop asked of a DFlash proposer, and when its clock was read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Event {
+    /// Committed rows.
+    Commit(usize),
+    /// `settle(keep)`, with the rows the context then still had to take in.
+    Settle {
+        keep: usize,
+        waiting: usize,
+    },
+    Clock,
+    /// A block of b rows drafted, with the rows the context had to take in first.
+    Draft {
+        b: usize,
+        waiting: usize,
+    },
+}
+
+/// A DFlash proposer that logs every call (`settle` forwarded or not) into `log`, which
+/// the loop's clock writes to as well.
+struct Logging<'a> {
+    inner: DFlashCpu<'a>,
+    settles: bool,
+    taken_in: usize,
+    log: std::rc::Rc<std::cell::RefCell<Vec<Event>>>,
+    drafts: Vec<Vec<u32>>,
+}
+
+impl Logging<'_> {
+    /// Committed rows not yet in the drafter's context: `context_rows` counts both, and
+    /// the proposer takes rows in only at `settle` and `draft`.
+    fn waiting(&self) -> usize {
+        self.inner.context_rows() - self.taken_in
+    }
+}
+
+impl Proposer for Logging<'_> {
+    fn tap_layers(&self) -> Vec<usize> {
+        self.inner.tap_layers()
+    }
+    fn max_block(&self) -> usize {
+        self.inner.max_block()
+    }
+    fn commit(&mut self, taps: &[f32]) {
+        let before = self.inner.context_rows();
+        self.inner.commit(taps);
+        let rows = self.inner.context_rows() - before;
+        self.log.borrow_mut().push(Event::Commit(rows));
+    }
+    fn settle(&mut self, keep: usize) {
+        if self.settles {
+            self.inner.settle(keep);
+            self.taken_in = self.inner.context_rows() - keep.min(self.waiting());
+        }
+        let waiting = self.waiting();
+        self.log.borrow_mut().push(Event::Settle { keep, waiting });
+    }
+    fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> dflash_core::Result<Vec<u32>> {
+        let waiting = self.waiting();
+        self.log.borrow_mut().push(Event::Draft { b, waiting });
+        self.taken_in = self.inner.context_rows();
+        let d = self.inner.draft(anchor, pos, b)?;
+        self.drafts.push(d.clone());
+        Ok(d)
+    }
+}
+
+/// Auto mode times a step that drafts without the drafter's backlog (the prompt's rows
+/// and those of one-row steps that drafted nothing, which it takes into its context
+/// only when it next drafts): before the step's clock starts the loop has the proposer
+/// take them in, keeping back only the rows the last step committed, as many as a step
+/// right after a drafting step takes in. Otherwise a probe after 40 idle steps on the
+/// CPU engine measured a 2-row step at 1.95 one-row steps where it costs 1.35, and
+/// auto stopped drafting where it paid. Taking the rows in early changes no draft.
+#[test]
+fn a_drafting_step_is_timed_without_the_drafters_backlog() {
+    use dflash_core::generate::CpuSession;
+    use dflash_core::speculative::{SpeculativeGeneration, PROBE_EVERY};
+    let t = target();
+    let cpu = CpuModel::with_kernels(&t.weights, CpuKernels::Quantized);
+    let d = CpuDrafter::with_kernels(
+        &load(&write_drafter(t.config(), &spec(8))).unwrap(),
+        CpuKernels::Quantized,
+    );
+    let mut r = req(&prompts()[3], SamplingParams::default());
+    r.max_new_tokens = 3 * PROBE_EVERY;
+    // Rows too dear to draft but for the probes: idle steps between drafting ones.
+    let dear = BlockSize::auto_linear(4, 0.25);
+    let run = |settles: bool| {
+        let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut p = Logging {
+            inner: DFlashCpu::new(&d, &cpu).unwrap(),
+            settles,
+            taken_in: 0,
+            log: log.clone(),
+            drafts: vec![],
+        };
+        let mut session = CpuSession::default();
+        let mut on_text = |_: &str| {};
+        // Each reading a second later: every step is timed.
+        let clock = || {
+            let mut log = log.borrow_mut();
+            log.push(Event::Clock);
+            log.len() as f64
+        };
+        let mut g = SpeculativeGeneration::start(
+            &mut session,
+            &cpu,
+            &mut p,
+            &t.tokenizer,
+            &r,
+            &dear,
+            &clock,
+            &mut on_text,
+        )
+        .unwrap();
+        while !g.step(&clock).unwrap() {}
+        let tokens = g.finish(&clock).result.tokens;
+        let events = log.borrow().clone();
+        (tokens, p.drafts, events)
+    };
+    let (tokens, drafts, events) = run(true);
+    let (tokens_late, drafts_late, events_late) = run(false);
+    assert_eq!(tokens, tokens_late);
+    assert_eq!(
+        drafts, drafts_late,
+        "the context taken in early drafts the same"
+    );
+    let drafting: Vec<usize> = (0..events.len())
+        .filter(|&i| matches!(events[i], Event::Draft { .. }))
+        .collect();
+    assert!(drafting.len() >= 2, "probes: {events:?}");
+    let mut probes_after_idle = 0;
+    for &i in &drafting {
+        let commits: Vec<usize> = events[..i]
+            .iter()
+            .filter_map(|e| match e {
+                Event::Commit(rows) => Some(*rows),
+                _ => None,
+            })
+            .collect();
+        // The rows the last step committed (1 for the first step, after the prompt's).
+        let last_step = if commits.len() > 1 {
+            commits[commits.len() - 1]
+        } else {
+            1
+        };
+        // settle(those rows), the step's clock, then the draft, which takes in only them.
+        assert_eq!(
+            events[i - 2],
+            Event::Settle {
+                keep: last_step,
+                waiting: last_step
+            },
+            "at {i}: {events:?}"
+        );
+        assert_eq!(events[i - 1], Event::Clock);
+        assert!(matches!(events[i], Event::Draft { waiting, .. } if waiting == last_step));
+        let idle = commits.iter().rev().take_while(|&&rows| rows == 1).count();
+        probes_after_idle += usize::from(idle >= PROBE_EVERY);
+    }
+    assert!(probes_after_idle >= 1, "{events:?}");
+    // Without settle, the probe's draft took in every idle step's row within its time.
+    let most_late = events_late
+        .iter()
+        .filter_map(|e| match e {
+            Event::Draft { waiting, .. } => Some(*waiting),
+            _ => None,
+        })
+        .max()
+        .unwrap();
+    assert!(most_late >= PROBE_EVERY, "{events_late:?}");
 }
 
 /// A speculative generation run step by step in `session` with proposer `p`.
