@@ -1099,3 +1099,56 @@ mod accept_profile_tests {
         assert!((850..1150).contains(&hits), "{hits}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::{CpuKernels, LogitRows};
+    use crate::drafter::random::{write_drafter, DrafterSpec};
+    use crate::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
+    use crate::formats::ggml::GgmlType;
+    use crate::model_files::load_gguf;
+    use crate::testutil::{random_weights, tiny_drafter_target, write_gguf};
+
+    /// `settle(keep)` takes every waiting row but the last `keep` into the drafter's
+    /// context (nothing when at most `keep` wait), and the block drafted after it is the
+    /// one drafted with every row taken in at once, on both kernels.
+    #[test]
+    fn settle_takes_in_all_but_the_last_rows_and_drafts_the_same() {
+        let c = tiny_drafter_target();
+        let t = load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap();
+        let files = write_drafter(&c, &DrafterSpec::new(&c, 2, 3));
+        let config = std::str::from_utf8(&files["config.json"]).unwrap();
+        let safetensors = vec![("model.safetensors", &files["model.safetensors"][..])];
+        let w = DrafterWeights::load(config, safetensors, DrafterPrecision::Q8).unwrap();
+        let prompt: Vec<u32> = (0..12).map(|i| 7 + 13 * i).collect();
+        for kernels in [CpuKernels::Reference, CpuKernels::Quantized] {
+            let cpu = CpuModel::with_kernels(&t.weights, kernels);
+            let d = CpuDrafter::with_kernels(&w, kernels);
+            let mut cache = cpu.new_cache(64);
+            let taps = cpu
+                .forward(
+                    &prompt,
+                    &mut cache,
+                    LogitRows::None,
+                    &w.config.target_layer_ids,
+                )
+                .unwrap()
+                .taps;
+            let mut settled = DFlashCpu::new(&d, &cpu).unwrap();
+            let mut late = DFlashCpu::new(&d, &cpu).unwrap();
+            settled.commit(&taps);
+            late.commit(&taps);
+            let tap_w = settled.tap_width();
+            let held = |p: &DFlashCpu| (p.state.ctx.len, p.state.pending.len() / tap_w);
+            settled.settle(3);
+            assert_eq!(held(&settled), (9, 3), "{kernels:?}");
+            settled.settle(5);
+            assert_eq!(held(&settled), (9, 3), "{kernels:?}: only 3 wait");
+            assert_eq!(settled.context_rows(), 12);
+            let block = settled.draft(5, 12, 4).unwrap();
+            assert_eq!(block, late.draft(5, 12, 4).unwrap(), "{kernels:?}");
+            assert_eq!(held(&settled), (12, 0));
+        }
+    }
+}
