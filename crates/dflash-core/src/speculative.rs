@@ -1101,7 +1101,7 @@ mod accept_profile_tests {
 }
 
 #[cfg(test)]
-mod tests {
+mod settle_tests {
     use super::*;
     use crate::cpu::{CpuKernels, LogitRows};
     use crate::drafter::random::{write_drafter, DrafterSpec};
