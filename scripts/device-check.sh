@@ -244,6 +244,12 @@ profile() {
     step 120 "profile $shape outs1" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --gemv-outputs 1 --prompt-tokens 64 --decode-tokens 64 > $RES/profile-$shape-outs1.json"
     step 120 "profile $shape dflash" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --drafter synthetic --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $RES/profile-$shape-dflash.json"
   done
+  # GEMVs on 8-bit activations (packed integer dot products) against f32, plain and the
+  # DFlash step, on the 8B and 32B shapes.
+  for shape in qwen3-8b qwen2.5-32b; do
+    step 120 "profile $shape int8" sh -c "\"$BIN/dflash\" bench --synthetic $shape ${a[*]} --int8-activations true --prompt-tokens 64 --decode-tokens 64 > $RES/profile-$shape-int8.json"
+  done
+  step 120 "profile qwen3-8b dflash int8" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b ${a[*]} --int8-activations true --drafter synthetic --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $RES/profile-qwen3-8b-dflash-int8.json"
   # The qwen3-8b pair drafting among 8192 ids (a draft vocabulary) at the same acceptance.
   step 120 "profile qwen3-8b dflash draft-vocab" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b ${a[*]} --drafter synthetic --synthetic-draft-vocab 8192 --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $RES/profile-qwen3-8b-dflash-draft-vocab.json"
   # The same pair with the drafter's matrices in 8 bits (nearly twice its bytes per step of
@@ -282,6 +288,9 @@ after_train() {
     step 90 "profile smollm2 dflash" sh -c "\"$BIN/dflash\" bench --model $MODEL ${p[*]} --drafter $TRAINED --prompts fixtures/prompts/chat20.jsonl --limit 4 --max-new-tokens 64 --block 16,auto > $RES/profile-smollm2-dflash.json"
   fi
   step 120 "profile qwen3-8b dflash" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b ${p[*]} --drafter synthetic --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $RES/profile-qwen3-8b-dflash.json"
+  # The same pair on 8-bit activations with packed integer dot products (the 16-row
+  # verify is compute-bound in f32 on an 8B model; aim: <= 1.2 one-row steps).
+  step 120 "profile qwen3-8b dflash int8" sh -c "\"$BIN/dflash\" bench --synthetic qwen3-8b ${p[*]} --int8-activations true --drafter synthetic --limit 2 --prompt-tokens 64 --max-new-tokens 128 --block 16 --accept-profile $accept > $RES/profile-qwen3-8b-dflash-int8.json"
   [ ! -f "$MODEL" ] || step 60 "profile smollm2 p512" sh -c "\"$BIN/dflash\" bench --model $MODEL ${p[*]} --prompt-tokens 512 --decode-tokens 64 > $RES/profile-smollm2-p512.json"
   step 120 "profile qwen2.5-32b" sh -c "\"$BIN/dflash\" bench --synthetic qwen2.5-32b ${p[*]} --prompt-tokens 64 --decode-tokens 64 > $RES/profile-qwen2.5-32b.json"
   # Where the trainer left time (it failed, say): the whole profile, then the GPU tests.

@@ -177,6 +177,12 @@ pub struct BenchArgs {
     /// place of the tuning's choice.
     #[arg(long)]
     norm_in_residual: Option<bool>,
+    /// Every GEMV over a q4 / q8 matrix on activations quantized to 8 bits per group with
+    /// packed integer dot products (`true`: the CPU engine's arithmetic; an error where
+    /// the adapter's WGSL has no packed_4x8_integer_dot_product) or on f32 activations
+    /// (`false`), in place of the tuning's choice (f32 everywhere until measured).
+    #[arg(long)]
+    int8_activations: Option<bool>,
     /// Greedy drafts among the drafter's draft vocabulary (`draft_vocab.json`, where its
     /// folder has one: a few thousand rows of the lm_head instead of all), or `false`:
     /// among the whole vocabulary (the JSON's `draft_vocab`; `draft_head_ids`: the ids
@@ -433,6 +439,7 @@ fn gpu_options(a: &BenchArgs, timestamps: bool) -> dflash_gpu::GpuOptions {
         pipelined_decode: a.pipelined,
         fuse_norm: a.fuse_norm,
         norm_in_residual: a.norm_in_residual,
+        int8_activations: a.int8_activations,
         ..Default::default()
     }
 }

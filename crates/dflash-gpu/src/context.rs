@@ -25,6 +25,10 @@ pub struct GpuOptions {
     /// Override whether the residual GEMV before an RMSNorm does the norm's share
     /// (`dflash bench --norm-in-residual`), keeping the rest of the knobs.
     pub norm_in_residual: Option<bool>,
+    /// Override whether GEMVs run on 8-bit activations (`Tuning::int8_activations`;
+    /// `dflash bench --int8-activations`); `true` on an adapter without WGSL's
+    /// `packed_4x8_integer_dot_product` is an `Unsupported` error.
+    pub int8_activations: Option<bool>,
     /// Run within the limits a browser's WebGPU grants (see `browser_limits`), so that a
     /// native run finds what the browser build would.
     pub browser_limits: bool,
@@ -253,6 +257,19 @@ pub struct Tuning {
     pub chunked_sampler: bool,
     /// Output rows per GEMV thread for every shape, in place of the table's.
     pub gemv_outputs_override: Option<usize>,
+    /// Every GEMV over a q4 / q8 matrix on activations quantized to 8 bits per weight
+    /// group, with exact integer dot products (`ops::dp4a`: the CPU engine's arithmetic,
+    /// `CpuKernels::Quantized`, so the model's numbers are that engine's, within the
+    /// GPU's tolerance), where the adapter has WGSL's `packed_4x8_integer_dot_product`.
+    /// A 16-row verify pass of a large model is compute-bound in f32 (qwen3-8b: ~256
+    /// GFLOP against ~1 ms of weight reads on an H200); packed int8 dot products do four
+    /// multiply-adds per instruction. The norm goes into the quantize kernel (`fuse_norm`
+    /// then means that; `norm_in_residual` is off), the greedy head is the lm_head's
+    /// logits then argmax.wgsl. Off in every entry until a real GPU measures it
+    /// (`dflash bench --int8-activations true`, `scripts/device-check.sh`): on lavapipe,
+    /// which emulates the dot products, SmolLM2's GEMVs run 0.10-0.35x the f32 ones at one
+    /// row and 0.30-0.97x at 16 (`results/lavapipe-int8-activations-smollm2.json`).
+    pub int8_activations: bool,
 }
 
 /// PCI vendor id of Intel.
@@ -295,6 +312,7 @@ impl Tuning {
             pipelined_decode: true,
             chunked_sampler: true,
             gemv_outputs_override: None,
+            int8_activations: false,
         }
     }
 
@@ -316,6 +334,7 @@ impl Tuning {
             pipelined_decode: false,
             chunked_sampler: false,
             gemv_outputs_override: None,
+            int8_activations: false,
         }
     }
 
@@ -383,6 +402,8 @@ pub struct GpuContext {
     /// A small read-only storage buffer bound where a kernel variant leaves a binding
     /// unused (its layout still names it).
     pub unused: wgpu::Buffer,
+    /// The 8-bit activations every GEMV on them shares (`ops::dp4a::QuantizedActivations::scratch`).
+    pub(crate) int8_scratch: std::cell::RefCell<Option<crate::ops::dp4a::Int8Scratch>>,
     lost: Arc<Mutex<Option<String>>>,
     uncaptured: Arc<Mutex<Option<GpuError>>>,
 }
@@ -441,6 +462,19 @@ impl GpuContext {
         tuning.pipelined_decode = opts.pipelined_decode.unwrap_or(tuning.pipelined_decode);
         tuning.fuse_norm = opts.fuse_norm.unwrap_or(tuning.fuse_norm);
         tuning.norm_in_residual = opts.norm_in_residual.unwrap_or(tuning.norm_in_residual);
+        tuning.int8_activations = opts.int8_activations.unwrap_or(tuning.int8_activations);
+        if tuning.int8_activations {
+            if !summary.packed_int8_dot {
+                return Err(GpuError::Unsupported(format!(
+                    "8-bit activations on {}: no packed_4x8_integer_dot_product in its WGSL",
+                    info.name
+                )));
+            }
+            // The quantize kernel takes the norm; a GEMV on 8-bit activations has no
+            // split norm's epilogue.
+            tuning.fuse_norm = true;
+            tuning.norm_in_residual = false;
+        }
         // The limit granted to the device (browser_limits caps it at 10).
         tuning.chunked_attention &= device.limits().max_storage_buffers_per_shader_stage
             >= CHUNKED_ATTENTION_STORAGE_BUFFERS;
@@ -453,6 +487,7 @@ impl GpuContext {
             tuning,
             timestamps,
             unused,
+            int8_scratch: Default::default(),
             lost,
             uncaptured,
         })

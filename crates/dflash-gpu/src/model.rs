@@ -456,6 +456,7 @@ pub fn plan_buffers(
         + logits
         + n * f * (opts.taps.len() * c.hidden_size) as u64
         + ops::sample_scratch_bytes(ctx, MAX_ROWS, c.vocab_size)
+        + int8_scratch_bytes(ctx, c)
         + rope;
     let plan = MemoryPlan {
         weights: weight_bytes,
@@ -475,6 +476,16 @@ pub fn plan_buffers(
         }
     }
     Ok(plan)
+}
+
+/// The 8-bit activations' shared scratch where the tuning asks for them: 16 rows of the
+/// widest GEMV input (the MLP's down projection, or the hidden size).
+fn int8_scratch_bytes(ctx: &GpuContext, c: &ModelConfig) -> u64 {
+    if !ctx.tuning.int8_activations {
+        return 0;
+    }
+    let widest = [c.hidden_size, c.q_dim(), ffn_width(c)].into_iter().max();
+    ops::dp4a::scratch_bytes(widest.unwrap_or(0))
 }
 
 /// The parts of layer `i`'s mixer: its input projection (stacked where the parts share
@@ -1014,8 +1025,8 @@ impl GpuModel {
         }
     }
 
-    /// Final RMSNorm + lm_head (one GEMV), then the greedy head's reduction (its first
-    /// half is the lm_head's epilogue) or the sampler.
+    /// Final RMSNorm + lm_head (one GEMV), then the greedy head (`ops::greedy_head`) or
+    /// the sampler.
     fn head(
         &self,
         d: &mut Vec<Dispatch>,
@@ -1045,13 +1056,8 @@ impl GpuModel {
             d.extend(ops::sample(ctx, &b, n, c.vocab_size)?);
             return Ok(());
         }
-        let f = ops::GemvFusion {
-            argmax: Some(&a.best),
-            ..norm
-        };
-        d.extend(ops::gemv_fused(ctx, lm, x, &a.logits, n, &f)?);
-        let parts = ops::argmax_parts(ctx, lm);
-        d.push(ops::argmax_reduce(ctx, &a.best, &a.out_tokens, n, parts)?);
+        let bufs = (&a.logits, &a.best, &a.out_tokens);
+        d.extend(ops::greedy_head(ctx, (lm, x, &norm), bufs, n, None)?);
         Ok(())
     }
 

@@ -266,6 +266,23 @@ pub fn gemv_fused(
     f: &GemvFusion,
 ) -> Result<Vec<Dispatch>> {
     check_fusion(m, f)?;
+    if dp4a::applies(ctx, m) {
+        return dp4a::gemv_fused(ctx, m, x, (y, n), f);
+    }
+    gemv_f32_activations(ctx, m, x, y, n, f)
+}
+
+/// `gemv_fused` on f32 activations (gemv.wgsl) whatever the tuning: the profiler's
+/// f32 GEMV that the 8-bit one is measured against.
+pub fn gemv_f32_activations(
+    ctx: &GpuContext,
+    m: &GpuMatrix,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: usize,
+    f: &GemvFusion,
+) -> Result<Vec<Dispatch>> {
+    check_fusion(m, f)?;
     let k = gemv_kernel(ctx, m, n, f);
     let per = gemv_rows_per_workgroup(ctx, m, f.pair);
     let out_rows = if f.pair { m.rows / 2 } else { m.rows };
@@ -328,6 +345,40 @@ pub fn gemv_fused(
     Ok(out)
 }
 
+/// The greedy token of each of `n` rows into `tokens`: the lm_head `lm` over `x` (with
+/// `norm`'s fusion) with the first half of the argmax in its epilogue and
+/// `argmax_reduce` (`argmax_reduce_mapped` through `id_map`, a draft head's ids); where
+/// the lm_head runs on 8-bit activations (`dp4a::applies`), its logits into `logits`
+/// and argmax.wgsl over them.
+pub fn greedy_head(
+    ctx: &GpuContext,
+    (lm, x, norm): (&GpuMatrix, &wgpu::Buffer, &GemvFusion),
+    (logits, best, tokens): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+    n: usize,
+    id_map: Option<&wgpu::Buffer>,
+) -> Result<Vec<Dispatch>> {
+    if dp4a::applies(ctx, lm) {
+        let mut d = gemv_fused(ctx, lm, x, logits, n, norm)?;
+        d.push(argmax_mapped(
+            ctx,
+            logits,
+            tokens,
+            n,
+            (lm.rows, lm.rows),
+            id_map,
+        )?);
+        return Ok(d);
+    }
+    let f = GemvFusion {
+        argmax: Some(best),
+        ..*norm
+    };
+    let mut d = gemv_fused(ctx, lm, x, logits, n, &f)?;
+    let parts = argmax_parts(ctx, lm);
+    d.push(reduce_partials(ctx, best, tokens, n, parts, id_map)?);
+    Ok(d)
+}
+
 /// The uniform of argmax.wgsl (`main`; `reduce`: `len` and `stride` count partials).
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -347,19 +398,6 @@ pub fn argmax_reduce(
     parts: usize,
 ) -> Result<Dispatch> {
     reduce_partials(ctx, best, tokens, rows, parts, None)
-}
-
-/// `argmax_reduce` over the partials of a head whose rows are the token ids `id_map`
-/// (a drafter's draft head): `tokens[r] = id_map[best of row r]`.
-pub fn argmax_reduce_mapped(
-    ctx: &GpuContext,
-    best: &wgpu::Buffer,
-    tokens: &wgpu::Buffer,
-    rows: usize,
-    parts: usize,
-    id_map: &wgpu::Buffer,
-) -> Result<Dispatch> {
-    reduce_partials(ctx, best, tokens, rows, parts, Some(id_map))
 }
 
 fn reduce_partials(
@@ -1039,17 +1077,30 @@ pub fn argmax(
     len: usize,
     stride: usize,
 ) -> Result<Dispatch> {
+    argmax_mapped(ctx, logits, tokens, rows, (len, stride), None)
+}
+
+/// `argmax`, each token mapped through `id_map` where given (a draft head's rows).
+fn argmax_mapped(
+    ctx: &GpuContext,
+    logits: &wgpu::Buffer,
+    tokens: &wgpu::Buffer,
+    rows: usize,
+    (len, stride): (usize, usize),
+    id_map: Option<&wgpu::Buffer>,
+) -> Result<Dispatch> {
     let params = ArgmaxParams {
         len: len as u32,
         stride: stride as u32,
         out_offset: 0,
         pad: 0,
     };
+    let kernel = Kernel::new(Shader::Argmax, "main").with("MAP", id_map.is_some() as u8 as f64);
     Ok(Dispatch::new(
         ctx,
-        &Kernel::new(Shader::Argmax, "main"),
+        &kernel,
         Some(&params),
-        &[(1, logits), (2, tokens), (4, &ctx.unused)],
+        &[(1, logits), (2, tokens), (4, id_map.unwrap_or(&ctx.unused))],
         [rows as u32, 1, 1],
     )?
     .shaped(format!("{rows}x{len}"), 4 * (rows * len) as u64))

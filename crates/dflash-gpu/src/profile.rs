@@ -359,7 +359,8 @@ pub fn gemv_shape(
         .collect();
     let mut ds = Vec::new();
     for y in &ys {
-        ds.extend(ops::gemv(ctx, m, &x, y, n, false)?);
+        let plain = ops::GemvFusion::default();
+        ds.extend(ops::gemv_f32_activations(ctx, m, &x, y, n, &plain)?);
     }
     let refs: Vec<&Dispatch> = ds.iter().collect();
     let bytes: u64 = ds.iter().map(|d| d.label.bytes).sum();

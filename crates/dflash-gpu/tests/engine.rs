@@ -107,6 +107,61 @@ fn logits_match_on(ctx: &std::rc::Rc<dflash_gpu::GpuContext>) {
     }
 }
 
+/// With 8-bit activations (`Tuning::int8_activations`) the GPU computes the CPU engine's
+/// quantized products (`CpuKernels::Quantized`), not the f32 reference's: its logits
+/// are within 2e-3 of the logit scale of that engine's (an activation's byte may round
+/// the other way where the two engines' inputs differ in their last bits: a step of
+/// amax / 127 in one product term; on lavapipe they are 7e-7 apart, summation order
+/// only), and at least ten times closer to them than to the f32 reference's (3e-2); the greedy head (logits, then argmax.wgsl) picks each row's argmax;
+/// and a position's logits are the same bits alone, in a 16-row pass and in prefill.
+#[test]
+fn eight_bit_activations_follow_the_quantized_cpu_engine_and_are_batch_invariant() {
+    use dflash_core::cpu::CpuKernels;
+    let Some(ctx) = gpu_context(&GpuOptions {
+        no_f16: true,
+        int8_activations: Some(true),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    for (arch, t) in [
+        (Arch::Llama, GgmlType::Q4_0),
+        (Arch::Qwen2, GgmlType::Q8_0),
+        (Arch::Qwen3, GgmlType::Q4_1),
+    ] {
+        let w = tiny(arch, t, 31);
+        let toks = tokens(12, w.config.vocab_size, 3);
+        let logits = |kernels| {
+            let cpu = CpuModel::with_kernels(&w, kernels);
+            let mut cache = cpu.new_cache(64);
+            cpu.forward(&toks, &mut cache, LogitRows::All, &[])
+                .unwrap()
+                .logits
+        };
+        let (quantized, reference) = (logits(CpuKernels::Quantized), logits(CpuKernels::Reference));
+        let opts = GpuModelOptions {
+            context: 64,
+            ..Default::default()
+        };
+        let mut g = GpuModel::new(ctx.clone(), &w, &opts).unwrap();
+        let ids = g.step(&toks).unwrap();
+        let got = g.read_logits(toks.len()).unwrap();
+        let (to_quantized, to_reference) = (
+            common::max_abs_diff(&got, &quantized),
+            common::max_abs_diff(&got, &reference),
+        );
+        let scale = quantized.iter().map(|a| a.abs()).fold(0f32, f32::max);
+        eprintln!("{arch:?} {t:?}: |gpu - quantized| {to_quantized:e}, |gpu - f32| {to_reference:e} (scale {scale})");
+        assert!(
+            to_quantized <= 2e-3 * scale.max(1.0),
+            "{arch:?} {t:?}: {to_quantized}"
+        );
+        assert!(10.0 * to_quantized <= to_reference, "{arch:?} {t:?}");
+        common::assert_argmax_rows(&ids, &got, w.config.vocab_size);
+    }
+    batch_invariance_on(&ctx);
+}
+
 #[test]
 fn a_position_is_bit_identical_alone_in_a_16_row_pass_and_in_prefill() {
     for ctx in common::contexts() {

@@ -257,6 +257,105 @@ fn dp4a_gemv_is_the_cpu_engines_product() {
     }
 }
 
+/// A context whose GEMVs run on 8-bit activations (`Tuning::int8_activations`).
+fn int8_context() -> Option<std::rc::Rc<GpuContext>> {
+    common::gpu_context(&dflash_gpu::GpuOptions {
+        int8_activations: Some(true),
+        ..Default::default()
+    })
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// With 8-bit activations `ops::gemv_fused` quantizes its input (RMSNorm inside the
+/// quantize kernel) and runs the 8-bit GEMV with its epilogues, and each is the
+/// separate kernels' arithmetic, bit for bit, at 1 and 16 rows and in every format:
+/// the norm's kernel then the quantization; the plain product plus the bias (then the
+/// residual, an f32 add here on the host); SwiGLU of the stacked [gate; up] against the
+/// two products and swiglu.wgsl; the taps a copy of what was stored.
+#[test]
+fn dp4a_epilogues_give_the_separate_kernels_bits() {
+    let Some(ctx) = int8_context() else { return };
+    let mut rng = Rng(11);
+    let (rows, cols, eps) = (48, 256, 1e-5);
+    // q4 with mins (Q4_1), q8 in groups of 32 and 16 (Q4_0 is Q4_1's kernel).
+    for (name, m) in matrices(&mut rng, 2 * rows, cols).into_iter().skip(1) {
+        let stacked = upload_matrix(&ctx, "w", &m).unwrap();
+        let halves = [0, 1].map(|h| {
+            let ids: Vec<u32> = (h * rows..(h + 1) * rows).map(|i| i as u32).collect();
+            upload_matrix(&ctx, "half", &m.gather_rows(&ids)).unwrap()
+        });
+        let norm_w = f32_buffer(&ctx, "norm", &rng.vec(cols, 1.0));
+        let bias_v = rng.vec(rows, 1.0);
+        let bias = f32_buffer(&ctx, "bias", &bias_v);
+        for n in [1, 16] {
+            let x = f32_buffer(&ctx, "x", &rng.vec(n * cols, 2.0));
+            let xn = work_buffer(&ctx, "xn", (n * cols * 4) as u64);
+            let q = dp4a::QuantizedActivations::for_matrix(&ctx, &halves[0], n).unwrap();
+            let plain = |mm: &dflash_gpu::upload::GpuMatrix, y: &wgpu::Buffer| {
+                let mut d = vec![ops::rmsnorm(&ctx, eps, &norm_w, &x, &xn, n, cols).unwrap()];
+                d.push(dp4a::quantize(&ctx, &xn, &q).unwrap());
+                d.extend(dp4a::gemv(&ctx, mm, &q, y, n, 1).unwrap());
+                run(&ctx, &d);
+                read_f32(&ctx, y, n * rows)
+            };
+            let buf = |label| work_buffer(&ctx, label, (n * 2 * rows * 4) as u64);
+            let (gate_y, up_y, want_ff) = (buf("gate"), buf("up"), buf("ff"));
+            let gate = plain(&halves[0], &gate_y);
+            plain(&halves[1], &up_y);
+            run(
+                &ctx,
+                &[ops::swiglu(&ctx, &gate_y, &up_y, &want_ff, n, rows).unwrap()],
+            );
+            let norm = ops::GemvFusion {
+                norm: Some((&norm_w, eps)),
+                ..Default::default()
+            };
+            let ff = buf("fused ff");
+            let pair = ops::GemvFusion { pair: true, ..norm };
+            run(
+                &ctx,
+                &ops::gemv_fused(&ctx, &stacked, &x, &ff, n, &pair).unwrap(),
+            );
+            let (want, got) = (
+                read_f32(&ctx, &want_ff, n * rows),
+                read_f32(&ctx, &ff, n * rows),
+            );
+            assert_eq!(bits(&want), bits(&got), "{name} n={n}: pair");
+            let y0 = rng.vec(n * rows, 1.0);
+            let (y, taps) = (f32_buffer(&ctx, "y", &y0), buf("taps"));
+            let f = ops::GemvFusion {
+                bias: Some(&bias),
+                accumulate: true,
+                tap: Some(ops::GemvTap {
+                    buf: &taps,
+                    offset: 0,
+                    stride: rows,
+                }),
+                ..norm
+            };
+            let d = ops::gemv_fused(&ctx, &halves[0], &x, &y, n, &f).unwrap();
+            assert_eq!(
+                d[0].label.family, "quantize_q8",
+                "{name}: the input quantized first"
+            );
+            run(&ctx, &d);
+            let want: Vec<f32> = (0..n * rows)
+                .map(|i| y0[i] + (gate[i] + bias_v[i % rows]))
+                .collect();
+            let got = read_f32(&ctx, &y, n * rows);
+            assert_eq!(bits(&want), bits(&got), "{name} n={n}: bias and residual");
+            assert_eq!(
+                bits(&got),
+                bits(&read_f32(&ctx, &taps, n * rows)),
+                "{name}: taps"
+            );
+        }
+    }
+}
+
 /// A GEMV with 8-bit activations for another matrix's shape or format is refused.
 #[test]
 fn dp4a_gemv_refuses_activations_of_another_matrix() {
@@ -757,6 +856,11 @@ fn every_kernel_variant_compiles() {
                     .with("FORMAT", f)
                     .with("GROUP", g),
             );
+            ks.push(
+                Kernel::new(Shader::GemvDp4a, "quantize_norm")
+                    .with("FORMAT", f)
+                    .with("GROUP", g),
+            );
             for (n, outs) in [(1.0, 1.0), (16.0, 4.0)] {
                 ks.push(
                     Kernel::new(Shader::GemvDp4a, "main")
@@ -765,8 +869,28 @@ fn every_kernel_variant_compiles() {
                         .with("N_ROWS", n)
                         .with("OUTS", outs),
                 );
+                // The epilogues a plan on 8-bit activations uses: bias, SwiGLU pair
+                // (2 pairs per thread at most), residual with a tap.
+                for (entry, acc, bias, pair) in [
+                    ("main", 0.0, 1.0, 0.0),
+                    ("main", 0.0, 0.0, 1.0),
+                    ("main", 1.0, 0.0, 0.0),
+                    ("main_tap", 1.0, 0.0, 0.0),
+                ] {
+                    ks.push(
+                        Kernel::new(Shader::GemvDp4a, entry)
+                            .with("FORMAT", f)
+                            .with("GROUP", g)
+                            .with("N_ROWS", n)
+                            .with("OUTS", outs / (1.0 + pair))
+                            .with("ACCUMULATE", acc)
+                            .with("BIAS", bias)
+                            .with("PAIR", pair),
+                    );
+                }
             }
         }
+        ks.push(Kernel::new(Shader::Argmax, "main").with("MAP", 1.0));
         for k in &ks {
             ctx.pipelines
                 .get(&ctx, k)

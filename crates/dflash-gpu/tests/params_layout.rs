@@ -53,7 +53,7 @@ fn gemv_params_match_the_wgsl_struct() {
 #[test]
 fn gemv_dp4a_params_match_the_wgsl_struct() {
     assert_layout!(Shader::GemvDp4a, "Params", Dp4aParams; n_rows, k, m, out_offset,
-        out_stride, wg_x, pad1, pad2);
+        out_stride, wg_x, eps, bias_offset, pair_rows, tap_offset, tap_stride, pad);
 }
 
 #[test]

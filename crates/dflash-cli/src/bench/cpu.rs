@@ -32,6 +32,7 @@ pub(super) fn run(
         (a.pipelined.is_some(), "--pipelined"),
         (a.fuse_norm.is_some(), "--fuse-norm"),
         (a.norm_in_residual.is_some(), "--norm-in-residual"),
+        (a.int8_activations.is_some(), "--int8-activations"),
         (a.adapter.is_some(), "--adapter"),
     ];
     if let Some((_, flag)) = gpu_only.iter().find(|(set, _)| *set) {

@@ -218,6 +218,7 @@ pub(super) fn run_dflash(
     fields["drafter_precision"] = serde_json::json!(precision.map(|p| p.get_name().to_owned()));
     fields["fuse_norm"] = serde_json::json!(ctx.tuning.fuse_norm);
     fields["norm_in_residual"] = serde_json::json!(ctx.tuning.norm_in_residual);
+    fields["int8_activations"] = serde_json::json!(ctx.tuning.int8_activations);
     let results = DflashResults {
         blocks,
         runs: block_runs,

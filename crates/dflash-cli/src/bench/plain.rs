@@ -203,6 +203,7 @@ pub(super) fn plain_json(
         "temperature": args.temperature,
         "fuse_norm": ctx.tuning.fuse_norm,
         "norm_in_residual": ctx.tuning.norm_in_residual,
+        "int8_activations": ctx.tuning.int8_activations,
         "pipelined_decode": ctx.tuning.pipelined_decode,
         "chunked_sampler": ctx.tuning.chunked_sampler,
         "gemv_outputs_override": ctx.tuning.gemv_outputs_override,

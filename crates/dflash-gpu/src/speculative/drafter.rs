@@ -702,25 +702,19 @@ impl GpuDrafter {
         }
     }
 
-    /// A plain drafter's greedy drafts: the argmax in the lm_head's epilogue (the
-    /// target's partials buffer: its head runs later in the step), then its reduction;
-    /// over the draft vocabulary's rows where the drafter has one.
+    /// A plain drafter's greedy drafts (`ops::greedy_head`: the target's logits and
+    /// partials buffers, its head runs later in the step), over the draft vocabulary's
+    /// rows where the drafter has one.
     fn greedy_drafts(&self, p: &BlockPass, d: &mut Vec<Dispatch>) -> Result<()> {
         let (ctx, t, b) = (p.ctx, p.t, p.b);
         let lm = match &self.draft_head {
             Some(h) => &h.rows,
             None => t.lm_head.as_ref().unwrap_or(&t.embed),
         };
-        let f = ops::GemvFusion {
-            argmax: Some(&t.act.best),
-            ..Default::default()
-        };
-        d.extend(ops::gemv_fused(ctx, lm, &self.xn, &t.act.logits, b, &f)?);
-        let parts = ops::argmax_parts(ctx, lm);
-        d.push(match &self.draft_head {
-            Some(h) => ops::argmax_reduce_mapped(ctx, &t.act.best, &self.drafts, b, parts, &h.ids)?,
-            None => ops::argmax_reduce(ctx, &t.act.best, &self.drafts, b, parts)?,
-        });
+        let head = (lm, &self.xn, &ops::GemvFusion::default());
+        let bufs = (&t.act.logits, &t.act.best, &self.drafts);
+        let ids = self.draft_head.as_ref().map(|h| &h.ids);
+        d.extend(ops::greedy_head(ctx, head, bufs, b, ids)?);
         Ok(())
     }
 }
