@@ -18,7 +18,8 @@
 // Epilogues (override constants, gemv.wgsl's expressions in its order): BIAS y = acc +
 // bias[bias_offset + o]; PAIR the SwiGLU of the matrix's two row halves ([gate; up]:
 // rows o and o + pair_rows, y[o] = silu(gate) * up); ACCUMULATE y += result;
-// `main_tap` also copies each stored value into taps[r * tap_stride + tap_offset + o].
+// `main_tap` also copies each stored value into taps[r * tap_stride + tap_offset +
+// out_offset + o].
 // A paired row's up sums go through the same 4 KiB of workgroup scratch after its gate's
 // (on lavapipe twice the scratch made every variant 2.2x slower) and share the thread's
 // 64 accumulators (OUTS <= 2 with PAIR).
@@ -256,6 +257,9 @@ fn lane_sums(lid: u32, j: u32, up: bool) {
         partial[r * WG + lid] = acc[acc_at(j, r, up)];
     }
     workgroupBarrier();
+    if (lid % LANES != 0u) {
+        return;
+    }
     for (var r = 0u; r < N_ROWS; r++) {
         sums[select(0u, MAX_ROWS, up) + r] = combine(r * WG + lid);
     }
@@ -297,7 +301,8 @@ fn main_tap(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg
     for (var j = 0u; j < OUTS; j++) {
         let o = out_row(o0, j);
         for (var r = 0u; r < N_ROWS && o < p.m; r++) {
-            taps[r * p.tap_stride + p.tap_offset + o] = y[y_index(r, o)];
+            // The row's place in the whole matrix (out_offset: its chunk's first row).
+            taps[r * p.tap_stride + p.tap_offset + p.out_offset + o] = y[y_index(r, o)];
         }
     }
 }

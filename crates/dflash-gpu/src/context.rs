@@ -265,10 +265,12 @@ pub struct Tuning {
     /// GFLOP against ~1 ms of weight reads on an H200); packed int8 dot products do four
     /// multiply-adds per instruction. The norm goes into the quantize kernel (`fuse_norm`
     /// then means that; `norm_in_residual` is off), the greedy head is the lm_head's
-    /// logits then argmax.wgsl. Off in every entry until a real GPU measures it
+    /// logits then argmax.wgsl. A mixture's routed experts keep f32 activations (no
+    /// 8-bit expert kernel yet: there the model is neither engine's arithmetic exactly,
+    /// still batch-invariant and lossless). Off in every entry until a real GPU measures it
     /// (`dflash bench --int8-activations true`, `scripts/device-check.sh`): on lavapipe,
-    /// which emulates the dot products, SmolLM2's GEMVs run 0.10-0.35x the f32 ones at one
-    /// row and 0.30-0.97x at 16 (`results/lavapipe-int8-activations-smollm2.json`).
+    /// which emulates the dot products, SmolLM2's GEMVs run 0.41-0.92x the f32 ones at one
+    /// row and 0.35-0.90x at 16, decode 0.53x (`results/lavapipe-int8-activations-smollm2.json`).
     pub int8_activations: bool,
 }
 

@@ -456,7 +456,7 @@ pub fn plan_buffers(
         + logits
         + n * f * (opts.taps.len() * c.hidden_size) as u64
         + ops::sample_scratch_bytes(ctx, MAX_ROWS, c.vocab_size)
-        + int8_scratch_bytes(ctx, c)
+        + int8_scratch_bytes(ctx, c, opts.taps.len())
         + rope;
     let plan = MemoryPlan {
         weights: weight_bytes,
@@ -479,13 +479,21 @@ pub fn plan_buffers(
 }
 
 /// The 8-bit activations' shared scratch where the tuning asks for them: 16 rows of the
-/// widest GEMV input (the MLP's down projection, or the hidden size).
-fn int8_scratch_bytes(ctx: &GpuContext, c: &ModelConfig) -> u64 {
+/// widest GEMV input (the MLP's down projection, the hidden size, a linear layer's values,
+/// or a DFlash drafter's taps, `taps` x hidden, for its fc).
+fn int8_scratch_bytes(ctx: &GpuContext, c: &ModelConfig, taps: usize) -> u64 {
     if !ctx.tuning.int8_activations {
         return 0;
     }
-    let widest = [c.hidden_size, c.q_dim(), ffn_width(c)].into_iter().max();
-    ops::dp4a::scratch_bytes(widest.unwrap_or(0))
+    let linear = c.hybrid.as_ref().map_or(0, |h| h.value_dim());
+    let widest = [
+        c.hidden_size,
+        c.q_dim(),
+        ffn_width(c),
+        linear,
+        taps * c.hidden_size,
+    ];
+    ops::dp4a::scratch_bytes(widest.into_iter().max().unwrap_or(0))
 }
 
 /// The parts of layer `i`'s mixer: its input projection (stacked where the parts share

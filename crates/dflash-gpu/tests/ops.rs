@@ -271,10 +271,11 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 /// With 8-bit activations `ops::gemv_fused` quantizes its input (RMSNorm inside the
 /// quantize kernel) and runs the 8-bit GEMV with its epilogues, and each is the
-/// separate kernels' arithmetic, bit for bit, at 1 and 16 rows and in every format:
+/// separate kernels' arithmetic, bit for bit, at 1 and 16 rows, q4 and q8 weights:
 /// the norm's kernel then the quantization; the plain product plus the bias (then the
-/// residual, an f32 add here on the host); SwiGLU of the stacked [gate; up] against the
-/// two products and swiglu.wgsl; the taps a copy of what was stored.
+/// residual, an f32 add here on the host, over a matrix in chunks); SwiGLU of the stacked
+/// [gate; up] against the two products and swiglu.wgsl; the taps a copy of what was
+/// stored, each row at its place.
 #[test]
 fn dp4a_epilogues_give_the_separate_kernels_bits() {
     let Some(ctx) = int8_context() else { return };
@@ -283,10 +284,15 @@ fn dp4a_epilogues_give_the_separate_kernels_bits() {
     // q4 with mins (Q4_1), q8 in groups of 32 and 16 (Q4_0 is Q4_1's kernel).
     for (name, m) in matrices(&mut rng, 2 * rows, cols).into_iter().skip(1) {
         let stacked = upload_matrix(&ctx, "w", &m).unwrap();
-        let halves = [0, 1].map(|h| {
+        let half = |h: usize| {
             let ids: Vec<u32> = (h * rows..(h + 1) * rows).map(|i| i as u32).collect();
-            upload_matrix(&ctx, "half", &m.gather_rows(&ids)).unwrap()
-        });
+            m.gather_rows(&ids)
+        };
+        let halves = [0, 1].map(|h| upload_matrix(&ctx, "half", &half(h)).unwrap());
+        // The residual GEMV over the gate half in chunks of 16 rows: each chunk's rows
+        // land at their place in y and in the taps.
+        let chunked = dflash_gpu::upload::upload_matrix_chunked(&ctx, "w", &half(0), 16).unwrap();
+        assert_eq!(chunked.chunks.len(), 3);
         let norm_w = f32_buffer(&ctx, "norm", &rng.vec(cols, 1.0));
         let bias_v = rng.vec(rows, 1.0);
         let bias = f32_buffer(&ctx, "bias", &bias_v);
@@ -336,7 +342,7 @@ fn dp4a_epilogues_give_the_separate_kernels_bits() {
                 }),
                 ..norm
             };
-            let d = ops::gemv_fused(&ctx, &halves[0], &x, &y, n, &f).unwrap();
+            let d = ops::gemv_fused(&ctx, &chunked, &x, &y, n, &f).unwrap();
             assert_eq!(
                 d[0].label.family, "quantize_q8",
                 "{name}: the input quantized first"
