@@ -265,8 +265,8 @@ pub fn gemv_fused(
     n: usize,
     f: &GemvFusion,
 ) -> Result<Vec<Dispatch>> {
-    check_fusion(m, f)?;
     if dp4a::applies(ctx, m) {
+        check_fusion(m, f)?;
         return dp4a::gemv_fused(ctx, m, x, (y, n), f);
     }
     gemv_f32_activations(ctx, m, x, y, n, f)
