@@ -69,8 +69,9 @@ echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
 # pipeline cache between devices, and every test makes its own: the kernels' tests (but
 # the compile of every variant, which the lavapipe pass does within the browser's limits
 # too), and of DFlash's the whole step at three block sizes and the drafters' forwards;
-# not the GEMVs on 8-bit activations (a GPU tuning's option, never the browser's
-# SwiftShader's: lavapipe runs their model tests).
+# not the models on 8-bit activations (a GPU tuning's option, off in the browser's
+# SwiftShader entry: lavapipe runs their model tests; their kernels' tests run here too,
+# within the browser's limits).
 # And the mixture-of-experts and hybrid targets: GPU == CPU, batch invariance, streaming.
 # SwiftShader compiles one pipeline at a time per process (two tests of 23 and 15 s took 33
 # s as two threads, 25 s as two processes), so cargo-nextest, where the machine has it,

@@ -473,7 +473,15 @@ impl GpuContext {
                 )));
             }
             // The quantize kernel takes the norm; a GEMV on 8-bit activations has no
-            // split norm's epilogue.
+            // split norm's epilogue. Asked for explicitly, the other plans are refused.
+            if opts.fuse_norm == Some(false) || opts.norm_in_residual == Some(true) {
+                return Err(GpuError::Unsupported(
+                    "8-bit activations take the RMSNorm into their quantize kernel: \
+                     not with the norm apart (fuse_norm false) or in the residual GEMVs \
+                     (norm_in_residual true)"
+                        .into(),
+                ));
+            }
             tuning.fuse_norm = true;
             tuning.norm_in_residual = false;
         }
@@ -503,6 +511,12 @@ impl GpuContext {
     /// Storage buffers a kernel may bind per stage on this device.
     pub fn storage_buffers(&self) -> u32 {
         self.device.limits().max_storage_buffers_per_shader_stage
+    }
+
+    /// Values per row of the 8-bit activations' shared scratch (0 before a model on 8-bit
+    /// activations reserved it): a model reserves its widest GEMV input when assembled.
+    pub fn int8_scratch_cols(&self) -> usize {
+        self.int8_scratch.borrow().as_ref().map_or(0, |s| s.cols())
     }
 
     /// The largest buffer a kernel may bind.

@@ -485,6 +485,11 @@ fn int8_scratch_bytes(ctx: &GpuContext, c: &ModelConfig, taps: usize) -> u64 {
     if !ctx.tuning.int8_activations {
         return 0;
     }
+    ops::dp4a::scratch_bytes(int8_scratch_cols(c, taps))
+}
+
+/// The widest GEMV input of a model with `taps` tapped layers (`int8_scratch_bytes`).
+pub(crate) fn int8_scratch_cols(c: &ModelConfig, taps: usize) -> usize {
     let linear = c.hybrid.as_ref().map_or(0, |h| h.value_dim());
     let widest = [
         c.hidden_size,
@@ -493,7 +498,7 @@ fn int8_scratch_bytes(ctx: &GpuContext, c: &ModelConfig, taps: usize) -> u64 {
         linear,
         taps * c.hidden_size,
     ];
-    ops::dp4a::scratch_bytes(widest.into_iter().max().unwrap_or(0))
+    widest.into_iter().max().unwrap_or(0)
 }
 
 /// The parts of layer `i`'s mixer: its input projection (stacked where the parts share
@@ -761,6 +766,9 @@ impl GpuModel {
         let context = opts.context;
         let table = rope_table(&c, context);
         let act = Activations::new(&ctx, &c, context, opts.taps.len());
+        if ctx.tuning.int8_activations {
+            ops::dp4a::reserve_scratch(&ctx, int8_scratch_cols(&c, opts.taps.len()));
+        }
         Ok(GpuModel {
             embed: head.0,
             lm_head: head.1,

@@ -144,7 +144,17 @@ fn eight_bit_activations_follow_the_quantized_cpu_engine_and_are_batch_invariant
             ..Default::default()
         };
         let mut g = GpuModel::new(ctx.clone(), &w, &opts).unwrap();
+        // The shared scratch is sized once, for the widest input (the MLP's down
+        // projection here), before any plan: no plan holds a narrower one.
+        let c = &w.config;
+        let widest = [c.hidden_size, c.q_dim(), c.intermediate_size];
+        let reserved = ctx.int8_scratch_cols();
+        assert!(
+            reserved >= *widest.iter().max().unwrap(),
+            "{arch:?}: {reserved}"
+        );
         let ids = g.step(&toks).unwrap();
+        assert_eq!(ctx.int8_scratch_cols(), reserved, "{arch:?}: grew");
         let got = g.read_logits(toks.len()).unwrap();
         let (to_quantized, to_reference) = (
             common::max_abs_diff(&got, &quantized),
@@ -160,6 +170,22 @@ fn eight_bit_activations_follow_the_quantized_cpu_engine_and_are_batch_invariant
         common::assert_argmax_rows(&ids, &got, w.config.vocab_size);
     }
     batch_invariance_on(&ctx);
+    // The quantize kernel takes the RMSNorm: a norm apart or in the residual GEMVs asked
+    // for beside 8-bit activations is refused, not silently replaced.
+    for (fuse_norm, norm_in_residual) in [(Some(false), None), (None, Some(true))] {
+        let e = dflash_gpu::GpuContext::new(&GpuOptions {
+            int8_activations: Some(true),
+            fuse_norm,
+            norm_in_residual,
+            ..Default::default()
+        })
+        .err()
+        .expect("conflicting options accepted");
+        assert!(
+            matches!(&e, dflash_gpu::GpuError::Unsupported(m) if m.contains("RMSNorm")),
+            "{e}"
+        );
+    }
 }
 
 #[test]

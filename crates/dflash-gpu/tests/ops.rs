@@ -888,7 +888,7 @@ fn every_kernel_variant_compiles() {
                             .with("FORMAT", f)
                             .with("GROUP", g)
                             .with("N_ROWS", n)
-                            .with("OUTS", outs / (1.0 + pair))
+                            .with("OUTS", (outs / (1.0 + pair)).max(1.0))
                             .with("ACCUMULATE", acc)
                             .with("BIAS", bias)
                             .with("PAIR", pair),

@@ -75,6 +75,12 @@ pub struct Int8Scratch {
     scales_sums: wgpu::Buffer,
 }
 
+impl Int8Scratch {
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
 impl QuantizedActivations {
     /// Buffers for `rows` rows of `cols` values, quantized for weights like `m`.
     pub fn for_matrix(ctx: &GpuContext, m: &GpuMatrix, rows: usize) -> Result<Self> {
@@ -93,16 +99,9 @@ impl QuantizedActivations {
     pub fn scratch(ctx: &GpuContext, m: &GpuMatrix) -> Result<Self> {
         check_matrix(m)?;
         let rows = crate::model::MAX_ROWS;
-        let mut held = ctx.int8_scratch.borrow_mut();
-        if held.as_ref().is_none_or(|s| s.cols < m.cols) {
-            // Groups of 16 at least: 8 bytes of (scale, sum) per 16 values at most.
-            *held = Some(Int8Scratch {
-                cols: m.cols,
-                qs: work_buffer(ctx, "x q8 scratch", (rows * m.cols) as u64),
-                scales_sums: work_buffer(ctx, "x q8 scales scratch", (rows * m.cols / 2) as u64),
-            });
-        }
-        let s = held.as_ref().expect("just made");
+        reserve_scratch(ctx, m.cols);
+        let held = ctx.int8_scratch.borrow();
+        let s = held.as_ref().expect("just reserved");
         Ok(QuantizedActivations {
             format: m.format,
             group: m.group,
@@ -117,6 +116,22 @@ impl QuantizedActivations {
         Kernel::new(Shader::GemvDp4a, entry)
             .with("FORMAT", format_id(self.format))
             .with("GROUP", self.group as f64)
+    }
+}
+
+/// Grows the context's shared scratch to inputs of `cols` values where it is narrower.
+/// A model reserves its widest input at assembly: the plans built before a growth keep
+/// the narrower buffers alive, so growing width by width would hold them all.
+pub fn reserve_scratch(ctx: &GpuContext, cols: usize) {
+    let rows = crate::model::MAX_ROWS;
+    let mut held = ctx.int8_scratch.borrow_mut();
+    if held.as_ref().is_none_or(|s| s.cols < cols) {
+        // Groups of 16 at least: 8 bytes of (scale, sum) per 16 values at most.
+        *held = Some(Int8Scratch {
+            cols,
+            qs: work_buffer(ctx, "x q8 scratch", (rows * cols) as u64),
+            scales_sums: work_buffer(ctx, "x q8 scales scratch", (rows * cols / 2) as u64),
+        });
     }
 }
 

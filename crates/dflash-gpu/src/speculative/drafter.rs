@@ -160,6 +160,31 @@ fn drafter_attention_parts(
     }
 }
 
+/// The widest input of the drafter's GEMVs (its fc reads every tap).
+fn int8_scratch_cols(c: &dflash_core::drafter::DrafterConfig) -> usize {
+    let widest = [
+        c.hidden_size,
+        c.q_dim(),
+        c.intermediate_size,
+        c.n_taps() * c.hidden_size,
+    ];
+    widest.into_iter().max().unwrap_or(0)
+}
+
+/// Bytes of the 8-bit activations' shared scratch a drafter adds: a new one where its
+/// widest input is wider than its target's (the target's plans keep the old one).
+fn int8_scratch_growth(
+    ctx: &GpuContext,
+    c: &dflash_core::drafter::DrafterConfig,
+    target: &dflash_core::config::ModelConfig,
+) -> u64 {
+    let ours = int8_scratch_cols(c);
+    if !ctx.tuning.int8_activations || ours <= crate::model::int8_scratch_cols(target, c.n_taps()) {
+        return 0;
+    }
+    ops::dp4a::scratch_bytes(ours)
+}
+
 /// Host drafts the drafter of a target keeps room for (one per absolute position).
 pub(super) fn host_draft_capacity(target: &GpuModel) -> usize {
     target.context + MAX_ROWS + 1
@@ -211,6 +236,7 @@ impl GpuDrafter {
         Ok(DrafterPlan {
             context_cache: 2 * c.num_layers as u64 * kv_bytes,
             activations: n * rows as u64
+                + int8_scratch_growth(ctx, c, target)
                 + ops::prenorm_bytes(c.hidden_size)
                 + cap * (c.head_dim / 2 * 8) as u64
                 + (cap + 1) * 4
@@ -228,6 +254,9 @@ impl GpuDrafter {
     ) -> Result<Self> {
         let c = &w.config;
         Self::plan(ctx, c, &target.config, target.context)?;
+        if ctx.tuning.int8_activations {
+            ops::dp4a::reserve_scratch(ctx, int8_scratch_cols(c));
+        }
         let mut n_bytes = w.fc.n_bytes() as u64;
         let mut layers = Vec::new();
         let mut convs = Vec::new();
