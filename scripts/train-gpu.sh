@@ -55,9 +55,11 @@
 # Compare the result's evaluation with the committed drafter's before committing it.
 # Knobs: PROMPTS (4000), MIX (general), DATA_SEED (2: other prompts than the committed
 # sets' seed 1), MAX_NEW (160), BATCH (64), STEPS (unset: fitted; 3000 if the probe
-# fails), MAX_STEPS (20000, the fitted count's cap), SEQS (16), ANCHORS (128: twice the
-# CPU runs' slots per step; unmeasured, on the guess that a GPU step of 16 sequences,
-# each its own passes, waits on kernel launches more than on rows), LR (3e-4), LAYERS (3), SAMPLED (--sampled-head negatives;
+# fails), MAX_STEPS (20000, the fitted count's cap), SEQS (16), ANCHORS (128: 16 times
+# the CPU runs' slots per step, on the guess that a GPU step of 16 sequences, each its
+# own passes, waits on kernel launches more than on rows; on the CPU the same slots learn
+# far more spread over more sequences, results/drafter-anchors-per-sequence-smollm2.json:
+# where time allows, raise SEQS before ANCHORS), LR (3e-4), LAYERS (3), SAMPLED (--sampled-head negatives;
 # 0, the default, is the whole vocabulary: on a GPU the whole head is cheap, and the
 # sample costs acc at equal slots), TF32 (true: the drafter's matrix products on TF32
 # tensor cores, the target's taps in full f32), EVAL_SETS ("humaneval mtbench"; empty:
