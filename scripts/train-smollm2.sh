@@ -83,6 +83,9 @@ if [ "$stage" = vocab ] || [ "$stage" = export ] || [ "$stage" = all ]; then
   # stop tokens); greedy drafts are chosen among them, a fraction of the lm_head's rows.
   $T draft-vocab --model "$model" --data "$WORK/data-mixed.jsonl" --size "${DRAFT_VOCAB:-8192}" \
     --out "$OUT/draft_vocab.json"
+  # What vLLM, SGLang and llama.cpp need of the target: the mask token's text, n_predict
+  # (README: Serving beyond one machine; --d2t for vLLM's form of the draft vocabulary).
+  $T serving-files --drafter "$OUT" --model "$model"
 fi
 if [ "$stage" = eval ] || [ "$stage" = all ]; then
   for set in humaneval mtbench; do

@@ -23,6 +23,11 @@ pub struct DFlashFields {
     pub block_size: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mask_token_id: Option<u32>,
+    /// The mask token's text in the target's tokenizer (older SGLang builds resolve the
+    /// mask by this string and ignore `mask_token_id`; newer ones check the two agree).
+    /// Written by the export; not read here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask_token: Option<String>,
     /// None (or null): the default taps, [`DrafterConfig::default_target_layer_ids`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target_layer_ids: Option<Vec<usize>>,
@@ -103,6 +108,15 @@ pub struct DrafterFile {
     /// sliding layers causal, full layers not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub is_causal: Option<bool>,
+    /// Draft tokens per step for vLLM, which reads it as `num_speculative_tokens` when the
+    /// command line gives none (the export writes `block_size - 1`). Not read here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n_predict: Option<usize>,
+    /// The draft vocabulary's size in its `d2t` form (`draft_vocab.safetensors`: `d2t`
+    /// and the drafter's own `lm_head.weight` rows, which vLLM reads); checked against
+    /// `d2t` where that file is loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_vocab_size: Option<usize>,
     /// The DFlash fields written at the top level (older files).
     #[serde(flatten)]
     pub top: DFlashFields,
@@ -442,7 +456,9 @@ impl From<&DrafterConfig> for DrafterFile {
     /// The file as the trainer writes it: a Qwen3 config with full or sliding layers,
     /// `block_size` and `num_target_layers` at the top level, the mask token, the taps,
     /// the scales (`final_logit_softcapping` `null` when off; left out of a plain DFlash
-    /// drafter at their defaults) and DFlash2's fields in `dflash_config`.
+    /// drafter at their defaults) and DFlash2's fields in `dflash_config`; `n_predict`
+    /// (the block's draft slots) for vLLM. The mask token's text and the draft
+    /// vocabulary's size need the target and the vocabulary: the export writes them.
     /// `max_position_embeddings` is not part of a `DrafterConfig`: the writer sets it.
     fn from(c: &DrafterConfig) -> Self {
         let mut dflash = DFlashFields {
@@ -487,6 +503,8 @@ impl From<&DrafterConfig> for DrafterFile {
             sliding_window: (c.sliding_window > 0).then_some(c.sliding_window),
             max_window_layers: None,
             is_causal: c.is_causal,
+            n_predict: (c.block_size > 1).then(|| c.block_size - 1),
+            draft_vocab_size: None,
             layer_types: Some(
                 c.layer_kinds
                     .iter()

@@ -28,6 +28,25 @@ enum Cmd {
     /// A drafter's draft vocabulary (draft_vocab.json): the ids the target writes most
     /// in the data's responses, which its greedy drafts are then chosen among.
     DraftVocab(DraftVocabArgs),
+    /// Complete an exported drafter folder for vLLM, SGLang and llama.cpp from its target:
+    /// the mask token's text, `n_predict`, and the draft vocabulary's `d2t` form
+    /// (draft_vocab.safetensors) where the folder has a draft_vocab.json.
+    ServingFiles(ServingFilesArgs),
+}
+
+#[derive(clap::Args)]
+struct ServingFilesArgs {
+    /// An exported drafter folder (changed in place).
+    #[arg(long)]
+    drafter: PathBuf,
+    /// Its target: a .gguf file or a Hugging Face folder (a folder gives the head's rows
+    /// in the precision those servers load).
+    #[arg(long)]
+    model: PathBuf,
+    /// Also write the draft vocabulary in its `d2t` form (draft_vocab.safetensors, the
+    /// head's rows in bf16: 2 x hidden bytes per id) for vLLM.
+    #[arg(long)]
+    d2t: bool,
 }
 
 #[derive(clap::Args)]
@@ -362,6 +381,16 @@ fn run_export(a: ExportArgs) -> Result<(), TrainError> {
     Ok(())
 }
 
+fn run_serving_files(a: ServingFilesArgs) -> Result<(), TrainError> {
+    let target = dflash_core::model_files::load_path(&a.model)?;
+    let n = dflash_train::export::serving_files(&a.drafter, &target, a.d2t)?;
+    eprintln!(
+        "completed {} (draft vocabulary in d2t form: {n} ids)",
+        a.drafter.display()
+    );
+    Ok(())
+}
+
 fn run_eval(a: EvalArgs) -> Result<(), TrainError> {
     use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision};
     let model = dflash_core::model_files::load_path(&a.model)?;
@@ -464,6 +493,7 @@ fn main() {
         Cmd::Export(a) => run_export(a),
         Cmd::Eval(a) => run_eval(a),
         Cmd::DraftVocab(a) => run_draft_vocab(a),
+        Cmd::ServingFiles(a) => run_serving_files(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");

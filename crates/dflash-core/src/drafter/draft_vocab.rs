@@ -10,12 +10,24 @@
 //! The file (one definition, `DraftVocabFile`): `{"target_vocab_size": V, "token_ids":
 //! [...ascending, unique, < V], "source": "how it was made"}`. Ascending ids keep the
 //! argmax's tie rule (lowest id) that of the whole head.
+//!
+//! The same list in the form vLLM reads (EAGLE-3's reduced draft vocabulary), written by
+//! the export beside it: `draft_vocab.safetensors` with `d2t` (`[n]` int64, target id =
+//! `i + d2t[i]`) and `lm_head.weight` (`[n, hidden]`, the target's head rows of those
+//! ids, the drafter's own head there), and `draft_vocab_size: n` in config.json. Its own
+//! file (not model.safetensors) so that loaders without a draft vocabulary never see it:
+//! llama.cpp's converter reads only `model*.safetensors` (and drops `d2t`), transformers
+//! only `model.safetensors`; SGLang ignores both tensors. Our loader reads either form
+//! (both must then agree) and drafts with the target's head rows as before.
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// The file name in a drafter folder.
 pub const DRAFT_VOCAB_FILE: &str = "draft_vocab.json";
+
+/// The `d2t` form's file name in a drafter folder.
+pub const D2T_FILE: &str = "draft_vocab.safetensors";
 
 /// `draft_vocab.json` as written.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -67,6 +79,77 @@ impl DraftVocab {
             )));
         }
         Self::new(f.token_ids, vocab_size)
+    }
+
+    /// From `d2t` offsets (target id = `i + d2t[i]`), validated as [`DraftVocab::new`].
+    pub fn from_d2t(d2t: &[i64], vocab_size: usize) -> Result<Self> {
+        let ids = d2t
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                u32::try_from(i as i64 + d).map_err(|_| {
+                    Error::BadConfig(format!(
+                        "{D2T_FILE}: d2t[{i}] = {d} maps outside the vocabulary"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        Self::new(ids, vocab_size)
+            .map_err(|e| Error::BadConfig(e.to_string().replace(DRAFT_VOCAB_FILE, D2T_FILE)))
+    }
+
+    /// The `d2t` offsets of this list: `ids[i] - i`.
+    pub fn d2t(&self) -> Vec<i64> {
+        let offset = |(i, &id): (usize, &u32)| i64::from(id) - i as i64;
+        self.ids.iter().enumerate().map(offset).collect()
+    }
+
+    /// Reads `draft_vocab.safetensors`: its `d2t` (int64 or int32, one dimension; as long
+    /// as `draft_vocab_size` where config.json gives it) and, where present, checks
+    /// `lm_head.weight` is `[n, hidden]`.
+    pub fn from_d2t_file(
+        bytes: &[u8],
+        vocab_size: usize,
+        hidden: usize,
+        draft_vocab_size: Option<usize>,
+    ) -> Result<Self> {
+        use safetensors::{Dtype, SafeTensors};
+        let bad = |m: String| Error::BadConfig(format!("{D2T_FILE}: {m}"));
+        let st = SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
+        let t = st.tensor("d2t").map_err(|_| bad("no d2t tensor".into()))?;
+        let d2t: Vec<i64> = match (t.dtype(), t.shape()) {
+            (Dtype::I64, [_]) => t
+                .data()
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+            (Dtype::I32, [_]) => t
+                .data()
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes(b.try_into().unwrap()).into())
+                .collect(),
+            (dt, shape) => {
+                return Err(bad(format!(
+                    "d2t is {dt:?} {shape:?}, not a list of integers"
+                )))
+            }
+        };
+        if let Some(n) = draft_vocab_size.filter(|&n| n != d2t.len()) {
+            return Err(bad(format!(
+                "{} ids in d2t, config.json's draft_vocab_size is {n}",
+                d2t.len()
+            )));
+        }
+        if let Ok(head) = st.tensor("lm_head.weight") {
+            if head.shape() != [d2t.len(), hidden] {
+                return Err(bad(format!(
+                    "lm_head.weight is {:?}, not [{}, {hidden}]",
+                    head.shape(),
+                    d2t.len()
+                )));
+            }
+        }
+        Self::from_d2t(&d2t, vocab_size)
     }
 
     /// The file's text.

@@ -209,7 +209,7 @@ pub mod random;
 mod weights;
 pub use cpu::{grouped_conv, top_k, CpuDrafter, DraftContext, Probe};
 pub use dflash2::Candidates;
-pub use draft_vocab::{DraftVocab, DRAFT_VOCAB_FILE};
+pub use draft_vocab::{DraftVocab, D2T_FILE, DRAFT_VOCAB_FILE};
 #[cfg(not(target_arch = "wasm32"))]
 pub use weights::load_drafter_dir;
 pub use weights::{

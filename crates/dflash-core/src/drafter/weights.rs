@@ -271,11 +271,56 @@ pub fn load_drafter_dir(
         blobs.iter().map(|(n, b)| (n.as_str(), &b[..])).collect(),
         precision,
     )?;
-    let vocab_path = dir.join(super::DRAFT_VOCAB_FILE);
-    if vocab_path.exists() {
-        require_regular_file(&vocab_path)?;
-        let text = std::fs::read_to_string(&vocab_path).map_err(|e| io(&vocab_path, e))?;
-        w.draft_vocab = Some(super::DraftVocab::from_json(&text, w.config.vocab_size)?);
-    }
+    w.draft_vocab = read_draft_vocab(dir, &cfg, &w.config)?;
     Ok(w)
+}
+
+/// A drafter folder's draft vocabulary: `draft_vocab.json`, or its `d2t` form
+/// (`draft_vocab.safetensors`), or both where they list the same ids; None without either.
+#[cfg(not(target_arch = "wasm32"))]
+fn read_draft_vocab(
+    dir: &std::path::Path,
+    cfg_json: &str,
+    c: &DrafterConfig,
+) -> Result<Option<super::DraftVocab>> {
+    use super::{DraftVocab, D2T_FILE, DRAFT_VOCAB_FILE};
+    use crate::model_files::require_regular_file;
+    let read = |name: &str| -> Result<Option<Vec<u8>>> {
+        let p = dir.join(name);
+        if !p.exists() {
+            return Ok(None);
+        }
+        require_regular_file(&p)?;
+        std::fs::read(&p).map(Some).map_err(|e| Error::Io {
+            path: p.display().to_string(),
+            source: e,
+        })
+    };
+    let json = match read(DRAFT_VOCAB_FILE)? {
+        Some(b) => Some(DraftVocab::from_json(
+            &String::from_utf8_lossy(&b),
+            c.vocab_size,
+        )?),
+        None => None,
+    };
+    let d2t = match read(D2T_FILE)? {
+        Some(b) => {
+            let n = super::DrafterFile::from_json(cfg_json)?.draft_vocab_size;
+            Some(DraftVocab::from_d2t_file(
+                &b,
+                c.vocab_size,
+                c.hidden_size,
+                n,
+            )?)
+        }
+        None => None,
+    };
+    match (json, d2t) {
+        (Some(a), Some(b)) if a != b => Err(Error::BadConfig(format!(
+            "{DRAFT_VOCAB_FILE} ({} ids) and {D2T_FILE} ({} ids) list different ids",
+            a.len(),
+            b.len()
+        ))),
+        (a, b) => Ok(a.or(b)),
+    }
 }
