@@ -2,7 +2,7 @@
 # Bytes one carried piece may hold so that a call of this workplace's device tool stays
 # within what travels with it: 64 MiB in all for the working tree (tracked files and
 # untracked ones git does not ignore) plus the carried paths. Prints 64 MiB minus the
-# tree's size minus a margin (MARGIN, 4 MiB: room for .gl/'s Vulkan loader packages and
+# tree's size minus a margin (MARGIN, 4 MiB: room for a manifest, a log and
 # a little growth), at most 40 MB. Used by device-check.sh and train-gpu.sh `pack` where
 # PIECE is not set.
 set -euo pipefail

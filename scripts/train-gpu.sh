@@ -31,8 +31,8 @@
 # (with this workplace's device tool, the whole lease, ~15 device minutes: four calls
 # back to back, each within 30 s of the last reply (the machine stays warm 30 s):
 # `scripts/train-gpu.sh stash .train-pack/pN` carrying .train-pack/pN for N = 0, 1, 2,
-# then, carrying .train-pack/p3, .device-pack/bins (device-check.sh pack's binaries)
-# and .gl (the Vulkan loader's .deb, device-check.sh),
+# then, carrying .train-pack/p3 and .device-pack/bins (device-check.sh pack's binaries
+# with the Vulkan loader's libraries),
 # `scripts/train-gpu.sh stash .train-pack/p3 && scripts/device-check.sh stash
 # .device-pack/bins && TOTAL_S=... scripts/train-gpu.sh run-then-check` with timeout_s
 # 600 and TOTAL_S at most status's budget_left_s less ~110 s (570 at most: the call
@@ -312,14 +312,14 @@ PY
   done
 }
 
-# Whether the last call's carry (.train-pack's last piece, .device-pack/bins, .gl) fits
+# Whether the last call's carry (.train-pack's last piece, .device-pack/bins) fits
 # beside the working tree in one call of the device tool.
 carry_check() {
   local room need last
   last=$(find .train-pack -maxdepth 1 -name 'p*' -type d | sort -V | tail -1)
   room=$(MARGIN=0 scripts/device-piece-size.sh)
-  need=$(du -cb "$last" .device-pack/bins .gl 2>/dev/null | tail -1 | cut -f1)
-  echo "last call: $last, .device-pack/bins and .gl: $need bytes beside the tree; room: $room"
+  need=$(du -cb "$last" .device-pack/bins 2>/dev/null | tail -1 | cut -f1)
+  echo "last call: $last and .device-pack/bins: $need bytes beside the tree; room: $room"
   [ "$need" -le "$room" ] || { echo "too big for one call" >&2; return 1; }
 }
 

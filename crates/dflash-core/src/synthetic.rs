@@ -656,8 +656,14 @@ impl SyntheticSpec {
             h.linear_layers.truncate(n);
         }
         s.drafter.num_target_layers = n;
+        // The default spread runs from layer 1 to n - 3: below 4 layers it leaves the
+        // range, so each tap is kept within the n layers (a cost measurement: which
+        // layer a tap reads does not change what it costs).
         s.drafter.target_layer_ids =
-            DrafterConfig::default_target_layer_ids(s.drafter.num_layers, n);
+            DrafterConfig::default_target_layer_ids(s.drafter.num_layers, n)
+                .into_iter()
+                .map(|i| i.min(n - 1))
+                .collect();
         s.name = format!("{} (first {n} layers)", s.name);
         Some(s)
     }
@@ -738,6 +744,13 @@ mod tests {
         two.config.validate().unwrap();
         two.drafter.validate_against(&two.config).unwrap();
         assert!(moe.first_layers(0).is_none() && moe.first_layers(49).is_none());
+        // Every shape cut to 1, 2 or 3 layers still has a drafter that fits its target
+        // (the spread's range is below 0 there: a drafter tapping layer 1 of 1 was refused).
+        for n in NAMES {
+            for cut in (1..=3).filter_map(|layers| spec(n).unwrap().first_layers(layers)) {
+                cut.drafter.validate_against(&cut.config).unwrap();
+            }
+        }
         let hy = spec("qwen3.5-9b").unwrap();
         let h = hy.config.hybrid.as_ref().unwrap();
         assert_eq!(h.linear_layers.iter().filter(|&&l| l).count(), 24);

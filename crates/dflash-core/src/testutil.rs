@@ -861,18 +861,20 @@ pub mod zlab {
     }
 }
 
-/// Output values of this host's packed CPU kernel (`cpu::packed`: AVX-VNNI natively,
-/// SIMD128 in wasm) whose bits differ from the scalar definition's (and packed words,
-/// scales and mins that do not come back unchanged), and how many were compared: random Q4 and Q8 matrices of 13 rows (a partial last block) and 300 (several
-/// bands) x 576 columns (18 groups: two runs of the 8 accumulators and a tail of 2),
-/// against 1, 2, 3, 5 and 16 activation rows. (0, 0) where the host has no packed kernel.
-pub fn packed_kernel_mismatches() -> (usize, usize) {
+/// Output values of this host's packed CPU kernels (`cpu::packed`: each of AVX-VNNI,
+/// AVX-512 VNNI at 256 and 512 bits this CPU runs, forced in turn; SIMD128 in wasm) whose
+/// bits differ from the scalar definition's (and packed words, scales and mins that do
+/// not come back unchanged), and how many were compared: random Q4 and Q8 matrices of 1
+/// to 300 rows (partial last blocks) and 1 to 48 groups (a tail past the 8
+/// accumulators), against 1 to 64 activation rows (partial passes of 4 and 8).
+pub fn packed_kernel_mismatches() -> (usize, usize, Vec<&'static str>) {
     use crate::cpu::packed::{packed_kernel, PackedMatrix};
     use crate::cpu::quant_matmul::{quant_matmul, Kernel, QuantizedRows};
     use crate::quant::{QFormat, QuantMatrix};
-    if !packed_kernel(Kernel::detect()) {
-        return (0, 0);
-    }
+    let kernels: Vec<Kernel> = Kernel::available()
+        .into_iter()
+        .filter(|&k| packed_kernel(k))
+        .collect();
     let mut rng = Rng(17);
     let (mut bad, mut all) = (0, 0);
     // Rows past and short of a block of eight (padding rows), one group to 48 per row.
@@ -902,18 +904,21 @@ pub fn packed_kernel_mismatches() -> (usize, usize) {
                     .zip(&m.mins)
                     .filter(|(a, b)| a != b)
                     .count());
-            for n in [1, 2, 3, 5, 16] {
+            for n in [1, 2, 3, 5, 9, 16, 17, 64] {
                 let x = QuantizedRows::new(&rng.vec(n * cols, 3.0), n, cols, format, 32);
-                let packed = p.matmul(&x);
                 let scalar = quant_matmul(&m, &x, Kernel::Scalar);
-                all += scalar.len();
-                bad += packed
-                    .iter()
-                    .zip(&scalar)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
+                for &k in &kernels {
+                    let packed = p.matmul_with(k, &x);
+                    assert_eq!(packed.len(), scalar.len());
+                    all += scalar.len();
+                    bad += packed
+                        .iter()
+                        .zip(&scalar)
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
+                }
             }
         }
     }
-    (bad, all)
+    (bad, all, kernels.iter().map(|k| k.name()).collect())
 }

@@ -110,7 +110,7 @@ pub async fn test_trap(message: String) -> Result<(), JsValue> {
 #[cfg(feature = "test-hooks")]
 #[wasm_bindgen(js_name = __testPackedKernel)]
 pub fn test_packed_kernel() -> Vec<u32> {
-    let (bad, all) = dflash_core::testutil::packed_kernel_mismatches();
+    let (bad, all, _) = dflash_core::testutil::packed_kernel_mismatches();
     vec![bad as u32, all as u32]
 }
 

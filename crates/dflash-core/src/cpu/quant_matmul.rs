@@ -253,54 +253,106 @@ pub enum Kernel {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// AVX2 with AVX-VNNI's `vpdpbusd` for the byte products.
+    /// AVX2 with AVX-VNNI's `vpdpbusd` for the byte products (packed matrices: 8 rows
+    /// per 256-bit vector).
     #[cfg(target_arch = "x86_64")]
     AvxVnni,
+    /// The AVX-VNNI kernel's code with AVX-512 VNNI's encoding of the same 256-bit
+    /// instruction (AVX-512 VL): only ever forced, so that hosts without AVX-VNNI test
+    /// the 8-row kernel's arithmetic.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni256,
+    /// AVX-512 VNNI: packed matrices, 16 rows per 512-bit vector, up to 8 activation
+    /// rows per pass over a block.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     Simd128,
 }
 
+/// The environment variable that forces a kernel (tests, benchmarks: `scalar`, `avx2`,
+/// `avx-vnni`, `avx512-vnni-256`, `avx512-vnni`, `simd128`), where this host has it.
+pub const KERNEL_ENV: &str = "DFLASH_CPU_KERNEL";
+
 impl Kernel {
-    /// The fastest kernel this host runs.
+    /// Every kernel, by name (whether or not this host has it).
+    pub const ALL: &'static [Kernel] = &[
+        Kernel::Scalar,
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2,
+        #[cfg(target_arch = "x86_64")]
+        Kernel::AvxVnni,
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni256,
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni,
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Kernel::Simd128,
+    ];
+
+    /// The kernel this process runs: the one `DFLASH_CPU_KERNEL` forces where this host
+    /// has it (see [`Kernel::requested`] for the error otherwise), else the fastest.
     pub fn detect() -> Self {
+        static CHOSEN: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(|| Self::requested().ok().flatten().unwrap_or_else(Self::best))
+    }
+
+    /// The kernel `DFLASH_CPU_KERNEL` asks for: None where unset, an error naming it
+    /// where it is no kernel or this host lacks its instructions.
+    pub fn requested() -> std::result::Result<Option<Kernel>, String> {
+        // wasm has no environment: its page picks the build instead.
+        let name = match std::env::var(KERNEL_ENV) {
+            Ok(n) if !n.is_empty() && cfg!(not(target_arch = "wasm32")) => n,
+            _ => return Ok(None),
+        };
+        let known: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
+        let k = Self::ALL
+            .iter()
+            .copied()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                format!(
+                    "{KERNEL_ENV}={name}: no such kernel (known: {})",
+                    known.join(", ")
+                )
+            })?;
+        if !Self::available().contains(&k) {
+            let have: Vec<&str> = Self::available().iter().map(|k| k.name()).collect();
+            return Err(format!(
+                "{KERNEL_ENV}={name}: this CPU lacks its instructions (it runs: {})",
+                have.join(", ")
+            ));
+        }
+        Ok(Some(k))
+    }
+
+    /// The fastest kernel this host runs.
+    fn best() -> Self {
+        *Self::available()
+            .last()
+            .expect("the scalar kernel at least")
+    }
+
+    /// Every kernel this host runs, the scalar definition first, the fastest last.
+    pub fn available() -> Vec<Kernel> {
+        #[allow(unused_mut)]
+        let mut all = vec![Kernel::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
-            let avx2 = std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("f16c");
-            if avx2 && std::arch::is_x86_feature_detected!("avxvnni") {
-                Kernel::AvxVnni
-            } else if avx2 {
-                Kernel::Avx2
-            } else {
-                Kernel::Scalar
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("f16c") {
+                all.push(Kernel::Avx2);
+                if has!("avxvnni") {
+                    all.push(Kernel::AvxVnni);
+                }
+                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+                    all.push(Kernel::Avx512Vnni256);
+                    all.push(Kernel::Avx512Vnni);
+                }
             }
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        {
-            Kernel::Simd128
-        }
-        #[cfg(not(any(
-            target_arch = "x86_64",
-            all(target_arch = "wasm32", target_feature = "simd128")
-        )))]
-        {
-            Kernel::Scalar
-        }
-    }
-
-    /// Every kernel this host runs, the scalar definition first.
-    pub fn available() -> Vec<Kernel> {
-        let mut all = vec![Kernel::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            all.push(Kernel::Avx2);
-        }
-        let best = Kernel::detect();
-        if !all.contains(&best) {
-            all.push(best);
-        }
+        all.push(Kernel::Simd128);
         all
     }
 
@@ -311,6 +363,10 @@ impl Kernel {
             Kernel::Avx2 => "avx2",
             #[cfg(target_arch = "x86_64")]
             Kernel::AvxVnni => "avx-vnni",
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni256 => "avx512-vnni-256",
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => "avx512-vnni",
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Kernel::Simd128 => "simd128",
         }
@@ -325,6 +381,12 @@ impl Kernel {
             // SAFETY: `detect` chose this kernel only where the CPU also has AVX-VNNI.
             #[cfg(target_arch = "x86_64")]
             Kernel::AvxVnni => unsafe { avx2::row_dot_vnni(format, group, w, x) },
+            // Matrices the packed kernels do not take (groups of 16) run AVX2's steps.
+            // SAFETY: these kernels are chosen only where the CPU has AVX2 and F16C too.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni256 | Kernel::Avx512Vnni => unsafe {
+                avx2::row_dot::<false>(format, group, w, x)
+            },
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Kernel::Simd128 => simd128::row_dot(format, group, w, x),
         }
