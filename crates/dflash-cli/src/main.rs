@@ -127,7 +127,9 @@ pub fn is_broken_pipe(e: &std::io::Error) -> bool {
 
 fn main() {
     let cli = Cli::parse();
-    let result = match cli.cmd {
+    // A forced CPU kernel this host lacks (DFLASH_CPU_KERNEL) is a usage error up front.
+    let forced = dflash_core::cpu::quant_matmul::Kernel::requested().map_err(CliError::Usage);
+    let result = forced.and_then(|_| match cli.cmd {
         Cmd::Generate(a) => generate::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Plan(a) => plan::run(a),
@@ -143,7 +145,7 @@ fn main() {
             seed,
             dflash2,
         } => make_random_drafter(&model, &out, layers, block, mask_token_id, seed, dflash2),
-    };
+    });
     match result {
         Ok(()) => {}
         Err(CliError::Stdout(e)) if is_broken_pipe(&e) => {}

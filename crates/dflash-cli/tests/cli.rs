@@ -233,6 +233,98 @@ fn gpu_and_reference_devices_generate_the_same_greedy_tokens() {
     assert_eq!(sampled()["tokens"], sampled()["tokens"]);
 }
 
+/// `dflash` with `DFLASH_CPU_KERNEL=kernel`.
+fn dflash_with_kernel(kernel: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_dflash"))
+        .env(dflash_core::cpu::quant_matmul::KERNEL_ENV, kernel)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn every_cpu_kernel_can_be_forced_and_gives_the_same_tokens() {
+    use dflash_core::cpu::quant_matmul::Kernel;
+    // Q4_0 and Q8_0 tensors: groups of 32, which the packed kernels take.
+    let c = tiny_config(Arch::Llama);
+    let path = tmp("kernels").join("tiny.gguf");
+    std::fs::write(
+        &path,
+        write_gguf(&c, &random_weights(&c, 6), GgmlType::Q4_0),
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let gen = [
+        "generate",
+        "--model",
+        p,
+        "--prompt",
+        "one two three",
+        "--max-new-tokens",
+        "12",
+        "--device",
+        "cpu",
+        "--json",
+    ];
+    let mut first: Option<serde_json::Value> = None;
+    let available = Kernel::available();
+    eprintln!(
+        "forced kernels: {:?}",
+        available.iter().map(|k| k.name()).collect::<Vec<_>>()
+    );
+    for k in &available {
+        let out = dflash_with_kernel(k.name(), &gen);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}: {err}", k.name());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        match &first {
+            None => first = Some(v["tokens"].clone()),
+            Some(t) => assert_eq!(
+                &v["tokens"],
+                t,
+                "{} against {}",
+                k.name(),
+                available[0].name()
+            ),
+        }
+        let out = dflash_with_kernel(
+            k.name(),
+            &[
+                "bench",
+                "--device",
+                "cpu",
+                "--model",
+                p,
+                "--prompt-tokens",
+                "8",
+                "--decode-tokens",
+                "2",
+                "--json",
+            ],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            v["cpu"]["kernel"],
+            k.name(),
+            "the bench names the kernel that ran"
+        );
+    }
+    // An unknown kernel, and one this CPU lacks, are usage errors naming it.
+    let out = dflash_with_kernel("avx9000", &gen);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("avx9000") && err.contains("no such kernel"),
+        "{err}"
+    );
+    if let Some(k) = Kernel::ALL.iter().find(|k| !available.contains(k)) {
+        let out = dflash_with_kernel(k.name(), &gen);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(k.name()) && err.contains("lacks"), "{err}");
+    }
+}
+
 #[test]
 fn cpu_bench_reports_speed_and_bandwidth_and_refuses_gpu_flags() {
     let c = tiny_config(Arch::Llama);
