@@ -126,6 +126,7 @@ pub fn is_broken_pipe(e: &std::io::Error) -> bool {
 }
 
 fn main() {
+    dflash_core::keep_freed_memory();
     let cli = Cli::parse();
     // A forced CPU kernel this host lacks (DFLASH_CPU_KERNEL) is a usage error up front.
     let forced = dflash_core::cpu::quant_matmul::Kernel::requested().map_err(CliError::Usage);

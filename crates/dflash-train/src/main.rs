@@ -436,26 +436,6 @@ fn run_eval(a: EvalArgs) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// Keeps freed memory in the process: training allocates and frees logits tensors of
-/// hundreds of MB per step, and glibc would otherwise return them to the kernel and
-/// page-fault fresh zeroed pages back in every time (a fifth of the run's time).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn keep_freed_memory() {
-    extern "C" {
-        fn mallopt(param: i32, value: i32) -> i32;
-    }
-    const M_TRIM_THRESHOLD: i32 = -1;
-    const M_MMAP_MAX: i32 = -4;
-    // SAFETY: mallopt only changes allocator tunables; called before any threads start.
-    unsafe {
-        mallopt(M_MMAP_MAX, 0);
-        mallopt(M_TRIM_THRESHOLD, i32::MAX);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn keep_freed_memory() {}
-
 fn run_draft_vocab(a: DraftVocabArgs) -> Result<(), TrainError> {
     let model = dflash_core::model_files::load_path(&a.model)?;
     let samples = dflash_train::data::read_samples(&a.data)?;
@@ -485,7 +465,8 @@ fn run_draft_vocab(a: DraftVocabArgs) -> Result<(), TrainError> {
 }
 
 fn main() {
-    keep_freed_memory();
+    // Training allocates and frees logits tensors of hundreds of MB per step.
+    dflash_core::keep_freed_memory();
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Data(a) => run_data(a),

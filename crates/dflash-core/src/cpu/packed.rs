@@ -261,7 +261,9 @@ impl PackedMatrix {
         let (n, m) = (x.rows(), self.rows);
         let xs: Vec<ActRow> = (0..n).map(|t| x.row(t)).collect();
         let blocks = m.div_ceil(BLOCK);
-        let blocks_per_task = (blocks / 64).clamp(2, 32);
+        // A few tasks per thread (stolen where one runs late), each a band of blocks.
+        let tasks = 4 * super::quant_matmul::threads();
+        let blocks_per_task = blocks.div_ceil(tasks).max(1);
         let mut by_block = vec![0f32; blocks * BLOCK * n];
         super::quant_matmul::for_each_band(&mut by_block, blocks_per_task * BLOCK * n, |i, out| {
             for (j, o) in out.chunks_exact_mut(BLOCK * n).enumerate() {
@@ -272,12 +274,18 @@ impl PackedMatrix {
                 }
             }
         });
-        let mut y = vec![0f32; n * m];
-        for t in 0..n {
-            for o in 0..m {
-                y[t * m + o] = by_block[(o / BLOCK) * BLOCK * n + t * BLOCK + o % BLOCK];
-            }
+        if n == 1 {
+            // `[block][BLOCK]` is the row itself, past its end the padding rows.
+            by_block.truncate(m);
+            return by_block;
         }
+        // `[block][row][BLOCK]` into `[row][m]`, a row per band.
+        let mut y = vec![0f32; n * m];
+        super::quant_matmul::for_each_band(&mut y, m, |t, row| {
+            for (b, out) in row.chunks_mut(BLOCK).enumerate() {
+                out.copy_from_slice(&by_block[(b * n + t) * BLOCK..][..out.len()]);
+            }
+        });
         y
     }
 }
@@ -517,7 +525,9 @@ mod vnni512 {
         x: [*const i8; T],
         x_isum: [i32; T],
     ) -> [__m512i; T] {
-        let mut s = [_mm512_setzero_si512(); T];
+        // Two chains per activation row (exact integers: any order gives the same sum).
+        let mut s0 = [_mm512_setzero_si512(); T];
+        let mut s1 = [_mm512_setzero_si512(); T];
         match format {
             QFormat::Q4 => {
                 let mask = _mm512_set1_epi8(0x0F);
@@ -526,26 +536,32 @@ mod vnni512 {
                     let lo = _mm512_and_si512(v, mask);
                     let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
                     for t in 0..T {
-                        s[t] = _mm512_dpbusd_epi32(s[t], lo, broadcast4(x[t].add(4 * c)));
-                        s[t] = _mm512_dpbusd_epi32(s[t], hi, broadcast4(x[t].add(16 + 4 * c)));
+                        s0[t] = _mm512_dpbusd_epi32(s0[t], lo, broadcast4(x[t].add(4 * c)));
+                        s1[t] = _mm512_dpbusd_epi32(s1[t], hi, broadcast4(x[t].add(16 + 4 * c)));
                     }
+                }
+                for t in 0..T {
+                    s0[t] = _mm512_add_epi32(s0[t], s1[t]);
                 }
             }
             QFormat::Q8 => {
-                for c in 0..8 {
-                    let v = _mm512_loadu_si512(w.add(c * RUN).cast());
+                for c in (0..8).step_by(2) {
+                    let v0 = _mm512_loadu_si512(w.add(c * RUN).cast());
+                    let v1 = _mm512_loadu_si512(w.add((c + 1) * RUN).cast());
                     for t in 0..T {
-                        s[t] = _mm512_dpbusd_epi32(s[t], v, broadcast4(x[t].add(4 * c)));
+                        s0[t] = _mm512_dpbusd_epi32(s0[t], v0, broadcast4(x[t].add(4 * c)));
+                        s1[t] = _mm512_dpbusd_epi32(s1[t], v1, broadcast4(x[t].add(4 * c + 4)));
                     }
                 }
                 // The weights were stored plus 128: take 128 * sum(q_x) back off.
                 for t in 0..T {
-                    s[t] = _mm512_sub_epi32(s[t], _mm512_set1_epi32(128 * x_isum[t]));
+                    let sum = _mm512_add_epi32(s0[t], s1[t]);
+                    s0[t] = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * x_isum[t]));
                 }
             }
             QFormat::F32 => unreachable!("f32 matrices are never packed"),
         }
-        s
+        s0
     }
 
     /// Block `b`'s 16 output rows for each of the (at most 8) activation rows `x` into
