@@ -9,6 +9,7 @@
 
 mod conversation;
 mod cpu;
+mod cpu_synthetic;
 mod dflash;
 mod plain;
 mod report;
@@ -45,8 +46,9 @@ pub struct BenchArgs {
     )]
     model: Option<PathBuf>,
     /// Instead of --model: a model of this real shape with random Q4_K_M-like weights
-    /// made on the device (smollm2-135m, qwen3-0.6b, qwen3-4b, qwen3-8b, llama-3.1-8b,
-    /// qwen2.5-32b; test-tiny). No tokenizer: prompts are random token ids.
+    /// made on the device (with --device cpu: in host memory) (smollm2-135m, qwen3-0.6b,
+    /// qwen3-4b, qwen3-8b, llama-3.1-8b, qwen2.5-32b; test-tiny). No tokenizer: prompts
+    /// are random token ids.
     #[arg(long)]
     synthetic: Option<String>,
     /// With --synthetic: only the shape's first N layers (per-layer costs, such as a
@@ -305,7 +307,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
         return conversation::run(a, turns);
     }
     if let Some(kernels) = a.device.cpu_kernels() {
-        return cpu::run(a, kernels, synthetic.is_some(), profile.is_some());
+        return cpu::run(a, kernels, synthetic.as_ref(), profile.is_some());
     }
     if a.drafter.is_some() {
         return run_dflash(a, synthetic, profile);

@@ -326,6 +326,64 @@ fn every_cpu_kernel_can_be_forced_and_gives_the_same_tokens() {
 }
 
 #[test]
+fn cpu_bench_runs_synthetic_shapes_within_the_host_memory() {
+    let v = bench_json(&[
+        "--device",
+        "cpu",
+        "--synthetic",
+        "test-tiny",
+        "--prompt-tokens",
+        "12",
+        "--decode-tokens",
+        "3",
+    ]);
+    for k in [
+        "decode_tok_s",
+        "prefill_tok_s",
+        "decode_gbps",
+        "read_gbps",
+        "decode_read_ratio",
+    ] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}");
+    }
+    let rows: Vec<u64> = v["pass_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert_eq!(rows, [1, 2, 4, 8, 16, 32, 64]);
+    let costs = v["pass_cost_over_one_row"].as_array().unwrap();
+    assert_eq!((costs.len(), costs[0].as_f64()), (7, Some(1.0)));
+    assert_eq!(v["memory_budget"]["source"], "MemAvailable");
+    // A plan over the budget is refused before anything is allocated; a synthetic
+    // drafter is the GPU bench's.
+    let err = usage_error(&[
+        "bench",
+        "--device",
+        "cpu",
+        "--synthetic",
+        "qwen3-8b",
+        "--memory-budget",
+        "1G",
+    ]);
+    assert!(
+        err.contains("host memory") && err.contains("1073741824"),
+        "{err}"
+    );
+    let err = usage_error(&[
+        "bench",
+        "--device",
+        "cpu",
+        "--synthetic",
+        "test-tiny",
+        "--drafter",
+        "synthetic",
+    ]);
+    assert!(err.contains("GPU bench only"), "{err}");
+}
+
+#[test]
 fn cpu_bench_reports_speed_and_bandwidth_and_refuses_gpu_flags() {
     let c = tiny_config(Arch::Llama);
     let path = tmp("bench-cpu").join("tiny.gguf");
@@ -360,8 +418,7 @@ fn cpu_bench_reports_speed_and_bandwidth_and_refuses_gpu_flags() {
         assert!(v["cpu"]["threads"].as_u64().unwrap() >= 1);
     }
     for flag in [
-        &["--synthetic", "test-tiny"][..],
-        &["--model", p, "--profile"],
+        &["--model", p, "--profile"][..],
         &["--model", p, "--pipelined", "true"],
         &["--model", p, "--fuse-norm", "true"],
         &["--model", p, "--norm-in-residual", "true"],

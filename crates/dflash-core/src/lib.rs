@@ -38,6 +38,7 @@ pub mod rng;
 pub mod sampling;
 pub mod speculative;
 pub mod synthetic;
+pub mod synthetic_weights;
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
 pub mod tokenizer;

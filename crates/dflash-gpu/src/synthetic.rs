@@ -2,13 +2,9 @@
 //! --synthetic NAME`): the same repacked q4/q8 buffers, chunked by the same
 //! `rows_per_chunk`, and the same `GpuModel` plan as a loaded model, so that a bench on
 //! them measures what the real model would cost. Nothing is written to disk and the host
-//! never holds more than one 4 MiB piece of a matrix.
-//!
-//! Values: every group's scale is `s = (0.75 .. 1.25) / (sigma_q * sqrt(cols))` and its
-//! min centres the group's integer values on zero, so that each matrix maps an input of
-//! unit RMS to an output of about unit RMS (q4: s ~ 0.003-0.009 over 576-5120 columns)
-//! and activations stay finite through every layer; norm weights are 1 +- 0.1, biases
-//! +-0.1.
+//! never holds more than one 4 MiB piece of a matrix. The layer walk and the values are
+//! `dflash_core::synthetic_weights`' (the CPU engines' synthetic models are the same
+//! shapes).
 
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
@@ -18,10 +14,7 @@ use crate::upload::{f32_buffer, stack_rows_per_chunk, GpuMatrix, MatrixChunk};
 use dflash_core::quant::QFormat;
 use dflash_core::rng::Rng;
 use dflash_core::synthetic::{MatrixShape, SyntheticSpec};
-use dflash_core::weights::{
-    AttentionWeights, DeltaNetWeights, FeedForward, LayerWeights, Mixer, ModelWeights, MoeWeights,
-};
-use half::f16;
+use dflash_core::synthetic_weights::{group_scale_min, target_weights, TensorMaker};
 
 /// Bytes the host fills and hands to the queue at a time.
 const PIECE: usize = 4 << 20;
@@ -168,88 +161,6 @@ pub fn build(
     r
 }
 
-fn target_weights(f: &mut Filler, spec: &SyntheticSpec) -> Result<GpuWeights> {
-    let c = &spec.config;
-    let (h, q, kv) = (c.hidden_size, c.q_dim(), c.kv_dim());
-    let embed = f.matrix("token_embd", &spec.embed())?;
-    let lm_head = match spec.lm_head() {
-        Some(m) => Some(f.matrix("output", &m)?),
-        None => None,
-    };
-    let mut layers = Vec::with_capacity(c.num_layers);
-    for i in 0..c.num_layers {
-        let s = spec.layer(i);
-        let n = |w: &str| format!("blk.{i}.{w}");
-        let bias = |f: &mut Filler, w: &str, len| c.qkv_bias.then(|| f.vector(&n(w), len, 0.0));
-        let norm = |f: &mut Filler, w: &str| c.qk_norm.then(|| f.vector(&n(w), c.head_dim, 1.0));
-        let attn_norm = f.vector(&n("attn_norm"), h, 1.0);
-        // A matrix of `m`'s columns and format with half its rows (q_proj's queries and
-        // gates; a DeltaNet's b and a).
-        let half = |m: &MatrixShape| MatrixShape {
-            rows: m.rows / 2,
-            ..*m
-        };
-        let mixer = match &c.hybrid {
-            Some(hy) if hy.is_linear(i) => Mixer::DeltaNet(DeltaNetWeights {
-                qkv: f.matrix(&n("attn_qkv"), &s.wq)?,
-                z: f.matrix(&n("attn_gate"), &s.wk)?,
-                b: f.matrix(&n("ssm_beta"), &half(&s.wv))?,
-                a: f.matrix(&n("ssm_alpha"), &half(&s.wv))?,
-                conv: f.vector(&n("ssm_conv1d"), hy.conv_dim() * hy.conv_kernel, 0.0),
-                dt_bias: f.vector(&n("ssm_dt"), hy.value_heads, 0.0),
-                decay: f.vector(&n("ssm_a"), hy.value_heads, -2.0),
-                norm: f.vector(&n("ssm_norm"), hy.value_head_dim, 1.0),
-                out: f.matrix(&n("ssm_out"), &s.wo)?,
-            }),
-            _ => {
-                let gated = c.arch.has_attention_gate();
-                let wq = if gated { half(&s.wq) } else { s.wq };
-                Mixer::Attention(AttentionWeights {
-                    wq: f.matrix(&n("attn_q"), &wq)?,
-                    gate: match gated {
-                        true => Some(f.matrix(&n("attn_q_gate"), &wq)?),
-                        false => None,
-                    },
-                    wk: f.matrix(&n("attn_k"), &s.wk)?,
-                    wv: f.matrix(&n("attn_v"), &s.wv)?,
-                    wo: f.matrix(&n("attn_output"), &s.wo)?,
-                    bq: bias(f, "attn_q.bias", q),
-                    bk: bias(f, "attn_k.bias", kv),
-                    bv: bias(f, "attn_v.bias", kv),
-                    q_norm: norm(f, "attn_q_norm"),
-                    k_norm: norm(f, "attn_k_norm"),
-                })
-            }
-        };
-        layers.push(LayerWeights {
-            attn_norm,
-            mixer,
-            ffn_norm: f.vector(&n("ffn_norm"), h, 1.0),
-            ffn: match &s.router {
-                None => FeedForward::Dense {
-                    gate: f.matrix(&n("ffn_gate"), &s.w_gate)?,
-                    up: f.matrix(&n("ffn_up"), &s.w_up)?,
-                    down: f.matrix(&n("ffn_down"), &s.w_down)?,
-                },
-                Some(router) => FeedForward::Moe(MoeWeights {
-                    router: f.matrix(&n("ffn_gate_inp"), router)?,
-                    gate: f.matrix(&n("ffn_gate_exps"), &s.w_gate)?,
-                    up: f.matrix(&n("ffn_up_exps"), &s.w_up)?,
-                    down: f.matrix(&n("ffn_down_exps"), &s.w_down)?,
-                    shared: None,
-                }),
-            },
-        });
-    }
-    Ok(ModelWeights {
-        config: c.clone(),
-        embed,
-        layers,
-        norm: f.vector("output_norm", h, 1.0),
-        lm_head,
-    })
-}
-
 fn drafter_weights(f: &mut Filler, spec: &SyntheticSpec) -> Result<GpuDrafterWeights> {
     let d = &spec.drafter;
     let (h, hd) = (d.hidden_size, d.head_dim);
@@ -336,17 +247,11 @@ impl<'a> Filler<'a> {
     /// A random matrix in the repacked layout, chunked as `upload_matrix` chunks.
     fn matrix(&mut self, label: &str, m: &MatrixShape) -> Result<GpuMatrix> {
         let per = stack_rows_per_chunk(m.rows, m.cols, m.format, m.parts, self.ctx.max_binding())?;
-        // Standard deviation and mean of uniform integers: q4 0..=15, q8 -128..=127.
-        let (sigma, mean) = match m.format {
-            QFormat::Q4 => (4.610, 7.5f32),
-            QFormat::Q8 => (73.90, -0.5f32),
-            QFormat::F32 => {
-                return Err(GpuError::Unsupported(format!(
-                    "{label}: the GPU has no f32 matrices"
-                )))
-            }
-        };
-        let base = 1.0 / (sigma * (m.cols as f32).sqrt());
+        if m.format == QFormat::F32 {
+            return Err(GpuError::Unsupported(format!(
+                "{label}: the GPU has no f32 matrices"
+            )));
+        }
         let gpr = m.cols / m.group;
         let mut chunks = Vec::new();
         let mut row_lo = 0;
@@ -377,9 +282,8 @@ impl<'a> Filler<'a> {
                 self.scratch.clear();
                 min_piece.clear();
                 for _ in 0..n {
-                    let s = base * (1.0 + 0.25 * self.rng.uniform());
-                    let s16 = f16::from_f32(s);
-                    let min = f16::from_f32(-mean * s16.to_f32());
+                    let (s16, min) = group_scale_min(m.format, m.cols, self.rng.uniform())
+                        .expect("not f32 (checked above)");
                     self.scratch.extend_from_slice(&s16.to_le_bytes());
                     min_piece.extend_from_slice(&min.to_le_bytes());
                 }
@@ -406,5 +310,19 @@ impl<'a> Filler<'a> {
             chunks,
             n_bytes: m.n_bytes(),
         })
+    }
+}
+
+impl TensorMaker for Filler<'_> {
+    type Matrix = GpuMatrix;
+    type Vector = wgpu::Buffer;
+    type Error = GpuError;
+
+    fn matrix(&mut self, name: &str, shape: &MatrixShape) -> Result<GpuMatrix> {
+        Filler::matrix(self, name, shape)
+    }
+
+    fn vector(&mut self, name: &str, len: usize, centre: f32) -> wgpu::Buffer {
+        Filler::vector(self, name, len, centre)
     }
 }

@@ -15,17 +15,17 @@ use dflash_core::drafter::CpuDrafter;
 use dflash_core::generate::generate_cpu;
 use dflash_core::model_files::LoadedModel;
 use dflash_core::speculative::{generate_speculative_cpu, DFlashCpu};
+use dflash_core::synthetic::SyntheticSpec;
 use std::time::Instant;
 
 /// The CPU bench: the usage checks of what only the GPU bench has, then plain or DFlash.
 pub(super) fn run(
     a: BenchArgs,
     kernels: CpuKernels,
-    synthetic: bool,
+    synthetic: Option<&SyntheticSpec>,
     accept_profile: bool,
 ) -> Result<(), CliError> {
     let gpu_only = [
-        (synthetic, "--synthetic (its weights are made on the GPU)"),
         (accept_profile, "--accept-profile"),
         (a.profile, "--profile"),
         (a.tuning.is_some(), "--tuning"),
@@ -40,6 +40,10 @@ pub(super) fn run(
             "{flag} is for the GPU bench, not --device cpu or reference"
         )));
     }
+    if let Some(spec) = synthetic {
+        let v = super::cpu_synthetic::run(&a, spec, kernels)?;
+        return print_synthetic(&a, v, kernels);
+    }
     let t_load = Instant::now();
     let path = a
         .model
@@ -50,6 +54,39 @@ pub(super) fn run(
         Some(_) => run_dflash(&a, &loaded, kernels, t_load),
         None => run_plain(&a, &loaded, kernels, t_load),
     }
+}
+
+/// A synthetic run's JSON, or its figures in a line.
+fn print_synthetic(
+    a: &BenchArgs,
+    mut v: serde_json::Value,
+    kernels: CpuKernels,
+) -> Result<(), CliError> {
+    v["cpu"] = engine_json(kernels);
+    if a.json {
+        return outln!("{}", serde_json::to_string_pretty(&v).unwrap());
+    }
+    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    let costs: Vec<String> = v["pass_cost_over_one_row"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .zip(v["pass_rows"].as_array().into_iter().flatten())
+        .map(|(c, n)| format!("{n}: {:.2}", c.as_f64().unwrap_or(0.0)))
+        .collect();
+    outln!(
+        "{} engine ({}, {} threads), synthetic {}: prefill {:.1} tok/s, decode {:.2} tok/s; weights {:.2} GB/s vs a read stream's {:.2} GB/s ({:.0}%); a pass of n rows in one-row passes: {}",
+        kernels.device_name(),
+        v["cpu"]["kernel"].as_str().unwrap_or(""),
+        quant_matmul::threads(),
+        v["synthetic"].as_str().unwrap_or(""),
+        f("prefill_tok_s"),
+        f("decode_tok_s"),
+        f("decode_gbps"),
+        f("read_gbps"),
+        100.0 * f("decode_read_ratio"),
+        costs.join(", ")
+    )
 }
 
 /// What the CPU engine runs on, for the JSON.

@@ -591,31 +591,44 @@ mod vnni512 {
         b: usize,
         x: &[ActRow],
     ) -> [[f32; BLOCK]; T] {
-        debug_assert_eq!(x.len(), T);
         let gpr = p.cols / GROUP;
         let gb = group_bytes(p.format);
+        // Each activation row's arrays checked once, then read through raw pointers (no
+        // bounds checks in the loop: 3 T of them per group).
+        assert!(x.len() == T && (b + 1) * gpr * BLOCK <= p.scales.len());
+        let mut rows = [(
+            std::ptr::null::<i8>(),
+            [std::ptr::null::<f32>(); 2],
+            std::ptr::null::<i32>(),
+        ); T];
+        for (r, a) in rows.iter_mut().zip(x) {
+            assert!(a.qs.len() >= gpr * GROUP && a.scales.len() >= gpr);
+            assert!(a.sums.len() >= gpr && a.isums.len() >= gpr);
+            *r = (
+                a.qs.as_ptr(),
+                [a.scales.as_ptr(), a.sums.as_ptr()],
+                a.isums.as_ptr(),
+            );
+        }
         // `parts[j][t]`: accumulator j of activation row t (0 where there are under 8
         // groups, as the definition's unused accumulators).
         let mut parts = [[_mm512_setzero_ps(); T]; 8];
         for (j, acc) in parts.iter_mut().enumerate().take(gpr) {
             for g in (j..gpr).step_by(8) {
                 let at = (b * gpr + g) * BLOCK;
-                let mut xp = [std::ptr::null::<i8>(); T];
-                let mut xi = [0i32; T];
-                for t in 0..T {
-                    xp[t] = x[t].qs.as_ptr().add(g * GROUP);
-                    xi[t] = x[t].isums[g];
-                }
+                let xp = rows.map(|r| r.0.add(g * GROUP));
+                let xi = rows.map(|r| *r.2.add(g));
                 let isum = group_isums::<T>(p.format, p.qs.as_ptr().add(at * gb), xp, xi);
                 let sw = _mm512_cvtph_ps(_mm256_loadu_si256(p.scales.as_ptr().add(at).cast()));
                 let mw = _mm512_cvtph_ps(_mm256_loadu_si256(p.mins.as_ptr().add(at).cast()));
                 for t in 0..T {
+                    let [scales, sums] = rows[t].1;
                     let term = _mm512_add_ps(
                         _mm512_mul_ps(
-                            _mm512_mul_ps(sw, _mm512_set1_ps(x[t].scales[g])),
+                            _mm512_mul_ps(sw, _mm512_set1_ps(*scales.add(g))),
                             _mm512_cvtepi32_ps(isum[t]),
                         ),
-                        _mm512_mul_ps(mw, _mm512_set1_ps(x[t].sums[g])),
+                        _mm512_mul_ps(mw, _mm512_set1_ps(*sums.add(g))),
                     );
                     acc[t] = _mm512_add_ps(acc[t], term);
                 }
