@@ -877,16 +877,38 @@ pub fn packed_kernel_mismatches() -> (usize, usize, Vec<&'static str>) {
         .collect();
     let mut rng = Rng(17);
     let (mut bad, mut all) = (0, 0);
-    // Rows past and short of a block of eight (padding rows), one group to 48 per row.
+    use crate::synthetic::MatrixShape;
+    use crate::synthetic_weights::{HostTensors, TensorMaker};
+    // Rows past and short of a block (padding rows), one group to 96 per row; Q8 in
+    // groups of 32 and of 16 (Q6_K's repacking, packed natively only).
     let shapes = [(1, 32), (8, 96), (13, 576), (300, 576), (9, 1536)];
-    for format in [QFormat::Q4, QFormat::Q8] {
+    for (format, group) in [(QFormat::Q4, 32), (QFormat::Q8, 32), (QFormat::Q8, 16)] {
         for (rows, cols) in shapes {
             let w = rng.vec(rows * cols, 0.5);
-            let m = match format {
-                QFormat::Q4 => QuantMatrix::quantize_q4(&w, rows, cols),
-                _ => QuantMatrix::quantize_q8(&w, rows, cols),
+            let m = match (format, group) {
+                (QFormat::Q4, _) => QuantMatrix::quantize_q4(&w, rows, cols),
+                (_, 32) => QuantMatrix::quantize_q8(&w, rows, cols),
+                _ => {
+                    let shape = MatrixShape {
+                        rows,
+                        cols,
+                        format,
+                        group,
+                        parts: 1,
+                    };
+                    HostTensors(Rng(rows as u64))
+                        .matrix("q8/16", &shape)
+                        .expect("q8")
+                }
             };
-            let p = PackedMatrix::from_quant(&m).expect("groups of 32 pack");
+            let Some(p) = PackedMatrix::from_quant(&m) else {
+                assert!(
+                    group == 16 && cfg!(target_arch = "wasm32"),
+                    "q{} groups of {group} pack",
+                    format.bits()
+                );
+                continue;
+            };
             // The rows come back as they went in (embedding lookups, draft heads).
             let ids: Vec<u32> = (0..rows as u32).collect();
             let back = p.quant_rows(&ids);
@@ -905,7 +927,7 @@ pub fn packed_kernel_mismatches() -> (usize, usize, Vec<&'static str>) {
                     .filter(|(a, b)| a != b)
                     .count());
             for n in [1, 2, 3, 5, 9, 16, 17, 64] {
-                let x = QuantizedRows::new(&rng.vec(n * cols, 3.0), n, cols, format, 32);
+                let x = QuantizedRows::new(&rng.vec(n * cols, 3.0), n, cols, format, group);
                 let scalar = quant_matmul(&m, &x, Kernel::Scalar);
                 for &k in &kernels {
                     let packed = p.matmul_with(k, &x);

@@ -132,7 +132,7 @@ impl Matrix {
                 quant_matmul(m, &xq, *kernel)
             }
             Matrix::Packed(p) => {
-                let xq = QuantizedRows::new(x, n, p.cols(), p.format(), 32);
+                let xq = QuantizedRows::new(x, n, p.cols(), p.format(), p.group());
                 p.matmul(&xq)
             }
         }

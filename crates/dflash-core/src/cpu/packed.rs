@@ -65,6 +65,8 @@ const RUN: usize = BLOCK * LANE_BYTES;
 #[derive(Debug, Clone)]
 pub struct PackedMatrix {
     format: QFormat,
+    /// Values per group: 32, or natively 16 for Q8.
+    group: usize,
     rows: usize,
     cols: usize,
     /// `[block][group][run][lane][LANE_BYTES]`.
@@ -75,14 +77,21 @@ pub struct PackedMatrix {
 }
 
 /// Bytes one row stores per group.
-fn group_bytes(format: QFormat) -> usize {
-    GROUP * format.bits() / 8
+fn group_bytes(format: QFormat, group: usize) -> usize {
+    group * format.bits() / 8
 }
 
 impl PackedMatrix {
-    /// Whether `m` has this layout: Q4 or Q8 in groups of 32.
+    /// Whether `m` has this layout: Q4 or Q8 in groups of 32, natively also Q8 in groups
+    /// of 16 (Q6_K's repacking: the K-quant models' attn_v, ffn_down and tied heads).
     pub fn supports(m: &QuantMatrix) -> bool {
-        matches!(m.format, QFormat::Q4 | QFormat::Q8) && m.group == GROUP
+        match m.format {
+            QFormat::Q4 => m.group == GROUP,
+            QFormat::Q8 => {
+                m.group == GROUP || (m.group == GROUP / 2 && !cfg!(target_arch = "wasm32"))
+            }
+            QFormat::F32 => false,
+        }
     }
 
     /// `m` interleaved (None where [`PackedMatrix::supports`] says no).
@@ -92,7 +101,7 @@ impl PackedMatrix {
         }
         let gpr = m.groups_per_row();
         let blocks = m.rows.div_ceil(BLOCK);
-        let gb = group_bytes(m.format);
+        let gb = group_bytes(m.format, m.group);
         let bias = if m.format == QFormat::Q8 { Q8_BIAS } else { 0 };
         let row_bytes = m.cols * m.format.bits() / 8;
         // SAFETY: u8 has no alignment or validity requirements; the length covers the
@@ -119,6 +128,7 @@ impl PackedMatrix {
         }
         Some(PackedMatrix {
             format: m.format,
+            group: m.group,
             rows: m.rows,
             cols: m.cols,
             qs,
@@ -135,6 +145,11 @@ impl PackedMatrix {
         self.format
     }
 
+    /// Values per group (what its input rows are quantized by).
+    pub fn group(&self) -> usize {
+        self.group
+    }
+
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -142,7 +157,7 @@ impl PackedMatrix {
     /// Bytes of the matrix proper (as `QuantMatrix::n_bytes` counts them: the padding
     /// rows of a last partial block are left out).
     pub fn n_bytes(&self) -> usize {
-        let groups = self.rows * self.cols / GROUP;
+        let groups = self.rows * self.cols / self.group;
         self.rows * self.cols * self.format.bits() / 8 + 4 * groups
     }
 
@@ -154,8 +169,8 @@ impl PackedMatrix {
             "row id past the matrix's {} rows",
             self.rows
         );
-        let gpr = self.cols / GROUP;
-        let gb = group_bytes(self.format);
+        let gpr = self.cols / self.group;
+        let gb = group_bytes(self.format, self.group);
         let bias = if self.format == QFormat::Q8 {
             Q8_BIAS
         } else {
@@ -179,7 +194,7 @@ impl PackedMatrix {
             format: self.format,
             rows: ids.len(),
             cols: self.cols,
-            group: GROUP,
+            group: self.group,
             qs: bytes
                 .chunks_exact(4)
                 .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
@@ -254,7 +269,7 @@ impl PackedMatrix {
         block_dots: impl Fn(usize, usize, &[ActRow], &mut [f32]) + Sync,
     ) -> Vec<f32> {
         assert_eq!(
-            (self.format, GROUP, self.cols),
+            (self.format, self.group, self.cols),
             (x.format(), x.group(), x.cols()),
             "activations quantized for another matrix"
         );
@@ -295,7 +310,7 @@ impl PackedMatrix {
 /// `vpdpbusd` and AVX-512 VL's.
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{group_bytes, PackedMatrix, BLOCK, GROUP, RUN};
+    use super::{group_bytes, PackedMatrix, BLOCK, RUN};
     use crate::cpu::quant_matmul::ActRow;
     use crate::quant::QFormat;
     use std::arch::x86_64::*;
@@ -361,6 +376,7 @@ mod vnni {
     #[inline(always)]
     unsafe fn group_isums<D: Dp, const T: usize>(
         format: QFormat,
+        runs: usize,
         w: *const u8,
         x: [*const i8; T],
         x_isum: [i32; T],
@@ -384,7 +400,7 @@ mod vnni {
                 }
             }
             QFormat::Q8 => {
-                for c in (0..8).step_by(2) {
+                for c in (0..runs).step_by(2) {
                     let v0 = _mm256_loadu_si256(w.add(c * RUN).cast());
                     let v1 = _mm256_loadu_si256(w.add((c + 1) * RUN).cast());
                     for t in 0..T {
@@ -460,19 +476,19 @@ mod vnni {
         x: &[ActRow],
     ) -> [[f32; HALF]; T] {
         debug_assert_eq!(x.len(), T);
-        let gpr = p.cols / GROUP;
-        let gb = group_bytes(p.format);
+        let gpr = p.cols / p.group;
+        let gb = group_bytes(p.format, p.group);
         let mut acc = [[_mm256_setzero_ps(); 8]; T];
         for g in 0..gpr {
             let at = (b * gpr + g) * BLOCK;
             let mut xp = [std::ptr::null::<i8>(); T];
             let mut xi = [0i32; T];
             for t in 0..T {
-                xp[t] = x[t].qs.as_ptr().add(g * GROUP);
+                xp[t] = x[t].qs.as_ptr().add(g * p.group);
                 xi[t] = x[t].isums[g];
             }
             let w = p.qs.as_ptr().add(at * gb + h * HALF * 4);
-            let isum = group_isums::<D, T>(p.format, w, xp, xi);
+            let isum = group_isums::<D, T>(p.format, p.group / 4, w, xp, xi);
             let sw = _mm256_cvtph_ps(_mm_loadu_si128(p.scales.as_ptr().add(at + h * HALF).cast()));
             let mw = _mm256_cvtph_ps(_mm_loadu_si128(p.mins.as_ptr().add(at + h * HALF).cast()));
             for t in 0..T {
@@ -505,7 +521,7 @@ mod vnni {
 /// accumulator per activation row is live: the definition's sums, in its order.
 #[cfg(target_arch = "x86_64")]
 mod vnni512 {
-    use super::{group_bytes, PackedMatrix, BLOCK, GROUP, RUN};
+    use super::{group_bytes, PackedMatrix, BLOCK, RUN};
     use crate::cpu::quant_matmul::ActRow;
     use crate::quant::QFormat;
     use std::arch::x86_64::*;
@@ -521,6 +537,7 @@ mod vnni512 {
     #[inline(always)]
     unsafe fn group_isums<const T: usize>(
         format: QFormat,
+        runs: usize,
         w: *const u8,
         x: [*const i8; T],
         x_isum: [i32; T],
@@ -545,7 +562,7 @@ mod vnni512 {
                 }
             }
             QFormat::Q8 => {
-                for c in (0..8).step_by(2) {
+                for c in (0..runs).step_by(2) {
                     let v0 = _mm512_loadu_si512(w.add(c * RUN).cast());
                     let v1 = _mm512_loadu_si512(w.add((c + 1) * RUN).cast());
                     for t in 0..T {
@@ -591,8 +608,8 @@ mod vnni512 {
         b: usize,
         x: &[ActRow],
     ) -> [[f32; BLOCK]; T] {
-        let gpr = p.cols / GROUP;
-        let gb = group_bytes(p.format);
+        let (group, gpr) = (p.group, p.cols / p.group);
+        let gb = group_bytes(p.format, group);
         // Each activation row's arrays checked once, then read through raw pointers (no
         // bounds checks in the loop: 3 T of them per group).
         assert!(x.len() == T && (b + 1) * gpr * BLOCK <= p.scales.len());
@@ -602,7 +619,7 @@ mod vnni512 {
             std::ptr::null::<i32>(),
         ); T];
         for (r, a) in rows.iter_mut().zip(x) {
-            assert!(a.qs.len() >= gpr * GROUP && a.scales.len() >= gpr);
+            assert!(a.qs.len() >= gpr * group && a.scales.len() >= gpr);
             assert!(a.sums.len() >= gpr && a.isums.len() >= gpr);
             *r = (
                 a.qs.as_ptr(),
@@ -616,9 +633,10 @@ mod vnni512 {
         for (j, acc) in parts.iter_mut().enumerate().take(gpr) {
             for g in (j..gpr).step_by(8) {
                 let at = (b * gpr + g) * BLOCK;
-                let xp = rows.map(|r| r.0.add(g * GROUP));
+                let xp = rows.map(|r| r.0.add(g * group));
                 let xi = rows.map(|r| *r.2.add(g));
-                let isum = group_isums::<T>(p.format, p.qs.as_ptr().add(at * gb), xp, xi);
+                let w = p.qs.as_ptr().add(at * gb);
+                let isum = group_isums::<T>(p.format, group / 4, w, xp, xi);
                 let sw = _mm512_cvtph_ps(_mm256_loadu_si256(p.scales.as_ptr().add(at).cast()));
                 let mw = _mm512_cvtph_ps(_mm256_loadu_si256(p.mins.as_ptr().add(at).cast()));
                 for t in 0..T {
@@ -750,7 +768,7 @@ mod simd128 {
         xp: [&[i32]; T],
     ) -> [[f32; BLOCK]; T] {
         let gpr = p.cols / GROUP;
-        let gb = group_bytes(p.format);
+        let gb = group_bytes(p.format, GROUP);
         let mut acc = [[f32x4_splat(0.0); 8]; T];
         for g in 0..gpr {
             let at = (b * gpr + g) * BLOCK;
