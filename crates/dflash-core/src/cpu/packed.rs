@@ -11,7 +11,9 @@
 //! 8 accumulators by `g % 8` in ascending `g`, and the same fixed tree at the end; the
 //! lanes only change which rows are computed side by side.
 //!
-//! Layout (groups of 32): for each block of [`BLOCK`] rows and each group, the row's
+//! Layout (groups of 32, natively also Q8's 16): for each block of [`BLOCK`] rows and each
+//! group (natively in the order the kernels walk them: by accumulator, `g % 8`, then
+//! ascending `g`), the row's
 //! bytes in runs of `LANE_BYTES`, run `c` of every row of the block side by side (lane
 //! `r`: row `r`): natively 16 rows x 4 bytes (64-byte runs), in wasm 4 rows x 2 bytes.
 //! A Q4 row has 16 packed bytes per group (byte `b`: elements `2b` low, `2b + 1` high),
@@ -76,6 +78,19 @@ pub struct PackedMatrix {
     mins: Vec<u16>,
 }
 
+/// Where group `g` of a row of `gpr` groups is stored in its block: natively by
+/// accumulator, `(g % 8, g / 8)` (the order the kernels walk them, so that a block is read
+/// front to back), in wasm in order.
+#[cfg(not(target_arch = "wasm32"))]
+fn slot(g: usize, gpr: usize) -> usize {
+    let j = g % 8;
+    j * (gpr / 8) + j.min(gpr % 8) + g / 8
+}
+#[cfg(target_arch = "wasm32")]
+fn slot(g: usize, _gpr: usize) -> usize {
+    g
+}
+
 /// Bytes one row stores per group.
 fn group_bytes(format: QFormat, group: usize) -> usize {
     group * format.bits() / 8
@@ -114,7 +129,7 @@ impl PackedMatrix {
         for r in 0..m.rows {
             let (b, lane) = (r / BLOCK, r % BLOCK);
             for g in 0..gpr {
-                let at = (b * gpr + g) * BLOCK;
+                let at = (b * gpr + slot(g, gpr)) * BLOCK;
                 scales[at + lane] = m.scales[r * gpr + g];
                 mins[at + lane] = m.mins[r * gpr + g];
                 let src = &bytes[r * row_bytes + g * gb..][..gb];
@@ -181,7 +196,7 @@ impl PackedMatrix {
         for &r in ids {
             let (b, lane) = (r as usize / BLOCK, r as usize % BLOCK);
             for g in 0..gpr {
-                let at = (b * gpr + g) * BLOCK;
+                let at = (b * gpr + slot(g, gpr)) * BLOCK;
                 scales.push(self.scales[at + lane]);
                 mins.push(self.mins[at + lane]);
                 for c in 0..gb / LANE_BYTES {
@@ -479,8 +494,10 @@ mod vnni {
         let gpr = p.cols / p.group;
         let gb = group_bytes(p.format, p.group);
         let mut acc = [[_mm256_setzero_ps(); 8]; T];
-        for g in 0..gpr {
-            let at = (b * gpr + g) * BLOCK;
+        // By accumulator (the layout's order): each acc[t][g % 8] still takes its groups
+        // in ascending g.
+        for g in (0..gpr.min(8)).flat_map(|j| (j..gpr).step_by(8)) {
+            let at = (b * gpr + super::slot(g, gpr)) * BLOCK;
             let mut xp = [std::ptr::null::<i8>(); T];
             let mut xi = [0i32; T];
             for t in 0..T {
@@ -632,7 +649,7 @@ mod vnni512 {
         let mut parts = [[_mm512_setzero_ps(); T]; 8];
         for (j, acc) in parts.iter_mut().enumerate().take(gpr) {
             for g in (j..gpr).step_by(8) {
-                let at = (b * gpr + g) * BLOCK;
+                let at = (b * gpr + super::slot(g, gpr)) * BLOCK;
                 let xp = rows.map(|r| r.0.add(g * group));
                 let xi = rows.map(|r| *r.2.add(g));
                 let w = p.qs.as_ptr().add(at * gb);
