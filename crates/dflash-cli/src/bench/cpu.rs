@@ -97,7 +97,7 @@ fn engine_json(kernels: CpuKernels) -> serde_json::Value {
             CpuKernels::Quantized => Kernel::detect().name(),
             CpuKernels::Reference => "f32",
         },
-        // Matrices in groups of 32 interleaved by 8 rows for the AVX-VNNI kernel.
+        // Matrices interleaved by rows for the packed (VNNI) kernels.
         "packed_rows": kernels == CpuKernels::Quantized && packed_kernel(Kernel::detect()),
         "threads": quant_matmul::threads(),
     })

@@ -60,7 +60,7 @@ pub(crate) enum Matrix {
         m: QuantMatrix,
         kernel: Kernel,
     },
-    /// Rows interleaved for the AVX-VNNI or SIMD128 kernel (`super::packed`): the same
+    /// Rows interleaved for the VNNI or SIMD128 kernels (`super::packed`): the same
     /// values, bit for bit, as `Quant`'s.
     Packed(PackedMatrix),
 }

@@ -20,8 +20,9 @@
 //! nibble) the even elements then the odd ones; for Q8 the natural order.
 //!
 //! These kernels read the matrices as loaded, one output element at a time; where the
-//! CPU has AVX-VNNI, and in wasm, the engine repacks matrices in groups of 32 for the
-//! faster `super::packed` kernels, which follow the same definition.
+//! CPU has AVX-VNNI or AVX-512 VNNI, and in wasm, the engine repacks matrices (groups of
+//! 32; natively also Q8's 16) for the faster `super::packed` kernels, which follow the
+//! same definition.
 
 use crate::quant::{QFormat, QuantMatrix};
 use half::f16;
@@ -381,7 +382,8 @@ impl Kernel {
             // SAFETY: `detect` chose this kernel only where the CPU also has AVX-VNNI.
             #[cfg(target_arch = "x86_64")]
             Kernel::AvxVnni => unsafe { avx2::row_dot_vnni(format, group, w, x) },
-            // Matrices the packed kernels do not take (groups of 16) run AVX2's steps.
+            // Matrices the packed kernels do not take (packed only where the format and
+            // group fit: `PackedMatrix::supports`) run AVX2's steps.
             // SAFETY: these kernels are chosen only where the CPU has AVX2 and F16C too.
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512Vnni256 | Kernel::Avx512Vnni => unsafe {
