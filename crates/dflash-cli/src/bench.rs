@@ -18,7 +18,6 @@ use dflash::*;
 use plain::*;
 use report::*;
 
-use crate::generate::open_device;
 use crate::{load, CliError, Device};
 use dflash_core::config::ModelConfig;
 use dflash_core::drafter::{load_drafter_dir, DrafterPrecision, DrafterWeights};

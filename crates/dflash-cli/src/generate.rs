@@ -1,25 +1,27 @@
-//! `dflash generate`.
+//! `dflash generate`: one generation from the command line, run by the engine
+//! (`dflash_engine`), its text streamed to stdout or its result printed as JSON.
 
 use crate::{load, CliError, Device};
-use dflash_core::cpu::{CpuKernels, CpuModel};
-use dflash_core::drafter::{load_drafter_dir, CpuDrafter, DrafterPrecision, DrafterWeights};
-use dflash_core::generate::{generate_cpu, GenerateRequest, GenerateResult};
+use dflash_core::cpu::CpuKernels;
+use dflash_core::drafter::{load_drafter_dir, DrafterPrecision};
+use dflash_core::generate::GenerateRequest;
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
-use dflash_core::speculative::{
-    generate_speculative_cpu, BlockSize, SpeculativeResult, StepCostPrior,
-};
-use dflash_gpu::speculative::Speculative;
-use dflash_gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
+use dflash_core::speculative::BlockSize;
+use dflash_engine::device::{DeviceChoice, NativeHost};
+use dflash_engine::policy::StepCostMemory;
+use dflash_engine::request::BlockArg;
+use dflash_engine::{Answer, Engine, Job};
+use dflash_gpu::GpuOptions;
 use std::io::Write;
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::time::Instant;
 
 /// Where a model runs: `--device`, `--adapter`, `--no-f16`.
 #[derive(clap::Args)]
 pub struct DeviceArgs {
-    /// gpu (default when an adapter exists) or cpu.
+    /// gpu, cpu or reference. Default: the GPU engine on a hardware adapter, else the
+    /// quantized CPU engine (a software adapter such as lavapipe only with `gpu`).
     #[arg(long, value_enum)]
     pub device: Option<Device>,
     /// Choose the GPU adapter whose name contains this.
@@ -31,6 +33,15 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
+    /// The engine's device choice.
+    pub fn choice(&self) -> DeviceChoice {
+        match self.device {
+            None => DeviceChoice::Auto,
+            Some(Device::Gpu) => DeviceChoice::Gpu,
+            Some(d) => DeviceChoice::Cpu(d.cpu_kernels().unwrap_or(CpuKernels::Quantized)),
+        }
+    }
+
     pub fn gpu_options(&self) -> GpuOptions {
         GpuOptions {
             adapter: self.adapter.clone(),
@@ -128,36 +139,28 @@ impl From<DrafterPrecisionArg> for DrafterPrecision {
     }
 }
 
-/// `--block N|auto` for a device: auto uses the measured (GPU) or linear (CPU) cost of
-/// verifying b rows, up to the drafter's own block (`max_block`). A fixed block may
-/// exceed it, as in z-lab's reference; the engine clamps it to what its step holds.
+/// `--block N|auto`, auto from `row_costs` (measured, or a device's prior; without
+/// them the linear prior up to `max_block`).
 pub fn block_policy(
     arg: &str,
     max_block: usize,
     row_costs: Option<Vec<f64>>,
 ) -> Result<BlockSize, CliError> {
-    if arg == "auto" {
-        return Ok(match row_costs {
-            Some(verify_cost) => BlockSize::Auto { verify_cost },
-            None => BlockSize::auto_linear(max_block, 1.0),
-        });
-    }
-    match arg.parse::<usize>() {
-        Ok(b) if b >= 1 => Ok(BlockSize::Fixed(b)),
-        _ => Err(CliError::Usage(format!(
-            "--block takes a positive number or `auto`, not {arg:?}"
-        ))),
-    }
+    let block = parse_block(arg)?;
+    // The linear prior: verifying b rows costs b one-row steps.
+    let linear = || (0..=max_block).map(|b| b.max(1) as f64).collect();
+    let prior = || row_costs.unwrap_or_else(linear);
+    let (policy, _) =
+        dflash_engine::policy::block_policy(Some(&block), &mut StepCostMemory::default(), prior)?;
+    Ok(policy)
 }
 
-/// The JSON of a speculative run's statistics.
-pub fn dflash_json(r: &SpeculativeResult, block: &str) -> serde_json::Value {
-    serde_json::json!({
-        "block": block,
-        "steps": r.steps,
-        "mean_tau": r.mean_tau(),
-        "acceptance_by_position": r.acceptance.rates(),
-        "accepted_tokens": r.taus.iter().map(|t| t - 1).sum::<usize>(),
+/// `--block N|auto`.
+fn parse_block(arg: &str) -> Result<BlockArg, CliError> {
+    BlockArg::parse(arg).ok_or_else(|| {
+        CliError::Usage(format!(
+            "--block takes a positive number or `auto`, not {arg:?}"
+        ))
     })
 }
 
@@ -169,61 +172,10 @@ fn prompt_ids(m: &LoadedModel, a: &GenerateArgs) -> Result<Vec<u32>, CliError> {
     })
 }
 
-/// The GPU context, or None for the CPU device. Without --device, a missing adapter
-/// falls back to the CPU with a note.
-pub fn open_device(
-    device: Option<Device>,
-    opts: &GpuOptions,
-) -> Result<Option<Rc<GpuContext>>, CliError> {
-    match device {
-        Some(Device::Cpu | Device::Reference) => Ok(None),
-        Some(Device::Gpu) => Ok(Some(Rc::new(GpuContext::new(opts)?))),
-        None => match GpuContext::new(opts) {
-            Ok(c) => Ok(Some(Rc::new(c))),
-            Err(e) => {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "note: no GPU adapter ({e}); using the CPU engine"
-                );
-                Ok(None)
-            }
-        },
-    }
-}
-
-/// Generation on the GPU engine (argmax or the GPU sampler; only token ids come back)
-/// with the same stop handling as the CPU loop.
-pub fn generate_gpu(
-    g: &mut GpuModel,
-    m: &LoadedModel,
-    req: &GenerateRequest,
-    on_text: &mut dyn FnMut(&str),
-) -> Result<GenerateResult, CliError> {
-    let t0 = Instant::now();
-    Ok(g.generate(
-        &m.tokenizer,
-        req,
-        &move || t0.elapsed().as_secs_f64(),
-        on_text,
-    )?)
-}
-
-/// The target on the GPU for `context` tokens, with the taps the drafter reads.
-pub fn gpu_target(
-    ctx: Rc<GpuContext>,
-    m: &LoadedModel,
-    drafter: Option<&DrafterWeights>,
-    context: usize,
-) -> Result<GpuModel, CliError> {
-    let taps = drafter
-        .map(|d| d.config.target_layer_ids.clone())
-        .unwrap_or_default();
-    let options = GpuModelOptions {
-        context,
-        taps,
-        ..Default::default()
-    };
-    Ok(GpuModel::new(ctx, &m.weights, &options)?)
+/// The model's figures in the JSON result (read before the engine takes the model).
+fn model_json(m: &LoadedModel) -> serde_json::Value {
+    let config = m.config();
+    serde_json::json!({"format": m.format, "arch": config.arch, "layers": config.num_layers, "hidden": config.hidden_size, "weight_bytes": m.weights.n_bytes()})
 }
 
 pub fn run(a: GenerateArgs) -> Result<(), CliError> {
@@ -231,48 +183,37 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     let ids = prompt_ids(&m, &a)?;
     let sampling = sampling_params(&a, ids.len());
     sampling.validate()?;
+    let block = parse_block(&a.block)?;
+    let choice = device_for(a.device.choice(), &sampling)?;
+    let drafter = match &a.drafter {
+        Some(p) => Some(load_drafter_dir(p, a.drafter_precision.into())?),
+        None => None,
+    };
+    let model = model_json(&m);
+    let t_prep = Instant::now();
+    let mut note = |n: &str| {
+        let _ = writeln!(std::io::stderr(), "note: {n}");
+    };
+    let opts = a.device.gpu_options();
+    let mut engine = Engine::on_device(m, drafter.as_ref(), choice, &opts, a.context, &mut note)?;
+    let prep_s = t_prep.elapsed().as_secs_f64();
     let req = GenerateRequest {
         prompt_ids: ids,
         max_new_tokens: a.max_new_tokens,
         sampling,
         stop_strings: a.stop.clone(),
-        context: a.context,
+        context: engine.context,
         interrupt: Default::default(),
     };
-    let json = a.json;
-    let mut on_text = text_printer(json);
-    let t_prep = Instant::now();
-    let device_choice = device_for(a.device.device, &req.sampling)?;
-    let gpu = open_device(device_choice, &a.device.gpu_options())?;
-    let drafter = match &a.drafter {
-        Some(p) => Some(load_drafter_dir(p, a.drafter_precision.into())?),
-        None => None,
-    };
-    let t0 = Instant::now();
-    let clock = move || t0.elapsed().as_secs_f64();
     let job = Job {
-        args: &a,
-        model: &m,
-        drafter: drafter.as_ref(),
-        req: &req,
-        t_prep,
-        clock: &clock,
+        gen: &req,
+        dflash: true,
+        block: Some(&block),
     };
-    let (generated, device, adapter) = match gpu {
-        Some(ctx) => {
-            let adapter = ctx.summary.name.clone();
-            (job.on_gpu(ctx, &mut on_text)?, "gpu", Some(adapter))
-        }
-        None => {
-            let kernels = device_choice
-                .and_then(Device::cpu_kernels)
-                .unwrap_or(CpuKernels::Quantized);
-            let generated = job.on_cpu(kernels, &mut on_text)?;
-            (generated, kernels.device_name(), None)
-        }
-    };
-    if json {
-        let report = result_json(&m, &generated, device, adapter, load_s);
+    let mut on_text = text_printer(a.json);
+    let answer = engine.generate_blocking(&job, &NativeHost::default(), &mut |t, _| on_text(t))?;
+    if a.json {
+        let report = result_json(&engine, &answer, model, load_s + prep_s);
         outln!("{}", serde_json::to_string_pretty(&report).unwrap())?;
     } else {
         outln!()?;
@@ -312,144 +253,47 @@ fn text_printer(json: bool) -> impl FnMut(&str) {
     }
 }
 
-/// --device, but where the sampler has penalties (the GPU sampler has none): an error
-/// with --device gpu, and without --device the CPU engine, with a note.
-fn device_for(
-    choice: Option<Device>,
-    sampling: &SamplingParams,
-) -> Result<Option<Device>, CliError> {
+/// The device choice, but where the sampler has penalties (the GPU sampler has none): an
+/// error with --device gpu, and in auto mode the CPU engine, with a note.
+fn device_for(choice: DeviceChoice, sampling: &SamplingParams) -> Result<DeviceChoice, CliError> {
     if !sampling.has_penalties() {
         return Ok(choice);
     }
     match choice {
-        Some(Device::Gpu) => Err(CliError::Usage(
+        DeviceChoice::Gpu => Err(CliError::Usage(
             "the GPU sampler has no penalties yet; use --device cpu".into(),
         )),
-        None => {
+        DeviceChoice::Auto => {
             let _ = writeln!(std::io::stderr(), "note: penalties run on the CPU engine");
-            Ok(Some(Device::Cpu))
+            Ok(DeviceChoice::Cpu(CpuKernels::Quantized))
         }
-        Some(Device::Cpu | Device::Reference) => Ok(choice),
-    }
-}
-
-/// What a generation runs: the arguments, the model and the drafter, the request, when
-/// the device's preparation began (after the model's load) and the engine's clock.
-struct Job<'a> {
-    args: &'a GenerateArgs,
-    model: &'a LoadedModel,
-    drafter: Option<&'a DrafterWeights>,
-    req: &'a GenerateRequest,
-    t_prep: Instant,
-    clock: &'a dyn Fn() -> f64,
-}
-
-/// A generation's result, the seconds its device took to prepare, and its DFlash
-/// statistics when a drafter ran.
-struct Generated {
-    result: GenerateResult,
-    prep_s: f64,
-    dflash: Option<serde_json::Value>,
-}
-
-impl Job<'_> {
-    /// The generation on the GPU engine: plain, or DFlash (auto block sizes from the
-    /// adapter's prior step costs, which the steps refine).
-    fn on_gpu(
-        &self,
-        ctx: Rc<GpuContext>,
-        on_text: &mut dyn FnMut(&str),
-    ) -> Result<Generated, CliError> {
-        let context = self
-            .args
-            .context
-            .min(self.model.config().max_position_embeddings);
-        let mut target = gpu_target(ctx, self.model, self.drafter, context)?;
-        let prep_s = self.t_prep.elapsed().as_secs_f64();
-        let (result, dflash) = match self.drafter {
-            Some(weights) => {
-                let mut spec = Speculative::new(target, weights)?;
-                // Auto starts from the device's prior; the steps refine it.
-                let summary = &spec.target.ctx.summary;
-                let prior = StepCostPrior::for_adapter(&summary.device_type, &summary.name);
-                let costs = Some(prior.costs(spec.max_block()));
-                let policy = block_policy(&self.args.block, spec.max_block(), costs)?;
-                let tokenizer = &self.model.tokenizer;
-                let run = spec.generate(tokenizer, self.req, &policy, self.clock, on_text)?;
-                let stats = dflash_json(&run, &self.args.block);
-                (run.result, Some(stats))
-            }
-            None => (
-                generate_gpu(&mut target, self.model, self.req, on_text)?,
-                None,
-            ),
-        };
-        Ok(Generated {
-            result,
-            prep_s,
-            dflash,
-        })
-    }
-
-    /// The generation on a CPU engine (`kernels`): plain, or DFlash (auto block sizes
-    /// from the CPU engine's linear step costs).
-    fn on_cpu(
-        &self,
-        kernels: CpuKernels,
-        on_text: &mut dyn FnMut(&str),
-    ) -> Result<Generated, CliError> {
-        let cpu = CpuModel::with_kernels(&self.model.weights, kernels);
-        let prep_s = self.t_prep.elapsed().as_secs_f64();
-        let tokenizer = &self.model.tokenizer;
-        let (result, dflash) = match self.drafter {
-            Some(weights) => {
-                let drafter = CpuDrafter::with_kernels(weights, kernels);
-                let block_size = weights.config.block_size;
-                let costs = Some(StepCostPrior::CpuEngine.costs(block_size));
-                let policy = block_policy(&self.args.block, block_size, costs)?;
-                let run = generate_speculative_cpu(
-                    &cpu, &drafter, tokenizer, self.req, &policy, self.clock, on_text,
-                )?;
-                let stats = dflash_json(&run, &self.args.block);
-                (run.result, Some(stats))
-            }
-            None => (
-                generate_cpu(&cpu, tokenizer, self.req, self.clock, on_text)?,
-                None,
-            ),
-        };
-        Ok(Generated {
-            result,
-            prep_s,
-            dflash,
-        })
+        DeviceChoice::Cpu(_) => Ok(choice),
     }
 }
 
 /// The JSON of a generation: its tokens and text, where it ran, the model, the DFlash
 /// statistics and the timings (the load including the device's preparation).
 fn result_json(
-    model: &LoadedModel,
-    generated: &Generated,
-    device: &str,
-    adapter: Option<String>,
+    engine: &Engine,
+    answer: &Answer,
+    model: serde_json::Value,
     load_s: f64,
 ) -> serde_json::Value {
-    let result = &generated.result;
+    let result = &answer.result;
     let completion_tokens = result.tokens.len();
-    let config = model.config();
+    let on_gpu = engine.runner.gpu_context().is_some();
     serde_json::json!({
         "tokens": result.tokens,
         "text": result.text,
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": completion_tokens,
-        "finish_reason": result.finish_reason.name(),
-        "device": device,
-        "adapter": adapter,
-        "model": {"format": model.format, "arch": config.arch, "layers": config.num_layers, "hidden": config.hidden_size, "weight_bytes": model.weights.n_bytes()},
-        "dflash": generated.dflash,
+        "finish_reason": answer.finish_reason(),
+        "device": if on_gpu { "gpu" } else { engine.device.as_str() },
+        "adapter": on_gpu.then_some(&engine.device),
+        "model": model,
+        "dflash": answer.dflash(),
         "timings": {
-            "load_s": load_s + generated.prep_s,
+            "load_s": load_s,
             "prefill_s": result.prefill_s,
             "decode_s": result.decode_s,
             "prefill_tok_s": result.prompt_tokens as f64 / result.prefill_s.max(1e-9),

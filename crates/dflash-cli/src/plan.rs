@@ -6,7 +6,7 @@
 //! browser's) buffer limits. Allocates nothing.
 
 use crate::bench::parse_bytes;
-use crate::{generate::open_device, CliError, Device};
+use crate::CliError;
 use dflash_core::synthetic::SyntheticSpec;
 use dflash_gpu::synthetic::Planned;
 use dflash_gpu::GpuOptions;
@@ -75,7 +75,7 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
         browser_limits: a.browser_limits,
         ..Default::default()
     };
-    let ctx = open_device(Some(Device::Gpu), &opts)?.expect("gpu");
+    let ctx = std::rc::Rc::new(dflash_gpu::GpuContext::new(&opts)?);
     let mut plans = Vec::new();
     let mut first_error = None;
     for &context in &a.context {

@@ -12,7 +12,7 @@ use dflash_core::formats::gguf_weights_stream::{HostSink, WeightStream};
 use dflash_core::model_files::{load_gguf, load_hf, HfFiles, LoadedModel};
 use dflash_core::testutil::{random_weights, tiny_config, write_gguf, write_hf, CHATML_TEMPLATE};
 use dflash_core::tokenizer::TextTokenizer;
-use dflash_web::request::ChatRequest;
+use dflash_engine::request::ChatRequest;
 use std::path::{Path, PathBuf};
 
 /// What one execution gave: `key` names the outcome (ok, or the error with its numbers

@@ -1,16 +1,11 @@
-//! dflash-web in the browser: the shared engine (dflash-core + dflash-gpu) built for
-//! wasm32 and driven from a Web Worker (`pkg/worker.js`). This crate only adds the edge:
-//! the wasm-bindgen surface (`Loader`, `Engine`), the OpenAI-style request and usage
-//! (`request`), and the typed error codes the JS API throws (`errors`).
-//!
-//! The public surface is the wasm-bindgen one (`Loader`, `Engine`, `planShape`,
+//! dflash-web in the browser: the engine (`dflash-engine` over dflash-core and
+//! dflash-gpu) built for wasm32 and driven from a Web Worker (`pkg/worker.js`). This
+//! crate only adds the edge: the wasm-bindgen surface (`Loader`, `Engine`, `planShape`,
 //! `shapeInfo`, `validateRequest`, `requestFields`, `sha256Hex`, `takePanic`, and
-//! `initThreadPool` in the threaded build), wrapped by `pkg/index.js`; natively,
-//! [`request`] and [`errors`] (shared with `dflash serve`). The fault tests' hooks
-//! (`__testTrap`, `__testLoseDevice`) exist only with the `test-hooks` feature.
+//! `initThreadPool` in the threaded build), wrapped by `pkg/index.js`, and the engine's
+//! typed errors as JS errors. The fault tests' hooks (`__testTrap`, `__testLoseDevice`)
+//! exist only with the `test-hooks` feature.
 
-pub mod errors;
-pub mod request;
 #[cfg(target_arch = "wasm32")]
 mod wasm;
 

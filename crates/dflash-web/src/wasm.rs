@@ -5,29 +5,30 @@
 //! `Engine` that answers chat requests, streaming text pieces through a callback.
 //! Everything else is the shared engine.
 
-use crate::errors::{js_error, to_js};
-use crate::request::{finish_reason, usage, BlockArg, ChatRequest};
-use dflash_core::chat::ChatTemplate;
 use dflash_core::cpu::quant_matmul::{self, Kernel};
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{CpuDrafter, DraftVocab, DrafterPrecision, DrafterWeights};
 use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, WeightStream};
-use dflash_core::generate::{
-    CpuGeneration, CpuSession, GenerateRequest, GenerateResult, Interrupt,
-};
-use dflash_core::speculative::{
-    BlockSize, DFlashCpu, DraftState, SpeculativeGeneration, SpeculativeResult, StepCostPrior,
-};
-use dflash_core::tokenizer::TextTokenizer;
-use dflash_gpu::speculative::Speculative;
-use dflash_gpu::{GpuContext, GpuError, GpuModel, GpuModelOptions, GpuOptions, StreamLoader};
+use dflash_core::generate::Interrupt;
+use dflash_engine::errors::error_code;
+use dflash_engine::request::{request_fields as engine_request_fields, Request};
+use dflash_engine::{Engine as Core, Host, Runner};
+use dflash_gpu::{GpuContext, GpuError, GpuModelOptions, GpuOptions, StreamLoader};
 use sha2::{Digest, Sha256};
 use std::cell::RefCell;
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
 
-fn now_s() -> f64 {
-    js_sys::Date::now() / 1000.0
+/// An error for JS: `Error` with `name` "DFlashError" and the engine's `code`.
+fn to_js(e: &GpuError) -> JsValue {
+    js_error(error_code(e), &e.to_string())
+}
+
+fn js_error(code: &str, message: &str) -> JsValue {
+    let err = js_sys::Error::new(message);
+    err.set_name("DFlashError");
+    let _ = js_sys::Reflect::set(&err, &"code".into(), &code.into());
+    err.into()
 }
 
 fn core_err(e: dflash_core::Error) -> JsValue {
@@ -115,18 +116,16 @@ pub fn test_packed_kernel() -> Vec<u32> {
 }
 
 /// The request parsed and checked as `Engine::chat` does before it runs.
-fn parse_request(request: JsValue) -> Result<ChatRequest, JsValue> {
+fn parse_request(request: JsValue) -> Result<Request, JsValue> {
     let v: serde_json::Value = serde_wasm_bindgen::from_value(request)
         .map_err(|e| js_error("BadRequest", &format!("bad request: {e}")))?;
-    let req = ChatRequest::from_json(v).map_err(core_err)?;
-    req.validate().map_err(core_err)?;
-    Ok(req)
+    Request::chat(v).map_err(core_err)
 }
 
 /// Every field a chat request may have (`index.d.ts` declares exactly these).
 #[wasm_bindgen(js_name = requestFields)]
 pub fn request_fields() -> Vec<String> {
-    crate::request::request_fields().map(String::from).collect()
+    engine_request_fields().map(String::from).collect()
 }
 
 /// Checks a chat request without a model (fields, types, sampling parameters): throws
@@ -372,21 +371,8 @@ impl Loader {
             Target::Cpu(model) => build_on_cpu(model, drafter, context)?,
         };
         let info = engine_info(&loaded, drafter, part_shas);
-        let Loaded {
-            runner,
-            tokenizer,
-            chat_template,
-            context,
-            ..
-        } = loaded;
         Ok(Engine {
-            inner: Rc::new(RefCell::new(Some(Inner {
-                runner,
-                tokenizer,
-                chat_template,
-                context,
-                costs: None,
-            }))),
+            inner: Rc::new(RefCell::new(Some(loaded.engine))),
             info,
             interrupt: Interrupt::default(),
         })
@@ -396,12 +382,8 @@ impl Loader {
 /// A finished load: the model as the engine runs it, and the engine's own fields of
 /// `Engine::info` (`engine`, `adapter`, and `cpu` on the CPU engine).
 struct Loaded {
-    runner: Runner,
-    tokenizer: TextTokenizer,
-    chat_template: Option<ChatTemplate>,
-    /// The context, in tokens, the model was built for.
-    context: usize,
-    engine: serde_json::Value,
+    engine: Core,
+    fields: serde_json::Value,
 }
 
 /// Builds the GPU model for `context` tokens from its finished load, inside DFlash's
@@ -425,23 +407,21 @@ async fn build_on_gpu(
         })
         .and_then(|m| {
             let context = m.model.context;
-            let runner = match drafter {
-                Some(w) => Runner::Spec(Box::new(Speculative::new(m.model, w)?)),
-                None => Runner::Plain(Box::new(m.model)),
-            };
-            Ok((runner, m.tokenizer, m.chat_template, context))
+            let runner = Runner::gpu(m.model, drafter)?;
+            let name = ctx.summary.name.clone();
+            Ok(Core::new(
+                runner,
+                m.tokenizer,
+                m.chat_template,
+                context,
+                name,
+            ))
         });
     oom.close("loading the model").await.map_err(gpu_err)?;
-    let (runner, tokenizer, chat_template, context) = built.map_err(gpu_err)?;
+    let engine = built.map_err(gpu_err)?;
     ctx.check_lost().map_err(gpu_err)?;
-    let engine = serde_json::json!({"engine": "gpu", "adapter": adapter_json(&ctx)});
-    Ok(Loaded {
-        runner,
-        tokenizer,
-        chat_template,
-        context,
-        engine,
-    })
+    let fields = serde_json::json!({"engine": "gpu", "adapter": adapter_json(&ctx)});
+    Ok(Loaded { engine, fields })
 }
 
 /// Builds the quantized CPU engine from its finished load, for `context` tokens or the
@@ -467,22 +447,14 @@ fn build_on_cpu(
     }
     let target = CpuModel::from_weights(weights, CpuKernels::Quantized);
     let drafter = drafter.map(|w| CpuDrafter::with_kernels(w, CpuKernels::Quantized));
-    let engine = serde_json::json!({
+    let fields = serde_json::json!({
         "engine": "cpu", "adapter": null,
         "cpu": {"kernel": Kernel::detect().name(), "threads": quant_matmul::threads()},
     });
-    Ok(Loaded {
-        runner: Runner::Cpu(Box::new(CpuRunner {
-            target,
-            drafter,
-            session: CpuSession::default(),
-            draft: DraftState::default(),
-        })),
-        tokenizer,
-        chat_template,
-        context,
-        engine,
-    })
+    let runner = Runner::cpu(target, drafter);
+    let name = CpuKernels::Quantized.device_name().to_string();
+    let engine = Core::new(runner, tokenizer, chat_template, context, name);
+    Ok(Loaded { engine, fields })
 }
 
 /// `Engine::info`: the context, the drafter's shape, the model file's sha256 (of each
@@ -494,7 +466,7 @@ fn engine_info(
 ) -> serde_json::Value {
     let drafter = drafter.map(|d| &d.config);
     let mut info = serde_json::json!({
-        "context": loaded.context,
+        "context": loaded.engine.context,
         "drafter": drafter.map(|d| serde_json::json!({
             "block_size": d.block_size, "layers": d.num_layers, "target_layer_ids": d.target_layer_ids,
         })),
@@ -503,7 +475,7 @@ fn engine_info(
         "parts": part_shas.len(),
         "part_sha256": part_shas,
     });
-    if let (Some(i), Some(e)) = (info.as_object_mut(), loaded.engine.as_object()) {
+    if let (Some(i), Some(e)) = (info.as_object_mut(), loaded.fields.as_object()) {
         i.extend(e.clone());
     }
     info
@@ -559,36 +531,10 @@ fn adapter_json(ctx: &GpuContext) -> serde_json::Value {
     })
 }
 
-enum Runner {
-    Plain(Box<GpuModel>),
-    Spec(Box<Speculative>),
-    /// The quantized CPU engine (single-threaded in the browser), with its drafter.
-    Cpu(Box<CpuRunner>),
-}
-
-struct CpuRunner {
-    target: CpuModel,
-    drafter: Option<CpuDrafter>,
-    /// The KV rows kept for the next request of the conversation.
-    session: CpuSession,
-    /// The drafter's context kept beside them.
-    draft: DraftState,
-}
-
-struct Inner {
-    runner: Runner,
-    tokenizer: dflash_core::tokenizer::TextTokenizer,
-    chat_template: Option<dflash_core::chat::ChatTemplate>,
-    context: usize,
-    /// Auto mode's step costs: the prior of the engine's device at first, then as the
-    /// steps of each auto request refined them.
-    costs: Option<Vec<f64>>,
-}
-
 /// A loaded model (and drafter) answering chat requests one at a time.
 #[wasm_bindgen]
 pub struct Engine {
-    inner: Rc<RefCell<Option<Inner>>>,
+    inner: Rc<RefCell<Option<Core>>>,
     info: serde_json::Value,
     /// The running request's interrupt switch (outside `inner`, which the request holds).
     interrupt: Interrupt,
@@ -619,12 +565,9 @@ impl Engine {
             .inner
             .try_borrow()
             .map_err(|_| js_error("Busy", "the engine is answering a request"))?;
-        let ctx = match g.as_ref().map(|i| &i.runner) {
-            Some(Runner::Plain(m)) => &m.ctx,
-            Some(Runner::Spec(s)) => &s.target.ctx,
-            _ => return Ok(()),
-        };
-        ctx.destroy_device();
+        if let Some(ctx) = g.as_ref().and_then(|e| e.runner.gpu_context()) {
+            ctx.destroy_device();
+        }
         Ok(())
     }
 
@@ -636,14 +579,8 @@ impl Engine {
             .inner
             .try_borrow_mut()
             .map_err(|_| js_error("Busy", "the engine is answering a request"))?;
-        match g.as_mut().map(|i| &mut i.runner) {
-            Some(Runner::Plain(m)) => m.forget_cached(),
-            Some(Runner::Spec(s)) => s.target.forget_cached(),
-            Some(Runner::Cpu(c)) => {
-                c.session.reset();
-                c.draft = DraftState::default();
-            }
-            None => {}
+        if let Some(e) = g.as_mut() {
+            e.runner.forget_conversation();
         }
         Ok(())
     }
@@ -668,6 +605,26 @@ impl Engine {
     }
 }
 
+/// The browser worker as the engine's host: its clock, `Math.random` seeds, and a yield
+/// to the worker's event loop between steps (where an interrupt arrives).
+struct Worker;
+
+impl Host for Worker {
+    fn now_s(&self) -> f64 {
+        js_sys::Date::now() / 1000.0
+    }
+
+    fn random_seed(&self) -> u64 {
+        (js_sys::Math::random() * 9007199254740992.0) as u64
+    }
+
+    async fn pause(&self) -> Result<(), GpuError> {
+        yield_to_worker().await.map_err(|e| {
+            dflash_core::Error::Internal(format!("yielding to the worker failed: {e:?}")).into()
+        })
+    }
+}
+
 /// `Engine::chat`'s request, run to its end: the engine stays borrowed throughout (a
 /// request meanwhile is `Busy`; the borrow is how the engine answers one at a time).
 #[allow(
@@ -675,7 +632,7 @@ impl Engine {
     reason = "the borrow held across the run is the engine's busy state"
 )]
 async fn answer(
-    inner: Rc<RefCell<Option<Inner>>>,
+    inner: Rc<RefCell<Option<Core>>>,
     interrupt: Interrupt,
     request: JsValue,
     on_piece: Option<js_sys::Function>,
@@ -684,10 +641,9 @@ async fn answer(
     let mut guard = inner
         .try_borrow_mut()
         .map_err(|_| js_error("Busy", "the engine is answering another request"))?;
-    let inner = guard
+    let engine = guard
         .as_mut()
         .ok_or_else(|| js_error("Unloaded", "the engine was unloaded"))?;
-    let gen = inner.generate_request(&req, interrupt)?;
     let mut on_piece = |s: &str, drafted: bool| {
         if let Some(f) = &on_piece {
             let _ = f.call2(
@@ -697,206 +653,11 @@ async fn answer(
             );
         }
     };
-    let mut chat = Chat {
-        req: &req,
-        gen: &gen,
-        tokenizer: &inner.tokenizer,
-        costs: &mut inner.costs,
-        on_piece: &mut on_piece,
-    };
-    let out = chat.run(&mut inner.runner).await?;
+    interrupt.clear();
+    let a = engine
+        .answer(&req, &interrupt, &Worker, &mut on_piece)
+        .await
+        .map_err(|e| to_js(&e))?;
+    let out = serde_json::json!({ "text": a.result.text, "finish_reason": a.finish_reason(), "usage": a.usage });
     Ok(to_js_value(&out))
-}
-
-impl Inner {
-    /// What the model generates for `req` (a random seed where it names none), stopped
-    /// by `interrupt`, which this clears.
-    fn generate_request(
-        &self,
-        req: &ChatRequest,
-        interrupt: Interrupt,
-    ) -> Result<GenerateRequest, JsValue> {
-        let seed = (js_sys::Math::random() * 9007199254740992.0) as u64;
-        let mut gen = req
-            .to_generate(
-                &self.tokenizer,
-                self.chat_template.as_ref(),
-                self.context,
-                seed,
-            )
-            .map_err(core_err)?;
-        interrupt.clear();
-        gen.interrupt = interrupt;
-        Ok(gen)
-    }
-}
-
-/// A chat request as a runner answers it.
-struct Chat<'a> {
-    req: &'a ChatRequest,
-    /// What to generate.
-    gen: &'a GenerateRequest,
-    tokenizer: &'a TextTokenizer,
-    /// Auto mode's step costs (`Inner::costs`): read, and refined by each auto request.
-    costs: &'a mut Option<Vec<f64>>,
-    /// `on_piece(text, drafted)`.
-    on_piece: &'a mut dyn FnMut(&str, bool),
-}
-
-impl Chat<'_> {
-    /// Runs the request on `runner` (DFlash unless the request turns it off or there is
-    /// no drafter): the response object, `{ text, finish_reason, usage }`.
-    async fn run(&mut self, runner: &mut Runner) -> Result<serde_json::Value, JsValue> {
-        match runner {
-            Runner::Cpu(cpu) => {
-                let CpuRunner {
-                    target,
-                    drafter,
-                    session,
-                    draft,
-                } = &mut **cpu;
-                match &*drafter {
-                    Some(d) if self.req.dflash != Some(false) => {
-                        self.speculative_on_cpu(session, target, d, draft).await
-                    }
-                    _ => self.plain_on_cpu(session, target).await,
-                }
-            }
-            Runner::Spec(spec) if self.req.dflash != Some(false) => {
-                self.speculative_on_gpu(spec).await
-            }
-            Runner::Spec(spec) => self.plain_on_gpu(&mut spec.target).await,
-            Runner::Plain(model) => self.plain_on_gpu(model).await,
-        }
-    }
-
-    /// DFlash on the CPU engine, a step at a time, yielding to the worker between steps.
-    /// The drafter's context goes back to `draft` whether or not the request succeeds
-    /// (its rows and the session's stay consistent).
-    async fn speculative_on_cpu(
-        &mut self,
-        session: &mut CpuSession,
-        target: &CpuModel,
-        drafter: &CpuDrafter,
-        draft: &mut DraftState,
-    ) -> Result<serde_json::Value, JsValue> {
-        let (policy, label) = block_policy(&self.req.block, self.costs, || {
-            StepCostPrior::CpuEngine.costs(drafter.config.block_size)
-        })?;
-        let on_piece = &mut *self.on_piece;
-        let mut on_text = |s: &str| on_piece(s, false);
-        let state = std::mem::take(draft);
-        let mut p = DFlashCpu::resume(drafter, target, state).map_err(core_err)?;
-        let run = async {
-            let mut g = SpeculativeGeneration::start(
-                session,
-                target,
-                &mut p,
-                self.tokenizer,
-                self.gen,
-                &policy,
-                &now_s,
-                &mut on_text,
-            )
-            .map_err(core_err)?;
-            while !g.step(&now_s).map_err(core_err)? {
-                yield_to_worker().await?;
-            }
-            Ok::<_, JsValue>(g.finish(&now_s))
-        }
-        .await;
-        *draft = p.into_state();
-        let r = run?;
-        Ok(self.speculative_response(&r, &label))
-    }
-
-    /// Plain decoding on the CPU engine, a token at a time, yielding to the worker
-    /// between tokens so that an interrupt can arrive.
-    async fn plain_on_cpu(
-        &mut self,
-        session: &mut CpuSession,
-        target: &CpuModel,
-    ) -> Result<serde_json::Value, JsValue> {
-        let on_piece = &mut *self.on_piece;
-        let mut on_text = |s: &str| on_piece(s, false);
-        let mut g = CpuGeneration::start(
-            session,
-            target,
-            self.tokenizer,
-            self.gen,
-            &now_s,
-            &mut on_text,
-        )
-        .map_err(core_err)?;
-        while !g.step().map_err(core_err)? {
-            yield_to_worker().await?;
-        }
-        Ok(plain_response(&g.finish(&now_s)))
-    }
-
-    /// DFlash on the GPU engine (which yields to the worker between steps itself).
-    async fn speculative_on_gpu(
-        &mut self,
-        spec: &mut Speculative,
-    ) -> Result<serde_json::Value, JsValue> {
-        let (policy, label) = block_policy(&self.req.block, self.costs, || {
-            let a = &spec.target.ctx.summary;
-            StepCostPrior::for_adapter(&a.device_type, &a.name).costs(spec.max_block())
-        })?;
-        let r = spec
-            .generate_pieces_async(self.tokenizer, self.gen, &policy, &now_s, self.on_piece)
-            .await
-            .map_err(gpu_err)?;
-        Ok(self.speculative_response(&r, &label))
-    }
-
-    /// Plain decoding on the GPU engine: `model` alone (a drafter's target when the
-    /// request turns DFlash off).
-    async fn plain_on_gpu(&mut self, model: &mut GpuModel) -> Result<serde_json::Value, JsValue> {
-        let on_piece = &mut *self.on_piece;
-        let r = model
-            .generate_async(self.tokenizer, self.gen, &now_s, &mut |s| {
-                on_piece(s, false)
-            })
-            .await
-            .map_err(gpu_err)?;
-        Ok(plain_response(&r))
-    }
-
-    /// A DFlash run's response, its usage with the block's `label`; keeps the step costs
-    /// an auto run refined for the next.
-    fn speculative_response(&mut self, r: &SpeculativeResult, label: &str) -> serde_json::Value {
-        if let Some(c) = &r.step_costs {
-            *self.costs = Some(c.clone());
-        }
-        serde_json::json!({ "text": r.result.text, "finish_reason": finish_reason(&r.result), "usage": usage(&r.result, Some((r, label))) })
-    }
-}
-
-/// The request's block policy and its label in `usage`: `block` rows, or auto mode
-/// (no block, or "auto") from the step costs so far, `prior` (the device's) at first.
-/// `BadRequest` for any other name.
-fn block_policy(
-    block: &Option<BlockArg>,
-    costs: &mut Option<Vec<f64>>,
-    prior: impl FnOnce() -> Vec<f64>,
-) -> Result<(BlockSize, String), JsValue> {
-    match block {
-        Some(BlockArg::Rows(n)) => Ok((BlockSize::Fixed(*n), n.to_string())),
-        Some(BlockArg::Named(s)) if s != "auto" => Err(js_error(
-            "BadRequest",
-            &format!("block must be a number or \"auto\", not {s:?}"),
-        )),
-        _ => {
-            // From the prior at once; each run's steps refine the costs.
-            let prior = prior();
-            let verify_cost = costs.get_or_insert(prior).clone();
-            Ok((BlockSize::Auto { verify_cost }, "auto".to_string()))
-        }
-    }
-}
-
-/// A plain run's response.
-fn plain_response(r: &GenerateResult) -> serde_json::Value {
-    serde_json::json!({ "text": r.text, "finish_reason": finish_reason(r), "usage": usage(r, None) })
 }

@@ -6,14 +6,15 @@
 //! assistant's message. Both runs of a turn must give the same tokens.
 
 use super::{bench_request, gpu_options, model_label, BenchArgs};
-use crate::generate::{block_policy, gpu_target, open_device};
-use crate::{load, CliError, Device};
+use crate::generate::block_policy;
+use crate::{load, CliError};
 use dflash_core::chat::Message;
 use dflash_core::drafter::{load_drafter_dir, DrafterWeights};
 use dflash_core::generate::{GenerateRequest, GenerateResult};
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::BlockSize;
+use dflash_engine::device::gpu_target;
 use dflash_gpu::model::MAX_ROWS;
 use dflash_gpu::speculative::Speculative;
 use dflash_gpu::GpuModel;
@@ -105,7 +106,7 @@ pub(super) fn run(a: BenchArgs, turns: usize) -> Result<(), CliError> {
         Some(d) => Some(load_drafter_dir(d, a.drafter_precision.into())?),
         None => None,
     };
-    let ctx = open_device(Some(Device::Gpu), &gpu_options(&a, false))?.expect("gpu");
+    let ctx = std::rc::Rc::new(dflash_gpu::GpuContext::new(&gpu_options(&a, false))?);
     let context = a.context.min(m.config().max_position_embeddings);
     let target = gpu_target(ctx.clone(), &m, drafter.as_ref(), context)?;
     let t0 = Instant::now();

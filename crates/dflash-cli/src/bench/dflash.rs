@@ -178,7 +178,7 @@ pub(super) fn run_dflash(
     let t_load = Instant::now();
     // The host side first (model, drafter, prompts, every check); then the device.
     let host = dflash_host(&a, synthetic.as_ref(), accept.as_ref())?;
-    let ctx = open_device(Some(Device::Gpu), &gpu_options(&a, a.profile))?.expect("gpu");
+    let ctx = std::rc::Rc::new(dflash_gpu::GpuContext::new(&gpu_options(&a, a.profile))?);
     let (budget, budget_json) = memory_budget(&a, &ctx);
     let opts = GpuModelOptions {
         context: a.context.min(host.config.max_position_embeddings),
@@ -418,7 +418,9 @@ impl PairRuns<'_> {
         match self.loaded {
             Some(file) => {
                 let request = bench_request(ids.to_vec(), n, &self.sampling, self.context);
-                let result = crate::generate::generate_gpu(plain, file, &request, &mut |_| {})?;
+                let t0 = std::time::Instant::now();
+                let clock = move || t0.elapsed().as_secs_f64();
+                let result = plain.generate(&file.tokenizer, &request, &clock, &mut |_| {})?;
                 Ok((result.tokens, result.decode_s))
             }
             None => plain_ids(plain, ids, n, &self.sampling),

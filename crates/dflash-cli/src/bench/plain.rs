@@ -83,7 +83,7 @@ pub(super) fn plain_model(
         Some(path) if synthetic.is_none() => Some(load(path)?.0),
         _ => None,
     };
-    let ctx = open_device(Some(Device::Gpu), &gpu_options(args, true))?.expect("gpu");
+    let ctx = std::rc::Rc::new(dflash_gpu::GpuContext::new(&gpu_options(args, true))?);
     let config = model_config(loaded.as_ref(), synthetic);
     let context =
         (args.prompt_tokens + args.decode_tokens + 16).min(config.max_position_embeddings);

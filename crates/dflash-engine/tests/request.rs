@@ -6,8 +6,8 @@ use dflash_core::formats::ggml::GgmlType;
 use dflash_core::model_files::load_gguf;
 use dflash_core::testutil::{random_weights, tiny_config, write_gguf};
 use dflash_core::Error;
-use dflash_web::errors::error_code;
-use dflash_web::request::{ChatRequest, DEFAULT_MAX_TOKENS};
+use dflash_engine::errors::error_code;
+use dflash_engine::request::{ChatRequest, DEFAULT_MAX_TOKENS};
 use serde_json::json;
 
 fn code(e: Error) -> &'static str {
@@ -310,7 +310,7 @@ fn penalties_reach_the_sampler_and_are_checked() {
 
 #[test]
 fn request_fields_lists_exactly_the_fields_the_parser_takes() {
-    let fields: Vec<&str> = dflash_web::request::request_fields().collect();
+    let fields: Vec<&str> = dflash_engine::request::request_fields().collect();
     let mut unique = fields.clone();
     unique.sort();
     unique.dedup();

@@ -1,4 +1,5 @@
-//! Every engine error as one of the JS API's typed error names (`DFlashError.code`).
+//! Every engine error as one typed code: the JS API's `DFlashError.code`, and with its
+//! HTTP status the body of `dflash serve`'s error answers.
 
 use dflash_core::Error as CoreError;
 use dflash_gpu::GpuError;
@@ -54,18 +55,13 @@ fn core_code(e: &CoreError) -> &'static str {
     }
 }
 
-/// An error for JS: `Error` with `name` "DFlashError" and the `code`.
-#[cfg(target_arch = "wasm32")]
-pub fn to_js(e: &GpuError) -> wasm_bindgen::JsValue {
-    js_error(error_code(e), &e.to_string())
-}
-
-#[cfg(target_arch = "wasm32")]
-pub fn js_error(code: &str, message: &str) -> wasm_bindgen::JsValue {
-    let err = js_sys::Error::new(message);
-    err.set_name("DFlashError");
-    let _ = js_sys::Reflect::set(&err, &"code".into(), &code.into());
-    err.into()
+/// The HTTP status of an error `code`: the request's fault (400) or the server's (500).
+pub fn http_status(code: &str) -> u16 {
+    match code {
+        "BadRequest" | "ContextOverflow" | "Unsupported" | "DrafterMismatch" => 400,
+        "Busy" | "Unloaded" => 503,
+        _ => 500,
+    }
 }
 
 #[cfg(test)]

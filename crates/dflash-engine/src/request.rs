@@ -1,5 +1,5 @@
-//! The OpenAI-style chat request and the usage figures of its answer: parsed, checked
-//! and turned into the engine's `GenerateRequest`, in plain Rust (tested natively).
+//! The OpenAI-style chat and completion requests and the usage figures of their answers:
+//! parsed, checked and turned into the core's `GenerateRequest`.
 
 use dflash_core::chat::{ChatTemplate, Message};
 use dflash_core::generate::{GenerateRequest, GenerateResult};
@@ -361,7 +361,16 @@ impl ChatRequest {
         let tpl =
             tpl.ok_or_else(|| Error::ChatTemplate("the model has no chat template".into()))?;
         let text = tpl.render(&self.messages, true)?;
-        let prompt_ids = tok.encode(&text, true)?;
+        self.generate_for(tok.encode(&text, true)?, context, fallback_seed)
+    }
+
+    /// The core's request for the prompt's tokens, within the token budget.
+    fn generate_for(
+        &self,
+        prompt_ids: Vec<u32>,
+        context: usize,
+        fallback_seed: u64,
+    ) -> Result<GenerateRequest, Error> {
         let max_new_tokens = self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
         let sampling = SamplingParams {
             penalized_from: prompt_ids.len(),
@@ -377,6 +386,94 @@ impl ChatRequest {
         };
         dflash_core::generate::token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
         Ok(req)
+    }
+}
+
+/// Which OpenAI endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`: messages through the model's chat template.
+    Chat,
+    /// `/v1/completions`: a raw `prompt`, tokenized as is.
+    Completion,
+}
+
+/// A request to either endpoint: the chat request's fields, and a completion's prompt.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub chat: ChatRequest,
+    /// `/v1/completions`: the raw prompt instead of the chat template.
+    pub raw_prompt: Option<String>,
+}
+
+impl Request {
+    /// A chat request, parsed and checked.
+    pub fn chat(v: serde_json::Value) -> Result<Self, Error> {
+        let chat = ChatRequest::from_json(v)?;
+        chat.validate()?;
+        Ok(Request {
+            chat,
+            raw_prompt: None,
+        })
+    }
+
+    /// A request body (JSON) to `endpoint`, parsed and checked.
+    pub fn from_body(body: &[u8], endpoint: Endpoint) -> Result<Self, Error> {
+        let bad = |m: String| Error::BadRequest(m);
+        let mut v: serde_json::Value =
+            serde_json::from_slice(body).map_err(|e| bad(format!("the body is not JSON: {e}")))?;
+        let Some(obj) = v.as_object_mut() else {
+            return Err(bad("the body must be a JSON object".into()));
+        };
+        if endpoint == Endpoint::Chat {
+            return Self::chat(v);
+        }
+        let prompt = match obj.remove("prompt") {
+            Some(serde_json::Value::String(p)) => p,
+            Some(_) => return Err(bad("`prompt` must be a string".into())),
+            None => return Err(bad("`prompt` is required".into())),
+        };
+        // The other fields are the chat request's; the message only passes its checks.
+        obj.insert(
+            "messages".into(),
+            serde_json::json!([{"role": "user", "content": ""}]),
+        );
+        Ok(Request {
+            raw_prompt: Some(prompt),
+            ..Self::chat(v)?
+        })
+    }
+
+    /// Whether the answer streams (`stream: true`).
+    pub fn streams(&self) -> bool {
+        self.chat.stream == Some(true)
+    }
+
+    /// `stream_options.include_usage`.
+    pub fn include_usage(&self) -> bool {
+        self.chat
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
+    }
+
+    /// The core's request: the chat template's prompt (or the raw prompt), the sampler
+    /// (`fallback_seed` where the request names none) and the token budget.
+    pub fn to_generate(
+        &self,
+        tok: &TextTokenizer,
+        tpl: Option<&ChatTemplate>,
+        context: usize,
+        fallback_seed: u64,
+    ) -> Result<GenerateRequest, Error> {
+        let Some(prompt) = &self.raw_prompt else {
+            return self.chat.to_generate(tok, tpl, context, fallback_seed);
+        };
+        let prompt_ids = tok.encode(prompt, true)?;
+        if prompt_ids.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        self.chat.generate_for(prompt_ids, context, fallback_seed)
     }
 }
 
@@ -410,8 +507,4 @@ pub fn usage(r: &GenerateResult, spec: Option<(&SpeculativeResult, &str)>) -> se
         None => serde_json::json!({ "enabled": false }),
     };
     u
-}
-
-pub fn finish_reason(r: &GenerateResult) -> &'static str {
-    r.finish_reason.name()
 }

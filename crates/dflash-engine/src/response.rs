@@ -1,0 +1,116 @@
+//! OpenAI's response objects: a whole `chat.completion` (or `text_completion`), and the
+//! chunks of a streamed one: the role first, a chunk per text piece (with whether its
+//! token was an accepted draft), the finish reason with the usage, and with
+//! `stream_options.include_usage` a last chunk with no choices.
+
+use crate::engine::Answer;
+use crate::request::{Endpoint, Request};
+use serde_json::{json, Value};
+
+/// The envelope of one request's answer.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+    pub endpoint: Endpoint,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+impl Reply {
+    /// The envelope of `req`'s answer, named `id`.
+    pub fn new(req: &Request, id: String, created: u64, model: String) -> Self {
+        Reply {
+            id,
+            created,
+            model,
+            endpoint: if req.raw_prompt.is_some() {
+                Endpoint::Completion
+            } else {
+                Endpoint::Chat
+            },
+            include_usage: req.include_usage(),
+        }
+    }
+
+    /// The id's prefix OpenAI uses for the endpoint.
+    pub fn id_prefix(endpoint: Endpoint) -> &'static str {
+        match endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completion => "cmpl",
+        }
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Completion, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn envelope(&self, choices: Value, chunk: bool) -> Value {
+        json!({"id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": choices})
+    }
+
+    /// The whole answer: `text` and the answer's finish reason and usage.
+    pub fn whole(&self, text: &str, answer: &Answer) -> Value {
+        let finish = answer.finish_reason();
+        let choice = match self.endpoint {
+            Endpoint::Completion => {
+                json!({"index": 0, "text": text, "finish_reason": finish, "logprobs": null})
+            }
+            Endpoint::Chat => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
+            }
+        };
+        let mut v = self.envelope(json!([choice]), false);
+        v["usage"] = answer.usage.clone();
+        v
+    }
+
+    /// A stream's chunk of one choice: `text` (None: nothing), `finish` (a reason or null).
+    fn chunk(&self, text: Option<&str>, finish: Value) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Completion => {
+                json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null})
+            }
+            Endpoint::Chat => {
+                let delta = text.map_or(json!({}), |t| json!({"content": t}));
+                json!({"index": 0, "delta": delta, "finish_reason": finish})
+            }
+        };
+        self.envelope(json!([choice]), true)
+    }
+
+    /// A stream's first chunk: the chat's role (none for a completion).
+    pub fn first_chunk(&self) -> Option<Value> {
+        (self.endpoint == Endpoint::Chat).then(|| {
+            let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
+            self.envelope(json!([role]), true)
+        })
+    }
+
+    /// A stream's chunk of a text piece; `drafted`: its token was an accepted draft.
+    pub fn piece_chunk(&self, text: &str, drafted: bool) -> Value {
+        let mut v = self.chunk(Some(text), Value::Null);
+        v["dflash"] = json!({ "drafted": drafted });
+        v
+    }
+
+    /// A stream's last chunks: the finish reason with the usage, then with
+    /// `include_usage` one with no choices and the usage.
+    pub fn last_chunks(&self, answer: &Answer) -> Vec<Value> {
+        let mut end = self.chunk(None, answer.finish_reason().into());
+        end["usage"] = answer.usage.clone();
+        let mut chunks = vec![end];
+        if self.include_usage {
+            let mut u = self.envelope(json!([]), true);
+            u["usage"] = answer.usage.clone();
+            chunks.push(u);
+        }
+        chunks
+    }
+}

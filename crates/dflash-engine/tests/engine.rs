@@ -1,0 +1,235 @@
+//! The engine every host calls: one request through `Engine::answer` on the CPU engine
+//! with a drafter gives plain decoding's tokens at every block size (greedy and seeded),
+//! remembers auto mode's costs and the conversation's KV rows, stops on an interrupt, and
+//! refuses a bad request with its typed code before anything runs; the answer's OpenAI
+//! objects are shaped once.
+
+use dflash_core::cpu::{CpuKernels, CpuModel};
+use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
+use dflash_core::formats::ggml::GgmlType;
+use dflash_core::generate::Interrupt;
+use dflash_core::model_files::load_gguf;
+use dflash_core::testutil::{
+    random_weights, tiny_drafter_target, write_drafter, write_gguf, DrafterSpec,
+};
+use dflash_engine::device::NativeHost;
+use dflash_engine::errors::error_code;
+use dflash_engine::request::{BlockArg, Endpoint, Request};
+use dflash_engine::response::Reply;
+use dflash_engine::{Answer, Engine, Job, Runner};
+use serde_json::{json, Value};
+
+/// The tiny target on the quantized CPU engine with a random drafter (its drafts are
+/// rarely accepted: every step tests the rollback).
+fn engine() -> Engine {
+    let c = tiny_drafter_target();
+    let m = load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap();
+    let files = write_drafter(&c, &DrafterSpec::new(&c, 2, 5));
+    let cfg = std::str::from_utf8(&files["config.json"]).unwrap();
+    let w = DrafterWeights::load(
+        cfg,
+        vec![("model.safetensors", &files["model.safetensors"][..])],
+        DrafterPrecision::Q8,
+    )
+    .unwrap();
+    let target = CpuModel::with_kernels(&m.weights, CpuKernels::Quantized);
+    let drafter = CpuDrafter::with_kernels(&w, CpuKernels::Quantized);
+    let runner = Runner::cpu(target, Some(drafter));
+    Engine::new(runner, m.tokenizer, m.chat_template, 256, "cpu".into())
+}
+
+fn chat(extra: Value) -> Request {
+    let mut v =
+        json!({"messages": [{"role": "user", "content": "the hello world"}], "max_tokens": 24});
+    v.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    Request::chat(v).unwrap()
+}
+
+fn run(e: &mut Engine, req: &Request) -> (Answer, String) {
+    let mut text = String::new();
+    let a = e
+        .answer_blocking(
+            req,
+            &Interrupt::default(),
+            &NativeHost::default(),
+            &mut |t, _| text.push_str(t),
+        )
+        .unwrap();
+    (a, text)
+}
+
+#[test]
+fn dflash_through_the_engine_gives_plain_decodings_tokens_at_every_block() {
+    let mut e = engine();
+    for sampling in [
+        json!({"temperature": 0}),
+        json!({"temperature": 0.8, "seed": 7}),
+    ] {
+        let mut plain_req = sampling.clone();
+        plain_req["dflash"] = json!(false);
+        let (plain, plain_text) = run(&mut e, &chat(plain_req));
+        assert_eq!(plain.usage["dflash"]["enabled"], false);
+        assert_eq!(plain_text, plain.result.text);
+        for block in [json!(1), json!(4), json!("auto")] {
+            let mut r = sampling.clone();
+            r["block"] = block.clone();
+            e.runner.forget_conversation();
+            let (spec, text) = run(&mut e, &chat(r));
+            assert_eq!(
+                spec.result.tokens, plain.result.tokens,
+                "{sampling} block {block}"
+            );
+            assert_eq!(text, plain_text);
+            let d = spec.dflash().expect("DFlash ran");
+            let label = block.as_str().map_or(block.to_string(), String::from);
+            assert_eq!(d["block"], label.as_str());
+        }
+    }
+    let costs = e.step_costs().expect("an auto request left its costs");
+    assert_eq!(
+        costs.len(),
+        16 + 1,
+        "costs of 0..=16 rows (the drafter's block)"
+    );
+}
+
+#[test]
+fn a_conversation_keeps_its_kv_rows_until_it_is_forgotten() {
+    let mut e = engine();
+    let req = chat(json!({"temperature": 0, "dflash": false}));
+    let (first, _) = run(&mut e, &req);
+    assert_eq!(first.usage["prompt_tokens_details"]["cached_tokens"], 0);
+    let (again, _) = run(&mut e, &req);
+    let cached = again.usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 0, "the same prompt again reuses its rows");
+    assert_eq!(again.result.tokens, first.result.tokens);
+    e.runner.forget_conversation();
+    let (fresh, _) = run(&mut e, &req);
+    assert_eq!(fresh.usage["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(fresh.result.tokens, first.result.tokens);
+}
+
+#[test]
+fn an_interrupted_request_ends_with_abort_and_the_engine_goes_on() {
+    let mut e = engine();
+    let req = chat(json!({"temperature": 0}));
+    let stop = Interrupt::default();
+    stop.set();
+    let a = e
+        .answer_blocking(&req, &stop, &NativeHost::default(), &mut |_, _| {})
+        .unwrap();
+    assert_eq!(a.finish_reason(), "abort");
+    assert!(
+        a.result.tokens.len() <= 1,
+        "nothing after the prefill's token"
+    );
+    let (next, _) = run(&mut e, &req);
+    assert_ne!(next.finish_reason(), "abort");
+    assert!(!next.result.tokens.is_empty());
+}
+
+#[test]
+fn bad_requests_get_their_codes_before_anything_runs() {
+    let mut e = engine();
+    let host = NativeHost::default();
+    let code = |e: &mut Engine, r: Request| {
+        let err = e
+            .answer_blocking(&r, &Interrupt::default(), &host, &mut |_, _| {
+                panic!("nothing is generated")
+            })
+            .err()
+            .expect("refused");
+        error_code(&err)
+    };
+    let job_code = |e: &mut Engine, block: BlockArg| {
+        let g = chat(json!({})).to_generate(&e.tokenizer, e.chat_template.as_ref(), 256, 0);
+        let job = Job {
+            gen: &g.unwrap(),
+            dflash: true,
+            block: Some(&block),
+        };
+        let err = e.generate_blocking(&job, &host, &mut |_, _| panic!("nothing is generated"));
+        error_code(&err.err().expect("refused"))
+    };
+    assert_eq!(
+        job_code(&mut e, BlockArg::Named("big".into())),
+        "BadRequest"
+    );
+    assert_eq!(job_code(&mut e, BlockArg::Rows(0)), "BadRequest");
+    let long = json!({"messages": [{"role": "user", "content": "hello ".repeat(300)}]});
+    assert_eq!(
+        code(&mut e, Request::chat(long).unwrap()),
+        "ContextOverflow"
+    );
+    let refused = |body: &str, endpoint| {
+        let err = Request::from_body(body.as_bytes(), endpoint).unwrap_err();
+        error_code(&err.into())
+    };
+    assert_eq!(refused("{not json", Endpoint::Chat), "BadRequest");
+    assert_eq!(refused("[1]", Endpoint::Chat), "BadRequest");
+    assert_eq!(
+        refused(r#"{"max_tokens": 2}"#, Endpoint::Completion),
+        "BadRequest"
+    );
+    assert_eq!(
+        refused(r#"{"prompt": 3}"#, Endpoint::Completion),
+        "BadRequest"
+    );
+    let block0 = r#"{"messages": [{"role": "user", "content": "x"}], "block": 0}"#;
+    assert_eq!(refused(block0, Endpoint::Chat), "BadRequest");
+    let big = r#"{"messages": [{"role": "user", "content": "x"}], "block": "big"}"#;
+    assert_eq!(refused(big, Endpoint::Chat), "BadRequest");
+}
+
+#[test]
+fn a_completion_prompt_is_tokenized_as_is() {
+    let e = engine();
+    let r = Request::from_body(
+        br#"{"prompt": "the hello world", "max_tokens": 3, "seed": 4}"#,
+        Endpoint::Completion,
+    )
+    .unwrap();
+    let g = r
+        .to_generate(&e.tokenizer, e.chat_template.as_ref(), e.context, 0)
+        .unwrap();
+    assert_eq!(
+        g.prompt_ids,
+        e.tokenizer.encode("the hello world", true).unwrap()
+    );
+    assert_eq!((g.max_new_tokens, g.sampling.seed), (3, 4));
+}
+
+#[test]
+fn answers_are_shaped_as_openai_objects() {
+    let mut e = engine();
+    let req =
+        chat(json!({"temperature": 0, "stream": true, "stream_options": {"include_usage": true}}));
+    let (a, text) = run(&mut e, &req);
+    let reply = Reply::new(&req, "chatcmpl-x".into(), 7, "m".into());
+    let whole = reply.whole(&text, &a);
+    assert_eq!(whole["object"], "chat.completion");
+    assert_eq!(whole["choices"][0]["message"]["content"], text.as_str());
+    assert_eq!(whole["choices"][0]["finish_reason"], a.finish_reason());
+    assert_eq!(whole["usage"], a.usage);
+    let first = reply
+        .first_chunk()
+        .expect("a chat stream opens with the role");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    let piece = reply.piece_chunk("he", true);
+    assert_eq!(piece["choices"][0]["delta"]["content"], "he");
+    assert_eq!(piece["dflash"]["drafted"], true);
+    let last = reply.last_chunks(&a);
+    assert_eq!(last.len(), 2, "the finish, then include_usage's chunk");
+    assert_eq!(last[0]["choices"][0]["finish_reason"], a.finish_reason());
+    assert_eq!(last[1]["choices"], json!([]));
+    assert_eq!(last[1]["usage"], a.usage);
+    let raw = Request::from_body(br#"{"prompt": "hi"}"#, Endpoint::Completion).unwrap();
+    let reply = Reply::new(&raw, "cmpl-x".into(), 7, "m".into());
+    assert_eq!(reply.whole("yo", &a)["object"], "text_completion");
+    assert_eq!(reply.whole("yo", &a)["choices"][0]["text"], "yo");
+    assert!(reply.first_chunk().is_none());
+}
