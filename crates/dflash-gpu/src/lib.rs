@@ -21,6 +21,8 @@ pub(crate) mod blocks;
 pub mod context;
 pub mod error;
 pub mod generate;
+mod int8_scratch;
+mod kernel;
 pub mod model;
 pub mod ops;
 pub mod pipelines;
@@ -29,6 +31,7 @@ pub mod profile;
 pub mod speculative;
 pub mod stream_load;
 pub mod synthetic;
+mod tuning;
 pub mod upload;
 
 pub use context::{GpuContext, GpuOptions};

@@ -20,8 +20,8 @@ use dflash_core::weights::{FeedForward, Mixer, ModelWeights};
 use std::collections::HashMap;
 use std::rc::Rc;
 
-/// Rows one pass computes at most: the small-N GEMV keeps this many accumulators.
-pub const MAX_ROWS: usize = 16;
+/// Rows one pass computes at most (`pipelines::MAX_ROWS`, beside the kernels' sizes).
+pub use crate::pipelines::MAX_ROWS;
 
 /// GPU memory a model will take, split the way users size models by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

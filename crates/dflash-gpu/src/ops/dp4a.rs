@@ -8,9 +8,10 @@
 //! SwiGLU, residual and tap epilogues. The profiler also measures it per weight shape
 //! against the f32-activation GEMV (`profile::calibrate`).
 
-use super::{format_id, shape_name, GemvFusion};
+use super::gemv_fusion::{format_id, shape_name, GemvFusion};
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
+pub use crate::int8_scratch::Int8Scratch;
 use crate::pipelines::{grid, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
 use crate::upload::{work_buffer, GpuMatrix};
 use dflash_core::quant::QFormat;
@@ -65,22 +66,6 @@ pub fn applies(ctx: &GpuContext, m: &GpuMatrix) -> bool {
     ctx.tuning.int8_activations && ctx.summary.packed_int8_dot && reads(m)
 }
 
-/// The context's quantized-activation buffers, shared by every GEMV of every plan on the
-/// device (a pass's dispatches run in order, each quantize just before its GEMV): grown
-/// to the widest input asked for so far, for 16 rows.
-#[derive(Clone)]
-pub struct Int8Scratch {
-    cols: usize,
-    qs: wgpu::Buffer,
-    scales_sums: wgpu::Buffer,
-}
-
-impl Int8Scratch {
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-}
-
 impl QuantizedActivations {
     /// Buffers for `rows` rows of `cols` values, quantized for weights like `m`.
     pub fn for_matrix(ctx: &GpuContext, m: &GpuMatrix, rows: usize) -> Result<Self> {
@@ -98,7 +83,7 @@ impl QuantizedActivations {
     /// `for_matrix` in the context's shared scratch (16 rows).
     pub fn scratch(ctx: &GpuContext, m: &GpuMatrix) -> Result<Self> {
         check_matrix(m)?;
-        let rows = crate::model::MAX_ROWS;
+        let rows = crate::pipelines::MAX_ROWS;
         reserve_scratch(ctx, m.cols);
         let held = ctx.int8_scratch.borrow();
         let s = held.as_ref().expect("just reserved");
@@ -123,7 +108,7 @@ impl QuantizedActivations {
 /// A model reserves its widest input at assembly: the plans built before a growth keep
 /// the narrower buffers alive, so growing width by width would hold them all.
 pub fn reserve_scratch(ctx: &GpuContext, cols: usize) {
-    let rows = crate::model::MAX_ROWS;
+    let rows = crate::pipelines::MAX_ROWS;
     let mut held = ctx.int8_scratch.borrow_mut();
     if held.as_ref().is_none_or(|s| s.cols < cols) {
         // Groups of 16 at least: 8 bytes of (scale, sum) per 16 values at most.
@@ -137,7 +122,7 @@ pub fn reserve_scratch(ctx: &GpuContext, cols: usize) {
 
 /// Bytes of the shared scratch for inputs of at most `cols` values (`scratch`).
 pub fn scratch_bytes(cols: usize) -> u64 {
-    (crate::model::MAX_ROWS * cols * 3 / 2) as u64
+    (crate::pipelines::MAX_ROWS * cols * 3 / 2) as u64
 }
 
 fn check_matrix(m: &GpuMatrix) -> Result<()> {
@@ -230,7 +215,7 @@ pub fn gemv_fused(
         ));
     }
     let q = QuantizedActivations::scratch(ctx, m)?;
-    let outputs = super::gemv_outputs(ctx, m, f.pair);
+    let outputs = super::gemv_fusion::gemv_outputs(ctx, m, f.pair);
     let mut d = vec![quantize_rows(ctx, x, &q, n, f.norm)?];
     d.extend(gemv_epilogue(ctx, m, &q, (y, n), outputs, f)?);
     Ok(d)

@@ -2,7 +2,7 @@
 //! generation, driven step by step by the decode loop every engine shares
 //! (`dflash_core::speculative::BlockLoop`).
 
-use super::{QueuedStep, Speculative, StepResult};
+use super::{step_seconds, QueuedStep, Speculative};
 use crate::error::Result;
 use crate::model::OutputHead;
 use dflash_core::speculative::BlockLoop;
@@ -162,20 +162,5 @@ impl Speculative {
         push: &mut dyn FnMut(u32, bool) -> Result<bool>,
     ) -> Result<()> {
         pollster::block_on(self.decode_steps_async(blocks, head, tokens_left, clock, push))
-    }
-}
-
-/// The wall time auto mode refines a step size's cost with (`BlockLoop::commit_step`;
-/// 0 s: not timed): only a step that follows a step of its own size and did not build its
-/// plan (`StepResult::built_plan`) costs what such steps cost in a run of them. A step
-/// after one of another size extends the drafter's context by that one's rows: a probe
-/// after k one-row steps carries their k deferred rows, an extension that a later
-/// one-row step would have made anyway (the one-row steps' own times include it once
-/// every 16 steps).
-pub fn step_seconds(prev_rows: Option<usize>, rows: usize, r: &StepResult, wall: f64) -> f64 {
-    if r.built_plan || prev_rows != Some(rows) {
-        0.0
-    } else {
-        wall
     }
 }

@@ -5,7 +5,6 @@
 mod costs;
 mod drafter;
 mod generate;
-pub use generate::step_seconds;
 
 use drafter::{bookkeeping_keeping, host_draft_capacity};
 pub use drafter::{
@@ -30,6 +29,21 @@ pub struct StepResult {
     /// previous block's size), compiling kernels where new: its wall time is not what a
     /// step of its size costs, so auto mode's refinement leaves it out.
     pub built_plan: bool,
+}
+
+/// The wall time auto mode refines a step size's cost with (`BlockLoop::commit_step`;
+/// 0 s: not timed): only a step that follows a step of its own size and did not build its
+/// plan (`StepResult::built_plan`) costs what such steps cost in a run of them. A step
+/// after one of another size extends the drafter's context by that one's rows: a probe
+/// after k one-row steps carries their k deferred rows, an extension that a later
+/// one-row step would have made anyway (the one-row steps' own times include it once
+/// every 16 steps).
+pub fn step_seconds(prev_rows: Option<usize>, rows: usize, r: &StepResult, wall: f64) -> f64 {
+    if r.built_plan || prev_rows != Some(rows) {
+        0.0
+    } else {
+        wall
+    }
 }
 
 /// Target and drafter on one device, with the step plans per (block, head).

@@ -1,0 +1,156 @@
+//! elementwise.wgsl: SwiGLU, attention's output gate, bias adds, the KV-cache store
+//! and row copies, each one thread per element.
+
+use crate::context::GpuContext;
+use crate::error::Result;
+use crate::pipelines::{Dispatch, Kernel, Shader, WORKGROUP_SIZE};
+
+/// The uniform of elementwise.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ElementwiseParams {
+    pub n_rows: u32,
+    pub len: u32,
+    pub src_stride: u32,
+    pub dst_stride: u32,
+    pub src_offset: u32,
+    pub dst_offset: u32,
+    pub use_state: u32,
+    pub pad: u32,
+}
+
+/// `out = silu(gate) * up` over `n` rows of `len`.
+pub fn swiglu(
+    ctx: &GpuContext,
+    gate: &wgpu::Buffer,
+    up: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    n: usize,
+    len: usize,
+) -> Result<Dispatch> {
+    elementwise(
+        ctx,
+        "swiglu",
+        ElementwiseParams {
+            n_rows: n as u32,
+            len: len as u32,
+            ..Default::default()
+        },
+        &[(1, gate), (2, up), (3, out)],
+    )
+}
+
+/// Attention's output gate: `att[r, i] *= sigmoid(qkv[r, offset + i])` over `n` rows
+/// of `len` (`qkv` rows of `stride`).
+pub fn sigmoid_gate(
+    ctx: &GpuContext,
+    qkv: &wgpu::Buffer,
+    (offset, stride): (usize, usize),
+    att: &wgpu::Buffer,
+    n: usize,
+    len: usize,
+) -> Result<Dispatch> {
+    elementwise(
+        ctx,
+        "sigmoid_gate",
+        ElementwiseParams {
+            n_rows: n as u32,
+            len: len as u32,
+            src_stride: stride as u32,
+            src_offset: offset as u32,
+            ..Default::default()
+        },
+        &[(1, qkv), (3, att)],
+    )
+}
+
+/// `buf[r, i] += bias[i]` over `n` rows of `len`.
+pub fn add_bias(
+    ctx: &GpuContext,
+    bias: &wgpu::Buffer,
+    buf: &wgpu::Buffer,
+    n: usize,
+    len: usize,
+) -> Result<Dispatch> {
+    elementwise(
+        ctx,
+        "add_bias",
+        ElementwiseParams {
+            n_rows: n as u32,
+            len: len as u32,
+            dst_stride: len as u32,
+            ..Default::default()
+        },
+        &[(1, bias), (3, buf)],
+    )
+}
+
+/// KV-cache store: `cache[state[0] + r] = src[r]` (converted to the cache type).
+pub fn store_kv(
+    ctx: &GpuContext,
+    src: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    cache: &wgpu::Buffer,
+    n: usize,
+    len: usize,
+) -> Result<Dispatch> {
+    elementwise(
+        ctx,
+        "store_kv",
+        ElementwiseParams {
+            n_rows: n as u32,
+            len: len as u32,
+            src_stride: len as u32,
+            dst_stride: len as u32,
+            use_state: 1,
+            ..Default::default()
+        },
+        &[(1, src), (4, state), (5, cache)],
+    )
+}
+
+/// `dst[r, dst_offset + i] = src[r, i]` for rows of `len`, destination rows of `dst_stride`.
+#[allow(clippy::too_many_arguments)]
+pub fn copy_rows(
+    ctx: &GpuContext,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    n: usize,
+    len: usize,
+    dst_stride: usize,
+    dst_offset: usize,
+) -> Result<Dispatch> {
+    elementwise(
+        ctx,
+        "copy_rows",
+        ElementwiseParams {
+            n_rows: n as u32,
+            len: len as u32,
+            src_stride: len as u32,
+            dst_stride: dst_stride as u32,
+            dst_offset: dst_offset as u32,
+            ..Default::default()
+        },
+        &[(1, src), (3, dst), (4, state)],
+    )
+}
+
+fn elementwise(
+    ctx: &GpuContext,
+    entry: &'static str,
+    params: ElementwiseParams,
+    bufs: &[(u32, &wgpu::Buffer)],
+) -> Result<Dispatch> {
+    let (rows, len) = (params.n_rows, params.len);
+    // Each element read once per input and written once.
+    let bytes = 4 * (rows * len) as u64 * bufs.len().min(3) as u64;
+    Ok(Dispatch::new(
+        ctx,
+        &Kernel::new(Shader::Elementwise, entry),
+        Some(&params),
+        bufs,
+        [len.div_ceil(WORKGROUP_SIZE), rows, 1],
+    )?
+    .shaped(format!("{rows}x{len}"), bytes))
+}
