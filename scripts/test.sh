@@ -97,6 +97,9 @@ echo "== [$SECONDS s] the browser product (wasm in a Worker, npm package, demo) 
 # The same engine built for wasm32: the core and the GPU engine must stay free of
 # native-only code.
 DFLASH_TEST_HOOKS=1 scripts/build-pkg.sh
+# The lints for the browser's build too (its cfg(target_arch = "wasm32") code).
+cargo clippy --release --locked --target wasm32-unknown-unknown \
+  -p dflash-core -p dflash-gpu -p dflash-engine -p dflash-web --features dflash-web/test-hooks -- -D warnings
 (cd tests && npm ci --no-audit --no-fund >/dev/null)
 echo "== [$SECONDS s] the package's request validation and option checks in node (no browser)"
 node --test tests/node/

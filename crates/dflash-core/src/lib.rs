@@ -6,7 +6,7 @@
 //!   folder) into a [`model_files::LoadedModel`] (its [`config::ModelConfig`],
 //!   [`weights::ModelWeights`], [`tokenizer::TextTokenizer`], [`chat::ChatTemplate`]).
 //! - Load a drafter: [`drafter::DrafterWeights::load`] / [`drafter::load_drafter_dir`];
-//!   its file schema is [`drafter_file::DrafterFile`], validated into
+//!   its file schema is [`drafter::file::DrafterFile`], validated into
 //!   [`drafter::DrafterConfig`].
 //! - Generate on the CPU reference: [`generate::generate_cpu`] (plain) and
 //!   [`speculative::generate_speculative_cpu`] (DFlash), or step by step with
@@ -25,12 +25,12 @@ pub mod chat;
 pub mod config;
 pub mod cpu;
 pub mod drafter;
-pub mod drafter_file;
 pub mod error;
 pub mod formats;
 pub mod generate;
 pub mod limits;
 pub mod model_files;
+pub mod model_meta;
 pub mod prompt_file;
 pub mod quant;
 pub mod rejection;

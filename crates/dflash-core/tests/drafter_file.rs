@@ -3,8 +3,8 @@
 //! variant of the z-lab format reads the same, and every bad field is a typed error.
 
 use dflash_core::config::{Rope, RopeScaling, RopeStyle};
+use dflash_core::drafter::file::MAX_BLOCK_SIZE;
 use dflash_core::drafter::{DFlash2Config, DrafterConfig, DrafterFile, LayerKind};
-use dflash_core::drafter_file::MAX_BLOCK_SIZE;
 use dflash_core::Error;
 use serde_json::{json, Value};
 

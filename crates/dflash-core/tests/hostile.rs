@@ -617,7 +617,7 @@ fn dimensions_and_contexts_past_the_limits_name_the_limit() {
         meta.push((key.to_string(), Value::U64(value)));
         let file = with_metadata(meta);
         let header = parse_header(&file, file.len() as u64).unwrap();
-        match dflash_core::model_files::gguf_meta(&header) {
+        match dflash_core::model_meta::gguf_meta(&header) {
             Err(Error::LimitExceeded {
                 limit, value: v, ..
             }) => {

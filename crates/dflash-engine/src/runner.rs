@@ -43,7 +43,7 @@ impl Runner {
     pub fn gpu(
         model: GpuModel,
         drafter: Option<&dflash_core::drafter::DrafterWeights>,
-    ) -> crate::engine::Result<Self> {
+    ) -> Result<Self, crate::Error> {
         Ok(match drafter {
             Some(w) => Runner::Spec(Box::new(Speculative::new(model, w)?)),
             None => Runner::Gpu(Box::new(model)),

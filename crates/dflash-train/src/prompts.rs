@@ -313,20 +313,6 @@ pub enum Mix {
     SelfChat,
 }
 
-impl Mix {
-    /// The topic of a mix whose prompts the target writes; None for a built mix.
-    pub fn self_written(self) -> Option<crate::self_prompts::Topic> {
-        use crate::self_prompts::Topic;
-        match self {
-            Mix::SelfWritten => Some(Topic::Any),
-            Mix::SelfCode => Some(Topic::Code),
-            Mix::SelfStub => Some(Topic::Stub),
-            Mix::SelfChat => Some(Topic::Chat),
-            Mix::Code | Mix::General => None,
-        }
-    }
-}
-
 /// Every prompt, mixed deterministically: roughly half coding, the rest module
 /// questions, arithmetic and writing (`Mix::Code`).
 pub fn build(stdlib: Option<&Path>, seed: u64) -> Vec<Prompt> {

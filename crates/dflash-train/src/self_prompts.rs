@@ -5,7 +5,7 @@
 //! do, from nothing but the model's own files (no corpus, no evaluation set).
 
 use crate::data::{distill, existing_ids, read_samples, Answerer, DataOptions};
-use crate::prompts::Prompt;
+use crate::prompts::{Mix, Prompt};
 use crate::TrainError;
 use dflash_core::chat::Message;
 use dflash_core::cpu::{CpuModel, LogitRows};
@@ -332,4 +332,17 @@ pub fn distill_self_written(
         progress.inc(chunk.len() as u64);
     }
     Ok(written)
+}
+
+impl Mix {
+    /// The topic of a mix whose prompts the target writes; None for a built mix.
+    pub fn self_written(self) -> Option<Topic> {
+        match self {
+            Mix::SelfWritten => Some(Topic::Any),
+            Mix::SelfCode => Some(Topic::Code),
+            Mix::SelfStub => Some(Topic::Stub),
+            Mix::SelfChat => Some(Topic::Chat),
+            Mix::Code | Mix::General => None,
+        }
+    }
 }

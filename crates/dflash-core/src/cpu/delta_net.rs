@@ -5,7 +5,7 @@
 //! softplus(a + dt_bias)`, and updated by the delta rule `S += k (beta (v - S^T k))^T`,
 //! the read-out `S^T q` RMS-normalised and gated by `silu(z)`.
 
-use super::model::{Matrix, Stacked};
+use super::matrix::{Matrix, Stacked};
 use super::ops::{dot, rms_norm, silu};
 use crate::config::HybridConfig;
 use crate::weights::DeltaNetWeights;

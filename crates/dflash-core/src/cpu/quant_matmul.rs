@@ -27,8 +27,8 @@
 use crate::quant::{QFormat, QuantMatrix};
 use half::f16;
 
-/// Why no kernel here sees an f32 matrix: `cpu::model::Matrix` runs those dense.
-const F32_DENSE: &str = "f32 matrices run dense (cpu::model::Matrix), never quantized kernels";
+/// Why no kernel here sees an f32 matrix: `cpu::matrix::Matrix` runs those dense.
+const F32_DENSE: &str = "f32 matrices run dense (cpu::matrix::Matrix), never quantized kernels";
 
 const _: () = assert!(
     cfg!(target_endian = "little"),

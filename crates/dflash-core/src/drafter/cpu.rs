@@ -2,7 +2,8 @@
 //! taps, and the block pass over `[anchor, MASK...]`.
 
 use super::*;
-use crate::cpu::model::Matrix as Mat;
+use crate::config::RopeStyle;
+use crate::cpu::matrix::Matrix as Mat;
 use crate::cpu::ops::{dot, rms_norm, rms_norm_rows, rope, silu, softmax};
 use crate::cpu::quant_matmul::in_pool;
 use crate::cpu::CpuKernels;

@@ -2,8 +2,9 @@
 //! bf16 model.safetensors; DFlash or DFlash2): what `dflash make-random-drafter` writes to
 //! measure a pair's DFlash step without a trained drafter, and what the tests load.
 
+use super::config::{DFlash2Config, DrafterConfig, LayerKind};
+use super::file::DrafterFile;
 use crate::config::{ModelConfig, Rope, RopeStyle};
-use crate::drafter::{DFlash2Config, DrafterConfig, DrafterFile, LayerKind};
 use crate::formats::hf::write_safetensors;
 use crate::rng::Rng;
 use safetensors::Dtype;

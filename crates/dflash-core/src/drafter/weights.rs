@@ -2,6 +2,7 @@
 //! quantized or kept as the file has them (`DrafterPrecision`).
 
 use super::*;
+use crate::error::{Error, Result};
 use crate::formats::hf::SafeTensorsSource;
 use crate::quant::{QFormat, QuantMatrix};
 use crate::weights::{check_shape, checked_matrix, checked_vector, TensorSource};

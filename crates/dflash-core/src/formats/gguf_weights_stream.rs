@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::formats::ggml;
 use crate::formats::gguf::GgufHeader;
 use crate::formats::gguf_stream::{GgufStream, StreamTensor};
-use crate::model_files::gguf_meta;
+use crate::model_meta::gguf_meta;
 use crate::quant::QuantMatrix;
 use crate::tokenizer::TextTokenizer;
 use crate::weights::{ModelWeights, Naming, TensorSource};

@@ -8,8 +8,8 @@
 //! `num_target_layers` the top level first), RoPE as `rope_theta` / `rope_scaling` or
 //! `rope_parameters`, absent optional fields at their defaults, unknown fields ignored.
 
+use super::config::{DFlash2Config, DrafterConfig, LayerKind};
 use crate::config::HfRope;
-use crate::drafter::{DFlash2Config, DrafterConfig, LayerKind};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value as Json;
@@ -521,5 +521,12 @@ impl From<&DrafterConfig> for DrafterFile {
             },
             dflash_config: Some(dflash),
         }
+    }
+}
+
+impl DrafterConfig {
+    /// Parses and checks a drafter's config.json ([`DrafterFile`], then its `TryFrom`).
+    pub fn from_json(text: &str) -> Result<Self> {
+        Self::try_from(DrafterFile::from_json(text)?)
     }
 }

@@ -1,0 +1,232 @@
+//! The CPU engines' speculative driver: a whole generation, or one step at a time
+//! (`SpeculativeGeneration`) for hosts that yield between steps.
+
+use super::block_loop::*;
+use super::policy::*;
+use super::proposer::*;
+use crate::cpu::{CpuModel, LogitRows};
+use crate::drafter::CpuDrafter;
+use crate::error::{Error, Result};
+use crate::generate::{prepare, CpuSession, GenerateRequest, TokenSink};
+use crate::rejection::{verify, Proposed, Verdict};
+use crate::sampling::{distribution, sample};
+use crate::tokenizer::TextTokenizer;
+
+/// Speculative generation with the DFlash drafter on the CPU reference models.
+pub fn generate_speculative_cpu(
+    target: &CpuModel,
+    drafter: &CpuDrafter,
+    tok: &TextTokenizer,
+    req: &GenerateRequest,
+    block: &BlockSize,
+    clock: &dyn Fn() -> f64,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<SpeculativeResult> {
+    let mut p = DFlashCpu::new(drafter, target)?;
+    generate_speculative_with(target, &mut p, tok, req, block, clock, on_text)
+}
+
+/// The speculative loop on the CPU reference target with any proposer.
+pub fn generate_speculative_with(
+    target: &CpuModel,
+    proposer: &mut dyn Proposer,
+    tok: &TextTokenizer,
+    req: &GenerateRequest,
+    block: &BlockSize,
+    clock: &dyn Fn() -> f64,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<SpeculativeResult> {
+    let mut session = CpuSession::default();
+    let mut g = SpeculativeGeneration::start(
+        &mut session,
+        target,
+        proposer,
+        tok,
+        req,
+        block,
+        clock,
+        on_text,
+    )?;
+    while !g.step(clock)? {}
+    Ok(g.finish(clock))
+}
+
+/// `generate_speculative_with` one step at a time, for hosts that must yield between
+/// steps (the browser worker, so that an interrupt can arrive while DFlash runs on the
+/// CPU engine).
+pub struct SpeculativeGeneration<'a> {
+    target: &'a CpuModel,
+    proposer: &'a mut dyn Proposer,
+    req: &'a GenerateRequest,
+    context: usize,
+    taps: Vec<usize>,
+    session: &'a mut CpuSession,
+    cached_tokens: usize,
+    history: Vec<u32>,
+    anchor: u32,
+    sink: TokenSink<'a>,
+    blocks: BlockLoop,
+    /// Rows the last step committed (1 after the prefill): what a drafting step takes
+    /// into the drafter's context within its timed part (`Proposer::settle`).
+    last_committed: usize,
+    done: bool,
+    /// Start and end of the prefill.
+    times: (f64, f64),
+}
+
+impl<'a> SpeculativeGeneration<'a> {
+    /// Checks the request, runs the prefill of the prompt past the rows `session` and
+    /// the proposer already hold (its taps to the proposer) and takes the first token.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        session: &'a mut CpuSession,
+        target: &'a CpuModel,
+        proposer: &'a mut dyn Proposer,
+        tok: &'a TextTokenizer,
+        req: &'a GenerateRequest,
+        block: &BlockSize,
+        clock: &dyn Fn() -> f64,
+        on_text: &'a mut dyn FnMut(&str),
+    ) -> Result<Self> {
+        let (context, budget) = prepare(req, &target.config)?;
+        let taps = proposer.tap_layers();
+        let capacity = proposer.block_capacity().max(1);
+        let t0 = clock();
+        let k = session
+            .keep_prefix(target, &req.prompt_ids, context, true)
+            .min(proposer.context_rows());
+        session.truncate(k);
+        proposer.truncate(k);
+        let out = session.forward(target, &req.prompt_ids[k..], LogitRows::Last, &taps)?;
+        proposer.commit(&out.taps);
+        session.drafted = session.len();
+        let history = req.prompt_ids.clone();
+        let anchor = sample(&out.logits, &req.sampling, &history, history.len());
+        let t1 = clock();
+        let mut sink = TokenSink::new(tok, req, budget, on_text);
+        let done = budget == 0 || sink.push(anchor)?;
+        Ok(SpeculativeGeneration {
+            target,
+            proposer,
+            req,
+            context,
+            taps,
+            session,
+            cached_tokens: k,
+            history,
+            anchor,
+            sink,
+            blocks: BlockLoop::new(block, capacity),
+            last_committed: 1,
+            done,
+            times: (t0, t1),
+        })
+    }
+
+    /// One draft + verify step; true when generation has ended.
+    pub fn step(&mut self, clock: &dyn Fn() -> f64) -> Result<bool> {
+        if self.done {
+            return Ok(true);
+        }
+        let target = self.target;
+        let vocab = target.config.vocab_size;
+        let tap_w = self.taps.len() * target.config.hidden_size;
+        let pos = self.session.len();
+        let b = self
+            .blocks
+            .next_block(self.context - pos, self.sink.remaining());
+        if b > 1 {
+            self.proposer.settle(self.last_committed);
+        }
+        let t_step = clock();
+        let (block_ids, proposed) = self.draft(pos, b)?;
+        // Verify: one target pass over the block, with taps.
+        let out = self
+            .session
+            .forward(target, &block_ids, LogitRows::All, &self.taps)?;
+        self.history.push(self.anchor);
+        let (acc, bonus) = self.accept(&out.logits, &block_ids, &proposed, pos, vocab);
+        // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
+        self.session.truncate(pos + acc + 1);
+        self.proposer.commit(&out.taps[..(acc + 1) * tap_w]);
+        self.session.drafted = pos + acc + 1;
+        self.last_committed = acc + 1;
+        let committed = block_ids[1..=acc].iter().copied().chain([bonus]);
+        let sink = &mut self.sink;
+        self.done = self
+            .blocks
+            .commit_step(b, clock() - t_step, acc, committed, |t, _| sink.push(t))?;
+        self.anchor = bonus;
+        Ok(self.done)
+    }
+
+    /// The block `[anchor, drafts]` of `b` rows at `pos`, and the proposals drawn
+    /// (rejection sampling) or none.
+    fn draft(&mut self, pos: usize, b: usize) -> Result<(Vec<u32>, Vec<Proposed>)> {
+        let mut block_ids = vec![self.anchor];
+        let mut proposed = Vec::new();
+        if b > 1 {
+            let sampling = &self.req.sampling;
+            let drafts = if sampling.speculative_rejection && !sampling.is_greedy() {
+                proposed = self.proposer.propose(self.anchor, pos, b, sampling)?;
+                proposed.iter().map(|p| p.token).collect()
+            } else {
+                self.proposer.draft(self.anchor, pos, b)?
+            };
+            let vocab = self.target.config.vocab_size;
+            if drafts.len() != b - 1 || drafts.iter().any(|&d| d as usize >= vocab) {
+                return Err(Error::Internal(format!(
+                    "the proposer returned {} drafts for a block of {b}",
+                    drafts.len()
+                )));
+            }
+            block_ids.extend(drafts);
+        }
+        Ok((block_ids, proposed))
+    }
+
+    /// The accepted drafts and the bonus token of a verified block: exact match against
+    /// the position-keyed sample, or rejection sampling against the proposals.
+    fn accept(
+        &mut self,
+        logits: &[f32],
+        block_ids: &[u32],
+        proposed: &[Proposed],
+        pos: usize,
+        vocab: usize,
+    ) -> (usize, u32) {
+        let sampling = &self.req.sampling;
+        let b = block_ids.len();
+        for j in 0..b {
+            let row = &logits[j * vocab..(j + 1) * vocab];
+            if !proposed.is_empty() && j + 1 < b {
+                // Rejection sampling against the proposal: the committed token has the
+                // target's distribution.
+                let p = distribution(row, sampling, &self.history);
+                match verify(&p, &proposed[j], sampling.seed, (pos + j + 1) as u32) {
+                    Verdict::Accept => {
+                        self.history.push(block_ids[j + 1]);
+                        continue;
+                    }
+                    Verdict::Reject(t) => return (j, t),
+                }
+            }
+            let t = sample(row, sampling, &self.history, pos + j + 1);
+            if j + 1 < b && block_ids[j + 1] == t {
+                self.history.push(t);
+            } else {
+                return (j, t);
+            }
+        }
+        unreachable!("the last row of a block always gives the bonus token")
+    }
+
+    /// The result: tokens, text, finish reason, timings and acceptance.
+    pub fn finish(self, clock: &dyn Fn() -> f64) -> SpeculativeResult {
+        let (t0, t1) = self.times;
+        let n = self.req.prompt_ids.len();
+        let mut r = self.sink.finish(n, t1 - t0, clock() - t1);
+        r.cached_tokens = self.cached_tokens;
+        self.blocks.result(r)
+    }
+}
