@@ -116,6 +116,36 @@ impl Shader {
     }
 }
 
+/// A kernel family's `@binding` indices, each named as the WGSL variable it binds, in
+/// upper case (`ops::GemvBinding::X` is gemv.wgsl's `x`): what the builders of `ops`
+/// pair their buffers with. tests/bindings.rs checks every name and index against the
+/// shader with naga.
+pub trait Bindings {
+    /// The shader whose bindings these are.
+    const SHADER: Shader;
+    /// Each binding as (name, index).
+    const ALL: &'static [(&'static str, u32)];
+}
+
+/// Declares a kernel family's bindings: a unit struct with a `u32` constant per binding
+/// and its `Bindings`.
+macro_rules! bindings {
+    ($(#[$doc:meta])* $name:ident($shader:ident) { $($var:ident = $n:literal),* $(,)? }) => {
+        $(#[$doc])*
+        pub struct $name;
+
+        impl $name {
+            $(pub const $var: u32 = $n;)*
+        }
+
+        impl $crate::kernel::Bindings for $name {
+            const SHADER: $crate::kernel::Shader = $crate::kernel::Shader::$shader;
+            const ALL: &'static [(&'static str, u32)] = &[$((stringify!($var), $n)),*];
+        }
+    };
+}
+pub(crate) use bindings;
+
 /// One kernel variant: shader, entry point and override constants.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Kernel {

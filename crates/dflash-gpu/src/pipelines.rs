@@ -5,7 +5,8 @@
 //! bind groups are built once per plan (`Dispatch`).
 
 pub use crate::context::Pipelines;
-pub use crate::kernel::{Kernel, Shader, MAX_ROWS, WORKGROUP_SIZE};
+pub(crate) use crate::kernel::bindings;
+pub use crate::kernel::{Bindings, Kernel, Shader, MAX_ROWS, WORKGROUP_SIZE};
 
 use crate::context::{check_scope, GpuContext};
 use crate::error::Result;

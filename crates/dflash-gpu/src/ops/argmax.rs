@@ -3,7 +3,7 @@
 
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{Dispatch, Kernel, Shader};
+use crate::pipelines::{bindings, Dispatch, Kernel, Shader};
 
 /// The uniform of argmax.wgsl (`main`; `reduce`: `len` and `stride` count partials).
 #[repr(C)]
@@ -13,6 +13,11 @@ pub struct ArgmaxParams {
     pub stride: u32,
     pub out_offset: u32,
     pub pad: u32,
+}
+
+bindings! {
+    /// The `@binding`s of argmax.wgsl.
+    ArgmaxBinding(Argmax) { LOGITS = 1, TOKENS = 2, PARTS = 3, ID_MAP = 4 }
 }
 
 /// `tokens[r]` = the best of row r's `parts` workgroup partials (the fused greedy head).
@@ -45,7 +50,11 @@ pub(super) fn reduce_partials(
         ctx,
         &kernel,
         Some(&params),
-        &[(2, tokens), (3, best), (4, id_map.unwrap_or(&ctx.unused))],
+        &[
+            (ArgmaxBinding::TOKENS, tokens),
+            (ArgmaxBinding::PARTS, best),
+            (ArgmaxBinding::ID_MAP, id_map.unwrap_or(&ctx.unused)),
+        ],
         [rows as u32, 1, 1],
     )?
     .family("argmax_reduce")
@@ -84,7 +93,11 @@ pub(super) fn argmax_mapped(
         ctx,
         &kernel,
         Some(&params),
-        &[(1, logits), (2, tokens), (4, id_map.unwrap_or(&ctx.unused))],
+        &[
+            (ArgmaxBinding::LOGITS, logits),
+            (ArgmaxBinding::TOKENS, tokens),
+            (ArgmaxBinding::ID_MAP, id_map.unwrap_or(&ctx.unused)),
+        ],
         [rows as u32, 1, 1],
     )?
     .shaped(format!("{rows}x{len}"), 4 * (rows * len) as u64))

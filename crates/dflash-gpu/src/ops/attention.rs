@@ -4,7 +4,7 @@
 
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{Dispatch, Kernel, Shader, WORKGROUP_SIZE};
+use crate::pipelines::{bindings, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
 use dflash_core::config::RopeStyle;
 
 /// The heads of one QKV row: query heads, then key/value heads.
@@ -39,6 +39,13 @@ pub struct QkvParams {
     pub row_stride: u32,
     pub eps: f32,
     pub pad: u32,
+}
+
+bindings! {
+    /// The `@binding`s of qkv.wgsl.
+    QkvBinding(Qkv) {
+        STATE = 1, TABLE = 2, QKV = 3, Q_NORM = 4, K_NORM = 5, K_CACHE = 6, V_CACHE = 7,
+    }
 }
 
 /// The buffers of `qkv_rope_store`.
@@ -77,13 +84,13 @@ pub fn qkv_rope_store(
     };
     let [qn, kn] = b.qk_norm.unwrap_or([&ctx.unused, &ctx.unused]);
     let bufs = [
-        (1, b.state),
-        (2, b.table),
-        (3, b.qkv),
-        (4, qn),
-        (5, kn),
-        (6, b.k_cache),
-        (7, b.v_cache),
+        (QkvBinding::STATE, b.state),
+        (QkvBinding::TABLE, b.table),
+        (QkvBinding::QKV, b.qkv),
+        (QkvBinding::Q_NORM, qn),
+        (QkvBinding::K_NORM, kn),
+        (QkvBinding::K_CACHE, b.k_cache),
+        (QkvBinding::V_CACHE, b.v_cache),
     ];
     let kv_elt = if ctx.f16 { 2 } else { 4 };
     let bytes = n * (4 * row + 4 * (s.n_heads + s.n_kv_heads) * s.head_dim)
@@ -148,6 +155,14 @@ pub struct AttentionChunkParams {
     pub causal: u32,
     pub scale: f32,
     pub eps: f32,
+}
+
+bindings! {
+    /// The `@binding`s of attention_chunks.wgsl.
+    AttentionChunkBinding(AttentionChunks) {
+        STATE = 1, TABLE = 2, QKV = 3, Q_NORM = 4, K_NORM = 5, K_CACHE = 6, V_CACHE = 7,
+        PART_ML = 8, PART_ACC = 9, OUT = 10,
+    }
 }
 
 /// The buffers of `attention_chunked`.
@@ -221,15 +236,15 @@ pub fn attention_chunked(
     let [qn, kn] = b.qkv.qk_norm.unwrap_or([&ctx.unused, &ctx.unused]);
     let q = &b.qkv;
     let bufs = [
-        (1, q.state),
-        (2, q.table),
-        (3, q.qkv),
-        (4, qn),
-        (5, kn),
-        (6, q.k_cache),
-        (7, q.v_cache),
-        (8, b.part_ml),
-        (9, b.part_acc),
+        (AttentionChunkBinding::STATE, q.state),
+        (AttentionChunkBinding::TABLE, q.table),
+        (AttentionChunkBinding::QKV, q.qkv),
+        (AttentionChunkBinding::Q_NORM, qn),
+        (AttentionChunkBinding::K_NORM, kn),
+        (AttentionChunkBinding::K_CACHE, q.k_cache),
+        (AttentionChunkBinding::V_CACHE, q.v_cache),
+        (AttentionChunkBinding::PART_ML, b.part_ml),
+        (AttentionChunkBinding::PART_ACC, b.part_acc),
     ];
     let groups = [
         (s.n_kv_heads * group / tile) as u32,
@@ -245,7 +260,12 @@ pub fn attention_chunked(
         .family("attention");
     partial.label.bytes_per_key = (2 * kv_dim * kv_elt) as u64;
     let k = Kernel::new(Shader::AttentionChunks, "combine");
-    let bufs = [(1, q.state), (8, b.part_ml), (9, b.part_acc), (10, b.out)];
+    let bufs = [
+        (AttentionChunkBinding::STATE, q.state),
+        (AttentionChunkBinding::PART_ML, b.part_ml),
+        (AttentionChunkBinding::PART_ACC, b.part_acc),
+        (AttentionChunkBinding::OUT, b.out),
+    ];
     let groups = [s.n_heads as u32, n as u32, 1];
     let combine = Dispatch::new(ctx, &k, Some(&params), &bufs, groups)?
         .shaped(shape, (n * s.n_heads * s.head_dim * 4) as u64)
@@ -269,6 +289,11 @@ pub struct AttentionParams {
     pub pad0: u32,
     pub pad1: u32,
     pub pad2: u32,
+}
+
+bindings! {
+    /// The `@binding`s of attention.wgsl.
+    AttentionBinding(Attention) { STATE = 1, Q = 2, KC = 3, VC = 4, OUT = 5 }
 }
 
 /// The query heads one workgroup of attention.wgsl serves (its `HEADS`): the largest
@@ -325,7 +350,13 @@ pub fn attention(
         ctx,
         &Kernel::new(Shader::Attention, "main").with("HEADS", heads as f64),
         Some(&params),
-        &[(1, state), (2, q), (3, kc), (4, vc), (5, out)],
+        &[
+            (AttentionBinding::STATE, state),
+            (AttentionBinding::Q, q),
+            (AttentionBinding::KC, kc),
+            (AttentionBinding::VC, vc),
+            (AttentionBinding::OUT, out),
+        ],
         [(s.n_heads / heads) as u32, n as u32, 1],
     )?
     .shaped(

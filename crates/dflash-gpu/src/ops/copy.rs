@@ -3,7 +3,7 @@
 
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{grid, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
+use crate::pipelines::{bindings, grid, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
 
 /// The uniform of copy.wgsl.
 #[repr(C)]
@@ -11,6 +11,11 @@ use crate::pipelines::{grid, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
 pub struct CopyParams {
     pub n: u32,
     pub wg_x: u32,
+}
+
+bindings! {
+    /// The `@binding`s of copy.wgsl.
+    CopyBinding(Copy) { SRC = 1, DST = 2 }
 }
 
 /// `dst = src` for `n_vec4` 16-byte words: the bandwidth roofline.
@@ -28,7 +33,7 @@ pub fn copy(
             n: n_vec4 as u32,
             wg_x: gx,
         }),
-        &[(1, src), (2, dst)],
+        &[(CopyBinding::SRC, src), (CopyBinding::DST, dst)],
         [gx, gy, 1],
     )?
     .shaped(format!("{} MiB", (n_vec4 * 16) >> 20), 32 * n_vec4 as u64))

@@ -3,7 +3,7 @@
 
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{grid, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
+use crate::pipelines::{bindings, grid, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
 
 /// A Gated DeltaNet layer's sizes (`dflash_core::config::HybridConfig`).
 #[derive(Debug, Clone, Copy)]
@@ -42,6 +42,14 @@ pub struct DeltaNetParams {
     pub tiled: u32,
     pub pad1: u32,
     pub pad2: u32,
+}
+
+bindings! {
+    /// The `@binding`s of delta_net.wgsl.
+    DeltaNetBinding(DeltaNet) {
+        PROJ = 1, CONV_W = 2, CONV_STATE = 3, MIXED = 4, S_STATE = 5, DT_BIAS = 6, DECAY = 7,
+        NORM_W = 8, READOUT = 9, POSITION = 10, PASS_START = 11, CONV_PRE = 12, S_PRE = 13,
+    }
 }
 
 /// A DeltaNet layer's buffers: its weights' vectors, its states and their copies from
@@ -92,12 +100,15 @@ pub fn delta_net(
         ..Default::default()
     };
     let kernel = |entry| Kernel::new(Shader::DeltaNet, entry).with("REPLAY", replay as u8 as f64);
-    let at = [(10, b.position), (11, b.pass_start)];
+    let at = [
+        (DeltaNetBinding::POSITION, b.position),
+        (DeltaNetBinding::PASS_START, b.pass_start),
+    ];
     let conv_bufs = [
-        (1, b.proj),
-        (2, b.conv_w),
-        (3, b.conv_state),
-        (4, b.mixed),
+        (DeltaNetBinding::PROJ, b.proj),
+        (DeltaNetBinding::CONV_W, b.conv_w),
+        (DeltaNetBinding::CONV_STATE, b.conv_state),
+        (DeltaNetBinding::MIXED, b.mixed),
         at[0],
         at[1],
     ];
@@ -114,13 +125,13 @@ pub fn delta_net(
         4 * (2 * n * s.conv_dim) as u64,
     );
     let recur_bufs = [
-        (1, b.proj),
-        (4, b.mixed),
-        (5, b.s_state),
-        (6, b.dt_bias),
-        (7, b.decay),
-        (8, b.norm_w),
-        (9, b.read),
+        (DeltaNetBinding::PROJ, b.proj),
+        (DeltaNetBinding::MIXED, b.mixed),
+        (DeltaNetBinding::S_STATE, b.s_state),
+        (DeltaNetBinding::DT_BIAS, b.dt_bias),
+        (DeltaNetBinding::DECAY, b.decay),
+        (DeltaNetBinding::NORM_W, b.norm_w),
+        (DeltaNetBinding::READOUT, b.read),
         at[0],
         at[1],
     ];
@@ -162,13 +173,16 @@ pub fn delta_net_states(
     };
     let len = ((s.kernel - 1) * s.conv_dim).max(s.value_heads * s.key_head_dim * s.value_head_dim);
     let mut bufs = vec![
-        (3, b.conv_state),
-        (5, b.s_state),
-        (12, b.conv_pre),
-        (13, b.s_pre),
+        (DeltaNetBinding::CONV_STATE, b.conv_state),
+        (DeltaNetBinding::S_STATE, b.s_state),
+        (DeltaNetBinding::CONV_PRE, b.conv_pre),
+        (DeltaNetBinding::S_PRE, b.s_pre),
     ];
     if !restore {
-        bufs.extend([(10, b.position), (11, b.pass_start)]);
+        bufs.extend([
+            (DeltaNetBinding::POSITION, b.position),
+            (DeltaNetBinding::PASS_START, b.pass_start),
+        ]);
     }
     let entry = if restore { "restore" } else { "snapshot" };
     let (gx, gy) = grid(len.div_ceil(WORKGROUP_SIZE as usize) as u32);

@@ -3,7 +3,16 @@
 
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{Dispatch, Kernel, Shader, WORKGROUP_SIZE};
+use crate::pipelines::{bindings, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
+
+bindings! {
+    /// The `@binding`s of dflash2.wgsl (each entry point binds its own uniform at 0).
+    DFlash2Binding(DFlash2) {
+        X = 1, COEF = 2, BASE = 3, OUT = 4, LOGITS = 5, CAND_IDS = 6, CAND_VALS = 7, HP = 8,
+        PRED_CB = 9, SUCC_CB = 10, STATE = 11, DRAFTS = 12, SEL_IDS = 13, SEL_VALS = 14, SP = 15,
+        Q_VALS = 16,
+    }
+}
 
 /// The uniform of dflash2.wgsl's `scale`.
 #[repr(C)]
@@ -20,7 +29,7 @@ pub fn scale(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize, scale: f32) -> Resu
         ctx,
         &Kernel::new(Shader::DFlash2, "scale"),
         Some(&params),
-        &[(4, buf)],
+        &[(DFlash2Binding::OUT, buf)],
         [(n as u32).div_ceil(WORKGROUP_SIZE), 1, 1],
     )
 }
@@ -76,7 +85,12 @@ pub fn grouped_conv(
         ctx,
         &Kernel::new(Shader::DFlash2, "conv"),
         Some(&params),
-        &[(1, x), (2, coef), (3, base), (4, out)],
+        &[
+            (DFlash2Binding::X, x),
+            (DFlash2Binding::COEF, coef),
+            (DFlash2Binding::BASE, base),
+            (DFlash2Binding::OUT, out),
+        ],
         [(s.hidden as u32).div_ceil(WORKGROUP_SIZE), n as u32, 1],
     )
 }
@@ -120,7 +134,11 @@ pub fn top_k(
         ctx,
         &Kernel::new(Shader::DFlash2, "topk"),
         Some(&params),
-        &[(5, logits), (6, ids), (7, vals)],
+        &[
+            (DFlash2Binding::LOGITS, logits),
+            (DFlash2Binding::CAND_IDS, ids),
+            (DFlash2Binding::CAND_VALS, vals),
+        ],
         [n as u32, 1, 1],
     )
 }
@@ -171,15 +189,15 @@ pub fn selector_walk(
         sampled: sampled as u32,
     };
     let bufs = [
-        (8, b.hp),
-        (9, b.predecessor),
-        (10, b.successor),
-        (11, b.state),
-        (12, b.drafts),
-        (13, b.ids),
-        (14, b.vals),
-        (15, b.sample_params),
-        (16, b.q_vals),
+        (DFlash2Binding::HP, b.hp),
+        (DFlash2Binding::PRED_CB, b.predecessor),
+        (DFlash2Binding::SUCC_CB, b.successor),
+        (DFlash2Binding::STATE, b.state),
+        (DFlash2Binding::DRAFTS, b.drafts),
+        (DFlash2Binding::SEL_IDS, b.ids),
+        (DFlash2Binding::SEL_VALS, b.vals),
+        (DFlash2Binding::SP, b.sample_params),
+        (DFlash2Binding::Q_VALS, b.q_vals),
     ];
     Dispatch::new(
         ctx,

@@ -12,7 +12,7 @@ use super::gemv_fusion::{format_id, shape_name, GemvFusion};
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 pub use crate::int8_scratch::Int8Scratch;
-use crate::pipelines::{grid, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
+use crate::pipelines::{bindings, grid, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
 use crate::upload::{work_buffer, GpuMatrix};
 use dflash_core::quant::QFormat;
 
@@ -35,6 +35,13 @@ pub struct Dp4aParams {
     pub tap_offset: u32,
     pub tap_stride: u32,
     pub pad: u32,
+}
+
+bindings! {
+    /// The `@binding`s of gemv_dp4a.wgsl.
+    Dp4aBinding(GemvDp4a) {
+        X = 1, XQ = 2, XS = 3, QS = 4, SCALES = 5, MINS = 6, Y = 7, BIAS = 8, TAPS = 9, NORM_W = 10,
+    }
 }
 
 /// Rows of activations quantized for one weight format and group size: the bytes
@@ -175,7 +182,12 @@ pub fn quantize_rows(
         ..Default::default()
     };
     let w = norm.map_or(&ctx.unused, |(w, _)| w);
-    let bufs = [(1, x), (2, &q.qs), (3, &q.scales_sums), (10, w)];
+    let bufs = [
+        (Dp4aBinding::X, x),
+        (Dp4aBinding::XQ, &q.qs),
+        (Dp4aBinding::XS, &q.scales_sums),
+        (Dp4aBinding::NORM_W, w),
+    ];
     let bytes = (n * q.cols * 5 + groups * 8) as u64;
     Ok(
         Dispatch::new(ctx, &q.kernel(entry), Some(&params), &bufs, [gx, gy, 1])?
@@ -277,16 +289,16 @@ fn gemv_epilogue(
             ..Default::default()
         };
         let mut bufs = vec![
-            (2, &x.qs),
-            (3, &x.scales_sums),
-            (4, &ch.qs),
-            (5, &ch.scales),
-            (6, &ch.mins),
-            (7, y),
-            (8, f.bias.unwrap_or(&ctx.unused)),
+            (Dp4aBinding::XQ, &x.qs),
+            (Dp4aBinding::XS, &x.scales_sums),
+            (Dp4aBinding::QS, &ch.qs),
+            (Dp4aBinding::SCALES, &ch.scales),
+            (Dp4aBinding::MINS, &ch.mins),
+            (Dp4aBinding::Y, y),
+            (Dp4aBinding::BIAS, f.bias.unwrap_or(&ctx.unused)),
         ];
         if let Some(t) = f.tap {
-            bufs.push((9, t.buf));
+            bufs.push((Dp4aBinding::TAPS, t.buf));
         }
         let weights = ch.qs.size() + ch.scales.size() + ch.mins.size();
         let io = (n * m.cols + n * m.cols / m.group * 8 + 4 * n * rows) as u64;

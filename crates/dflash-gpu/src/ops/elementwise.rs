@@ -3,7 +3,7 @@
 
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{Dispatch, Kernel, Shader, WORKGROUP_SIZE};
+use crate::pipelines::{bindings, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
 
 /// The uniform of elementwise.wgsl.
 #[repr(C)]
@@ -17,6 +17,11 @@ pub struct ElementwiseParams {
     pub dst_offset: u32,
     pub use_state: u32,
     pub pad: u32,
+}
+
+bindings! {
+    /// The `@binding`s of elementwise.wgsl.
+    ElementwiseBinding(Elementwise) { A = 1, B = 2, OUT = 3, STATE = 4, KV_OUT = 5 }
 }
 
 /// `out = silu(gate) * up` over `n` rows of `len`.
@@ -36,7 +41,11 @@ pub fn swiglu(
             len: len as u32,
             ..Default::default()
         },
-        &[(1, gate), (2, up), (3, out)],
+        &[
+            (ElementwiseBinding::A, gate),
+            (ElementwiseBinding::B, up),
+            (ElementwiseBinding::OUT, out),
+        ],
     )
 }
 
@@ -60,7 +69,7 @@ pub fn sigmoid_gate(
             src_offset: offset as u32,
             ..Default::default()
         },
-        &[(1, qkv), (3, att)],
+        &[(ElementwiseBinding::A, qkv), (ElementwiseBinding::OUT, att)],
     )
 }
 
@@ -81,7 +90,10 @@ pub fn add_bias(
             dst_stride: len as u32,
             ..Default::default()
         },
-        &[(1, bias), (3, buf)],
+        &[
+            (ElementwiseBinding::A, bias),
+            (ElementwiseBinding::OUT, buf),
+        ],
     )
 }
 
@@ -105,7 +117,11 @@ pub fn store_kv(
             use_state: 1,
             ..Default::default()
         },
-        &[(1, src), (4, state), (5, cache)],
+        &[
+            (ElementwiseBinding::A, src),
+            (ElementwiseBinding::STATE, state),
+            (ElementwiseBinding::KV_OUT, cache),
+        ],
     )
 }
 
@@ -132,7 +148,11 @@ pub fn copy_rows(
             dst_offset: dst_offset as u32,
             ..Default::default()
         },
-        &[(1, src), (3, dst), (4, state)],
+        &[
+            (ElementwiseBinding::A, src),
+            (ElementwiseBinding::OUT, dst),
+            (ElementwiseBinding::STATE, state),
+        ],
     )
 }
 

@@ -11,7 +11,7 @@ use super::gemv_fusion::{
 };
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{grid, Dispatch, Kernel, Shader};
+use crate::pipelines::{bindings, grid, Dispatch, Kernel, Shader};
 use crate::upload::GpuMatrix;
 
 /// `y[r, o] (+)= W x[r]` for `n <= 16` rows, one dispatch per chunk of W.
@@ -54,6 +54,14 @@ pub struct GemvParams {
     pub zero: u32,
     /// NORM_SUMS, main_norm_out: the partial sums of squares per row.
     pub norm_parts: u32,
+}
+
+bindings! {
+    /// The `@binding`s of gemv.wgsl.
+    GemvBinding(Gemv) {
+        X = 1, QS = 2, SCALES = 3, MINS = 4, Y = 5, NORM_W = 6, BIAS = 7, BEST = 8, TAPS = 9,
+        ROUTES = 10, PRENORM = 11,
+    }
 }
 
 /// The fusions of `f` that one GEMV over `m` can carry together.
@@ -174,22 +182,22 @@ pub fn gemv_f32_activations(
         part_offset += rows.div_ceil(argmax_rows_per_part(ctx, m));
         let norm_w = f.norm.map(|(w, _)| w).or(f.norm_out.map(|o| o.weight));
         let mut bufs = vec![
-            (1, x),
-            (2, &ch.qs),
-            (3, &ch.scales),
-            (4, &ch.mins),
-            (5, y),
-            (6, norm_w.unwrap_or(&ctx.unused)),
-            (7, f.bias.unwrap_or(&ctx.unused)),
+            (GemvBinding::X, x),
+            (GemvBinding::QS, &ch.qs),
+            (GemvBinding::SCALES, &ch.scales),
+            (GemvBinding::MINS, &ch.mins),
+            (GemvBinding::Y, y),
+            (GemvBinding::NORM_W, norm_w.unwrap_or(&ctx.unused)),
+            (GemvBinding::BIAS, f.bias.unwrap_or(&ctx.unused)),
         ];
         if let Some(b) = f.argmax {
-            bufs.push((8, b));
+            bufs.push((GemvBinding::BEST, b));
         }
         if let Some(t) = f.tap {
-            bufs.push((9, t.buf));
+            bufs.push((GemvBinding::TAPS, t.buf));
         }
         if let Some(o) = f.norm_out {
-            bufs.push((11, o.buf));
+            bufs.push((GemvBinding::PRENORM, o.buf));
         }
         let weights = ch.qs.size() + ch.scales.size() + ch.mins.size();
         let io = 4 * n as u64 * (m.cols + rows * (1 + f.accumulate as usize)) as u64;

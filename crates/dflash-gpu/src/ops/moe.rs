@@ -1,14 +1,14 @@
 //! moe.wgsl and gemv.wgsl's `main_experts`: a mixture of experts' routing, its
 //! experts' GEMVs and their weighted sum.
 
-use super::gemv::GemvParams;
+use super::gemv::{GemvBinding, GemvParams};
 use super::gemv_fusion::{
     format_id, gemv_lanes, gemv_norm_params, gemv_outputs, gemv_rows_per_workgroup, gemv_threads,
     shape_name, GemvFusion, GemvTap,
 };
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{grid, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
+use crate::pipelines::{bindings, grid, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
 use crate::upload::GpuMatrix;
 
 /// A mixture of experts' sizes (`dflash_core::config::MoeConfig`).
@@ -35,6 +35,14 @@ pub struct MoeParams {
     pub pad1: u32,
 }
 
+bindings! {
+    /// The `@binding`s of moe.wgsl.
+    MoeBinding(Moe) {
+        SCORES = 1, ROUTES = 2, WEIGHTS = 3, EXPERT_OUT = 4, X = 5, TAPS = 6, SHARED_OUT = 7,
+        SHARED_GATE = 8,
+    }
+}
+
 /// Each of `n` rows' experts and weights from its router `scores` (`[n, n_experts]`):
 /// `routes` (u32) and `weights` (f32), `[n, k]` each.
 pub fn route_experts(
@@ -51,7 +59,11 @@ pub fn route_experts(
         normalize: s.normalize as u32,
         ..Default::default()
     };
-    let bufs = [(1, scores), (2, routes), (3, weights)];
+    let bufs = [
+        (MoeBinding::SCORES, scores),
+        (MoeBinding::ROUTES, routes),
+        (MoeBinding::WEIGHTS, weights),
+    ];
     Ok(Dispatch::new(ctx, &k, Some(&params), &bufs, [1, 1, 1])?
         .shaped(format!("{} experts k={} n={n}", s.n_experts, s.k), 0))
 }
@@ -83,12 +95,19 @@ pub fn combine_experts(
         tap_stride: tap.map_or(0, |t| t.stride) as u32,
         ..Default::default()
     };
-    let mut bufs = vec![(3, weights), (4, expert_out), (5, x)];
+    let mut bufs = vec![
+        (MoeBinding::WEIGHTS, weights),
+        (MoeBinding::EXPERT_OUT, expert_out),
+        (MoeBinding::X, x),
+    ];
     if let Some(t) = tap {
-        bufs.push((6, t.buf));
+        bufs.push((MoeBinding::TAPS, t.buf));
     }
     let (out, gate) = shared.unwrap_or((&ctx.unused, &ctx.unused));
-    bufs.extend([(7, out), (8, gate)]);
+    bufs.extend([
+        (MoeBinding::SHARED_OUT, out),
+        (MoeBinding::SHARED_GATE, gate),
+    ]);
     let groups = (n * s.hidden).div_ceil(WORKGROUP_SIZE as usize) as u32;
     let io = 4 * (n * s.hidden * (s.k + 2)) as u64;
     Ok(
@@ -163,14 +182,14 @@ pub fn gemv_experts(
             ..Default::default()
         };
         let bufs = [
-            (1, x),
-            (2, &ch.qs),
-            (3, &ch.scales),
-            (4, &ch.mins),
-            (5, y),
-            (6, f.norm.map_or(&ctx.unused, |(w, _)| w)),
-            (7, &ctx.unused),
-            (10, routes),
+            (GemvBinding::X, x),
+            (GemvBinding::QS, &ch.qs),
+            (GemvBinding::SCALES, &ch.scales),
+            (GemvBinding::MINS, &ch.mins),
+            (GemvBinding::Y, y),
+            (GemvBinding::NORM_W, f.norm.map_or(&ctx.unused, |(w, _)| w)),
+            (GemvBinding::BIAS, &ctx.unused),
+            (GemvBinding::ROUTES, routes),
         ];
         // What a pass reads at most: every expert some row chose, once.
         let chosen = (n * s.k).min(experts) as u64;

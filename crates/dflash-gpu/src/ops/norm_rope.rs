@@ -3,7 +3,7 @@
 use super::gemv_fusion::format_id;
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{Dispatch, Kernel, Shader, WORKGROUP_SIZE};
+use crate::pipelines::{bindings, Dispatch, Kernel, Shader, WORKGROUP_SIZE};
 use crate::upload::GpuMatrix;
 use dflash_core::config::RopeStyle;
 
@@ -15,6 +15,11 @@ pub struct EmbeddingParams {
     pub cols: u32,
     pub row_lo: u32,
     pub row_hi: u32,
+}
+
+bindings! {
+    /// The `@binding`s of embedding.wgsl.
+    EmbeddingBinding(Embedding) { TOKENS = 1, QS = 2, SCALES = 3, MINS = 4, OUT = 5 }
 }
 
 /// `out[r] = table[tokens[r]]`, dequantized; one dispatch per chunk of the table.
@@ -42,11 +47,11 @@ pub fn embedding(
                 &k,
                 Some(&params),
                 &[
-                    (1, tokens),
-                    (2, &ch.qs),
-                    (3, &ch.scales),
-                    (4, &ch.mins),
-                    (5, out),
+                    (EmbeddingBinding::TOKENS, tokens),
+                    (EmbeddingBinding::QS, &ch.qs),
+                    (EmbeddingBinding::SCALES, &ch.scales),
+                    (EmbeddingBinding::MINS, &ch.mins),
+                    (EmbeddingBinding::OUT, out),
                 ],
                 [(m.cols as u32).div_ceil(WORKGROUP_SIZE), n as u32, 1],
             )
@@ -64,6 +69,11 @@ pub fn embedding(
 pub struct RmsNormParams {
     pub len: u32,
     pub eps: f32,
+}
+
+bindings! {
+    /// The `@binding`s of rmsnorm.wgsl.
+    RmsNormBinding(RmsNorm) { W = 1, X = 2, OUT = 3, BUF = 4 }
 }
 
 /// RMSNorm of `rows` rows of `len` from `x` to `out`.
@@ -84,7 +94,11 @@ pub fn rmsnorm(
         ctx,
         &Kernel::new(Shader::RmsNorm, "main"),
         Some(&params),
-        &[(1, w), (2, x), (3, out)],
+        &[
+            (RmsNormBinding::W, w),
+            (RmsNormBinding::X, x),
+            (RmsNormBinding::OUT, out),
+        ],
         [rows as u32, 1, 1],
     )?
     .shaped(format!("{rows}x{len}"), 4 * (len + 2 * rows * len) as u64))
@@ -107,7 +121,7 @@ pub fn rmsnorm_inplace(
         ctx,
         &Kernel::new(Shader::RmsNorm, "main_inplace"),
         Some(&params),
-        &[(1, w), (4, buf)],
+        &[(RmsNormBinding::W, w), (RmsNormBinding::BUF, buf)],
         [rows as u32, 1, 1],
     )?
     .family("rmsnorm_inplace")
@@ -131,6 +145,11 @@ pub struct RopeParams {
     pub rope_dim: u32,
     pub row_stride: u32,
     pub col_offset: u32,
+}
+
+bindings! {
+    /// The `@binding`s of rope.wgsl.
+    RopeBinding(Rope) { STATE = 1, TABLE = 2, BUF = 3 }
 }
 
 /// RoPE in place on `n` rows of `heads` heads at positions `state[0] + row`.
@@ -161,7 +180,11 @@ pub fn rope(
         ctx,
         &k,
         Some(&params),
-        &[(1, state), (2, table), (3, buf)],
+        &[
+            (RopeBinding::STATE, state),
+            (RopeBinding::TABLE, table),
+            (RopeBinding::BUF, buf),
+        ],
         [total.div_ceil(WORKGROUP_SIZE), n as u32, 1],
     )?
     .shaped(

@@ -3,7 +3,7 @@
 
 use crate::context::GpuContext;
 use crate::error::Result;
-use crate::pipelines::{Dispatch, Kernel, Shader, NO_PARAMS};
+use crate::pipelines::{bindings, Dispatch, Kernel, Shader, NO_PARAMS};
 use crate::upload::work_buffer;
 
 /// The uniform of the sampler (sample.wgsl's `Params`; dflash2.wgsl's walk reads it
@@ -23,6 +23,14 @@ pub struct SampleParams {
     pub out_offset: u32,
     pub pad0: u32,
     pub pad1: u32,
+}
+
+bindings! {
+    /// The `@binding`s of sample.wgsl.
+    SampleBinding(Sample) {
+        P = 0, STATE = 1, LOGITS = 2, TOKENS = 3, IDS = 4, Q_IDS = 5, Q_VALS = 6, VERDICT = 7,
+        CHUNK_VALS = 8, HIST = 9, SEL = 10,
+    }
 }
 
 /// The sampler's uniform for `sp` over rows of `vocab` logits `stride` apart.
@@ -112,14 +120,26 @@ pub fn sample(
 ) -> Result<Vec<Dispatch>> {
     let k = |entry| Kernel::new(Shader::Sample, entry);
     if !ctx.tuning.chunked_sampler {
-        let bufs = [(0, b.params), (1, b.state), (2, b.logits), (3, b.tokens)];
+        let bufs = [
+            (SampleBinding::P, b.params),
+            (SampleBinding::STATE, b.state),
+            (SampleBinding::LOGITS, b.logits),
+            (SampleBinding::TOKENS, b.tokens),
+        ];
         let d = Dispatch::new(ctx, &k("main"), NO_PARAMS, &bufs, [rows as u32, 1, 1])?;
         return Ok(vec![d.shaped(format!("{rows} rows"), 0)]);
     }
     let (chunks, rows32) = (vocab.div_ceil(SAMPLE_CHUNK).max(1) as u32, rows as u32);
     let sc = b.scratch;
-    let (p, logits) = ((0, b.params), (2, b.logits));
-    let (vals, hist, sel) = ((8, &sc.chunk_vals), (9, &sc.hist), (10, &sc.sel));
+    let (p, logits) = (
+        (SampleBinding::P, b.params),
+        (SampleBinding::LOGITS, b.logits),
+    );
+    let (vals, hist, sel) = (
+        (SampleBinding::CHUNK_VALS, &sc.chunk_vals),
+        (SampleBinding::HIST, &sc.hist),
+        (SampleBinding::SEL, &sc.sel),
+    );
     let shape = format!("{rows}x{vocab}");
     let logit_bytes = 4 * (rows * vocab) as u64;
     let dispatch = |k: &Kernel, bufs: &[(u32, &wgpu::Buffer)], groups, bytes| {
@@ -156,7 +176,14 @@ pub fn sample(
         [chunks, rows32, 1],
         logit_bytes,
     )?);
-    let bufs = [p, (1, b.state), logits, (3, b.tokens), vals, sel];
+    let bufs = [
+        p,
+        (SampleBinding::STATE, b.state),
+        logits,
+        (SampleBinding::TOKENS, b.tokens),
+        vals,
+        sel,
+    ];
     d.push(dispatch(&k("draw"), &bufs, [rows32, 1, 1], 0)?);
     Ok(d)
 }
@@ -183,13 +210,13 @@ pub fn verify_rejection(
 ) -> Result<Dispatch> {
     let k = Kernel::new(Shader::Sample, "verify_rejection").with("QK", qk as f64);
     let bufs = [
-        (0, b.sample_params),
-        (1, b.state),
-        (2, b.logits),
-        (4, b.ids),
-        (5, b.q_ids),
-        (6, b.q_vals),
-        (7, b.verdict),
+        (SampleBinding::P, b.sample_params),
+        (SampleBinding::STATE, b.state),
+        (SampleBinding::LOGITS, b.logits),
+        (SampleBinding::IDS, b.ids),
+        (SampleBinding::Q_IDS, b.q_ids),
+        (SampleBinding::Q_VALS, b.q_vals),
+        (SampleBinding::VERDICT, b.verdict),
     ];
     Dispatch::new(ctx, &k, NO_PARAMS, &bufs, [rows as u32, 1, 1])
 }
