@@ -852,7 +852,7 @@ fn a_draft_vocabulary_on_the_gpu_drafts_as_the_cpu_and_stays_lossless() {
     let mut w = drafter(&t, 10);
     w.draft_vocab = Some(dflash_core::drafter::DraftVocab::new(ids, v).unwrap());
     let cpu_t = CpuModel::new(&t.weights);
-    let head = cpu_t.draft_head(w.draft_vocab.as_ref().unwrap());
+    let head = dflash_core::drafter::DraftHead::gather(&cpu_t, w.draft_vocab.as_ref().unwrap());
     let n = if quick() { 16 } else { 32 };
     for ctx in contexts()
         .into_iter()
