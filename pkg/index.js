@@ -173,7 +173,7 @@ class Rpc {
       const p = this.pending.get(m.id);
       if (!p) return;
       if (m.type === MSG.progress) p.onProgress?.(m.progress);
-      else if (m.type === MSG.piece) p.onPiece?.(m.text, m.drafted);
+      else if (m.type === MSG.piece) p.onPiece?.(m.chunk);
       else {
         this.pending.delete(m.id);
         if (m.type === MSG.error) p.reject(new DFlashError(m.error.code, m.error.message));
@@ -255,9 +255,12 @@ class Completions {
       : null;
     // Refused before it starts: a stream throws when iterated, as it would later.
     if (early) return request?.stream ? { async *[Symbol.asyncIterator]() { throw early; } } : Promise.reject(early);
-    const id = `chatcmpl-dflash-${Date.now().toString(36)}-${++completionCounter}`;
-    const created = Math.floor(Date.now() / 1000);
-    const model = e.modelName;
+    // The answer's name; the engine (Rust) shapes every object of the answer itself.
+    const envelope = {
+      id: `chatcmpl-dflash-${Date.now().toString(36)}-${++completionCounter}`,
+      created: Math.floor(Date.now() / 1000),
+      model: e.modelName,
+    };
     const { stream, ...req } = request;
     // Tells the worker to stop this request (running or still queued).
     const abortIn = (call) => {
@@ -266,42 +269,27 @@ class Completions {
       signal.addEventListener('abort', stop, { once: true });
       return () => signal.removeEventListener('abort', stop);
     };
+    const message = { type: MSG.chat, request: req, envelope, stream: !!stream };
     if (!stream) {
-      const call = e.track(e.rpc.call({ type: MSG.chat, request: req }));
+      const call = e.track(e.rpc.call(message));
       const done = abortIn(call);
       return new Promise((resolve, reject) => {
         signal?.addEventListener('abort', () => reject(aborted()), { once: true });
-        call.then((r) => resolve({
-          id, object: 'chat.completion', created, model,
-          choices: [{ index: 0, message: { role: 'assistant', content: r.text }, finish_reason: r.finish_reason }],
-          usage: r.usage,
-        }), reject).finally(done);
+        call.then(resolve, reject).finally(done);
       });
     }
     const chunks = [];
     let wake = null;
     let finished = false;
     let failure = null;
-    const chunk = (delta, finish_reason = null, extra = {}) => ({
-      id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta, finish_reason }], ...extra,
-    });
-    chunks.push(chunk({ role: 'assistant', content: '' }));
     const push = (c) => { chunks.push(c); wake?.(); };
-    const call = e.track(e.rpc.call({ type: MSG.chat, request: req }, {
-      onPiece: (text, drafted) => { if (!failure) push(chunk({ content: text }, null, { dflash: { drafted } })); },
+    const call = e.track(e.rpc.call(message, {
+      onPiece: (chunk) => { if (!failure) push(chunk); },
     }));
     const done = abortIn(call);
     signal?.addEventListener('abort', () => { failure = aborted(); finished = true; chunks.length = 0; wake?.(); }, { once: true });
     call.then(
-      (r) => {
-        if (!failure) {
-          push(chunk({}, r.finish_reason, { usage: r.usage }));
-          // OpenAI's stream_options.include_usage: a last chunk with no choices.
-          if (req.stream_options?.include_usage) push({ ...chunk({}), choices: [], usage: r.usage });
-        }
-        finished = true;
-        wake?.();
-      },
+      () => { finished = true; wake?.(); },
       (err) => { failure ??= err; finished = true; wake?.(); },
     ).finally(done);
     return {

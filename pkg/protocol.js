@@ -10,7 +10,9 @@ export const META = 'dflash-web-meta-v1';
 
 /** Messages to the worker (each with an `id`, answered by one `result` or `error`,
  *  `interrupt` excepted) and from it (`progress` and `piece` along the way; `fatal` once
- *  its wasm trapped). */
+ *  its wasm trapped). A `chat` carries the request, its `envelope` ({ id, created,
+ *  model }) and whether it streams; its `piece`s carry the `chunk`s and its `result` the
+ *  whole `chat.completion`, all shaped by the engine (Rust), forwarded as they are. */
 export const MSG = Object.freeze({
   load: 'load',
   plan: 'plan',

@@ -114,7 +114,8 @@ async function handle(m) {
       if (dropped.delete(m.id)) throw new WorkerError(CODE.Aborted, 'the request was aborted before it started');
       running = m.id;
       try {
-        const result = await engine.chat(m.request, (text, drafted) => post({ id: m.id, type: MSG.piece, text, drafted }));
+        const onChunk = m.stream ? (chunk) => post({ id: m.id, type: MSG.piece, chunk }) : undefined;
+        const result = await engine.chat(m.request, m.envelope, onChunk);
         post({ id: m.id, type: MSG.result, result });
       } finally {
         running = null;
@@ -622,7 +623,7 @@ async function load(m, onProgress) {
   return {
     mod,
     info: () => engineInfo,
-    chat: (req, onPiece) => eng.chat(req, onPiece),
+    chat: (req, envelope, onChunk) => eng.chat(req, envelope, onChunk),
     interrupt: () => eng.interrupt(),
     resetChat: () => eng.resetChat(),
     loseDevice: typeof eng.__testLoseDevice === 'function' ? () => eng.__testLoseDevice() : null,

@@ -33,15 +33,33 @@ class FakeWorker {
   terminate() { this.terminated = true; }
 }
 
+/** What the wasm engine sends for a chat message (shaped in Rust by
+ *  dflash_engine::response::Reply, whose shapes crates/dflash-engine/tests/engine.rs and
+ *  the Chromium tests check): the stream's chunks, and the whole completion. */
+const shaped = (msg) => {
+  const { id, created, model } = msg.envelope;
+  const env = (object, choices, extra = {}) => ({ id, object, created, model, choices, ...extra });
+  const chunk = (delta, finish, extra) => env('chat.completion.chunk', [{ index: 0, delta, finish_reason: finish }], extra);
+  return {
+    role: chunk({ role: 'assistant', content: '' }, null),
+    piece: (text, drafted) => chunk({ content: text }, null, { dflash: { drafted } }),
+    last: (finish, usage) => [chunk({}, finish, { usage }),
+      ...(msg.request.stream_options?.include_usage ? [env('chat.completion.chunk', [], { usage })] : [])],
+    whole: (text, finish, usage) => env('chat.completion', [{ index: 0, message: { role: 'assistant', content: text }, finish_reason: finish }], { usage }),
+  };
+};
+
 /** Loads answer with progress then the info; chats with two pieces and the result. */
 const normal = (msg, reply) => {
   if (msg.type === MSG.load) {
     reply({ type: MSG.progress, progress: { phase: 'download', loaded: 1, total: 2 } });
     reply({ type: MSG.result, result: INFO });
   } else if (msg.type === MSG.chat) {
-    reply({ type: MSG.piece, text: 'He', drafted: false });
-    reply({ type: MSG.piece, text: 'llo', drafted: true });
-    reply({ type: MSG.result, result: { text: 'Hello', finish_reason: 'length', usage: USAGE } });
+    const r = shaped(msg);
+    if (msg.stream) {
+      for (const chunk of [r.role, r.piece('He', false), r.piece('llo', true), ...r.last('length', USAGE)]) reply({ type: MSG.piece, chunk });
+    }
+    reply({ type: MSG.result, result: r.whole('Hello', 'length', USAGE) });
   } else if (msg.type === MSG.unload) {
     reply({ type: MSG.result, result: null });
   }
@@ -65,6 +83,10 @@ test('load, progress and a whole completion in OpenAI\'s shape', async () => {
   assert.deepEqual(r.choices, [{ index: 0, message: { role: 'assistant', content: 'Hello' }, finish_reason: 'length' }]);
   assert.deepEqual(r.usage, USAGE);
   assert.deepEqual(w.got[1].request, REQ);
+  // The package names the answer; the engine shapes it with that name.
+  assert.equal(w.got[1].envelope.model, 'model.Q4_1.gguf');
+  assert.equal(w.got[1].stream, false);
+  assert.equal(r.id, w.got[1].envelope.id);
   await engine.unload();
   assert.ok(w.terminated);
   await assert.rejects(engine.chat.completions.create(REQ), (e) => e.code === 'Unloaded');
@@ -98,9 +120,16 @@ test("a worker's error is the request's DFlashError, whole or streamed", async (
 
 test('an AbortSignal interrupts its request in the worker and the stream throws Aborted', async () => {
   let chatId = null;
+  let whole = null;
   const slow = (msg, reply) => {
-    if (msg.type === MSG.chat) { chatId = msg.id; reply({ type: MSG.piece, text: 'a', drafted: false }); } // then nothing until interrupted
-    else if (msg.type === MSG.interrupt) setTimeout(() => w.onmessage({ data: { id: chatId, type: MSG.result, result: { text: 'a', finish_reason: 'abort', usage: USAGE } } }), 1);
+    if (msg.type === MSG.chat) {
+      chatId = msg.id;
+      const r = shaped(msg);
+      whole = r.whole('a', 'abort', USAGE);
+      reply({ type: MSG.piece, chunk: r.role });
+      reply({ type: MSG.piece, chunk: r.piece('a', false) });
+    } // then nothing until interrupted
+    else if (msg.type === MSG.interrupt) setTimeout(() => w.onmessage({ data: { id: chatId, type: MSG.result, result: whole } }), 1);
     else normal(msg, reply);
   };
   const w = new FakeWorker(slow);
@@ -125,7 +154,7 @@ test('an AbortSignal interrupts its request in the worker and the stream throws 
 test("ifBusy 'reject' refuses a request while another is unanswered", async () => {
   let release = null;
   const held = (msg, reply) => {
-    if (msg.type === MSG.chat) release = () => reply({ type: MSG.result, result: { text: '', finish_reason: 'stop', usage: USAGE } });
+    if (msg.type === MSG.chat) release = () => reply({ type: MSG.result, result: shaped(msg).whole('', 'stop', USAGE) });
     else normal(msg, reply);
   };
   const engine = await createEngine({ model: MODEL, worker: new FakeWorker(held), ifBusy: 'reject' });
@@ -170,7 +199,7 @@ test('the error codes are defined once: protocol.js, index.d.ts and the wasm map
   // The union's lines, their comments dropped, up to its last member.
   const union = dts.split('export type DFlashErrorCode =')[1].split('\n\n')[0].split('\n').map((l) => l.split('//')[0]).join(' ');
   assert.deepEqual([...union.matchAll(/'(\w+)'/g)].map((m) => m[1]).sort(), [...CODES].sort());
-  const rust = readFileSync(join(ROOT, 'crates', 'dflash-web', 'src', 'errors.rs'), 'utf8');
+  const rust = readFileSync(join(ROOT, 'crates', 'dflash-engine', 'src', 'errors.rs'), 'utf8');
   const mapped = new Set([...rust.matchAll(/=> "(\w+)"/g)].map((m) => m[1]));
   assert.ok(mapped.size >= 8);
   for (const c of mapped) assert.ok(CODES.includes(c), `errors.rs maps to ${c}, not a code of protocol.js`);

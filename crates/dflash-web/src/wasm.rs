@@ -12,6 +12,7 @@ use dflash_core::formats::gguf_weights_stream::{HostSink, StreamedWeights, Weigh
 use dflash_core::generate::Interrupt;
 use dflash_engine::errors::error_code;
 use dflash_engine::request::{request_fields as engine_request_fields, Request};
+use dflash_engine::response::Reply;
 use dflash_engine::{Engine as Core, Host, Runner};
 use dflash_gpu::{GpuContext, GpuError, GpuModelOptions, GpuOptions, StreamLoader};
 use sha2::{Digest, Sha256};
@@ -547,13 +548,21 @@ impl Engine {
         to_js_value(&self.info)
     }
 
-    /// Answers an OpenAI-style chat request; `on_piece(text, drafted)` receives the text
-    /// as it is generated (`drafted`: the piece's token was an accepted draft). Resolves
-    /// to `{ text, finish_reason, usage }`.
-    pub fn chat(&self, request: JsValue, on_piece: Option<js_sys::Function>) -> js_sys::Promise {
+    /// Answers an OpenAI-style chat request in OpenAI's shape, named by `envelope`
+    /// (`{ id, created, model }`): resolves to the whole `chat.completion`; with
+    /// `on_chunk`, streams its `chat.completion.chunk`s as they are generated (the role,
+    /// each piece with `dflash.drafted`, the finish with the usage, and include_usage's).
+    pub fn chat(
+        &self,
+        request: JsValue,
+        envelope: JsValue,
+        on_chunk: Option<js_sys::Function>,
+    ) -> js_sys::Promise {
         let inner = self.inner.clone();
         let interrupt = self.interrupt.clone();
-        wasm_bindgen_futures::future_to_promise(answer(inner, interrupt, request, on_piece))
+        wasm_bindgen_futures::future_to_promise(answer(
+            inner, interrupt, request, envelope, on_chunk,
+        ))
     }
 
     /// TEST ONLY: destroys the engine's GPU device (`GPUDevice.destroy()`, what a driver
@@ -635,29 +644,45 @@ async fn answer(
     inner: Rc<RefCell<Option<Core>>>,
     interrupt: Interrupt,
     request: JsValue,
-    on_piece: Option<js_sys::Function>,
+    envelope: JsValue,
+    on_chunk: Option<js_sys::Function>,
 ) -> Result<JsValue, JsValue> {
     let req = parse_request(request)?;
+    let reply = parse_envelope(&req, envelope)?;
     let mut guard = inner
         .try_borrow_mut()
         .map_err(|_| js_error("Busy", "the engine is answering another request"))?;
     let engine = guard
         .as_mut()
         .ok_or_else(|| js_error("Unloaded", "the engine was unloaded"))?;
-    let mut on_piece = |s: &str, drafted: bool| {
-        if let Some(f) = &on_piece {
-            let _ = f.call2(
-                &JsValue::NULL,
-                &JsValue::from_str(s),
-                &JsValue::from_bool(drafted),
-            );
+    let emit = |chunk: &serde_json::Value| {
+        if let Some(f) = &on_chunk {
+            let _ = f.call1(&JsValue::NULL, &to_js_value(chunk));
         }
     };
+    if let Some(first) = reply.first_chunk() {
+        emit(&first);
+    }
     interrupt.clear();
     let a = engine
-        .answer(&req, &interrupt, &Worker, &mut on_piece)
+        .answer(&req, &interrupt, &Worker, &mut |s, drafted| {
+            emit(&reply.piece_chunk(s, drafted))
+        })
         .await
         .map_err(|e| to_js(&e))?;
-    let out = serde_json::json!({ "text": a.result.text, "finish_reason": a.finish_reason(), "usage": a.usage });
-    Ok(to_js_value(&out))
+    reply.last_chunks(&a).iter().for_each(emit);
+    Ok(to_js_value(&reply.whole(&a.result.text, &a)))
+}
+
+/// The answer's envelope: `{ id, created, model }` as the package names the request.
+fn parse_envelope(req: &Request, envelope: JsValue) -> Result<Reply, JsValue> {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        id: String,
+        created: u64,
+        model: String,
+    }
+    let e: Envelope = serde_wasm_bindgen::from_value(envelope)
+        .map_err(|e| js_error("BadRequest", &format!("bad envelope: {e}")))?;
+    Ok(Reply::new(req, e.id, e.created, e.model))
 }
