@@ -1,7 +1,8 @@
 //! `dflash generate`: one generation from the command line, run by the engine
 //! (`dflash_engine`), its text streamed to stdout or its result printed as JSON.
 
-use crate::{load, CliError, Device};
+use crate::device_args::DeviceArgs;
+use crate::{load, CliError};
 use dflash_core::cpu::CpuKernels;
 use dflash_core::drafter::{load_drafter_dir, DrafterPrecision};
 use dflash_core::generate::GenerateRequest;
@@ -12,44 +13,9 @@ use dflash_engine::device::{DeviceChoice, NativeHost};
 use dflash_engine::policy::StepCostMemory;
 use dflash_engine::request::BlockArg;
 use dflash_engine::{Answer, Engine, Job};
-use dflash_gpu::GpuOptions;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
-
-/// Where a model runs: `--device`, `--adapter`, `--no-f16`.
-#[derive(clap::Args)]
-pub struct DeviceArgs {
-    /// gpu, cpu or reference. Default: the GPU engine on a hardware adapter, else the
-    /// quantized CPU engine (a software adapter such as lavapipe only with `gpu`).
-    #[arg(long, value_enum)]
-    pub device: Option<Device>,
-    /// Choose the GPU adapter whose name contains this.
-    #[arg(long)]
-    pub adapter: Option<String>,
-    /// Keep the KV cache in f32 even where the adapter has shader-f16.
-    #[arg(long)]
-    pub no_f16: bool,
-}
-
-impl DeviceArgs {
-    /// The engine's device choice.
-    pub fn choice(&self) -> DeviceChoice {
-        match self.device {
-            None => DeviceChoice::Auto,
-            Some(Device::Gpu) => DeviceChoice::Gpu,
-            Some(d) => DeviceChoice::Cpu(d.cpu_kernels().unwrap_or(CpuKernels::Quantized)),
-        }
-    }
-
-    pub fn gpu_options(&self) -> GpuOptions {
-        GpuOptions {
-            adapter: self.adapter.clone(),
-            no_f16: self.no_f16,
-            ..Default::default()
-        }
-    }
-}
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {

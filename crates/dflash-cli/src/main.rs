@@ -14,6 +14,7 @@ macro_rules! outln {
 }
 
 mod bench;
+mod device_args;
 mod generate;
 mod plan;
 mod profile;

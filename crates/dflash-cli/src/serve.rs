@@ -8,26 +8,28 @@
 //! queues a job; the queue is bounded and a request past it is answered 503 at once. A
 //! client that disconnects interrupts its job within a token (or a DFlash step).
 
+mod answering;
 mod http;
+mod jobs;
 
-use crate::generate::DeviceArgs;
+use crate::device_args::DeviceArgs;
 use crate::{load, CliError};
+use answering::Answering;
 use dflash_core::drafter::{load_drafter_dir, DrafterPrecision};
 use dflash_core::generate::Interrupt;
-use dflash_engine::device::NativeHost;
-use dflash_engine::errors::{error_code, http_status};
 use dflash_engine::request::{Endpoint, Request};
 use dflash_engine::response::Reply;
-use dflash_engine::{Answer, Engine};
-use http::{client_gone, read_request, write_error, write_event, write_json};
+use dflash_engine::Engine;
+use http::{client_gone, read_request, write_error, write_json};
+use jobs::{serve_jobs, Counters, Job};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -63,31 +65,6 @@ pub struct ServeArgs {
 
 /// Connections handled at once (each has a thread); past this a connection gets 503.
 const MAX_CONNECTIONS: usize = 64;
-
-/// What a job sends back to its connection.
-enum Event {
-    /// A text piece, and whether its token was an accepted draft.
-    Piece(String, bool),
-    Done(Box<Answer>),
-    Failed(u16, String, String),
-}
-
-/// A generation request waiting for the engine.
-struct Job {
-    request: Request,
-    interrupt: Interrupt,
-    events: Sender<Event>,
-}
-
-/// Figures `/health` reports.
-#[derive(Default)]
-struct Counters {
-    served: AtomicU64,
-    interrupted: AtomicU64,
-    rejected: AtomicU64,
-    failed: AtomicU64,
-    connections: AtomicUsize,
-}
 
 struct Shared {
     model_id: String,
@@ -127,7 +104,7 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
     );
     let acceptor = shared.clone();
     std::thread::spawn(move || accept(listener, acceptor));
-    serve_jobs(&mut engine, jobs, &shared);
+    serve_jobs(&mut engine, jobs, &shared.counters);
     Ok(())
 }
 /// The model's name in `/v1/models` and the answers: the file's stem or the folder's name.
@@ -290,93 +267,6 @@ fn unix_time() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// One job's answer on its connection, as the engine's events arrive.
-struct Answering<'a> {
-    stream: &'a TcpStream,
-    rx: &'a Receiver<Event>,
-    interrupt: &'a Interrupt,
-    reply: Reply,
-}
-
-impl Answering<'_> {
-    /// Waits for the next event, checking every 200 ms (whether or not events come)
-    /// that the client is still there, and interrupting the job when it is not.
-    fn next(&self, checked: &mut Instant) -> Option<Event> {
-        const EVERY: Duration = Duration::from_millis(200);
-        loop {
-            if checked.elapsed() >= EVERY {
-                *checked = Instant::now();
-                if client_gone(self.stream) {
-                    self.interrupt.set();
-                }
-            }
-            match self.rx.recv_timeout(EVERY) {
-                Ok(e) => return Some(e),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
-            }
-        }
-    }
-
-    fn whole(&self) -> std::io::Result<()> {
-        let mut text = String::new();
-        let mut checked = Instant::now();
-        while let Some(e) = self.next(&mut checked) {
-            match e {
-                Event::Piece(p, _) => text.push_str(&p),
-                Event::Done(a) => {
-                    return write_json(self.stream, 200, &self.reply.whole(&text, &a))
-                }
-                Event::Failed(status, code, message) => {
-                    return write_error(self.stream, status, &code, &message)
-                }
-            }
-        }
-        write_error(
-            self.stream,
-            500,
-            "Internal",
-            "the engine dropped the request",
-        )
-    }
-
-    fn streamed(&self) -> std::io::Result<()> {
-        let stream = self.stream;
-        // Errors before the first piece keep their status; after it they end the stream.
-        let mut checked = Instant::now();
-        let first = match self.next(&mut checked) {
-            Some(Event::Failed(status, code, message)) => {
-                return write_error(stream, status, &code, &message)
-            }
-            Some(e) => e,
-            None => return write_error(stream, 500, "Internal", "the engine dropped the request"),
-        };
-        http::start_events(stream)?;
-        if let Some(c) = self.reply.first_chunk() {
-            write_event(stream, &c.to_string())?;
-        }
-        let mut event = Some(first);
-        while let Some(e) = event {
-            match e {
-                Event::Piece(p, drafted) => {
-                    write_event(stream, &self.reply.piece_chunk(&p, drafted).to_string())?
-                }
-                Event::Done(a) => {
-                    for c in self.reply.last_chunks(&a) {
-                        write_event(stream, &c.to_string())?;
-                    }
-                    return write_event(stream, "[DONE]");
-                }
-                Event::Failed(_, code, message) => {
-                    return write_event(stream, &http::error_body(500, &code, &message).to_string())
-                }
-            }
-            event = self.next(&mut checked);
-        }
-        Ok(())
-    }
-}
-
 /// The engine of `serve`'s arguments.
 fn load_engine(a: &ServeArgs) -> Result<Engine, CliError> {
     let (m, _) = load(&a.model)?;
@@ -395,52 +285,4 @@ fn load_engine(a: &ServeArgs) -> Result<Engine, CliError> {
         a.context,
         &mut note,
     )?)
-}
-
-/// Runs the queued jobs one at a time, to the end of the queue.
-fn serve_jobs(engine: &mut Engine, jobs: Receiver<Job>, s: &Shared) {
-    let host = NativeHost::default();
-    for job in jobs {
-        if job.interrupt.is_set() {
-            s.counters.interrupted.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        let events = job.events.clone();
-        let mut on_piece = |t: &str, drafted: bool| {
-            let _ = events.send(Event::Piece(t.to_string(), drafted));
-        };
-        // A panic in the engine fails its request, not the server.
-        let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            engine.answer_blocking(&job.request, &job.interrupt, &host, &mut on_piece)
-        }));
-        let failed = |status, code: &str, message: String| {
-            s.counters.failed.fetch_add(1, Ordering::Relaxed);
-            let _ = job.events.send(Event::Failed(status, code.into(), message));
-        };
-        match answered {
-            Ok(Ok(done)) => {
-                let counter = if done.finish_reason() == "abort" {
-                    &s.counters.interrupted
-                } else {
-                    &s.counters.served
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
-                let _ = job.events.send(Event::Done(Box::new(done)));
-            }
-            Ok(Err(e)) => {
-                let code = error_code(&e);
-                failed(http_status(code), code, e.to_string());
-            }
-            Err(panic) => {
-                // Whatever the engine held may be half written: nothing is reused.
-                engine.runner.forget_conversation();
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|m| m.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                failed(500, "Panic", format!("the engine panicked: {what}"));
-            }
-        }
-    }
 }

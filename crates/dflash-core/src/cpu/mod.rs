@@ -1,6 +1,7 @@
 //! The CPU reference engine: plain-Rust f32 math, the oracle of every GPU kernel.
 
 pub mod delta_net;
+pub(crate) mod layer;
 pub mod matrix;
 pub mod model;
 pub mod ops;

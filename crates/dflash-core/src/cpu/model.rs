@@ -2,15 +2,14 @@
 //! attention over a KV cache, SwiGLU MLP, lm_head; optional hidden-state taps.
 
 use super::delta_net::{CpuDeltaNet, LinearState};
-use super::ops::{
-    argmax, attention_heads, attention_row, rms_norm, rms_norm_rows, rope, route_experts, silu,
-};
+use super::ops::{argmax, attention_heads, attention_row, rms_norm, rms_norm_rows, route_experts};
 use super::quant_matmul::{for_each_band, in_pool, threads};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Error, Result};
 use crate::quant::QuantMatrix;
 use crate::weights::{FeedForward, Mixer, ModelWeights, MoeWeights};
 
+use super::layer::{norm_rope_heads, swiglu, HeadRope, Mlp};
 pub use super::matrix::CpuKernels;
 use super::matrix::{Matrix, Stacked};
 
@@ -78,11 +77,7 @@ impl CpuMixer {
 
 /// A layer's feed-forward on the CPU.
 enum Ffn {
-    /// `[w_gate; w_up]` and `w_down`.
-    Dense {
-        gate_up: Stacked,
-        down: Matrix,
-    },
+    Dense(Mlp),
     Moe(Experts),
 }
 
@@ -99,10 +94,9 @@ struct Experts {
 impl Ffn {
     fn new(ffn: FeedForward, moe: Option<&MoeConfig>, kernels: CpuKernels) -> Self {
         match (ffn, moe) {
-            (FeedForward::Dense { gate, up, down }, _) => Ffn::Dense {
-                gate_up: Stacked::new(&[&gate, &up], kernels),
-                down: Matrix::owned(down, kernels),
-            },
+            (FeedForward::Dense { gate, up, down }, _) => {
+                Ffn::Dense(Mlp::new(&gate, &up, Matrix::owned(down, kernels), kernels))
+            }
             (FeedForward::Moe(m), Some(c)) => Ffn::Moe(Experts::new(m, c, kernels)),
             (FeedForward::Moe(_), None) => {
                 unreachable!("ModelWeights::load gives experts only with a MoeConfig")
@@ -112,7 +106,7 @@ impl Ffn {
 
     fn n_bytes(&self) -> usize {
         match self {
-            Ffn::Dense { gate_up, down } => gate_up.n_bytes() + down.n_bytes(),
+            Ffn::Dense(mlp) => mlp.n_bytes(),
             // A token reads the router and its k experts.
             Ffn::Moe(e) => {
                 let per = e
@@ -127,16 +121,10 @@ impl Ffn {
     /// The feed-forward of `n` normalised rows: `[n, hidden]`.
     fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
         match self {
-            Ffn::Dense { gate_up, down } => down.apply(&swiglu(gate_up, x, n), n),
+            Ffn::Dense(mlp) => mlp.apply(x, n),
             Ffn::Moe(e) => e.apply(x, n),
         }
     }
-}
-
-/// `silu(gate) * up` of the stacked `[gate; up]` over `n` rows.
-fn swiglu(gate_up: &Stacked, x: &[f32], n: usize) -> Vec<f32> {
-    let [g, u]: [Vec<f32>; 2] = gate_up.apply(x, n).try_into().expect("two parts");
-    g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect()
 }
 
 impl Experts {
@@ -610,19 +598,17 @@ impl CpuModel {
                 }
             }
         }
-        let mut tmp = vec![0f32; hd];
         for r in 0..n {
-            let pos = start + r;
-            for (m, heads, d, norm) in [(&mut q, nh, qd, &l.q_norm), (&mut k, nkv, kvd, &l.k_norm)]
-            {
-                for hh in 0..heads {
-                    let head = &mut m[r * d + hh * hd..r * d + (hh + 1) * hd];
-                    if let Some(w) = norm {
-                        rms_norm(head, w, c.rms_norm_eps, &mut tmp);
-                        head.copy_from_slice(&tmp);
-                    }
-                    rope(&mut head[..c.rope.dim], pos, &self.inv_freq, c.rope.style);
-                }
+            let (inv_freq, dim, style) = (&self.inv_freq[..], c.rope.dim, c.rope.style);
+            let rot = HeadRope {
+                pos: start + r,
+                inv_freq,
+                dim,
+                style,
+            };
+            for (m, d, norm) in [(&mut q, qd, &l.q_norm), (&mut k, kvd, &l.k_norm)] {
+                let row = &mut m[r * d..(r + 1) * d];
+                norm_rope_heads(row, hd, norm.as_deref(), c.rms_norm_eps, &rot);
             }
         }
         cache.k[li].extend_from_slice(&k);

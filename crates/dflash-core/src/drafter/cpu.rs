@@ -3,8 +3,9 @@
 
 use super::*;
 use crate::config::RopeStyle;
+use crate::cpu::layer::{norm_rope_heads, HeadRope, Mlp};
 use crate::cpu::matrix::Matrix as Mat;
-use crate::cpu::ops::{dot, rms_norm, rms_norm_rows, rope, silu, softmax};
+use crate::cpu::ops::{dot, rms_norm_rows, softmax};
 use crate::cpu::quant_matmul::in_pool;
 use crate::cpu::CpuKernels;
 use crate::quant::QuantMatrix;
@@ -18,9 +19,8 @@ struct CpuDraftLayer {
     wo: Mat,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
-    w_gate: Mat,
-    w_up: Mat,
-    w_down: Mat,
+    /// The SwiGLU MLP, the target's own piece.
+    mlp: Mlp,
     kind: LayerKind,
     /// DFlash2: (attention, mlp) convolutions.
     conv: Option<[CpuConv; 2]>,
@@ -205,22 +205,16 @@ fn block_attention(
     att
 }
 
-fn head_norm_rope(
-    x: &mut [f32],
-    heads: usize,
-    hd: usize,
-    w: &[f32],
-    eps: f32,
-    pos: usize,
-    inv: &[f32],
-) {
-    let mut tmp = vec![0f32; hd];
-    for h in 0..heads {
-        let head = &mut x[h * hd..(h + 1) * hd];
-        rms_norm(head, w, eps, &mut tmp);
-        head.copy_from_slice(&tmp);
-        rope(head, pos, inv, RopeStyle::Neox);
-    }
+/// The drafter's query or key heads of one row: normalised and rotated (NeoX style, the
+/// whole head) as the target's are.
+fn head_norm_rope(x: &mut [f32], hd: usize, w: &[f32], eps: f32, pos: usize, inv: &[f32]) {
+    let rot = HeadRope {
+        pos,
+        inv_freq: inv,
+        dim: hd,
+        style: RopeStyle::Neox,
+    };
+    norm_rope_heads(x, hd, Some(w), eps, &rot);
 }
 
 impl CpuDrafter {
@@ -244,9 +238,7 @@ impl CpuDrafter {
                 wo: mat(&l.wo),
                 q_norm: l.q_norm.clone(),
                 k_norm: l.k_norm.clone(),
-                w_gate: mat(&l.w_gate),
-                w_up: mat(&l.w_up),
-                w_down: mat(&l.w_down),
+                mlp: Mlp::new(&l.w_gate, &l.w_up, mat(&l.w_down), kernels),
                 kind,
                 conv: l.conv.as_ref().map(|c| {
                     let cpu = |g: &GroupedConv| CpuConv {
@@ -311,7 +303,6 @@ impl CpuDrafter {
             for i in 0..r {
                 head_norm_rope(
                     &mut k[i * c.kv_dim()..(i + 1) * c.kv_dim()],
-                    c.num_kv_heads,
                     hd,
                     &l.k_norm,
                     c.rms_norm_eps,
@@ -399,8 +390,8 @@ impl CpuDrafter {
         for i in 0..b {
             let (qi, ki) = (&mut q[i * qd..(i + 1) * qd], &mut k[i * kvd..(i + 1) * kvd]);
             let (eps, pos) = (c.rms_norm_eps, start + i);
-            head_norm_rope(qi, c.num_heads, hd, &l.q_norm, eps, pos, &self.inv_freq);
-            head_norm_rope(ki, c.num_kv_heads, hd, &l.k_norm, eps, pos, &self.inv_freq);
+            head_norm_rope(qi, hd, &l.q_norm, eps, pos, &self.inv_freq);
+            head_norm_rope(ki, hd, &l.k_norm, eps, pos, &self.inv_freq);
         }
         let keys = BlockKeys {
             k_ctx: &ctx.k[li],
@@ -426,10 +417,7 @@ impl CpuDrafter {
         let tag = format!("conv.{li}.mlp_conv");
         let conv = l.conv.as_ref().map(|cv| &cv[1]);
         let (hn, conv) = self.sublayer_input(x, &l.post_norm, conv, &tag, probe);
-        let g = l.w_gate.apply(&hn, b);
-        let u = l.w_up.apply(&hn, b);
-        let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
-        self.sublayer_output(l.w_down.apply(&a, b), conv, &tag, probe)
+        self.sublayer_output(l.mlp.apply(&hn, b), conv, &tag, probe)
     }
 
     /// DFlash2: one side of a sublayer's convolution over the block rows `x`, the
