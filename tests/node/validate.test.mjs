@@ -105,7 +105,7 @@ test('a panic is named by takePanic after the trap', () => {
   const out = execFileSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
   const r = JSON.parse(out.trim().split('\n').pop());
   assert.equal(r.trap, true);
-  assert.match(r.panic, /^deliberate test panic 42 \(at .*wasm\.rs:\d+\)$/);
+  assert.match(r.panic, /^deliberate test panic 42 \(at .*src\/wasm\/mod\.rs:\d+\)$/);
   assert.equal(r.again, null, 'taken once');
 });
 
