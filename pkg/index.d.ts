@@ -244,8 +244,11 @@ export interface ChatCompletionChunk {
   created: number;
   model: string;
   choices: { index: number; delta: { role?: 'assistant'; content?: string }; finish_reason: FinishReason | null }[];
-  /** On content chunks: whether the piece's token was an accepted draft. */
-  dflash?: { drafted: boolean };
+  /**
+   * On content chunks: the piece's token ids (the tokens committed since the previous
+   * piece) and whether its last token was an accepted draft.
+   */
+  dflash?: { drafted: boolean; token_ids: number[] };
   /** On the last chunk. */
   usage?: Usage;
 }

@@ -110,7 +110,7 @@ async function load() {
 }
 
 /** One streamed answer to `msgs`: pieces go to `out` (drafted ones highlighted) and the
- *  live rate, counted from the first token, to #stats. Returns { text, usage, finish }. */
+ *  live rate in tokens (the pieces' token ids), counted from the first, to #stats. Returns { text, usage, finish }. */
 async function stream(msgs, dflash, out) {
   const block = $('block').value === 'auto' ? 'auto' : Number($('block').value);
   let first = 0;
@@ -122,20 +122,22 @@ async function stream(msgs, dflash, out) {
   const req = { messages: msgs, stream: true, max_tokens: Number($('max_tokens').value), temperature, seed: 1, dflash, block };
   for await (const c of engine.chat.completions.create(req)) {
     const d = c.choices[0].delta.content;
-    if (d) {
+    const ids = c.dflash?.token_ids;
+    if (d || ids?.length) {
       const span = document.createElement('span');
       span.textContent = d;
       if (c.dflash?.drafted) { span.className = 'drafted'; drafted++; }
       out?.appendChild(span);
       text += d;
-      n++;
-      if (n === 1) first = performance.now();
+      const was = n;
+      n += ids?.length ?? 1;
+      if (was === 0) first = performance.now();
       const s = (performance.now() - first) / 1000;
       // Every step ends with one token of the target's own (the first comes from the
-      // prefill), so tau is about pieces per non-drafted piece after the first.
+      // prefill), so tau is about tokens per non-drafted piece after the first.
       const steps = n - drafted - 1;
       if (out) {
-        $('stats').textContent = `${n} pieces` + (n > 1 ? `, ${fmt((n - 1) / s)} pieces/s since the first` : '') +
+        $('stats').textContent = `${n} tokens` + (n > 1 ? `, ${fmt((n - 1) / s)} tokens/s since the first` : '') +
           (dflash && steps > 0 ? `, tau ≈ ${fmt((n - 1) / steps)}, ${drafted} accepted drafts` : '');
       }
     }

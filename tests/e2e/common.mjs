@@ -35,7 +35,7 @@ export function nativeGreedy(prompt, maxTokens, device = 'gpu') {
     '--device', device,
   ], { env: { ...process.env, XDG_RUNTIME_DIR: process.env.XDG_RUNTIME_DIR ?? '/tmp' }, encoding: 'utf8' });
   const r = JSON.parse(out);
-  return { text: r.text, tokens: r.completion_tokens };
+  return { text: r.text, tokens: r.completion_tokens, ids: r.tokens };
 }
 
 /** Forwards the page's console and errors to the test log. */

@@ -1,7 +1,8 @@
 // The npm package as a user gets it: `npm pack` in pkg/, the tarball installed into an
 // empty folder, a page that imports it from node_modules and runs a chat (plain and
 // streamed) in headless Chromium on the default engine (the CPU engine, as the only
-// adapter is SwiftShader); the answer equals the native CPU engine's greedy text. A
+// adapter is SwiftShader); the answer equals the native CPU engine's greedy text, and
+// the streamed pieces' token ids its tokens. A
 // five-turn conversation keeps its KV rows between turns (usage's cached_tokens) and
 // gives the texts of the same turns after resetChat(); turn 5's time to first token is
 // printed both ways.
@@ -36,8 +37,10 @@ try {
   const req = { messages: [{ role: 'user', content: ${JSON.stringify(PROMPT)} }], max_tokens: ${N}, temperature: 0 };
   const whole = await engine.chat.completions.create(req);
   let streamed = '', last = null, n = 0;
+  const ids = [];
   for await (const c of await engine.chat.completions.create({ ...req, stream: true })) {
     streamed += c.choices[0].delta.content ?? '';
+    ids.push(...(c.dflash?.token_ids ?? []));
     last = c;
     n++;
   }
@@ -76,7 +79,7 @@ try {
   try { await createEngine({ model: { url: model, sha256: '00'.repeat(32) } }); } catch (e) { wrongHash = e.code; }
   await clearCache();
   const afterClear = await cachedFiles();
-  window.__result = { whole, streamed, last, n, first: engine.info, cached, info2, wrongHash, afterClear, sampled, turns: { reused, prefilled }, unloadedReset };
+  window.__result = { whole, streamed, ids, last, n, first: engine.info, cached, info2, wrongHash, afterClear, sampled, turns: { reused, prefilled }, unloadedReset };
 } catch (e) { window.__result = { error: e.code + ': ' + e.message }; }
 </script>`);
   // Chromium's only adapter here is SwiftShader, a software fallback: the default engine
@@ -100,6 +103,7 @@ try {
     assert.ok(r.whole.usage.prompt_tokens > 10);
     assert.equal(r.whole.usage.dflash.enabled, false);
     assert.equal(r.streamed, expected.text);
+    assert.deepEqual(r.ids, expected.ids, "the pieces' token ids are the native engine's tokens");
     assert.equal(r.last.object, 'chat.completion.chunk');
     assert.equal(r.last.usage.completion_tokens, expected.tokens);
     assert.ok(r.n >= 3);

@@ -59,6 +59,9 @@ def main():
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text == want, (text, want)
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == N, chunks[-1]
+        # Our extension on each piece: its token ids, every generated token once.
+        ids = [t for c in chunks for t in ((c.model_extra or {}).get("dflash") or {}).get("token_ids", [])]
+        assert len(ids) == N, ids
         seen["stream_chunks"] = len(chunks)
         # Penalties run on the CPU engine: a different, still deterministic answer.
         pen = [client.chat.completions.create(model=models[0], messages=messages, max_tokens=N, temperature=0,

@@ -177,7 +177,8 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         block: Some(&block),
     };
     let mut on_text = text_printer(a.json);
-    let answer = engine.generate_blocking(&job, &NativeHost::default(), &mut |t, _| on_text(t))?;
+    let answer =
+        engine.generate_blocking(&job, &NativeHost::default(), &mut |p| on_text(p.text))?;
     if a.json {
         let report = result_json(&engine, &answer, model, load_s + prep_s);
         outln!("{}", serde_json::to_string_pretty(&report).unwrap())?;

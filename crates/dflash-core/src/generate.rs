@@ -164,14 +164,36 @@ pub fn prepare(req: &GenerateRequest, cfg: &crate::config::ModelConfig) -> Resul
     Ok((context, budget))
 }
 
+/// A piece of generated text as it streams out, with the tokens it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece<'a> {
+    /// Whole characters, never cut inside one.
+    pub text: &'a str,
+    /// The tokens committed since the previous piece, in order: every generated token
+    /// is in exactly one piece. A piece can come from several tokens (a character split
+    /// across tokens, text a stop string held back); the last piece takes the tokens not
+    /// sent yet, even if their text is empty (cut by a stop string, or bytes that never
+    /// completed a character).
+    pub ids: &'a [u32],
+    /// Whether the last of `ids` was an accepted draft (false for plain decoding, and for
+    /// a speculative step's anchor and bonus tokens): what the demo highlights.
+    pub drafted: bool,
+}
+
+/// The callback that receives a generation's pieces.
+pub type OnPiece<'a> = dyn FnMut(Piece<'_>) + 'a;
+
 /// Where generated tokens go, whichever engine produced them: stop ids end the text
-/// (the id is not kept), text streams out in whole characters, stop strings cut it, and
-/// the token budget ends it.
+/// (the id is not kept), text streams out in whole characters with its token ids, stop
+/// strings cut it, and the token budget ends it.
 pub struct TokenSink<'a> {
     tok: &'a TextTokenizer,
-    on_text: &'a mut dyn FnMut(&str),
+    on_piece: &'a mut OnPiece<'a>,
     budget: usize,
     pub tokens: Vec<u32>,
+    /// How many of `tokens` went out in pieces.
+    sent: usize,
+    drafted: bool,
     stream: StreamDecoder,
     stops: StopMatcher,
     interrupt: Interrupt,
@@ -184,13 +206,15 @@ impl<'a> TokenSink<'a> {
         tok: &'a TextTokenizer,
         req: &GenerateRequest,
         budget: usize,
-        on_text: &'a mut dyn FnMut(&str),
+        on_piece: &'a mut OnPiece<'a>,
     ) -> Self {
         TokenSink {
             tok,
-            on_text,
+            on_piece,
             budget,
             tokens: Vec::new(),
+            sent: 0,
+            drafted: false,
             stream: StreamDecoder::default(),
             stops: StopMatcher::new(&req.stop_strings),
             interrupt: req.interrupt.clone(),
@@ -203,8 +227,14 @@ impl<'a> TokenSink<'a> {
         self.budget.saturating_sub(self.tokens.len())
     }
 
-    /// Takes the next token; true when generation is over.
+    /// Takes the next token (not an accepted draft); true when generation is over.
     pub fn push(&mut self, t: u32) -> Result<bool> {
+        self.push_token(t, false)
+    }
+
+    /// Takes the next token, `drafted` if it was an accepted draft; true when
+    /// generation is over.
+    pub fn push_token(&mut self, t: u32, drafted: bool) -> Result<bool> {
         if self.tokens.len() >= self.budget {
             return Ok(true);
         }
@@ -217,10 +247,9 @@ impl<'a> TokenSink<'a> {
             return Ok(true);
         }
         self.tokens.push(t);
+        self.drafted = drafted;
         let (text, stopped) = self.stops.push(&self.stream.push(self.tok, t)?);
-        if !text.is_empty() {
-            (self.on_text)(&text);
-        }
+        self.send(&text, false);
         if stopped {
             self.finish = FinishReason::Stop;
             return Ok(true);
@@ -228,12 +257,25 @@ impl<'a> TokenSink<'a> {
         Ok(self.tokens.len() >= self.budget)
     }
 
+    /// Sends `text` with the tokens not yet sent: if there is text, or (the last piece)
+    /// if `last` and tokens are left.
+    fn send(&mut self, text: &str, last: bool) {
+        if text.is_empty() && !(last && self.sent < self.tokens.len()) {
+            return;
+        }
+        let ids = &self.tokens[self.sent..];
+        (self.on_piece)(Piece {
+            text,
+            ids,
+            drafted: self.drafted,
+        });
+        self.sent = self.tokens.len();
+    }
+
     /// Releases held-back text and builds the result.
     pub fn finish(mut self, prompt_tokens: usize, prefill_s: f64, decode_s: f64) -> GenerateResult {
         let rest = self.stops.flush();
-        if !rest.is_empty() {
-            (self.on_text)(&rest);
-        }
+        self.send(&rest, true);
         GenerateResult {
             text: self.stops.text().to_string(),
             tokens: self.tokens,
@@ -340,16 +382,16 @@ impl CpuSession {
 }
 
 /// Generates with the CPU reference model. `clock` returns seconds (the host's clock:
-/// wasm has no `Instant`); `on_text` receives text as it is produced.
+/// wasm has no `Instant`); `on_piece` receives text as it is produced.
 pub fn generate_cpu(
     model: &CpuModel,
     tok: &TextTokenizer,
     req: &GenerateRequest,
     clock: &dyn Fn() -> f64,
-    on_text: &mut dyn FnMut(&str),
+    on_piece: &mut OnPiece<'_>,
 ) -> Result<GenerateResult> {
     let mut session = CpuSession::default();
-    let mut g = CpuGeneration::start(&mut session, model, tok, req, clock, on_text)?;
+    let mut g = CpuGeneration::start(&mut session, model, tok, req, clock, on_piece)?;
     while !g.step()? {}
     Ok(g.finish(clock))
 }
@@ -378,7 +420,7 @@ impl<'a> CpuGeneration<'a> {
         tok: &'a TextTokenizer,
         req: &'a GenerateRequest,
         clock: &dyn Fn() -> f64,
-        on_text: &'a mut dyn FnMut(&str),
+        on_piece: &'a mut OnPiece<'a>,
     ) -> Result<Self> {
         let (context, budget) = prepare(req, &model.config)?;
         let t0 = clock();
@@ -392,7 +434,7 @@ impl<'a> CpuGeneration<'a> {
             session,
             logits,
             history: req.prompt_ids.clone(),
-            sink: TokenSink::new(tok, req, budget, on_text),
+            sink: TokenSink::new(tok, req, budget, on_piece),
             cached_tokens: k,
             times: (t0, clock()),
         })

@@ -8,7 +8,7 @@ use dflash_core::drafter::{
     LayerKind, DRAFT_VOCAB_FILE,
 };
 use dflash_core::formats::ggml::GgmlType;
-use dflash_core::generate::{generate_cpu, GenerateRequest};
+use dflash_core::generate::{generate_cpu, GenerateRequest, Piece};
 use dflash_core::model_files::{load_gguf, LoadedModel};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{
@@ -206,6 +206,78 @@ fn accepted_drafts_and_rollback_keep_the_output_equal_to_plain_decoding() {
                     assert!(s.mean_tau() > 2.5, "tau {}", s.mean_tau());
                 }
             }
+        }
+    }
+}
+
+/// The pieces a generation streams, gathered: their text, their ids and how many ended
+/// on an accepted draft.
+#[derive(Default)]
+struct Pieces {
+    text: String,
+    ids: Vec<u32>,
+    drafted: usize,
+}
+
+impl Pieces {
+    fn take(&mut self, p: Piece<'_>) {
+        assert!(!p.ids.is_empty(), "{p:?}");
+        self.text.push_str(p.text);
+        self.ids.extend_from_slice(p.ids);
+        self.drafted += p.drafted as usize;
+    }
+}
+
+#[test]
+fn pieces_carry_every_token_once_and_flag_accepted_drafts() {
+    let t = target();
+    let cpu = CpuModel::new(&t.weights);
+    for p in prompts() {
+        let sp = SamplingParams::default();
+        let mut plain_pieces = Pieces::default();
+        let plain = generate_cpu(
+            &cpu,
+            &t.tokenizer,
+            &req(&p, sp.clone()),
+            &|| 0.0,
+            &mut |x| plain_pieces.take(x),
+        )
+        .unwrap();
+        assert_eq!(
+            plain_pieces.ids, plain.tokens,
+            "no stop string: every token"
+        );
+        assert_eq!(plain_pieces.text, plain.text);
+        assert_eq!(plain_pieces.drafted, 0, "plain decoding drafts nothing");
+        let mut seq = p.clone();
+        seq.extend(&plain.tokens);
+        let mut o = Oracle {
+            plain: seq,
+            good: vec![7, 0, 3, 5, 1],
+            step: 0,
+            vocab: t.config().vocab_size as u32,
+        };
+        let mut pieces = Pieces::default();
+        let s = generate_speculative_with(
+            &cpu,
+            &mut o,
+            &t.tokenizer,
+            &req(&p, sp),
+            &BlockSize::Fixed(8),
+            &|| 0.0,
+            &mut |x| pieces.take(x),
+        )
+        .unwrap();
+        assert_eq!(pieces.ids, plain.tokens);
+        assert_eq!(pieces.text, plain.text);
+        let accepted: usize = s.taus.iter().map(|t| t - 1).sum();
+        assert!(
+            pieces.drafted <= accepted,
+            "{} > {accepted}",
+            pieces.drafted
+        );
+        if accepted >= 7 {
+            assert!(pieces.drafted > 0, "accepted drafts are flagged");
         }
     }
 }
@@ -588,7 +660,7 @@ fn an_interrupt_ends_generation_before_the_next_token() {
         let r = req(p, Default::default());
         let switch = r.interrupt.clone();
         let mut pieces = 0;
-        let mut on_text = |_: &str| {
+        let mut on_text = |_: Piece<'_>| {
             pieces += 1;
             if pieces == 3 {
                 switch.set();
@@ -644,7 +716,7 @@ fn stepwise_speculation_equals_the_loop_and_stops_between_steps() {
         let r = req(p, Default::default());
         let switch = r.interrupt.clone();
         let mut proposer = DFlashCpu::new(&d, &cpu).unwrap();
-        let mut on_text = |_: &str| {};
+        let mut on_text = |_: Piece<'_>| {};
         let mut session = dflash_core::generate::CpuSession::default();
         let mut g = SpeculativeGeneration::start(
             &mut session,
@@ -792,7 +864,7 @@ fn a_drafting_step_is_timed_without_the_drafters_backlog() {
             drafts: vec![],
         };
         let mut session = CpuSession::default();
-        let mut on_text = |_: &str| {};
+        let mut on_text = |_: Piece<'_>| {};
         // Each reading a second later: every step is timed.
         let clock = || {
             let mut log = log.borrow_mut();
@@ -864,7 +936,7 @@ fn run_in_session(
     block: &BlockSize,
 ) -> dflash_core::speculative::SpeculativeResult {
     use dflash_core::speculative::SpeculativeGeneration;
-    let mut on_text = |_: &str| {};
+    let mut on_text = |_: Piece<'_>| {};
     let mut g = SpeculativeGeneration::start(
         session,
         cpu,
@@ -897,7 +969,7 @@ fn turn_in_session(
     use dflash_core::generate::CpuGeneration;
     use dflash_core::speculative::DFlashCpu;
     let block = BlockSize::Fixed(4);
-    let mut on_text = |_: &str| {};
+    let mut on_text = |_: Piece<'_>| {};
     match d {
         Some(d) => {
             let mut p = Recording {

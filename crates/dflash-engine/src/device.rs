@@ -156,7 +156,7 @@ impl Engine {
         req: &crate::request::Request,
         interrupt: &dflash_core::generate::Interrupt,
         host: &NativeHost,
-        on_piece: &mut dyn FnMut(&str, bool),
+        on_piece: &mut dflash_core::generate::OnPiece<'_>,
     ) -> Result<crate::engine::Answer> {
         pollster::block_on(self.answer(req, interrupt, host, on_piece))
     }
@@ -166,7 +166,7 @@ impl Engine {
         &mut self,
         job: &crate::engine::Job<'_>,
         host: &NativeHost,
-        on_piece: &mut dyn FnMut(&str, bool),
+        on_piece: &mut dflash_core::generate::OnPiece<'_>,
     ) -> Result<crate::engine::Answer> {
         pollster::block_on(self.generate(job, host, on_piece))
     }

@@ -10,7 +10,7 @@ use dflash_core::chat::ChatTemplate;
 use dflash_core::cpu::CpuModel;
 use dflash_core::drafter::CpuDrafter;
 use dflash_core::generate::{
-    CpuGeneration, CpuSession, GenerateRequest, GenerateResult, Interrupt,
+    CpuGeneration, CpuSession, GenerateRequest, GenerateResult, Interrupt, OnPiece,
 };
 use dflash_core::speculative::{
     BlockSize, DFlashCpu, DraftState, SpeculativeGeneration, SpeculativeResult,
@@ -111,14 +111,14 @@ impl Engine {
     }
 
     /// Answers an OpenAI-style request (chat, or a completion's raw prompt), stopped by
-    /// `interrupt` once it is set; `on_piece(text, drafted)` receives the text as it is
-    /// generated.
+    /// `interrupt` once it is set; `on_piece` receives the text as it is generated, with
+    /// its token ids and whether its token was an accepted draft.
     pub async fn answer(
         &mut self,
         req: &Request,
         interrupt: &Interrupt,
         host: &impl Host,
-        on_piece: &mut dyn FnMut(&str, bool),
+        on_piece: &mut OnPiece<'_>,
     ) -> Result<Answer> {
         let mut gen = req.to_generate(
             &self.tokenizer,
@@ -141,7 +141,7 @@ impl Engine {
         &mut self,
         job: &Job<'_>,
         host: &impl Host,
-        on_piece: &mut dyn FnMut(&str, bool),
+        on_piece: &mut OnPiece<'_>,
     ) -> Result<Answer> {
         let prior = self.runner.step_cost_prior();
         let mut policy = || match &prior {
@@ -192,7 +192,7 @@ struct Run<'a, H> {
     gen: &'a GenerateRequest,
     tokenizer: &'a TextTokenizer,
     host: &'a H,
-    on_piece: &'a mut dyn FnMut(&str, bool),
+    on_piece: &'a mut OnPiece<'a>,
 }
 
 impl<H: Host> Run<'_, H> {
@@ -209,8 +209,6 @@ impl<H: Host> Run<'_, H> {
     ) -> Result<SpeculativeResult> {
         let host = self.host;
         let clock = || host.now_s();
-        let on_piece = &mut *self.on_piece;
-        let mut on_text = |s: &str| on_piece(s, false);
         let mut p = DFlashCpu::resume(drafter, target, std::mem::take(draft))?;
         let run = async {
             let mut g = SpeculativeGeneration::start(
@@ -221,7 +219,7 @@ impl<H: Host> Run<'_, H> {
                 self.gen,
                 policy,
                 &clock,
-                &mut on_text,
+                self.on_piece,
             )?;
             while !g.step(&clock)? {
                 host.pause().await?;
@@ -242,15 +240,13 @@ impl<H: Host> Run<'_, H> {
     ) -> Result<GenerateResult> {
         let host = self.host;
         let clock = || host.now_s();
-        let on_piece = &mut *self.on_piece;
-        let mut on_text = |s: &str| on_piece(s, false);
         let mut g = CpuGeneration::start(
             session,
             target,
             self.tokenizer,
             self.gen,
             &clock,
-            &mut on_text,
+            self.on_piece,
         )?;
         while !g.step()? {
             host.pause().await?;
@@ -266,7 +262,7 @@ impl<H: Host> Run<'_, H> {
     ) -> Result<SpeculativeResult> {
         let host = self.host;
         let clock = || host.now_s();
-        spec.generate_pieces_async(self.tokenizer, self.gen, policy, &clock, self.on_piece)
+        spec.generate_async(self.tokenizer, self.gen, policy, &clock, self.on_piece)
             .await
     }
 
@@ -275,11 +271,8 @@ impl<H: Host> Run<'_, H> {
     async fn plain_on_gpu(&mut self, model: &mut GpuModel) -> Result<GenerateResult> {
         let host = self.host;
         let clock = || host.now_s();
-        let on_piece = &mut *self.on_piece;
         model
-            .generate_async(self.tokenizer, self.gen, &clock, &mut |s| {
-                on_piece(s, false)
-            })
+            .generate_async(self.tokenizer, self.gen, &clock, self.on_piece)
             .await
     }
 }

@@ -5,6 +5,7 @@
 
 use crate::engine::Answer;
 use crate::request::{Endpoint, Request};
+use dflash_core::generate::Piece;
 use serde_json::{json, Value};
 
 /// The envelope of one request's answer.
@@ -93,10 +94,11 @@ impl Reply {
         })
     }
 
-    /// A stream's chunk of a text piece; `drafted`: its token was an accepted draft.
-    pub fn piece_chunk(&self, text: &str, drafted: bool) -> Value {
-        let mut v = self.chunk(Some(text), Value::Null);
-        v["dflash"] = json!({ "drafted": drafted });
+    /// A stream's chunk of a text piece, with our extension `dflash`: the piece's
+    /// `token_ids` and whether its last token was an accepted draft (`drafted`).
+    pub fn piece_chunk(&self, piece: &Piece<'_>) -> Value {
+        let mut v = self.chunk(Some(piece.text), Value::Null);
+        v["dflash"] = json!({ "drafted": piece.drafted, "token_ids": piece.ids });
         v
     }
 

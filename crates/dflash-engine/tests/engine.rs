@@ -7,7 +7,7 @@
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{CpuDrafter, DrafterPrecision, DrafterWeights};
 use dflash_core::formats::ggml::GgmlType;
-use dflash_core::generate::Interrupt;
+use dflash_core::generate::{Interrupt, Piece};
 use dflash_core::model_files::load_gguf;
 use dflash_core::testutil::{
     random_weights, tiny_drafter_target, write_drafter, write_gguf, DrafterSpec,
@@ -54,7 +54,7 @@ fn run(e: &mut Engine, req: &Request) -> (Answer, String) {
             req,
             &Interrupt::default(),
             &NativeHost::default(),
-            &mut |t, _| text.push_str(t),
+            &mut |p| text.push_str(p.text),
         )
         .unwrap();
     (a, text)
@@ -120,7 +120,7 @@ fn an_interrupted_request_ends_with_abort_and_the_engine_goes_on() {
     let stop = Interrupt::default();
     stop.set();
     let a = e
-        .answer_blocking(&req, &stop, &NativeHost::default(), &mut |_, _| {})
+        .answer_blocking(&req, &stop, &NativeHost::default(), &mut |_| {})
         .unwrap();
     assert_eq!(a.finish_reason(), "abort");
     assert!(
@@ -138,7 +138,7 @@ fn bad_requests_get_their_codes_before_anything_runs() {
     let host = NativeHost::default();
     let code = |e: &mut Engine, r: Request| {
         let err = e
-            .answer_blocking(&r, &Interrupt::default(), &host, &mut |_, _| {
+            .answer_blocking(&r, &Interrupt::default(), &host, &mut |_| {
                 panic!("nothing is generated")
             })
             .err()
@@ -152,7 +152,7 @@ fn bad_requests_get_their_codes_before_anything_runs() {
             dflash: true,
             block: Some(&block),
         };
-        let err = e.generate_blocking(&job, &host, &mut |_, _| panic!("nothing is generated"));
+        let err = e.generate_blocking(&job, &host, &mut |_| panic!("nothing is generated"));
         error_code(&err.err().expect("refused"))
     };
     assert_eq!(
@@ -219,9 +219,16 @@ fn answers_are_shaped_as_openai_objects() {
         .first_chunk()
         .expect("a chat stream opens with the role");
     assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
-    let piece = reply.piece_chunk("he", true);
+    let piece = reply.piece_chunk(&Piece {
+        text: "he",
+        ids: &[3, 9],
+        drafted: true,
+    });
     assert_eq!(piece["choices"][0]["delta"]["content"], "he");
-    assert_eq!(piece["dflash"]["drafted"], true);
+    assert_eq!(
+        piece["dflash"],
+        json!({"drafted": true, "token_ids": [3, 9]})
+    );
     let last = reply.last_chunks(&a);
     assert_eq!(last.len(), 2, "the finish, then include_usage's chunk");
     assert_eq!(last[0]["choices"][0]["finish_reason"], a.finish_reason());

@@ -4,7 +4,7 @@
 
 use crate::error::Result;
 use crate::model::{GpuModel, OutputHead};
-use dflash_core::generate::{token_budget, GenerateRequest, GenerateResult, TokenSink};
+use dflash_core::generate::{token_budget, GenerateRequest, GenerateResult, OnPiece, TokenSink};
 use dflash_core::tokenizer::TextTokenizer;
 
 impl GpuModel {
@@ -16,7 +16,7 @@ impl GpuModel {
         tok: &TextTokenizer,
         req: &GenerateRequest,
         clock: &dyn Fn() -> f64,
-        on_text: &mut dyn FnMut(&str),
+        on_piece: &mut OnPiece<'_>,
     ) -> Result<GenerateResult> {
         let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, self.context)?;
         let head = if req.sampling.is_greedy() {
@@ -29,7 +29,7 @@ impl GpuModel {
         let keep = self.reusable_rows(&req.prompt_ids, false);
         let next = self.prefill_from_async(&req.prompt_ids, keep, head).await?;
         let t1 = clock();
-        let mut sink = TokenSink::new(tok, req, budget, on_text);
+        let mut sink = TokenSink::new(tok, req, budget, on_piece);
         if !sink.push(next)? {
             let max = sink.remaining();
             self.decode_async(next, max, head, &mut |t| Ok(sink.push(t)?))
@@ -133,8 +133,8 @@ impl GpuModel {
         tok: &TextTokenizer,
         req: &GenerateRequest,
         clock: &dyn Fn() -> f64,
-        on_text: &mut dyn FnMut(&str),
+        on_piece: &mut OnPiece<'_>,
     ) -> Result<GenerateResult> {
-        pollster::block_on(self.generate_async(tok, req, clock, on_text))
+        pollster::block_on(self.generate_async(tok, req, clock, on_piece))
     }
 }

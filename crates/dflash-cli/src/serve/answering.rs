@@ -4,7 +4,7 @@
 
 use super::http::{self, client_gone, write_error, write_event, write_json};
 use super::jobs::Event;
-use dflash_core::generate::Interrupt;
+use dflash_core::generate::{Interrupt, Piece};
 use dflash_engine::response::Reply;
 use std::net::TcpStream;
 use std::sync::mpsc::{self, Receiver};
@@ -43,7 +43,7 @@ impl Answering<'_> {
         let mut checked = Instant::now();
         while let Some(e) = self.next(&mut checked) {
             match e {
-                Event::Piece(p, _) => text.push_str(&p),
+                Event::Piece(p, ..) => text.push_str(&p),
                 Event::Done(a) => {
                     return write_json(self.stream, 200, &self.reply.whole(&text, &a))
                 }
@@ -78,8 +78,13 @@ impl Answering<'_> {
         let mut event = Some(first);
         while let Some(e) = event {
             match e {
-                Event::Piece(p, drafted) => {
-                    write_event(stream, &self.reply.piece_chunk(&p, drafted).to_string())?
+                Event::Piece(text, ids, drafted) => {
+                    let piece = Piece {
+                        text: &text,
+                        ids: &ids,
+                        drafted,
+                    };
+                    write_event(stream, &self.reply.piece_chunk(&piece).to_string())?
                 }
                 Event::Done(a) => {
                     for c in self.reply.last_chunks(&a) {

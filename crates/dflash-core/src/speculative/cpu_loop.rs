@@ -7,7 +7,7 @@ use super::proposer::*;
 use crate::cpu::{CpuModel, LogitRows};
 use crate::drafter::CpuDrafter;
 use crate::error::{Error, Result};
-use crate::generate::{prepare, CpuSession, GenerateRequest, TokenSink};
+use crate::generate::{prepare, CpuSession, GenerateRequest, OnPiece, TokenSink};
 use crate::rejection::{verify, Proposed, Verdict};
 use crate::sampling::{distribution, sample};
 use crate::tokenizer::TextTokenizer;
@@ -20,10 +20,10 @@ pub fn generate_speculative_cpu(
     req: &GenerateRequest,
     block: &BlockSize,
     clock: &dyn Fn() -> f64,
-    on_text: &mut dyn FnMut(&str),
+    on_piece: &mut OnPiece<'_>,
 ) -> Result<SpeculativeResult> {
     let mut p = DFlashCpu::new(drafter, target)?;
-    generate_speculative_with(target, &mut p, tok, req, block, clock, on_text)
+    generate_speculative_with(target, &mut p, tok, req, block, clock, on_piece)
 }
 
 /// The speculative loop on the CPU reference target with any proposer.
@@ -34,7 +34,7 @@ pub fn generate_speculative_with(
     req: &GenerateRequest,
     block: &BlockSize,
     clock: &dyn Fn() -> f64,
-    on_text: &mut dyn FnMut(&str),
+    on_piece: &mut OnPiece<'_>,
 ) -> Result<SpeculativeResult> {
     let mut session = CpuSession::default();
     let mut g = SpeculativeGeneration::start(
@@ -45,7 +45,7 @@ pub fn generate_speculative_with(
         req,
         block,
         clock,
-        on_text,
+        on_piece,
     )?;
     while !g.step(clock)? {}
     Ok(g.finish(clock))
@@ -86,7 +86,7 @@ impl<'a> SpeculativeGeneration<'a> {
         req: &'a GenerateRequest,
         block: &BlockSize,
         clock: &dyn Fn() -> f64,
-        on_text: &'a mut dyn FnMut(&str),
+        on_piece: &'a mut OnPiece<'a>,
     ) -> Result<Self> {
         let (context, budget) = prepare(req, &target.config)?;
         let taps = proposer.tap_layers();
@@ -103,7 +103,7 @@ impl<'a> SpeculativeGeneration<'a> {
         let history = req.prompt_ids.clone();
         let anchor = sample(&out.logits, &req.sampling, &history, history.len());
         let t1 = clock();
-        let mut sink = TokenSink::new(tok, req, budget, on_text);
+        let mut sink = TokenSink::new(tok, req, budget, on_piece);
         let done = budget == 0 || sink.push(anchor)?;
         Ok(SpeculativeGeneration {
             target,
@@ -155,7 +155,9 @@ impl<'a> SpeculativeGeneration<'a> {
         let sink = &mut self.sink;
         self.done = self
             .blocks
-            .commit_step(b, clock() - t_step, acc, committed, |t, _| sink.push(t))?;
+            .commit_step(b, clock() - t_step, acc, committed, |t, d| {
+                sink.push_token(t, d)
+            })?;
         self.anchor = bonus;
         Ok(self.done)
     }

@@ -5,6 +5,7 @@
 use super::{step_seconds, QueuedStep, Speculative};
 use crate::error::Result;
 use crate::model::OutputHead;
+use dflash_core::generate::OnPiece;
 use dflash_core::speculative::BlockLoop;
 
 impl Speculative {
@@ -17,33 +18,20 @@ impl Speculative {
         req: &dflash_core::generate::GenerateRequest,
         block: &dflash_core::speculative::BlockSize,
         clock: &dyn Fn() -> f64,
-        on_text: &mut dyn FnMut(&str),
+        on_piece: &mut OnPiece<'_>,
     ) -> Result<dflash_core::speculative::SpeculativeResult> {
-        pollster::block_on(self.generate_async(tok, req, block, clock, on_text))
+        pollster::block_on(self.generate_async(tok, req, block, clock, on_piece))
     }
 
-    /// `generate` for event-loop hosts.
+    /// `generate` for event-loop hosts; each piece says whether its last token was an
+    /// accepted draft (what the demo highlights).
     pub async fn generate_async(
         &mut self,
         tok: &dflash_core::tokenizer::TextTokenizer,
         req: &dflash_core::generate::GenerateRequest,
         block: &dflash_core::speculative::BlockSize,
         clock: &dyn Fn() -> f64,
-        on_text: &mut dyn FnMut(&str),
-    ) -> Result<dflash_core::speculative::SpeculativeResult> {
-        self.generate_pieces_async(tok, req, block, clock, &mut |s, _| on_text(s))
-            .await
-    }
-
-    /// `generate_async` whose text callback also says whether the piece's token was an
-    /// accepted draft (false for anchors and bonus tokens): what the demo highlights.
-    pub async fn generate_pieces_async(
-        &mut self,
-        tok: &dflash_core::tokenizer::TextTokenizer,
-        req: &dflash_core::generate::GenerateRequest,
-        block: &dflash_core::speculative::BlockSize,
-        clock: &dyn Fn() -> f64,
-        on_piece: &mut dyn FnMut(&str, bool),
+        on_piece: &mut OnPiece<'_>,
     ) -> Result<dflash_core::speculative::SpeculativeResult> {
         use dflash_core::generate::{prepare, TokenSink};
         let mut cfg = self.target.config.clone();
@@ -61,16 +49,11 @@ impl Speculative {
         let keep = self.target.reusable_rows(&req.prompt_ids, true);
         let anchor = self.prefill_from_async(&req.prompt_ids, keep, head).await?;
         let t1 = clock();
-        let drafted = std::cell::Cell::new(false);
-        let mut on_text = |s: &str| on_piece(s, drafted.get());
-        let mut sink = TokenSink::new(tok, req, budget, &mut on_text);
+        let mut sink = TokenSink::new(tok, req, budget, on_piece);
         let mut blocks = BlockLoop::new(block, self.block_capacity());
         if budget > 0 && !sink.push(anchor)? {
             let left = sink.remaining();
-            let mut push = |t: u32, d: bool| {
-                drafted.set(d);
-                Ok(sink.push(t)?)
-            };
+            let mut push = |t: u32, d: bool| Ok(sink.push_token(t, d)?);
             self.decode_steps_async(&mut blocks, head, left, clock, &mut push)
                 .await?;
         }

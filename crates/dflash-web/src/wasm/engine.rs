@@ -38,7 +38,7 @@ impl Engine {
     /// Answers an OpenAI-style chat request in OpenAI's shape, named by `envelope`
     /// (`{ id, created, model }`): resolves to the whole `chat.completion`; with
     /// `on_chunk`, streams its `chat.completion.chunk`s as they are generated (the role,
-    /// each piece with `dflash.drafted`, the finish with the usage, and include_usage's).
+    /// each piece with `dflash.drafted` and `dflash.token_ids`, the finish with the usage, and include_usage's).
     pub fn chat(
         &self,
         request: JsValue,
@@ -152,8 +152,8 @@ pub(super) async fn answer(
     }
     interrupt.clear();
     let a = engine
-        .answer(&req, &interrupt, &Worker, &mut |s, drafted| {
-            emit(&reply.piece_chunk(s, drafted))
+        .answer(&req, &interrupt, &Worker, &mut |p| {
+            emit(&reply.piece_chunk(&p))
         })
         .await
         .map_err(|e| to_js(&e))?;
