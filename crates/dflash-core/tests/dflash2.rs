@@ -469,7 +469,7 @@ fn identity_convolutions_reduce_dflash2_to_dflash() {
         let d = CpuDrafter::new(w);
         let mut ctx = d.new_context();
         d.extend_context(&mut ctx, &taps_rows);
-        d.forward_block(&ctx, &embeds, 12)
+        d.forward_block(&mut ctx, &embeds)
     };
     let (a, b, c) = (run(&ident), run(&plain), run(&w));
     let diff = |x: &[f32], y: &[f32]| {

@@ -443,8 +443,8 @@ fn context_rows_fed_one_at_a_time_equal_all_at_once() {
     let mask = w.config.mask_token_id;
     let block = cpu.embed(&[3, mask, mask, mask]).unwrap();
     assert_eq!(
-        d.forward_block(&a, &block, toks.len()),
-        d.forward_block(&b, &block, toks.len())
+        d.forward_block(&mut a, &block),
+        d.forward_block(&mut b, &block)
     );
 }
 

@@ -332,7 +332,7 @@ fn compare_with_the_references_arrays(full_precision: bool) {
         d.extend_context_probed(&mut ctx, &a["taps"], &mut probe);
         let block_ids = ids(&block["block_ids"]);
         let embeds = cpu.embed(&block_ids).unwrap();
-        let hidden = d.forward_block_probed(&ctx, &embeds, prompt.len(), &mut probe);
+        let hidden = d.forward_block_probed(&mut ctx, &embeds, &mut probe);
         let (h, b, v) = (dw.config.hidden_size, block_ids.len(), dw.config.vocab_size);
         let raw = cpu.lm_head_rows(&hidden[h..], b - 1);
         let logits: Vec<f32> = raw.iter().map(|&x| dw.config.draft_logit(x)).collect();

@@ -393,7 +393,7 @@ fn the_drafter_forward_matches_the_cpu_reference() {
         cpu_d.extend_context(&mut dctx, &out.taps);
         let mut ids = vec![anchor];
         ids.extend(std::iter::repeat_n(w.config.mask_token_id, b - 1));
-        let want = cpu_d.forward_block(&dctx, &cpu_t.embed(&ids).unwrap(), p.len());
+        let want = cpu_d.forward_block(&mut dctx, &cpu_t.embed(&ids).unwrap());
         let max = want
             .iter()
             .zip(&got)
@@ -514,7 +514,7 @@ fn the_dflash2_drafter_matches_the_cpu_reference() {
             cpu_d.extend_context(&mut dctx, &out.taps);
             let mut ids = vec![anchor];
             ids.extend(std::iter::repeat_n(w.config.mask_token_id, b - 1));
-            let want = cpu_d.forward_block(&dctx, &cpu_t.embed(&ids).unwrap(), p.len());
+            let want = cpu_d.forward_block(&mut dctx, &cpu_t.embed(&ids).unwrap());
             let max = want
                 .iter()
                 .zip(&got)

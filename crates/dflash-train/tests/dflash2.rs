@@ -170,7 +170,7 @@ fn dflash2_forward_equals_the_cpu_reference() {
                 embed[t * h..(t + 1) * h].to_vec()
             })
             .collect();
-        cpu.forward_block(&ctx, &block, an)
+        cpu.forward_block(&mut ctx, &block)
     };
     let rel = |x: &[f32], y: &[f32]| -> f64 {
         let d: f64 = x.iter().zip(y).map(|(a, b)| ((a - b) as f64).powi(2)).sum();

@@ -2,20 +2,16 @@
 //! attention over a KV cache, SwiGLU MLP, lm_head; optional hidden-state taps.
 
 use super::delta_net::{CpuDeltaNet, LinearState};
-use super::ops::{argmax, attention_heads, attention_row, rms_norm, rms_norm_rows, route_experts};
-use super::quant_matmul::{for_each_band, in_pool, threads};
+use super::ops::{argmax, rms_norm, rms_norm_rows, route_experts};
+use super::quant_matmul::in_pool;
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{Error, Result};
 use crate::quant::QuantMatrix;
 use crate::weights::{FeedForward, Mixer, ModelWeights, MoeWeights};
 
-use super::layer::{norm_rope_heads, swiglu, HeadRope, Mlp};
+use super::layer::{attend, norm_rope_heads, swiglu, HeadRope, Heads, Mlp};
 pub use super::matrix::CpuKernels;
 use super::matrix::{Matrix, Stacked};
-
-/// Cached keys from which a one-row pass splits its attention heads across the threads
-/// (below, the split costs more than the heads' work).
-const PARALLEL_HEADS_FROM: usize = 256;
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -613,26 +609,15 @@ impl CpuModel {
         }
         cache.k[li].extend_from_slice(&k);
         cache.v[li].extend_from_slice(&v);
-        let (kc, vc) = (&cache.k[li], &cache.v[li]);
-        let mut att = vec![0f32; n * qd];
-        // Rows on the engine's threads (each row's result is its own either way).
-        let row = |r: usize, ar: &mut [f32]| {
-            attention_row(&q[r * qd..(r + 1) * qd], kc, vc, start + r, nh, nkv, hd, ar)
+        let heads = Heads {
+            n: nh,
+            kv: nkv,
+            dim: hd,
         };
-        if n > 1 {
-            for_each_band(&mut att, qd, row);
-        } else if start >= PARALLEL_HEADS_FROM {
-            // One row over a long context: its heads split across the threads.
-            let per_band = nh.div_ceil(threads()).max(1);
-            let shape = (nh, nkv, hd);
-            for_each_band(&mut att, per_band * hd, |i, band| {
-                let first = i * per_band;
-                let heads = first..first + band.len() / hd;
-                attention_heads((&q, kc, vc, start), shape, heads, band)
-            });
-        } else {
-            row(0, &mut att);
-        }
+        // Row r sees the cached rows and the pass's rows up to its own position.
+        let causal = |r: usize| 0..start + r + 1;
+        let kv = (&cache.k[li][..], &cache.v[li][..]);
+        let mut att = attend(&q, n, kv, &causal, heads);
         if let Some(g) = gate {
             for (a, &g) in att.iter_mut().zip(&g) {
                 *a *= 1.0 / (1.0 + (-g).exp());

@@ -3,19 +3,20 @@
 
 use super::*;
 use crate::config::RopeStyle;
-use crate::cpu::layer::{norm_rope_heads, HeadRope, Mlp};
-use crate::cpu::matrix::Matrix as Mat;
-use crate::cpu::ops::{dot, rms_norm_rows, softmax};
+use crate::cpu::layer::{attend, norm_rope_heads, HeadRope, Heads, Mlp};
+use crate::cpu::matrix::{Matrix as Mat, Stacked};
+use crate::cpu::ops::rms_norm_rows;
 use crate::cpu::quant_matmul::in_pool;
 use crate::cpu::CpuKernels;
 use crate::quant::QuantMatrix;
+use std::ops::Range;
 
 struct CpuDraftLayer {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
     wq: Mat,
-    wk: Mat,
-    wv: Mat,
+    /// `[wk; wv]`: the context rows need no queries.
+    kv: Stacked,
     wo: Mat,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
@@ -127,82 +128,19 @@ impl DraftContext {
     }
 }
 
-/// A draft layer's keys and values: the context's (positions `0..n_ctx`), then the
-/// block's (positions `start..`).
-struct BlockKeys<'a> {
-    k_ctx: &'a [f32],
-    v_ctx: &'a [f32],
-    n_ctx: usize,
-    k: &'a [f32],
-    v: &'a [f32],
-    start: usize,
-}
-
-impl BlockKeys<'_> {
-    /// The absolute position of key `j` (context rows first) and its row (key, value)
-    /// of `kv_dim` values.
-    fn row(&self, j: usize, kvd: usize) -> (usize, &[f32], &[f32]) {
-        let (pos, k, v, r) = if j < self.n_ctx {
-            (j, self.k_ctx, self.v_ctx, j)
-        } else {
-            let r = j - self.n_ctx;
-            (self.start + r, self.k, self.v, r)
-        };
-        (pos, &k[r * kvd..(r + 1) * kvd], &v[r * kvd..(r + 1) * kvd])
-    }
-}
-
-/// Whether a block query at position `q` sees a key at `p` on a layer of this kind, as
-/// the reference masks it: full layers see everything unless `is_causal`; causal layers
-/// only `p <= q`; sliding layers only `q - p < W` and, where not causal, `p - q < W`.
-fn visible(c: &DrafterConfig, kind: LayerKind, q: usize, p: usize) -> bool {
+/// The keys a block query at position `q` sees on a layer of this kind, as the
+/// reference masks it, among the positions `0..len` (the context's, then the block's):
+/// full layers see everything unless `is_causal`; causal layers only `p <= q`; sliding
+/// layers only `q - p < W` and, where not causal, `p - q < W`.
+fn visible_keys(c: &DrafterConfig, kind: LayerKind, q: usize, len: usize) -> Range<usize> {
     let window = c.window(kind);
-    if p <= q {
-        window.is_none_or(|w| q - p < w)
-    } else {
-        !c.is_causal(kind) && window.is_none_or(|w| p - q < w)
-    }
-}
-
-/// The attention output (`[b, q_dim]`) of the block's queries (`q`, rotated) over the
-/// keys each one sees, each row's softmax over its keys in position order.
-fn block_attention(
-    c: &DrafterConfig,
-    kind: LayerKind,
-    q: &[f32],
-    keys: &BlockKeys,
-    b: usize,
-) -> Vec<f32> {
-    let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
-    let (qd, kvd) = (c.q_dim(), c.kv_dim());
-    let scale = 1.0 / (hd as f32).sqrt();
-    let n_keys = keys.n_ctx + b;
-    let mut att = vec![0f32; b * qd];
-    for i in 0..b {
-        let qpos = keys.start + i;
-        let seen: Vec<(&[f32], &[f32])> = (0..n_keys)
-            .map(|j| keys.row(j, kvd))
-            .filter(|&(p, _, _)| visible(c, kind, qpos, p))
-            .map(|(_, k, v)| (k, v))
-            .collect();
-        let mut scores = vec![0f32; seen.len()];
-        for hh in 0..nh {
-            let kh = hh / (nh / nkv);
-            let head = kh * hd..(kh + 1) * hd;
-            let qh = &q[i * qd + hh * hd..i * qd + (hh + 1) * hd];
-            for (s, (k, _)) in scores.iter_mut().zip(&seen) {
-                *s = dot(qh, &k[head.clone()]) * scale;
-            }
-            softmax(&mut scores);
-            let o = &mut att[i * qd + hh * hd..i * qd + (hh + 1) * hd];
-            for (&p, (_, v)) in scores.iter().zip(&seen) {
-                for (od, vd) in o.iter_mut().zip(&v[head.clone()]) {
-                    *od += p * vd;
-                }
-            }
-        }
-    }
-    att
+    let first = window.map_or(0, |w| (q + 1).saturating_sub(w));
+    let end = match (c.is_causal(kind), window) {
+        (true, _) => q + 1,
+        (false, Some(w)) => (q + w).min(len),
+        (false, None) => len,
+    };
+    first..end.max(first)
 }
 
 /// The drafter's query or key heads of one row: normalised and rotated (NeoX style, the
@@ -233,8 +171,7 @@ impl CpuDrafter {
                 input_norm: l.input_norm.clone(),
                 post_norm: l.post_norm.clone(),
                 wq: mat(&l.wq),
-                wk: mat(&l.wk),
-                wv: mat(&l.wv),
+                kv: Stacked::new(&[&l.wk, &l.wv], kernels),
                 wo: mat(&l.wo),
                 q_norm: l.q_norm.clone(),
                 k_norm: l.k_norm.clone(),
@@ -298,8 +235,7 @@ impl CpuDrafter {
         rms_norm_rows(&f, &self.hidden_norm, c.rms_norm_eps, &mut cn);
         probe("context", &cn);
         for (li, l) in self.layers.iter().enumerate() {
-            let mut k = l.wk.apply(&cn, r);
-            let v = l.wv.apply(&cn, r);
+            let [mut k, v]: [Vec<f32>; 2] = l.kv.apply(&cn, r).try_into().expect("k, v");
             for i in 0..r {
                 head_norm_rope(
                     &mut k[i * c.kv_dim()..(i + 1) * c.kv_dim()],
@@ -317,32 +253,27 @@ impl CpuDrafter {
     }
 
     /// The drafter's final hidden rows for `block_embeds` (`[B, H]`: the target's
-    /// embeddings of `[anchor, MASK...]`) at positions `start..start+B`.
-    pub fn forward_block(
-        &self,
-        ctx: &DraftContext,
-        block_embeds: &[f32],
-        start: usize,
-    ) -> Vec<f32> {
-        in_pool(|| self.forward_block_here(ctx, block_embeds, start, &mut |_, _| {}))
+    /// embeddings of `[anchor, MASK...]`) at the positions after the context's,
+    /// `ctx.len..ctx.len + B`. The block's keys join the context's for the pass and
+    /// leave it after: `ctx` is as it was.
+    pub fn forward_block(&self, ctx: &mut DraftContext, block_embeds: &[f32]) -> Vec<f32> {
+        in_pool(|| self.forward_block_here(ctx, block_embeds, &mut |_, _| {}))
     }
 
     /// `forward_block`, reporting its intermediates to `probe`.
     pub fn forward_block_probed(
         &self,
-        ctx: &DraftContext,
+        ctx: &mut DraftContext,
         block_embeds: &[f32],
-        start: usize,
         probe: Probe,
     ) -> Vec<f32> {
-        in_pool(|| self.forward_block_here(ctx, block_embeds, start, probe))
+        in_pool(|| self.forward_block_here(ctx, block_embeds, probe))
     }
 
     fn forward_block_here(
         &self,
-        ctx: &DraftContext,
+        ctx: &mut DraftContext,
         block_embeds: &[f32],
-        start: usize,
         probe: Probe,
     ) -> Vec<f32> {
         let c = &self.config;
@@ -357,7 +288,7 @@ impl CpuDrafter {
         }
         probe("block_embeds", &x);
         for (li, l) in self.layers.iter().enumerate() {
-            let o = self.block_attention_sublayer((li, l), ctx, &x, start, probe);
+            let o = self.block_attention_sublayer((li, l), ctx, &x, probe);
             x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
             let d = self.block_mlp_sublayer((li, l), &x, probe);
             x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
@@ -368,40 +299,43 @@ impl CpuDrafter {
         out
     }
 
-    /// Layer `li`'s attention over the block rows `x` at positions `start..` (and the
-    /// context): its output, before the residual add.
+    /// Layer `li`'s attention over the block rows `x` at positions `ctx.len..` and the
+    /// context (the target's attention core, each row masked to the keys it sees): its
+    /// output, before the residual add.
     fn block_attention_sublayer(
         &self,
         (li, l): (usize, &CpuDraftLayer),
-        ctx: &DraftContext,
+        ctx: &mut DraftContext,
         x: &[f32],
-        start: usize,
         probe: Probe,
     ) -> Vec<f32> {
         let c = &self.config;
         let (h, hd, qd, kvd) = (c.hidden_size, c.head_dim, c.q_dim(), c.kv_dim());
-        let b = x.len() / h;
+        let (b, start) = (x.len() / h, ctx.len);
         let tag = format!("conv.{li}.attention_conv");
         let conv = l.conv.as_ref().map(|cv| &cv[0]);
         let (hn, conv) = self.sublayer_input(x, &l.input_norm, conv, &tag, probe);
         let mut q = l.wq.apply(&hn, b);
-        let mut k = l.wk.apply(&hn, b);
-        let v = l.wv.apply(&hn, b);
+        let [mut k, v]: [Vec<f32>; 2] = l.kv.apply(&hn, b).try_into().expect("k, v");
         for i in 0..b {
             let (qi, ki) = (&mut q[i * qd..(i + 1) * qd], &mut k[i * kvd..(i + 1) * kvd]);
             let (eps, pos) = (c.rms_norm_eps, start + i);
             head_norm_rope(qi, hd, &l.q_norm, eps, pos, &self.inv_freq);
             head_norm_rope(ki, hd, &l.k_norm, eps, pos, &self.inv_freq);
         }
-        let keys = BlockKeys {
-            k_ctx: &ctx.k[li],
-            v_ctx: &ctx.v[li],
-            n_ctx: ctx.len,
-            k: &k,
-            v: &v,
-            start,
+        let (kc, vc) = (&mut ctx.k[li], &mut ctx.v[li]);
+        kc.extend_from_slice(&k);
+        vc.extend_from_slice(&v);
+        let heads = Heads {
+            n: c.num_heads,
+            kv: c.num_kv_heads,
+            dim: hd,
         };
-        let o = l.wo.apply(&block_attention(c, l.kind, &q, &keys, b), b);
+        let seen = |i: usize| visible_keys(c, l.kind, start + i, start + b);
+        let att = attend(&q, b, (kc, vc), &seen, heads);
+        kc.truncate(start * kvd);
+        vc.truncate(start * kvd);
+        let o = l.wo.apply(&att, b);
         self.sublayer_output(o, conv, &tag, probe)
     }
 
@@ -475,5 +409,45 @@ impl CpuDrafter {
         let out = self.conv_side(cv, &o, &coef, 1);
         probe(&format!("{tag}.finished"), &out);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{tiny_drafter_target, write_drafter, DrafterSpec};
+
+    /// The reference's mask, key by key.
+    fn visible(c: &DrafterConfig, kind: LayerKind, q: usize, p: usize) -> bool {
+        let window = c.window(kind);
+        if p <= q {
+            window.is_none_or(|w| q - p < w)
+        } else {
+            !c.is_causal(kind) && window.is_none_or(|w| p - q < w)
+        }
+    }
+
+    #[test]
+    fn each_query_sees_the_run_of_keys_the_reference_mask_shows_it() {
+        let t = tiny_drafter_target();
+        let files = write_drafter(&t, &DrafterSpec::new(&t, 2, 5));
+        let json = std::str::from_utf8(&files["config.json"]).unwrap();
+        let mut c = DrafterConfig::from_json(json).unwrap();
+        for (window, causal) in [0, 1, 3, 8]
+            .into_iter()
+            .flat_map(|w| [None, Some(true), Some(false)].map(|k| (w, k)))
+        {
+            (c.sliding_window, c.is_causal) = (window, causal);
+            for kind in [LayerKind::Full, LayerKind::Sliding] {
+                for (len, q) in (1..12).flat_map(|len| (0..len).map(move |q| (len, q))) {
+                    let want: Vec<usize> = (0..len).filter(|&p| visible(&c, kind, q, p)).collect();
+                    let got: Vec<usize> = visible_keys(&c, kind, q, len).collect();
+                    assert_eq!(
+                        got, want,
+                        "{kind:?} W={window} causal={causal:?} q={q} of {len}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -128,13 +128,13 @@ impl<'a> DFlashCpu<'a> {
     }
 
     /// The context with every committed row in it.
-    fn context(&mut self) -> &crate::drafter::DraftContext {
+    fn context(&mut self) -> &mut crate::drafter::DraftContext {
         let st = &mut self.state;
         if !st.pending.is_empty() {
             self.drafter.extend_context(&mut st.ctx, &st.pending);
             st.pending.clear();
         }
-        &st.ctx
+        &mut st.ctx
     }
 
     fn tap_width(&self) -> usize {
@@ -151,7 +151,9 @@ impl<'a> DFlashCpu<'a> {
         ));
         let embeds = self.target.embed(&ids)?;
         let drafter = self.drafter;
-        Ok(drafter.forward_block(self.context(), &embeds, pos))
+        let ctx = self.context();
+        debug_assert_eq!(ctx.len, pos, "the block follows the committed rows");
+        Ok(drafter.forward_block(ctx, &embeds))
     }
 
     /// `block_hidden`, and the target lm_head's logits of its `b - 1` draft rows.
