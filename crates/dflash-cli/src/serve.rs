@@ -7,6 +7,28 @@
 //! engine is not `Send`). Each connection has a thread that parses its request and
 //! queues a job; the queue is bounded and a request past it is answered 503 at once. A
 //! client that disconnects interrupts its job within a token (or a DFlash step).
+//!
+//! # The transport in detail
+//!
+//! An OpenAI-compatible server over one model and drafter (`/v1/chat/completions`,
+//! `/v1/completions`, `/v1/models`, `/health`). It is the transport only: the request is
+//! parsed, run and shaped by `dflash-engine` (`Request::from_body`,
+//! `Engine::answer_blocking`, `response::Reply`), as in the browser. The engine (not
+//! `Send` on the GPU; built by `Engine::on_device`, so without `--device` it is the CPU
+//! engine where the only adapter is a software one) runs on the main thread and answers
+//! jobs one at a time from a bounded `sync_channel` (`--queue`; a full queue is 503 at
+//! once). The acceptor thread gives each connection a thread (at most 64; a `Drop` guard
+//! counts them) that reads one HTTP/1.1 request (`serve/http.rs`: `Connection: close`,
+//! Content-Length bodies only, 16 KiB heads, the whole request within
+//! `--client-timeout`), parses it with `dflash_engine::request` (the browser's parser
+//! too) and relays the job's events as one JSON answer or as server-sent events. The
+//! connection checks every 200 ms whether its client left and then sets the job's
+//! `Interrupt`; a panic in the engine fails only its request (500, code `Panic`; the
+//! conversation's kept rows are forgotten).
+//!
+//! How an interrupt ends generation: `dflash_core::generate`'s module docs
+//! (`crates/dflash-core/src/generate.rs`); the error codes and HTTP statuses:
+//! `dflash_engine::errors` (`crates/dflash-engine/src/errors.rs`).
 
 mod answering;
 mod http;

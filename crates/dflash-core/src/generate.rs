@@ -1,5 +1,21 @@
 //! The generation loop of the CPU reference engine: prefill, sample, stop on stop ids,
 //! stop strings or the token budget, and stream text as it becomes whole characters.
+//!
+//! # Ending a request early
+//!
+//! Every engine's loop feeds its tokens to the one `generate::TokenSink`, which checks
+//! the request's `Interrupt` switch (shared by clones) before it takes a token and then
+//! ends generation with `FinishReason::Interrupted` (`"abort"` in the API). In the
+//! browser the worker handles an `interrupt` message outside its request queue and sets
+//! the running request's switch; the GPU engine yields to the worker at every step's map
+//! and the CPU engine between tokens of plain decoding (`generate::CpuGeneration`) and
+//! between DFlash steps (`speculative::SpeculativeGeneration`): the engine calls its
+//! `Host::pause` (`crates/dflash-engine/src/engine.rs`), which the worker's host
+//! implements as a `MessageChannel` yield in `dflash_web::wasm`, so a request stops
+//! within one step. The package's `create(request, { signal })` rejects with `Aborted`
+//! and sends the interrupt for that request (dropped from the queue if it has not
+//! started). `dflash serve` sets a job's `Interrupt` when its client leaves
+//! (`crates/dflash-cli/src/serve.rs`).
 
 use crate::cpu::{CpuModel, LogitRows};
 use crate::error::{Error, Result};

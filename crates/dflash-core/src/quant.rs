@@ -11,6 +11,40 @@
 //! Values, scales and mins live in separate arrays so that a kernel reads each with
 //! aligned 16-byte vector loads. Matrices are row-major `[rows, cols]`; `cols` is a
 //! multiple of the group size. Every source type is repacked into one of these at load.
+//!
+//! # Where each format comes from
+//!
+//! - `Q4` (group 32): from Q4_0, Q4_1, Q4_K and GPTQ/AWQ int4 sources.
+//! - `Q8` (group 32, 16 for Q6_K): from Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 and F32/F16/BF16
+//!   sources.
+//!
+//! `w = q * scale + min`, values, scales and mins in three separate arrays, row-major
+//! `[rows, cols]`. Exact for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0; K-quants round `d*sc` and `dmin*m`
+//! to f16 (relative 2^-11); float weights are quantized to 8 bits (absmax, error <= half
+//! a step). A 4-bit format never receives a source with more than 4 bits. Q6_K keeps its
+//! 16-weight sub-blocks as groups of 16 rather than losing its per-16 scales.
+//!
+//! # The full-precision format
+//!
+//! The third format, `f32` (`QFormat::F32`: the values' bits, no scales), holds the
+//! full-precision path of the CPU engines: a drafter loaded with `DrafterPrecision::F32`
+//! (`dflash generate --drafter-precision f32`) and a Hugging Face target loaded with
+//! `model_files::load_path_full_precision`, as z-lab's reference keeps them. Such
+//! matrices run dense on either CPU engine (`cpu::matrix::Matrix`,
+//! `crates/dflash-core/src/cpu/matrix.rs`); the GPU refuses them with `Unsupported`
+//! (`upload_matrix`). On the z-lab fixtures the full-precision pair matches the
+//! reference's arrays to ~1e-6 and its drafts everywhere
+//! (`crates/dflash-core/tests/zlab.rs`); on SmolLM2 the 8-bit drafter accepts exactly as
+//! many drafts as the f32 one (`results/drafter-precision-smollm2.json`).
+//!
+//! 4 bits (`DrafterPrecision::Q4`, the default everywhere: `generate`, `bench`, `serve`,
+//! the browser, and a synthetic pair's `SyntheticSpec::drafter_format`;
+//! `--drafter-precision q8` for 8) takes the drafter's bytes per step to a little over
+//! half for ~1% of tau: on lavapipe block 2 went from 0.88x to 0.93x plain and auto from
+//! 0.93-0.98x to 0.98-0.99x, at the same slot-1 acceptance
+//! (`results/drafter-q4-vs-q8-lavapipe.jsonl`); on a bandwidth-bound GPU the drafter's
+//! bytes are the whole of its cost, and `scripts/device-check.sh` runs the synthetic
+//! qwen3-8b pair with 8 bits beside the default.
 
 use crate::error::{Error, Result};
 use crate::formats::ggml::{self, GgmlType};

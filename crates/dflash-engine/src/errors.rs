@@ -1,5 +1,22 @@
 //! Every engine error as one typed code: the JS API's `DFlashError.code`, and with its
 //! HTTP status the body of `dflash serve`'s error answers.
+//!
+//! # From bad input to code
+//!
+//! `dflash_core::Error` (thiserror): one variant per kind of bad input — truncated file,
+//! bad magic, unsupported version, absurd header sizes, unknown or unsupported tensor
+//! types, tensors outside the file, shape mismatches, missing tensors or tokenizer,
+//! unsupported architecture / tokenizer / quantization, prompt past the context, a size
+//! past `limits::MAX_*` (`LimitExceeded` names the constant). Loaders are fuzzed with
+//! random and corrupted files (`crates/dflash-core/tests/loaders.rs`, `hostile.rs`).
+//!
+//! `dflash_gpu::GpuError` wraps it with the GPU's own (no adapter, limits, out of memory,
+//! device lost, validation). This module gives every variant one code (`error_code`: no
+//! catch-all, so a new variant must be given its code) and an HTTP status (`http_status`:
+//! 400 for the request's fault, 503 for `Busy`/`Unloaded`, else 500): the JS
+//! `DFlashError.code` and the body of `dflash serve`'s error answers. The codes the
+//! package knows are listed once in `pkg/protocol.js` (`CODES`) and in `pkg/index.d.ts`;
+//! `tests/node/rpc.test.mjs` checks the three agree.
 
 use dflash_core::Error as CoreError;
 use dflash_gpu::GpuError;

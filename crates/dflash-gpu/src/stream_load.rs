@@ -3,6 +3,30 @@
 //! and its host copy dropped, so the host never holds more than the header and one
 //! tensor (the browser's 2 GB ArrayBuffer and 4 GB wasm limits do not bound the model
 //! size). The header is checked as soon as it has arrived, before the weights download.
+//!
+//! # The streamed loader in the browser
+//!
+//! For the browser's loader, `formats::gguf_stream::GgufStream` (dflash-core) takes a
+//! GGUF file in chunks as a network or cache stream delivers it, parses the header from a
+//! prefix, and hands out each tensor as soon as its bytes have arrived, dropping what it
+//! has handed out (and the padding between tensors): the file is never whole in memory;
+//! `dflash_gpu::StreamLoader` repacks and uploads each tensor and drops the host copy, so
+//! the host holds the header and one tensor. A header that needs bytes past the announced
+//! length is refused at once, and one longer than `limits::MAX_GGUF_HEADER_BYTES` is
+//! never buffered.
+//!
+//! The worker writes the file to Cache Storage in step with the read (no tee buffering),
+//! and its size and sha256 to a second cache under the same URL once the model has
+//! loaded: a body that fails, ends short or runs past its Content-Length aborts the copy
+//! (`NetworkError`), and a copy that does not load (`BadModelFile`) is deleted, so no
+//! partial or unparsable file stays cached. A cached copy whose hash changed, that cannot
+//! be read or that does not parse is dropped and fetched once more from the network (the
+//! drafter's files likewise). With a `context`, `StreamLoader::with_context` checks as
+//! soon as the header has arrived that the KV cache, RoPE table, logits and attention
+//! partials fit the adapter's binding limits (`LimitExceeded` naming the limit), before
+//! the weights download; the whole load runs inside an out-of-memory error scope
+//! (`OomScope`), closed at `Loader.finish`, so a refused allocation is `OutOfMemory` (in
+//! the browser an allocation fails only through a scope).
 
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};

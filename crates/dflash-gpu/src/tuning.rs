@@ -1,5 +1,31 @@
 //! The per-adapter kernel knobs (`Tuning`): one table keyed by the adapter and, for the
 //! GEMV, by the matrix's shape (`GemvLanes`).
+//!
+//! # The table
+//!
+//! Per-adapter knobs live in one table, `Tuning` (this module, re-exported as
+//! `context::Tuning`), keyed by the adapter (`Tuning::for_adapter`: CPU adapters, Intel
+//! by PCI vendor id or name, other GPUs) and, for the GEMV, by the matrix's shape
+//! (`Tuning::gemv`: the first `GemvLanes` rule the matrix's rows and columns meet), never
+//! by the row count. `Tuning::gpu()` has 16 GEMV lanes for every shape (what the H200
+//! ran) with 4 output rows per thread (not yet measured on a GPU), the fused RMSNorm and
+//! chunked attention; `Tuning::intel_xe2()` takes llama.cpp's Vulkan choices for Intel
+//! (16 lanes and 4 rows per thread where a matrix has at most 8192 rows and 1024 columns
+//! or more, 4 lanes and one row per thread elsewhere: the lm_head and narrow matrices);
+//! `Tuning::cpu()` has 1 lane and 8 rows per thread (in 32-thread workgroups for matrices
+//! of at most 640 rows; `Tuning::swiftshader()` 2 rows per thread in 16-thread
+//! workgroups), no norm in a GEMV's prologue and one workgroup per (row, query heads of a
+//! KV head), because on CPU adapters a barrier makes a kernel coroutines and a
+//! barrier-free fused norm repeats the row's sums in all 64 threads (`dflash bench
+//! --fuse-norm true` on lavapipe: 183 dispatches per step but 15.8 against 17.1 tok/s by
+//! median, `results/lavapipe-engine-profile.jsonl`). The norm split into the residual
+//! GEMVs (`--norm-in-residual`) costs lavapipe nothing (184 dispatches, the same tok/s)
+//! and SwiftShader 8% of decode (every thread sums 288 partials there), so
+//! `Tuning::cpu()` has it and `Tuning::swiftshader()` not. `dflash bench --tuning
+//! gpu|intel-xe2|cpu` runs any entry on any adapter, and the tests run the Intel entry on
+//! lavapipe. The knobs enter pipeline keys through override constants and never depend on
+//! the row count. What each knob does to a kernel: the crate docs' kernel choices
+//! (`crates/dflash-gpu/src/lib.rs`).
 
 use crate::kernel::WORKGROUP_SIZE;
 

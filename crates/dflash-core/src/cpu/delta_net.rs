@@ -4,6 +4,48 @@
 //! state `S` (`key_head_dim x value_head_dim`) decayed by `exp(g)`, `g = A *
 //! softplus(a + dt_bias)`, and updated by the delta rule `S += k (beta (v - S^T k))^T`,
 //! the read-out `S^T q` RMS-normalised and gated by `silu(z)`.
+//!
+//! # Qwen3.5 hybrid targets
+//!
+//! **Qwen3.5 hybrids** (`qwen3_5`, and `qwen3_5_moe` with experts in every layer: its
+//! mixture of experts is described in `crates/dflash-gpu/src/ops/moe.rs`'s module docs;
+//! `config::HybridConfig`; `weights::Mixer::{Attention, DeltaNet}`; Hugging Face folders,
+//! a multimodal checkpoint's `text_config` read and its vision tower not loaded; GGUF as
+//! llama.cpp's converter writes it: `ssm.*` metadata, norms already `1 + w`, `ssm_a`
+//! already `-exp(A_log)`, the value heads reordered from grouped-by-key-head to tiled,
+//! which `HybridConfig::tiled_value_heads` records so that head h reads key head h mod
+//! key_heads on both engines; the gate rows are split on the host, so a streamed GPU load
+//! refuses these files).
+//!
+//! Full-attention layers have an output gate (q_proj's per-head gate rows split off at
+//! load into `AttentionWeights::gate`, stacked after v in the QKV GEMV;
+//! `elementwise.wgsl sigmoid_gate` after attention) and partial RoPE; norms are
+//! zero-centred (stored as `1 + w`). Gated DeltaNet layers (`cpu::delta_net`, this
+//! module, and `delta_net.wgsl`): one GEMV of `[qkv; z; b; a]`, the depthwise causal
+//! convolution + SiLU (a thread per channel, the rows in order, the last `kernel - 1`
+//! inputs kept), the recurrence (a workgroup per value head, the rows in order:
+//! L2-normalised q/k, decay `exp(A softplus(a + dt_bias))`, the delta rule, the
+//! read-out's gated RMSNorm), out_proj + residual. A row's state depends only on the
+//! rows before it, computed alike whatever the pass: one token, a 16-row verify and
+//! prefill give the same bits.
+//!
+//! # Speculative verification over recurrent state
+//!
+//! After a verify pass of b rows of which k are kept, each linear layer's state must be
+//! the state after row k. The CPU reference keeps the state after every row of its last
+//! pass (`KvCache::truncate` restores one; a rollback further back is refused, a reset to
+//! 0 is always possible). The GPU replays (`crates/dflash-gpu/src/ops/delta_net.rs`):
+//! before the verify pass `snapshot` copies each linear layer's states and the pass's
+//! first position; the pass keeps its input projection's rows per layer; after `accept`
+//! has moved the position, `restore` puts the copies back and `conv`/`recur` with
+//! `REPLAY` run again over the accepted rows only (position − pass start, read on the
+//! GPU). Chosen over keeping every row's state because of memory and bandwidth on the 9B
+//! shape: a layer's S is 32 heads × 128 × 128 f32 = 2 MiB, 24 linear layers 48 MiB;
+//! per-row snapshots of a 16-row verify write 16 × 48 = 768 MiB per step (~1.3 ms at 608
+//! GB/s), the replay writes the 48 MiB copy, reads it back and recomputes at most 16 rows
+//! of recurrence (no matmuls): ~0.2 ms, with 2 × 48 MiB + 12 MiB of projection rows held.
+//! KV rollback of the attention layers stays the position. Multi-turn reuse keeps a
+//! hybrid cache whole or not at all (`reusable_rows`).
 
 use super::matrix::{Matrix, Stacked};
 use super::ops::{dot, rms_norm, silu};

@@ -2,6 +2,44 @@
 //! that maximises expected tokens per unit of cost from the running acceptance rates
 //! (`Acceptance`) and the device's step costs (a prior, `StepCostPrior`, refined from the
 //! steps' own times, `StepCosts`).
+//!
+//! # Auto mode
+//!
+//! `BlockSize::Auto` picks each step's block from the running per-position acceptance and
+//! the measured cost of verifying b rows on the device: measured by the bench
+//! (`Speculative::measure_step_costs`, `crates/dflash-gpu/src/speculative/costs.rs`:
+//! context extension, drafting and verification of b rows against a one-row step that
+//! drafts nothing); elsewhere a prior, `StepCostPrior`, fitted to the costs measured on a
+//! GPU, a CPU adapter and the CPU engine, so that no request waits. Either way the costs
+//! are refined by the running steps, `StepCosts`: in the GPU engine only by a step that
+//! follows a step of its own size and did not build its plan
+//! (`speculative::step_seconds`: a probe after k one-row steps carries their k deferred
+//! rows of context extension, and builds and compiles that extension's plan the first
+//! time, which on lavapipe had refined the 2-row cost to 1.7-2.2 one-row steps against a
+//! measured 1.5); in the CPU loop (`SpeculativeGeneration::step`) the proposer takes that
+//! backlog, and the prompt's, into its context before a drafting step's clock starts
+//! (`Proposer::settle`), keeping back only the last step's rows (on the CPU engine a
+//! probe had refined the 2-row cost to 1.95 against 1.35-1.40). The refined costs are
+//! kept for the next request: by the engine (`dflash_engine::policy::StepCostMemory`, so
+//! `dflash serve` and the browser engine; the first auto request of an engine starts from
+//! `Runner::step_cost_prior`) and by the bench.
+//!
+//! Refinement scales the sizes that have not run by the ones that have, so a generation
+//! whose timed drafting steps pay less than `speculative::BASELINE_MARGIN` (1.5x) plain
+//! decoding times its own one-row steps before drafting again, the baseline every cost is
+//! relative to. Auto mode picks b = 1, no drafter work at all, while drafts do not pay,
+//! and probes a drafting step after `speculative::probe_interval` idle steps: at least
+//! 16, and as many as keep the probes' extra cost within 2% of the time, so where rows
+//! are dear, as on lavapipe, a drafter that cannot pay costs at most that, besides the
+//! backlog of drafter context a probe takes in (on the CPU engine outside its clock,
+//! about what the idle steps would have paid for it as they went).
+//!
+//! # A request's block
+//!
+//! A request's `block` (a number of rows, or `"auto"`, the default) becomes a `BlockSize`
+//! in `crates/dflash-engine/src/policy.rs` (`block_policy`; 0 rows or another name is
+//! `BadRequest`); a fixed block may exceed the drafter's own, as in z-lab's reference,
+//! and the engine clamps it to what its step holds (16 rows on the GPU).
 
 /// How many rows each step verifies.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,5 +1,28 @@
 //! moe.wgsl and gemv.wgsl's `main_experts`: a mixture of experts' routing, its
 //! experts' GEMVs and their weighted sum.
+//!
+//! # Mixture-of-experts targets
+//!
+//! **qwen3_moe** (`config::MoeConfig`; `weights::FeedForward::Moe`, in dflash-core). Each
+//! projection of every expert is one matrix stacked by expert (GGUF's 3-D `ffn_*_exps`,
+//! or Hugging Face's per-expert tensors stacked at load: `TensorSource::stacked_matrix`),
+//! uploaded in chunks that never split an expert (`upload::stack_rows_per_chunk`). A
+//! sparse layer on the GPU: the router GEMV (the norm fused), `moe.wgsl route` (softmax,
+//! top-k ties to the lower index, renormalised: `cpu::ops::route_experts` is the same
+//! rule), `gemv.wgsl main_experts` for `[gate; up]` of all experts with SwiGLU and then
+//! for down (a workgroup per expert and row tile serves every row that chose the expert,
+//! so a 16-row verify reads each chosen expert once; a row's sums are the plain kernel's,
+//! so the pass stays batch-invariant; workgroups of unchosen experts return at once), and
+//! `combine` (the slots summed in order, then the shared expert's output weighed by
+//! sigmoid of its gate where the model has one (Qwen3.5-MoE; its GEMVs run before the
+//! routed ones), then the residual; `combine_tap` for DFlash's taps). The verify cost
+//! against one row is what `auto` sizes blocks by (`step_costs`, `dflash bench
+//! --synthetic qwen3-coder-30b-a3b`).
+//!
+//! Qwen3.5's hybrid targets (`qwen3_5`, and `qwen3_5_moe` with experts in every layer),
+//! and speculative verification over their recurrent state, are described in
+//! `dflash_core::cpu::delta_net`'s module docs
+//! (`crates/dflash-core/src/cpu/delta_net.rs`).
 
 use super::gemv::{GemvBinding, GemvParams};
 use super::gemv_fusion::{

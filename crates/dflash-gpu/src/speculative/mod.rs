@@ -1,6 +1,28 @@
 //! DFlash on the GPU: the drafter's context projection and per-layer context K/V, the
 //! block pass, the target's verification, acceptance and rollback, all in one
 //! submission per step; the host reads back (accepted length, tokens).
+//!
+//! One step's data path is drawn in full in `docs/data-path.md`; the GPU engine's plans
+//! and pipelining are in the crate docs (`crates/dflash-gpu/src/lib.rs`). The loop every
+//! engine shares, the CPU reference's proposers and multi-turn KV reuse are in
+//! `dflash_core::speculative`'s module docs
+//! (`crates/dflash-core/src/speculative/mod.rs`), auto mode in its `policy` module
+//! (`crates/dflash-core/src/speculative/policy.rs`).
+//!
+//! # The DFlash step on the GPU
+//!
+//! `speculative::Speculative::step(b, head)` (this module) records, once per (rows added
+//! to the drafter's context, block, head), one dispatch list: extend the drafter's
+//! context with the taps of the rows the previous step verified (rows past the committed
+//! ones land at positions that the block overwrites or that are rewritten before any
+//! read, so no masks are needed: `fc`, then per layer one GEMV of the stacked `[wk; wv]`
+//! with the hidden norm in its prologue and `qkv.wgsl` without query heads for k's norm,
+//! RoPE and the store), prepare `[anchor, MASK...]`, the drafter's block pass (the
+//! target's layer builders; the greedy drafts in its lm_head's epilogue), compose
+//! `[anchor, drafts]`, the target's B-row pass with taps and its head, and `accept`. One
+//! submission; the host maps back `[accepted, tokens...]` (at most 17 words) and feeds
+//! them to the same `TokenSink` as plain decoding. Positions come from the `state` buffer
+//! the accept kernel advances, so the host never writes the position between steps.
 
 mod costs;
 mod drafter;

@@ -4,6 +4,29 @@
 //! 4/8-bit weights, as it completes; the bytes are hashed as they pass), then an
 //! `Engine` that answers chat requests, streaming text pieces through a callback.
 //! Everything else is the shared engine.
+//!
+//! # Faults in the browser
+//!
+//! A Rust panic in the wasm aborts with a trap (`RuntimeError: unreachable`) that leaves
+//! the instance unusable and, inside a running future, settles no promise. The panic hook
+//! (`wasm::start`) keeps the panic's message and place; the worker catches the trap (from
+//! a call, or as an uncaught error of the future's microtask), reads the message
+//! (`takePanic`) and posts one `fatal` message. `pkg/index.js` fails that request with
+//! code `Panic`, terminates the worker, starts a new one that loads the same model,
+//! drafter and options (from Cache Storage), and then resends the requests that were
+//! queued in the dead worker or made meanwhile (aborts of them go first). Requests queue
+//! in the worker by default; `createEngine({ ifBusy: 'reject' })` refuses one made while
+//! another is unanswered with `Busy` (`engine.pending` counts them). A lost device
+//! (`GPUDevice.destroy()`, a driver reset) answers `DeviceLost` at the next request; a
+//! new `createEngine` loads again. Test-only hooks (`engine.__testTrap(message)`,
+//! `engine.__testLoseDevice()`) drive these paths in `tests/e2e/faults.test.mjs`; they
+//! exist only in a package built with `DFLASH_TEST_HOOKS=1 scripts/build-pkg.sh`
+//! (dflash-web's `test-hooks` feature, as `scripts/test.sh` builds it); a release
+//! package's worker answers them `BadRequest`.
+//!
+//! How an interrupt reaches a running request: `dflash_core::generate`'s module docs
+//! (`crates/dflash-core/src/generate.rs`); the error codes: `dflash_engine::errors`
+//! (`crates/dflash-engine/src/errors.rs`).
 
 mod engine;
 mod js;
