@@ -10,6 +10,7 @@
 mod accept_profile;
 mod conversation;
 mod cpu;
+mod cpu_dflash;
 mod cpu_synthetic;
 mod dflash;
 mod plain;
@@ -308,7 +309,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
         return conversation::run(a, turns);
     }
     if let Some(kernels) = a.device.cpu_kernels() {
-        return cpu::run(a, kernels, synthetic.as_ref(), profile.is_some());
+        return cpu::run(a, kernels, synthetic.as_ref(), profile.as_ref());
     }
     if a.drafter.is_some() {
         return run_dflash(a, synthetic, profile);

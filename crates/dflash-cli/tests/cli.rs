@@ -356,31 +356,84 @@ fn cpu_bench_runs_synthetic_shapes_within_the_host_memory() {
     let costs = v["pass_cost_over_one_row"].as_array().unwrap();
     assert_eq!((costs.len(), costs[0].as_f64()), (7, Some(1.0)));
     assert_eq!(v["memory_budget"]["source"], "MemAvailable");
-    // A plan over the budget is refused before anything is allocated; a synthetic
-    // drafter is the GPU bench's.
-    let err = usage_error(&[
-        "bench",
+    // A plan over the budget is refused before anything is allocated, the pair's too.
+    for extra in [&[][..], &["--drafter", "synthetic"][..]] {
+        let mut args = vec![
+            "bench",
+            "--device",
+            "cpu",
+            "--synthetic",
+            "qwen3-8b",
+            "--memory-budget",
+            "1G",
+        ];
+        args.extend_from_slice(extra);
+        let err = usage_error(&args);
+        assert!(
+            err.contains("host memory") && err.contains("1073741824"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn cpu_bench_runs_a_synthetic_pair_with_simulated_acceptance() {
+    let v = check_simulated_pair(|profile| bench_json(&tiny_pair("cpu", profile, &[])));
+    assert_eq!(v["synthetic"]["weights"], "random, made in host memory");
+}
+
+/// The tiny synthetic pair's bench on `device` at block 8 with the simulated acceptance
+/// `profile`, and `extra` arguments.
+fn tiny_pair(
+    device: &'static str,
+    profile: &'static str,
+    extra: &[&'static str],
+) -> Vec<&'static str> {
+    let mut a = vec![
         "--device",
-        "cpu",
-        "--synthetic",
-        "qwen3-8b",
-        "--memory-budget",
-        "1G",
-    ]);
-    assert!(
-        err.contains("host memory") && err.contains("1073741824"),
-        "{err}"
-    );
-    let err = usage_error(&[
-        "bench",
-        "--device",
-        "cpu",
+        device,
         "--synthetic",
         "test-tiny",
         "--drafter",
         "synthetic",
+    ];
+    a.extend([
+        "--prompt-tokens",
+        "16",
+        "--max-new-tokens",
+        "24",
+        "--block",
+        "8",
     ]);
-    assert!(err.contains("GPU bench only"), "{err}");
+    a.extend(["--accept-profile", profile]);
+    a.extend_from_slice(extra);
+    a
+}
+
+/// A pair run by `run(profile)` accepts what the profile says and stays lossless: every
+/// draft of three slots right (tau above 3, nothing accepted past them), or none.
+/// Returns the first run's JSON.
+fn check_simulated_pair(run: impl Fn(&'static str) -> serde_json::Value) -> serde_json::Value {
+    let v = run("1,1,1");
+    assert_eq!(v["acceptance"], "simulated");
+    assert_eq!(v["accept_profile"], serde_json::json!([1.0, 1.0, 1.0]));
+    assert_eq!(
+        v["lossless"], true,
+        "the target verifies what the profile drafts"
+    );
+    assert!(v["mean_tau"].as_f64().unwrap() > 3.0, "{}", v["mean_tau"]);
+    assert_eq!(
+        v["accepted_by_position"][3], 0,
+        "slots past the profile are wrong"
+    );
+    let none = run("0");
+    assert_eq!(none["lossless"], true);
+    assert_eq!(
+        none["mean_tau"].as_f64(),
+        Some(1.0),
+        "nothing drafted is right"
+    );
+    v
 }
 
 #[test]
@@ -801,34 +854,11 @@ fn accept_profile_sets_tau_on_a_synthetic_pair() {
     if !have_gpu() {
         return;
     }
-    // The tiny pair at block 8 with `profile`, and `extra` arguments.
-    let args = |profile: &'static str, extra: &[&'static str]| {
-        let mut a = vec!["--synthetic", "test-tiny", "--drafter", "synthetic"];
-        a.extend([
-            "--prompt-tokens",
-            "16",
-            "--max-new-tokens",
-            "24",
-            "--block",
-            "8",
-        ]);
-        a.extend(["--accept-profile", profile]);
-        a.extend_from_slice(extra);
-        a
-    };
-    let run = |profile: &'static str| bench_json(&args(profile, &[]));
-    let v = run("1,1,1");
-    assert_eq!(v["acceptance"], "simulated");
-    assert_eq!(v["accept_profile"], serde_json::json!([1.0, 1.0, 1.0]));
-    assert_eq!(v["lossless"], true);
-    assert!(v["mean_tau"].as_f64().unwrap() > 3.0, "{}", v["mean_tau"]);
-    assert_eq!(v["accepted_by_position"][3], 0);
+    let args = |profile, extra: &[&'static str]| tiny_pair("gpu", profile, extra);
+    let v = check_simulated_pair(|profile| bench_json(&args(profile, &[])));
     // The drafter's matrices are kept in 4 bits unless asked otherwise.
     assert_eq!(v["drafter_precision"], "q4");
     let q4_bytes = v["synthetic"]["drafter"]["weight_bytes"].as_u64().unwrap();
-    let v = run("0");
-    assert_eq!(v["lossless"], true);
-    assert_eq!(v["mean_tau"].as_f64().unwrap(), 1.0);
     // The random drafter drafting among the first 100 ids: the same simulated run.
     let with_vocab = |n: &'static str| args("1,1,1", &["--synthetic-draft-vocab", n]);
     let v = bench_json(&with_vocab("100"));

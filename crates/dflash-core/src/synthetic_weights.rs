@@ -8,6 +8,7 @@
 //! matrix maps an input of unit RMS to an output of about unit RMS and activations stay
 //! finite through every layer; norm weights are 1 +- 0.1, biases +-0.1.
 
+use crate::drafter::{DrafterLayer, DrafterWeights};
 use crate::quant::{QFormat, QuantMatrix};
 use crate::rng::Rng;
 use crate::synthetic::{MatrixShape, SyntheticSpec};
@@ -196,6 +197,96 @@ impl TensorMaker for HostTensors {
     fn vector(&mut self, _: &str, len: usize, centre: f32) -> Vec<f32> {
         (0..len).map(|_| centre + 0.1 * self.0.uniform()).collect()
     }
+}
+
+/// A plain DFlash drafter's tensors, whatever holds them: host matrices, or the GPU's
+/// buffers (`dflash_gpu`'s `GpuDrafterWeights`).
+pub struct DrafterTensors<M, V> {
+    /// `[H, n_ids * H]`.
+    pub fc: M,
+    pub hidden_norm: V,
+    pub norm: V,
+    pub layers: Vec<DrafterLayerTensors<M, V>>,
+}
+
+/// One draft layer's tensors.
+pub struct DrafterLayerTensors<M, V> {
+    pub input_norm: V,
+    pub post_norm: V,
+    pub q_norm: V,
+    pub k_norm: V,
+    pub wq: M,
+    pub wk: M,
+    pub wv: M,
+    pub wo: M,
+    pub w_gate: M,
+    pub w_up: M,
+    pub w_down: M,
+}
+
+/// The synthetic drafter of `spec` (`spec.drafter`, the shapes of `drafter_matrices`),
+/// every tensor from `t`.
+pub fn drafter_tensors<T: TensorMaker>(
+    t: &mut T,
+    spec: &SyntheticSpec,
+) -> Result<DrafterTensors<T::Matrix, T::Vector>, T::Error> {
+    let d = &spec.drafter;
+    let (h, hd) = (d.hidden_size, d.head_dim);
+    let shapes = spec.drafter_matrices();
+    let fc = t.matrix("d.fc", &shapes[0])?;
+    let mut layers = Vec::with_capacity(d.num_layers);
+    for (i, s) in shapes[1..].chunks_exact(7).enumerate() {
+        let n = |w: &str| format!("d.layers.{i}.{w}");
+        layers.push(DrafterLayerTensors {
+            input_norm: t.vector(&n("input_layernorm"), h, 1.0),
+            post_norm: t.vector(&n("post_attention_layernorm"), h, 1.0),
+            q_norm: t.vector(&n("q_norm"), hd, 1.0),
+            k_norm: t.vector(&n("k_norm"), hd, 1.0),
+            wq: t.matrix(&n("q_proj"), &s[0])?,
+            wk: t.matrix(&n("k_proj"), &s[1])?,
+            wv: t.matrix(&n("v_proj"), &s[2])?,
+            wo: t.matrix(&n("o_proj"), &s[3])?,
+            w_gate: t.matrix(&n("gate_proj"), &s[4])?,
+            w_up: t.matrix(&n("up_proj"), &s[5])?,
+            w_down: t.matrix(&n("down_proj"), &s[6])?,
+        });
+    }
+    Ok(DrafterTensors {
+        fc,
+        hidden_norm: t.vector("d.hidden_norm", h, 1.0),
+        norm: t.vector("d.norm", h, 1.0),
+        layers,
+    })
+}
+
+/// `spec`'s synthetic drafter in host memory, for the CPU engines (drawn after the
+/// target's weights from the same generator, as on the GPU).
+pub fn host_drafter(spec: &SyntheticSpec, seed: u64) -> crate::Result<DrafterWeights> {
+    let mut t = HostTensors(Rng(seed ^ 0xD4AF_7E45_D4AF_7E45));
+    let d = drafter_tensors(&mut t, spec)?;
+    let layers = d.layers.into_iter().map(|l| DrafterLayer {
+        input_norm: l.input_norm,
+        post_norm: l.post_norm,
+        wq: l.wq,
+        wk: l.wk,
+        wv: l.wv,
+        wo: l.wo,
+        q_norm: l.q_norm,
+        k_norm: l.k_norm,
+        w_gate: l.w_gate,
+        w_up: l.w_up,
+        w_down: l.w_down,
+        conv: None,
+    });
+    Ok(DrafterWeights {
+        config: spec.drafter.clone(),
+        fc: d.fc,
+        hidden_norm: d.hidden_norm,
+        norm: d.norm,
+        layers: layers.collect(),
+        selector: None,
+        draft_vocab: None,
+    })
 }
 
 /// `spec`'s target weights in host memory, for the CPU engines.

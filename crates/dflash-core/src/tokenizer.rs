@@ -275,6 +275,21 @@ impl TextTokenizer {
         })
     }
 
+    /// A tokenizer of `vocab` numbered words (`t0`, `t1`, ...; decoded text joins them
+    /// with spaces) and no stop ids: the text side of a synthetic model, whose tokens
+    /// mean nothing.
+    pub fn numbered(vocab: usize) -> Result<Self> {
+        let words: serde_json::Map<String, Json> =
+            (0..vocab).map(|i| (format!("t{i}"), json!(i))).collect();
+        let spec = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": words, "unk_token": "t0"}
+        });
+        Self::from_hf(spec.to_string().as_bytes(), None, Vec::new(), false)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
@@ -454,5 +469,19 @@ impl StreamDecoder {
     }
     pub fn text(&self, tok: &TextTokenizer) -> Result<String> {
         tok.decode(&self.ids, true)
+    }
+}
+
+#[cfg(test)]
+mod numbered_tests {
+    use super::*;
+
+    #[test]
+    fn numbered_words_round_trip_and_nothing_stops() {
+        let t = TextTokenizer::numbered(1000).unwrap();
+        assert_eq!(t.vocab_size(), 1000);
+        assert_eq!(t.decode(&[7, 999, 0], false).unwrap(), "t7 t999 t0");
+        assert_eq!(t.encode("t12 t3", false).unwrap(), vec![12, 3]);
+        assert!((0..1000).all(|i| !t.is_stop(i)));
     }
 }

@@ -9,12 +9,14 @@
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::model::{plan_buffers, GpuModelOptions, GpuWeights, MemoryPlan};
-use crate::speculative::{DrafterPlan, GpuDrafter, GpuDrafterLayerWeights, GpuDrafterWeights};
+use crate::speculative::{DrafterPlan, GpuDrafter, GpuDrafterWeights};
 use crate::upload::{f32_buffer, stack_rows_per_chunk, GpuMatrix, MatrixChunk};
 use dflash_core::quant::QFormat;
 use dflash_core::rng::Rng;
 use dflash_core::synthetic::{MatrixShape, SyntheticSpec};
-use dflash_core::synthetic_weights::{group_scale_min, target_weights, TensorMaker};
+use dflash_core::synthetic_weights::{
+    drafter_tensors, group_scale_min, target_weights, TensorMaker,
+};
 
 /// Bytes the host fills and hands to the queue at a time.
 const PIECE: usize = 4 << 20;
@@ -144,7 +146,7 @@ pub fn build(
     let r = (|| {
         let w = target_weights(&mut filler, spec)?;
         let d = if with_drafter {
-            Some(drafter_weights(&mut filler, spec)?)
+            Some(drafter_tensors(&mut filler, spec)?)
         } else {
             None
         };
@@ -159,36 +161,6 @@ pub fn build(
     drop(scope);
     ctx.check_lost()?;
     r
-}
-
-fn drafter_weights(f: &mut Filler, spec: &SyntheticSpec) -> Result<GpuDrafterWeights> {
-    let d = &spec.drafter;
-    let (h, hd) = (d.hidden_size, d.head_dim);
-    let shapes = spec.drafter_matrices();
-    let fc = f.matrix("d.fc", &shapes[0])?;
-    let mut layers = Vec::with_capacity(d.num_layers);
-    for (i, s) in shapes[1..].chunks_exact(7).enumerate() {
-        let n = |w: &str| format!("d.layers.{i}.{w}");
-        layers.push(GpuDrafterLayerWeights {
-            input_norm: f.vector(&n("input_layernorm"), h, 1.0),
-            post_norm: f.vector(&n("post_attention_layernorm"), h, 1.0),
-            q_norm: f.vector(&n("q_norm"), hd, 1.0),
-            k_norm: f.vector(&n("k_norm"), hd, 1.0),
-            wq: f.matrix(&n("q_proj"), &s[0])?,
-            wk: f.matrix(&n("k_proj"), &s[1])?,
-            wv: f.matrix(&n("v_proj"), &s[2])?,
-            wo: f.matrix(&n("o_proj"), &s[3])?,
-            w_gate: f.matrix(&n("gate_proj"), &s[4])?,
-            w_up: f.matrix(&n("up_proj"), &s[5])?,
-            w_down: f.matrix(&n("down_proj"), &s[6])?,
-        });
-    }
-    Ok(GpuDrafterWeights {
-        fc,
-        hidden_norm: f.vector("d.hidden_norm", h, 1.0),
-        norm: f.vector("d.norm", h, 1.0),
-        layers,
-    })
 }
 
 /// Fills buffers piece by piece from a seeded generator, waiting for the queue every

@@ -3,18 +3,12 @@
 //! step reads against a plain memory copy on the same host (the roofline), and with a
 //! drafter, plain against DFlash decoding of the same prompts in the same run.
 
-use super::{
-    bench_prompt, bench_prompts, bench_request, block_policies, dflash_sampling, model_label,
-    prompt_rows, report_dflash, BenchArgs, DflashResults, IdsRun,
-};
+use super::{bench_prompt, model_label, AcceptProfile, BenchArgs};
 use crate::{load, CliError};
 use dflash_core::cpu::packed::packed_kernel;
 use dflash_core::cpu::quant_matmul::{self, Kernel};
 use dflash_core::cpu::{CpuKernels, CpuModel, LogitRows};
-use dflash_core::drafter::CpuDrafter;
-use dflash_core::generate::generate_cpu;
 use dflash_core::model_files::LoadedModel;
-use dflash_core::speculative::{generate_speculative_cpu, DFlashCpu};
 use dflash_core::synthetic::SyntheticSpec;
 use std::time::Instant;
 
@@ -23,10 +17,9 @@ pub(super) fn run(
     a: BenchArgs,
     kernels: CpuKernels,
     synthetic: Option<&SyntheticSpec>,
-    accept_profile: bool,
+    accept: Option<&AcceptProfile>,
 ) -> Result<(), CliError> {
     let gpu_only = [
-        (accept_profile, "--accept-profile"),
         (a.profile, "--profile"),
         (a.tuning.is_some(), "--tuning"),
         (a.pipelined.is_some(), "--pipelined"),
@@ -40,6 +33,9 @@ pub(super) fn run(
             "{flag} is for the GPU bench, not --device cpu or reference"
         )));
     }
+    if a.drafter.is_some() {
+        return super::cpu_dflash::run(&a, kernels, synthetic, accept);
+    }
     if let Some(spec) = synthetic {
         let v = super::cpu_synthetic::run(&a, spec, kernels)?;
         return print_synthetic(&a, v, kernels);
@@ -49,11 +45,7 @@ pub(super) fn run(
         .model
         .as_ref()
         .expect("clap requires --model without --synthetic");
-    let loaded = load(path)?.0;
-    match &a.drafter {
-        Some(_) => run_dflash(&a, &loaded, kernels, t_load),
-        None => run_plain(&a, &loaded, kernels, t_load),
-    }
+    run_plain(&a, &load(path)?.0, kernels, t_load)
 }
 
 /// A synthetic run's JSON, or its figures in a line.
@@ -90,7 +82,7 @@ fn print_synthetic(
 }
 
 /// What the CPU engine runs on, for the JSON.
-fn engine_json(kernels: CpuKernels) -> serde_json::Value {
+pub(super) fn engine_json(kernels: CpuKernels) -> serde_json::Value {
     serde_json::json!({
         "device": kernels.device_name(),
         "kernel": match kernels {
@@ -186,64 +178,4 @@ fn memcpy_gbps(bytes: u64) -> f64 {
         std::hint::black_box(&dst);
     }
     2.0 * bytes as f64 / best.max(1e-9) / 1e9
-}
-
-/// Plain and DFlash decoding of --prompts on the CPU engine in the same run, through the
-/// tokenizer's stop handling, each block size of --block against the same plain outputs.
-fn run_dflash(
-    a: &BenchArgs,
-    m: &LoadedModel,
-    kernels: CpuKernels,
-    t_load: Instant,
-) -> Result<(), CliError> {
-    let w = super::load_bench_drafter(a)?;
-    w.config.validate_against(m.config())?;
-    let rows_in = prompt_rows(a, m)?;
-    let cpu = CpuModel::with_kernels(&m.weights, kernels);
-    let drafter = CpuDrafter::with_kernels(&w, kernels);
-    let context = a.context.min(cpu.config.max_position_embeddings);
-    let t0 = Instant::now();
-    let clock = move || t0.elapsed().as_secs_f64();
-    let blocks = block_policies(&a.block, w.config.block_size, || {
-        Ok(DFlashCpu::new(&drafter, &cpu)?.measure_step_costs(16, &clock)?)
-    })?;
-    let sampling = dflash_sampling(a);
-    let request = |ids: &[u32]| bench_request(ids.to_vec(), a.max_new_tokens, &sampling, context);
-    let load_s = t_load.elapsed().as_secs_f64();
-    let (plain, runs) = bench_prompts(
-        &rows_in,
-        &blocks.policies,
-        usize::from(a.rounds),
-        |ids| {
-            let result = generate_cpu(&cpu, &m.tokenizer, &request(ids), &clock, &mut |_| {})?;
-            Ok((result.tokens, result.decode_s))
-        },
-        |_, policy, ids, _| {
-            let spec = generate_speculative_cpu(
-                &cpu,
-                &drafter,
-                &m.tokenizer,
-                &request(ids),
-                policy,
-                &clock,
-                &mut |_| {},
-            )?;
-            Ok(IdsRun::from(spec))
-        },
-    )?;
-    let head_ids = (!drafter.is_dflash2())
-        .then(|| drafter.draft_vocab.as_ref().map(|v| v.len()))
-        .flatten();
-    let fields = serde_json::json!({
-        "acceptance": "measured",
-        "cpu": engine_json(kernels),
-        "draft_head_ids": head_ids,
-    });
-    let results = DflashResults {
-        blocks,
-        runs,
-        plain,
-        load_s,
-    };
-    report_dflash(a, results, kernels.device_name(), "", &fields)
 }

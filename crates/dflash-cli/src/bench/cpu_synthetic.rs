@@ -20,22 +20,7 @@ pub(super) fn run(
     spec: &SyntheticSpec,
     kernels: CpuKernels,
 ) -> Result<serde_json::Value, CliError> {
-    if a.drafter.is_some() {
-        return Err(CliError::Usage(
-            "--drafter with --synthetic runs on the GPU bench only (the CPU engine's synthetic pair is not built yet)".into(),
-        ));
-    }
-    let need = spec.target_weight_bytes();
-    let (budget, source) = match (a.memory_budget, mem_available()) {
-        (Some(b), _) => (Some(b), "--memory-budget"),
-        (None, m) => (m, "MemAvailable"),
-    };
-    if let Some(b) = budget.filter(|&b| need > b) {
-        return Err(CliError::Usage(format!(
-            "synthetic {}: its weights need {need} bytes of host memory; the budget ({source}) is {b}",
-            spec.name
-        )));
-    }
+    let memory = check_host_memory(a, spec, spec.target_weight_bytes())?;
     let t_load = Instant::now();
     let cpu = CpuModel::from_weights(
         dflash_core::synthetic_weights::host_weights(spec, a.seed)?,
@@ -97,9 +82,30 @@ pub(super) fn run(
         "pass_rows": PASS_ROWS,
         "pass_ms": pass_s.iter().map(|s| s * 1e3).collect::<Vec<_>>(),
         "pass_cost_over_one_row": pass_s.iter().map(|s| s / pass_s[0]).collect::<Vec<_>>(),
-        "memory_budget": {"bytes": budget, "source": source, "weights": need},
+        "memory_budget": memory,
         "load_s": load_s,
     }))
+}
+
+/// Refuses a synthetic shape whose weights (`need` bytes) do not fit the host memory
+/// budget (--memory-budget, else MemAvailable), before anything is allocated; the
+/// budget for the JSON.
+pub(super) fn check_host_memory(
+    a: &BenchArgs,
+    spec: &SyntheticSpec,
+    need: u64,
+) -> Result<serde_json::Value, CliError> {
+    let (budget, source) = match (a.memory_budget, mem_available()) {
+        (Some(b), _) => (Some(b), "--memory-budget"),
+        (None, m) => (m, "MemAvailable"),
+    };
+    if let Some(b) = budget.filter(|&b| need > b) {
+        return Err(CliError::Usage(format!(
+            "synthetic {}: its weights need {need} bytes of host memory; the budget ({source}) is {b}",
+            spec.name
+        )));
+    }
+    Ok(serde_json::json!({"bytes": budget, "source": source, "weights": need}))
 }
 
 /// GB/s of reading `bytes` (far past any last-level cache) on the engine's threads, each

@@ -12,30 +12,14 @@ use crate::ops;
 use crate::upload::{concat_rows, f32_buffer, upload_matrix, work_buffer, GpuMatrix};
 use dflash_core::cpu::ops::rope_cos_sin;
 use dflash_core::drafter::DrafterWeights;
+use dflash_core::synthetic_weights::{DrafterLayerTensors, DrafterTensors};
 
 /// A DFlash drafter's weights already on the GPU (made on the device, for instance the
 /// random drafters of `dflash bench --synthetic`). DFlash only: no DFlash2 extras.
-pub struct GpuDrafterWeights {
-    /// `[H, n_ids * H]`.
-    pub fc: GpuMatrix,
-    pub hidden_norm: wgpu::Buffer,
-    pub norm: wgpu::Buffer,
-    pub layers: Vec<GpuDrafterLayerWeights>,
-}
+pub type GpuDrafterWeights = DrafterTensors<GpuMatrix, wgpu::Buffer>;
 
-pub struct GpuDrafterLayerWeights {
-    pub input_norm: wgpu::Buffer,
-    pub post_norm: wgpu::Buffer,
-    pub q_norm: wgpu::Buffer,
-    pub k_norm: wgpu::Buffer,
-    pub wq: GpuMatrix,
-    pub wk: GpuMatrix,
-    pub wv: GpuMatrix,
-    pub wo: GpuMatrix,
-    pub w_gate: GpuMatrix,
-    pub w_up: GpuMatrix,
-    pub w_down: GpuMatrix,
-}
+/// One layer of [`GpuDrafterWeights`].
+pub type GpuDrafterLayerWeights = DrafterLayerTensors<GpuMatrix, wgpu::Buffer>;
 
 impl GpuDrafter {
     pub fn new(
