@@ -493,7 +493,13 @@ fn auto_mode_probes_within_its_budget_where_rows_are_dear() {
     let wait = probe_interval(verify_cost, 2);
     assert_eq!(wait, 58, "1.15 extra steps at 2%");
     assert!((verify_cost[2] - 1.0) / wait as f64 <= PROBE_BUDGET + 1e-12);
-    let bad = Acceptance::default();
+    // Before any draft is tried, a probe at once; after drafts that failed, the wait.
+    let fresh = Acceptance::default();
+    assert_eq!(choose_block(&dear, &fresh, 16, 0), 2, "the first probe");
+    let mut bad = Acceptance::default();
+    for _ in 0..4 {
+        bad.record_step(1, 0);
+    }
     assert_eq!(choose_block(&dear, &bad, 16, wait - 1), 1);
     assert_eq!(
         choose_block(&dear, &bad, 16, wait),
@@ -505,6 +511,27 @@ fn auto_mode_probes_within_its_budget_where_rows_are_dear() {
     assert_eq!(probe_interval(&[1.0, 0.7, 1.4], 2), 50);
     // A cost table without the probe's block never probes.
     assert_eq!(probe_interval(&[1.0, 1.0], 2), usize::MAX);
+}
+
+/// A slot no step has reached takes the rate of the slot before it: after blocks of 3
+/// whose drafts were all right, auto mode tries a longer block (counting the third slot
+/// as failed in steps that never tried it kept it at 3 rows).
+#[test]
+fn auto_mode_grows_past_the_blocks_it_has_tried() {
+    use dflash_core::speculative::{choose_block, Acceptance};
+    let cheap = BlockSize::auto_linear(16, 0.1);
+    let mut right = Acceptance::default();
+    for _ in 0..10 {
+        right.record_step(2, 2);
+    }
+    assert_eq!(right.reached, vec![10, 10]);
+    assert!(choose_block(&cheap, &right, 16, 0) >= 8);
+    // Where the second slot fails, the slots after it are not trusted either.
+    let mut second_wrong = Acceptance::default();
+    for _ in 0..10 {
+        second_wrong.record_step(2, 1);
+    }
+    assert_eq!(choose_block(&cheap, &second_wrong, 16, 0), 2);
 }
 
 /// Auto mode's costs follow the running generation: a prior measured on a busy machine

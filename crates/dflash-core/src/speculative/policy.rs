@@ -113,11 +113,14 @@ impl StepCostPrior {
     }
 }
 
-/// Per-position acceptance: `accepted[j]` of `tried[j]` drafts at block slot j+1.
+/// Per-position acceptance: `accepted[j]` of `tried[j]` drafts at block slot j+1, and
+/// `reached[j]` of those tried after every slot before was accepted (the steps that tell
+/// slot j+1's conditional rate).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Acceptance {
     pub accepted: Vec<u64>,
     pub tried: Vec<u64>,
+    pub reached: Vec<u64>,
 }
 
 impl Acceptance {
@@ -126,33 +129,43 @@ impl Acceptance {
         if self.tried.len() < drafts {
             self.tried.resize(drafts, 0);
             self.accepted.resize(drafts, 0);
+            self.reached.resize(drafts, 0);
         }
         for j in 0..drafts {
             self.tried[j] += 1;
+            if j <= acc {
+                self.reached[j] += 1;
+            }
             if j < acc {
                 self.accepted[j] += 1;
             }
         }
     }
-    /// Conditional acceptance rate of slot j+1 given slot j was accepted, with a
-    /// Beta(1, 1) prior.
+    /// Conditional acceptance rate of slot j+1 given slot j was accepted: its counts
+    /// (accepted of reached) with a prior of weight 2 whose mean is the slot before's
+    /// rate (0.5 for the first slot: Beta(1, 1)). A slot no step has reached takes its
+    /// neighbour's rate: drafts right in the first slots are likely right a little
+    /// further on, so auto mode tries a longer block and measures it instead of
+    /// settling on the slots it has seen.
     fn conditional(&self, j: usize) -> f64 {
-        let tried_here = if j == 0 {
-            self.tried.first().copied().unwrap_or(0)
-        } else {
-            self.accepted.get(j - 1).copied().unwrap_or(0)
-        };
-        let acc = self.accepted.get(j).copied().unwrap_or(0);
-        (acc as f64 + 1.0) / (tried_here as f64 + 2.0)
+        let mut rate = 0.5;
+        for slot in 0..=j {
+            let reached = self.reached.get(slot).copied().unwrap_or(0);
+            let acc = self.accepted.get(slot).copied().unwrap_or(0);
+            rate = (acc as f64 + 2.0 * rate) / (reached as f64 + 2.0);
+        }
+        rate
     }
     /// Adds another run's counts (per-prompt results into a whole benchmark's).
     pub fn add(&mut self, other: &Acceptance) {
         let n = self.tried.len().max(other.tried.len());
         self.tried.resize(n, 0);
         self.accepted.resize(n, 0);
-        for (j, (&a, &t)) in other.accepted.iter().zip(&other.tried).enumerate() {
-            self.accepted[j] += a;
+        self.reached.resize(n, 0);
+        for (j, &t) in other.tried.iter().enumerate() {
+            self.accepted[j] += other.accepted[j];
             self.tried[j] += t;
+            self.reached[j] += other.reached.get(j).copied().unwrap_or(0);
         }
     }
     pub fn rates(&self) -> Vec<f64> {
@@ -306,16 +319,19 @@ impl StepCosts {
 
 /// The block for the next step under `policy`. `idle` counts the steps since the last
 /// one that drafted: in auto mode a block of 1 (no drafting at all) is chosen while
-/// drafting does not pay for itself, with a probe after [`probe_interval`] idle steps.
+/// drafting does not pay for itself, with a probe before any draft has been tried and
+/// after [`probe_interval`] idle steps.
 pub fn choose_block(policy: &BlockSize, acc: &Acceptance, max_block: usize, idle: usize) -> usize {
     match policy {
         BlockSize::Fixed(b) => (*b).clamp(1, max_block),
         BlockSize::Auto { verify_cost } => {
             let values = block_values(verify_cost, acc, max_block);
             let best = best_of(values.iter().copied()).unwrap_or(1);
-            if best == 1 && idle >= PROBE_EVERY {
+            // Before any draft is tried, a probe at once: the prior's rates are a guess.
+            let fresh = acc.tried.is_empty();
+            if best == 1 && (fresh || idle >= PROBE_EVERY) {
                 let probe = best_of(values.into_iter().filter(|&(b, _)| b > 1)).unwrap_or(1);
-                if probe > 1 && idle >= probe_interval(verify_cost, probe) {
+                if probe > 1 && (fresh || idle >= probe_interval(verify_cost, probe)) {
                     return probe;
                 }
             }
