@@ -57,7 +57,7 @@ test('a panic in the worker fails its request with code Panic; a new worker relo
   }, URL_PATH);
   console.log(JSON.stringify(r));
   assert.equal(r.trapped.code, 'Panic');
-  assert.match(r.trapped.message, /^deliberate test panic 42 \(at .*wasm\.rs:\d+\)$/);
+  assert.match(r.trapped.message, /^deliberate test panic 42 \(at .*src\/wasm\/mod\.rs:\d+\)$/);
   assert.ok(r.before.length > 0);
   assert.equal(r.a, r.before, 'the request queued behind the trap is answered by the new worker');
   assert.equal(r.b, r.before, 'a request made during the reload is answered');
