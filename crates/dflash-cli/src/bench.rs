@@ -30,6 +30,7 @@ use dflash_core::rng::Rng;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{Acceptance, BlockSize, SpeculativeResult};
 use dflash_core::synthetic::SyntheticSpec;
+use dflash_engine::device::{open_device, DeviceChoice};
 use dflash_gpu::model::{OutputHead, MAX_ROWS};
 use dflash_gpu::speculative::Speculative;
 use dflash_gpu::synthetic::Planned;
@@ -72,9 +73,11 @@ pub struct BenchArgs {
     /// Repetitions of the GEMV and copy kernels per timed submission.
     #[arg(long, default_value_t = 4)]
     reps: usize,
-    /// gpu (default), cpu (the quantized CPU engine) or reference (the f32 oracle).
-    #[arg(long, value_enum, default_value = "gpu")]
-    device: Device,
+    /// gpu, cpu (the quantized CPU engine) or reference (the f32 oracle). Default: the
+    /// GPU on a hardware adapter (or where a GPU-only option asks for it), else the CPU
+    /// engine, with a note (a software adapter such as lavapipe only with `gpu`).
+    #[arg(long, value_enum)]
+    device: Option<Device>,
     /// Choose the GPU adapter whose name contains this.
     #[arg(long)]
     adapter: Option<String>,
@@ -305,16 +308,58 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
     if let (Some(p), Some(s)) = (&profile, &synthetic) {
         check_profile_len(p, s.drafter.block_size)?;
     }
+    let a = BenchArgs {
+        device: Some(resolve_device(&a)),
+        ..a
+    };
     if let Some(turns) = a.turns {
         return conversation::run(a, turns);
     }
-    if let Some(kernels) = a.device.cpu_kernels() {
+    if let Some(kernels) = a.device().cpu_kernels() {
         return cpu::run(a, kernels, synthetic.as_ref(), profile.as_ref());
     }
     if a.drafter.is_some() {
         return run_dflash(a, synthetic, profile);
     }
     run_plain(a, synthetic)
+}
+
+impl BenchArgs {
+    /// The device (after `resolve_device`).
+    fn device(&self) -> Device {
+        self.device.unwrap_or(Device::Gpu)
+    }
+
+    /// The options only the GPU bench has, each with whether it was given.
+    fn gpu_only_options(&self) -> [(bool, &'static str); 8] {
+        [
+            (self.profile, "--profile"),
+            (self.tuning.is_some(), "--tuning"),
+            (self.pipelined.is_some(), "--pipelined"),
+            (self.fuse_norm.is_some(), "--fuse-norm"),
+            (self.norm_in_residual.is_some(), "--norm-in-residual"),
+            (self.int8_activations.is_some(), "--int8-activations"),
+            (self.adapter.is_some(), "--adapter"),
+            (self.turns.is_some(), "--turns"),
+        ]
+    }
+}
+
+/// `--device`, or without it what `generate` and `serve` choose: the GPU where a GPU-only
+/// option asks for it or the adapter is a hardware one, else the quantized CPU engine,
+/// with a note on stderr saying why.
+fn resolve_device(a: &BenchArgs) -> Device {
+    if let Some(d) = a.device {
+        return d;
+    }
+    if a.gpu_only_options().iter().any(|(given, _)| *given) {
+        return Device::Gpu;
+    }
+    let note = &mut |n: &str| eprintln!("note: {n}");
+    match open_device(DeviceChoice::Auto, &dflash_gpu::GpuOptions::default(), note) {
+        Ok(Some(_)) => Device::Gpu,
+        _ => Device::Cpu,
+    }
 }
 
 /// The `--synthetic` shape asked for, with its layer count and draft vocabulary.

@@ -24,9 +24,15 @@ fn tiny_qwen2_file(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// `dflash args`; a bench without `--device` is the GPU bench, as these tests mean it
+/// (its default on a software adapter is the CPU engine: `bench_picks_its_device_as_generate_does`).
 fn dflash(args: &[&str]) -> std::process::Output {
+    let mut all = args.to_vec();
+    if args.first() == Some(&"bench") && !args.contains(&"--device") {
+        all.extend(["--device", "gpu"]);
+    }
     Command::new(env!("CARGO_BIN_EXE_dflash"))
-        .args(args)
+        .args(all)
         .output()
         .unwrap()
 }
@@ -434,6 +440,48 @@ fn check_simulated_pair(run: impl Fn(&'static str) -> serde_json::Value) -> serd
         "nothing drafted is right"
     );
     v
+}
+
+/// Without `--device` the bench takes what `generate` and `serve` take: the GPU bench on a
+/// hardware adapter, the CPU engine's (with a note) where the adapter is a software one
+/// or there is none, and the GPU where a GPU-only option asks for it.
+#[test]
+fn bench_picks_its_device_as_generate_does() {
+    let c = tiny_config(Arch::Llama);
+    let path = tmp("bench-auto").join("tiny.gguf");
+    std::fs::write(
+        &path,
+        write_gguf(&c, &random_weights(&c, 4), GgmlType::Q4_0),
+    )
+    .unwrap();
+    let args = [
+        "bench",
+        "--model",
+        path.to_str().unwrap(),
+        "--decode-tokens",
+        "2",
+        "--json",
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_dflash"))
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let on_cpu = err.contains("is a software one") || err.contains("no GPU adapter");
+    assert_eq!(v["cpu"]["device"] == "cpu", on_cpu, "{err}\n{v}");
+    if on_cpu {
+        assert!(err.contains("note: "), "{err}");
+        // A GPU-only option takes the GPU bench without a note.
+        let out = Command::new(env!("CARGO_BIN_EXE_dflash"))
+            .args(args)
+            .args(["--pipelined", "false"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && !err.contains("note: "), "{err}");
+    }
 }
 
 #[test]

@@ -149,7 +149,7 @@ pub(super) fn run(a: BenchArgs, turns: usize) -> Result<(), CliError> {
 /// The usage checks of a conversation: a chat on the GPU engine with one --block, at
 /// least one turn.
 fn check_usage(args: &BenchArgs, turns: usize) -> Result<(), CliError> {
-    let cpu = args.device.cpu_kernels().is_some();
+    let cpu = args.device().cpu_kernels().is_some();
     if args.synthetic.is_some() || cpu || args.block.contains(',') {
         return Err(CliError::Usage(
             "--turns runs a chat on the GPU engine: a --model with a chat template, one --block"

@@ -19,15 +19,7 @@ pub(super) fn run(
     synthetic: Option<&SyntheticSpec>,
     accept: Option<&AcceptProfile>,
 ) -> Result<(), CliError> {
-    let gpu_only = [
-        (a.profile, "--profile"),
-        (a.tuning.is_some(), "--tuning"),
-        (a.pipelined.is_some(), "--pipelined"),
-        (a.fuse_norm.is_some(), "--fuse-norm"),
-        (a.norm_in_residual.is_some(), "--norm-in-residual"),
-        (a.int8_activations.is_some(), "--int8-activations"),
-        (a.adapter.is_some(), "--adapter"),
-    ];
+    let gpu_only = a.gpu_only_options();
     if let Some((_, flag)) = gpu_only.iter().find(|(set, _)| *set) {
         return Err(CliError::Usage(format!(
             "{flag} is for the GPU bench, not --device cpu or reference"
