@@ -9,7 +9,10 @@ def engine(r):
     cpu = r.get("cpu")
     if cpu:
         return f"the CPU engine ({cpu['kernel']}, {cpu['threads']} threads)"
-    return f"the GPU engine on {r.get('adapter') or 'the GPU'}"
+    adapter = r.get("adapter") or "the GPU"
+    if isinstance(adapter, dict):
+        adapter = adapter.get("name", "the GPU")
+    return f"the GPU engine on {adapter}"
 
 
 def main(path):

@@ -22,11 +22,14 @@ drafter=drafters/smollm2-135m-instruct-dflash-b16
 out="${OUT:-target/run.json}"
 mkdir -p "$(dirname "$out")"
 device=()
+rc=0
 [ -n "${DEVICE:-}" ] && device=(--device "$DEVICE")
 if [ "${BENCH:-dflash}" = plain ] || [ ! -f "$drafter/model.safetensors" ]; then
-  ./target/release/dflash bench "${device[@]}" --model "$model" --prompt-tokens 64 --decode-tokens 32 --json > "$out"
+  ./target/release/dflash bench ${device[@]+"${device[@]}"} --model "$model" --prompt-tokens 64 --decode-tokens 32 --json > "$out" || rc=$?
 else
-  ./target/release/dflash bench "${device[@]}" --model "$model" --drafter "$drafter" --prompts fixtures/prompts/chat20.jsonl \
-    --limit "${PROMPTS:-8}" --max-new-tokens "${TOKENS:-64}" --block "${BLOCK:-auto}" --rounds "${ROUNDS:-1}" --json > "$out"
+  ./target/release/dflash bench ${device[@]+"${device[@]}"} --model "$model" --drafter "$drafter" --prompts fixtures/prompts/chat20.jsonl \
+    --limit "${PROMPTS:-8}" --max-new-tokens "${TOKENS:-64}" --block "${BLOCK:-auto}" --rounds "${ROUNDS:-1}" --json > "$out" || rc=$?
 fi
-if command -v python3 >/dev/null; then python3 scripts/run-summary.py "$out"; else cat "$out"; fi
+# The summary even when the bench failed after writing its JSON (DFlash not lossless).
+if [ -s "$out" ] && command -v python3 >/dev/null; then python3 scripts/run-summary.py "$out"; else cat "$out"; fi
+exit "$rc"

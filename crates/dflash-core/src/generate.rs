@@ -187,12 +187,14 @@ pub struct Piece<'a> {
     pub text: &'a str,
     /// The tokens committed since the previous piece, in order: every generated token
     /// is in exactly one piece. A piece can come from several tokens (a character split
-    /// across tokens, text a stop string held back); the last piece takes the tokens not
-    /// sent yet, even if their text is empty (cut by a stop string, or bytes that never
-    /// completed a character).
+    /// across tokens, text a stop string held back), or from none (held-back text
+    /// released at the end, after its tokens went out); the last piece takes the tokens
+    /// not sent yet, even if their text is empty (cut by a stop string, or bytes that
+    /// never completed a character).
     pub ids: &'a [u32],
-    /// Whether the last of `ids` was an accepted draft (false for plain decoding, and for
-    /// a speculative step's anchor and bonus tokens): what the demo highlights.
+    /// Whether the last of `ids` was an accepted draft (false for plain decoding, for a
+    /// speculative step's anchor and bonus tokens, and without ids): what the demo
+    /// highlights.
     pub drafted: bool,
 }
 
@@ -283,7 +285,7 @@ impl<'a> TokenSink<'a> {
         (self.on_piece)(Piece {
             text,
             ids,
-            drafted: self.drafted,
+            drafted: self.drafted && !ids.is_empty(),
         });
         self.sent = self.tokens.len();
     }

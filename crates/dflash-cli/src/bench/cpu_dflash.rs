@@ -68,6 +68,11 @@ pub(super) fn run(
     synthetic: Option<&SyntheticSpec>,
     accept: Option<&AcceptProfile>,
 ) -> Result<(), CliError> {
+    if a.synthetic_draft_vocab.is_some() {
+        return Err(CliError::Usage(
+            "--synthetic-draft-vocab is for the GPU bench, not --device cpu or reference".into(),
+        ));
+    }
     let t_load = Instant::now();
     let host = dflash_host(a, synthetic, accept)?;
     let rows_in = host.rows.clone();
@@ -111,7 +116,10 @@ pub(super) fn run(
         "acceptance": if accept.is_some() { "simulated" } else { "measured" },
         "accept_profile": accept.map(|p| p.0.clone()),
         "cpu": engine_json(kernels),
-        "draft_head_ids": drafter.draft_vocab.as_ref().map(|v| v.len()),
+        // A DFlash2 drafter drafts through its selector, not the draft head.
+        "draft_head_ids": (!drafter.is_dflash2())
+            .then(|| drafter.draft_vocab.as_ref().map(|v| v.len()))
+            .flatten(),
         "synthetic": synthetic.map(|s| {
             let mut v = synthetic_json(s, true);
             v["weights"] = "random, made in host memory".into();

@@ -126,6 +126,7 @@ impl BlockRun {
                 "tau_sum": s.taus.iter().sum::<usize>(),
                 "accepted_by_position": s.acceptance.accepted,
                 "tried_by_position": s.acceptance.tried,
+                "reached_by_position": s.acceptance.reached,
             });
             o.extend(extra.as_object().cloned().unwrap_or_default());
         }
@@ -173,6 +174,7 @@ impl BlockRun {
             "dflash_decode_s": self.seconds,
             "accepted_by_position": self.acceptance.accepted,
             "tried_by_position": self.acceptance.tried,
+            "reached_by_position": self.acceptance.reached,
             "skip": a.skip,
             "lossless": self.lossless,
             "load_s": load_s,

@@ -163,7 +163,7 @@ impl Acceptance {
         self.accepted.resize(n, 0);
         self.reached.resize(n, 0);
         for (j, &t) in other.tried.iter().enumerate() {
-            self.accepted[j] += other.accepted[j];
+            self.accepted[j] += other.accepted.get(j).copied().unwrap_or(0);
             self.tried[j] += t;
             self.reached[j] += other.reached.get(j).copied().unwrap_or(0);
         }
