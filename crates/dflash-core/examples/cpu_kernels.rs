@@ -105,6 +105,13 @@ fn main() {
             _ => QuantMatrix::quantize_q8(&w, rows, cols),
         };
         let p = PackedMatrix::from_quant(&m).unwrap();
+        // DFLASH_STREAM_MB: that many megabytes of copies, walked in turn, so that the
+        // weights come from memory as a model's do (past the last-level cache).
+        let copies = std::env::var("DFLASH_STREAM_MB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(1, |mb| (mb << 20).div_ceil(p.n_bytes()).max(1));
+        let ps: Vec<PackedMatrix> = (0..copies).map(|_| p.clone()).collect();
         for k in Kernel::available() {
             if wanted
                 .as_ref()
@@ -116,18 +123,20 @@ fn main() {
                 let xs: Vec<f32> = (0..n * cols).map(|_| 3.0 * next()).collect();
                 let x = QuantizedRows::new(&xs, n, cols, format, 32);
                 let run = || {
-                    std::hint::black_box(match packed_kernel(k) {
-                        true => p.matmul_with(k, &x),
-                        false => quant_matmul(&m, &x, k),
-                    });
+                    for p in &ps {
+                        std::hint::black_box(match packed_kernel(k) {
+                            true => p.matmul_with(k, &x),
+                            false => quant_matmul(&m, &x, k),
+                        });
+                    }
                 };
                 let s = in_pool(|| time(run));
-                let macs = (rows * cols * n) as f64;
+                let macs = (rows * cols * n * copies) as f64;
                 println!(
                     "{}",
                     serde_json::json!({"kind": "kernel", "kernel": k.name(), "format": format.bits(),
                         "rows": rows, "cols": cols, "activation_rows": n, "threads": threads,
-                        "us": s * 1e6, "gmac_per_s": macs / s / 1e9,
+                        "us": s * 1e6, "copies": copies, "gmac_per_s": macs / s / 1e9,
                         "mac_per_cycle_per_core": macs / s / (clock * 1e9) / threads as f64,
                         "cost_over_one_row": serde_json::Value::Null})
                 );

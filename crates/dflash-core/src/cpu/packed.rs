@@ -243,17 +243,26 @@ impl PackedMatrix {
         match kernel {
             // SAFETY (each): the CPU has the kernel's features (`Kernel::available`).
             #[cfg(target_arch = "x86_64")]
-            Kernel::AvxVnni => self.in_blocks(x, 4, |b, _, rows, dst| unsafe {
-                vnni::block_dots::<vnni::Vex>(self, b, rows, dst)
-            }),
+            Kernel::AvxVnni => {
+                let tiles = tiles(x, 4, self.group, self.cols / self.group);
+                self.in_blocks(x, 4, |b, first, _, dst| unsafe {
+                    vnni::block_dots::<vnni::Vex>(self, b, &tiles[first / 4], dst)
+                })
+            }
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Vnni256 => self.in_blocks(x, 4, |b, _, rows, dst| unsafe {
-                vnni::block_dots::<vnni::Evex>(self, b, rows, dst)
-            }),
+            Kernel::Avx512Vnni256 => {
+                let tiles = tiles(x, 4, self.group, self.cols / self.group);
+                self.in_blocks(x, 4, |b, first, _, dst| unsafe {
+                    vnni::block_dots::<vnni::Evex>(self, b, &tiles[first / 4], dst)
+                })
+            }
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Vnni => self.in_blocks(x, 8, |b, _, rows, dst| unsafe {
-                vnni512::block_dots(self, b, rows, dst)
-            }),
+            Kernel::Avx512Vnni => {
+                let tiles = tiles(x, 8, self.group, self.cols / self.group);
+                self.in_blocks(x, 8, |b, first, _, dst| unsafe {
+                    vnni512::block_dots(self, b, &tiles[first / 8], dst)
+                })
+            }
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Kernel::Simd128 => self.matmul_simd128(x),
             _ => unreachable!("not a packed kernel"),
@@ -322,13 +331,109 @@ impl PackedMatrix {
     }
 }
 
+/// Up to 8 activation rows group-major, as the x86 kernels read them: group `g`'s rows
+/// side by side (`qs`: `[g][t][G]`, the rest `[g][t]`), so that one pointer walks all
+/// of them and each row is a constant offset from it.
+#[cfg(target_arch = "x86_64")]
+struct Tile {
+    rows: usize,
+    group: usize,
+    qs: Vec<i8>,
+    scales: Vec<f32>,
+    sums: Vec<f32>,
+    isums: Vec<i32>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Tile {
+    /// The rows `x` (at most 8, each of `gpr` groups of `group`) interleaved.
+    fn new(x: &[ActRow], group: usize, gpr: usize) -> Self {
+        let t_n = x.len();
+        assert!((1..=8).contains(&t_n), "{t_n} rows in a tile");
+        let mut tile = Tile {
+            rows: t_n,
+            group,
+            qs: Vec::with_capacity(gpr * t_n * group),
+            scales: Vec::with_capacity(gpr * t_n),
+            sums: Vec::with_capacity(gpr * t_n),
+            isums: Vec::with_capacity(gpr * t_n),
+        };
+        for g in 0..gpr {
+            for a in x {
+                tile.qs.extend_from_slice(&a.qs[g * group..][..group]);
+                tile.scales.push(a.scales[g]);
+                tile.sums.push(a.sums[g]);
+                tile.isums.push(a.isums[g]);
+            }
+        }
+        tile
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Tile {
+    /// The tile's arrays (values, scales, sums, integer sums), checked to hold T rows of
+    /// `gpr` groups of G, for reading through raw pointers (no bounds checks in the
+    /// kernels' loops).
+    fn pointers<const T: usize, const G: usize>(
+        &self,
+        gpr: usize,
+    ) -> (*const i8, *const f32, *const f32, *const i32) {
+        assert!(self.rows == T && self.group == G && self.qs.len() >= gpr * T * G);
+        assert!(self.scales.len() >= gpr * T && self.sums.len() >= gpr * T);
+        assert!(self.isums.len() >= gpr * T);
+        (
+            self.qs.as_ptr(),
+            self.scales.as_ptr(),
+            self.sums.as_ptr(),
+            self.isums.as_ptr(),
+        )
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl PackedMatrix {
+    /// Checks that block `b` (rows of `gb` bytes per group) lies within the arrays, which
+    /// the kernels then read through raw pointers.
+    fn check_block(&self, b: usize, gb: usize) {
+        let gpr = self.cols / self.group;
+        assert!((b + 1) * gpr * BLOCK <= self.scales.len());
+        assert!(self.mins.len() == self.scales.len() && self.qs.len() >= self.scales.len() * gb);
+    }
+}
+
+/// `x`'s rows in tiles of at most `height`, for a matrix of `group` and `gpr`.
+#[cfg(target_arch = "x86_64")]
+fn tiles(x: &QuantizedRows, height: usize, group: usize, gpr: usize) -> Vec<Tile> {
+    let rows: Vec<ActRow> = (0..x.rows()).map(|t| x.row(t)).collect();
+    rows.chunks(height)
+        .map(|c| Tile::new(c, group, gpr))
+        .collect()
+}
+
+/// Asks for the weight bytes [`PREFETCH_BYTES`] past `w` (the `len` bytes of a group
+/// there), so that the stream from memory runs while this group is computed: the
+/// kernels walk a band of blocks front to back. A hint only (no fault past the end).
+#[inline(always)]
+#[cfg(target_arch = "x86_64")]
+unsafe fn prefetch_ahead(w: *const u8, len: usize) {
+    let ahead = w.wrapping_add(PREFETCH_BYTES);
+    for line in (0..len).step_by(64) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+    }
+}
+
+/// How far ahead of the group being computed its weights are asked for.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_BYTES: usize = 4096;
+
 /// The 8-row kernel (256-bit vectors): each 16-row block as two halves, the half's
 /// lanes of every run (`RUN` bytes apart) its rows. One body for AVX-VNNI's encoding of
 /// `vpdpbusd` and AVX-512 VL's.
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{group_bytes, PackedMatrix, BLOCK, RUN};
-    use crate::cpu::quant_matmul::ActRow;
+    use super::{group_bytes, PackedMatrix, Tile, BLOCK, RUN};
     use crate::quant::QFormat;
     use std::arch::x86_64::*;
 
@@ -339,11 +444,11 @@ mod vnni {
     /// product compiled with that encoding's features.
     pub(super) trait Dp: Sized {
         unsafe fn dp(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
-        unsafe fn half_dot<const T: usize>(
+        unsafe fn half_dot<const T: usize, const G: usize>(
             p: &PackedMatrix,
             b: usize,
             h: usize,
-            x: &[ActRow],
+            x: &Tile,
         ) -> [[f32; HALF]; T];
     }
     /// AVX-VNNI (VEX).
@@ -356,13 +461,13 @@ mod vnni {
             _mm256_dpbusd_avx_epi32(acc, u, s)
         }
         #[inline(always)]
-        unsafe fn half_dot<const T: usize>(
+        unsafe fn half_dot<const T: usize, const G: usize>(
             p: &PackedMatrix,
             b: usize,
             h: usize,
-            x: &[ActRow],
+            x: &Tile,
         ) -> [[f32; HALF]; T] {
-            half_dot_vex::<T>(p, b, h, x)
+            half_dot_vex::<T, G>(p, b, h, x)
         }
     }
     impl Dp for Evex {
@@ -371,13 +476,13 @@ mod vnni {
             _mm256_dpbusd_epi32(acc, u, s)
         }
         #[inline(always)]
-        unsafe fn half_dot<const T: usize>(
+        unsafe fn half_dot<const T: usize, const G: usize>(
             p: &PackedMatrix,
             b: usize,
             h: usize,
-            x: &[ActRow],
+            x: &Tile,
         ) -> [[f32; HALF]; T] {
-            half_dot_evex::<T>(p, b, h, x)
+            half_dot_evex::<T, G>(p, b, h, x)
         }
     }
 
@@ -388,28 +493,29 @@ mod vnni {
     }
 
     /// The exact integer sums of one group for a half block's 8 rows (lane r: row r;
-    /// `w` the half's first run) and each of the T activation rows (`x[t]`: the group's
-    /// bytes, `x_isum[t]`: their sum), the weights loaded and unpacked once for all.
+    /// `w` the half's first run) and each of the T activation rows (`x`: the tile's
+    /// group, row `t` at `t * G`; `x_isum[t]`: its sum), the weights loaded and unpacked
+    /// once for all.
     #[inline(always)]
-    unsafe fn group_isums<D: Dp, const T: usize>(
+    unsafe fn group_isums<D: Dp, const T: usize, const G: usize>(
         format: QFormat,
-        runs: usize,
         w: *const u8,
-        x: [*const i8; T],
-        x_isum: [i32; T],
+        x: *const i8,
+        x_isum: *const i32,
     ) -> [__m256i; T] {
         let mut s0 = [_mm256_setzero_si256(); T];
         let mut s1 = [_mm256_setzero_si256(); T];
         match format {
             QFormat::Q4 => {
                 let mask = _mm256_set1_epi8(0x0F);
-                for c in 0..4 {
+                for c in 0..G / 8 {
                     let v = _mm256_loadu_si256(w.add(c * RUN).cast());
                     let lo = _mm256_and_si256(v, mask);
                     let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
                     for t in 0..T {
-                        s0[t] = D::dp(s0[t], lo, broadcast4(x[t].add(4 * c)));
-                        s1[t] = D::dp(s1[t], hi, broadcast4(x[t].add(16 + 4 * c)));
+                        let xt = x.add(t * G + 4 * c);
+                        s0[t] = D::dp(s0[t], lo, broadcast4(xt));
+                        s1[t] = D::dp(s1[t], hi, broadcast4(xt.add(G / 2)));
                     }
                 }
                 for t in 0..T {
@@ -417,18 +523,20 @@ mod vnni {
                 }
             }
             QFormat::Q8 => {
-                for c in (0..runs).step_by(2) {
+                for c in (0..G / 4).step_by(2) {
                     let v0 = _mm256_loadu_si256(w.add(c * RUN).cast());
                     let v1 = _mm256_loadu_si256(w.add((c + 1) * RUN).cast());
                     for t in 0..T {
-                        s0[t] = D::dp(s0[t], v0, broadcast4(x[t].add(4 * c)));
-                        s1[t] = D::dp(s1[t], v1, broadcast4(x[t].add(4 * c + 4)));
+                        let xt = x.add(t * G + 4 * c);
+                        s0[t] = D::dp(s0[t], v0, broadcast4(xt));
+                        s1[t] = D::dp(s1[t], v1, broadcast4(xt.add(4)));
                     }
                 }
                 // The weights were stored plus 128: take 128 * sum(q_x) back off.
                 for t in 0..T {
                     let sum = _mm256_add_epi32(s0[t], s1[t]);
-                    s0[t] = _mm256_sub_epi32(sum, _mm256_set1_epi32(128 * x_isum[t]));
+                    let bias = _mm256_set1_epi32(128 * *x_isum.add(t));
+                    s0[t] = _mm256_sub_epi32(sum, bias);
                 }
             }
             QFormat::F32 => unreachable!("f32 matrices are never packed"),
@@ -436,94 +544,101 @@ mod vnni {
         s0
     }
 
-    /// Block `b`'s 16 output rows for each of the (at most 4) activation rows `x` into
-    /// `out` (`[x row][16]`), half by half.
+    /// Block `b`'s 16 output rows for each of the tile's (at most 4) rows into `out`
+    /// (`[x row][16]`), half by half.
     ///
     /// # Safety
     /// The CPU must have AVX2, F16C and `D`'s `vpdpbusd`.
-    pub(super) unsafe fn block_dots<D: Dp>(
-        p: &PackedMatrix,
-        b: usize,
-        x: &[ActRow],
-        out: &mut [f32],
-    ) {
+    pub(super) unsafe fn block_dots<D: Dp>(p: &PackedMatrix, b: usize, x: &Tile, out: &mut [f32]) {
         for h in 0..2 {
             let put = |out: &mut [f32], halves: &[[f32; HALF]]| {
                 for (t, v) in halves.iter().enumerate() {
                     out[t * BLOCK + h * HALF..][..HALF].copy_from_slice(v);
                 }
             };
-            match x.len() {
-                1 => put(out, &D::half_dot::<1>(p, b, h, x)),
-                2 => put(out, &D::half_dot::<2>(p, b, h, x)),
-                3 => put(out, &D::half_dot::<3>(p, b, h, x)),
-                4 => put(out, &D::half_dot::<4>(p, b, h, x)),
-                n => unreachable!("{n} rows at once"),
+            macro_rules! rows {
+                ($($t:literal)*) => {
+                    match (x.rows, p.group) {
+                        $(($t, 32) => put(out, &D::half_dot::<$t, 32>(p, b, h, x)),
+                          ($t, 16) => put(out, &D::half_dot::<$t, 16>(p, b, h, x)),)*
+                        (n, g) => unreachable!("{n} rows at once in groups of {g}"),
+                    }
+                };
             }
+            rows!(1 2 3 4)
         }
     }
 
     /// Half `h` of block `b`: its 8 output rows for each of the T activation rows.
     #[target_feature(enable = "avx2,f16c,avxvnni")]
-    unsafe fn half_dot_vex<const T: usize>(
+    unsafe fn half_dot_vex<const T: usize, const G: usize>(
         p: &PackedMatrix,
         b: usize,
         h: usize,
-        x: &[ActRow],
+        x: &Tile,
     ) -> [[f32; HALF]; T] {
-        half_dot_body::<Vex, T>(p, b, h, x)
+        half_dot_body::<Vex, T, G>(p, b, h, x)
     }
 
     #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
-    unsafe fn half_dot_evex<const T: usize>(
+    unsafe fn half_dot_evex<const T: usize, const G: usize>(
         p: &PackedMatrix,
         b: usize,
         h: usize,
-        x: &[ActRow],
+        x: &Tile,
     ) -> [[f32; HALF]; T] {
-        half_dot_body::<Evex, T>(p, b, h, x)
+        half_dot_body::<Evex, T, G>(p, b, h, x)
     }
 
-    /// The definition's float steps on 8 lanes: per group the term, into `acc[g % 8]`.
+    /// The definition's float steps on 8 lanes: per accumulator `j` the terms of groups
+    /// `j, j + 8, ...` in order (consecutive in the layout), then the definition's tree.
     #[inline(always)]
-    unsafe fn half_dot_body<D: Dp, const T: usize>(
+    unsafe fn half_dot_body<D: Dp, const T: usize, const G: usize>(
         p: &PackedMatrix,
         b: usize,
         h: usize,
-        x: &[ActRow],
+        x: &Tile,
     ) -> [[f32; HALF]; T] {
-        debug_assert_eq!(x.len(), T);
-        let gpr = p.cols / p.group;
-        let gb = group_bytes(p.format, p.group);
-        let mut acc = [[_mm256_setzero_ps(); 8]; T];
-        // By accumulator (the layout's order): each acc[t][g % 8] still takes its groups
-        // in ascending g.
-        for g in (0..gpr.min(8)).flat_map(|j| (j..gpr).step_by(8)) {
-            let at = (b * gpr + super::slot(g, gpr)) * BLOCK;
-            let mut xp = [std::ptr::null::<i8>(); T];
-            let mut xi = [0i32; T];
-            for t in 0..T {
-                xp[t] = x[t].qs.as_ptr().add(g * p.group);
-                xi[t] = x[t].isums[g];
-            }
-            let w = p.qs.as_ptr().add(at * gb + h * HALF * 4);
-            let isum = group_isums::<D, T>(p.format, p.group / 4, w, xp, xi);
-            let sw = _mm256_cvtph_ps(_mm_loadu_si128(p.scales.as_ptr().add(at + h * HALF).cast()));
-            let mw = _mm256_cvtph_ps(_mm_loadu_si128(p.mins.as_ptr().add(at + h * HALF).cast()));
-            for t in 0..T {
-                let term = _mm256_add_ps(
-                    _mm256_mul_ps(
-                        _mm256_mul_ps(sw, _mm256_set1_ps(x[t].scales[g])),
-                        _mm256_cvtepi32_ps(isum[t]),
-                    ),
-                    _mm256_mul_ps(mw, _mm256_set1_ps(x[t].sums[g])),
+        let gpr = p.cols / G;
+        let gb = group_bytes(p.format, G);
+        let (xq, xs, xm, xi) = x.pointers::<T, G>(gpr);
+        p.check_block(b, gb);
+        let mut parts = [[_mm256_setzero_ps(); T]; 8];
+        for (j, part) in parts.iter_mut().enumerate().take(gpr) {
+            let mut acc = [_mm256_setzero_ps(); T];
+            let first = b * gpr + super::slot(j, gpr);
+            for (k, g) in (j..gpr).step_by(8).enumerate() {
+                let at = (first + k) * BLOCK;
+                let w = p.qs.as_ptr().add(at * gb);
+                if h == 0 {
+                    super::prefetch_ahead(w, BLOCK * gb);
+                }
+                let isum = group_isums::<D, T, G>(
+                    p.format,
+                    w.add(h * HALF * 4),
+                    xq.add(g * T * G),
+                    xi.add(g * T),
                 );
-                acc[t][g % 8] = _mm256_add_ps(acc[t][g % 8], term);
+                let sw =
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.scales.as_ptr().add(at + h * HALF).cast()));
+                let mw =
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.mins.as_ptr().add(at + h * HALF).cast()));
+                for t in 0..T {
+                    let term = _mm256_add_ps(
+                        _mm256_mul_ps(
+                            _mm256_mul_ps(sw, _mm256_set1_ps(*xs.add(g * T + t))),
+                            _mm256_cvtepi32_ps(isum[t]),
+                        ),
+                        _mm256_mul_ps(mw, _mm256_set1_ps(*xm.add(g * T + t))),
+                    );
+                    acc[t] = _mm256_add_ps(acc[t], term);
+                }
             }
+            *part = acc;
         }
         let mut out = [[0f32; HALF]; T];
         for t in 0..T {
-            let a = acc[t];
+            let a = parts.map(|p| p[t]);
             let sum = _mm256_add_ps(
                 _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[1], a[5])),
                 _mm256_add_ps(_mm256_add_ps(a[2], a[6]), _mm256_add_ps(a[3], a[7])),
@@ -540,8 +655,7 @@ mod vnni {
 /// accumulator per activation row is live: the definition's sums, in its order.
 #[cfg(target_arch = "x86_64")]
 mod vnni512 {
-    use super::{group_bytes, PackedMatrix, BLOCK, RUN};
-    use crate::cpu::quant_matmul::ActRow;
+    use super::{group_bytes, PackedMatrix, Tile, BLOCK, RUN};
     use crate::quant::QFormat;
     use std::arch::x86_64::*;
 
@@ -551,48 +665,67 @@ mod vnni512 {
         _mm512_set1_epi32(std::ptr::read_unaligned(p.cast::<i32>()))
     }
 
-    /// The exact integer sums of one group for the block's 16 rows and each of the T
-    /// activation rows (as `vnni::group_isums`, one accumulator per activation row).
+    /// The exact integer sums of one group for the block's 16 rows (`w`: the group's
+    /// first run) and each of the T activation rows (`x`: the tile's group, row `t` at
+    /// `t * G`; `x_isum[t]`: its sum), the weights loaded and unpacked once for all. Two
+    /// chains per row where there are under 4 rows to keep the multiply pipes busy, else
+    /// one (exact integers: any order gives the same sum).
     #[inline(always)]
-    unsafe fn group_isums<const T: usize>(
+    unsafe fn group_isums<const T: usize, const G: usize>(
         format: QFormat,
-        runs: usize,
         w: *const u8,
-        x: [*const i8; T],
-        x_isum: [i32; T],
+        x: *const i8,
+        x_isum: *const i32,
     ) -> [__m512i; T] {
-        // Two chains per activation row (exact integers: any order gives the same sum).
+        let two = T < 4;
         let mut s0 = [_mm512_setzero_si512(); T];
         let mut s1 = [_mm512_setzero_si512(); T];
+        // The second half of a group's sums: into the second chain or the first.
+        let second = |s0: &mut [__m512i; T], s1: &mut [__m512i; T], t: usize, u, x| {
+            if two {
+                s1[t] = _mm512_dpbusd_epi32(s1[t], u, x);
+            } else {
+                s0[t] = _mm512_dpbusd_epi32(s0[t], u, x);
+            }
+        };
         match format {
             QFormat::Q4 => {
                 let mask = _mm512_set1_epi8(0x0F);
-                for c in 0..4 {
+                for c in 0..G / 8 {
                     let v = _mm512_loadu_si512(w.add(c * RUN).cast());
                     let lo = _mm512_and_si512(v, mask);
                     let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
                     for t in 0..T {
-                        s0[t] = _mm512_dpbusd_epi32(s0[t], lo, broadcast4(x[t].add(4 * c)));
-                        s1[t] = _mm512_dpbusd_epi32(s1[t], hi, broadcast4(x[t].add(16 + 4 * c)));
+                        let xt = x.add(t * G + 4 * c);
+                        s0[t] = _mm512_dpbusd_epi32(s0[t], lo, broadcast4(xt));
+                        second(&mut s0, &mut s1, t, hi, broadcast4(xt.add(G / 2)));
                     }
                 }
-                for t in 0..T {
-                    s0[t] = _mm512_add_epi32(s0[t], s1[t]);
+                if two {
+                    for t in 0..T {
+                        s0[t] = _mm512_add_epi32(s0[t], s1[t]);
+                    }
                 }
             }
             QFormat::Q8 => {
-                for c in (0..runs).step_by(2) {
+                for c in (0..G / 4).step_by(2) {
                     let v0 = _mm512_loadu_si512(w.add(c * RUN).cast());
                     let v1 = _mm512_loadu_si512(w.add((c + 1) * RUN).cast());
                     for t in 0..T {
-                        s0[t] = _mm512_dpbusd_epi32(s0[t], v0, broadcast4(x[t].add(4 * c)));
-                        s1[t] = _mm512_dpbusd_epi32(s1[t], v1, broadcast4(x[t].add(4 * c + 4)));
+                        let xt = x.add(t * G + 4 * c);
+                        s0[t] = _mm512_dpbusd_epi32(s0[t], v0, broadcast4(xt));
+                        second(&mut s0, &mut s1, t, v1, broadcast4(xt.add(4)));
                     }
                 }
                 // The weights were stored plus 128: take 128 * sum(q_x) back off.
                 for t in 0..T {
-                    let sum = _mm512_add_epi32(s0[t], s1[t]);
-                    s0[t] = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * x_isum[t]));
+                    let sum = if two {
+                        _mm512_add_epi32(s0[t], s1[t])
+                    } else {
+                        s0[t]
+                    };
+                    let bias = _mm512_set1_epi32(128 * *x_isum.add(t));
+                    s0[t] = _mm512_sub_epi32(sum, bias);
                 }
             }
             QFormat::F32 => unreachable!("f32 matrices are never packed"),
@@ -600,76 +733,61 @@ mod vnni512 {
         s0
     }
 
-    /// Block `b`'s 16 output rows for each of the (at most 8) activation rows `x` into
-    /// `out` (`[x row][16]`).
+    /// Block `b`'s 16 output rows for each of the tile's rows into `out` (`[x row][16]`).
     ///
     /// # Safety
     /// The CPU must have AVX-512 F, BW, VL and VNNI, and F16C.
-    pub(super) unsafe fn block_dots(p: &PackedMatrix, b: usize, x: &[ActRow], out: &mut [f32]) {
-        match x.len() {
-            1 => out.copy_from_slice(block_dot::<1>(p, b, x).as_flattened()),
-            2 => out.copy_from_slice(block_dot::<2>(p, b, x).as_flattened()),
-            3 => out.copy_from_slice(block_dot::<3>(p, b, x).as_flattened()),
-            4 => out.copy_from_slice(block_dot::<4>(p, b, x).as_flattened()),
-            5 => out.copy_from_slice(block_dot::<5>(p, b, x).as_flattened()),
-            6 => out.copy_from_slice(block_dot::<6>(p, b, x).as_flattened()),
-            7 => out.copy_from_slice(block_dot::<7>(p, b, x).as_flattened()),
-            8 => out.copy_from_slice(block_dot::<8>(p, b, x).as_flattened()),
-            n => unreachable!("{n} rows at once"),
+    pub(super) unsafe fn block_dots(p: &PackedMatrix, b: usize, x: &Tile, out: &mut [f32]) {
+        macro_rules! rows {
+            ($($t:literal)*) => {
+                match (x.rows, p.group) {
+                    $(($t, 32) => out.copy_from_slice(block_dot::<$t, 32>(p, b, x).as_flattened()),
+                      ($t, 16) => out.copy_from_slice(block_dot::<$t, 16>(p, b, x).as_flattened()),)*
+                    (n, g) => unreachable!("{n} rows at once in groups of {g}"),
+                }
+            };
         }
+        rows!(1 2 3 4 5 6 7 8)
     }
 
     /// Block `b`'s 16 output rows for each of the T activation rows: per accumulator `j`
-    /// the terms of groups `j, j + 8, ...` in order, then the definition's tree.
+    /// the terms of groups `j, j + 8, ...` in order (consecutive in the layout), then the
+    /// definition's tree.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    unsafe fn block_dot<const T: usize>(
+    unsafe fn block_dot<const T: usize, const G: usize>(
         p: &PackedMatrix,
         b: usize,
-        x: &[ActRow],
+        x: &Tile,
     ) -> [[f32; BLOCK]; T] {
-        let (group, gpr) = (p.group, p.cols / p.group);
-        let gb = group_bytes(p.format, group);
-        // Each activation row's arrays checked once, then read through raw pointers (no
-        // bounds checks in the loop: 3 T of them per group).
-        assert!(x.len() == T && (b + 1) * gpr * BLOCK <= p.scales.len());
-        let mut rows = [(
-            std::ptr::null::<i8>(),
-            [std::ptr::null::<f32>(); 2],
-            std::ptr::null::<i32>(),
-        ); T];
-        for (r, a) in rows.iter_mut().zip(x) {
-            assert!(a.qs.len() >= gpr * group && a.scales.len() >= gpr);
-            assert!(a.sums.len() >= gpr && a.isums.len() >= gpr);
-            *r = (
-                a.qs.as_ptr(),
-                [a.scales.as_ptr(), a.sums.as_ptr()],
-                a.isums.as_ptr(),
-            );
-        }
+        let gpr = p.cols / G;
+        let gb = group_bytes(p.format, G);
+        let (xq, xs, xm, xi) = x.pointers::<T, G>(gpr);
+        p.check_block(b, gb);
         // `parts[j][t]`: accumulator j of activation row t (0 where there are under 8
         // groups, as the definition's unused accumulators).
         let mut parts = [[_mm512_setzero_ps(); T]; 8];
-        for (j, acc) in parts.iter_mut().enumerate().take(gpr) {
-            for g in (j..gpr).step_by(8) {
-                let at = (b * gpr + super::slot(g, gpr)) * BLOCK;
-                let xp = rows.map(|r| r.0.add(g * group));
-                let xi = rows.map(|r| *r.2.add(g));
+        for (j, part) in parts.iter_mut().enumerate().take(gpr) {
+            let mut acc = [_mm512_setzero_ps(); T];
+            let first = b * gpr + super::slot(j, gpr);
+            for (k, g) in (j..gpr).step_by(8).enumerate() {
+                let at = (first + k) * BLOCK;
                 let w = p.qs.as_ptr().add(at * gb);
-                let isum = group_isums::<T>(p.format, group / 4, w, xp, xi);
+                super::prefetch_ahead(w, BLOCK * gb);
+                let isum = group_isums::<T, G>(p.format, w, xq.add(g * T * G), xi.add(g * T));
                 let sw = _mm512_cvtph_ps(_mm256_loadu_si256(p.scales.as_ptr().add(at).cast()));
                 let mw = _mm512_cvtph_ps(_mm256_loadu_si256(p.mins.as_ptr().add(at).cast()));
                 for t in 0..T {
-                    let [scales, sums] = rows[t].1;
                     let term = _mm512_add_ps(
                         _mm512_mul_ps(
-                            _mm512_mul_ps(sw, _mm512_set1_ps(*scales.add(g))),
+                            _mm512_mul_ps(sw, _mm512_set1_ps(*xs.add(g * T + t))),
                             _mm512_cvtepi32_ps(isum[t]),
                         ),
-                        _mm512_mul_ps(mw, _mm512_set1_ps(*sums.add(g))),
+                        _mm512_mul_ps(mw, _mm512_set1_ps(*xm.add(g * T + t))),
                     );
                     acc[t] = _mm512_add_ps(acc[t], term);
                 }
             }
+            *part = acc;
         }
         let mut out = [[0f32; BLOCK]; T];
         for t in 0..T {

@@ -532,7 +532,8 @@ pub fn packed_kernel_mismatches() -> (usize, usize, Vec<&'static str>) {
                     .zip(&m.mins)
                     .filter(|(a, b)| a != b)
                     .count());
-            for n in [1, 2, 3, 5, 9, 16, 17, 64] {
+            // Every tile height (1 to 8 rows), and passes of several tiles.
+            for n in [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 64] {
                 let x = QuantizedRows::new(&rng.vec(n * cols, 3.0), n, cols, format, group);
                 let scalar = quant_matmul(&m, &x, Kernel::Scalar);
                 for &k in &kernels {
