@@ -526,9 +526,10 @@ fn auto_mode_grows_past_the_blocks_it_has_tried() {
     }
     assert_eq!(right.reached, vec![10, 10]);
     assert!(choose_block(&cheap, &right, 16, 0) >= 8);
-    // Where the second slot fails, the slots after it are not trusted either.
+    // Where the second slot fails (often enough to outweigh the neighbour's prior,
+    // NEIGHBOUR_WEIGHT steps), the slots after it are not trusted either.
     let mut second_wrong = Acceptance::default();
-    for _ in 0..10 {
+    for _ in 0..20 {
         second_wrong.record_step(2, 1);
     }
     assert_eq!(choose_block(&cheap, &second_wrong, 16, 0), 2);
