@@ -282,6 +282,24 @@ unsafe fn attention_row_avx2(
         // Four keys at a time: four independent sums, each in dot's order.
         let key = |j: usize| kc[j * kv_dim + kh * head_dim..][..head_dim].as_ptr();
         let mut j = 0;
+        // Eight keys at a time, their trees taken side by side (`scores8`).
+        while j + 8 <= scores.len() {
+            let k: [*const f32; 8] = std::array::from_fn(|i| key(j + i));
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for c in (0..head_dim).step_by(8) {
+                let qv = _mm256_loadu_ps(qh.add(c));
+                for (a, kp) in acc.iter_mut().zip(k) {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(qv, _mm256_loadu_ps(kp.add(c))));
+                }
+            }
+            let sums = scores8(acc);
+            let scaled = _mm256_mul_ps(
+                _mm256_add_ps(sums, _mm256_setzero_ps()),
+                _mm256_set1_ps(scale),
+            );
+            _mm256_storeu_ps(scores[j..j + 8].as_mut_ptr(), scaled);
+            j += 8;
+        }
         while j + 4 <= scores.len() {
             let k = [key(j), key(j + 1), key(j + 2), key(j + 3)];
             let mut acc = [_mm256_setzero_ps(); 4];
@@ -323,6 +341,28 @@ unsafe fn attention_row_avx2(
             c += 8;
         }
     }
+}
+
+/// The eight sums of eight keys' partial-sum vectors, each by `dot`'s fixed tree
+/// `((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7))` (what `score` computes one at a
+/// time), in the lanes of one vector: the halves added per key, then two rounds of
+/// pairwise adds.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn scores8(a: [std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // [lo(k) + hi(k), lo(k + 4) + hi(k + 4)]: each lane (a_l + a_{l+4}) of its key.
+    let halves = |k: usize| {
+        let lo = _mm256_permute2f128_ps::<0x20>(a[k], a[k + 4]);
+        let hi = _mm256_permute2f128_ps::<0x31>(a[k], a[k + 4]);
+        _mm256_add_ps(lo, hi)
+    };
+    let (b0, b1, b2, b3) = (halves(0), halves(1), halves(2), halves(3));
+    // Per 128-bit half: (a0+a4)+(a1+a5) and (a2+a6)+(a3+a7) of two keys each.
+    let (c01, c23) = (_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+    // Keys 0-3 in the low half, 4-7 in the high half, in order.
+    _mm256_hadd_ps(c01, c23)
 }
 
 /// `dst[i] = sum_j p[j] * v[j * stride + i]` for `i < 8 * C`, key by key in ascending
@@ -397,7 +437,7 @@ mod tests {
         // (12, not a multiple of 8); contexts with and without a tail of keys past the
         // groups of four; one and three query heads per KV head.
         for (hd, heads, kv_heads) in [(64, 9, 3), (128, 4, 4), (80, 6, 2), (12, 2, 1)] {
-            for pos in [0, 1, 2, 3, 4, 5, 37] {
+            for pos in [0, 1, 2, 3, 4, 5, 7, 8, 15, 37] {
                 let kv_dim = kv_heads * hd;
                 let q = values(heads * hd, 1);
                 let kc = values((pos + 1) * kv_dim, 2);
