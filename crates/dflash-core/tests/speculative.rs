@@ -1206,3 +1206,32 @@ fn the_draft_vocabulary_file_is_read_and_checked() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The CPU engine's prior follows the target's weight stream: at the two measured shapes
+/// it is within 0.2 one-row steps of what `measure_step_costs` gave at b = 2, 4 and 8
+/// (SmolLM2-135M Q4_1, 98 MB; synthetic qwen3-4b, 3.4 GB), a model between them lies
+/// between them, and rows are cheaper beside the larger stream.
+#[test]
+fn cpu_engine_prior_follows_the_weight_stream() {
+    use dflash_core::speculative::StepCostPrior;
+    let prior = |bytes: u64| {
+        StepCostPrior::CpuEngine {
+            weight_bytes: bytes,
+        }
+        .costs(16)
+    };
+    let (small, large, mid) = (prior(98_000_000), prior(3_400_000_000), prior(600_000_000));
+    for (costs, measured) in [(&small, [1.49, 1.84, 2.83]), (&large, [1.38, 1.50, 2.21])] {
+        for (b, m) in [2, 4, 8].into_iter().zip(measured) {
+            assert!(
+                (costs[b] - m).abs() <= 0.2,
+                "b = {b}: {} against {m}",
+                costs[b]
+            );
+        }
+    }
+    for b in 2..=16 {
+        assert!(large[b] < small[b] && large[b] <= mid[b] && mid[b] <= small[b]);
+    }
+    assert_eq!((small[1], large[1]), (1.0, 1.0));
+}

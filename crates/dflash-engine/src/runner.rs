@@ -90,10 +90,10 @@ impl Runner {
                 let a = &s.target.ctx.summary;
                 Some(StepCostPrior::for_adapter(&a.device_type, &a.name).costs(s.max_block()))
             }
-            Runner::Cpu(c) => c
-                .drafter
-                .as_ref()
-                .map(|d| StepCostPrior::CpuEngine.costs(d.config.block_size)),
+            Runner::Cpu(c) => c.drafter.as_ref().map(|d| {
+                let weight_bytes = c.target.weight_bytes_per_token();
+                StepCostPrior::CpuEngine { weight_bytes }.costs(d.config.block_size)
+            }),
         }
     }
 }

@@ -77,10 +77,13 @@ pub enum StepCostPrior {
     /// A CPU Vulkan or WebGPU adapter (lavapipe, SwiftShader): 3.8 at b = 4, 14 at b = 16
     /// (`results/lavapipe-engine-profile.jsonl`).
     CpuAdapter,
-    /// The quantized CPU engine: 1.41 at b = 2, 1.91 at b = 4, 5.7 at b = 16 on 2
-    /// threads (`results/cpu-side-by-side-smollm2-2threads.json`, the packed rows of
-    /// 686d7b0; fixed blocks of 2 in session 41: 1.35-1.47).
-    CpuEngine,
+    /// The quantized CPU engine, for a target that reads this many weight bytes per
+    /// token: rows are dearer beside a small model's stream than beside a large one's.
+    /// Measured (`measure_step_costs`, avx512-vnni, 2 threads, d482f5a-03988e8):
+    /// SmolLM2-135M Q4_1 (98 MB) 1.49 at b = 2, 1.84 at 4, 2.83 at 8; synthetic
+    /// qwen3-4b Q4_K_M (3.4 GB) 1.38, 1.50, 2.21. Between them the fit is interpolated
+    /// on the logarithm of the bytes.
+    CpuEngine { weight_bytes: u64 },
 }
 
 impl StepCostPrior {
@@ -102,7 +105,7 @@ impl StepCostPrior {
         let (fixed, slope) = match self {
             StepCostPrior::Gpu => (0.21, 0.18),
             StepCostPrior::CpuAdapter => (0.25, 0.85),
-            StepCostPrior::CpuEngine => (0.11, 0.30),
+            StepCostPrior::CpuEngine { weight_bytes } => cpu_engine_fit(weight_bytes),
         };
         (0..=max.max(1))
             .map(|b| match b {
@@ -111,6 +114,21 @@ impl StepCostPrior {
             })
             .collect()
     }
+}
+
+/// `(fixed, slope)` of the CPU engine's prior (see `StepCostPrior::CpuEngine`): each
+/// measured shape's line through b = 2 and b = 8 (the costs bend upward, so b = 4 lies
+/// up to 0.16 below it and b = 16 above it), interpolated between the shapes on
+/// log(bytes) and held past them.
+fn cpu_engine_fit(weight_bytes: u64) -> (f64, f64) {
+    const SMALL: (f64, f64, f64) = (98e6, 0.2667, 0.2233);
+    const LARGE: (f64, f64, f64) = (3.4e9, 0.2417, 0.1383);
+    let x = ((weight_bytes.max(1) as f64).ln() - SMALL.0.ln()) / (LARGE.0.ln() - SMALL.0.ln());
+    let t = x.clamp(0.0, 1.0);
+    (
+        SMALL.1 + t * (LARGE.1 - SMALL.1),
+        SMALL.2 + t * (LARGE.2 - SMALL.2),
+    )
 }
 
 /// Per-position acceptance: `accepted[j]` of `tried[j]` drafts at block slot j+1, and
