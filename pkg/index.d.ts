@@ -310,6 +310,41 @@ export declare function planModel(
   id: string,
   options?: { context?: number; dflash?: boolean; engine?: 'auto' | 'gpu' | 'cpu'; memoryBudget?: number; worker?: () => Worker },
 ): Promise<ModelPlan>;
+/** A synthetic pair to bench on the wasm CPU engine (`benchSynthetic`). */
+export interface SyntheticBenchOptions {
+  /** A named shape: 'qwen3-4b', 'qwen3-8b', 'llama-3.1-8b', 'smollm2-135m', ... */
+  shape: string;
+  /** Only the first layers (each of its real size), to fit the memory budget. */
+  layers?: number;
+  /** Per draft slot, the probability that it is right given the slots before were. */
+  acceptProfile: number[];
+  /** Block policies: rows ('8') or 'auto'. */
+  blocks: string[];
+  prompts?: number;
+  promptTokens?: number;
+  maxNewTokens?: number;
+  seed?: number;
+  /** Bytes the weights may take (at most 3.5 GiB). */
+  memoryBudget?: number;
+}
+/** What `benchSynthetic` measured. */
+export interface SyntheticBenchReport {
+  shape: string;
+  layers: number;
+  weight_bytes: number;
+  drafter_weight_bytes: number;
+  cpu: { kernel: string; threads: number };
+  wasm_threads: number;
+  plain_tok_s: number;
+  runs: { block: string; dflash_tok_s: number; speedup: number; mean_tau: number; steps: number; lossless: boolean; step_costs: number[] | null }[];
+  [field: string]: unknown;
+}
+/** The wasm CPU engine's DFlash speed on a synthetic pair, in a worker of its own; rejects
+ *  with 'OutOfMemory' before allocating past memoryBudget, 'BadRequest' for a bad option. */
+export declare function benchSynthetic(
+  options: SyntheticBenchOptions,
+  settings?: { threads?: number; worker?: () => Worker },
+): Promise<SyntheticBenchReport>;
 /** Whether every file of a catalogue model (by id) or of a model URL is in the weight cache. */
 export declare function hasCached(idOrUrl: string): Promise<boolean>;
 /** `https://huggingface.co/{repo}/resolve/{revision}/{file}`. */

@@ -492,6 +492,29 @@ export async function planModel(id, { context = 2048, dflash = true, engine = 'a
   }
 }
 
+/**
+ * The DFlash speed of the wasm CPU engine on a named shape's synthetic pair (random
+ * weights in the formats a Q4_K_M GGUF loads to; no download), in a worker of its own on
+ * `threads` (where the page is cross-origin isolated): `options` are `{ shape, layers?,
+ * acceptProfile, blocks, prompts?, promptTokens?, maxNewTokens?, seed?, memoryBudget? }`
+ * (see `SyntheticBenchOptions` in index.d.ts). Resolves to the report (plain tok/s; per
+ * block tok/s, speedup, tau and `lossless`); rejects with `OutOfMemory` before anything
+ * is allocated where the weights exceed `memoryBudget` (at most 3.5 GiB, a wasm32
+ * memory's room), `BadRequest` for a bad option.
+ */
+export async function benchSynthetic(options, { threads, worker } = {}) {
+  if (worker !== undefined && typeof worker !== 'function') {
+    throw new DFlashError(CODE.BadRequest, 'benchSynthetic takes worker as a function that returns a new Worker');
+  }
+  const { w } = startWorker(worker);
+  const rpc = new Rpc(w, () => {});
+  try {
+    return await rpc.call({ type: MSG.benchSynthetic, options, threads });
+  } finally {
+    rpc.worker.terminate();
+  }
+}
+
 /** The files of a catalogue model (id) or the URL(s) of a model: [url]. */
 function filesOf(idOrUrl) {
   const entry = catalogEntry(idOrUrl);

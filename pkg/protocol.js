@@ -16,6 +16,8 @@ export const META = 'dflash-web-meta-v1';
 export const MSG = Object.freeze({
   load: 'load',
   plan: 'plan',
+  /** The CPU engine's speed on a named shape's synthetic pair (`benchSynthetic`). */
+  benchSynthetic: 'benchSynthetic',
   chat: 'chat',
   resetChat: 'resetChat',
   unload: 'unload',

@@ -124,6 +124,11 @@ async function handle(m) {
       const engine = await chooseEngine(m.engine ?? 'auto');
       const { mod } = await wasmBuild(1);
       post({ id: m.id, type: MSG.result, result: await checkPlan(mod, engine, m.plan, m.context ?? 2048) });
+    } else if (m.type === MSG.benchSynthetic) {
+      // The wasm CPU engine on the worker's threads (no model, no adapter).
+      const { mod, threads } = await wasmBuild(cpuThreads(m.threads));
+      const report = mod.benchSynthetic(m.options);
+      post({ id: m.id, type: MSG.result, result: { ...report, wasm_threads: threads } });
     } else if (m.type === MSG.resetChat) {
       if (!engine) throw new WorkerError(CODE.Unloaded, 'no model is loaded');
       engine.resetChat();

@@ -7,7 +7,6 @@
 //! `--turns N` the time to first token of a conversation's turns with and without
 //! multi-turn KV reuse (`bench/conversation.rs`).
 
-mod accept_profile;
 mod conversation;
 mod cpu;
 mod cpu_dflash;
@@ -21,13 +20,13 @@ use plain::*;
 use report::*;
 
 use crate::{load, CliError, Device};
-use accept_profile::AcceptProfile;
 use dflash_core::config::ModelConfig;
 use dflash_core::drafter::{load_drafter_dir, DrafterPrecision, DrafterWeights};
 use dflash_core::generate::GenerateRequest;
 use dflash_core::model_files::LoadedModel;
 use dflash_core::rng::Rng;
 use dflash_core::sampling::SamplingParams;
+use dflash_core::speculative::AcceptProfile;
 use dflash_core::speculative::{Acceptance, BlockSize, SpeculativeResult};
 use dflash_core::synthetic::SyntheticSpec;
 use dflash_engine::device::{open_device, DeviceChoice};

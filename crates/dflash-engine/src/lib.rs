@@ -23,6 +23,7 @@ pub mod policy;
 pub mod request;
 pub mod response;
 pub mod runner;
+pub mod synthetic_bench;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub mod device;

@@ -16,8 +16,7 @@ use crate::CliError;
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::{CpuDrafter, DrafterWeights};
 use dflash_core::generate::generate_cpu;
-use dflash_core::rng::Rng;
-use dflash_core::speculative::{generate_speculative_with, DFlashCpu, Proposer};
+use dflash_core::speculative::{generate_speculative_with, DFlashCpu, Proposer, Simulated};
 use dflash_core::synthetic::SyntheticSpec;
 use dflash_core::synthetic_weights::{host_drafter, host_weights};
 use dflash_core::tokenizer::TextTokenizer;
@@ -139,64 +138,4 @@ pub(super) fn run(
         ""
     };
     report_dflash(a, results, kernels.device_name(), suffix, &fields)
-}
-
-/// A proposer that pays for the real drafter's pass and drafts what a profile says: the
-/// plain run's tokens, each slot right with the profile's probability given the slots
-/// before it were (`AcceptProfile::drafts`).
-struct Simulated<'a> {
-    drafter: DFlashCpu<'a>,
-    profile: &'a AcceptProfile,
-    /// The prompt, then the plain run's tokens.
-    truth: Vec<u32>,
-    vocab: usize,
-    rng: Rng,
-}
-
-impl<'a> Simulated<'a> {
-    fn new(
-        drafter: DFlashCpu<'a>,
-        profile: &'a AcceptProfile,
-        prompt: &[u32],
-        plain: &[u32],
-        seed: u64,
-    ) -> Self {
-        let vocab = drafter.target.config.vocab_size;
-        Simulated {
-            drafter,
-            profile,
-            truth: prompt.iter().chain(plain).copied().collect(),
-            vocab,
-            rng: Rng(seed ^ 0xACCE_7ED0),
-        }
-    }
-}
-
-impl Proposer for Simulated<'_> {
-    fn tap_layers(&self) -> Vec<usize> {
-        self.drafter.tap_layers()
-    }
-    fn max_block(&self) -> usize {
-        self.drafter.max_block()
-    }
-    fn block_capacity(&self) -> usize {
-        self.drafter.block_capacity()
-    }
-    fn commit(&mut self, taps: &[f32]) {
-        self.drafter.commit(taps)
-    }
-    fn context_rows(&self) -> usize {
-        self.drafter.context_rows()
-    }
-    fn truncate(&mut self, len: usize) {
-        self.drafter.truncate(len)
-    }
-    fn settle(&mut self, keep: usize) {
-        self.drafter.settle(keep)
-    }
-    fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> dflash_core::Result<Vec<u32>> {
-        self.drafter.draft(anchor, pos, b)?;
-        let truth: Vec<Option<u32>> = (1..b).map(|j| self.truth.get(pos + j).copied()).collect();
-        Ok(self.profile.drafts(&truth, self.vocab, &mut self.rng))
-    }
 }

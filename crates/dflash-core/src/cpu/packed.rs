@@ -11,11 +11,11 @@
 //! 8 accumulators by `g % 8` in ascending `g`, and the same fixed tree at the end; the
 //! lanes only change which rows are computed side by side.
 //!
-//! Layout (groups of 32, natively also Q8's 16): for each block of [`BLOCK`] rows and each
-//! group (natively in the order the kernels walk them: by accumulator, `g % 8`, then
-//! ascending `g`), the row's
-//! bytes in runs of `LANE_BYTES`, run `c` of every row of the block side by side (lane
-//! `r`: row `r`): natively 16 rows x 4 bytes (64-byte runs), in wasm 4 rows x 2 bytes.
+//! Layout (groups of 32, and Q8's 16): for each block of [`BLOCK`] rows and each group (in
+//! the order the kernels walk them: by accumulator, `g % 8`, then ascending `g`), the
+//! row's bytes in runs of `LANE_BYTES`, run `c` of every row of the block side by side
+//! (lane `r`: row `r`): natively 16 rows x 4 bytes (64-byte runs), in wasm 4 rows x 2
+//! bytes.
 //! A Q4 row has 16 packed bytes per group (byte `b`: elements `2b` low, `2b + 1` high),
 //! so a run's low nibbles meet the group's even activations and its high nibbles the odd
 //! ones; a Q8 row has 32. Natively the Q8 values are stored plus 128 (unsigned, as
@@ -78,17 +78,25 @@ pub struct PackedMatrix {
     mins: Vec<u16>,
 }
 
-/// Where group `g` of a row of `gpr` groups is stored in its block: natively by
-/// accumulator, `(g % 8, g / 8)` (the order the kernels walk them, so that a block is read
-/// front to back), in wasm in order.
-#[cfg(not(target_arch = "wasm32"))]
+/// `$f::<T, G>(p, b, x)` into `out` for the tile's rows T (one of the literals) and the
+/// matrix's group G (32 or 16): the kernels' monomorphic bodies chosen at run time.
+#[allow(unused_macros)]
+macro_rules! by_tile {
+    ($f:ident, $p:expr, $b:expr, $x:expr, $out:expr; $($t:literal)*) => {
+        match ($x.rows, $p.group) {
+            $(($t, 32) => $out.copy_from_slice($f::<$t, 32>($p, $b, $x).as_flattened()),
+              ($t, 16) => $out.copy_from_slice($f::<$t, 16>($p, $b, $x).as_flattened()),)*
+            (n, g) => unreachable!("{n} rows at once in groups of {g}"),
+        }
+    };
+}
+
+/// Where group `g` of a row of `gpr` groups is stored in its block: by accumulator,
+/// `(g % 8, g / 8)` (the order the kernels walk them, so that a block is read front to
+/// back).
 fn slot(g: usize, gpr: usize) -> usize {
     let j = g % 8;
     j * (gpr / 8) + j.min(gpr % 8) + g / 8
-}
-#[cfg(target_arch = "wasm32")]
-fn slot(g: usize, _gpr: usize) -> usize {
-    g
 }
 
 /// Bytes one row stores per group.
@@ -97,14 +105,12 @@ fn group_bytes(format: QFormat, group: usize) -> usize {
 }
 
 impl PackedMatrix {
-    /// Whether `m` has this layout: Q4 or Q8 in groups of 32, natively also Q8 in groups
-    /// of 16 (Q6_K's repacking: the K-quant models' attn_v, ffn_down and tied heads).
+    /// Whether `m` has this layout: Q4 or Q8 in groups of 32, and Q8 in groups of 16
+    /// (Q6_K's repacking: the K-quant models' attn_v, ffn_down and tied heads).
     pub fn supports(m: &QuantMatrix) -> bool {
         match m.format {
             QFormat::Q4 => m.group == GROUP,
-            QFormat::Q8 => {
-                m.group == GROUP || (m.group == GROUP / 2 && !cfg!(target_arch = "wasm32"))
-            }
+            QFormat::Q8 => m.group == GROUP || m.group == GROUP / 2,
             QFormat::F32 => false,
         }
     }
@@ -269,19 +275,18 @@ impl PackedMatrix {
         }
     }
 
-    /// `matmul` with wasm SIMD128: each activation row's group bytes taken in pairs
-    /// (`i32`: the first byte's i16 in the low half) once for every block.
+    /// `matmul` with wasm SIMD128: the activation rows in tiles of four, each row's group
+    /// bytes taken in pairs (`simd128::Tile`).
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     fn matmul_simd128(&self, x: &QuantizedRows) -> Vec<f32> {
-        let pairs: Vec<i32> = x
-            .values()
-            .chunks_exact(2)
-            .map(|p| (p[0] as i16 as u16 as u32 | (p[1] as i16 as u16 as u32) << 16) as i32)
+        let rows: Vec<ActRow> = (0..x.rows()).map(|t| x.row(t)).collect();
+        let gpr = self.cols / self.group;
+        let tiles: Vec<simd128::Tile> = rows
+            .chunks(simd128::TILE)
+            .map(|c| simd128::Tile::new(c, self.group, gpr))
             .collect();
-        let per_row = self.cols / 2;
-        self.in_blocks(x, 2, |b, first, rows, dst| {
-            let xp = &pairs[first * per_row..(first + rows.len()) * per_row];
-            simd128::block_dots(self, b, rows, xp, dst)
+        self.in_blocks(x, simd128::TILE, |b, first, _, dst| {
+            simd128::block_dots(self, b, &tiles[first / simd128::TILE], dst)
         })
     }
 
@@ -738,16 +743,7 @@ mod vnni512 {
     /// # Safety
     /// The CPU must have AVX-512 F, BW, VL and VNNI, and F16C.
     pub(super) unsafe fn block_dots(p: &PackedMatrix, b: usize, x: &Tile, out: &mut [f32]) {
-        macro_rules! rows {
-            ($($t:literal)*) => {
-                match (x.rows, p.group) {
-                    $(($t, 32) => out.copy_from_slice(block_dot::<$t, 32>(p, b, x).as_flattened()),
-                      ($t, 16) => out.copy_from_slice(block_dot::<$t, 16>(p, b, x).as_flattened()),)*
-                    (n, g) => unreachable!("{n} rows at once in groups of {g}"),
-                }
-            };
-        }
-        rows!(1 2 3 4 5 6 7 8)
+        by_tile!(block_dot, p, b, x, out; 1 2 3 4 5 6 7 8)
     }
 
     /// Block `b`'s 16 output rows for each of the T activation rows: per accumulator `j`
@@ -804,7 +800,7 @@ mod vnni512 {
 
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128 {
-    use super::{group_bytes, PackedMatrix, BLOCK, GROUP};
+    use super::{group_bytes, PackedMatrix, BLOCK};
     use crate::cpu::quant_matmul::ActRow;
     use crate::quant::QFormat;
     use std::arch::wasm32::*;
@@ -827,46 +823,91 @@ mod simd128 {
         v128_or(v128_bitselect(special, finite, is_special), sign)
     }
 
-    /// `dot_i16x8` of four rows' byte pairs (widened) with one activation pair at `x`.
+    /// Activation rows a tile holds: four rows' accumulators and sums stay in registers.
+    pub(super) const TILE: usize = 4;
+
+    /// Up to [`TILE`] activation rows group-major, each group's bytes in pairs (`i32`: the
+    /// first byte's i16 in the low half): `pairs` `[g][t][G / 2]`, the rest `[g][t]`.
+    pub(super) struct Tile {
+        rows: usize,
+        group: usize,
+        pairs: Vec<i32>,
+        scales: Vec<f32>,
+        sums: Vec<f32>,
+    }
+
+    impl Tile {
+        pub(super) fn new(x: &[ActRow], group: usize, gpr: usize) -> Self {
+            assert!((1..=TILE).contains(&x.len()), "{} rows in a tile", x.len());
+            let pair =
+                |p: &[i8]| (p[0] as i16 as u16 as u32 | (p[1] as i16 as u16 as u32) << 16) as i32;
+            let mut tile = Tile {
+                rows: x.len(),
+                group,
+                pairs: Vec::with_capacity(gpr * x.len() * group / 2),
+                scales: Vec::with_capacity(gpr * x.len()),
+                sums: Vec::with_capacity(gpr * x.len()),
+            };
+            for g in 0..gpr {
+                for a in x {
+                    let bytes = &a.qs[g * group..][..group];
+                    tile.pairs.extend(bytes.chunks_exact(2).map(pair));
+                    tile.scales.push(a.scales[g]);
+                    tile.sums.push(a.sums[g]);
+                }
+            }
+            tile
+        }
+    }
+
+    /// `dot_i16x8` of four rows' byte pairs (widened) with one activation pair.
     #[inline(always)]
-    fn dot(w: v128, x: &[i32], k: usize) -> v128 {
-        i32x4_dot_i16x8(w, i32x4_splat(x[k]))
+    fn dot(w: v128, x: i32) -> v128 {
+        i32x4_dot_i16x8(w, i32x4_splat(x))
     }
 
     /// The exact integer sums of one group for the block's 4 rows (lane r: row r) and
-    /// each of the T activation rows (`xp[t]`: the group's 16 byte pairs), the weights
-    /// loaded and widened once for all of them.
+    /// each of the T activation rows (`x`: the tile's group, row `t`'s G / 2 pairs at
+    /// `t * G / 2`), the weights loaded and widened once for all of them.
     #[inline(always)]
-    fn group_isums<const T: usize>(format: QFormat, w: &[u8], xp: [&[i32]; T]) -> [v128; T] {
+    fn group_isums<const T: usize, const G: usize>(
+        format: QFormat,
+        w: &[u8],
+        x: &[i32],
+    ) -> [v128; T] {
         let mut s = [i32x4_splat(0); T];
         let load = |c: usize| {
             let v = &w[16 * c..16 * c + 16];
             // SAFETY: 16 bytes (sliced above).
             unsafe { v128_load(v.as_ptr().cast()) }
         };
+        let x = &x[..T * G / 2];
         match format {
             QFormat::Q4 => {
-                for c in 0..4 {
+                for c in 0..G / 8 {
                     // Runs 2c and 2c + 1: low nibbles against even pairs 2c, 2c + 1,
-                    // high nibbles against odd pairs 8 + 2c, 9 + 2c.
+                    // high nibbles against odd pairs G / 4 + 2c, G / 4 + 2c + 1.
                     let v = load(c);
                     let lo = v128_and(v, u8x16_splat(0x0F));
                     let hi = u8x16_shr(v, 4);
                     let (lo0, lo1) = (u16x8_extend_low_u8x16(lo), u16x8_extend_high_u8x16(lo));
                     let (hi0, hi1) = (u16x8_extend_low_u8x16(hi), u16x8_extend_high_u8x16(hi));
-                    for (st, x) in s.iter_mut().zip(xp) {
-                        let even = i32x4_add(dot(lo0, x, 2 * c), dot(lo1, x, 2 * c + 1));
-                        let odd = i32x4_add(dot(hi0, x, 8 + 2 * c), dot(hi1, x, 9 + 2 * c));
+                    for (t, st) in s.iter_mut().enumerate() {
+                        let xt = &x[t * G / 2..][..G / 2];
+                        let even = i32x4_add(dot(lo0, xt[2 * c]), dot(lo1, xt[2 * c + 1]));
+                        let odd =
+                            i32x4_add(dot(hi0, xt[G / 4 + 2 * c]), dot(hi1, xt[G / 4 + 2 * c + 1]));
                         *st = i32x4_add(*st, i32x4_add(even, odd));
                     }
                 }
             }
             QFormat::Q8 => {
-                for c in 0..8 {
+                for c in 0..G / 4 {
                     let v = load(c);
                     let (w0, w1) = (i16x8_extend_low_i8x16(v), i16x8_extend_high_i8x16(v));
-                    for (st, x) in s.iter_mut().zip(xp) {
-                        let d = i32x4_add(dot(w0, x, 2 * c), dot(w1, x, 2 * c + 1));
+                    for (t, st) in s.iter_mut().enumerate() {
+                        let xt = &x[t * G / 2..][..G / 2];
+                        let d = i32x4_add(dot(w0, xt[2 * c]), dot(w1, xt[2 * c + 1]));
                         *st = i32x4_add(*st, d);
                     }
                 }
@@ -876,56 +917,49 @@ mod simd128 {
         s
     }
 
-    /// Block `b`'s 4 output rows for each of the (at most 2) activation rows `x` (their
-    /// byte pairs `xp`, one row's after another) into `out` (`[x row][4]`).
-    pub(super) fn block_dots(
-        p: &PackedMatrix,
-        b: usize,
-        x: &[ActRow],
-        xp: &[i32],
-        out: &mut [f32],
-    ) {
-        let per_row = p.cols / 2;
-        match x.len() {
-            1 => out.copy_from_slice(block_dot::<1>(p, b, x, [xp]).as_flattened()),
-            2 => {
-                let (a, c) = xp.split_at(per_row);
-                out.copy_from_slice(block_dot::<2>(p, b, x, [a, c]).as_flattened())
-            }
-            n => unreachable!("{n} rows at once"),
-        }
+    /// Block `b`'s 4 output rows for each of the tile's rows into `out` (`[x row][4]`).
+    pub(super) fn block_dots(p: &PackedMatrix, b: usize, x: &Tile, out: &mut [f32]) {
+        by_tile!(block_dot, p, b, x, out; 1 2 3 4)
     }
 
-    /// Block `b`'s 4 output rows for each of the T activation rows `x` (`out[t]`), in
-    /// `row_dot`'s float steps.
-    fn block_dot<const T: usize>(
+    /// Block `b`'s 4 output rows for each of the T activation rows, in `row_dot`'s float
+    /// steps: per accumulator `j` the terms of groups `j, j + 8, ...` in order
+    /// (consecutive in the layout), then the definition's tree.
+    fn block_dot<const T: usize, const G: usize>(
         p: &PackedMatrix,
         b: usize,
-        x: &[ActRow],
-        xp: [&[i32]; T],
+        x: &Tile,
     ) -> [[f32; BLOCK]; T] {
-        let gpr = p.cols / GROUP;
-        let gb = group_bytes(p.format, GROUP);
-        let mut acc = [[f32x4_splat(0.0); 8]; T];
-        for g in 0..gpr {
-            let at = (b * gpr + g) * BLOCK;
-            let xg = xp.map(|r| &r[g * 16..g * 16 + 16]);
-            let isum = group_isums::<T>(p.format, &p.qs[at * gb..(at + BLOCK) * gb], xg);
-            let sw = f16x4_to_f32(&p.scales[at..at + BLOCK]);
-            let mw = f16x4_to_f32(&p.mins[at..at + BLOCK]);
-            for t in 0..T {
-                let term = f32x4_add(
-                    f32x4_mul(
-                        f32x4_mul(sw, f32x4_splat(x[t].scales[g])),
-                        f32x4_convert_i32x4(isum[t]),
-                    ),
-                    f32x4_mul(mw, f32x4_splat(x[t].sums[g])),
-                );
-                acc[t][g % 8] = f32x4_add(acc[t][g % 8], term);
+        let gpr = p.cols / G;
+        let gb = group_bytes(p.format, G);
+        assert!(x.rows == T && x.group == G);
+        let mut parts = [[f32x4_splat(0.0); T]; 8];
+        for (j, part) in parts.iter_mut().enumerate().take(gpr) {
+            let mut acc = [f32x4_splat(0.0); T];
+            let first = b * gpr + super::slot(j, gpr);
+            for (k, g) in (j..gpr).step_by(8).enumerate() {
+                let at = (first + k) * BLOCK;
+                let xg = &x.pairs[g * T * G / 2..][..T * G / 2];
+                let isum = group_isums::<T, G>(p.format, &p.qs[at * gb..(at + BLOCK) * gb], xg);
+                let sw = f16x4_to_f32(&p.scales[at..at + BLOCK]);
+                let mw = f16x4_to_f32(&p.mins[at..at + BLOCK]);
+                let (xs, xm) = (&x.scales[g * T..][..T], &x.sums[g * T..][..T]);
+                for t in 0..T {
+                    let term = f32x4_add(
+                        f32x4_mul(
+                            f32x4_mul(sw, f32x4_splat(xs[t])),
+                            f32x4_convert_i32x4(isum[t]),
+                        ),
+                        f32x4_mul(mw, f32x4_splat(xm[t])),
+                    );
+                    acc[t] = f32x4_add(acc[t], term);
+                }
             }
+            *part = acc;
         }
         let mut out = [[0f32; BLOCK]; T];
-        for (o, a) in out.iter_mut().zip(acc) {
+        for (t, o) in out.iter_mut().enumerate() {
+            let a = parts.map(|p| p[t]);
             let sum = f32x4_add(
                 f32x4_add(f32x4_add(a[0], a[4]), f32x4_add(a[1], a[5])),
                 f32x4_add(f32x4_add(a[2], a[6]), f32x4_add(a[3], a[7])),

@@ -46,8 +46,10 @@ pub mod block_loop;
 pub mod cpu_loop;
 pub mod policy;
 pub mod proposer;
+pub mod simulated;
 
 pub use block_loop::*;
 pub use cpu_loop::*;
 pub use policy::*;
 pub use proposer::*;
+pub use simulated::*;

@@ -80,3 +80,29 @@ pub async fn plan_shape(
         "total": p.weights + p.kv_cache + p.activations,
     })))
 }
+
+/// What a wasm32 memory can hold at most (4 GiB) less room for the engine's own
+/// buffers: the budget of `benchSynthetic` when the caller names none.
+const WASM_WEIGHT_BUDGET: f64 = 3.5 * (1u64 << 30) as f64;
+
+/// The DFlash speed of a named shape's synthetic pair on this worker's CPU engine (wasm
+/// SIMD, the worker's threads): `options` as `dflash_engine::synthetic_bench::
+/// SyntheticBench` in camelCase (`{ shape, layers?, acceptProfile, blocks: ["8", "auto"],
+/// prompts?, promptTokens?, maxNewTokens?, seed?, memoryBudget? }`). The weights are
+/// checked against `memoryBudget` (at most what a wasm32 memory holds) before anything
+/// is allocated: `OutOfMemory` past it, `BadRequest` for a bad option. Returns the
+/// report: plain tok/s, and per block tok/s, speedup, tau and `lossless`.
+#[wasm_bindgen(js_name = benchSynthetic)]
+pub fn bench_synthetic(options: JsValue) -> Result<JsValue, JsValue> {
+    use dflash_engine::synthetic_bench::SyntheticBench;
+    // Through JSON, so that an unknown (misspelt) option is refused, not ignored.
+    let bad =
+        |e: &dyn std::fmt::Display| js_error("BadRequest", &format!("benchSynthetic options: {e}"));
+    let v: serde_json::Value = serde_wasm_bindgen::from_value(options).map_err(|e| bad(&e))?;
+    let mut bench: SyntheticBench = serde_json::from_value(v).map_err(|e| bad(&e))?;
+    let budget = bench.memory_budget.unwrap_or(WASM_WEIGHT_BUDGET);
+    bench.memory_budget = Some(budget.min(WASM_WEIGHT_BUDGET));
+    let clock = || js_sys::Date::now() / 1000.0;
+    let report = bench.run(&clock).map_err(gpu_err)?;
+    Ok(to_js_value(&report))
+}

@@ -1,5 +1,9 @@
-//! The bench's simulated acceptance (`--accept-profile`): drafts that are right as
-//! often as a profile says, replayed through the real engine.
+//! Simulated acceptance for benches (`dflash bench --accept-profile`, the browser's
+//! `benchSynthetic`): drafts that are right as often as a profile says, replayed through
+//! the real engine, which pays for the real drafter's pass and verifies them as always.
+
+use super::{DFlashCpu, Proposer};
+use crate::rng::Rng;
 
 /// Simulated acceptance (`dflash bench --accept-profile P1,P2,...`): entry j is the
 /// probability that the draft at block slot j+1 is right given that the slots before it
@@ -17,16 +21,21 @@ impl AcceptProfile {
             let p: f64 = part.trim().parse().map_err(|_| {
                 format!("--accept-profile: {part:?} is not a number (want P1,P2,... in [0, 1])")
             })?;
-            if !(0.0..=1.0).contains(&p) {
-                return Err(format!(
-                    "--accept-profile: {p} is outside [0, 1] (each entry is a probability)"
-                ));
-            }
             v.push(p);
+        }
+        Self::new(v, max_drafts).map_err(|e| format!("--accept-profile: {e}"))
+    }
+
+    /// The profile `v`: probabilities in [0, 1], at most `max_drafts` of them.
+    pub fn new(v: Vec<f64>, max_drafts: usize) -> std::result::Result<Self, String> {
+        if let Some(p) = v.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+            return Err(format!(
+                "{p} is outside [0, 1] (each entry is a probability)"
+            ));
         }
         if v.len() > max_drafts {
             return Err(format!(
-                "--accept-profile: {} entries, but a block has {max_drafts} draft slots",
+                "{} entries, but a block has {max_drafts} draft slots",
                 v.len()
             ));
         }
@@ -36,12 +45,7 @@ impl AcceptProfile {
     /// Drafts for block slots 1.. : `truth[j]` is the token the target will produce at
     /// slot j+1 if the slots before it are accepted (None: past the run's end). A right
     /// draft is that token; a wrong one any other token below `vocab`.
-    pub fn drafts(
-        &self,
-        truth: &[Option<u32>],
-        vocab: usize,
-        rng: &mut dflash_core::rng::Rng,
-    ) -> Vec<u32> {
+    pub fn drafts(&self, truth: &[Option<u32>], vocab: usize, rng: &mut Rng) -> Vec<u32> {
         let mut right = true;
         truth
             .iter()
@@ -62,10 +66,70 @@ impl AcceptProfile {
     }
 }
 
+/// A proposer that pays for the real drafter's pass and drafts what a profile says: the
+/// plain run's tokens, each slot right with the profile's probability given the slots
+/// before it were (`AcceptProfile::drafts`).
+pub struct Simulated<'a> {
+    drafter: DFlashCpu<'a>,
+    profile: &'a AcceptProfile,
+    /// The prompt, then the plain run's tokens.
+    truth: Vec<u32>,
+    vocab: usize,
+    rng: Rng,
+}
+
+impl<'a> Simulated<'a> {
+    pub fn new(
+        drafter: DFlashCpu<'a>,
+        profile: &'a AcceptProfile,
+        prompt: &[u32],
+        plain: &[u32],
+        seed: u64,
+    ) -> Self {
+        let vocab = drafter.target.config.vocab_size;
+        Simulated {
+            drafter,
+            profile,
+            truth: prompt.iter().chain(plain).copied().collect(),
+            vocab,
+            rng: Rng(seed ^ 0xACCE_7ED0),
+        }
+    }
+}
+
+impl Proposer for Simulated<'_> {
+    fn tap_layers(&self) -> Vec<usize> {
+        self.drafter.tap_layers()
+    }
+    fn max_block(&self) -> usize {
+        self.drafter.max_block()
+    }
+    fn block_capacity(&self) -> usize {
+        self.drafter.block_capacity()
+    }
+    fn commit(&mut self, taps: &[f32]) {
+        self.drafter.commit(taps)
+    }
+    fn context_rows(&self) -> usize {
+        self.drafter.context_rows()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.drafter.truncate(len)
+    }
+    fn settle(&mut self, keep: usize) {
+        self.drafter.settle(keep)
+    }
+    fn draft(&mut self, anchor: u32, pos: usize, b: usize) -> crate::Result<Vec<u32>> {
+        self.drafter.draft(anchor, pos, b)?;
+        let truth: Vec<Option<u32>> = (1..b).map(|j| self.truth.get(pos + j).copied()).collect();
+        Ok(self.profile.drafts(&truth, self.vocab, &mut self.rng))
+    }
+}
+
 #[cfg(test)]
 mod accept_profile_tests {
     use super::AcceptProfile;
-    use dflash_core::rng::Rng;
+    use crate::rng::Rng;
 
     #[test]
     fn parses_probabilities_and_rejects_the_rest() {
