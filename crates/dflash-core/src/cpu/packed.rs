@@ -3,7 +3,8 @@
 //! bytes broadcast gives sixteen rows' partial sums in its sixteen lanes (AVX-512 VNNI;
 //! AVX-VNNI takes each block as two halves of eight rows, 256 bits each); in wasm
 //! (SIMD128) four rows whose byte pairs `i32x4.dot_i16x8_s` takes against an activation
-//! pair broadcast, four rows' partial sums in its four lanes. No horizontal sums, no
+//! pair broadcast, four rows' partial sums in its four lanes. AVX2 without VNNI runs the
+//! 8-row halves with `vpmaddubsw` + `vpmaddwd` in place of `vpdpbusd`. No horizontal sums, no
 //! shuffles: each lane is one output row from the first byte to the last.
 //!
 //! The arithmetic is `quant_matmul`'s definition, bit for bit: per group the exact
@@ -27,14 +28,14 @@
 use super::quant_matmul::{ActRow, Kernel, QuantizedRows};
 use crate::quant::{QFormat, QuantMatrix};
 
-/// Whether `kernel` runs packed matrices: AVX-VNNI and AVX-512 VNNI (`vpdpbusd` takes the
-/// Q8 values plus 128 without saturating; plain AVX2's `vpmaddubsw` would saturate) and
-/// wasm SIMD128.
+/// Whether `kernel` runs packed matrices: AVX2, AVX-VNNI and AVX-512 VNNI (`vpdpbusd`,
+/// or AVX2's `vpmaddubsw` on nibbles: the Q8 values plus 128 split in two, as one
+/// `vpmaddubsw` of them would saturate) and wasm SIMD128.
 pub fn packed_kernel(kernel: Kernel) -> bool {
     #[cfg(target_arch = "x86_64")]
     return matches!(
         kernel,
-        Kernel::AvxVnni | Kernel::Avx512Vnni256 | Kernel::Avx512Vnni
+        Kernel::Avx2 | Kernel::AvxVnni | Kernel::Avx512Vnni256 | Kernel::Avx512Vnni
     );
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     return kernel == Kernel::Simd128;
@@ -249,6 +250,13 @@ impl PackedMatrix {
         match kernel {
             // SAFETY (each): the CPU has the kernel's features (`Kernel::available`).
             #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                let tiles = tiles(x, 4, self.group, self.cols / self.group);
+                self.in_blocks(x, 4, |b, first, _, dst| unsafe {
+                    vnni::block_dots::<vnni::Avx2>(self, b, &tiles[first / 4], dst)
+                })
+            }
+            #[cfg(target_arch = "x86_64")]
             Kernel::AvxVnni => {
                 let tiles = tiles(x, 4, self.group, self.cols / self.group);
                 self.in_blocks(x, 4, |b, first, _, dst| unsafe {
@@ -445,16 +453,112 @@ mod vnni {
     /// Rows of a half block.
     const HALF: usize = BLOCK / 2;
 
-    /// `vpdpbusd` on 256-bit vectors, in one of its two encodings, and the half block's
-    /// product compiled with that encoding's features.
+    /// `vpdpbusd` on 256-bit vectors, in one of its two encodings or as AVX2's
+    /// instructions, and the half block's product compiled with those features.
     pub(super) trait Dp: Sized {
+        /// `acc` plus, per i32 lane, the four products of `u`'s bytes (unsigned) with
+        /// `s`'s (signed, within -127..=127).
         unsafe fn dp(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
-        unsafe fn half_dot<const T: usize, const G: usize>(
+        /// One group's exact integer sums (`group_isums`'s contract).
+        #[inline(always)]
+        unsafe fn isums<const T: usize, const G: usize>(
+            format: QFormat,
+            w: *const u8,
+            x: *const i8,
+            x_isum: *const i32,
+        ) -> [__m256i; T] {
+            group_isums::<Self, T, G>(format, w, x, x_isum)
+        }
+        unsafe fn half_dot<const T: usize, const G: usize, const H: usize>(
             p: &PackedMatrix,
             b: usize,
             h: usize,
             x: &Tile,
-        ) -> [[f32; HALF]; T];
+        ) -> [[[f32; HALF]; T]; H];
+    }
+    /// AVX2 alone (no VNNI): `vpmaddubsw` (pairs of byte products into i16, exact for
+    /// nibbles: 2 * 15 * 127 < 2^15), then `vpmaddwd` into i32 lanes; Q8's bytes (stored
+    /// plus 128) split into nibbles, `u = 16 h + l`. Its groups go through `isums`.
+    pub(super) struct Avx2;
+    impl Dp for Avx2 {
+        /// Nibbles only (`u` at most 15); `isums` takes the bytes apart.
+        #[inline(always)]
+        unsafe fn dp(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+            let pairs = _mm256_maddubs_epi16(u, s);
+            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
+        /// The group's byte products summed in i16 lanes before one `vpmaddwd`: a lane
+        /// of `vpmaddubsw` holds two products of at most 15 * 127 = 1905, so the 16 of a
+        /// group's lane (32 values: 8 runs of nibbles or bytes' nibble halves) stay
+        /// within 30,480 < 2^15, exact.
+        #[inline(always)]
+        unsafe fn isums<const T: usize, const G: usize>(
+            format: QFormat,
+            w: *const u8,
+            x: *const i8,
+            x_isum: *const i32,
+        ) -> [__m256i; T] {
+            let mask = _mm256_set1_epi8(0x0F);
+            let mut lo = [_mm256_setzero_si256(); T];
+            let mut hi = [_mm256_setzero_si256(); T];
+            let add = |acc: &mut __m256i, u: __m256i, s: *const i8| {
+                *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(u, broadcast4(s)));
+            };
+            match format {
+                QFormat::Q4 => {
+                    for c in 0..G / 8 {
+                        let v = _mm256_loadu_si256(w.add(c * RUN).cast());
+                        let (l, h) = (
+                            _mm256_and_si256(v, mask),
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                        );
+                        for (t, acc) in lo.iter_mut().enumerate() {
+                            let xt = x.add(t * G + 4 * c);
+                            add(acc, l, xt);
+                            add(acc, h, xt.add(G / 2));
+                        }
+                    }
+                }
+                QFormat::Q8 => {
+                    for c in 0..G / 4 {
+                        let v = _mm256_loadu_si256(w.add(c * RUN).cast());
+                        let (l, h) = (
+                            _mm256_and_si256(v, mask),
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                        );
+                        for (t, (a, b)) in lo.iter_mut().zip(&mut hi).enumerate() {
+                            let xt = x.add(t * G + 4 * c);
+                            add(a, l, xt);
+                            add(b, h, xt);
+                        }
+                    }
+                }
+                QFormat::F32 => unreachable!("f32 matrices are never packed"),
+            }
+            let mut out = [_mm256_setzero_si256(); T];
+            for t in 0..T {
+                let l = _mm256_madd_epi16(lo[t], _mm256_set1_epi16(1));
+                out[t] = match format {
+                    QFormat::Q8 => {
+                        let h = _mm256_madd_epi16(hi[t], _mm256_set1_epi16(16));
+                        // The weights were stored plus 128: take 128 * sum(q_x) back off.
+                        let bias = _mm256_set1_epi32(128 * *x_isum.add(t));
+                        _mm256_sub_epi32(_mm256_add_epi32(l, h), bias)
+                    }
+                    _ => l,
+                };
+            }
+            out
+        }
+        #[inline(always)]
+        unsafe fn half_dot<const T: usize, const G: usize, const H: usize>(
+            p: &PackedMatrix,
+            b: usize,
+            h: usize,
+            x: &Tile,
+        ) -> [[[f32; HALF]; T]; H] {
+            half_dot_avx2::<T, G, H>(p, b, h, x)
+        }
     }
     /// AVX-VNNI (VEX).
     pub(super) struct Vex;
@@ -466,13 +570,13 @@ mod vnni {
             _mm256_dpbusd_avx_epi32(acc, u, s)
         }
         #[inline(always)]
-        unsafe fn half_dot<const T: usize, const G: usize>(
+        unsafe fn half_dot<const T: usize, const G: usize, const H: usize>(
             p: &PackedMatrix,
             b: usize,
             h: usize,
             x: &Tile,
-        ) -> [[f32; HALF]; T] {
-            half_dot_vex::<T, G>(p, b, h, x)
+        ) -> [[[f32; HALF]; T]; H] {
+            half_dot_vex::<T, G, H>(p, b, h, x)
         }
     }
     impl Dp for Evex {
@@ -481,13 +585,13 @@ mod vnni {
             _mm256_dpbusd_epi32(acc, u, s)
         }
         #[inline(always)]
-        unsafe fn half_dot<const T: usize, const G: usize>(
+        unsafe fn half_dot<const T: usize, const G: usize, const H: usize>(
             p: &PackedMatrix,
             b: usize,
             h: usize,
             x: &Tile,
-        ) -> [[f32; HALF]; T] {
-            half_dot_evex::<T, G>(p, b, h, x)
+        ) -> [[[f32; HALF]; T]; H] {
+            half_dot_evex::<T, G, H>(p, b, h, x)
         }
     }
 
@@ -555,100 +659,138 @@ mod vnni {
     /// # Safety
     /// The CPU must have AVX2, F16C and `D`'s `vpdpbusd`.
     pub(super) unsafe fn block_dots<D: Dp>(p: &PackedMatrix, b: usize, x: &Tile, out: &mut [f32]) {
-        for h in 0..2 {
-            let put = |out: &mut [f32], halves: &[[f32; HALF]]| {
-                for (t, v) in halves.iter().enumerate() {
-                    out[t * BLOCK + h * HALF..][..HALF].copy_from_slice(v);
+        let put = |out: &mut [f32], h0: usize, halves: &[[[f32; HALF]; T_MAX]]| {
+            for (h, rows) in halves.iter().enumerate() {
+                for (t, v) in rows.iter().enumerate().take(x.rows) {
+                    out[t * BLOCK + (h0 + h) * HALF..][..HALF].copy_from_slice(v);
+                }
+            }
+        };
+        // One or two rows: both halves in one walk of the block (the walk's own work is
+        // then shared by 16 outputs); more: a half at a time (their accumulators fill the
+        // registers).
+        macro_rules! rows {
+            ($($t:literal)*) => {
+                match (x.rows, p.group) {
+                    $(($t, 32) => if $t <= 2 {
+                        put(out, 0, &widen(D::half_dot::<$t, 32, 2>(p, b, 0, x)))
+                    } else {
+                        for h in 0..2 { put(out, h, &widen(D::half_dot::<$t, 32, 1>(p, b, h, x))) }
+                    },
+                    ($t, 16) => if $t <= 2 {
+                        put(out, 0, &widen(D::half_dot::<$t, 16, 2>(p, b, 0, x)))
+                    } else {
+                        for h in 0..2 { put(out, h, &widen(D::half_dot::<$t, 16, 1>(p, b, h, x))) }
+                    },)*
+                    (n, g) => unreachable!("{n} rows at once in groups of {g}"),
                 }
             };
-            macro_rules! rows {
-                ($($t:literal)*) => {
-                    match (x.rows, p.group) {
-                        $(($t, 32) => put(out, &D::half_dot::<$t, 32>(p, b, h, x)),
-                          ($t, 16) => put(out, &D::half_dot::<$t, 16>(p, b, h, x)),)*
-                        (n, g) => unreachable!("{n} rows at once in groups of {g}"),
-                    }
-                };
-            }
-            rows!(1 2 3 4)
         }
+        rows!(1 2 3 4)
+    }
+
+    /// The most rows a tile of this kernel holds.
+    const T_MAX: usize = 4;
+
+    /// `halves` with each half's rows padded to [`T_MAX`].
+    fn widen<const T: usize, const H: usize>(
+        halves: [[[f32; HALF]; T]; H],
+    ) -> [[[f32; HALF]; T_MAX]; H] {
+        halves.map(|rows| std::array::from_fn(|t| rows.get(t).copied().unwrap_or_default()))
     }
 
     /// Half `h` of block `b`: its 8 output rows for each of the T activation rows.
     #[target_feature(enable = "avx2,f16c,avxvnni")]
-    unsafe fn half_dot_vex<const T: usize, const G: usize>(
+    unsafe fn half_dot_vex<const T: usize, const G: usize, const H: usize>(
         p: &PackedMatrix,
         b: usize,
         h: usize,
         x: &Tile,
-    ) -> [[f32; HALF]; T] {
-        half_dot_body::<Vex, T, G>(p, b, h, x)
+    ) -> [[[f32; HALF]; T]; H] {
+        half_dot_body::<Vex, T, G, H>(p, b, h, x)
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn half_dot_avx2<const T: usize, const G: usize, const H: usize>(
+        p: &PackedMatrix,
+        b: usize,
+        h: usize,
+        x: &Tile,
+    ) -> [[[f32; HALF]; T]; H] {
+        half_dot_body::<Avx2, T, G, H>(p, b, h, x)
     }
 
     #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
-    unsafe fn half_dot_evex<const T: usize, const G: usize>(
+    unsafe fn half_dot_evex<const T: usize, const G: usize, const H: usize>(
         p: &PackedMatrix,
         b: usize,
         h: usize,
         x: &Tile,
-    ) -> [[f32; HALF]; T] {
-        half_dot_body::<Evex, T, G>(p, b, h, x)
+    ) -> [[[f32; HALF]; T]; H] {
+        half_dot_body::<Evex, T, G, H>(p, b, h, x)
     }
 
     /// The definition's float steps on 8 lanes: per accumulator `j` the terms of groups
     /// `j, j + 8, ...` in order (consecutive in the layout), then the definition's tree.
     #[inline(always)]
-    unsafe fn half_dot_body<D: Dp, const T: usize, const G: usize>(
+    unsafe fn half_dot_body<D: Dp, const T: usize, const G: usize, const H: usize>(
         p: &PackedMatrix,
         b: usize,
-        h: usize,
+        h0: usize,
         x: &Tile,
-    ) -> [[f32; HALF]; T] {
+    ) -> [[[f32; HALF]; T]; H] {
         let gpr = p.cols / G;
         let gb = group_bytes(p.format, G);
         let (xq, xs, xm, xi) = x.pointers::<T, G>(gpr);
         p.check_block(b, gb);
-        let mut parts = [[_mm256_setzero_ps(); T]; 8];
+        assert!(h0 + H <= 2);
+        let mut parts = [[[_mm256_setzero_ps(); T]; H]; 8];
         for (j, part) in parts.iter_mut().enumerate().take(gpr) {
-            let mut acc = [_mm256_setzero_ps(); T];
+            let mut acc = [[_mm256_setzero_ps(); T]; H];
             let first = b * gpr + super::slot(j, gpr);
             for (k, g) in (j..gpr).step_by(8).enumerate() {
                 let at = (first + k) * BLOCK;
                 let w = p.qs.as_ptr().add(at * gb);
-                if h == 0 {
+                if h0 == 0 {
                     super::prefetch_ahead(w, BLOCK * gb);
                 }
-                let isum = group_isums::<D, T, G>(
-                    p.format,
-                    w.add(h * HALF * 4),
-                    xq.add(g * T * G),
-                    xi.add(g * T),
-                );
-                let sw =
-                    _mm256_cvtph_ps(_mm_loadu_si128(p.scales.as_ptr().add(at + h * HALF).cast()));
-                let mw =
-                    _mm256_cvtph_ps(_mm_loadu_si128(p.mins.as_ptr().add(at + h * HALF).cast()));
-                for t in 0..T {
-                    let term = _mm256_add_ps(
-                        _mm256_mul_ps(
-                            _mm256_mul_ps(sw, _mm256_set1_ps(*xs.add(g * T + t))),
-                            _mm256_cvtepi32_ps(isum[t]),
-                        ),
-                        _mm256_mul_ps(mw, _mm256_set1_ps(*xm.add(g * T + t))),
+                for (hh, acc) in acc.iter_mut().enumerate() {
+                    let h = h0 + hh;
+                    let isum = D::isums::<T, G>(
+                        p.format,
+                        w.add(h * HALF * 4),
+                        xq.add(g * T * G),
+                        xi.add(g * T),
                     );
-                    acc[t] = _mm256_add_ps(acc[t], term);
+                    let sw = _mm256_cvtph_ps(_mm_loadu_si128(
+                        p.scales.as_ptr().add(at + h * HALF).cast(),
+                    ));
+                    let mw =
+                        _mm256_cvtph_ps(_mm_loadu_si128(p.mins.as_ptr().add(at + h * HALF).cast()));
+                    for t in 0..T {
+                        let term = _mm256_add_ps(
+                            _mm256_mul_ps(
+                                _mm256_mul_ps(sw, _mm256_set1_ps(*xs.add(g * T + t))),
+                                _mm256_cvtepi32_ps(isum[t]),
+                            ),
+                            _mm256_mul_ps(mw, _mm256_set1_ps(*xm.add(g * T + t))),
+                        );
+                        acc[t] = _mm256_add_ps(acc[t], term);
+                    }
                 }
             }
             *part = acc;
         }
-        let mut out = [[0f32; HALF]; T];
-        for t in 0..T {
-            let a = parts.map(|p| p[t]);
-            let sum = _mm256_add_ps(
-                _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[1], a[5])),
-                _mm256_add_ps(_mm256_add_ps(a[2], a[6]), _mm256_add_ps(a[3], a[7])),
-            );
-            _mm256_storeu_ps(out[t].as_mut_ptr(), sum);
+        let mut out = [[[0f32; HALF]; T]; H];
+        for (hh, rows) in out.iter_mut().enumerate() {
+            for (t, o) in rows.iter_mut().enumerate() {
+                let a = parts.map(|p| p[hh][t]);
+                let sum = _mm256_add_ps(
+                    _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[1], a[5])),
+                    _mm256_add_ps(_mm256_add_ps(a[2], a[6]), _mm256_add_ps(a[3], a[7])),
+                );
+                _mm256_storeu_ps(o.as_mut_ptr(), sum);
+            }
         }
         out
     }
