@@ -699,36 +699,24 @@ mod vnni {
         halves.map(|rows| std::array::from_fn(|t| rows.get(t).copied().unwrap_or_default()))
     }
 
-    /// Half `h` of block `b`: its 8 output rows for each of the T activation rows.
-    #[target_feature(enable = "avx2,f16c,avxvnni")]
-    unsafe fn half_dot_vex<const T: usize, const G: usize, const H: usize>(
-        p: &PackedMatrix,
-        b: usize,
-        h: usize,
-        x: &Tile,
-    ) -> [[[f32; HALF]; T]; H] {
-        half_dot_body::<Vex, T, G, H>(p, b, h, x)
+    /// `half_dot_body` for `$d`, compiled with `$features`: halves `h..h + H` of block
+    /// `b`, their 8 output rows for each of the T activation rows.
+    macro_rules! half_dot_with {
+        ($name:ident, $d:ty, $features:literal) => {
+            #[target_feature(enable = $features)]
+            unsafe fn $name<const T: usize, const G: usize, const H: usize>(
+                p: &PackedMatrix,
+                b: usize,
+                h: usize,
+                x: &Tile,
+            ) -> [[[f32; HALF]; T]; H] {
+                half_dot_body::<$d, T, G, H>(p, b, h, x)
+            }
+        };
     }
-
-    #[target_feature(enable = "avx2,f16c")]
-    unsafe fn half_dot_avx2<const T: usize, const G: usize, const H: usize>(
-        p: &PackedMatrix,
-        b: usize,
-        h: usize,
-        x: &Tile,
-    ) -> [[[f32; HALF]; T]; H] {
-        half_dot_body::<Avx2, T, G, H>(p, b, h, x)
-    }
-
-    #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
-    unsafe fn half_dot_evex<const T: usize, const G: usize, const H: usize>(
-        p: &PackedMatrix,
-        b: usize,
-        h: usize,
-        x: &Tile,
-    ) -> [[[f32; HALF]; T]; H] {
-        half_dot_body::<Evex, T, G, H>(p, b, h, x)
-    }
+    half_dot_with!(half_dot_vex, Vex, "avx2,f16c,avxvnni");
+    half_dot_with!(half_dot_avx2, Avx2, "avx2,f16c");
+    half_dot_with!(half_dot_evex, Evex, "avx2,f16c,avx512f,avx512vl,avx512vnni");
 
     /// The definition's float steps on 8 lanes: per accumulator `j` the terms of groups
     /// `j, j + 8, ...` in order (consecutive in the layout), then the definition's tree.
