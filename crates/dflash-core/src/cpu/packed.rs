@@ -250,37 +250,40 @@ impl PackedMatrix {
         match kernel {
             // SAFETY (each): the CPU has the kernel's features (`Kernel::available`).
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => {
-                let tiles = tiles(x, 4, self.group, self.cols / self.group);
-                self.in_blocks(x, 4, |b, first, _, dst| unsafe {
-                    vnni::block_dots::<vnni::Avx2>(self, b, &tiles[first / 4], dst)
-                })
-            }
+            Kernel::Avx2 => self.in_tiles(x, 4, |b, t, dst| unsafe {
+                vnni::block_dots::<vnni::Avx2>(self, b, t, dst)
+            }),
             #[cfg(target_arch = "x86_64")]
-            Kernel::AvxVnni => {
-                let tiles = tiles(x, 4, self.group, self.cols / self.group);
-                self.in_blocks(x, 4, |b, first, _, dst| unsafe {
-                    vnni::block_dots::<vnni::Vex>(self, b, &tiles[first / 4], dst)
-                })
-            }
+            Kernel::AvxVnni => self.in_tiles(x, 4, |b, t, dst| unsafe {
+                vnni::block_dots::<vnni::Vex>(self, b, t, dst)
+            }),
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Vnni256 => {
-                let tiles = tiles(x, 4, self.group, self.cols / self.group);
-                self.in_blocks(x, 4, |b, first, _, dst| unsafe {
-                    vnni::block_dots::<vnni::Evex>(self, b, &tiles[first / 4], dst)
-                })
-            }
+            Kernel::Avx512Vnni256 => self.in_tiles(x, 4, |b, t, dst| unsafe {
+                vnni::block_dots::<vnni::Evex>(self, b, t, dst)
+            }),
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Vnni => {
-                let tiles = tiles(x, 8, self.group, self.cols / self.group);
-                self.in_blocks(x, 8, |b, first, _, dst| unsafe {
-                    vnni512::block_dots(self, b, &tiles[first / 8], dst)
-                })
-            }
+            Kernel::Avx512Vnni => self.in_tiles(x, 8, |b, t, dst| unsafe {
+                vnni512::block_dots(self, b, t, dst)
+            }),
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Kernel::Simd128 => self.matmul_simd128(x),
             _ => unreachable!("not a packed kernel"),
         }
+    }
+
+    /// The product by blocks (`in_blocks`) with the activation rows in tiles of at most
+    /// `height` (x86): `dots(b, tile, out)` gives block `b`'s outputs for a tile's rows.
+    #[cfg(target_arch = "x86_64")]
+    fn in_tiles(
+        &self,
+        x: &QuantizedRows,
+        height: usize,
+        dots: impl Fn(usize, &Tile, &mut [f32]) + Sync,
+    ) -> Vec<f32> {
+        let tiles = tiles(x, height, self.group, self.cols / self.group);
+        self.in_blocks(x, height, |b, first, _, dst| {
+            dots(b, &tiles[first / height], dst)
+        })
     }
 
     /// `matmul` with wasm SIMD128: the activation rows in tiles of four, each row's group
