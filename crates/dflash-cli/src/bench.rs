@@ -28,6 +28,7 @@ use dflash_core::rng::Rng;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::AcceptProfile;
 use dflash_core::speculative::{Acceptance, BlockSize, SpeculativeResult};
+use dflash_core::synthetic::random_ids;
 use dflash_core::synthetic::SyntheticSpec;
 use dflash_engine::device::{open_device, DeviceChoice};
 use dflash_gpu::model::{OutputHead, MAX_ROWS};
@@ -253,12 +254,6 @@ fn mem_available() -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
-}
-
-/// `n` random token ids below `vocab`.
-fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut rng = Rng(seed ^ 0x1D5_1D5);
-    (0..n).map(|_| rng.below(vocab) as u32).collect()
 }
 
 /// What a synthetic run benches, for the JSON.

@@ -558,6 +558,13 @@ fn tiny_target(moe: Option<(usize, usize, usize)>) -> Target {
 }
 
 /// The named shape, or None for an unknown name (see [`NAMES`]).
+/// `n` random token ids below `vocab`: a synthetic model's prompt (the benches', natively
+/// and in the browser).
+pub fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = crate::rng::Rng(seed ^ 0x1D5_1D5);
+    (0..n).map(|_| rng.below(vocab) as u32).collect()
+}
+
 pub fn spec(name: &str) -> Option<SyntheticSpec> {
     let (name, t, d) = named(name)?;
     let mut json = serde_json::json!({

@@ -9,11 +9,10 @@
 use dflash_core::cpu::{CpuKernels, CpuModel};
 use dflash_core::drafter::CpuDrafter;
 use dflash_core::generate::{generate_cpu, GenerateRequest};
-use dflash_core::rng::Rng;
 use dflash_core::speculative::{
     generate_speculative_with, AcceptProfile, BlockSize, DFlashCpu, Simulated,
 };
-use dflash_core::synthetic::SyntheticSpec;
+use dflash_core::synthetic::{random_ids, SyntheticSpec};
 use dflash_core::synthetic_weights::{host_drafter, host_weights};
 use dflash_core::tokenizer::TextTokenizer;
 use dflash_core::Error;
@@ -126,73 +125,36 @@ impl SyntheticBench {
         let kernels = CpuKernels::Quantized;
         let target = CpuModel::from_weights(host_weights(&plan.spec, self.seed)?, kernels);
         let weights = host_drafter(&plan.spec, self.seed)?;
-        let drafter = CpuDrafter::with_kernels(&weights, kernels);
-        let tok = TextTokenizer::numbered(plan.spec.config.vocab_size)?;
-        let load_s = clock() - t_load;
-        let request = |ids: &[u32]| GenerateRequest {
-            prompt_ids: ids.to_vec(),
-            max_new_tokens: self.max_new_tokens,
-            sampling: Default::default(),
-            stop_strings: vec![],
-            context: self.prompt_tokens + self.max_new_tokens + 1,
-            interrupt: Default::default(),
+        let pair = Pair {
+            drafter: CpuDrafter::with_kernels(&weights, kernels),
+            tok: TextTokenizer::numbered(plan.spec.config.vocab_size)?,
+            target,
         };
+        let load_s = clock() - t_load;
+        let vocab = plan.spec.config.vocab_size;
         let prompts: Vec<Vec<u32>> = (0..self.prompts)
-            .map(|i| {
-                let mut rng = Rng(self.seed.wrapping_add(i as u64) ^ 0x1D5_1D5);
-                let vocab = plan.spec.config.vocab_size;
-                (0..self.prompt_tokens)
-                    .map(|_| rng.below(vocab) as u32)
-                    .collect()
-            })
+            .map(|i| random_ids(self.prompt_tokens, vocab, self.seed.wrapping_add(i as u64)))
             .collect();
         let mut plain = Vec::new();
         let (mut plain_tokens, mut plain_s) = (0, 0.0);
         for ids in &prompts {
-            let r = generate_cpu(&target, &tok, &request(ids), clock, &mut |_| {})?;
+            let req = self.request(ids);
+            let r = generate_cpu(&pair.target, &pair.tok, &req, clock, &mut |_| {})?;
             plain_tokens += r.tokens.len();
             plain_s += r.decode_s;
             plain.push(r.tokens);
         }
         let plain_tok_s = plain_tokens as f64 / plain_s.max(1e-9);
-        let mut runs = Vec::new();
-        for &block in &plan.blocks {
-            let policy = match block {
-                Some(n) => BlockSize::Fixed(n),
-                None => BlockSize::Auto {
-                    verify_cost: DFlashCpu::new(&drafter, &target)?
-                        .measure_step_costs(16, clock)?,
-                },
-            };
-            let (mut tokens, mut secs, mut steps, mut lossless) = (0, 0.0, 0, true);
-            for (i, (ids, truth)) in prompts.iter().zip(&plain).enumerate() {
-                let real = DFlashCpu::new(&drafter, &target)?;
-                let seed = self.seed.wrapping_add(i as u64);
-                let mut sim = Simulated::new(real, &plan.profile, ids, truth, seed);
-                let req = request(ids);
-                let r = generate_speculative_with(
-                    &target,
-                    &mut sim,
-                    &tok,
-                    &req,
-                    &policy,
-                    clock,
-                    &mut |_| {},
-                )?;
-                tokens += r.result.tokens.len();
-                secs += r.result.decode_s;
-                steps += r.steps;
-                lossless &= r.result.tokens == *truth;
-            }
-            let tok_s = tokens as f64 / secs.max(1e-9);
-            runs.push(serde_json::json!({
-                "block": block.map_or("auto".to_string(), |n| n.to_string()),
-                "dflash_tok_s": tok_s, "speedup": tok_s / plain_tok_s,
-                "mean_tau": tokens as f64 / steps.max(1) as f64,
-                "steps": steps, "lossless": lossless,
-                "step_costs": match &policy { BlockSize::Auto { verify_cost } => Some(verify_cost), _ => None },
-            }));
-        }
+        let runs = plan
+            .blocks
+            .iter()
+            .map(|&block| {
+                let mut run =
+                    self.block_run(&pair, &plan.profile, block, (&prompts, &plain), clock)?;
+                run["speedup"] = (run["dflash_tok_s"].as_f64().unwrap_or(0.0) / plain_tok_s).into();
+                Ok(run)
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(serde_json::json!({
             "shape": plan.spec.name, "layers": plan.spec.config.num_layers,
             "weight_bytes": plan.spec.target_weight_bytes(),
@@ -205,4 +167,69 @@ impl SyntheticBench {
             "plain_tok_s": plain_tok_s, "plain_tokens": plain_tokens, "runs": runs,
         }))
     }
+
+    /// A greedy request for `ids` with the bench's token budget.
+    fn request(&self, ids: &[u32]) -> GenerateRequest {
+        GenerateRequest {
+            prompt_ids: ids.to_vec(),
+            max_new_tokens: self.max_new_tokens,
+            sampling: Default::default(),
+            stop_strings: vec![],
+            context: self.prompt_tokens + self.max_new_tokens + 1,
+            interrupt: Default::default(),
+        }
+    }
+
+    /// Every prompt decoded with `block` rows (None: auto, from step costs measured
+    /// first) and simulated acceptance, against its plain outputs `truths`.
+    fn block_run(
+        &self,
+        pair: &Pair,
+        profile: &AcceptProfile,
+        block: Option<usize>,
+        (prompts, truths): (&[Vec<u32>], &[Vec<u32>]),
+        clock: &dyn Fn() -> f64,
+    ) -> Result<serde_json::Value> {
+        let policy = match block {
+            Some(n) => BlockSize::Fixed(n),
+            None => BlockSize::Auto {
+                verify_cost: DFlashCpu::new(&pair.drafter, &pair.target)?
+                    .measure_step_costs(16, clock)?,
+            },
+        };
+        let (mut tokens, mut secs, mut steps, mut lossless) = (0, 0.0, 0, true);
+        for (i, (ids, truth)) in prompts.iter().zip(truths).enumerate() {
+            let real = DFlashCpu::new(&pair.drafter, &pair.target)?;
+            let seed = self.seed.wrapping_add(i as u64);
+            let mut sim = Simulated::new(real, profile, ids, truth, seed);
+            let req = self.request(ids);
+            let r = generate_speculative_with(
+                &pair.target,
+                &mut sim,
+                &pair.tok,
+                &req,
+                &policy,
+                clock,
+                &mut |_| {},
+            )?;
+            tokens += r.result.tokens.len();
+            secs += r.result.decode_s;
+            steps += r.steps;
+            lossless &= r.result.tokens == *truth;
+        }
+        Ok(serde_json::json!({
+            "block": block.map_or("auto".to_string(), |n| n.to_string()),
+            "dflash_tok_s": tokens as f64 / secs.max(1e-9),
+            "mean_tau": tokens as f64 / steps.max(1) as f64,
+            "steps": steps, "lossless": lossless,
+            "step_costs": match &policy { BlockSize::Auto { verify_cost } => Some(verify_cost), _ => None },
+        }))
+    }
+}
+
+/// The synthetic pair on the CPU engine and its numbered tokenizer.
+struct Pair {
+    target: CpuModel,
+    drafter: CpuDrafter,
+    tok: TextTokenizer,
 }
