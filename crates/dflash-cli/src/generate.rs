@@ -170,6 +170,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         stop_strings: a.stop.clone(),
         context: engine.context,
         interrupt: Default::default(),
+        grammar: None,
     };
     let job = Job {
         gen: &req,

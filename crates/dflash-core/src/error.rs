@@ -96,6 +96,10 @@ pub enum Error {
     EmptyPrompt,
     #[error("invalid request: {0}")]
     BadRequest(String),
+    /// A request's JSON schema, Lark grammar, regex or tool schema that does not compile
+    /// (the message names the place).
+    #[error("invalid grammar: {0}")]
+    BadGrammar(String),
     #[error("internal error (a broken invariant, not bad input): {0}")]
     Internal(String),
     #[error("prompt file line {line}: {reason}")]

@@ -19,7 +19,8 @@
 
 use crate::cpu::{CpuModel, LogitRows};
 use crate::error::{Error, Result};
-use crate::sampling::{sample, SamplingParams};
+use crate::grammar::{Constraint, TokenMask};
+use crate::sampling::{sample_masked, SamplingParams};
 use crate::tokenizer::{StreamDecoder, TextTokenizer};
 
 #[derive(Debug, Clone)]
@@ -32,6 +33,8 @@ pub struct GenerateRequest {
     pub context: usize,
     /// Set from elsewhere to end generation early.
     pub interrupt: Interrupt,
+    /// The grammar the output keeps to, in its start state (`crate::grammar`).
+    pub grammar: Option<Constraint>,
 }
 
 /// A request's interrupt switch: whoever holds a clone (the browser worker's message
@@ -399,6 +402,19 @@ impl CpuSession {
     }
 }
 
+/// The mask of the grammar's next position, if the request has a grammar.
+pub fn next_mask(grammar: &mut Option<Constraint>) -> Result<Option<TokenMask>> {
+    grammar.as_mut().map(Constraint::mask).transpose()
+}
+
+/// Commits a chosen token to the grammar, if the request has one.
+pub fn commit_token(grammar: &mut Option<Constraint>, t: u32) -> Result<()> {
+    match grammar {
+        Some(g) => g.commit(t),
+        None => Ok(()),
+    }
+}
+
 /// Generates with the CPU reference model. `clock` returns seconds (the host's clock:
 /// wasm has no `Instant`); `on_piece` receives text as it is produced.
 pub fn generate_cpu(
@@ -423,6 +439,7 @@ pub struct CpuGeneration<'a> {
     session: &'a mut CpuSession,
     logits: Vec<f32>,
     history: Vec<u32>,
+    grammar: Option<Constraint>,
     sink: TokenSink<'a>,
     cached_tokens: usize,
     /// Start and end of the prefill.
@@ -452,6 +469,7 @@ impl<'a> CpuGeneration<'a> {
             session,
             logits,
             history: req.prompt_ids.clone(),
+            grammar: req.grammar.clone(),
             sink: TokenSink::new(tok, req, budget, on_piece),
             cached_tokens: k,
             times: (t0, clock()),
@@ -461,12 +479,15 @@ impl<'a> CpuGeneration<'a> {
     /// Takes the next token (and runs the pass that scores the one after); true when
     /// generation is over.
     pub fn step(&mut self) -> Result<bool> {
-        let next = sample(
+        let mask = next_mask(&mut self.grammar)?;
+        let next = sample_masked(
             &self.logits,
             &self.req.sampling,
             &self.history,
             self.history.len(),
+            mask.as_ref(),
         );
+        commit_token(&mut self.grammar, next)?;
         self.history.push(next);
         if self.sink.push(next)? {
             return Ok(true);

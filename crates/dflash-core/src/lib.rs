@@ -28,6 +28,7 @@ pub mod drafter;
 pub mod error;
 pub mod formats;
 pub mod generate;
+pub mod grammar;
 pub mod limits;
 pub mod model_files;
 pub mod model_meta;

@@ -85,3 +85,16 @@ macro_rules! check_limit {
         }
     }};
 }
+
+/// Bytes of one request's grammar: a JSON schema (serialized), a Lark grammar or a
+/// regex, tools' parameter schemas included. Real schemas: up to a few hundred KB
+/// (JSONSchemaBench's largest); llguidance's own fuel limits bound the work beyond.
+pub const MAX_GRAMMAR_BYTES: u64 = 1 << 20;
+
+/// Nesting depth of a request's JSON schema (objects and arrays within each other).
+/// Real schemas: under 20.
+pub const MAX_SCHEMA_DEPTH: u64 = 64;
+
+/// Bytes of one token of a vocabulary that a grammar masks (llguidance walks its token
+/// trie one level per byte). Real vocabularies: under 256 (long runs of spaces).
+pub const MAX_TOKEN_BYTES: u64 = 4096;

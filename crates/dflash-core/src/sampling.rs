@@ -5,6 +5,7 @@
 
 use crate::cpu::ops::argmax;
 use crate::error::{Error, Result};
+use crate::grammar::TokenMask;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -181,14 +182,40 @@ pub fn order_key(v: f32) -> u32 {
 /// first id, in id order, at which the running mass exceeds u. The GPU sampler
 /// (shaders/sample.wgsl) implements the same rule.
 pub fn sample(logits: &[f32], params: &SamplingParams, history: &[u32], position: usize) -> u32 {
+    sample_masked(logits, params, history, position, None)
+}
+
+/// `sample` under a grammar's mask: the logits a grammar refuses at this position are
+/// -inf after the penalties and before the temperature and the filters (the definition
+/// of constrained decoding, `crate::grammar`).
+pub fn sample_masked(
+    logits: &[f32],
+    params: &SamplingParams,
+    history: &[u32],
+    position: usize,
+    mask: Option<&TokenMask>,
+) -> u32 {
     if params.is_greedy() {
-        let mut l = logits.to_vec();
-        apply_penalties(&mut l, history, params);
-        return argmax(&l) as u32;
+        return argmax(&adjusted_logits(logits, params, history, mask)) as u32;
     }
-    let (w, total) = kept_weights(logits, params, history);
+    let (w, total) = kept_weights_masked(logits, params, history, mask);
     let u = random_uniform(params.seed, position as u32, 0) * total;
     inverse_cdf(&w, u)
+}
+
+/// The logits the sampler's filters start from: penalties applied, then the mask.
+pub fn adjusted_logits(
+    logits: &[f32],
+    params: &SamplingParams,
+    history: &[u32],
+    mask: Option<&TokenMask>,
+) -> Vec<f32> {
+    let mut l = logits.to_vec();
+    apply_penalties(&mut l, history, params);
+    if let Some(m) = mask {
+        m.apply(&mut l);
+    }
+    l
 }
 
 /// The first id, in id order, at which the running sum of `w` exceeds `u` (the last
@@ -211,8 +238,17 @@ pub fn inverse_cdf(w: &[f32], u: f32) -> u32 {
 /// The sampler's unnormalised weights over the vocabulary (`exp(z - max z)` for the kept
 /// tokens, 0 for the others) and their sum: `sample`'s distribution is `w / total`.
 pub fn kept_weights(logits: &[f32], params: &SamplingParams, history: &[u32]) -> (Vec<f32>, f32) {
-    let mut l = logits.to_vec();
-    apply_penalties(&mut l, history, params);
+    kept_weights_masked(logits, params, history, None)
+}
+
+/// `kept_weights` under a grammar's mask (refused tokens weigh 0).
+pub fn kept_weights_masked(
+    logits: &[f32],
+    params: &SamplingParams,
+    history: &[u32],
+    mask: Option<&TokenMask>,
+) -> (Vec<f32>, f32) {
+    let l = adjusted_logits(logits, params, history, mask);
     let inv_t = 1.0 / params.temperature;
     let z: Vec<f32> = l.iter().map(|v| v * inv_t).collect();
     let m = z

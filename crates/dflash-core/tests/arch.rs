@@ -330,6 +330,7 @@ fn dflash_on_a_hybrid_target_equals_plain_decoding() {
             stop_strings: vec![],
             context: 64,
             interrupt: Default::default(),
+            grammar: None,
         };
         let plain = generate_cpu(&cpu, &t.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap();
         let blocks = [1, 2, 4, 16].map(BlockSize::Fixed);

@@ -394,6 +394,7 @@ fn a_dflash2_drafter_is_lossless_on_the_cpu() {
                 stop_strings: vec![],
                 context: 256,
                 interrupt: Default::default(),
+                grammar: None,
             };
             let plain = generate_cpu(&cpu, &t.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap();
             for b in [

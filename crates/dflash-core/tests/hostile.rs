@@ -637,6 +637,7 @@ fn dimensions_and_contexts_past_the_limits_name_the_limit() {
         stop_strings: vec![],
         context: 1 << 30,
         interrupt: Default::default(),
+        grammar: None,
     };
     match dflash_core::generate::prepare(&req, m.config()) {
         Err(Error::LimitExceeded { limit, .. }) => assert_eq!(limit, "MAX_CONTEXT_TOKENS"),

@@ -559,6 +559,7 @@ fn prompt_longer_than_the_context() {
         stop_strings: vec![],
         context: 32,
         interrupt: Default::default(),
+        grammar: None,
     };
     let e = generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap_err();
     assert!(

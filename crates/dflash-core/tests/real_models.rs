@@ -118,6 +118,7 @@ fn check_greedy(m: &LoadedModel, cpu: &CpuModel, fx: &Value) {
             stop_strings: vec![],
             context: 1024,
             interrupt: Default::default(),
+            grammar: None,
         };
         let r = generate_cpu(cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap();
         // Equal token for token until the first divergence, which must be a near-tie.

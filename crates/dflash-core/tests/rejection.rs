@@ -224,6 +224,7 @@ fn joint_of_two_tokens_is_the_targets(
             stop_strings: vec![],
             context: 32,
             interrupt: Default::default(),
+            grammar: None,
         };
         let r = generate_speculative_cpu(
             cpu,

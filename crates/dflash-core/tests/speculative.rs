@@ -54,6 +54,7 @@ fn req(prompt: &[u32], sampling: SamplingParams) -> GenerateRequest {
         stop_strings: vec![],
         context: 256,
         interrupt: Default::default(),
+        grammar: None,
     }
 }
 

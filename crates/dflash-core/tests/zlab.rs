@@ -170,6 +170,7 @@ fn generate_against_the_reference(
                 stop_strings: vec![],
                 context: 256,
                 interrupt: Default::default(),
+                grammar: None,
             };
             let plain = generate_cpu(&cpu, &target.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap();
             let block = BlockSize::Fixed(g["block_size"].as_u64().unwrap() as usize);

@@ -42,6 +42,7 @@ fn core_code(e: &CoreError) -> &'static str {
         CoreError::BadSampling(_)
         | CoreError::EmptyPrompt
         | CoreError::BadRequest(_)
+        | CoreError::BadGrammar(_)
         | CoreError::TokenOutOfRange { .. }
         | CoreError::PromptFile { .. }
         | CoreError::ChatTemplate(_) => "BadRequest",

@@ -383,6 +383,7 @@ impl ChatRequest {
             stop_strings: self.stop_strings(),
             context,
             interrupt: Default::default(),
+            grammar: None,
         };
         dflash_core::generate::token_budget(req.prompt_ids.len(), req.max_new_tokens, context)?;
         Ok(req)

@@ -177,6 +177,7 @@ impl SyntheticBench {
             stop_strings: vec![],
             context: self.prompt_tokens + self.max_new_tokens + 1,
             interrupt: Default::default(),
+            grammar: None,
         }
     }
 

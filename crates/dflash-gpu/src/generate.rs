@@ -24,7 +24,7 @@ impl GpuModel {
         } else {
             OutputHead::Sample
         };
-        self.set_sampling(&req.sampling)?;
+        self.set_request_sampling(req)?;
         let t0 = clock();
         let keep = self.reusable_rows(&req.prompt_ids, false);
         let next = self.prefill_from_async(&req.prompt_ids, keep, head).await?;

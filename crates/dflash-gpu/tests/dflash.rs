@@ -108,6 +108,7 @@ fn req_n(p: &[u32], sp: &SamplingParams, n: usize) -> GenerateRequest {
         stop_strings: vec![],
         context: 128,
         interrupt: Default::default(),
+        grammar: None,
     }
 }
 

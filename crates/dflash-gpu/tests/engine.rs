@@ -239,6 +239,7 @@ fn greedy_generation_equals_the_cpu_reference() {
         stop_strings: vec![],
         context: 128,
         interrupt: Default::default(),
+        grammar: None,
     };
     let want = dflash_core::generate::generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {})
         .unwrap()

@@ -148,6 +148,7 @@ fn a_hybrid_turn_after_a_dropped_pipelined_step_equals_a_fresh_one() {
         stop_strings: vec![],
         context: 96,
         interrupt: Default::default(),
+        grammar: None,
     };
     let tok = &m.tokenizer;
     let on_plain = |g: &mut GpuModel, r: &GenerateRequest| {

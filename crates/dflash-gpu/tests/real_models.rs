@@ -78,6 +78,7 @@ fn smollm2_greedy_on_the_gpu_equals_the_cpu_reference() {
             stop_strings: vec![],
             context: 512,
             interrupt: Default::default(),
+            grammar: None,
         };
         let want = generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {})
             .unwrap()
@@ -284,6 +285,7 @@ fn smollm2_dflash_and_dflash2_are_lossless_and_the_trained_drafter_accepts_draft
                 stop_strings: vec![],
                 context: 256,
                 interrupt: Default::default(),
+                grammar: None,
             };
             let block = BlockSize::Fixed(run.block);
             let r = s

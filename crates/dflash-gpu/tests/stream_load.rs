@@ -56,6 +56,7 @@ fn request(
         stop_strings: vec![],
         context,
         interrupt: Default::default(),
+        grammar: None,
     }
 }
 

@@ -91,6 +91,7 @@ fn the_gpu_drafter_and_loop_agree_with_the_cpu_reference_and_z_lab() {
                     stop_strings: vec![],
                     context: 128,
                     interrupt: Default::default(),
+                    grammar: None,
                 };
                 let block = BlockSize::Fixed(g["block_size"].as_u64().unwrap() as usize);
                 let s = spec

@@ -91,6 +91,7 @@ fn evaluate_prompt(
         stop_strings: vec![],
         context: ids.len() + max_new_tokens + block + 1,
         interrupt: Default::default(),
+        grammar: None,
     };
     let r = generate_speculative_cpu(
         target,

@@ -379,6 +379,7 @@ fn the_quantized_engine_answers_as_plain_greedy_generation() {
             stop_strings: vec![],
             context: p.len() + 32,
             interrupt: Default::default(),
+            grammar: None,
         };
         let plain = generate_cpu(&cpu, &m.tokenizer, &req, &|| 0.0, &mut |_| {}).unwrap();
         let stop_at = a.iter().position(|&t| is_stop(t));

@@ -392,6 +392,7 @@ pub(super) fn bench_request(
         stop_strings: vec![],
         context,
         interrupt: Default::default(),
+        grammar: None,
     }
 }
 

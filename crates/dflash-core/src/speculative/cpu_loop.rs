@@ -7,9 +7,12 @@ use super::proposer::*;
 use crate::cpu::{CpuModel, LogitRows};
 use crate::drafter::CpuDrafter;
 use crate::error::{Error, Result};
-use crate::generate::{prepare, CpuSession, GenerateRequest, OnPiece, TokenSink};
+use crate::generate::{
+    commit_token, next_mask, prepare, CpuSession, GenerateRequest, OnPiece, TokenSink,
+};
+use crate::grammar::Constraint;
 use crate::rejection::{verify, Proposed, Verdict};
-use crate::sampling::{distribution, sample};
+use crate::sampling::{kept_weights_masked, sample_masked};
 use crate::tokenizer::TextTokenizer;
 
 /// Speculative generation with the DFlash drafter on the CPU reference models.
@@ -63,6 +66,8 @@ pub struct SpeculativeGeneration<'a> {
     session: &'a mut CpuSession,
     cached_tokens: usize,
     history: Vec<u32>,
+    /// The grammar's state after the committed tokens (the anchor included).
+    grammar: Option<Constraint>,
     anchor: u32,
     sink: TokenSink<'a>,
     blocks: BlockLoop,
@@ -101,7 +106,16 @@ impl<'a> SpeculativeGeneration<'a> {
         proposer.commit(&out.taps);
         session.drafted = session.len();
         let history = req.prompt_ids.clone();
-        let anchor = sample(&out.logits, &req.sampling, &history, history.len());
+        let mut grammar = req.grammar.clone();
+        let mask = next_mask(&mut grammar)?;
+        let anchor = sample_masked(
+            &out.logits,
+            &req.sampling,
+            &history,
+            history.len(),
+            mask.as_ref(),
+        );
+        commit_token(&mut grammar, anchor)?;
         let t1 = clock();
         let mut sink = TokenSink::new(tok, req, budget, on_piece);
         let done = budget == 0 || sink.push(anchor)?;
@@ -114,6 +128,7 @@ impl<'a> SpeculativeGeneration<'a> {
             session,
             cached_tokens: k,
             history,
+            grammar,
             anchor,
             sink,
             blocks: BlockLoop::new(block, capacity),
@@ -140,12 +155,13 @@ impl<'a> SpeculativeGeneration<'a> {
         }
         let t_step = clock();
         let (block_ids, proposed) = self.draft(pos, b)?;
+        let b = block_ids.len();
         // Verify: one target pass over the block, with taps.
         let out = self
             .session
             .forward(target, &block_ids, LogitRows::All, &self.taps)?;
         self.history.push(self.anchor);
-        let (acc, bonus) = self.accept(&out.logits, &block_ids, &proposed, pos, vocab);
+        let (acc, bonus) = self.accept(&out.logits, &block_ids, &proposed, pos, vocab)?;
         // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
         self.session.truncate(pos + acc + 1);
         self.proposer.commit(&out.taps[..(acc + 1) * tap_w]);
@@ -183,12 +199,21 @@ impl<'a> SpeculativeGeneration<'a> {
                 )));
             }
             block_ids.extend(drafts);
+            if let Some(g) = self.grammar.as_mut() {
+                // A draft the grammar refuses could never be the target's token: verify
+                // only the drafts before it.
+                let keep = 1 + g.valid_prefix(&block_ids[1..]);
+                block_ids.truncate(keep);
+                proposed.truncate(keep - 1);
+            }
         }
         Ok((block_ids, proposed))
     }
 
     /// The accepted drafts and the bonus token of a verified block: exact match against
-    /// the position-keyed sample, or rejection sampling against the proposals.
+    /// the position-keyed sample, or rejection sampling against the proposals; each row
+    /// under the grammar's mask after the tokens before it (committed as they are
+    /// accepted).
     fn accept(
         &mut self,
         logits: &[f32],
@@ -196,31 +221,38 @@ impl<'a> SpeculativeGeneration<'a> {
         proposed: &[Proposed],
         pos: usize,
         vocab: usize,
-    ) -> (usize, u32) {
+    ) -> Result<(usize, u32)> {
         let sampling = &self.req.sampling;
         let b = block_ids.len();
         for j in 0..b {
             let row = &logits[j * vocab..(j + 1) * vocab];
-            if !proposed.is_empty() && j + 1 < b {
+            let mask = next_mask(&mut self.grammar)?;
+            let mask = mask.as_ref();
+            let drawn = if !proposed.is_empty() && j + 1 < b {
                 // Rejection sampling against the proposal: the committed token has the
                 // target's distribution.
-                let p = distribution(row, sampling, &self.history);
+                let (w, total) = kept_weights_masked(row, sampling, &self.history, mask);
+                let p: Vec<f32> = w.iter().map(|x| x / total).collect();
                 match verify(&p, &proposed[j], sampling.seed, (pos + j + 1) as u32) {
-                    Verdict::Accept => {
-                        self.history.push(block_ids[j + 1]);
-                        continue;
+                    Verdict::Accept => block_ids[j + 1],
+                    Verdict::Reject(t) => {
+                        commit_token(&mut self.grammar, t)?;
+                        return Ok((j, t));
                     }
-                    Verdict::Reject(t) => return (j, t),
                 }
-            }
-            let t = sample(row, sampling, &self.history, pos + j + 1);
-            if j + 1 < b && block_ids[j + 1] == t {
-                self.history.push(t);
             } else {
-                return (j, t);
+                sample_masked(row, sampling, &self.history, pos + j + 1, mask)
+            };
+            commit_token(&mut self.grammar, drawn)?;
+            if j + 1 < b && block_ids[j + 1] == drawn {
+                self.history.push(drawn);
+            } else {
+                return Ok((j, drawn));
             }
         }
-        unreachable!("the last row of a block always gives the bonus token")
+        Err(Error::Internal(
+            "the last row of a block gave no bonus token".into(),
+        ))
     }
 
     /// The result: tokens, text, finish reason, timings and acceptance.

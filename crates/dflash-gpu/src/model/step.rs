@@ -126,6 +126,18 @@ impl GpuModel {
         Ok(index)
     }
 
+    /// Checks what a request asks of the sampler and sets its parameters: penalties and
+    /// grammars are the CPU engine's for now (`Unsupported`, never an unconstrained
+    /// answer passed off as constrained).
+    pub fn set_request_sampling(&self, req: &dflash_core::generate::GenerateRequest) -> Result<()> {
+        if req.grammar.is_some() {
+            return Err(GpuError::Unsupported(
+                "grammars (response_format, tools) on the GPU engine (use the CPU engine)".into(),
+            ));
+        }
+        self.set_sampling(&req.sampling)
+    }
+
     /// Sets the sampler's parameters for `OutputHead::Sample` passes (greedy parameters are
     /// served by the argmax head instead).
     pub fn set_sampling(&self, sp: &dflash_core::sampling::SamplingParams) -> Result<()> {

@@ -44,7 +44,7 @@ impl Speculative {
         } else {
             OutputHead::Sample
         };
-        self.target.set_sampling(&req.sampling)?;
+        self.target.set_request_sampling(req)?;
         let t0 = clock();
         let keep = self.target.reusable_rows(&req.prompt_ids, true);
         let anchor = self.prefill_from_async(&req.prompt_ids, keep, head).await?;

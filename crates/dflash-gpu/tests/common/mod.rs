@@ -140,6 +140,7 @@ pub fn assert_dflash_lossless(
                 stop_strings: vec![],
                 context: 96,
                 interrupt: Default::default(),
+                grammar: None,
             };
             let r = sp_model
                 .generate(&t.tokenizer, &req, &b, &|| 0.0, &mut |_| {})
