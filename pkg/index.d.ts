@@ -154,6 +154,21 @@ export interface ChatMessage {
   name?: string;
 }
 
+/** `response_format`: text, any JSON object (WebLLM's optional `schema`, an object or a
+ *  string, is taken too), or JSON valid against a schema (strict: schema keywords the
+ *  grammar engine lacks are an error; not strict: ignored). */
+export type ResponseFormat =
+  | { type: 'text' }
+  | { type: 'json_object'; schema?: object | string }
+  | { type: 'json_schema'; json_schema: { name?: string; description?: string; schema?: object | boolean; strict?: boolean | null } };
+
+/** The grammar extension: a Lark grammar (llguidance's dialect) or a regular expression
+ *  the whole answer matches. */
+export type Grammar = { type: 'lark'; grammar: string } | { type: 'regex'; pattern: string };
+
+/** An explicit null in any optional field means its default (as OpenAI's clients send
+ *  them); NaN or Infinity in a number is BadRequest. A field not declared here is
+ *  ignored and named in the answer's `ignored_fields`. */
 export interface ChatCompletionRequest {
   messages: ChatMessage[];
   model?: string;
@@ -183,7 +198,14 @@ export interface ChatCompletionRequest {
   logprobs?: false | null;
   top_logprobs?: 0 | null;
   logit_bias?: Record<string, never> | null;
-  response_format?: { type: 'text' } | null;
+  /** Constrains the answer (lossless under DFlash: the same tokens as constrained plain
+   *  decoding). The CPU engine; the GPU engine refuses it with `Unsupported` for now. A
+   *  schema that does not compile is BadRequest; an answer the token budget cuts ends
+   *  with finish_reason 'length'. */
+  response_format?: ResponseFormat | null;
+  /** Our extension: constrain the answer to a Lark grammar or a regex (as
+   *  response_format; not both). */
+  grammar?: Grammar | null;
   tools?: [] | null;
   functions?: [] | null;
   tool_choice?: 'none' | 'auto' | null;
@@ -236,6 +258,8 @@ export interface ChatCompletion {
   model: string;
   choices: { index: number; message: { role: 'assistant'; content: string }; finish_reason: FinishReason }[];
   usage: Usage;
+  /** The request's fields this API does not have, ignored (absent when none). */
+  ignored_fields?: string[];
 }
 
 export interface ChatCompletionChunk {
@@ -251,6 +275,8 @@ export interface ChatCompletionChunk {
   dflash?: { drafted: boolean; token_ids: number[] };
   /** On the last chunk. */
   usage?: Usage;
+  /** On the first chunk: the request's fields this API does not have, ignored. */
+  ignored_fields?: string[];
 }
 
 export interface EngineInfo {

@@ -36,6 +36,9 @@ test('valid requests pass', () => {
     { messages: ok, stop: ['\n'], stream: true, dflash: false, block: 'auto', model: 'x' },
     { messages: [{ role: 'system', content: 's' }, ...ok, { role: 'assistant', content: 'a' }], block: 4 },
     { messages: ok, rejection_sampling: true, sampled_drafts: true, temperature: 0.8 },
+    { messages: ok, response_format: { type: 'json_object' }, temperature: null, top_p: null },
+    { messages: ok, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' }, strict: true } } },
+    { messages: ok, grammar: { type: 'regex', pattern: '[0-9]+' }, no_such_field: 1 },
   ]) {
     assert.equal(check(r), null, JSON.stringify(r));
   }
@@ -58,6 +61,8 @@ test('bad requests are BadRequest naming the field', () => {
     [{ messages: ok, top_p: 0 }, 'top_p'],
     [{ messages: ok, top_p: 1.5 }, 'top_p'],
     [{ messages: ok, min_p: -0.1 }, 'min_p'],
+    [{ messages: ok, response_format: { type: 'yaml' } }, 'response_format.type'],
+    [{ messages: ok, grammar: { type: 'lark' } }, 'grammar.grammar'],
     [{ messages: ok, max_tokens: -1 }, 'max_tokens'],
     [{ messages: ok, max_tokens: 2.5 }, 'max_tokens'],
     [{ messages: ok, top_k: -3 }, 'top_k'],

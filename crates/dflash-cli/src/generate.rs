@@ -6,6 +6,7 @@ use crate::{load, CliError};
 use dflash_core::cpu::CpuKernels;
 use dflash_core::drafter::{load_drafter_dir, DrafterPrecision};
 use dflash_core::generate::GenerateRequest;
+use dflash_core::grammar::GrammarSpec;
 use dflash_core::model_files::LoadedModel;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::BlockSize;
@@ -85,6 +86,16 @@ pub struct GenerateArgs {
     /// refuses it).
     #[arg(long, value_enum, default_value = "q4", requires = "drafter")]
     drafter_precision: DrafterPrecisionArg,
+    /// Constrain the output to JSON valid against the schema in this file (strict:
+    /// schema keywords the grammar engine lacks are an error).
+    #[arg(long, group = "constraint")]
+    json_schema: Option<PathBuf>,
+    /// Constrain the output to the Lark grammar in this file (llguidance's dialect).
+    #[arg(long, group = "constraint")]
+    grammar: Option<PathBuf>,
+    /// Constrain the output to match this regular expression.
+    #[arg(long, group = "constraint")]
+    regex: Option<String>,
 }
 
 /// `--drafter-precision`.
@@ -150,7 +161,8 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     let sampling = sampling_params(&a, ids.len());
     sampling.validate()?;
     let block = parse_block(&a.block)?;
-    let choice = device_for(a.device.choice(), &sampling)?;
+    let spec = grammar_spec(&a)?;
+    let choice = device_for(a.device.choice(), &sampling, spec.is_some())?;
     let drafter = match &a.drafter {
         Some(p) => Some(load_drafter_dir(p, a.drafter_precision.into())?),
         None => None,
@@ -170,7 +182,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         stop_strings: a.stop.clone(),
         context: engine.context,
         interrupt: Default::default(),
-        grammar: None,
+        grammar: spec.map(|s| engine.constraint(&s)).transpose()?,
     };
     let job = Job {
         gen: &req,
@@ -221,18 +233,46 @@ fn text_printer(json: bool) -> impl FnMut(&str) {
     }
 }
 
-/// The device choice, but where the sampler has penalties (the GPU sampler has none): an
-/// error with --device gpu, and in auto mode the CPU engine, with a note.
-fn device_for(choice: DeviceChoice, sampling: &SamplingParams) -> Result<DeviceChoice, CliError> {
-    if !sampling.has_penalties() {
-        return Ok(choice);
-    }
+/// The grammar of `--json-schema`, `--grammar` or `--regex`, read from its file.
+fn grammar_spec(a: &GenerateArgs) -> Result<Option<GrammarSpec>, CliError> {
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p)
+            .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", p.display())))
+    };
+    Ok(if let Some(p) = &a.json_schema {
+        let schema = serde_json::from_str(&read(p)?).map_err(|e| {
+            CliError::Usage(format!("--json-schema {} is not JSON: {e}", p.display()))
+        })?;
+        Some(GrammarSpec::JsonSchema {
+            schema,
+            strict: true,
+        })
+    } else if let Some(p) = &a.grammar {
+        Some(GrammarSpec::Lark(read(p)?))
+    } else {
+        a.regex.clone().map(GrammarSpec::Regex)
+    })
+}
+
+/// The device choice, but where the sampler has penalties or a grammar (the GPU sampler
+/// has neither yet): an error with --device gpu, and in auto mode the CPU engine, with a
+/// note.
+fn device_for(
+    choice: DeviceChoice,
+    sampling: &SamplingParams,
+    grammar: bool,
+) -> Result<DeviceChoice, CliError> {
+    let what = match (sampling.has_penalties(), grammar) {
+        (true, _) => "penalties",
+        (_, true) => "grammars",
+        _ => return Ok(choice),
+    };
     match choice {
-        DeviceChoice::Gpu => Err(CliError::Usage(
-            "the GPU sampler has no penalties yet; use --device cpu".into(),
-        )),
+        DeviceChoice::Gpu => Err(CliError::Usage(format!(
+            "the GPU sampler has no {what} yet; use --device cpu"
+        ))),
         DeviceChoice::Auto => {
-            let _ = writeln!(std::io::stderr(), "note: penalties run on the CPU engine");
+            let _ = writeln!(std::io::stderr(), "note: {what} run on the CPU engine");
             Ok(DeviceChoice::Cpu(CpuKernels::Quantized))
         }
         DeviceChoice::Cpu(_) => Ok(choice),

@@ -12,6 +12,7 @@ use dflash_core::drafter::CpuDrafter;
 use dflash_core::generate::{
     CpuGeneration, CpuSession, GenerateRequest, GenerateResult, Interrupt, OnPiece,
 };
+use dflash_core::grammar::{Constraint, GrammarSpec, Grammars};
 use dflash_core::speculative::{
     BlockSize, DFlashCpu, DraftState, SpeculativeGeneration, SpeculativeResult,
 };
@@ -85,6 +86,8 @@ pub struct Engine {
     /// Where it runs, in words: the adapter's name or the CPU engine's.
     pub device: String,
     costs: StepCostMemory,
+    /// The grammar compiler over the model's tokens, built on the first grammar.
+    grammars: Option<Grammars>,
 }
 
 impl Engine {
@@ -102,7 +105,20 @@ impl Engine {
             context,
             device,
             costs: StepCostMemory::default(),
+            grammars: None,
         }
+    }
+
+    /// A fresh constraint for `spec` over this model's tokens (the token table and
+    /// parser factory built on the first call), or `BadGrammar` naming the fault.
+    pub fn constraint(&mut self, spec: &GrammarSpec) -> Result<Constraint> {
+        let grammars = match self.grammars.take() {
+            Some(g) => g,
+            None => Grammars::new(&self.tokenizer, self.runner.vocab_size())?,
+        };
+        let c = grammars.compile(spec);
+        self.grammars = Some(grammars);
+        Ok(c?)
     }
 
     /// Auto mode's step costs as the last auto request left them (None before one).
@@ -127,6 +143,9 @@ impl Engine {
             host.random_seed(),
         )?;
         gen.interrupt = interrupt.clone();
+        if let Some(spec) = req.chat.grammar_spec()? {
+            gen.grammar = Some(self.constraint(&spec)?);
+        }
         let job = Job {
             gen: &gen,
             dflash: req.chat.dflash != Some(false),

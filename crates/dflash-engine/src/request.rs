@@ -3,6 +3,7 @@
 
 use dflash_core::chat::{ChatTemplate, Message};
 use dflash_core::generate::{GenerateRequest, GenerateResult};
+use dflash_core::grammar::GrammarSpec;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::SpeculativeResult;
 use dflash_core::tokenizer::TextTokenizer;
@@ -32,7 +33,11 @@ pub enum BlockArg {
 }
 
 /// `engine.chat.completions.create(...)`'s argument (fields the engine does not use,
-/// such as `model` or `stream`, which the JS side handles, are ignored).
+/// such as `model` or `stream`, which the JS side handles, are ignored). An explicit
+/// null in any optional field means its default; a field the API does not have is
+/// ignored and listed in `ignored_fields` (answered in the response's `ignored_fields`:
+/// the whole answer's, or the first chunk's). The struct itself denies unknown fields:
+/// `request_fields()` is what reaches it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChatRequest {
@@ -82,6 +87,16 @@ pub struct ChatRequest {
     /// (its top 16 at the temperature) instead of its argmax.
     #[serde(default)]
     pub sampled_drafts: Option<bool>,
+    /// `{"type": "text" | "json_object" | "json_schema", ...}` (`grammar_spec`).
+    #[serde(default)]
+    pub response_format: Option<serde_json::Value>,
+    /// Our extension: `{"type": "lark", "grammar": "..."}` or `{"type": "regex",
+    /// "pattern": "..."}`.
+    #[serde(default)]
+    pub grammar: Option<serde_json::Value>,
+    /// The top-level fields the API does not have, ignored.
+    #[serde(skip)]
+    pub ignored_fields: Vec<String>,
 }
 
 /// Fields that take a non-negative integer (serde's own error would not name the field).
@@ -96,16 +111,8 @@ const FLOAT_FIELDS: [&str; 6] = [
 ];
 const BOOL_FIELDS: [&str; 4] = ["stream", "dflash", "rejection_sampling", "sampled_drafts"];
 
-/// The request's numeric fields (null in any of them is an error, not the default).
-fn numeric_fields() -> impl Iterator<Item = &'static str> {
-    COUNT_FIELDS
-        .into_iter()
-        .chain(FLOAT_FIELDS)
-        .chain(["block"])
-}
-
 /// `ChatRequest`'s own fields and the alias `max_completion_tokens`.
-const CHAT_FIELDS: [&str; 19] = [
+const CHAT_FIELDS: [&str; 21] = [
     "messages",
     "model",
     "stream",
@@ -125,6 +132,8 @@ const CHAT_FIELDS: [&str; 19] = [
     "block",
     "rejection_sampling",
     "sampled_drafts",
+    "response_format",
+    "grammar",
 ];
 
 /// Every top-level field a request may have: `CHAT_FIELDS`, `NEUTRAL_FIELDS`,
@@ -139,12 +148,11 @@ pub fn request_fields() -> impl Iterator<Item = &'static str> {
 }
 
 /// Fields OpenAI clients (and WebLLM code) send that change nothing at these values.
-const NEUTRAL_FIELDS: [(&str, &str); 7] = [
+const NEUTRAL_FIELDS: [(&str, &str); 6] = [
     ("n", "1"),
     ("logprobs", "false"),
     ("top_logprobs", "0"),
     ("logit_bias", "{}"),
-    ("response_format", r#"{"type":"text"}"#),
     ("tools", "[]"),
     ("functions", "[]"),
 ];
@@ -199,6 +207,31 @@ fn accept_openai_defaults(v: &mut serde_json::Value) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Removes the top-level fields that are null (their default) and those the API does
+/// not have (returned, sorted); in each message, null fields too.
+fn drop_nulls_and_unknown_fields(v: &mut serde_json::Value) -> Vec<String> {
+    let Some(obj) = v.as_object_mut() else {
+        return Vec::new();
+    };
+    obj.retain(|_, x| !x.is_null());
+    let known: Vec<&str> = request_fields().collect();
+    let mut ignored: Vec<String> = obj
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()))
+        .cloned()
+        .collect();
+    ignored.sort();
+    for k in &ignored {
+        obj.remove(k);
+    }
+    if let Some(serde_json::Value::Array(ms)) = obj.get_mut("messages") {
+        for m in ms.iter_mut().filter_map(|m| m.as_object_mut()) {
+            m.retain(|_, x| !x.is_null());
+        }
+    }
+    ignored
 }
 
 /// One message in OpenAI's forms: `name` dropped, text parts joined, `developer` as
@@ -281,24 +314,75 @@ fn check_types(v: &serde_json::Value) -> Result<(), Error> {
     Ok(())
 }
 
+/// `response_format`: none for text; any JSON object (WebLLM's `json_object` may carry
+/// a `schema`, as an object or a string); OpenAI's `json_schema` (`{name, schema,
+/// strict}`).
+fn response_format_spec(f: &serde_json::Value) -> Result<Option<GrammarSpec>, Error> {
+    use serde_json::Value;
+    let bad = |m: String| Err(Error::BadRequest(format!("`response_format{m}")));
+    let schema = |place: &str, x: Option<&Value>, strict: bool| match x {
+        None => Ok(Some(GrammarSpec::JsonObject)),
+        Some(Value::String(text)) => match serde_json::from_str::<Value>(text) {
+            Ok(schema) => Ok(Some(GrammarSpec::JsonSchema { schema, strict })),
+            Err(e) => bad(format!("{place}` is not JSON: {e}")),
+        },
+        Some(schema @ (Value::Object(_) | Value::Bool(_))) => Ok(Some(GrammarSpec::JsonSchema {
+            schema: schema.clone(),
+            strict,
+        })),
+        Some(other) => bad(format!(
+            "{place}` must be a JSON schema (an object), not {other}"
+        )),
+    };
+    let Some(obj) = f.as_object() else {
+        return bad(format!("` must be an object, not {f}"));
+    };
+    match obj.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => schema(".schema", obj.get("schema").filter(|x| !x.is_null()), true),
+        Some("json_schema") => {
+            let Some(js) = obj.get("json_schema").and_then(Value::as_object) else {
+                return bad(".json_schema` must be an object {name, schema, strict}".into());
+            };
+            let strict = js.get("strict").and_then(Value::as_bool).unwrap_or(false);
+            let s = js.get("schema").filter(|x| !x.is_null());
+            schema(".json_schema.schema", s, strict)
+        }
+        Some(other) => bad(format!(
+            ".type` {other:?} is not supported (text, json_object, json_schema; Lark and regex grammars through `grammar`)"
+        )),
+        None => bad(".type` is missing (text, json_object or json_schema)".into()),
+    }
+}
+
+/// Our `grammar` extension: `{"type": "lark", "grammar": "..."}` or `{"type": "regex",
+/// "pattern": "..."}`.
+fn grammar_extension_spec(g: &serde_json::Value) -> Result<GrammarSpec, Error> {
+    let text = |k: &str| match g.get(k) {
+        Some(serde_json::Value::String(s)) => Ok(s.clone()),
+        _ => Err(Error::BadRequest(format!("`grammar.{k}` must be a string"))),
+    };
+    match g.get("type").and_then(|t| t.as_str()) {
+        Some("lark") => Ok(GrammarSpec::Lark(text("grammar")?)),
+        Some("regex") => Ok(GrammarSpec::Regex(text("pattern")?)),
+        _ => Err(Error::BadRequest(format!(
+            "`grammar` must be {{\"type\": \"lark\", \"grammar\": ...}} or {{\"type\": \"regex\", \"pattern\": ...}}, not {g}"
+        ))),
+    }
+}
+
 /// Tokens generated when the request does not say.
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
 impl ChatRequest {
     pub fn from_json(v: serde_json::Value) -> Result<Self, Error> {
-        // A NaN or an Infinity reaches here as null (JSON has neither, and
-        // serde_wasm_bindgen turns a non-finite JS number into null): refused, never taken
-        // for "not given" (leave the field out for the default).
-        if let Some(k) = numeric_fields().find(|k| v.get(*k).is_some_and(|x| x.is_null())) {
-            return Err(Error::BadRequest(format!(
-                "`{k}` is null (NaN and Infinity arrive as null); give a finite number or leave it out"
-            )));
-        }
         let mut v = v;
+        let ignored_fields = drop_nulls_and_unknown_fields(&mut v);
         accept_openai_defaults(&mut v)?;
         check_types(&v)?;
-        let r: ChatRequest =
+        let mut r: ChatRequest =
             serde_json::from_value(v).map_err(|e| Error::BadRequest(e.to_string()))?;
+        r.ignored_fields = ignored_fields;
         if r.messages.is_empty() {
             return Err(Error::BadRequest("`messages` is empty".into()));
         }
@@ -317,6 +401,7 @@ impl ChatRequest {
     /// (for tests and tools; the engine's `chat` runs the same checks).
     pub fn validate(&self) -> Result<(), Error> {
         self.sampling(0)?;
+        self.grammar_spec()?;
         if let Some(BlockArg::Rows(0)) = self.block {
             return Err(Error::BadRequest("`block` must be at least 1".into()));
         }
@@ -340,6 +425,25 @@ impl ChatRequest {
         };
         sp.validate()?;
         Ok(sp)
+    }
+
+    /// The grammar the request asks for (`response_format` or `grammar`), checked for
+    /// its shape; the engine compiles it.
+    pub fn grammar_spec(&self) -> Result<Option<GrammarSpec>, Error> {
+        let format = match &self.response_format {
+            Some(f) => response_format_spec(f)?,
+            None => None,
+        };
+        let grammar = match &self.grammar {
+            Some(g) => Some(grammar_extension_spec(g)?),
+            None => None,
+        };
+        match (format, grammar) {
+            (Some(_), Some(_)) => Err(Error::BadRequest(
+                "give `response_format` or `grammar`, not both".into(),
+            )),
+            (f, g) => Ok(f.or(g)),
+        }
     }
 
     pub fn stop_strings(&self) -> Vec<String> {

@@ -18,6 +18,9 @@ pub struct Reply {
     pub endpoint: Endpoint,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// The request's fields the API does not have, ignored: answered in the whole
+    /// answer and the first chunk (when there are any).
+    pub ignored_fields: Vec<String>,
 }
 
 impl Reply {
@@ -33,6 +36,7 @@ impl Reply {
                 Endpoint::Chat
             },
             include_usage: req.include_usage(),
+            ignored_fields: req.chat.ignored_fields.clone(),
         }
     }
 
@@ -56,6 +60,14 @@ impl Reply {
         json!({"id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": choices})
     }
 
+    /// Adds `ignored_fields` to `v` where the request had fields the API does not have.
+    fn with_ignored_fields(&self, mut v: Value) -> Value {
+        if !self.ignored_fields.is_empty() {
+            v["ignored_fields"] = json!(self.ignored_fields);
+        }
+        v
+    }
+
     /// The whole answer: `text` and the answer's finish reason and usage.
     pub fn whole(&self, text: &str, answer: &Answer) -> Value {
         let finish = answer.finish_reason();
@@ -69,7 +81,7 @@ impl Reply {
         };
         let mut v = self.envelope(json!([choice]), false);
         v["usage"] = answer.usage.clone();
-        v
+        self.with_ignored_fields(v)
     }
 
     /// A stream's chunk of one choice: `text` (None: nothing), `finish` (a reason or null).
@@ -90,7 +102,7 @@ impl Reply {
     pub fn first_chunk(&self) -> Option<Value> {
         (self.endpoint == Endpoint::Chat).then(|| {
             let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
-            self.envelope(json!([role]), true)
+            self.with_ignored_fields(self.envelope(json!([role]), true))
         })
     }
 

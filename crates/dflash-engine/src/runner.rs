@@ -72,6 +72,15 @@ impl Runner {
         }
     }
 
+    /// The width of the target's logits (its vocabulary, padded).
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Runner::Gpu(m) => m.config.vocab_size,
+            Runner::Spec(s) => s.target.config.vocab_size,
+            Runner::Cpu(c) => c.target.config.vocab_size,
+        }
+    }
+
     /// Whether requests decode speculatively unless they say `"dflash": false`.
     pub fn has_drafter(&self) -> bool {
         match self {

@@ -240,3 +240,61 @@ fn answers_are_shaped_as_openai_objects() {
     assert_eq!(reply.whole("yo", &a)["choices"][0]["text"], "yo");
     assert!(reply.first_chunk().is_none());
 }
+
+/// `response_format` through the engine: JSON that parses, the same tokens with DFlash
+/// at every block as without, a bad schema a BadRequest before anything is generated,
+/// and unknown fields listed in the answer.
+#[test]
+fn response_format_constrains_the_answer_with_and_without_dflash() {
+    let mut e = engine();
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer", "maximum": 99}, "b": {"type": "boolean"}}, "required": ["a", "b"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": true}});
+    for sampling in [
+        json!({"temperature": 0}),
+        json!({"temperature": 0.9, "seed": 3}),
+    ] {
+        let mut plain_req = sampling.clone();
+        plain_req["dflash"] = json!(false);
+        plain_req["response_format"] = format.clone();
+        let (plain, text) = run(&mut e, &chat(plain_req));
+        assert_eq!(plain.finish_reason(), "stop", "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert!(v["a"].as_u64().unwrap() <= 99 && v["b"].is_boolean(), "{v}");
+        for block in [json!(4), json!(16), json!("auto")] {
+            let mut r = sampling.clone();
+            r["block"] = block.clone();
+            r["response_format"] = format.clone();
+            e.runner.forget_conversation();
+            let (spec, _) = run(&mut e, &chat(r));
+            assert_eq!(
+                spec.result.tokens, plain.result.tokens,
+                "{sampling} {block}"
+            );
+        }
+    }
+    let bad = chat(
+        json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "integer", "minimum": 3, "maximum": 1}}}}),
+    );
+    let err = e
+        .answer_blocking(
+            &bad,
+            &Interrupt::default(),
+            &NativeHost::default(),
+            &mut |_| panic!("nothing is generated"),
+        )
+        .err()
+        .unwrap();
+    assert_eq!(error_code(&err), "BadRequest");
+    assert!(err.to_string().contains("grammar"), "{err}");
+    let req = chat(json!({"response_format": {"type": "json_object"}, "temprature": 1}));
+    let (a, _) = run(&mut e, &req);
+    let reply = Reply::new(&req, "x".into(), 0, "m".into());
+    assert_eq!(
+        reply.whole(&a.result.text, &a)["ignored_fields"],
+        json!(["temprature"])
+    );
+    assert_eq!(
+        reply.first_chunk().unwrap()["ignored_fields"],
+        json!(["temprature"])
+    );
+}

@@ -90,7 +90,6 @@ fn bad_requests_are_typed_errors() {
     for bad in [
         json!({"messages": []}),
         json!({"messages": [{"role": "tool", "content": "x"}]}),
-        json!({"messages": ok, "temprature": 0.5}),
         json!({"messages": "hi"}),
         json!({"messages": ok, "max_tokens": -1}),
     ] {
@@ -106,13 +105,18 @@ fn bad_requests_are_typed_errors() {
     }
 }
 
-/// NaN and Infinity: JSON has neither, and serde_wasm_bindgen turns a non-finite JS
-/// number into null, so `temperature: NaN` arrived as null and silently became the
-/// default. Null in a numeric field is now a typed error; a non-finite value that does
-/// reach the sampler (from Rust) is refused by its check.
+/// An explicit null means the field's default, as OpenAI's clients send them (NaN and
+/// Infinity, which serde_wasm_bindgen would turn into null, are refused by the wasm
+/// surface before that: tests/e2e); a non-finite value that does reach the sampler (from
+/// Rust) is refused by its check.
 #[test]
-fn nan_and_infinity_are_typed_errors_not_defaults() {
-    let ok = json!([{"role": "user", "content": "hi"}]);
+fn explicit_nulls_are_defaults_and_non_finite_values_are_refused() {
+    let c = tiny_config(Arch::Qwen2);
+    let m = load_gguf(&write_gguf(&c, &random_weights(&c, 1), GgmlType::Q8_0)).unwrap();
+    let tpl = m.chat_template.as_ref();
+    let ok = json!([{"role": "user", "content": "hi", "name": null}]);
+    let plain = ChatRequest::from_json(json!({"messages": ok})).unwrap();
+    let want = plain.to_generate(&m.tokenizer, tpl, 256, 5).unwrap();
     for field in [
         "temperature",
         "top_p",
@@ -121,13 +125,32 @@ fn nan_and_infinity_are_typed_errors_not_defaults() {
         "max_tokens",
         "max_completion_tokens",
         "seed",
+        "stop",
+        "block",
+        "stream_options",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "logprobs",
+        "top_logprobs",
+        "n",
+        "user",
     ] {
-        // What `JSON.stringify({temperature: NaN})` and serde_wasm_bindgen both give.
         let mut v = json!({"messages": ok});
         v[field] = serde_json::Value::Null;
-        let e = ChatRequest::from_json(v).unwrap_err();
-        assert!(e.to_string().contains(field), "{e}");
-        assert_eq!(code(e), "BadRequest", "{field}");
+        let r = ChatRequest::from_json(v).unwrap();
+        assert!(r.ignored_fields.is_empty(), "{field}");
+        let g = r.to_generate(&m.tokenizer, tpl, 256, 5).unwrap();
+        assert_eq!(
+            (g.sampling, g.max_new_tokens, g.stop_strings, g.prompt_ids),
+            (
+                want.sampling.clone(),
+                want.max_new_tokens,
+                want.stop_strings.clone(),
+                want.prompt_ids.clone()
+            ),
+            "{field}"
+        );
     }
     for x in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         for field in ["temperature", "top_p", "min_p"] {
@@ -250,18 +273,22 @@ fn openai_fields_that_would_change_the_answer_are_refused_by_name() {
         ("logprobs", json!(true)),
         ("top_logprobs", json!(3)),
         ("logit_bias", json!({"42": 5})),
-        ("response_format", json!({"type": "json_object"})),
+        (
+            "response_format",
+            json!({"type": "grammar", "grammar": "root ::= x"}),
+        ),
         (
             "tools",
             json!([{"type": "function", "function": {"name": "f"}}]),
         ),
         ("tool_choice", json!("required")),
         ("stream_options", json!({"include_usage": true, "x": 1})),
-        ("reasoning_effort", json!("high")),
     ] {
         let mut v = webllm_style();
         v[field] = value;
-        let e = ChatRequest::from_json(v).unwrap_err();
+        let e = ChatRequest::from_json(v)
+            .and_then(|r| r.validate())
+            .unwrap_err();
         let msg = e.to_string();
         assert_eq!(code(e), "BadRequest");
         let named = if field == "stream_options" {
@@ -316,8 +343,10 @@ fn request_fields_lists_exactly_the_fields_the_parser_takes() {
     unique.dedup();
     assert_eq!(unique.len(), fields.len(), "a field listed twice");
     let msgs = json!([{"role": "user", "content": "hi"}]);
-    // serde names the struct's own fields when it refuses an unknown one.
-    let e = ChatRequest::from_json(json!({"messages": msgs, "no_such_field": 1})).unwrap_err();
+    // serde names the struct's own fields when it refuses an unknown one (the parser
+    // drops unknown fields before serde sees them).
+    let e = serde_json::from_value::<ChatRequest>(json!({"messages": msgs, "no_such_field": 1}))
+        .unwrap_err();
     let msg = e.to_string();
     let listed = msg
         .split("expected one of")
@@ -340,6 +369,7 @@ fn request_fields_lists_exactly_the_fields_the_parser_takes() {
         | "parallel_tool_calls" => json!(false),
         "stream_options" | "logit_bias" | "metadata" => json!({}),
         "response_format" => json!({"type": "text"}),
+        "grammar" => json!({"type": "regex", "pattern": "a"}),
         "tools" | "functions" | "modalities" => json!([]),
         "tool_choice" | "function_call" => json!("none"),
         "block" => json!("auto"),
@@ -352,5 +382,114 @@ fn request_fields_lists_exactly_the_fields_the_parser_takes() {
         if let Err(e) = ChatRequest::from_json(v) {
             panic!("{f}: {e}");
         }
+    }
+}
+
+/// Fields the API does not have (a typo, another server's extension) are ignored, not
+/// refused, and listed in the answer's `ignored_fields`.
+#[test]
+fn unknown_fields_are_ignored_and_listed() {
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let r = ChatRequest::from_json(
+        json!({"messages": msgs, "temprature": 0.5, "reasoning_effort": "high", "seed": 2}),
+    )
+    .unwrap();
+    assert_eq!(
+        r.ignored_fields,
+        vec!["reasoning_effort", "temprature"],
+        "sorted"
+    );
+    assert_eq!(r.sampling(0).unwrap().temperature, 1.0);
+    assert_eq!(r.seed, Some(2));
+}
+
+/// `response_format` and the `grammar` extension become the engine's grammar; each
+/// malformed one is a BadRequest naming its place.
+#[test]
+fn response_formats_and_grammars_become_grammar_specs() {
+    use dflash_core::grammar::GrammarSpec;
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let spec = |extra: serde_json::Value| {
+        let mut v = json!({"messages": msgs});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        ChatRequest::from_json(v).and_then(|r| r.grammar_spec())
+    };
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    for (extra, want) in [
+        (json!({"response_format": {"type": "text"}}), None),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            Some(GrammarSpec::JsonObject),
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": true}}}),
+            Some(GrammarSpec::JsonSchema {
+                schema: schema.clone(),
+                strict: true,
+            }),
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": null}}}),
+            Some(GrammarSpec::JsonSchema {
+                schema: schema.clone(),
+                strict: false,
+            }),
+        ),
+        (
+            json!({"response_format": {"type": "json_object", "schema": schema.to_string()}}),
+            Some(GrammarSpec::JsonSchema {
+                schema: schema.clone(),
+                strict: true,
+            }),
+        ),
+        (
+            json!({"grammar": {"type": "lark", "grammar": "start: \"a\""}}),
+            Some(GrammarSpec::Lark("start: \"a\"".into())),
+        ),
+        (
+            json!({"grammar": {"type": "regex", "pattern": "[0-9]+"}}),
+            Some(GrammarSpec::Regex("[0-9]+".into())),
+        ),
+    ] {
+        assert_eq!(spec(extra.clone()).unwrap(), want, "{extra}");
+    }
+    for (extra, place) in [
+        (json!({"response_format": "json"}), "response_format"),
+        (
+            json!({"response_format": {"type": "xml"}}),
+            "response_format.type",
+        ),
+        (json!({"response_format": {}}), "response_format.type"),
+        (
+            json!({"response_format": {"type": "json_schema"}}),
+            "response_format.json_schema",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"response_format": {"type": "json_object", "schema": "{not json"}}),
+            "response_format.schema",
+        ),
+        (
+            json!({"grammar": {"type": "ebnf", "grammar": "x"}}),
+            "grammar",
+        ),
+        (
+            json!({"grammar": {"type": "lark", "grammar": 3}}),
+            "grammar.grammar",
+        ),
+        (json!({"grammar": {"type": "regex"}}), "grammar.pattern"),
+        (
+            json!({"grammar": {"type": "regex", "pattern": "a"}, "response_format": {"type": "json_object"}}),
+            "not both",
+        ),
+    ] {
+        let e = spec(extra.clone()).unwrap_err();
+        assert!(e.to_string().contains(place), "{extra}: {e}");
+        assert_eq!(code(e), "BadRequest");
     }
 }

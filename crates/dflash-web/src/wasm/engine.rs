@@ -14,9 +14,30 @@ use wasm_bindgen::prelude::*;
 
 /// The request parsed and checked as `Engine::chat` does before it runs.
 pub(super) fn parse_request(request: JsValue) -> Result<Request, JsValue> {
+    refuse_non_finite_numbers(&request)?;
     let v: serde_json::Value = serde_wasm_bindgen::from_value(request)
         .map_err(|e| js_error("BadRequest", &format!("bad request: {e}")))?;
     Request::chat(v).map_err(core_err)
+}
+
+/// NaN and Infinity in a top-level field: a typed error naming it. JSON has neither, and
+/// serde_wasm_bindgen would turn them into null, which means "the default" (OpenAI's
+/// clients send explicit nulls): `temperature: NaN` would silently take the default.
+fn refuse_non_finite_numbers(request: &JsValue) -> Result<(), JsValue> {
+    let Some(obj) = request.dyn_ref::<js_sys::Object>() else {
+        return Ok(());
+    };
+    for entry in js_sys::Object::entries(obj).iter() {
+        let pair = js_sys::Array::from(&entry);
+        if let Some(x) = pair.get(1).as_f64().filter(|x| !x.is_finite()) {
+            let k = pair.get(0).as_string().unwrap_or_default();
+            return Err(js_error(
+                "BadRequest",
+                &format!("`{k}` is {x}: give a finite number, or null or nothing for the default"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A loaded model (and drafter) answering chat requests one at a time.
