@@ -158,7 +158,7 @@ test('OpenAI default fields pass; values that would change the answer name the f
     stream_options: { include_usage: true }, tools: [], tool_choice: 'none', response_format: { type: 'text' },
   };
   assert.equal(check(webllm), null);
-  for (const [k, v] of [['n', 2], ['logprobs', true], ['tools', [{ type: 'function' }]], ['frequency_penalty', NaN]]) {
+  for (const [k, v] of [['n', 2], ['logprobs', 'yes'], ['tools', [{ type: 'function' }]], ['frequency_penalty', NaN]]) {
     const e = check({ ...webllm, [k]: v });
     assert.equal(e?.code, 'BadRequest', k);
     assert.match(e.message, new RegExp(k), k);

@@ -96,6 +96,9 @@ pub struct GenerateArgs {
     /// Constrain the output to match this regular expression.
     #[arg(long, group = "constraint")]
     regex: Option<String>,
+    /// With --json: each token's log-probability and this many alternatives (0-20).
+    #[arg(long, requires = "json")]
+    logprobs: Option<usize>,
 }
 
 /// `--drafter-precision`.
@@ -216,6 +219,7 @@ fn sampling_params(args: &GenerateArgs, penalized_from: usize) -> SamplingParams
         seed: args.seed,
         speculative_rejection: args.rejection_sampling,
         sampled_drafts: args.sampled_drafts,
+        logprobs: args.logprobs,
     }
 }
 
@@ -254,17 +258,22 @@ fn grammar_spec(a: &GenerateArgs) -> Result<Option<GrammarSpec>, CliError> {
     })
 }
 
-/// The device choice, but where the sampler has penalties or a grammar (the GPU sampler
-/// has neither yet): an error with --device gpu, and in auto mode the CPU engine, with a
-/// note.
+/// The device choice, but where the sampler has penalties, a grammar or logprobs (the
+/// GPU sampler has none of them yet): an error with --device gpu, and in auto mode the
+/// CPU engine, with a note.
 fn device_for(
     choice: DeviceChoice,
     sampling: &SamplingParams,
     grammar: bool,
 ) -> Result<DeviceChoice, CliError> {
-    let what = match (sampling.has_penalties(), grammar) {
-        (true, _) => "penalties",
-        (_, true) => "grammars",
+    let what = match (
+        sampling.has_penalties(),
+        grammar,
+        sampling.logprobs.is_some(),
+    ) {
+        (true, _, _) => "penalties",
+        (_, true, _) => "grammars",
+        (_, _, true) => "logprobs",
         _ => return Ok(choice),
     };
     match choice {
@@ -300,6 +309,7 @@ fn result_json(
         "adapter": on_gpu.then_some(&engine.device),
         "model": model,
         "dflash": answer.dflash(),
+        "logprobs": (!result.logprobs.is_empty()).then_some(&result.logprobs),
         "timings": {
             "load_s": load_s,
             "prefill_s": result.prefill_s,

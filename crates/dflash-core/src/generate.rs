@@ -19,8 +19,8 @@
 
 use crate::cpu::{CpuModel, LogitRows};
 use crate::error::{Error, Result};
-use crate::grammar::{Constraint, TokenMask};
-use crate::sampling::{sample_masked, SamplingParams};
+use crate::grammar::{Constraint, TokenMask, TokenSpeller};
+use crate::sampling::{sample_masked, token_logprob, SamplingParams, TokenLogprob};
 use crate::tokenizer::{StreamDecoder, TextTokenizer};
 
 #[derive(Debug, Clone)]
@@ -87,6 +87,41 @@ pub struct GenerateResult {
     pub finish_reason: FinishReason,
     pub prefill_s: f64,
     pub decode_s: f64,
+    /// With `SamplingParams::logprobs`: one per token of `tokens`.
+    pub logprobs: Vec<SpelledLogprob>,
+}
+
+/// A generated token's log-probability as answers report it (`sampling::token_logprob`
+/// with each token's bytes and text; `top` empty in the alternatives themselves).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SpelledLogprob {
+    pub token: u32,
+    /// The token's text (its bytes read as UTF-8, lossily for part of a character).
+    pub text: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<SpelledLogprob>,
+}
+
+impl SpelledLogprob {
+    fn new(speller: &TokenSpeller<'_>, lp: &TokenLogprob) -> Result<Self> {
+        let spell = |token: u32, logprob: f32, top| -> Result<SpelledLogprob> {
+            let (bytes, _) = speller.spell(token)?;
+            Ok(SpelledLogprob {
+                token,
+                text: String::from_utf8_lossy(&bytes).into_owned(),
+                bytes,
+                logprob,
+                top,
+            })
+        };
+        let top = lp
+            .top
+            .iter()
+            .map(|&(t, l)| spell(t, l, Vec::new()))
+            .collect::<Result<_>>()?;
+        spell(lp.token, lp.logprob, top)
+    }
 }
 
 /// Holds back streamed text that might be the start of a stop string.
@@ -184,7 +219,7 @@ pub fn prepare(req: &GenerateRequest, cfg: &crate::config::ModelConfig) -> Resul
 }
 
 /// A piece of generated text as it streams out, with the tokens it came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Piece<'a> {
     /// Whole characters, never cut inside one.
     pub text: &'a str,
@@ -199,6 +234,8 @@ pub struct Piece<'a> {
     /// speculative step's anchor and bonus tokens, and without ids): what the demo
     /// highlights.
     pub drafted: bool,
+    /// With `SamplingParams::logprobs`: one per id of `ids` (else empty).
+    pub logprobs: &'a [SpelledLogprob],
 }
 
 /// The callback that receives a generation's pieces.
@@ -219,6 +256,9 @@ pub struct TokenSink<'a> {
     stops: StopMatcher,
     interrupt: Interrupt,
     pub finish: FinishReason,
+    /// Spells the tokens' log-probabilities, where the request asks for them.
+    speller: Option<TokenSpeller<'a>>,
+    pub logprobs: Vec<SpelledLogprob>,
 }
 
 impl<'a> TokenSink<'a> {
@@ -240,6 +280,8 @@ impl<'a> TokenSink<'a> {
             stops: StopMatcher::new(&req.stop_strings),
             interrupt: req.interrupt.clone(),
             finish: FinishReason::Length,
+            speller: None,
+            logprobs: Vec::new(),
         }
     }
 
@@ -256,6 +298,16 @@ impl<'a> TokenSink<'a> {
     /// Takes the next token, `drafted` if it was an accepted draft; true when
     /// generation is over.
     pub fn push_token(&mut self, t: u32, drafted: bool) -> Result<bool> {
+        self.push_scored(t, drafted, None)
+    }
+
+    /// `push_token` with the token's log-probability (where the request asks for them).
+    pub fn push_scored(
+        &mut self,
+        t: u32,
+        drafted: bool,
+        logprob: Option<&TokenLogprob>,
+    ) -> Result<bool> {
         if self.tokens.len() >= self.budget {
             return Ok(true);
         }
@@ -266,6 +318,14 @@ impl<'a> TokenSink<'a> {
         if self.tok.is_stop(t) {
             self.finish = FinishReason::Stop;
             return Ok(true);
+        }
+        if let Some(lp) = logprob {
+            let speller = match self.speller.take() {
+                Some(s) => s,
+                None => TokenSpeller::new(self.tok)?,
+            };
+            self.logprobs.push(SpelledLogprob::new(&speller, lp)?);
+            self.speller = Some(speller);
         }
         self.tokens.push(t);
         self.drafted = drafted;
@@ -285,10 +345,12 @@ impl<'a> TokenSink<'a> {
             return;
         }
         let ids = &self.tokens[self.sent..];
+        let logprobs = self.logprobs.get(self.sent..).unwrap_or(&[]);
         (self.on_piece)(Piece {
             text,
             ids,
             drafted: self.drafted && !ids.is_empty(),
+            logprobs,
         });
         self.sent = self.tokens.len();
     }
@@ -305,6 +367,7 @@ impl<'a> TokenSink<'a> {
             finish_reason: self.finish,
             prefill_s,
             decode_s,
+            logprobs: self.logprobs,
         }
     }
 }
@@ -488,8 +551,12 @@ impl<'a> CpuGeneration<'a> {
             mask.as_ref(),
         );
         commit_token(&mut self.grammar, next)?;
+        let sp = &self.req.sampling;
+        let lp = sp
+            .logprobs
+            .map(|n| token_logprob(&self.logits, sp, &self.history, mask.as_ref(), next, n));
         self.history.push(next);
-        if self.sink.push(next)? {
+        if self.sink.push_scored(next, false, lp.as_ref())? {
             return Ok(true);
         }
         self.logits = self

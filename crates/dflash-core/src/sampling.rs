@@ -45,6 +45,10 @@ pub struct SamplingParams {
     /// z-lab's reference samples drafts) instead of its argmax proposed with certainty.
     /// A DFlash2 drafter always draws through its selector's walk there.
     pub sampled_drafts: bool,
+    /// Report each generated token's log-probability (`token_logprob`) with this many
+    /// alternatives (at most `MAX_TOP_LOGPROBS`); None reports nothing.
+    #[serde(default)]
+    pub logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -61,6 +65,7 @@ impl Default for SamplingParams {
             seed: 0,
             speculative_rejection: false,
             sampled_drafts: false,
+            logprobs: None,
         }
     }
 }
@@ -85,6 +90,9 @@ impl SamplingParams {
         }
         if !(-2.0..=2.0).contains(&self.presence_penalty) {
             return bad("presence_penalty must be in [-2, 2]");
+        }
+        if self.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return bad("top_logprobs must be in [0, 20]");
         }
         Ok(())
     }
@@ -216,6 +224,66 @@ pub fn adjusted_logits(
         m.apply(&mut l);
     }
     l
+}
+
+/// A committed token's log-probability and the most likely alternatives at its position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// The `top` most likely tokens, most likely first (ties: lower id first), leaving
+    /// out those of probability 0 (refused by a grammar).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Most alternatives `logprobs` reports per position (OpenAI's bound).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// The log-probability of `token` and the `top` most likely tokens at a position: the
+/// log-softmax of the logits after the penalties and the grammar's mask, before the
+/// temperature and the filters (so the same whatever the sampler's settings; a masked
+/// token is -inf). The sum runs in id order, so a position's values depend on its
+/// logits only: speculative and plain decoding give the same bits.
+pub fn token_logprob(
+    logits: &[f32],
+    params: &SamplingParams,
+    history: &[u32],
+    mask: Option<&TokenMask>,
+    token: u32,
+    top: usize,
+) -> TokenLogprob {
+    let l = adjusted_logits(logits, params, history, mask);
+    let m = l
+        .iter()
+        .cloned()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = l
+        .iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| (v - m).exp())
+        .sum();
+    let log_z = m + sum.ln();
+    let lp = |t: u32| l.get(t as usize).map_or(f32::NEG_INFINITY, |&v| v - log_z);
+    let mut ids: Vec<u32> = (0..l.len() as u32).collect();
+    let n = top.min(MAX_TOP_LOGPROBS).min(ids.len());
+    if n > 0 {
+        let key = |&t: &u32| (std::cmp::Reverse(order_key(l[t as usize])), t);
+        ids.select_nth_unstable_by_key(n - 1, key);
+        ids.truncate(n);
+        ids.sort_unstable_by_key(key);
+    }
+    TokenLogprob {
+        token,
+        logprob: lp(token),
+        // Tokens the mask refuses (probability 0) are no alternatives.
+        top: ids
+            .iter()
+            .take(n)
+            .map(|&t| (t, lp(t)))
+            .filter(|x| x.1 > f32::NEG_INFINITY)
+            .collect(),
+    }
 }
 
 /// The first id, in id order, at which the running sum of `w` exceeds `u` (the last

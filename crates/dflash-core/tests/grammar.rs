@@ -412,3 +412,63 @@ fn smollm2_json_under_dflash_equals_plain_and_validates() {
         "the trained drafter had drafts accepted under the grammar"
     );
 }
+
+/// A token, its log-probability's bits, its alternatives' ids and bits.
+type LogprobBits = (u32, u32, Vec<(u32, u32)>);
+
+/// Log-probabilities (log-softmax after the penalties and the mask, before the
+/// temperature) from DFlash's verify rows equal plain decoding's bit for bit, with and
+/// without a grammar; a grammar's refused tokens are never alternatives, and the
+/// alternatives come most likely first.
+#[test]
+fn logprobs_under_dflash_equal_plain_decodings_bit_for_bit() {
+    let m = tiny();
+    let w = drafter(&m);
+    let cpu = CpuModel::with_kernels(&m.weights, CpuKernels::Quantized);
+    let d = CpuDrafter::with_kernels(&w, CpuKernels::Quantized);
+    let bits = |r: &GenerateResult| -> Vec<LogprobBits> {
+        r.logprobs
+            .iter()
+            .map(|l| {
+                let top = l
+                    .top
+                    .iter()
+                    .map(|a| (a.token, a.logprob.to_bits()))
+                    .collect();
+                (l.token, l.logprob.to_bits(), top)
+            })
+            .collect()
+    };
+    for g in [None, Some(specs().remove(0)), Some(specs().remove(1))] {
+        for sp in samplings() {
+            let sp = SamplingParams {
+                logprobs: Some(5),
+                ..sp
+            };
+            let mut rq = req(&m, "the answer", &sp, &GrammarSpec::JsonObject);
+            rq.grammar = g.as_ref().map(|g| grammars(&m).compile(g).unwrap());
+            let want = plain(&cpu, &m, &rq);
+            assert_eq!(want.logprobs.len(), want.tokens.len());
+            for (l, &t) in want.logprobs.iter().zip(&want.tokens) {
+                assert_eq!(l.token, t);
+                assert!(l.logprob <= 0.0 && l.logprob.is_finite(), "{l:?}");
+                assert!(!l.top.is_empty() && l.top.len() <= 5);
+                assert!(l.top.windows(2).all(|p| p[0].logprob >= p[1].logprob));
+                if sp.temperature == 0.0 {
+                    assert_eq!(l.top[0].token, t, "greedy takes the most likely");
+                }
+            }
+            for b in [BlockSize::Fixed(4), BlockSize::auto_linear(16, 0.05)] {
+                let s =
+                    generate_speculative_cpu(&cpu, &d, &m.tokenizer, &rq, &b, &|| 0.0, &mut |_| {})
+                        .unwrap();
+                assert_eq!(
+                    bits(&s.result),
+                    bits(&want),
+                    "{g:?} {b:?} T={}",
+                    sp.temperature
+                );
+            }
+        }
+    }
+}

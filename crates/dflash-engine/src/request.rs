@@ -94,13 +94,26 @@ pub struct ChatRequest {
     /// "pattern": "..."}`.
     #[serde(default)]
     pub grammar: Option<serde_json::Value>,
+    /// Chat: true or false; `/v1/completions`: the number of alternatives (OpenAI's
+    /// legacy form).
+    #[serde(default)]
+    pub logprobs: Option<serde_json::Value>,
+    /// Alternatives per position, 0 to 20 (with `logprobs: true`).
+    #[serde(default)]
+    pub top_logprobs: Option<usize>,
     /// The top-level fields the API does not have, ignored.
     #[serde(skip)]
     pub ignored_fields: Vec<String>,
 }
 
 /// Fields that take a non-negative integer (serde's own error would not name the field).
-const COUNT_FIELDS: [&str; 4] = ["max_tokens", "max_completion_tokens", "top_k", "seed"];
+const COUNT_FIELDS: [&str; 5] = [
+    "max_tokens",
+    "max_completion_tokens",
+    "top_k",
+    "seed",
+    "top_logprobs",
+];
 const FLOAT_FIELDS: [&str; 6] = [
     "temperature",
     "top_p",
@@ -112,7 +125,7 @@ const FLOAT_FIELDS: [&str; 6] = [
 const BOOL_FIELDS: [&str; 4] = ["stream", "dflash", "rejection_sampling", "sampled_drafts"];
 
 /// `ChatRequest`'s own fields and the alias `max_completion_tokens`.
-const CHAT_FIELDS: [&str; 21] = [
+const CHAT_FIELDS: [&str; 23] = [
     "messages",
     "model",
     "stream",
@@ -134,6 +147,8 @@ const CHAT_FIELDS: [&str; 21] = [
     "sampled_drafts",
     "response_format",
     "grammar",
+    "logprobs",
+    "top_logprobs",
 ];
 
 /// Every top-level field a request may have: `CHAT_FIELDS`, `NEUTRAL_FIELDS`,
@@ -148,10 +163,8 @@ pub fn request_fields() -> impl Iterator<Item = &'static str> {
 }
 
 /// Fields OpenAI clients (and WebLLM code) send that change nothing at these values.
-const NEUTRAL_FIELDS: [(&str, &str); 6] = [
+const NEUTRAL_FIELDS: [(&str, &str); 4] = [
     ("n", "1"),
-    ("logprobs", "false"),
-    ("top_logprobs", "0"),
     ("logit_bias", "{}"),
     ("tools", "[]"),
     ("functions", "[]"),
@@ -400,6 +413,7 @@ impl ChatRequest {
     /// sampling parameters and the block size. The wasm exports it as `validateRequest`
     /// (for tests and tools; the engine's `chat` runs the same checks).
     pub fn validate(&self) -> Result<(), Error> {
+        self.check_logprobs()?;
         self.sampling(0)?;
         self.grammar_spec()?;
         if let Some(BlockArg::Rows(0)) = self.block {
@@ -422,6 +436,7 @@ impl ChatRequest {
             seed: self.seed.unwrap_or(fallback_seed),
             speculative_rejection: self.rejection_sampling.unwrap_or(false),
             sampled_drafts: self.sampled_drafts.unwrap_or(false),
+            logprobs: self.logprobs_wanted(),
         };
         sp.validate()?;
         Ok(sp)
@@ -444,6 +459,30 @@ impl ChatRequest {
             )),
             (f, g) => Ok(f.or(g)),
         }
+    }
+
+    /// `logprobs` and `top_logprobs` as the sampler's request: None, or Some(alternatives).
+    pub fn logprobs_wanted(&self) -> Option<usize> {
+        match &self.logprobs {
+            Some(serde_json::Value::Bool(true)) => Some(self.top_logprobs.unwrap_or(0)),
+            Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| n as usize),
+            _ => None,
+        }
+    }
+
+    /// `logprobs` is true or false (or, for completions, a count); `top_logprobs` needs
+    /// it.
+    fn check_logprobs(&self) -> Result<(), Error> {
+        let bad = |m: &str| Err(Error::BadRequest(m.into()));
+        match &self.logprobs {
+            None | Some(serde_json::Value::Bool(_)) => {}
+            Some(n) if n.is_u64() => {}
+            Some(x) => return bad(&format!("`logprobs` must be true or false, not {x}")),
+        }
+        if self.top_logprobs.is_some_and(|n| n > 0) && self.logprobs_wanted().is_none() {
+            return bad("`top_logprobs` needs `logprobs: true`");
+        }
+        Ok(())
     }
 
     pub fn stop_strings(&self) -> Vec<String> {

@@ -5,7 +5,7 @@
 
 use crate::engine::Answer;
 use crate::request::{Endpoint, Request};
-use dflash_core::generate::Piece;
+use dflash_core::generate::{Piece, SpelledLogprob};
 use serde_json::{json, Value};
 
 /// The envelope of one request's answer.
@@ -21,6 +21,8 @@ pub struct Reply {
     /// The request's fields the API does not have, ignored: answered in the whole
     /// answer and the first chunk (when there are any).
     pub ignored_fields: Vec<String>,
+    /// Whether the request asked for log-probabilities.
+    pub logprobs: bool,
 }
 
 impl Reply {
@@ -37,6 +39,46 @@ impl Reply {
             },
             include_usage: req.include_usage(),
             ignored_fields: req.chat.ignored_fields.clone(),
+            logprobs: req.chat.logprobs_wanted().is_some(),
+        }
+    }
+
+    /// A choice's `logprobs` for `lps`: chat's `{content: [...]}`, a completion's
+    /// legacy lists; null where the request did not ask.
+    fn logprobs_json(&self, lps: &[SpelledLogprob]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let entry =
+            |l: &SpelledLogprob| json!({"token": l.text, "logprob": l.logprob, "bytes": l.bytes});
+        match self.endpoint {
+            Endpoint::Chat => {
+                let content: Vec<Value> = lps
+                    .iter()
+                    .map(|l| {
+                        let mut e = entry(l);
+                        e["top_logprobs"] = l.top.iter().map(entry).collect();
+                        e
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Endpoint::Completion => {
+                let top: Vec<Value> = lps
+                    .iter()
+                    .map(|l| {
+                        l.top
+                            .iter()
+                            .map(|a| (a.text.clone(), json!(a.logprob)))
+                            .collect()
+                    })
+                    .collect();
+                json!({
+                    "tokens": lps.iter().map(|l| &l.text).collect::<Vec<_>>(),
+                    "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": top,
+                })
+            }
         }
     }
 
@@ -73,12 +115,14 @@ impl Reply {
         let finish = answer.finish_reason();
         let choice = match self.endpoint {
             Endpoint::Completion => {
-                json!({"index": 0, "text": text, "finish_reason": finish, "logprobs": null})
+                json!({"index": 0, "text": text, "finish_reason": finish})
             }
             Endpoint::Chat => {
                 json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
             }
         };
+        let mut choice = choice;
+        choice["logprobs"] = self.logprobs_json(&answer.result.logprobs);
         let mut v = self.envelope(json!([choice]), false);
         v["usage"] = answer.usage.clone();
         self.with_ignored_fields(v)
@@ -110,6 +154,9 @@ impl Reply {
     /// `token_ids` and whether its last token was an accepted draft (`drafted`).
     pub fn piece_chunk(&self, piece: &Piece<'_>) -> Value {
         let mut v = self.chunk(Some(piece.text), Value::Null);
+        if self.logprobs {
+            v["choices"][0]["logprobs"] = self.logprobs_json(piece.logprobs);
+        }
         v["dflash"] = json!({ "drafted": piece.drafted, "token_ids": piece.ids });
         v
     }

@@ -223,6 +223,7 @@ fn answers_are_shaped_as_openai_objects() {
         text: "he",
         ids: &[3, 9],
         drafted: true,
+        logprobs: &[],
     });
     assert_eq!(piece["choices"][0]["delta"]["content"], "he");
     assert_eq!(
@@ -296,5 +297,65 @@ fn response_format_constrains_the_answer_with_and_without_dflash() {
     assert_eq!(
         reply.first_chunk().unwrap()["ignored_fields"],
         json!(["temprature"])
+    );
+}
+
+/// `logprobs` in OpenAI's shapes: the whole answer's `choices[0].logprobs.content` (one
+/// entry per token, `top_logprobs` most likely first), each streamed piece's own, and
+/// the same figures with DFlash as without.
+#[test]
+fn logprobs_are_answered_in_openais_shapes_with_and_without_dflash() {
+    let mut e = engine();
+    let ask = json!({"logprobs": true, "top_logprobs": 3, "temperature": 0});
+    let mut plain_req = ask.clone();
+    plain_req["dflash"] = json!(false);
+    let req = chat(plain_req);
+    let reply = Reply::new(&req, "x".into(), 0, "m".into());
+    let mut streamed = Vec::new();
+    let a = e
+        .answer_blocking(
+            &req,
+            &Interrupt::default(),
+            &NativeHost::default(),
+            &mut |p| {
+                streamed.extend(
+                    reply.piece_chunk(&p)["choices"][0]["logprobs"]["content"]
+                        .as_array()
+                        .unwrap()
+                        .clone(),
+                )
+            },
+        )
+        .unwrap();
+    let whole = reply.whole(&a.result.text, &a);
+    let content = whole["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(content.len(), a.result.tokens.len());
+    assert_eq!(
+        content, streamed,
+        "the pieces carry every token's entry once"
+    );
+    for c in &content {
+        let top = c["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert_eq!(top[0]["token"], c["token"], "greedy: the most likely");
+        assert!(c["logprob"].as_f64().unwrap() <= 0.0);
+        assert!(c["bytes"].is_array());
+    }
+    e.runner.forget_conversation();
+    let (spec, _) = run(&mut e, &chat(ask));
+    let spec_whole = reply.whole(&spec.result.text, &spec);
+    assert_eq!(
+        spec_whole["choices"][0]["logprobs"],
+        whole["choices"][0]["logprobs"]
+    );
+    let none = chat(json!({}));
+    let (a, _) = run(&mut e, &none);
+    let r = Reply::new(&none, "x".into(), 0, "m".into());
+    assert_eq!(
+        r.whole(&a.result.text, &a)["choices"][0]["logprobs"],
+        Value::Null
     );
 }

@@ -270,7 +270,7 @@ fn openai_default_fields_are_accepted_and_change_nothing() {
 fn openai_fields_that_would_change_the_answer_are_refused_by_name() {
     for (field, value) in [
         ("n", json!(2)),
-        ("logprobs", json!(true)),
+        ("logprobs", json!("yes")),
         ("top_logprobs", json!(3)),
         ("logit_bias", json!({"42": 5})),
         (
@@ -490,6 +490,49 @@ fn response_formats_and_grammars_become_grammar_specs() {
     ] {
         let e = spec(extra.clone()).unwrap_err();
         assert!(e.to_string().contains(place), "{extra}: {e}");
+        assert_eq!(code(e), "BadRequest");
+    }
+}
+
+#[test]
+fn logprobs_reach_the_sampler_and_are_checked() {
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let wanted = |extra: serde_json::Value| {
+        let mut v = json!({"messages": msgs});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        ChatRequest::from_json(v).and_then(|r| {
+            r.validate()?;
+            r.sampling(0).map(|s| s.logprobs)
+        })
+    };
+    assert_eq!(wanted(json!({})).unwrap(), None);
+    assert_eq!(wanted(json!({"logprobs": false})).unwrap(), None);
+    assert_eq!(wanted(json!({"logprobs": true})).unwrap(), Some(0));
+    assert_eq!(
+        wanted(json!({"logprobs": true, "top_logprobs": 20})).unwrap(),
+        Some(20)
+    );
+    assert_eq!(
+        wanted(json!({"logprobs": 3})).unwrap(),
+        Some(3),
+        "a completion's count"
+    );
+    for (bad, field) in [
+        (
+            json!({"logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+        (json!({"top_logprobs": 2}), "top_logprobs"),
+        (json!({"logprobs": "yes"}), "logprobs"),
+        (
+            json!({"logprobs": true, "top_logprobs": -1}),
+            "top_logprobs",
+        ),
+    ] {
+        let e = wanted(bad.clone()).unwrap_err();
+        assert!(e.to_string().contains(field), "{bad}: {e}");
         assert_eq!(code(e), "BadRequest");
     }
 }

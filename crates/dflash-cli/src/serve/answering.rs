@@ -78,11 +78,12 @@ impl Answering<'_> {
         let mut event = Some(first);
         while let Some(e) = event {
             match e {
-                Event::Piece(text, ids, drafted) => {
+                Event::Piece(text, ids, drafted, logprobs) => {
                     let piece = Piece {
                         text: &text,
                         ids: &ids,
                         drafted,
+                        logprobs: &logprobs,
                     };
                     write_event(stream, &self.reply.piece_chunk(&piece).to_string())?
                 }

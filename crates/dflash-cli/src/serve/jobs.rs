@@ -1,7 +1,7 @@
 //! The queue between the connections and the engine: a job, what it sends back, the
 //! figures `/health` reports, and the engine's loop over the jobs.
 
-use dflash_core::generate::{Interrupt, Piece};
+use dflash_core::generate::{Interrupt, Piece, SpelledLogprob};
 use dflash_engine::device::NativeHost;
 use dflash_engine::errors::{error_code, http_status};
 use dflash_engine::request::Request;
@@ -11,9 +11,9 @@ use std::sync::mpsc::{Receiver, Sender};
 
 /// What a job sends back to its connection.
 pub(super) enum Event {
-    /// A text piece: its text, its token ids, and whether its last token was an
-    /// accepted draft.
-    Piece(String, Vec<u32>, bool),
+    /// A text piece: its text, its token ids, whether its last token was an accepted
+    /// draft, and its tokens' log-probabilities (where asked for).
+    Piece(String, Vec<u32>, bool, Vec<SpelledLogprob>),
     Done(Box<Answer>),
     Failed(u16, String, String),
 }
@@ -45,7 +45,13 @@ pub(super) fn serve_jobs(engine: &mut Engine, jobs: Receiver<Job>, counters: &Co
         }
         let events = job.events.clone();
         let mut on_piece = |p: Piece<'_>| {
-            let _ = events.send(Event::Piece(p.text.into(), p.ids.to_vec(), p.drafted));
+            let piece = Event::Piece(
+                p.text.into(),
+                p.ids.to_vec(),
+                p.drafted,
+                p.logprobs.to_vec(),
+            );
+            let _ = events.send(piece);
         };
         // A panic in the engine fails its request, not the server.
         let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -29,7 +29,7 @@ use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 use serde_json::Value as Json;
 use std::sync::Arc;
 
-pub use tokens::{token_bytes, TokenTable};
+pub use tokens::{token_bytes, TokenSpeller, TokenTable};
 
 /// What a request constrains its output to.
 #[derive(Debug, Clone, PartialEq)]

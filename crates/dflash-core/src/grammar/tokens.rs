@@ -81,25 +81,50 @@ fn piece_bytes(piece: &str, spelling: Spelling, chars: &HashMap<char, u8>) -> Re
     }
 }
 
+/// Spells token ids as their bytes.
+pub struct TokenSpeller<'a> {
+    tok: &'a TextTokenizer,
+    spelling: Spelling,
+    chars: HashMap<char, u8>,
+    added: HashMap<u32, tokenizers::AddedToken>,
+}
+
+impl<'a> TokenSpeller<'a> {
+    pub fn new(tok: &'a TextTokenizer) -> Result<Self> {
+        Ok(TokenSpeller {
+            tok,
+            spelling: spelling(tok)?,
+            chars: byte_level_chars(),
+            added: tok.inner.get_added_tokens_decoder().into_iter().collect(),
+        })
+    }
+
+    /// The bytes of `id` (an added token's text; empty for an id the tokenizer lacks),
+    /// and whether it is a special token.
+    pub fn spell(&self, id: u32) -> Result<(Vec<u8>, bool)> {
+        if let Some(a) = self.added.get(&id) {
+            return Ok((a.content.as_bytes().to_vec(), a.special));
+        }
+        match self.tok.id_to_token(id) {
+            Some(piece) => Ok((piece_bytes(&piece, self.spelling, &self.chars)?, false)),
+            None => Ok((Vec::new(), false)),
+        }
+    }
+}
+
 /// Every id's bytes, `width` entries (the model's logits width; ids the tokenizer does
-/// not have are empty).
+/// not have are empty), special tokens behind llguidance's marker.
 pub fn token_bytes(tok: &TextTokenizer, width: usize) -> Result<Vec<Vec<u8>>> {
-    let spelling = spelling(tok)?;
-    let chars = byte_level_chars();
-    let added = tok.inner.get_added_tokens_decoder();
-    let mut words = vec![Vec::new(); width];
-    for (id, word) in words.iter_mut().enumerate() {
-        let id = id as u32;
-        if let Some(a) = added.get(&id) {
-            *word = a.content.as_bytes().to_vec();
-            if a.special {
-                word.insert(0, TokTrie::SPECIAL_TOKEN_MARKER);
-            }
-        } else if let Some(piece) = tok.id_to_token(id) {
-            *word = piece_bytes(&piece, spelling, &chars)?;
+    let speller = TokenSpeller::new(tok)?;
+    let mut words = Vec::with_capacity(width);
+    for id in 0..width as u32 {
+        let (mut word, special) = speller.spell(id)?;
+        if special {
+            word.insert(0, TokTrie::SPECIAL_TOKEN_MARKER);
         }
         // The trie is walked recursively, one level per byte.
         crate::check_limit!(format!("bytes of token {id}"), word.len(), MAX_TOKEN_BYTES);
+        words.push(word);
     }
     Ok(words)
 }

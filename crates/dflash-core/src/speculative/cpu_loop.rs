@@ -12,7 +12,7 @@ use crate::generate::{
 };
 use crate::grammar::Constraint;
 use crate::rejection::{verify, Proposed, Verdict};
-use crate::sampling::{kept_weights_masked, sample_masked};
+use crate::sampling::{kept_weights_masked, sample_masked, token_logprob, TokenLogprob};
 use crate::tokenizer::TextTokenizer;
 
 /// Speculative generation with the DFlash drafter on the CPU reference models.
@@ -116,9 +116,13 @@ impl<'a> SpeculativeGeneration<'a> {
             mask.as_ref(),
         );
         commit_token(&mut grammar, anchor)?;
+        let sp = &req.sampling;
+        let lp = sp
+            .logprobs
+            .map(|n| token_logprob(&out.logits, sp, &history, mask.as_ref(), anchor, n));
         let t1 = clock();
         let mut sink = TokenSink::new(tok, req, budget, on_piece);
-        let done = budget == 0 || sink.push(anchor)?;
+        let done = budget == 0 || sink.push_scored(anchor, false, lp.as_ref())?;
         Ok(SpeculativeGeneration {
             target,
             proposer,
@@ -161,7 +165,7 @@ impl<'a> SpeculativeGeneration<'a> {
             .session
             .forward(target, &block_ids, LogitRows::All, &self.taps)?;
         self.history.push(self.anchor);
-        let (acc, bonus) = self.accept(&out.logits, &block_ids, &proposed, pos, vocab)?;
+        let (acc, bonus, logprobs) = self.accept(&out.logits, &block_ids, &proposed, pos, vocab)?;
         // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
         self.session.truncate(pos + acc + 1);
         self.proposer.commit(&out.taps[..(acc + 1) * tap_w]);
@@ -169,10 +173,11 @@ impl<'a> SpeculativeGeneration<'a> {
         self.last_committed = acc + 1;
         let committed = block_ids[1..=acc].iter().copied().chain([bonus]);
         let sink = &mut self.sink;
+        let mut scores = logprobs.iter();
         self.done = self
             .blocks
             .commit_step(b, clock() - t_step, acc, committed, |t, d| {
-                sink.push_token(t, d)
+                sink.push_scored(t, d, scores.next())
             })?;
         self.anchor = bonus;
         Ok(self.done)
@@ -221,33 +226,35 @@ impl<'a> SpeculativeGeneration<'a> {
         proposed: &[Proposed],
         pos: usize,
         vocab: usize,
-    ) -> Result<(usize, u32)> {
+    ) -> Result<(usize, u32, Vec<TokenLogprob>)> {
         let sampling = &self.req.sampling;
         let b = block_ids.len();
+        let mut logprobs = Vec::new();
         for j in 0..b {
             let row = &logits[j * vocab..(j + 1) * vocab];
             let mask = next_mask(&mut self.grammar)?;
             let mask = mask.as_ref();
-            let drawn = if !proposed.is_empty() && j + 1 < b {
+            let (drawn, rejected) = if !proposed.is_empty() && j + 1 < b {
                 // Rejection sampling against the proposal: the committed token has the
                 // target's distribution.
                 let (w, total) = kept_weights_masked(row, sampling, &self.history, mask);
                 let p: Vec<f32> = w.iter().map(|x| x / total).collect();
                 match verify(&p, &proposed[j], sampling.seed, (pos + j + 1) as u32) {
-                    Verdict::Accept => block_ids[j + 1],
-                    Verdict::Reject(t) => {
-                        commit_token(&mut self.grammar, t)?;
-                        return Ok((j, t));
-                    }
+                    Verdict::Accept => (block_ids[j + 1], false),
+                    Verdict::Reject(t) => (t, true),
                 }
             } else {
-                sample_masked(row, sampling, &self.history, pos + j + 1, mask)
+                let t = sample_masked(row, sampling, &self.history, pos + j + 1, mask);
+                (t, false)
             };
             commit_token(&mut self.grammar, drawn)?;
-            if j + 1 < b && block_ids[j + 1] == drawn {
+            if let Some(n) = sampling.logprobs {
+                logprobs.push(token_logprob(row, sampling, &self.history, mask, drawn, n));
+            }
+            if !rejected && j + 1 < b && block_ids[j + 1] == drawn {
                 self.history.push(drawn);
             } else {
-                return Ok((j, drawn));
+                return Ok((j, drawn, logprobs));
             }
         }
         Err(Error::Internal(

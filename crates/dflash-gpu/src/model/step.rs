@@ -135,6 +135,11 @@ impl GpuModel {
                 "grammars (response_format, tools) on the GPU engine (use the CPU engine)".into(),
             ));
         }
+        if req.sampling.logprobs.is_some() {
+            return Err(GpuError::Unsupported(
+                "logprobs on the GPU engine (use the CPU engine)".into(),
+            ));
+        }
         self.set_sampling(&req.sampling)
     }
 
