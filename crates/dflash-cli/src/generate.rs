@@ -12,7 +12,7 @@ use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::BlockSize;
 use dflash_engine::device::{DeviceChoice, NativeHost};
 use dflash_engine::policy::StepCostMemory;
-use dflash_engine::request::BlockArg;
+use dflash_engine::request::{BlockArg, Request};
 use dflash_engine::{Answer, Engine, Job};
 use std::io::Write;
 use std::path::PathBuf;
@@ -96,6 +96,14 @@ pub struct GenerateArgs {
     /// Constrain the output to match this regular expression.
     #[arg(long, group = "constraint")]
     regex: Option<String>,
+    /// OpenAI tools (a JSON file holding the `tools` array) for --chat: the model's
+    /// calls are constrained to each tool's parameter schema and printed as
+    /// `tool_calls`.
+    #[arg(long, requires = "chat", group = "constraint")]
+    tools: Option<PathBuf>,
+    /// With --tools: `auto`, `required`, `none`, or a tool's name.
+    #[arg(long, requires = "tools", default_value = "auto")]
+    tool_choice: String,
     /// With --json: each token's log-probability and this many alternatives (0-20).
     #[arg(long, requires = "json")]
     logprobs: Option<usize>,
@@ -165,7 +173,8 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     sampling.validate()?;
     let block = parse_block(&a.block)?;
     let spec = grammar_spec(&a)?;
-    let choice = device_for(a.device.choice(), &sampling, spec.is_some())?;
+    let constrained = spec.is_some() || a.tools.is_some();
+    let choice = device_for(a.device.choice(), &sampling, constrained)?;
     let drafter = match &a.drafter {
         Some(p) => Some(load_drafter_dir(p, a.drafter_precision.into())?),
         None => None,
@@ -187,14 +196,30 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         interrupt: Default::default(),
         grammar: spec.map(|s| engine.constraint(&s)).transpose()?,
     };
-    let job = Job {
-        gen: &req,
-        dflash: true,
-        block: Some(&block),
-    };
     let mut on_text = text_printer(a.json);
-    let answer =
-        engine.generate_blocking(&job, &NativeHost::default(), &mut |p| on_text(p.text))?;
+    let answer = match &a.tools {
+        Some(path) => {
+            let tools = tools_request(&a, path, &req)?;
+            let interrupt = Default::default();
+            engine.answer_blocking(&tools, &interrupt, &NativeHost::default(), &mut |p| {
+                on_text(p.text)
+            })?
+        }
+        None => {
+            let job = Job {
+                gen: &req,
+                dflash: true,
+                block: Some(&block),
+            };
+            engine.generate_blocking(&job, &NativeHost::default(), &mut |p| on_text(p.text))?
+        }
+    };
+    let calls = answer.tools.as_ref().map(|t| &t.calls[..]).unwrap_or(&[]);
+    if !a.json {
+        for c in calls {
+            outln!("\n{}", c.to_json(false))?;
+        }
+    }
     if a.json {
         let report = result_json(&engine, &answer, model, load_s + prep_s);
         outln!("{}", serde_json::to_string_pretty(&report).unwrap())?;
@@ -202,6 +227,41 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         outln!()?;
     }
     Ok(())
+}
+
+/// The OpenAI request of `--chat` with `--tools`: the engine renders the tools through
+/// the chat template, constrains the calls and parses them (one request path with
+/// `dflash serve` and the browser).
+fn tools_request(
+    a: &GenerateArgs,
+    path: &PathBuf,
+    gen: &GenerateRequest,
+) -> Result<Request, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))?;
+    let tools: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| CliError::Usage(format!("--tools {} is not JSON: {e}", path.display())))?;
+    let choice = match a.tool_choice.as_str() {
+        c @ ("auto" | "required" | "none") => serde_json::json!(c),
+        name => serde_json::json!({"type": "function", "function": {"name": name}}),
+    };
+    let mut messages = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(serde_json::json!({"role": "system", "content": s}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": a.chat}));
+    let sp = &gen.sampling;
+    let block = match a.block.parse::<usize>() {
+        Ok(n) => serde_json::json!(n),
+        Err(_) => serde_json::json!(a.block),
+    };
+    let body = serde_json::json!({
+        "messages": messages, "tools": tools, "tool_choice": choice,
+        "max_tokens": gen.max_new_tokens, "temperature": sp.temperature, "top_p": sp.top_p,
+        "top_k": sp.top_k, "min_p": sp.min_p, "seed": sp.seed, "stop": gen.stop_strings,
+        "block": block,
+    });
+    Ok(Request::chat(body)?)
 }
 
 /// The sampler of the arguments, the penalties counting tokens from `penalized_from`
@@ -310,6 +370,7 @@ fn result_json(
         "model": model,
         "dflash": answer.dflash(),
         "logprobs": (!result.logprobs.is_empty()).then_some(&result.logprobs),
+        "tool_calls": answer.tools.as_ref().map(|t| t.calls.iter().map(|c| c.to_json(false)).collect::<Vec<_>>()),
         "timings": {
             "load_s": load_s,
             "prefill_s": result.prefill_s,

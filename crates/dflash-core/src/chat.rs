@@ -6,10 +6,17 @@ use crate::limits::{CHAT_TEMPLATE_FUEL, MAX_CHAT_PROMPT_BYTES};
 use minijinja::{Environment, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
+/// One message of a conversation as templates see it (Hugging Face's convention): an
+/// assistant's `tool_calls` as `[{id, type, function: {name, arguments}}]` with the
+/// arguments an object, a tool's answer with the `tool_call_id` it answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -17,12 +24,16 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
 
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template's text (what a host inspects, such as its tool-call format).
+    pub source: String,
     pub bos_token: String,
     pub eos_token: String,
 }
@@ -60,12 +71,24 @@ impl ChatTemplate {
             .map_err(|e| Error::ChatTemplate(format!("{e:#}")))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
         })
     }
 
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// `render` with the request's `tools` (OpenAI's `[{type, function}]`) in the
+    /// template's context, as transformers passes them.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String> {
         let t = self
             .env
             .get_template("chat")
@@ -75,6 +98,7 @@ impl ChatTemplate {
             minijinja::context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
+                tools => tools.map(minijinja::Value::from_serialize),
                 bos_token => self.bos_token,
                 eos_token => self.eos_token,
             },

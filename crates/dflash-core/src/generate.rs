@@ -219,7 +219,7 @@ pub fn prepare(req: &GenerateRequest, cfg: &crate::config::ModelConfig) -> Resul
 }
 
 /// A piece of generated text as it streams out, with the tokens it came from.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Piece<'a> {
     /// Whole characters, never cut inside one.
     pub text: &'a str,
@@ -236,6 +236,9 @@ pub struct Piece<'a> {
     pub drafted: bool,
     /// With `SamplingParams::logprobs`: one per id of `ids` (else empty).
     pub logprobs: &'a [SpelledLogprob],
+    /// Tool calls completed with this piece (the engine parses them out of the text,
+    /// which then holds only the content: `crate::tools::ToolStream`).
+    pub tool_calls: &'a [crate::tools::ToolCall],
 }
 
 /// The callback that receives a generation's pieces.
@@ -351,6 +354,7 @@ impl<'a> TokenSink<'a> {
             ids,
             drafted: self.drafted && !ids.is_empty(),
             logprobs,
+            tool_calls: &[],
         });
         self.sent = self.tokens.len();
     }

@@ -43,6 +43,7 @@ pub mod synthetic_weights;
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
 pub mod tokenizer;
+pub mod tools;
 pub mod weights;
 
 pub use error::{Error, Result};

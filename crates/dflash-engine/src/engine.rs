@@ -10,13 +10,16 @@ use dflash_core::chat::ChatTemplate;
 use dflash_core::cpu::CpuModel;
 use dflash_core::drafter::CpuDrafter;
 use dflash_core::generate::{
-    CpuGeneration, CpuSession, GenerateRequest, GenerateResult, Interrupt, OnPiece,
+    CpuGeneration, CpuSession, FinishReason, GenerateRequest, GenerateResult, Interrupt, OnPiece,
+    Piece,
 };
 use dflash_core::grammar::{Constraint, GrammarSpec, Grammars};
 use dflash_core::speculative::{
     BlockSize, DFlashCpu, DraftState, SpeculativeGeneration, SpeculativeResult,
 };
 use dflash_core::tokenizer::TextTokenizer;
+use dflash_core::tools::{tool_grammar, ToolCall, ToolChoice, ToolFormat, ToolSpec, ToolStream};
+use dflash_core::Error as CoreError;
 use dflash_gpu::speculative::Speculative;
 use dflash_gpu::GpuModel;
 use std::future::Future;
@@ -48,12 +51,26 @@ pub struct Answer {
     pub result: GenerateResult,
     /// OpenAI's `usage` plus speeds and the DFlash figures (`usage.dflash`).
     pub usage: serde_json::Value,
+    /// With tools: the content and the calls parsed out of the text.
+    pub tools: Option<ToolAnswer>,
+}
+
+/// An answer's text split into content and tool calls.
+#[derive(Debug, Clone)]
+pub struct ToolAnswer {
+    /// The text before the first call; None when it is empty and there are calls.
+    pub content: Option<String>,
+    pub calls: Vec<ToolCall>,
 }
 
 impl Answer {
     fn plain(result: GenerateResult) -> Self {
         let usage = usage(&result, None);
-        Answer { result, usage }
+        Answer {
+            result,
+            usage,
+            tools: None,
+        }
     }
 
     fn speculative(r: SpeculativeResult, label: &str) -> Self {
@@ -61,12 +78,18 @@ impl Answer {
         Answer {
             result: r.result,
             usage,
+            tools: None,
         }
     }
 
-    /// `stop`, `length` or `abort` (an interrupt).
+    /// `stop`, `length` or `abort` (an interrupt), and `tool_calls` when an answer that
+    /// stopped holds calls.
     pub fn finish_reason(&self) -> &'static str {
-        self.result.finish_reason.name()
+        let calls = self.tools.as_ref().is_some_and(|t| !t.calls.is_empty());
+        match self.result.finish_reason {
+            FinishReason::Stop if calls => "tool_calls",
+            ref f => f.name(),
+        }
     }
 
     /// The DFlash figures, where a drafter ran.
@@ -146,12 +169,98 @@ impl Engine {
         if let Some(spec) = req.chat.grammar_spec()? {
             gen.grammar = Some(self.constraint(&spec)?);
         }
+        let tools = match req.chat.tool_request()? {
+            Some(t) => Some((self.tool_format(req)?, t)),
+            None => None,
+        };
+        if let Some((format, t)) = &tools {
+            self.check_tool_schemas(&t.tools)?;
+            if let Some(spec) = tool_grammar(*format, &t.tools, &t.choice, t.parallel)? {
+                gen.grammar = Some(self.constraint(&spec)?);
+            }
+        }
         let job = Job {
             gen: &gen,
             dflash: req.chat.dflash != Some(false),
             block: req.chat.block.as_ref(),
         };
-        self.generate(&job, host, on_piece).await
+        match tools {
+            Some((format, t)) if t.choice != ToolChoice::None => {
+                let prefix = format!("call_{:012x}_", host.random_seed() & 0xffff_ffff_ffff);
+                self.generate_with_tools(&job, host, ToolStream::new(format, &prefix), on_piece)
+                    .await
+            }
+            _ => self.generate(&job, host, on_piece).await,
+        }
+    }
+
+    /// The format the model's chat template writes tool calls in, or BadRequest.
+    fn tool_format(&self, req: &Request) -> Result<ToolFormat> {
+        if req.raw_prompt.is_some() {
+            return Err(CoreError::BadRequest("`tools` need the chat endpoint".into()).into());
+        }
+        let format = self
+            .chat_template
+            .as_ref()
+            .and_then(|t| ToolFormat::of_template(&t.source));
+        format.ok_or_else(|| {
+            CoreError::BadRequest(
+                "`tools`: the model's chat template renders no tool calls (Hermes `<tool_call>` or Llama 3.1 JSON)".into(),
+            )
+            .into()
+        })
+    }
+
+    /// Each tool's parameters compile as a JSON schema: an error names the tool.
+    fn check_tool_schemas(&mut self, tools: &[ToolSpec]) -> Result<()> {
+        for (i, t) in tools.iter().enumerate() {
+            let spec = GrammarSpec::JsonSchema {
+                schema: t.parameters.clone(),
+                strict: true,
+            };
+            if let Err(crate::Error::Core(e)) = self.constraint(&spec).map(|_| ()) {
+                return Err(CoreError::BadGrammar(format!(
+                    "`tools[{i}].function.parameters` ({}): {e}",
+                    t.name
+                ))
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// `generate`, the text split into content and tool calls as it streams: each piece
+    /// goes out with its content and the calls it completed, a last piece with what
+    /// was held back.
+    async fn generate_with_tools(
+        &mut self,
+        job: &Job<'_>,
+        host: &impl Host,
+        mut stream: ToolStream,
+        on_piece: &mut OnPiece<'_>,
+    ) -> Result<Answer> {
+        let mut split = |p: Piece<'_>| {
+            let (content, calls) = stream.push(p.text);
+            on_piece(Piece {
+                text: &content,
+                tool_calls: &calls,
+                ..p
+            })
+        };
+        let mut answer = self.generate(job, host, &mut split).await?;
+        let (content, calls) = stream.finish();
+        if !content.is_empty() || !calls.is_empty() {
+            on_piece(Piece {
+                text: &content,
+                tool_calls: &calls,
+                ..Piece::default()
+            });
+        }
+        answer.tools = Some(ToolAnswer {
+            content: stream.content(),
+            calls: stream.calls().to_vec(),
+        });
+        Ok(answer)
     }
 
     /// Runs one generation on the engine: DFlash unless the job turns it off or there is

@@ -7,6 +7,7 @@ use dflash_core::grammar::GrammarSpec;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::SpeculativeResult;
 use dflash_core::tokenizer::TextTokenizer;
+use dflash_core::tools::{ToolChoice, ToolSpec};
 use dflash_core::Error;
 use serde::Deserialize;
 
@@ -101,6 +102,16 @@ pub struct ChatRequest {
     /// Alternatives per position, 0 to 20 (with `logprobs: true`).
     #[serde(default)]
     pub top_logprobs: Option<usize>,
+    /// OpenAI's tools: `[{type: "function", function: {name, description, parameters}}]`.
+    #[serde(default)]
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// "none", "auto" (the default with tools), "required", or `{type: "function",
+    /// function: {name}}`.
+    #[serde(default)]
+    pub tool_choice: Option<serde_json::Value>,
+    /// Whether one answer may hold several calls (default true).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     /// The top-level fields the API does not have, ignored.
     #[serde(skip)]
     pub ignored_fields: Vec<String>,
@@ -122,10 +133,16 @@ const FLOAT_FIELDS: [&str; 6] = [
     "presence_penalty",
     "repetition_penalty",
 ];
-const BOOL_FIELDS: [&str; 4] = ["stream", "dflash", "rejection_sampling", "sampled_drafts"];
+const BOOL_FIELDS: [&str; 5] = [
+    "stream",
+    "dflash",
+    "rejection_sampling",
+    "sampled_drafts",
+    "parallel_tool_calls",
+];
 
 /// `ChatRequest`'s own fields and the alias `max_completion_tokens`.
-const CHAT_FIELDS: [&str; 23] = [
+const CHAT_FIELDS: [&str; 26] = [
     "messages",
     "model",
     "stream",
@@ -149,6 +166,9 @@ const CHAT_FIELDS: [&str; 23] = [
     "grammar",
     "logprobs",
     "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 ];
 
 /// Every top-level field a request may have: `CHAT_FIELDS`, `NEUTRAL_FIELDS`,
@@ -163,25 +183,13 @@ pub fn request_fields() -> impl Iterator<Item = &'static str> {
 }
 
 /// Fields OpenAI clients (and WebLLM code) send that change nothing at these values.
-const NEUTRAL_FIELDS: [(&str, &str); 4] = [
-    ("n", "1"),
-    ("logit_bias", "{}"),
-    ("tools", "[]"),
-    ("functions", "[]"),
-];
+const NEUTRAL_FIELDS: [(&str, &str); 3] = [("n", "1"), ("logit_bias", "{}"), ("functions", "[]")];
 
-/// Function calling, accepted only as "none" or "auto" (without tools).
-const CHOICE_FIELDS: [&str; 2] = ["tool_choice", "function_call"];
+/// The legacy function calling, accepted only as "none" or "auto" (without functions).
+const CHOICE_FIELDS: [&str; 1] = ["function_call"];
 
 /// Fields that never change the answer (who asks, what to store, how to bill).
-const IGNORED_FIELDS: [&str; 6] = [
-    "user",
-    "metadata",
-    "store",
-    "service_tier",
-    "parallel_tool_calls",
-    "modalities",
-];
+const IGNORED_FIELDS: [&str; 5] = ["user", "metadata", "store", "service_tier", "modalities"];
 
 /// Accepts and drops what OpenAI's API allows and that changes nothing here: the
 /// neutral values of `NEUTRAL_FIELDS` (or null), `tool_choice` / `function_call`
@@ -259,6 +267,10 @@ fn openai_message(i: usize, m: &mut serde_json::Value) -> Result<(), Error> {
     if m.get("role").is_some_and(|r| r == "developer") {
         m.insert("role".into(), "system".into());
     }
+    if let Some(calls) = m.get_mut("tool_calls") {
+        assistant_tool_calls(i, calls)?;
+        m.entry("content").or_insert_with(|| "".into());
+    }
     if let Some(serde_json::Value::Array(parts)) = m.get("content") {
         let mut text = String::new();
         for (j, p) in parts.iter().enumerate() {
@@ -273,6 +285,29 @@ fn openai_message(i: usize, m: &mut serde_json::Value) -> Result<(), Error> {
             }
         }
         m.insert("content".into(), text.into());
+    }
+    Ok(())
+}
+
+/// An assistant message's `tool_calls` as templates take them (Hugging Face's
+/// convention): each call's `function.arguments`, a JSON string in OpenAI's form, as
+/// the object it holds.
+fn assistant_tool_calls(i: usize, calls: &mut serde_json::Value) -> Result<(), Error> {
+    let bad = |m: String| Err(Error::BadRequest(format!("`messages[{i}].tool_calls{m}")));
+    let Some(list) = calls.as_array_mut() else {
+        return bad("` must be an array".into());
+    };
+    for (j, call) in list.iter_mut().enumerate() {
+        let args = call.pointer_mut("/function/arguments");
+        let Some(args) = args else {
+            return bad(format!("[{j}].function.arguments` is missing"));
+        };
+        if let serde_json::Value::String(text) = args {
+            match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(v) => *args = v,
+                Err(e) => return bad(format!("[{j}].function.arguments` is not JSON: {e}")),
+            }
+        }
     }
     Ok(())
 }
@@ -384,6 +419,74 @@ fn grammar_extension_spec(g: &serde_json::Value) -> Result<GrammarSpec, Error> {
     }
 }
 
+/// A request's tools: what the grammar constrains and the template renders.
+#[derive(Debug, Clone)]
+pub struct ToolRequest {
+    pub tools: Vec<ToolSpec>,
+    pub choice: ToolChoice,
+    pub parallel: bool,
+    /// The `tools` as the request gave them (what the chat template renders).
+    pub openai: serde_json::Value,
+}
+
+/// `tools[i]`: `{type: "function", function: {name, description, parameters, strict}}`.
+fn tool_spec(i: usize, t: &serde_json::Value) -> Result<ToolSpec, Error> {
+    let bad = |m: &str| Err(Error::BadRequest(format!("`tools[{i}]{m}")));
+    if t.get("type").is_some_and(|x| x != "function") {
+        return bad(".type` must be \"function\"");
+    }
+    let Some(f) = t.get("function").filter(|f| f.is_object()) else {
+        return bad(".function` must be an object {name, description, parameters}");
+    };
+    let name = match f.get("name").and_then(|n| n.as_str()) {
+        Some(n) if valid_tool_name(n) => n.to_string(),
+        _ => return bad(".function.name` must be 1-64 letters, digits, `_` or `-`"),
+    };
+    let parameters = match f.get("parameters") {
+        None | Some(serde_json::Value::Null) => {
+            serde_json::json!({"type": "object", "properties": {}})
+        }
+        Some(p) if p.is_object() => p.clone(),
+        Some(p) => {
+            return bad(&format!(
+                ".function.parameters` must be a JSON schema object, not {p}"
+            ))
+        }
+    };
+    Ok(ToolSpec { name, parameters })
+}
+
+fn valid_tool_name(n: &str) -> bool {
+    (1..=64).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `tool_choice` against the tools.
+fn tool_choice(c: Option<&serde_json::Value>, tools: &[ToolSpec]) -> Result<ToolChoice, Error> {
+    use serde_json::Value;
+    match c {
+        None => Ok(ToolChoice::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => Ok(ToolChoice::None),
+            "auto" => Ok(ToolChoice::Auto),
+            "required" => Ok(ToolChoice::Required),
+            other => Err(Error::BadRequest(format!(
+                "`tool_choice` {other:?} is not one of none, auto, required or {{type: \"function\", function: {{name}}}}"
+            ))),
+        },
+        Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
+            Some(n) if tools.iter().any(|t| t.name == n) => Ok(ToolChoice::Named(n.into())),
+            Some(n) => Err(Error::BadRequest(format!(
+                "`tool_choice.function.name` {n:?} names no tool of `tools`"
+            ))),
+            None => Err(Error::BadRequest(format!(
+                "`tool_choice` must be none, auto, required or {{type: \"function\", function: {{name}}}}, not {v}"
+            ))),
+        },
+    }
+}
+
 /// Tokens generated when the request does not say.
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
@@ -402,7 +505,7 @@ impl ChatRequest {
         if let Some(m) = r
             .messages
             .iter()
-            .find(|m| !["system", "user", "assistant"].contains(&m.role.as_str()))
+            .find(|m| !["system", "user", "assistant", "tool"].contains(&m.role.as_str()))
         {
             return Err(Error::BadRequest(format!("unknown role {:?}", m.role)));
         }
@@ -416,6 +519,7 @@ impl ChatRequest {
         self.check_logprobs()?;
         self.sampling(0)?;
         self.grammar_spec()?;
+        self.tool_request()?;
         if let Some(BlockArg::Rows(0)) = self.block {
             return Err(Error::BadRequest("`block` must be at least 1".into()));
         }
@@ -461,6 +565,53 @@ impl ChatRequest {
         }
     }
 
+    /// The request's tools, checked: None without tools (or with an empty list).
+    pub fn tool_request(&self) -> Result<Option<ToolRequest>, Error> {
+        let tools = match &self.tools {
+            Some(t) if !t.is_empty() => t,
+            _ => {
+                return match self.tool_choice.as_ref().and_then(|c| c.as_str()) {
+                    None | Some("none") | Some("auto") => Ok(None),
+                    _ => Err(Error::BadRequest(
+                        "`tool_choice` asks for a call but there are no `tools`".into(),
+                    )),
+                }
+            }
+        };
+        let specs = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| tool_spec(i, t))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some((i, t)) = specs
+            .iter()
+            .enumerate()
+            .find(|(i, t)| specs[..*i].iter().any(|u| u.name == t.name))
+        {
+            return Err(Error::BadRequest(format!(
+                "`tools[{i}].function.name` {:?} is given twice",
+                t.name
+            )));
+        }
+        if self
+            .response_format
+            .as_ref()
+            .is_some_and(|f| f["type"] != "text")
+            || self.grammar.is_some()
+        {
+            return Err(Error::BadRequest(
+                "`tools` with `response_format` or `grammar` is not supported: give one".into(),
+            ));
+        }
+        let choice = tool_choice(self.tool_choice.as_ref(), &specs)?;
+        Ok(Some(ToolRequest {
+            tools: specs,
+            choice,
+            parallel: self.parallel_tool_calls.unwrap_or(true),
+            openai: serde_json::Value::Array(tools.clone()),
+        }))
+    }
+
     /// `logprobs` and `top_logprobs` as the sampler's request: None, or Some(alternatives).
     pub fn logprobs_wanted(&self) -> Option<usize> {
         match &self.logprobs {
@@ -503,7 +654,8 @@ impl ChatRequest {
     ) -> Result<GenerateRequest, Error> {
         let tpl =
             tpl.ok_or_else(|| Error::ChatTemplate("the model has no chat template".into()))?;
-        let text = tpl.render(&self.messages, true)?;
+        let tools = self.tool_request()?.map(|t| t.openai);
+        let text = tpl.render_with_tools(&self.messages, true, tools.as_ref())?;
         self.generate_for(tok.encode(&text, true)?, context, fallback_seed)
     }
 

@@ -8,6 +8,19 @@ use crate::request::{Endpoint, Request};
 use dflash_core::generate::{Piece, SpelledLogprob};
 use serde_json::{json, Value};
 
+/// A chat answer's message: the text, or with tools the content and the calls.
+fn message(text: &str, answer: &Answer) -> Value {
+    match &answer.tools {
+        Some(t) if !t.calls.is_empty() => json!({
+            "role": "assistant",
+            "content": t.content,
+            "tool_calls": t.calls.iter().map(|c| c.to_json(false)).collect::<Vec<_>>(),
+        }),
+        Some(t) => json!({"role": "assistant", "content": t.content.as_deref().unwrap_or("")}),
+        None => json!({"role": "assistant", "content": text}),
+    }
+}
+
 /// The envelope of one request's answer.
 #[derive(Debug, Clone)]
 pub struct Reply {
@@ -118,7 +131,7 @@ impl Reply {
                 json!({"index": 0, "text": text, "finish_reason": finish})
             }
             Endpoint::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
+                json!({"index": 0, "message": message(text, answer), "finish_reason": finish})
             }
         };
         let mut choice = choice;
@@ -154,6 +167,13 @@ impl Reply {
     /// `token_ids` and whether its last token was an accepted draft (`drafted`).
     pub fn piece_chunk(&self, piece: &Piece<'_>) -> Value {
         let mut v = self.chunk(Some(piece.text), Value::Null);
+        if !piece.tool_calls.is_empty() && self.endpoint == Endpoint::Chat {
+            let delta = &mut v["choices"][0]["delta"];
+            if piece.text.is_empty() {
+                *delta = json!({});
+            }
+            delta["tool_calls"] = piece.tool_calls.iter().map(|c| c.to_json(true)).collect();
+        }
         if self.logprobs {
             v["choices"][0]["logprobs"] = self.logprobs_json(piece.logprobs);
         }

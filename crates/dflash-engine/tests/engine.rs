@@ -224,6 +224,7 @@ fn answers_are_shaped_as_openai_objects() {
         ids: &[3, 9],
         drafted: true,
         logprobs: &[],
+        tool_calls: &[],
     });
     assert_eq!(piece["choices"][0]["delta"]["content"], "he");
     assert_eq!(
@@ -358,4 +359,167 @@ fn logprobs_are_answered_in_openais_shapes_with_and_without_dflash() {
         r.whole(&a.result.text, &a)["choices"][0]["logprobs"],
         Value::Null
     );
+}
+
+/// The tiny engine with a chat template that renders tools in the Hermes format.
+fn tool_engine() -> Engine {
+    let mut e = engine();
+    e.chat_template = Some(
+        dflash_core::chat::ChatTemplate::new(
+            dflash_core::testutil::HERMES_TOOLS_TEMPLATE,
+            "",
+            "<|im_end|>",
+        )
+        .unwrap(),
+    );
+    e
+}
+
+fn weather_tools() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "description": "The weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}, "days": {"type": "integer", "minimum": 1, "maximum": 3}}, "required": ["city", "days"], "additionalProperties": false}}}, {"type": "function", "function": {"name": "now"}}])
+}
+
+/// `tool_choice: "required"`: the answer is calls of the offered tools (arguments
+/// within their schemas), `finish_reason: "tool_calls"`, the streamed deltas add up to
+/// the whole answer's calls, DFlash gives the same tokens, and the calls fed back with
+/// the tool's answer render through the template for a second turn.
+#[test]
+fn required_tool_calls_parse_stream_and_round_trip() {
+    let mut e = tool_engine();
+    let mut seen = 0;
+    for seed in 1..=3 {
+        let ask = json!({"tools": weather_tools(), "tool_choice": "required", "temperature": 0.9, "seed": seed, "max_tokens": 160, "dflash": false, "parallel_tool_calls": seed == 3});
+        let req = chat(ask.clone());
+        let reply = Reply::new(&req, "x".into(), 0, "m".into());
+        let mut deltas = Vec::new();
+        let a = e
+            .answer_blocking(
+                &req,
+                &Interrupt::default(),
+                &NativeHost::default(),
+                &mut |p| {
+                    let c = reply.piece_chunk(&p);
+                    if let Some(calls) = c["choices"][0]["delta"]["tool_calls"].as_array() {
+                        deltas.extend(calls.clone());
+                    }
+                },
+            )
+            .unwrap();
+        if a.result.finish_reason != dflash_core::generate::FinishReason::Stop {
+            eprintln!(
+                "seed {seed}: {:?} {:?}",
+                a.result.finish_reason, a.result.text
+            );
+            continue;
+        }
+        seen += 1;
+        let whole = reply.whole(&a.result.text, &a);
+        let choice = &whole["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{whole}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert!(!calls.is_empty());
+        assert_eq!(deltas.len(), calls.len());
+        for (d, c) in deltas.iter().zip(calls) {
+            assert_eq!(d["function"], c["function"]);
+            assert_eq!(d["id"], c["id"]);
+            let args: Value =
+                serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+            match c["function"]["name"].as_str().unwrap() {
+                "get_weather" => assert!((1..=3).contains(&args["days"].as_u64().unwrap())),
+                "now" => assert!(args.is_object()),
+                other => panic!("{other}"),
+            }
+        }
+        let mut r = ask.clone();
+        r["dflash"] = json!(true);
+        r["block"] = json!(4);
+        e.runner.forget_conversation();
+        let (spec, _) = run(&mut e, &chat(r));
+        assert_eq!(spec.result.tokens, a.result.tokens, "seed {seed}");
+        // The second turn: the calls and a tool's answer go back through the template.
+        let mut msgs = vec![json!({"role": "user", "content": "hi"})];
+        msgs.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+        for c in calls {
+            msgs.push(json!({"role": "tool", "tool_call_id": c["id"], "content": "sunny"}));
+        }
+        let turn2 = Request::chat(json!({"messages": msgs, "max_tokens": 4})).unwrap();
+        let g = turn2
+            .to_generate(&e.tokenizer, e.chat_template.as_ref(), 256, 0)
+            .unwrap();
+        let prompt = e.tokenizer.decode(&g.prompt_ids, false).unwrap();
+        assert!(
+            prompt.contains("<tool_response>\nsunny\n</tool_response>"),
+            "{prompt}"
+        );
+        let name = calls[0]["function"]["name"].as_str().unwrap();
+        assert!(
+            prompt.contains(&format!(
+                "<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {{"
+            )),
+            "{prompt}"
+        );
+        run(&mut e, &turn2);
+    }
+    assert!(seen >= 2, "most answers end their calls within the budget");
+}
+
+#[test]
+fn bad_tool_requests_name_their_place() {
+    let mut e = tool_engine();
+    let host = NativeHost::default();
+    let code_of = |e: &mut Engine, extra: Value| {
+        let mut v = json!({"messages": [{"role": "user", "content": "x"}]});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        let err = match Request::chat(v) {
+            Err(e) => dflash_engine::Error::from(e),
+            Ok(r) => e
+                .answer_blocking(&r, &Interrupt::default(), &host, &mut |_| {
+                    panic!("nothing is generated")
+                })
+                .err()
+                .expect("refused"),
+        };
+        (error_code(&err), err.to_string())
+    };
+    for (extra, place) in [
+        (
+            json!({"tools": weather_tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice.function.name",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}),
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "minimum": 3, "maximum": 1}}}]}),
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "bad name"}}]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]}),
+            "tools[1].function.name",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (
+            json!({"tools": weather_tools(), "response_format": {"type": "json_object"}}),
+            "tools",
+        ),
+        (
+            json!({"tools": weather_tools(), "tool_choice": "sometimes"}),
+            "tool_choice",
+        ),
+    ] {
+        let (code, msg) = code_of(&mut e, extra.clone());
+        assert_eq!(code, "BadRequest", "{extra}: {msg}");
+        assert!(msg.contains(place), "{extra}: {msg}");
+    }
+    let mut plain = engine();
+    let (code, msg) = code_of(&mut plain, json!({"tools": weather_tools()}));
+    assert_eq!(code, "BadRequest");
+    assert!(msg.contains("renders no tool calls"), "{msg}");
 }

@@ -78,12 +78,13 @@ impl Answering<'_> {
         let mut event = Some(first);
         while let Some(e) = event {
             match e {
-                Event::Piece(text, ids, drafted, logprobs) => {
+                Event::Piece(text, ids, drafted, logprobs, calls) => {
                     let piece = Piece {
                         text: &text,
                         ids: &ids,
                         drafted,
                         logprobs: &logprobs,
+                        tool_calls: &calls,
                     };
                     write_event(stream, &self.reply.piece_chunk(&piece).to_string())?
                 }

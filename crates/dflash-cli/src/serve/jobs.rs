@@ -2,6 +2,7 @@
 //! figures `/health` reports, and the engine's loop over the jobs.
 
 use dflash_core::generate::{Interrupt, Piece, SpelledLogprob};
+use dflash_core::tools::ToolCall;
 use dflash_engine::device::NativeHost;
 use dflash_engine::errors::{error_code, http_status};
 use dflash_engine::request::Request;
@@ -12,8 +13,9 @@ use std::sync::mpsc::{Receiver, Sender};
 /// What a job sends back to its connection.
 pub(super) enum Event {
     /// A text piece: its text, its token ids, whether its last token was an accepted
-    /// draft, and its tokens' log-probabilities (where asked for).
-    Piece(String, Vec<u32>, bool, Vec<SpelledLogprob>),
+    /// draft, its tokens' log-probabilities (where asked for) and the tool calls it
+    /// completed.
+    Piece(String, Vec<u32>, bool, Vec<SpelledLogprob>, Vec<ToolCall>),
     Done(Box<Answer>),
     Failed(u16, String, String),
 }
@@ -50,6 +52,7 @@ pub(super) fn serve_jobs(engine: &mut Engine, jobs: Receiver<Job>, counters: &Co
                 p.ids.to_vec(),
                 p.drafted,
                 p.logprobs.to_vec(),
+                p.tool_calls.to_vec(),
             );
             let _ = events.send(piece);
         };

@@ -40,6 +40,13 @@ pub fn byte_to_unicode() -> Vec<char> {
 
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a tiny test model.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// A ChatML template that renders tools and tool calls in the Hermes format (as Qwen's
+/// do, in fewer words; the tools by name only, to fit the tiny models' context): tools
+/// in the system turn, an assistant's calls as
+/// `<tool_call>` blocks with the arguments as JSON, a tool's answer as
+/// `<tool_response>` in a user turn.
+pub const HERMES_TOOLS_TEMPLATE: &str = "{%- if tools %}<|im_start|>system\nTools:\n{%- for tool in tools %} {{ tool.function.name }}{%- endfor %}\nCall one as <tool_call>\n{\"name\": ..., \"arguments\": {...}}\n</tool_call><|im_end|>\n{% endif %}{%- for message in messages %}{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant{%- for call in message.tool_calls %}\n<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}}\n</tool_call>{%- endfor %}<|im_end|>\n{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
 /// A tiny byte-level BPE vocabulary: 256 byte tokens, a few merges, three specials.
 pub struct TinyVocab {
     pub tokens: Vec<String>,
