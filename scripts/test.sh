@@ -60,6 +60,7 @@ echo "== [$SECONDS s] dflash serve against the official openai Python client and
 [ -x target/openai-venv/bin/python ] || python3 -m venv target/openai-venv
 target/openai-venv/bin/pip install -q openai==3.57.0
 target/openai-venv/bin/python tests/serve/openai_client.py
+target/openai-venv/bin/python tests/serve/structured_client.py
 
 echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
 # (fewer tokens and prompts: SwiftShader is about 3x slower than lavapipe here; the real

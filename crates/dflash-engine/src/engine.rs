@@ -219,11 +219,12 @@ impl Engine {
                 strict: true,
             };
             if let Err(crate::Error::Core(e)) = self.constraint(&spec).map(|_| ()) {
-                return Err(CoreError::BadGrammar(format!(
-                    "`tools[{i}].function.parameters` ({}): {e}",
-                    t.name
-                ))
-                .into());
+                let why = match e {
+                    CoreError::BadGrammar(m) => m,
+                    other => other.to_string(),
+                };
+                let place = format!("`tools[{i}].function.parameters` ({})", t.name);
+                return Err(CoreError::BadGrammar(format!("{place}: {why}")).into());
             }
         }
         Ok(())
