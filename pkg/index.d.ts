@@ -147,11 +147,38 @@ export interface EngineOptions {
 }
 
 /** 'developer' is taken as 'system'; content may be OpenAI's text parts (joined);
- *  `name` is accepted and ignored. */
+ *  `name` is accepted and ignored. An assistant's `tool_calls` (content may then be
+ *  null) and a tool's answer (`role: 'tool'`, `tool_call_id`) go back through the
+ *  model's chat template. */
 export interface ChatMessage {
-  role: 'system' | 'user' | 'assistant' | 'developer';
-  content: string | { type: 'text'; text: string }[];
+  role: 'system' | 'user' | 'assistant' | 'developer' | 'tool';
+  content: string | { type: 'text'; text: string }[] | null;
   name?: string;
+  tool_calls?: ToolCall[];
+  tool_call_id?: string;
+}
+
+/** A function the model may call: its parameters a JSON schema (an object schema). */
+export interface Tool {
+  type: 'function';
+  function: { name: string; description?: string; parameters?: object; strict?: boolean };
+}
+
+/** A call the model made: `arguments` is a JSON string, valid against the tool's
+ *  parameters. */
+export interface ToolCall {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
+}
+
+/** One generated token's log-probability (log-softmax after penalties and the grammar's
+ *  mask, before temperature), its bytes and its most likely alternatives. */
+export interface TokenLogprob {
+  token: string;
+  logprob: number;
+  bytes: number[];
+  top_logprobs: { token: string; logprob: number; bytes: number[] }[];
 }
 
 /** `response_format`: text, any JSON object (WebLLM's optional `schema`, an object or a
@@ -192,11 +219,23 @@ export interface ChatCompletionRequest {
   /** include_usage: one more chunk after the finish chunk, with `choices: []` and the
    *  usage, as OpenAI sends (the finish chunk carries the usage either way). */
   stream_options?: { include_usage?: boolean };
+  /** Each generated token's log-probability (choices[].logprobs.content), with
+   *  `top_logprobs` (0-20) alternatives; the same with DFlash as without. CPU engine. */
+  logprobs?: boolean | null;
+  top_logprobs?: number | null;
+  /** Functions the model may call, in its own format (its chat template renders them:
+   *  Hermes `<tool_call>` or Llama 3.1 JSON), each call's arguments constrained to its
+   *  tool's parameters (lossless under DFlash). CPU engine. A template that renders no
+   *  tool calls is BadRequest. */
+  tools?: Tool[] | null;
+  /** 'auto' (default: text, or calls once the model opens one), 'none', 'required', or
+   *  a named function. */
+  tool_choice?: 'none' | 'auto' | 'required' | { type: 'function'; function: { name: string } } | null;
+  /** Whether one answer may hold several calls (default true). */
+  parallel_tool_calls?: boolean | null;
   // OpenAI fields accepted at the values that change nothing (anything else is
   // BadRequest naming the field): code written for OpenAI's client or WebLLM runs as is.
   n?: 1;
-  logprobs?: false | null;
-  top_logprobs?: 0 | null;
   logit_bias?: Record<string, never> | null;
   /** Constrains the answer (lossless under DFlash: the same tokens as constrained plain
    *  decoding). The CPU engine; the GPU engine refuses it with `Unsupported` for now. A
@@ -206,16 +245,13 @@ export interface ChatCompletionRequest {
   /** Our extension: constrain the answer to a Lark grammar or a regex (as
    *  response_format; not both). */
   grammar?: Grammar | null;
-  tools?: [] | null;
   functions?: [] | null;
-  tool_choice?: 'none' | 'auto' | null;
   function_call?: 'none' | 'auto' | null;
   // Accepted and ignored.
   user?: string;
   metadata?: Record<string, string>;
   store?: boolean;
   service_tier?: string;
-  parallel_tool_calls?: boolean;
   modalities?: string[];
   /** DFlash speculative decoding (default: on when a drafter is loaded). Lossless. */
   dflash?: boolean;
@@ -248,15 +284,21 @@ export interface Usage {
     | { enabled: true; block: string; steps: number; mean_tau: number; accepted_tokens: number; acceptance_by_position: number[] };
 }
 
-/** 'abort': the request was interrupted (`engine.interrupt()`). */
-export type FinishReason = 'stop' | 'length' | 'abort';
+/** 'abort': the request was interrupted (`engine.interrupt()`); 'tool_calls': the
+ *  answer ended with calls. */
+export type FinishReason = 'stop' | 'length' | 'abort' | 'tool_calls';
 
 export interface ChatCompletion {
   id: string;
   object: 'chat.completion';
   created: number;
   model: string;
-  choices: { index: number; message: { role: 'assistant'; content: string }; finish_reason: FinishReason }[];
+  choices: {
+    index: number;
+    message: { role: 'assistant'; content: string | null; tool_calls?: ToolCall[] };
+    finish_reason: FinishReason;
+    logprobs?: { content: TokenLogprob[] } | null;
+  }[];
   usage: Usage;
   /** The request's fields this API does not have, ignored (absent when none). */
   ignored_fields?: string[];
@@ -267,7 +309,12 @@ export interface ChatCompletionChunk {
   object: 'chat.completion.chunk';
   created: number;
   model: string;
-  choices: { index: number; delta: { role?: 'assistant'; content?: string }; finish_reason: FinishReason | null }[];
+  choices: {
+    index: number;
+    delta: { role?: 'assistant'; content?: string; tool_calls?: (ToolCall & { index: number })[] };
+    finish_reason: FinishReason | null;
+    logprobs?: { content: TokenLogprob[] };
+  }[];
   /**
    * On content chunks: the piece's token ids (the tokens committed since the previous
    * piece) and whether its last token was an accepted draft.

@@ -38,7 +38,8 @@ test('valid requests pass', () => {
     { messages: ok, rejection_sampling: true, sampled_drafts: true, temperature: 0.8 },
     { messages: ok, response_format: { type: 'json_object' }, temperature: null, top_p: null },
     { messages: ok, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' }, strict: true } } },
-    { messages: ok, grammar: { type: 'regex', pattern: '[0-9]+' }, no_such_field: 1 },
+    { messages: ok, grammar: { type: 'regex', pattern: '[0-9]+' }, no_such_field: 1, temprature: 0.5 },
+    { messages: ok, logprobs: true, top_logprobs: 5, tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: 'required' },
   ]) {
     assert.equal(check(r), null, JSON.stringify(r));
   }
@@ -77,11 +78,12 @@ test('bad requests are BadRequest naming the field', () => {
     [{ messages: [] }, 'messages'],
     [{}, 'messages'],
     [{ messages: 'hi' }, 'messages'],
-    [{ messages: [{ role: 'tool', content: 'x' }] }, 'role'],
+    [{ messages: [{ role: 'robot', content: 'x' }] }, 'role'],
     [{ messages: [{ role: 'user' }] }, 'messages[0].content'],
     [{ messages: [{ role: 'user', content: 5 }] }, 'messages[0].content'],
     [{ messages: [{ content: 'x' }] }, 'messages[0].role'],
-    [{ messages: ok, temprature: 0.5 }, 'temprature'],
+    [{ messages: ok, tools: [{ type: 'function', function: { name: 'bad name' } }] }, 'tools[0].function.name'],
+    [{ messages: ok, logprobs: true, top_logprobs: 21 }, 'top_logprobs'],
   ];
   for (const [r, field] of cases) {
     const e = check(r);
