@@ -225,8 +225,8 @@ export interface ChatCompletionRequest {
   top_logprobs?: number | null;
   /** Functions the model may call, in its own format (its chat template renders them:
    *  Hermes `<tool_call>` or Llama 3.1 JSON), each call's arguments constrained to its
-   *  tool's parameters (lossless under DFlash). CPU engine. A template that renders no
-   *  tool calls is BadRequest. */
+   *  tool's parameters (as response_format). A template that renders no tool calls is
+   *  BadRequest. */
   tools?: Tool[] | null;
   /** 'auto' (default: text, or calls once the model opens one), 'none', 'required', or
    *  a named function. */
@@ -237,10 +237,10 @@ export interface ChatCompletionRequest {
   // BadRequest naming the field): code written for OpenAI's client or WebLLM runs as is.
   n?: 1;
   logit_bias?: Record<string, never> | null;
-  /** Constrains the answer (lossless under DFlash: the same tokens as constrained plain
-   *  decoding). The CPU engine; the GPU engine refuses it with `Unsupported` for now. A
-   *  schema that does not compile is BadRequest; an answer the token budget cuts ends
-   *  with finish_reason 'length'. */
+  /** Constrains the answer: the same tokens as constrained plain decoding, with DFlash
+   *  on the CPU engine (on the GPU engine a DFlash pair answers it with its target
+   *  alone). A schema that does not compile is BadRequest; an answer the token budget
+   *  cuts ends with finish_reason 'length'. */
   response_format?: ResponseFormat | null;
   /** Our extension: constrain the answer to a Lark grammar or a regex (as
    *  response_format; not both). */

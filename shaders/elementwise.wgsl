@@ -82,3 +82,19 @@ fn store_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
     let dr = state[0] + r;
     kv_out[dr * p.dst_stride + i] = kv_t(a[r * p.src_stride + p.src_offset + i]);
 }
+
+// A grammar's mask over rows of logits: out[r * dst_stride + i] = -inf where bit i of
+// the mask row (u32 words in `state`, src_stride words a row; src_stride 0: every row
+// takes row 0) is 0. The CPU sampler's definition (sampling::TokenMask::apply).
+@compute @workgroup_size(WG)
+fn mask_logits(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let r = gid.y;
+    if (i >= p.len || r >= p.n_rows) {
+        return;
+    }
+    let w = state[r * p.src_stride + i / 32u];
+    if (((w >> (i % 32u)) & 1u) == 0u) {
+        out[r * p.dst_stride + i] = bitcast<f32>(0xff800000u);
+    }
+}

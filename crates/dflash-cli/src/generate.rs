@@ -173,8 +173,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     sampling.validate()?;
     let block = parse_block(&a.block)?;
     let spec = grammar_spec(&a)?;
-    let constrained = spec.is_some() || a.tools.is_some();
-    let choice = device_for(a.device.choice(), &sampling, constrained)?;
+    let choice = device_for(a.device.choice(), &sampling)?;
     let drafter = match &a.drafter {
         Some(p) => Some(load_drafter_dir(p, a.drafter_precision.into())?),
         None => None,
@@ -318,22 +317,13 @@ fn grammar_spec(a: &GenerateArgs) -> Result<Option<GrammarSpec>, CliError> {
     })
 }
 
-/// The device choice, but where the sampler has penalties, a grammar or logprobs (the
-/// GPU sampler has none of them yet): an error with --device gpu, and in auto mode the
-/// CPU engine, with a note.
-fn device_for(
-    choice: DeviceChoice,
-    sampling: &SamplingParams,
-    grammar: bool,
-) -> Result<DeviceChoice, CliError> {
-    let what = match (
-        sampling.has_penalties(),
-        grammar,
-        sampling.logprobs.is_some(),
-    ) {
-        (true, _, _) => "penalties",
-        (_, true, _) => "grammars",
-        (_, _, true) => "logprobs",
+/// The device choice, but where the sampler has penalties or logprobs (the GPU sampler
+/// has neither yet): an error with --device gpu, and in auto mode the CPU engine, with a
+/// note.
+fn device_for(choice: DeviceChoice, sampling: &SamplingParams) -> Result<DeviceChoice, CliError> {
+    let what = match (sampling.has_penalties(), sampling.logprobs.is_some()) {
+        (true, _) => "penalties",
+        (_, true) => "logprobs",
         _ => return Ok(choice),
     };
     match choice {

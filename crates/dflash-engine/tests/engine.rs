@@ -523,3 +523,44 @@ fn bad_tool_requests_name_their_place() {
     assert_eq!(code, "BadRequest");
     assert!(msg.contains("renders no tool calls"), "{msg}");
 }
+
+/// A DFlash pair on the GPU engine (lavapipe in CI) answers a constrained request with
+/// its target alone, the masked GPU head giving the tokens `dflash: false` gives.
+#[test]
+fn a_constrained_request_on_a_gpu_pair_runs_its_target_alone() {
+    use dflash_engine::device::DeviceChoice;
+    let c = tiny_drafter_target();
+    let m = load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap();
+    let files = write_drafter(&c, &DrafterSpec::new(&c, 2, 5));
+    let cfg = std::str::from_utf8(&files["config.json"]).unwrap();
+    let w = DrafterWeights::load(
+        cfg,
+        vec![("model.safetensors", &files["model.safetensors"][..])],
+        DrafterPrecision::Q8,
+    )
+    .unwrap();
+    let opts = dflash_gpu::GpuOptions::default();
+    let mut e = match Engine::on_device(m, Some(&w), DeviceChoice::Gpu, &opts, 256, &mut |_| {}) {
+        Ok(e) => e,
+        Err(err) if std::env::var("DFLASH_REQUIRE_GPU").as_deref() != Ok("1") => {
+            eprintln!("no GPU adapter: {err}");
+            return;
+        }
+        Err(err) => panic!("{err}"),
+    };
+    assert!(matches!(e.runner, Runner::Spec(_)));
+    let ask = json!({"response_format": {"type": "json_object"}, "temperature": 0});
+    let (a, text) = run(&mut e, &chat(ask.clone()));
+    assert_eq!(a.usage["dflash"]["enabled"], false, "the target alone");
+    let mut off = ask;
+    off["dflash"] = json!(false);
+    e.runner.forget_conversation();
+    let (b, _) = run(&mut e, &chat(off));
+    assert_eq!(a.result.tokens, b.result.tokens);
+    if a.finish_reason() == "stop" {
+        assert!(
+            serde_json::from_str::<Value>(&text).unwrap().is_object(),
+            "{text}"
+        );
+    }
+}

@@ -4,7 +4,10 @@
 
 use crate::error::Result;
 use crate::model::{GpuModel, OutputHead};
-use dflash_core::generate::{token_budget, GenerateRequest, GenerateResult, OnPiece, TokenSink};
+use dflash_core::generate::{
+    commit_token, next_mask, token_budget, GenerateRequest, GenerateResult, OnPiece, TokenSink,
+};
+use dflash_core::grammar::Constraint;
 use dflash_core::tokenizer::TextTokenizer;
 
 impl GpuModel {
@@ -19,21 +22,23 @@ impl GpuModel {
         on_piece: &mut OnPiece<'_>,
     ) -> Result<GenerateResult> {
         let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, self.context)?;
-        let head = if req.sampling.is_greedy() {
-            OutputHead::Argmax
-        } else {
-            OutputHead::Sample
-        };
+        let mut grammar = req.grammar.clone();
+        let head = OutputHead::of(&req.sampling, grammar.is_some());
         self.set_request_sampling(req)?;
         let t0 = clock();
         let keep = self.reusable_rows(&req.prompt_ids, false);
+        self.write_mask(&mut grammar)?;
         let next = self.prefill_from_async(&req.prompt_ids, keep, head).await?;
+        commit_token(&mut grammar, next)?;
         let t1 = clock();
         let mut sink = TokenSink::new(tok, req, budget, on_piece);
         if !sink.push(next)? {
             let max = sink.remaining();
-            self.decode_async(next, max, head, &mut |t| Ok(sink.push(t)?))
-                .await?;
+            let mut push = |t| Ok(sink.push(t)?);
+            match grammar {
+                Some(g) => self.decode_masked(next, max, head, g, &mut push).await?,
+                None => self.decode_async(next, max, head, &mut push).await?,
+            }
         }
         let mut r = sink.finish(req.prompt_ids.len(), t1 - t0, clock() - t1);
         r.cached_tokens = keep;
@@ -59,6 +64,41 @@ impl GpuModel {
             if push(next)? {
                 break;
             }
+        }
+        Ok(())
+    }
+
+    /// `decode_async` under a grammar: one step at a time, the host computing each
+    /// step's mask from the tokens committed before it (`write_mask`) and reading its
+    /// token back before the next (the mask depends on it).
+    async fn decode_masked(
+        &mut self,
+        first: u32,
+        max: usize,
+        head: OutputHead,
+        grammar: Constraint,
+        push: &mut dyn FnMut(u32) -> Result<bool>,
+    ) -> Result<()> {
+        let mut grammar = Some(grammar);
+        let mut next = first;
+        for _ in 0..max {
+            self.write_mask(&mut grammar)?;
+            next = self.step_with_async(&[next], head).await?[0];
+            commit_token(&mut grammar, next)?;
+            if push(next)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Uploads the grammar's mask of the next position (every row of the next pass
+    /// takes it); nothing without a grammar.
+    pub(crate) fn write_mask(&self, grammar: &mut Option<Constraint>) -> Result<()> {
+        if let Some(mask) = next_mask(grammar)? {
+            let words = self.config.vocab_size.div_ceil(32).min(mask.words.len());
+            let bytes = bytemuck::cast_slice(&mask.words[..words]);
+            self.ctx.queue.write_buffer(&self.act.logit_mask, 0, bytes);
         }
         Ok(())
     }

@@ -46,6 +46,28 @@ pub enum OutputHead {
     Argmax,
     /// lm_head and the sampler (temperature, top-k, top-p, min-p) for every row.
     Sample,
+    /// `Argmax` under a grammar's mask (the logits it refuses -inf first; the mask of
+    /// row 0 for every row).
+    ArgmaxMasked,
+    /// `Sample` under a grammar's mask.
+    SampleMasked,
+}
+
+impl OutputHead {
+    /// The head of `sampling` (argmax when greedy), masked where a grammar constrains.
+    pub fn of(sampling: &dflash_core::sampling::SamplingParams, masked: bool) -> Self {
+        match (sampling.is_greedy(), masked) {
+            (true, false) => OutputHead::Argmax,
+            (false, false) => OutputHead::Sample,
+            (true, true) => OutputHead::ArgmaxMasked,
+            (false, true) => OutputHead::SampleMasked,
+        }
+    }
+
+    /// Whether it draws with the sampler (else argmax, or nothing).
+    pub fn samples(self) -> bool {
+        matches!(self, OutputHead::Sample | OutputHead::SampleMasked)
+    }
 }
 
 pub struct GpuModel {

@@ -41,7 +41,8 @@ pub use dflash2::{
     TopKParams, WalkBuffers, WalkParams,
 };
 pub use elementwise::{
-    add_bias, copy_rows, sigmoid_gate, store_kv, swiglu, ElementwiseBinding, ElementwiseParams,
+    add_bias, copy_rows, mask_bytes, mask_logits, sigmoid_gate, store_kv, swiglu,
+    ElementwiseBinding, ElementwiseParams,
 };
 pub use gemv::{gemv, gemv_f32_activations, gemv_fused, greedy_head, GemvBinding, GemvParams};
 pub use gemv_fusion::{

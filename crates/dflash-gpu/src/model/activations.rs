@@ -62,6 +62,8 @@ pub(crate) struct Activations {
     /// verify pass began.
     pub(crate) linear: Option<Box<[wgpu::Buffer; 3]>>,
     pub(crate) logits: wgpu::Buffer,
+    /// A grammar's masks of the pass's rows (`ops::mask_logits`).
+    pub(crate) logit_mask: wgpu::Buffer,
     /// The greedy head's workgroup partials: `[16, argmax_parts]` (value, index).
     pub(crate) best: wgpu::Buffer,
     pub(crate) out_tokens: wgpu::Buffer,
@@ -118,6 +120,7 @@ impl Activations {
                 ])
             }),
             logits: wb("logits", n * f * c.vocab_size as u64),
+            logit_mask: wb("logit_mask", ops::mask_bytes(c.vocab_size)),
             best: wb("best", n * 8 * c.vocab_size as u64),
             out_tokens: wb("out_tokens", n * 4),
             sample_params: ctx.buffer_with(

@@ -195,6 +195,7 @@ pub fn plan_buffers(
         + logits
         + n * f * (opts.taps.len() * c.hidden_size) as u64
         + ops::sample_scratch_bytes(ctx, MAX_ROWS, c.vocab_size)
+        + ops::mask_bytes(c.vocab_size)
         + int8_scratch_bytes(ctx, c, opts.taps.len())
         + rope;
     let plan = MemoryPlan {

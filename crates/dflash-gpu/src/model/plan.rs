@@ -201,8 +201,20 @@ impl GpuModel {
             (prepared, n),
             c.hidden_size,
         )?;
-        if head == OutputHead::Sample {
+        let masked = matches!(head, OutputHead::ArgmaxMasked | OutputHead::SampleMasked);
+        if head.samples() || masked {
             d.extend(ops::gemv_fused(ctx, lm, x, &a.logits, n, &norm)?);
+            if masked {
+                let v = c.vocab_size;
+                d.push(ops::mask_logits(ctx, &a.logit_mask, &a.logits, n, v, true)?);
+            }
+        }
+        if masked && !head.samples() {
+            let v = c.vocab_size;
+            d.push(ops::argmax(ctx, &a.logits, &a.out_tokens, n, v, v)?);
+            return Ok(());
+        }
+        if head.samples() {
             let b = ops::SampleBuffers {
                 params: &a.sample_params,
                 state: &a.state,

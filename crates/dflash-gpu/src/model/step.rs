@@ -127,14 +127,8 @@ impl GpuModel {
     }
 
     /// Checks what a request asks of the sampler and sets its parameters: penalties and
-    /// grammars are the CPU engine's for now (`Unsupported`, never an unconstrained
-    /// answer passed off as constrained).
+    /// logprobs are the CPU engine's for now (`Unsupported`).
     pub fn set_request_sampling(&self, req: &dflash_core::generate::GenerateRequest) -> Result<()> {
-        if req.grammar.is_some() {
-            return Err(GpuError::Unsupported(
-                "grammars (response_format, tools) on the GPU engine (use the CPU engine)".into(),
-            ));
-        }
         if req.sampling.logprobs.is_some() {
             return Err(GpuError::Unsupported(
                 "logprobs on the GPU engine (use the CPU engine)".into(),

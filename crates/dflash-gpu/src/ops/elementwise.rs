@@ -156,6 +156,40 @@ pub fn copy_rows(
     )
 }
 
+/// Bytes of the grammar masks of `MAX_ROWS` rows over `vocab` ids (a bit per id).
+pub fn mask_bytes(vocab: usize) -> u64 {
+    (crate::pipelines::MAX_ROWS * vocab.div_ceil(32) * 4) as u64
+}
+
+/// A grammar's masks over `n` rows of `vocab` logits (rows `vocab` apart): the logits
+/// of refused ids become -inf. `mask` holds a row of `vocab.div_ceil(32)` words per
+/// row, or with `broadcast` one row that every row takes.
+pub fn mask_logits(
+    ctx: &GpuContext,
+    mask: &wgpu::Buffer,
+    logits: &wgpu::Buffer,
+    n: usize,
+    vocab: usize,
+    broadcast: bool,
+) -> Result<Dispatch> {
+    let words = vocab.div_ceil(32) as u32;
+    elementwise(
+        ctx,
+        "mask_logits",
+        ElementwiseParams {
+            n_rows: n as u32,
+            len: vocab as u32,
+            src_stride: if broadcast { 0 } else { words },
+            dst_stride: vocab as u32,
+            ..Default::default()
+        },
+        &[
+            (ElementwiseBinding::STATE, mask),
+            (ElementwiseBinding::OUT, logits),
+        ],
+    )
+}
+
 fn elementwise(
     ctx: &GpuContext,
     entry: &'static str,

@@ -34,16 +34,20 @@ impl Speculative {
         on_piece: &mut OnPiece<'_>,
     ) -> Result<dflash_core::speculative::SpeculativeResult> {
         use dflash_core::generate::{prepare, TokenSink};
+        if req.grammar.is_some() {
+            // The masks of a step's verify rows need its drafts on the host first (two
+            // submissions a step): not built yet; the engine runs such requests on the
+            // target alone (`dflash_engine`).
+            return Err(crate::GpuError::Unsupported(
+                "grammars with DFlash on the GPU engine (run the target alone)".into(),
+            ));
+        }
         let mut cfg = self.target.config.clone();
         cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
         let (_, budget) = prepare(req, &cfg)?;
         self.rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
         self.sampled_drafts = req.sampling.sampled_drafts;
-        let head = if req.sampling.is_greedy() {
-            OutputHead::Argmax
-        } else {
-            OutputHead::Sample
-        };
+        let head = OutputHead::of(&req.sampling, false);
         self.target.set_request_sampling(req)?;
         let t0 = clock();
         let keep = self.target.reusable_rows(&req.prompt_ids, true);

@@ -269,7 +269,7 @@ impl Speculative {
 
     /// The plan of a step of `b` rows after the current previous block, built once.
     fn ensure_plan(&mut self, b: usize, head: OutputHead) -> Result<StepKey> {
-        let rejection = self.rejection && head == OutputHead::Sample;
+        let rejection = self.rejection && head.samples();
         // DFlash2's walk always samples under rejection; a plain drafter where asked.
         let sampled = rejection && (self.drafter.d2.is_some() || self.sampled_drafts);
         let pass = self.host_drafts && self.simulate;

@@ -1,0 +1,112 @@
+//! Grammars on the GPU engine: the masked head (the logits a grammar refuses -inf before
+//! the argmax or the sampler) gives the CPU reference's constrained tokens, greedy and
+//! seeded, under JSON schema, regex, Lark and `json_object` grammars; logprobs are
+//! refused with `Unsupported`. (A DFlash pair runs a constrained request on its target
+//! alone: `crates/dflash-engine/tests/engine.rs`.)
+
+use dflash_core::cpu::CpuModel;
+use dflash_core::formats::ggml::GgmlType;
+use dflash_core::generate::{generate_cpu, GenerateRequest};
+use dflash_core::grammar::{GrammarSpec, Grammars};
+use dflash_core::model_files::{load_gguf, LoadedModel};
+use dflash_core::sampling::SamplingParams;
+use dflash_core::testutil::{random_weights, tiny_drafter_target, write_gguf};
+use dflash_gpu::{GpuModel, GpuModelOptions};
+use serde_json::json;
+mod common;
+
+fn tiny() -> LoadedModel {
+    let c = tiny_drafter_target();
+    load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap()
+}
+
+fn specs() -> Vec<GrammarSpec> {
+    vec![
+        GrammarSpec::JsonSchema {
+            schema: json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer"}}, "required": ["name", "n"], "additionalProperties": false}),
+            strict: true,
+        },
+        GrammarSpec::Regex("(ab|cd|the)+ [0-9]{2,4}".into()),
+        GrammarSpec::Lark("start: \"[\" item (\", \" item)* \"]\"\nitem: /[a-z]{1,3}/".into()),
+        GrammarSpec::JsonObject,
+    ]
+}
+
+fn samplings() -> Vec<SamplingParams> {
+    vec![
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            seed: 11,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 20,
+            seed: 12,
+            ..Default::default()
+        },
+    ]
+}
+
+fn req(m: &LoadedModel, g: &Grammars, spec: &GrammarSpec, sp: &SamplingParams) -> GenerateRequest {
+    GenerateRequest {
+        prompt_ids: m.tokenizer.encode("the answer", true).unwrap(),
+        max_new_tokens: 32,
+        sampling: sp.clone(),
+        stop_strings: vec![],
+        context: 256,
+        interrupt: Default::default(),
+        grammar: Some(g.compile(spec).unwrap()),
+    }
+}
+
+#[test]
+fn the_masked_gpu_head_gives_the_cpu_references_constrained_tokens() {
+    let m = tiny();
+    let g = Grammars::new(&m.tokenizer, m.config().vocab_size).unwrap();
+    let cpu = CpuModel::new(&m.weights);
+    for ctx in common::contexts() {
+        let opts = GpuModelOptions {
+            context: 256,
+            ..Default::default()
+        };
+        let mut gpu = GpuModel::new(ctx.clone(), &m.weights, &opts).unwrap();
+        for spec in specs() {
+            for sp in samplings() {
+                let r = req(&m, &g, &spec, &sp);
+                let want = generate_cpu(&cpu, &m.tokenizer, &r, &|| 0.0, &mut |_| {}).unwrap();
+                gpu.forget_cached();
+                let got = gpu
+                    .generate(&m.tokenizer, &r, &|| 0.0, &mut |_| {})
+                    .unwrap();
+                let label = format!("{} {spec:?} T={}", ctx.summary.name, sp.temperature);
+                assert_eq!(got.tokens, want.tokens, "{label}");
+                assert_eq!(got.finish_reason, want.finish_reason, "{label}");
+            }
+        }
+        // The unmasked heads after the masked ones: plain decoding is unchanged.
+        let plain = GenerateRequest {
+            grammar: None,
+            ..req(&m, &g, &specs()[0], &SamplingParams::default())
+        };
+        let want = generate_cpu(&cpu, &m.tokenizer, &plain, &|| 0.0, &mut |_| {}).unwrap();
+        gpu.forget_cached();
+        let got = gpu
+            .generate(&m.tokenizer, &plain, &|| 0.0, &mut |_| {})
+            .unwrap();
+        assert_eq!(got.tokens, want.tokens);
+        let lp = GenerateRequest {
+            sampling: SamplingParams {
+                logprobs: Some(2),
+                ..Default::default()
+            },
+            ..plain
+        };
+        let e = gpu
+            .generate(&m.tokenizer, &lp, &|| 0.0, &mut |_| {})
+            .unwrap_err();
+        assert!(matches!(e, dflash_gpu::GpuError::Unsupported(_)), "{e}");
+    }
+}
