@@ -238,9 +238,8 @@ export interface ChatCompletionRequest {
   n?: 1;
   logit_bias?: Record<string, never> | null;
   /** Constrains the answer: the same tokens as constrained plain decoding, with DFlash
-   *  on the CPU engine (on the GPU engine a DFlash pair answers it with its target
-   *  alone). A schema that does not compile is BadRequest; an answer the token budget
-   *  cuts ends with finish_reason 'length'. */
+   *  too, on the GPU and CPU engines. A schema that does not compile is BadRequest; an
+   *  answer the token budget cuts ends with finish_reason 'length'. */
   response_format?: ResponseFormat | null;
   /** Our extension: constrain the answer to a Lark grammar or a regex (as
    *  response_format; not both). */

@@ -73,7 +73,8 @@ echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
 # not the models on 8-bit activations (a GPU tuning's option, off in the browser's
 # SwiftShader entry: lavapipe runs their model tests; their kernels' tests run here too,
 # within the browser's limits).
-# And the mixture-of-experts and hybrid targets: GPU == CPU, batch invariance, streaming.
+# And the mixture-of-experts and hybrid targets: GPU == CPU, batch invariance, streaming;
+# and grammars: the masked head == the CPU reference, constrained DFlash == plain.
 # SwiftShader compiles one pipeline at a time per process (two tests of 23 and 15 s took 33
 # s as two threads, 25 s as two processes), so cargo-nextest, where the machine has it,
 # runs the tests as two processes at once: 294 s against 435 s here for the same 40 tests.
@@ -81,12 +82,12 @@ export VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json DFLASH_BROWSER
 dflash_tests='test(speculative_equals_plain_on_the_gpu_at_every_block_size) | test(the_drafter_forward_matches) | test(the_dflash2_drafter_matches)'
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --release --workspace --locked -j 2 --no-fail-fast \
-    --test ops --test fused --test engine --test dflash --test moe --test hybrid \
-    -E "(binary(ops) | binary(fused) | binary(engine) | (binary(dflash) & ($dflash_tests)) \
+    --test ops --test fused --test engine --test dflash --test moe --test hybrid --test grammar \
+    -E "(binary(ops) | binary(fused) | binary(engine) | binary(grammar) | (binary(dflash) & ($dflash_tests)) \
         | ((binary(moe) | binary(hybrid)) & not test(dflash_on))) & not test(every_kernel_variant_compiles) \
         & not test(eight_bit_activations)"
 else
-  cargo test --release --workspace --locked --test ops --test fused --test engine -- --test-threads 1 \
+  cargo test --release --workspace --locked --test ops --test fused --test engine --test grammar -- --test-threads 1 \
     --skip every_kernel_variant_compiles --skip eight_bit_activations
   cargo test --release --workspace --locked --test dflash -- --test-threads 1 \
     speculative_equals_plain_on_the_gpu_at_every_block_size the_drafter_forward_matches the_dflash2_drafter_matches

@@ -303,10 +303,7 @@ impl Engine {
                     _ => Answer::plain(run.plain_on_cpu(session, target).await?),
                 }
             }
-            // DFlash under a grammar is the CPU engines' so far (the GPU step would need
-            // its drafts on the host before its verify rows' masks): the target alone,
-            // exact as constrained plain decoding is the definition.
-            Runner::Spec(spec) if job.dflash && job.gen.grammar.is_none() => {
+            Runner::Spec(spec) if job.dflash => {
                 let (p, label) = policy()?;
                 let r = run.speculative_on_gpu(spec, &p).await?;
                 self.costs.remember(r.step_costs.as_ref());

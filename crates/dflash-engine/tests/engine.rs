@@ -525,9 +525,10 @@ fn bad_tool_requests_name_their_place() {
 }
 
 /// A DFlash pair on the GPU engine (lavapipe in CI) answers a constrained request with
-/// its target alone, the masked GPU head giving the tokens `dflash: false` gives.
+/// DFlash (a step's drafts read back, then its verify rows under their masks), giving
+/// the tokens `dflash: false` gives.
 #[test]
-fn a_constrained_request_on_a_gpu_pair_runs_its_target_alone() {
+fn a_constrained_request_on_a_gpu_pair_gives_constrained_plain_decodings_tokens() {
     use dflash_engine::device::DeviceChoice;
     let c = tiny_drafter_target();
     let m = load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap();
@@ -551,7 +552,7 @@ fn a_constrained_request_on_a_gpu_pair_runs_its_target_alone() {
     assert!(matches!(e.runner, Runner::Spec(_)));
     let ask = json!({"response_format": {"type": "json_object"}, "temperature": 0});
     let (a, text) = run(&mut e, &chat(ask.clone()));
-    assert_eq!(a.usage["dflash"]["enabled"], false, "the target alone");
+    assert_eq!(a.usage["dflash"]["enabled"], true);
     let mut off = ask;
     off["dflash"] = json!(false);
     e.runner.forget_conversation();

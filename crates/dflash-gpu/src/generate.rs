@@ -7,7 +7,7 @@ use crate::model::{GpuModel, OutputHead};
 use dflash_core::generate::{
     commit_token, next_mask, token_budget, GenerateRequest, GenerateResult, OnPiece, TokenSink,
 };
-use dflash_core::grammar::Constraint;
+use dflash_core::grammar::{Constraint, TokenMask};
 use dflash_core::tokenizer::TextTokenizer;
 
 impl GpuModel {
@@ -96,11 +96,21 @@ impl GpuModel {
     /// takes it); nothing without a grammar.
     pub(crate) fn write_mask(&self, grammar: &mut Option<Constraint>) -> Result<()> {
         if let Some(mask) = next_mask(grammar)? {
-            let words = self.config.vocab_size.div_ceil(32).min(mask.words.len());
-            let bytes = bytemuck::cast_slice(&mask.words[..words]);
-            self.ctx.queue.write_buffer(&self.act.logit_mask, 0, bytes);
+            self.write_row_masks(&[mask]);
         }
         Ok(())
+    }
+
+    /// Uploads masks for the next pass's rows 0.. (`OutputHead::ArgmaxRowMasks`).
+    pub(crate) fn write_row_masks(&self, masks: &[TokenMask]) {
+        let words = self.config.vocab_size.div_ceil(32);
+        let mut all = vec![0u32; words * masks.len()];
+        for (row, m) in all.chunks_mut(words).zip(masks) {
+            let n = words.min(m.words.len());
+            row[..n].copy_from_slice(&m.words[..n]);
+        }
+        let bytes = bytemuck::cast_slice(&all);
+        self.ctx.queue.write_buffer(&self.act.logit_mask, 0, bytes);
     }
 
     /// `decode_async`, blocking (native hosts).

@@ -51,6 +51,10 @@ pub enum OutputHead {
     ArgmaxMasked,
     /// `Sample` under a grammar's mask.
     SampleMasked,
+    /// `Argmax` under a mask per row (a DFlash step's verify rows).
+    ArgmaxRowMasks,
+    /// `Sample` under a mask per row.
+    SampleRowMasks,
 }
 
 impl OutputHead {
@@ -64,9 +68,28 @@ impl OutputHead {
         }
     }
 
+    /// The head with a mask per row (a verify pass's), of a masked or unmasked head.
+    pub fn row_masked(self) -> Self {
+        match self.samples() {
+            true => OutputHead::SampleRowMasks,
+            false => OutputHead::ArgmaxRowMasks,
+        }
+    }
+
     /// Whether it draws with the sampler (else argmax, or nothing).
     pub fn samples(self) -> bool {
-        matches!(self, OutputHead::Sample | OutputHead::SampleMasked)
+        use OutputHead::*;
+        matches!(self, Sample | SampleMasked | SampleRowMasks)
+    }
+
+    /// Whether a grammar's masks apply: None, one for every row, or one per row.
+    pub fn masks(self) -> Option<bool> {
+        use OutputHead::*;
+        match self {
+            ArgmaxMasked | SampleMasked => Some(true),
+            ArgmaxRowMasks | SampleRowMasks => Some(false),
+            None | Argmax | Sample => Option::None,
+        }
     }
 }
 

@@ -1,8 +1,7 @@
 //! Grammars on the GPU engine: the masked head (the logits a grammar refuses -inf before
 //! the argmax or the sampler) gives the CPU reference's constrained tokens, greedy and
 //! seeded, under JSON schema, regex, Lark and `json_object` grammars; logprobs are
-//! refused with `Unsupported`. (A DFlash pair runs a constrained request on its target
-//! alone: `crates/dflash-engine/tests/engine.rs`.)
+//! refused with `Unsupported`; DFlash under a grammar equals constrained plain decoding.
 
 use dflash_core::cpu::CpuModel;
 use dflash_core::formats::ggml::GgmlType;
@@ -109,4 +108,56 @@ fn the_masked_gpu_head_gives_the_cpu_references_constrained_tokens() {
             .unwrap_err();
         assert!(matches!(e, dflash_gpu::GpuError::Unsupported(_)), "{e}");
     }
+}
+
+/// DFlash under a grammar on the GPU (two submissions a step: the drafts, then the
+/// verify rows under their masks) equals the GPU's constrained plain decoding, at
+/// blocks 1, 4, 16 and auto, greedy and seeded, with a random drafter: its drafts are
+/// cut where the grammar refuses them and made the forced token where the grammar allows
+/// one only, so steps both roll back and accept.
+#[test]
+fn constrained_dflash_on_the_gpu_equals_constrained_plain_decoding() {
+    use dflash_core::speculative::BlockSize;
+    use dflash_gpu::speculative::Speculative;
+    let Some(ctx) = common::gpu_context(&Default::default()) else {
+        return;
+    };
+    let m = tiny();
+    let g = Grammars::new(&m.tokenizer, m.config().vocab_size).unwrap();
+    let drafter = common::random_drafter(&m, 2);
+    let opts = GpuModelOptions {
+        context: 256,
+        taps: drafter.config.target_layer_ids.clone(),
+        ..Default::default()
+    };
+    let mut plain = GpuModel::new(ctx.clone(), &m.weights, &opts).unwrap();
+    let mut spec =
+        Speculative::new(GpuModel::new(ctx, &m.weights, &opts).unwrap(), &drafter).unwrap();
+    let mut accepted = 0;
+    for spec_g in specs() {
+        for sp in &samplings()[..2] {
+            let r = req(&m, &g, &spec_g, sp);
+            plain.forget_cached();
+            let want = plain
+                .generate(&m.tokenizer, &r, &|| 0.0, &mut |_| {})
+                .unwrap();
+            for b in [
+                BlockSize::Fixed(1),
+                BlockSize::Fixed(4),
+                BlockSize::Fixed(16),
+                BlockSize::auto_linear(16, 0.05),
+            ] {
+                spec.target.forget_cached();
+                let got = spec
+                    .generate(&m.tokenizer, &r, &b, &|| 0.0, &mut |_| {})
+                    .unwrap();
+                let label = format!("{spec_g:?} {b:?} T={}", sp.temperature);
+                assert_eq!(got.result.tokens, want.tokens, "{label}");
+                assert_eq!(got.result.finish_reason, want.finish_reason, "{label}");
+                accepted += got.taus.iter().map(|t| t - 1).sum::<usize>();
+            }
+        }
+    }
+    // The drafts a grammar forces (JSON's keys and punctuation) are accepted.
+    assert!(accepted > 0, "drafts accepted under grammars");
 }

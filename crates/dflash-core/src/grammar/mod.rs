@@ -172,6 +172,21 @@ impl TokenMask {
             .is_some_and(|w| w >> (t % 32) & 1 == 1)
     }
 
+    /// The one id it allows, if it allows exactly one.
+    pub fn only(&self) -> Option<u32> {
+        let mut found = None;
+        for (i, &w) in self.words.iter().enumerate() {
+            if w == 0 {
+                continue;
+            }
+            if found.is_some() || w.count_ones() > 1 {
+                return None;
+            }
+            found = Some(i as u32 * 32 + w.trailing_zeros());
+        }
+        found
+    }
+
     /// How many ids it allows.
     pub fn count(&self) -> usize {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
@@ -251,6 +266,40 @@ impl Constraint {
             .position(|t| self.stop_ids.contains(t))
             .unwrap_or(drafts.len());
         self.matcher.validate_tokens(&drafts[..n]).unwrap_or(0)
+    }
+
+    /// The masks of a block's verify rows, computed before the pass: row 0's from the
+    /// committed state, row i's after drafts 1..i. The drafts are cut at the first one
+    /// row's mask refuses (it could never be the target's token), and with `force` a
+    /// draft where the mask allows one token only is that token (a JSON key, a
+    /// bracket: it is the target's token there, so it is accepted). The state ends where
+    /// it began. A row's mask is plain decoding's wherever the drafts before it are
+    /// plain decoding's tokens, the only rows a verify pass keeps.
+    pub fn block_masks(&mut self, drafts: &mut Vec<u32>, force: bool) -> Result<Vec<TokenMask>> {
+        let mut masks = vec![self.mask()?];
+        let mut kept = 0;
+        while kept < drafts.len() {
+            let mask = &masks[kept];
+            if force {
+                if let Some(only) = mask.only() {
+                    drafts[kept] = only;
+                }
+            }
+            let d = drafts[kept];
+            if !mask.allows(d) || self.stop_ids.contains(&d) {
+                break;
+            }
+            self.matcher
+                .consume_token(d)
+                .map_err(|e| self.broken("taking a draft", e))?;
+            kept += 1;
+            masks.push(self.mask()?);
+        }
+        drafts.truncate(kept);
+        self.matcher
+            .rollback(kept)
+            .map_err(|e| self.broken("rolling drafts back", e))?;
+        Ok(masks)
     }
 
     /// Whether the grammar has ended: only a stop token may follow.

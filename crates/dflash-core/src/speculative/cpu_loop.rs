@@ -10,10 +10,25 @@ use crate::error::{Error, Result};
 use crate::generate::{
     commit_token, next_mask, prepare, CpuSession, GenerateRequest, OnPiece, TokenSink,
 };
-use crate::grammar::Constraint;
+use crate::grammar::{Constraint, TokenMask};
 use crate::rejection::{verify, Proposed, Verdict};
 use crate::sampling::{kept_weights_masked, sample_masked, token_logprob, TokenLogprob};
 use crate::tokenizer::TextTokenizer;
+
+/// A step's block, its proposals (rejection sampling) and its rows' masks (a grammar).
+type Drafted = (Vec<u32>, Vec<Proposed>, Option<Vec<TokenMask>>);
+
+/// A step's accepted drafts, bonus token and committed tokens' log-probabilities.
+type Accepted = (usize, u32, Vec<TokenLogprob>);
+
+/// A verified block: the target's logits of its rows, its ids, the proposals and the
+/// rows' masks.
+struct Rows<'a> {
+    logits: &'a [f32],
+    ids: &'a [u32],
+    proposed: &'a [Proposed],
+    masks: Option<&'a [TokenMask]>,
+}
 
 /// Speculative generation with the DFlash drafter on the CPU reference models.
 pub fn generate_speculative_cpu(
@@ -158,14 +173,20 @@ impl<'a> SpeculativeGeneration<'a> {
             self.proposer.settle(self.last_committed);
         }
         let t_step = clock();
-        let (block_ids, proposed) = self.draft(pos, b)?;
+        let (block_ids, proposed, masks) = self.draft(pos, b)?;
         let b = block_ids.len();
         // Verify: one target pass over the block, with taps.
         let out = self
             .session
             .forward(target, &block_ids, LogitRows::All, &self.taps)?;
         self.history.push(self.anchor);
-        let (acc, bonus, logprobs) = self.accept(&out.logits, &block_ids, &proposed, pos, vocab)?;
+        let rows = Rows {
+            logits: &out.logits,
+            ids: &block_ids,
+            proposed: &proposed,
+            masks: masks.as_deref(),
+        };
+        let (acc, bonus, logprobs) = self.accept(&rows, pos, vocab)?;
         // Commit anchor + acc drafts; roll back the rest; feed the drafter their taps.
         self.session.truncate(pos + acc + 1);
         self.proposer.commit(&out.taps[..(acc + 1) * tap_w]);
@@ -183,14 +204,17 @@ impl<'a> SpeculativeGeneration<'a> {
         Ok(self.done)
     }
 
-    /// The block `[anchor, drafts]` of `b` rows at `pos`, and the proposals drawn
-    /// (rejection sampling) or none.
-    fn draft(&mut self, pos: usize, b: usize) -> Result<(Vec<u32>, Vec<Proposed>)> {
-        let mut block_ids = vec![self.anchor];
+    /// The block `[anchor, drafts]` of `b` rows at `pos`, the proposals drawn
+    /// (rejection sampling) or none, and under a grammar each row's mask (the drafts cut
+    /// where the grammar refuses one; with exact-match verification a draft the grammar
+    /// forces made that token: `Constraint::block_masks`).
+    fn draft(&mut self, pos: usize, b: usize) -> Result<Drafted> {
+        let mut drafts = Vec::new();
         let mut proposed = Vec::new();
+        let sampling = &self.req.sampling;
+        let rejection = sampling.speculative_rejection && !sampling.is_greedy();
         if b > 1 {
-            let sampling = &self.req.sampling;
-            let drafts = if sampling.speculative_rejection && !sampling.is_greedy() {
+            drafts = if rejection {
                 proposed = self.proposer.propose(self.anchor, pos, b, sampling)?;
                 proposed.iter().map(|p| p.token).collect()
             } else {
@@ -203,37 +227,28 @@ impl<'a> SpeculativeGeneration<'a> {
                     drafts.len()
                 )));
             }
-            block_ids.extend(drafts);
-            if let Some(g) = self.grammar.as_mut() {
-                // A draft the grammar refuses could never be the target's token: verify
-                // only the drafts before it.
-                let keep = 1 + g.valid_prefix(&block_ids[1..]);
-                block_ids.truncate(keep);
-                proposed.truncate(keep - 1);
-            }
         }
-        Ok((block_ids, proposed))
+        let masks = match self.grammar.as_mut() {
+            Some(g) => Some(g.block_masks(&mut drafts, !rejection)?),
+            None => None,
+        };
+        proposed.truncate(drafts.len());
+        let block_ids = [self.anchor].into_iter().chain(drafts).collect();
+        Ok((block_ids, proposed, masks))
     }
 
     /// The accepted drafts and the bonus token of a verified block: exact match against
     /// the position-keyed sample, or rejection sampling against the proposals; each row
     /// under the grammar's mask after the tokens before it (committed as they are
     /// accepted).
-    fn accept(
-        &mut self,
-        logits: &[f32],
-        block_ids: &[u32],
-        proposed: &[Proposed],
-        pos: usize,
-        vocab: usize,
-    ) -> Result<(usize, u32, Vec<TokenLogprob>)> {
+    fn accept(&mut self, rows: &Rows<'_>, pos: usize, vocab: usize) -> Result<Accepted> {
         let sampling = &self.req.sampling;
+        let (block_ids, proposed) = (rows.ids, rows.proposed);
         let b = block_ids.len();
         let mut logprobs = Vec::new();
         for j in 0..b {
-            let row = &logits[j * vocab..(j + 1) * vocab];
-            let mask = next_mask(&mut self.grammar)?;
-            let mask = mask.as_ref();
+            let row = &rows.logits[j * vocab..(j + 1) * vocab];
+            let mask = rows.masks.map(|m| &m[j]);
             let (drawn, rejected) = if !proposed.is_empty() && j + 1 < b {
                 // Rejection sampling against the proposal: the committed token has the
                 // target's distribution.

@@ -201,12 +201,19 @@ impl GpuModel {
             (prepared, n),
             c.hidden_size,
         )?;
-        let masked = matches!(head, OutputHead::ArgmaxMasked | OutputHead::SampleMasked);
+        let masked = head.masks().is_some();
         if head.samples() || masked {
             d.extend(ops::gemv_fused(ctx, lm, x, &a.logits, n, &norm)?);
-            if masked {
+            if let Some(broadcast) = head.masks() {
                 let v = c.vocab_size;
-                d.push(ops::mask_logits(ctx, &a.logit_mask, &a.logits, n, v, true)?);
+                d.push(ops::mask_logits(
+                    ctx,
+                    &a.logit_mask,
+                    &a.logits,
+                    n,
+                    v,
+                    broadcast,
+                )?);
             }
         }
         if masked && !head.samples() {

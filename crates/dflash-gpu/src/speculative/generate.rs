@@ -33,33 +33,39 @@ impl Speculative {
         clock: &dyn Fn() -> f64,
         on_piece: &mut OnPiece<'_>,
     ) -> Result<dflash_core::speculative::SpeculativeResult> {
-        use dflash_core::generate::{prepare, TokenSink};
-        if req.grammar.is_some() {
-            // The masks of a step's verify rows need its drafts on the host first (two
-            // submissions a step): not built yet; the engine runs such requests on the
-            // target alone (`dflash_engine`).
-            return Err(crate::GpuError::Unsupported(
-                "grammars with DFlash on the GPU engine (run the target alone)".into(),
-            ));
-        }
+        use dflash_core::generate::{commit_token, prepare, TokenSink};
         let mut cfg = self.target.config.clone();
         cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
         let (_, budget) = prepare(req, &cfg)?;
-        self.rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy();
+        let mut grammar = req.grammar.clone();
+        // Under a grammar drafts are verified by exact match (the plain sampler's tokens,
+        // which have the target's distribution too).
+        let exact = grammar.is_some();
+        self.rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy() && !exact;
         self.sampled_drafts = req.sampling.sampled_drafts;
-        let head = OutputHead::of(&req.sampling, false);
+        let head = OutputHead::of(&req.sampling, grammar.is_some());
         self.target.set_request_sampling(req)?;
         let t0 = clock();
         let keep = self.target.reusable_rows(&req.prompt_ids, true);
+        self.target.write_mask(&mut grammar)?;
         let anchor = self.prefill_from_async(&req.prompt_ids, keep, head).await?;
+        commit_token(&mut grammar, anchor)?;
         let t1 = clock();
         let mut sink = TokenSink::new(tok, req, budget, on_piece);
         let mut blocks = BlockLoop::new(block, self.block_capacity());
         if budget > 0 && !sink.push(anchor)? {
             let left = sink.remaining();
             let mut push = |t: u32, d: bool| Ok(sink.push_token(t, d)?);
-            self.decode_steps_async(&mut blocks, head, left, clock, &mut push)
-                .await?;
+            match grammar {
+                Some(g) => {
+                    self.decode_steps_constrained(&mut blocks, head, left, clock, g, &mut push)
+                        .await?
+                }
+                None => {
+                    self.decode_steps_async(&mut blocks, head, left, clock, &mut push)
+                        .await?
+                }
+            }
         }
         let t2 = clock();
         let mut r = sink.finish(req.prompt_ids.len(), t1 - t0, t2 - t1);

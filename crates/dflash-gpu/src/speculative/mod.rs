@@ -24,6 +24,7 @@
 //! them to the same `TokenSink` as plain decoding. Positions come from the `state` buffer
 //! the accept kernel advances, so the host never writes the position between steps.
 
+mod constrained;
 mod costs;
 mod drafter;
 mod generate;
@@ -79,6 +80,10 @@ pub struct Speculative {
     /// Plans by (rows of taps to add to the drafter's context, block, head, host drafts).
     plans: HashMap<StepKey, Vec<Dispatch>>,
     ext_plans: HashMap<usize, Vec<Dispatch>>,
+    /// Under a grammar (`constrained`): a step's draft submission by (rows the context
+    /// grows by, block), and its verify submission by (rows, block, head).
+    draft_plans: HashMap<(usize, usize), Vec<Dispatch>>,
+    verify_plans: HashMap<(usize, usize, OutputHead), Vec<Dispatch>>,
     /// Rows of taps the next step's context extension adds: the rows the last verify
     /// pass computed (its committed rows feed the extension), or the rows of one-row
     /// steps in a row whose extension was deferred; 0 right after a prefill, which
@@ -163,6 +168,8 @@ impl Speculative {
             drafter,
             plans: HashMap::new(),
             ext_plans: HashMap::new(),
+            draft_plans: HashMap::new(),
+            verify_plans: HashMap::new(),
             prev_block: 0,
             prev_single: false,
             anchor: 0,
