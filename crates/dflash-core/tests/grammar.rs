@@ -243,8 +243,24 @@ fn bad_grammars_get_typed_errors() {
 }
 
 fn drafter(m: &LoadedModel) -> DrafterWeights {
-    let files: BTreeMap<String, Vec<u8>> =
-        write_drafter(m.config(), &DrafterSpec::new(m.config(), 2, 5));
+    load_files(write_drafter(
+        m.config(),
+        &DrafterSpec::new(m.config(), 2, 5),
+    ))
+}
+
+/// A random DFlash2 drafter (its selector's walk drafts).
+fn dflash2_drafter(m: &LoadedModel) -> DrafterWeights {
+    let d2 = dflash_core::testutil::DFlash2Spec::new(2, 16, 32, 8);
+    let spec = DrafterSpec::new(m.config(), 1, 6);
+    load_files(dflash_core::testutil::write_dflash2_drafter(
+        m.config(),
+        &spec,
+        &d2,
+    ))
+}
+
+fn load_files(files: BTreeMap<String, Vec<u8>>) -> DrafterWeights {
     DrafterWeights::load(
         std::str::from_utf8(&files["config.json"]).unwrap(),
         vec![("model.safetensors", &files["model.safetensors"][..])],
@@ -256,8 +272,11 @@ fn drafter(m: &LoadedModel) -> DrafterWeights {
 #[test]
 fn constrained_speculation_with_a_random_drafter_equals_constrained_plain_decoding() {
     let m = tiny();
-    let w = drafter(&m);
-    for kernels in [CpuKernels::Reference, CpuKernels::Quantized] {
+    for (w, kernels) in [
+        (drafter(&m), CpuKernels::Reference),
+        (drafter(&m), CpuKernels::Quantized),
+        (dflash2_drafter(&m), CpuKernels::Quantized),
+    ] {
         let cpu = CpuModel::with_kernels(&m.weights, kernels);
         let d = CpuDrafter::with_kernels(&w, kernels);
         for g in specs() {
@@ -274,7 +293,9 @@ fn constrained_speculation_with_a_random_drafter_equals_constrained_plain_decodi
                         &mut |_| {},
                     )
                     .unwrap();
-                    let label = format!("{kernels:?} {g:?} {b:?} T={}", sp.temperature);
+                    let d2 = w.config.dflash2.is_some();
+                    let label =
+                        format!("{kernels:?} DFlash2 {d2} {g:?} {b:?} T={}", sp.temperature);
                     assert_eq!(s.result.tokens, want.tokens, "{label}");
                     assert_eq!(s.result.finish_reason, want.finish_reason, "{label}");
                 }
@@ -469,6 +490,38 @@ fn logprobs_under_dflash_equal_plain_decodings_bit_for_bit() {
                     sp.temperature
                 );
             }
+        }
+    }
+}
+
+/// Rejection sampling under a grammar (drafts cut where the grammar refuses them, none
+/// forced: the proposals keep their drafter's distribution): answers keep to the
+/// grammar.
+#[test]
+fn rejection_sampling_under_a_grammar_keeps_to_it() {
+    let m = tiny();
+    let cpu = CpuModel::with_kernels(&m.weights, CpuKernels::Quantized);
+    for w in [drafter(&m), dflash2_drafter(&m)] {
+        let d = CpuDrafter::with_kernels(&w, CpuKernels::Quantized);
+        for g in specs() {
+            let sp = SamplingParams {
+                temperature: 0.9,
+                seed: 21,
+                speculative_rejection: true,
+                ..Default::default()
+            };
+            let r = req(&m, "the answer", &sp, &g);
+            let s = generate_speculative_cpu(
+                &cpu,
+                &d,
+                &m.tokenizer,
+                &r,
+                &BlockSize::Fixed(8),
+                &|| 0.0,
+                &mut |_| {},
+            )
+            .unwrap();
+            check_output(&g, &s.result);
         }
     }
 }

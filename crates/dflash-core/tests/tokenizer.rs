@@ -150,3 +150,40 @@ fn a_vocabulary_past_the_merge_limit_names_it() {
         other => panic!("expected LimitExceeded, got {:?}", other.err()),
     }
 }
+
+/// The grammar token table of a SentencePiece vocabulary: `▁` spelled as a space,
+/// `<0xNN>` pieces as their byte, the control tokens marked special; a grammar over it
+/// allows the pieces that spell what it takes.
+#[test]
+fn sentencepiece_pieces_spell_their_bytes_for_grammars() {
+    use dflash_core::grammar::{token_bytes, GrammarSpec, Grammars};
+    let t = spm_tokenizer();
+    let width = t.vocab_size() + 5;
+    let words = token_bytes(&t, width).unwrap();
+    assert_eq!(words.len(), width, "padded to the logits' width");
+    assert!(words[t.vocab_size()..].iter().all(|w| w.is_empty()));
+    for text in ["hello world", "héllo wörld ✓", "hello\n\tworld"] {
+        let ids = t.encode(text, false).unwrap();
+        let spelled: Vec<u8> = ids
+            .iter()
+            .flat_map(|&i| words[i as usize].clone())
+            .collect();
+        assert_eq!(
+            String::from_utf8(spelled).unwrap().trim_start(),
+            text,
+            "{ids:?}"
+        );
+    }
+    assert_eq!(words[2], b"\xff</s>", "the control tokens are special");
+    let g = Grammars::new(&t, width).unwrap();
+    let mut c = g
+        .compile(&GrammarSpec::Regex("(hello|world)+".into()))
+        .unwrap();
+    let mask = c.mask().unwrap();
+    let id = |p: &str| t.token_to_id(p).unwrap();
+    assert!(mask.allows(id("hello")) && mask.allows(id("h")));
+    assert!(!mask.allows(id("\u{2581}hello")) && !mask.allows(id("o")));
+    assert!(!mask.allows(2), "</s> only where the grammar may end");
+    c.commit(id("hello")).unwrap();
+    assert!(c.mask().unwrap().allows(2));
+}

@@ -110,33 +110,58 @@ fn the_masked_gpu_head_gives_the_cpu_references_constrained_tokens() {
     }
 }
 
-/// DFlash under a grammar on the GPU (two submissions a step: the drafts, then the
-/// verify rows under their masks) equals the GPU's constrained plain decoding, at
+/// DFlash and DFlash2 under a grammar on the GPU (two submissions a step: the drafts,
+/// then the verify rows under their masks) equal the GPU's constrained plain decoding, at
 /// blocks 1, 4, 16 and auto, greedy and seeded, with a random drafter: its drafts are
 /// cut where the grammar refuses them and made the forced token where the grammar allows
 /// one only, so steps both roll back and accept.
 #[test]
 fn constrained_dflash_on_the_gpu_equals_constrained_plain_decoding() {
-    use dflash_core::speculative::BlockSize;
-    use dflash_gpu::speculative::Speculative;
+    use dflash_core::drafter::{DrafterPrecision, DrafterWeights};
+    use dflash_core::testutil::{write_dflash2_drafter, DFlash2Spec, DrafterSpec};
     let Some(ctx) = common::gpu_context(&Default::default()) else {
         return;
     };
     let m = tiny();
+    let c = m.config();
+    let f = write_dflash2_drafter(
+        c,
+        &DrafterSpec::new(c, 1, 6),
+        &DFlash2Spec::new(2, 16, 32, 8),
+    );
+    let cfg = std::str::from_utf8(&f["config.json"]).unwrap();
+    let weights = vec![("model.safetensors", &f["model.safetensors"][..])];
+    let dflash2 = DrafterWeights::load(cfg, weights, DrafterPrecision::Q8).unwrap();
+    for drafter in [common::random_drafter(&m, 2), dflash2] {
+        let accepted = constrained_dflash_equals_plain(&ctx, &m, &drafter);
+        // The drafts a grammar forces (JSON's keys and punctuation) are accepted.
+        assert!(accepted > 0, "drafts accepted under grammars");
+    }
+}
+
+/// The drafts accepted over every grammar, sampling and block, each run's tokens
+/// checked against the GPU's constrained plain decoding.
+fn constrained_dflash_equals_plain(
+    ctx: &std::rc::Rc<dflash_gpu::GpuContext>,
+    m: &LoadedModel,
+    drafter: &dflash_core::drafter::DrafterWeights,
+) -> usize {
+    use dflash_core::speculative::BlockSize;
+    use dflash_gpu::speculative::Speculative;
     let g = Grammars::new(&m.tokenizer, m.config().vocab_size).unwrap();
-    let drafter = common::random_drafter(&m, 2);
     let opts = GpuModelOptions {
         context: 256,
         taps: drafter.config.target_layer_ids.clone(),
         ..Default::default()
     };
     let mut plain = GpuModel::new(ctx.clone(), &m.weights, &opts).unwrap();
-    let mut spec =
-        Speculative::new(GpuModel::new(ctx, &m.weights, &opts).unwrap(), &drafter).unwrap();
+    let target = GpuModel::new(ctx.clone(), &m.weights, &opts).unwrap();
+    let mut spec = Speculative::new(target, drafter).unwrap();
+    let d2 = drafter.config.dflash2.is_some();
     let mut accepted = 0;
     for spec_g in specs() {
         for sp in &samplings()[..2] {
-            let r = req(&m, &g, &spec_g, sp);
+            let r = req(m, &g, &spec_g, sp);
             plain.forget_cached();
             let want = plain
                 .generate(&m.tokenizer, &r, &|| 0.0, &mut |_| {})
@@ -151,13 +176,12 @@ fn constrained_dflash_on_the_gpu_equals_constrained_plain_decoding() {
                 let got = spec
                     .generate(&m.tokenizer, &r, &b, &|| 0.0, &mut |_| {})
                     .unwrap();
-                let label = format!("{spec_g:?} {b:?} T={}", sp.temperature);
+                let label = format!("DFlash2 {d2} {spec_g:?} {b:?} T={}", sp.temperature);
                 assert_eq!(got.result.tokens, want.tokens, "{label}");
                 assert_eq!(got.result.finish_reason, want.finish_reason, "{label}");
                 accepted += got.taus.iter().map(|t| t - 1).sum::<usize>();
             }
         }
     }
-    // The drafts a grammar forces (JSON's keys and punctuation) are accepted.
-    assert!(accepted > 0, "drafts accepted under grammars");
+    accepted
 }
