@@ -220,7 +220,7 @@ export interface ChatCompletionRequest {
    *  usage, as OpenAI sends (the finish chunk carries the usage either way). */
   stream_options?: { include_usage?: boolean };
   /** Each generated token's log-probability (choices[].logprobs.content), with
-   *  `top_logprobs` (0-20) alternatives; the same with DFlash as without. CPU engine. */
+   *  `top_logprobs` (0-20) alternatives; the same with DFlash as without. */
   logprobs?: boolean | null;
   top_logprobs?: number | null;
   /** Functions the model may call, in its own format (its chat template renders them:

@@ -317,15 +317,13 @@ fn grammar_spec(a: &GenerateArgs) -> Result<Option<GrammarSpec>, CliError> {
     })
 }
 
-/// The device choice, but where the sampler has penalties or logprobs (the GPU sampler
-/// has neither yet): an error with --device gpu, and in auto mode the CPU engine, with a
-/// note.
+/// The device choice, but where the sampler has penalties (the GPU sampler has none
+/// yet): an error with --device gpu, and in auto mode the CPU engine, with a note.
 fn device_for(choice: DeviceChoice, sampling: &SamplingParams) -> Result<DeviceChoice, CliError> {
-    let what = match (sampling.has_penalties(), sampling.logprobs.is_some()) {
-        (true, _) => "penalties",
-        (_, true) => "logprobs",
-        _ => return Ok(choice),
-    };
+    if !sampling.has_penalties() {
+        return Ok(choice);
+    }
+    let what = "penalties";
     match choice {
         DeviceChoice::Gpu => Err(CliError::Usage(format!(
             "the GPU sampler has no {what} yet; use --device cpu"

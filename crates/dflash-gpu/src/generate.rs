@@ -4,10 +4,12 @@
 
 use crate::error::Result;
 use crate::model::{GpuModel, OutputHead};
+use crate::ops::{self, LOGPROB_TOP};
 use dflash_core::generate::{
     commit_token, next_mask, token_budget, GenerateRequest, GenerateResult, OnPiece, TokenSink,
 };
 use dflash_core::grammar::{Constraint, TokenMask};
+use dflash_core::sampling::TokenLogprob;
 use dflash_core::tokenizer::TextTokenizer;
 
 impl GpuModel {
@@ -23,21 +25,34 @@ impl GpuModel {
     ) -> Result<GenerateResult> {
         let budget = token_budget(req.prompt_ids.len(), req.max_new_tokens, self.context)?;
         let mut grammar = req.grammar.clone();
-        let head = OutputHead::of(&req.sampling, grammar.is_some());
+        let top = req.sampling.logprobs;
+        // Logprobs read the logits the masked heads materialize (all allowed without a
+        // grammar).
+        let head = OutputHead::of(&req.sampling, grammar.is_some() || top.is_some());
         self.set_request_sampling(req)?;
         let t0 = clock();
         let keep = self.reusable_rows(&req.prompt_ids, false);
         self.write_mask(&mut grammar)?;
         let next = self.prefill_from_async(&req.prompt_ids, keep, head).await?;
+        let lp = match top {
+            Some(top) => {
+                let rows = (req.prompt_ids.len() - keep - 1) % crate::model::MAX_ROWS + 1;
+                self.read_logprobs(rows, top).await?.pop()
+            }
+            None => None,
+        };
         commit_token(&mut grammar, next)?;
         let t1 = clock();
         let mut sink = TokenSink::new(tok, req, budget, on_piece);
-        if !sink.push(next)? {
+        if !sink.push_scored(next, false, lp.as_ref())? {
             let max = sink.remaining();
-            let mut push = |t| Ok(sink.push(t)?);
-            match grammar {
-                Some(g) => self.decode_masked(next, max, head, g, &mut push).await?,
-                None => self.decode_async(next, max, head, &mut push).await?,
+            if head.masks().is_some() {
+                let mut push = |t, lp: Option<&TokenLogprob>| Ok(sink.push_scored(t, false, lp)?);
+                self.decode_masked(next, max, head, (grammar, top), &mut push)
+                    .await?
+            } else {
+                let mut push = |t| Ok(sink.push(t)?);
+                self.decode_async(next, max, head, &mut push).await?
             }
         }
         let mut r = sink.finish(req.prompt_ids.len(), t1 - t0, clock() - t1);
@@ -68,36 +83,90 @@ impl GpuModel {
         Ok(())
     }
 
-    /// `decode_async` under a grammar: one step at a time, the host computing each
-    /// step's mask from the tokens committed before it (`write_mask`) and reading its
-    /// token back before the next (the mask depends on it).
+    /// `decode_async` under a grammar, or with logprobs: one step at a time, the host
+    /// computing each step's mask from the tokens committed before it (`write_mask`; all
+    /// allowed without a grammar) and reading its token back before the next (the mask
+    /// depends on it), with its log-probability where `top` asks for them.
     async fn decode_masked(
         &mut self,
         first: u32,
         max: usize,
         head: OutputHead,
-        grammar: Constraint,
-        push: &mut dyn FnMut(u32) -> Result<bool>,
+        (mut grammar, top): (Option<Constraint>, Option<usize>),
+        push: &mut dyn FnMut(u32, Option<&TokenLogprob>) -> Result<bool>,
     ) -> Result<()> {
-        let mut grammar = Some(grammar);
         let mut next = first;
         for _ in 0..max {
             self.write_mask(&mut grammar)?;
             next = self.step_with_async(&[next], head).await?[0];
+            let lp = match top {
+                Some(top) => self.read_logprobs(1, top).await?.pop(),
+                None => None,
+            };
             commit_token(&mut grammar, next)?;
-            if push(next)? {
+            if push(next, lp.as_ref())? {
                 break;
             }
         }
         Ok(())
     }
 
+    /// The log-probabilities of the last pass's first `rows` rows (of the tokens its head
+    /// chose) with `top` alternatives each: one more submission and a read-back of
+    /// `4 * (2 + 2 * 20)` bytes a row.
+    pub(crate) async fn read_logprobs(&self, rows: usize, top: usize) -> Result<Vec<TokenLogprob>> {
+        let (ctx, a) = (&self.ctx, &self.act);
+        let v = self.config.vocab_size;
+        let d = ops::logprobs(
+            ctx,
+            (&a.logits, &a.out_tokens),
+            (&a.lp_vals, &a.lp_ids),
+            rows,
+            v,
+            top,
+        )?;
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            d.encode(&mut pass);
+        }
+        let (vals, ids) = (rows * (1 + LOGPROB_TOP) * 4, rows * LOGPROB_TOP * 4);
+        enc.copy_buffer_to_buffer(&a.lp_vals, 0, &a.lp_readback, 0, vals as u64);
+        enc.copy_buffer_to_buffer(&a.lp_ids, 0, &a.lp_readback, vals as u64, ids as u64);
+        let at = (vals + ids) as u64;
+        enc.copy_buffer_to_buffer(&a.out_tokens, 0, &a.lp_readback, at, rows as u64 * 4);
+        ctx.queue.submit([enc.finish()]);
+        let bytes = ctx.read_mapped_async(&a.lp_readback).await?;
+        let words: &[u32] = bytemuck::cast_slice(&bytes);
+        let tokens = &words[(vals + ids) / 4..];
+        Ok((0..rows)
+            .map(|r| {
+                let lp = &words[r * (1 + LOGPROB_TOP)..(r + 1) * (1 + LOGPROB_TOP)];
+                let ids = &words[rows * (1 + LOGPROB_TOP) + r * LOGPROB_TOP..][..LOGPROB_TOP];
+                let top = ids
+                    .iter()
+                    .zip(&lp[1..])
+                    .take(top)
+                    .filter(|(&id, _)| id != u32::MAX)
+                    .map(|(&id, &l)| (id, f32::from_bits(l)))
+                    .collect();
+                TokenLogprob {
+                    token: tokens[r],
+                    logprob: f32::from_bits(lp[0]),
+                    top,
+                }
+            })
+            .collect())
+    }
+
     /// Uploads the grammar's mask of the next position (every row of the next pass
     /// takes it); nothing without a grammar.
     pub(crate) fn write_mask(&self, grammar: &mut Option<Constraint>) -> Result<()> {
-        if let Some(mask) = next_mask(grammar)? {
-            self.write_row_masks(&[mask]);
-        }
+        let mask = match next_mask(grammar)? {
+            Some(m) => m,
+            None => TokenMask::all(self.config.vocab_size),
+        };
+        self.write_row_masks(&[mask]);
         Ok(())
     }
 

@@ -25,7 +25,7 @@ mod moe;
 mod norm_rope;
 mod sample;
 
-pub use argmax::{argmax, argmax_reduce, ArgmaxBinding, ArgmaxParams};
+pub use argmax::{argmax, argmax_reduce, logprobs, ArgmaxBinding, ArgmaxParams, LOGPROB_TOP};
 pub use attention::{
     attention, attention_chunked, attention_chunking, attention_heads_per_workgroup,
     attention_partial_bytes, attention_row_tile, qkv_rope_store, AttentionBinding,

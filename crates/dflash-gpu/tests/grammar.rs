@@ -1,7 +1,8 @@
 //! Grammars on the GPU engine: the masked head (the logits a grammar refuses -inf before
 //! the argmax or the sampler) gives the CPU reference's constrained tokens, greedy and
-//! seeded, under JSON schema, regex, Lark and `json_object` grammars; logprobs are
-//! refused with `Unsupported`; DFlash under a grammar equals constrained plain decoding.
+//! seeded, under JSON schema, regex, Lark and `json_object` grammars; DFlash under a
+//! grammar equals constrained plain decoding; logprobs from the GPU's rows are the
+//! CPU reference's within 1e-3 and the same bits with DFlash as without.
 
 use dflash_core::cpu::CpuModel;
 use dflash_core::formats::ggml::GgmlType;
@@ -96,17 +97,6 @@ fn the_masked_gpu_head_gives_the_cpu_references_constrained_tokens() {
             .generate(&m.tokenizer, &plain, &|| 0.0, &mut |_| {})
             .unwrap();
         assert_eq!(got.tokens, want.tokens);
-        let lp = GenerateRequest {
-            sampling: SamplingParams {
-                logprobs: Some(2),
-                ..Default::default()
-            },
-            ..plain
-        };
-        let e = gpu
-            .generate(&m.tokenizer, &lp, &|| 0.0, &mut |_| {})
-            .unwrap_err();
-        assert!(matches!(e, dflash_gpu::GpuError::Unsupported(_)), "{e}");
     }
 }
 
@@ -184,4 +174,84 @@ fn constrained_dflash_equals_plain(
         }
     }
     accepted
+}
+
+/// A token, its log-probability's bits, its alternatives' ids and bits.
+type LogprobBits = (u32, u32, Vec<(u32, u32)>);
+
+/// Logprobs on the GPU (argmax.wgsl `logprobs` over the rows' masked logits): within
+/// 1e-3 of the CPU reference's, alternatives most likely first and never a refused id,
+/// and the same bits from DFlash's verify rows as from plain decoding's, with and
+/// without a grammar.
+#[test]
+fn gpu_logprobs_follow_the_cpu_reference_and_dflash_gives_the_same_bits() {
+    use dflash_core::speculative::BlockSize;
+    use dflash_gpu::speculative::Speculative;
+    let Some(ctx) = common::gpu_context(&Default::default()) else {
+        return;
+    };
+    let m = tiny();
+    let g = Grammars::new(&m.tokenizer, m.config().vocab_size).unwrap();
+    let cpu = CpuModel::new(&m.weights);
+    let drafter = common::random_drafter(&m, 2);
+    let opts = GpuModelOptions {
+        context: 256,
+        taps: drafter.config.target_layer_ids.clone(),
+        ..Default::default()
+    };
+    let mut plain = GpuModel::new(ctx.clone(), &m.weights, &opts).unwrap();
+    let target = GpuModel::new(ctx.clone(), &m.weights, &opts).unwrap();
+    let mut spec = Speculative::new(target, &drafter).unwrap();
+    let bits = |r: &dflash_core::generate::GenerateResult| -> Vec<LogprobBits> {
+        r.logprobs
+            .iter()
+            .map(|l| {
+                (
+                    l.token,
+                    l.logprob.to_bits(),
+                    l.top
+                        .iter()
+                        .map(|a| (a.token, a.logprob.to_bits()))
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    for grammar in [None, Some(specs().remove(0))] {
+        for sp in &samplings()[..2] {
+            let sp = SamplingParams {
+                logprobs: Some(4),
+                ..sp.clone()
+            };
+            let mut r = req(&m, &g, &specs()[0], &sp);
+            r.grammar = grammar.as_ref().map(|s| g.compile(s).unwrap());
+            let want = generate_cpu(&cpu, &m.tokenizer, &r, &|| 0.0, &mut |_| {}).unwrap();
+            plain.forget_cached();
+            let got = plain
+                .generate(&m.tokenizer, &r, &|| 0.0, &mut |_| {})
+                .unwrap();
+            assert_eq!(got.tokens, want.tokens);
+            assert_eq!(got.logprobs.len(), got.tokens.len());
+            for (a, b) in got.logprobs.iter().zip(&want.logprobs) {
+                assert_eq!(a.token, b.token);
+                assert!((a.logprob - b.logprob).abs() < 1e-3, "{a:?} {b:?}");
+                let ids = |l: &dflash_core::generate::SpelledLogprob| {
+                    l.top.iter().map(|x| x.token).collect::<Vec<_>>()
+                };
+                assert_eq!(ids(a), ids(b), "the same alternatives");
+            }
+            for b in [BlockSize::Fixed(4), BlockSize::auto_linear(16, 0.05)] {
+                spec.target.forget_cached();
+                let s = spec
+                    .generate(&m.tokenizer, &r, &b, &|| 0.0, &mut |_| {})
+                    .unwrap();
+                assert_eq!(
+                    bits(&s.result),
+                    bits(&got),
+                    "{grammar:?} {b:?} T={}",
+                    sp.temperature
+                );
+            }
+        }
+    }
 }

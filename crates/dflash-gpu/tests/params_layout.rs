@@ -77,7 +77,7 @@ fn qkv_params_match_the_wgsl_struct() {
 
 #[test]
 fn argmax_params_match_the_wgsl_struct() {
-    assert_layout!(Shader::Argmax, "Params", ArgmaxParams; len, stride, out_offset, pad);
+    assert_layout!(Shader::Argmax, "Params", ArgmaxParams; len, stride, out_offset, top);
 }
 
 #[test]

@@ -166,6 +166,13 @@ pub struct TokenMask {
 }
 
 impl TokenMask {
+    /// The mask that allows every id of a vocabulary of `n`.
+    pub fn all(n: usize) -> Self {
+        TokenMask {
+            words: vec![u32::MAX; n.div_ceil(32)],
+        }
+    }
+
     pub fn allows(&self, t: u32) -> bool {
         self.words
             .get(t as usize / 32)

@@ -64,6 +64,10 @@ pub(crate) struct Activations {
     pub(crate) logits: wgpu::Buffer,
     /// A grammar's masks of the pass's rows (`ops::mask_logits`).
     pub(crate) logit_mask: wgpu::Buffer,
+    /// The rows' log-probabilities (`ops::logprobs`) and their read-back.
+    pub(crate) lp_vals: wgpu::Buffer,
+    pub(crate) lp_ids: wgpu::Buffer,
+    pub(crate) lp_readback: wgpu::Buffer,
     /// The greedy head's workgroup partials: `[16, argmax_parts]` (value, index).
     pub(crate) best: wgpu::Buffer,
     pub(crate) out_tokens: wgpu::Buffer,
@@ -121,6 +125,14 @@ impl Activations {
             }),
             logits: wb("logits", n * f * c.vocab_size as u64),
             logit_mask: wb("logit_mask", ops::mask_bytes(c.vocab_size)),
+            lp_vals: wb("lp_vals", n * 4 * (1 + ops::LOGPROB_TOP as u64)),
+            lp_ids: wb("lp_ids", n * 4 * ops::LOGPROB_TOP as u64),
+            lp_readback: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("logprobs readback"),
+                size: n * 4 * (2 + 2 * ops::LOGPROB_TOP as u64),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
             best: wb("best", n * 8 * c.vocab_size as u64),
             out_tokens: wb("out_tokens", n * 4),
             sample_params: ctx.buffer_with(

@@ -196,6 +196,7 @@ pub fn plan_buffers(
         + n * f * (opts.taps.len() * c.hidden_size) as u64
         + ops::sample_scratch_bytes(ctx, MAX_ROWS, c.vocab_size)
         + ops::mask_bytes(c.vocab_size)
+        + n * 4 * (2 + 2 * ops::LOGPROB_TOP as u64)
         + int8_scratch_bytes(ctx, c, opts.taps.len())
         + rope;
     let plan = MemoryPlan {

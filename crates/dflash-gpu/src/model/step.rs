@@ -126,14 +126,9 @@ impl GpuModel {
         Ok(index)
     }
 
-    /// Checks what a request asks of the sampler and sets its parameters: penalties and
-    /// logprobs are the CPU engine's for now (`Unsupported`).
+    /// Checks what a request asks of the sampler and sets its parameters (penalties are
+    /// the CPU engine's for now: `Unsupported`).
     pub fn set_request_sampling(&self, req: &dflash_core::generate::GenerateRequest) -> Result<()> {
-        if req.sampling.logprobs.is_some() {
-            return Err(GpuError::Unsupported(
-                "logprobs on the GPU engine (use the CPU engine)".into(),
-            ));
-        }
         self.set_sampling(&req.sampling)
     }
 

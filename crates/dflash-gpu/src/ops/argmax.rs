@@ -12,12 +12,13 @@ pub struct ArgmaxParams {
     pub len: u32,
     pub stride: u32,
     pub out_offset: u32,
-    pub pad: u32,
+    /// `logprobs`: alternatives per row.
+    pub top: u32,
 }
 
 bindings! {
     /// The `@binding`s of argmax.wgsl.
-    ArgmaxBinding(Argmax) { LOGITS = 1, TOKENS = 2, PARTS = 3, ID_MAP = 4 }
+    ArgmaxBinding(Argmax) { LOGITS = 1, TOKENS = 2, PARTS = 3, ID_MAP = 4, LP_VALS = 5, LP_IDS = 6 }
 }
 
 /// `tokens[r]` = the best of row r's `parts` workgroup partials (the fused greedy head).
@@ -43,7 +44,7 @@ pub(super) fn reduce_partials(
         len: parts as u32,
         stride: parts as u32,
         out_offset: 0,
-        pad: 0,
+        top: 0,
     };
     let kernel = Kernel::new(Shader::Argmax, "reduce").with("MAP", id_map.is_some() as u8 as f64);
     Ok(Dispatch::new(
@@ -86,7 +87,7 @@ pub(super) fn argmax_mapped(
         len: len as u32,
         stride: stride as u32,
         out_offset: 0,
-        pad: 0,
+        top: 0,
     };
     let kernel = Kernel::new(Shader::Argmax, "main").with("MAP", id_map.is_some() as u8 as f64);
     Ok(Dispatch::new(
@@ -101,4 +102,42 @@ pub(super) fn argmax_mapped(
         [rows as u32, 1, 1],
     )?
     .shaped(format!("{rows}x{len}"), 4 * (rows * len) as u64))
+}
+
+/// Alternatives `logprobs` reports per row at most (argmax.wgsl's `LP_TOP`).
+pub const LOGPROB_TOP: usize = 20;
+
+/// Each of `rows` rows' log-probability of its token in `tokens` and its `top` most
+/// likely ids (argmax.wgsl `logprobs`) into `vals` (`[row][1 + LOGPROB_TOP]`) and `ids`
+/// (`[row][LOGPROB_TOP]`).
+pub fn logprobs(
+    ctx: &GpuContext,
+    (logits, tokens): (&wgpu::Buffer, &wgpu::Buffer),
+    (vals, ids): (&wgpu::Buffer, &wgpu::Buffer),
+    rows: usize,
+    vocab: usize,
+    top: usize,
+) -> Result<Dispatch> {
+    let params = ArgmaxParams {
+        len: vocab as u32,
+        stride: vocab as u32,
+        out_offset: 0,
+        top: top.min(LOGPROB_TOP) as u32,
+    };
+    Ok(Dispatch::new(
+        ctx,
+        &Kernel::new(Shader::Argmax, "logprobs"),
+        Some(&params),
+        &[
+            (ArgmaxBinding::LOGITS, logits),
+            (ArgmaxBinding::TOKENS, tokens),
+            (ArgmaxBinding::LP_VALS, vals),
+            (ArgmaxBinding::LP_IDS, ids),
+        ],
+        [rows as u32, 1, 1],
+    )?
+    .shaped(
+        format!("{rows}x{vocab}"),
+        4 * (rows * vocab) as u64 * (2 + top as u64),
+    ))
 }

@@ -1,4 +1,5 @@
-//! DFlash under a grammar on the GPU. A verify row's mask depends on the drafts before
+//! DFlash under a grammar (or with logprobs) on the GPU. A verify row's mask depends on
+//! the drafts before
 //! it, so each step is two submissions: the drafts (the drafter's context extended, its
 //! block pass, `[anchor, drafts]` composed), read back; then the host cuts the drafts at
 //! the first one the grammar refuses, computes each verify row's mask from the committed
@@ -13,8 +14,14 @@ use super::{QueuedStep, Speculative, StepResult};
 use crate::error::{GpuError, Result};
 use crate::model::OutputHead;
 use crate::pipelines::Dispatch;
-use dflash_core::grammar::Constraint;
+use dflash_core::generate::commit_token;
+use dflash_core::grammar::{Constraint, TokenMask};
+use dflash_core::sampling::TokenLogprob;
 use dflash_core::speculative::BlockLoop;
+
+/// Where a constrained step's tokens go: each with whether it was an accepted draft and
+/// its log-probability (where asked for); true when generation is over.
+pub(crate) type ScoredPush<'a> = dyn FnMut(u32, bool, Option<&TokenLogprob>) -> Result<bool> + 'a;
 
 impl Speculative {
     /// A grammar-constrained step's first submission: extends the drafter's context by
@@ -106,20 +113,22 @@ impl Speculative {
         Ok(d)
     }
 
-    /// DFlash steps under `grammar` (its state after the anchor) until `push` says
-    /// generation is over or `tokens_left` tokens are committed: the block from
-    /// `blocks`, the drafts cut by the grammar, the verify rows masked, the committed
-    /// tokens taken by the grammar.
+    /// DFlash steps under `grammar` (its state after the anchor; all tokens allowed
+    /// without one), with each committed token's log-probability where `top` asks for
+    /// them, until `push` says generation is over or `tokens_left` tokens are
+    /// committed: the block from `blocks`, the drafts cut by the grammar, the verify rows
+    /// masked, the committed tokens taken by the grammar.
     pub(crate) async fn decode_steps_constrained(
         &mut self,
         blocks: &mut BlockLoop,
-        head: OutputHead,
+        (head, top): (OutputHead, Option<usize>),
         tokens_left: usize,
         clock: &dyn Fn() -> f64,
-        mut grammar: Constraint,
-        push: &mut dyn FnMut(u32, bool) -> Result<bool>,
+        mut grammar: Option<Constraint>,
+        push: &mut ScoredPush<'_>,
     ) -> Result<()> {
         let mut left = tokens_left;
+        let vocab = self.target.config.vocab_size;
         while left > 0 {
             let room = self.target.context - self.target.len();
             let b = blocks.next_block(room, left).min(self.block_capacity());
@@ -129,16 +138,25 @@ impl Speculative {
             } else {
                 Vec::new()
             };
-            let masks = grammar.block_masks(&mut drafts, true)?;
+            let masks = match grammar.as_mut() {
+                Some(g) => g.block_masks(&mut drafts, true)?,
+                None => vec![TokenMask::all(vocab); drafts.len() + 1],
+            };
             self.target.write_row_masks(&masks[..drafts.len() + 1]);
             let r = self.verify_block(&drafts, head).await?;
+            let scores = match top {
+                Some(top) => self.target.read_logprobs(r.accepted + 1, top).await?,
+                None => Vec::new(),
+            };
             for &t in &r.tokens {
-                grammar.commit(t)?;
+                commit_token(&mut grammar, t)?;
             }
             let seconds = if r.built_plan { 0.0 } else { clock() - t0 };
             left = left.saturating_sub(r.tokens.len());
             let b = drafts.len() + 1;
-            if blocks.commit_step(b, seconds, r.accepted, r.tokens, &mut *push)? {
+            let mut scores = scores.iter();
+            let mut scored = |t, d| push(t, d, scores.next());
+            if blocks.commit_step(b, seconds, r.accepted, r.tokens, &mut scored)? {
                 break;
             }
         }

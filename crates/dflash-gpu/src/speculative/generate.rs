@@ -38,33 +38,42 @@ impl Speculative {
         cfg.max_position_embeddings = cfg.max_position_embeddings.min(self.target.context);
         let (_, budget) = prepare(req, &cfg)?;
         let mut grammar = req.grammar.clone();
-        // Under a grammar drafts are verified by exact match (the plain sampler's tokens,
-        // which have the target's distribution too).
-        let exact = grammar.is_some();
-        self.rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy() && !exact;
+        let top = req.sampling.logprobs;
+        // Under a grammar, or with logprobs (which read the logits the masked heads
+        // materialize), a step is two submissions (`constrained`) and drafts are verified
+        // by exact match (the plain sampler's tokens, which have the target's
+        // distribution too).
+        let split = grammar.is_some() || top.is_some();
+        self.rejection = req.sampling.speculative_rejection && !req.sampling.is_greedy() && !split;
         self.sampled_drafts = req.sampling.sampled_drafts;
-        let head = OutputHead::of(&req.sampling, grammar.is_some());
+        let head = OutputHead::of(&req.sampling, split);
         self.target.set_request_sampling(req)?;
         let t0 = clock();
         let keep = self.target.reusable_rows(&req.prompt_ids, true);
         self.target.write_mask(&mut grammar)?;
         let anchor = self.prefill_from_async(&req.prompt_ids, keep, head).await?;
+        let lp = match top {
+            Some(top) => {
+                let rows = (req.prompt_ids.len() - keep - 1) % crate::model::MAX_ROWS + 1;
+                self.target.read_logprobs(rows, top).await?.pop()
+            }
+            None => None,
+        };
         commit_token(&mut grammar, anchor)?;
         let t1 = clock();
         let mut sink = TokenSink::new(tok, req, budget, on_piece);
         let mut blocks = BlockLoop::new(block, self.block_capacity());
-        if budget > 0 && !sink.push(anchor)? {
+        if budget > 0 && !sink.push_scored(anchor, false, lp.as_ref())? {
             let left = sink.remaining();
-            let mut push = |t: u32, d: bool| Ok(sink.push_token(t, d)?);
-            match grammar {
-                Some(g) => {
-                    self.decode_steps_constrained(&mut blocks, head, left, clock, g, &mut push)
-                        .await?
-                }
-                None => {
-                    self.decode_steps_async(&mut blocks, head, left, clock, &mut push)
-                        .await?
-                }
+            if split {
+                let mut push = |t, d, lp: Option<&_>| Ok(sink.push_scored(t, d, lp)?);
+                let heads = (head, top);
+                self.decode_steps_constrained(&mut blocks, heads, left, clock, grammar, &mut push)
+                    .await?
+            } else {
+                let mut push = |t: u32, d: bool| Ok(sink.push_token(t, d)?);
+                self.decode_steps_async(&mut blocks, head, left, clock, &mut push)
+                    .await?
             }
         }
         let t2 = clock();
