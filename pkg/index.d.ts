@@ -301,6 +301,9 @@ export interface ChatCompletion {
   usage: Usage;
   /** The request's fields this API does not have, ignored (absent when none). */
   ignored_fields?: string[];
+  /** What a not-strict JSON schema left unenforced (keywords the grammar engine lacks):
+   *  the answer is not held to them (absent when none). */
+  grammar_warnings?: string[];
 }
 
 export interface ChatCompletionChunk {
@@ -323,6 +326,8 @@ export interface ChatCompletionChunk {
   usage?: Usage;
   /** On the first chunk: the request's fields this API does not have, ignored. */
   ignored_fields?: string[];
+  /** On the finish chunk: what a not-strict JSON schema left unenforced. */
+  grammar_warnings?: string[];
 }
 
 export interface EngineInfo {

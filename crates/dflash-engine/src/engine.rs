@@ -53,6 +53,8 @@ pub struct Answer {
     pub usage: serde_json::Value,
     /// With tools: the content and the calls parsed out of the text.
     pub tools: Option<ToolAnswer>,
+    /// What the request's grammar left unenforced (`Constraint::warnings`).
+    pub grammar_warnings: Vec<String>,
 }
 
 /// An answer's text split into content and tool calls.
@@ -70,6 +72,7 @@ impl Answer {
             result,
             usage,
             tools: None,
+            grammar_warnings: Vec::new(),
         }
     }
 
@@ -79,6 +82,7 @@ impl Answer {
             result: r.result,
             usage,
             tools: None,
+            grammar_warnings: Vec::new(),
         }
     }
 
@@ -184,14 +188,16 @@ impl Engine {
             dflash: req.chat.dflash != Some(false),
             block: req.chat.block.as_ref(),
         };
-        match tools {
+        let mut answer = match tools {
             Some((format, t)) if t.choice != ToolChoice::None => {
                 let prefix = format!("call_{:012x}_", host.random_seed() & 0xffff_ffff_ffff);
                 self.generate_with_tools(&job, host, ToolStream::new(format, &prefix), on_piece)
-                    .await
+                    .await?
             }
-            _ => self.generate(&job, host, on_piece).await,
-        }
+            _ => self.generate(&job, host, on_piece).await?,
+        };
+        answer.grammar_warnings = gen.grammar.map(|g| g.warnings).unwrap_or_default();
+        Ok(answer)
     }
 
     /// The format the model's chat template writes tool calls in, or BadRequest.

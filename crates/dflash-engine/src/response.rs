@@ -8,6 +8,16 @@ use crate::request::{Endpoint, Request};
 use dflash_core::generate::{Piece, SpelledLogprob};
 use serde_json::{json, Value};
 
+/// Adds `grammar_warnings` to `v` where the request's grammar left something
+/// unenforced (a schema's keywords the grammar engine lacks, not strict): the answer
+/// is not held to them.
+fn with_grammar_warnings(mut v: Value, answer: &Answer) -> Value {
+    if !answer.grammar_warnings.is_empty() {
+        v["grammar_warnings"] = json!(answer.grammar_warnings);
+    }
+    v
+}
+
 /// A chat answer's message: the text, or with tools the content and the calls.
 fn message(text: &str, answer: &Answer) -> Value {
     match &answer.tools {
@@ -138,7 +148,7 @@ impl Reply {
         choice["logprobs"] = self.logprobs_json(&answer.result.logprobs);
         let mut v = self.envelope(json!([choice]), false);
         v["usage"] = answer.usage.clone();
-        self.with_ignored_fields(v)
+        with_grammar_warnings(self.with_ignored_fields(v), answer)
     }
 
     /// A stream's chunk of one choice: `text` (None: nothing), `finish` (a reason or null).
@@ -186,6 +196,7 @@ impl Reply {
     pub fn last_chunks(&self, answer: &Answer) -> Vec<Value> {
         let mut end = self.chunk(None, answer.finish_reason().into());
         end["usage"] = answer.usage.clone();
+        let end = with_grammar_warnings(end, answer);
         let mut chunks = vec![end];
         if self.include_usage {
             let mut u = self.envelope(json!([]), true);

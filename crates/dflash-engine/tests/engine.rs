@@ -565,3 +565,37 @@ fn a_constrained_request_on_a_gpu_pair_gives_constrained_plain_decodings_tokens(
         );
     }
 }
+
+/// A schema keyword the grammar engine lacks: strict, a BadRequest naming it; not
+/// strict, an answer that names it in `grammar_warnings` (never taken for held to it).
+#[test]
+fn unsupported_schema_keywords_are_refused_when_strict_and_reported_when_not() {
+    let mut e = engine();
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "if": {"required": ["a"]}, "then": {"required": ["a"]}});
+    let format = |strict: bool| json!({"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": strict}}, "temperature": 0});
+    let err = e
+        .answer_blocking(
+            &chat(format(true)),
+            &Interrupt::default(),
+            &NativeHost::default(),
+            &mut |_| {},
+        )
+        .err()
+        .unwrap();
+    assert_eq!(error_code(&err), "BadRequest");
+    assert!(err.to_string().contains("\"if\""), "{err}");
+    let req = chat(format(false));
+    let (a, _) = run(&mut e, &req);
+    assert!(
+        a.grammar_warnings.iter().any(|w| w.contains("\"if\"")),
+        "{:?}",
+        a.grammar_warnings
+    );
+    let reply = Reply::new(&req, "x".into(), 0, "m".into());
+    let whole = reply.whole(&a.result.text, &a);
+    assert_eq!(whole["grammar_warnings"], json!(a.grammar_warnings));
+    assert_eq!(
+        reply.last_chunks(&a)[0]["grammar_warnings"],
+        json!(a.grammar_warnings)
+    );
+}

@@ -141,14 +141,16 @@ impl Grammars {
             .factory
             .create_parser(spec.top_level()?)
             .map_err(|e| Error::BadGrammar(short(&e.to_string())))?;
-        let matcher = Matcher::new(Ok(parser));
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(Error::BadGrammar(short(&e)));
         }
+        let warnings = matcher.grammar_warnings();
         Ok(Constraint {
             matcher,
             stop_ids: self.stop_ids.clone(),
             consumed: 0,
+            warnings,
         })
     }
 }
@@ -220,6 +222,10 @@ pub struct Constraint {
     stop_ids: Vec<u32>,
     /// Tokens consumed (stop tokens are never consumed: they end generation).
     consumed: usize,
+    /// What the compiler left unenforced (a JSON schema's keywords it lacks, compiled
+    /// not strict): the answer reports them, so that it is never taken for valid against
+    /// what it was not held to.
+    pub warnings: Vec<String>,
 }
 
 impl std::fmt::Debug for Constraint {
