@@ -1,7 +1,8 @@
 // Structured output, logprobs and tool calls through the npm package in headless
 // Chromium, on the wasm CPU engine: SmolLM2 with its DFlash drafter answers a strict
-// JSON schema with JSON valid against it, the same text DFlash on and off and streamed;
-// a regex keeps to its pattern; logprobs are equal with DFlash and
+// JSON schema with the native CPU engine's constrained greedy text (the same math on
+// every host: dflash_core::math), DFlash on and off and streamed alike; a regex keeps
+// to its pattern; logprobs are equal with DFlash and
 // without; bad grammars are BadRequest naming them. Qwen2.5-Coder-0.5B (its own chat
 // template writes Hermes `<tool_call>`s) answers `tool_choice: "required"` with the
 // native engine's call, whole and streamed (the deltas accumulated as OpenAI's clients
@@ -13,7 +14,7 @@ import { existsSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { serve } from '../../www/serve.mjs';
-import { ROOT, CACHE, launch, watch, MODEL_FILE } from './common.mjs';
+import { ROOT, CACHE, launch, watch, MODEL, MODEL_FILE } from './common.mjs';
 
 const QWEN_FILE = 'Qwen2.5-Coder-0.5B-Instruct.gguf';
 const SCHEMA = {
@@ -34,7 +35,7 @@ before(async () => { srv = await serve({ port: 0, isolated: false }); browser = 
 after(async () => { await browser?.close(); srv?.server.close(); });
 
 /** The native CPU engine's greedy answer with extra `dflash generate` flags. */
-function native(model, chat, n, flags) {
+function nativeCpu(model, chat, n, flags) {
   const out = execFileSync(join(ROOT, 'target', 'release', 'dflash'), [
     'generate', '--model', model, '--chat', chat, '--max-new-tokens', String(n), '--json', '--device', 'cpu', ...flags,
   ], { encoding: 'utf8' });
@@ -50,6 +51,9 @@ async function page(tag) {
 }
 
 test('JSON schema, regex and logprobs on the wasm CPU engine, DFlash on and off', { timeout: 600_000 }, async () => {
+  const file = join(tmpdir(), 'dflash-e2e-cat.json');
+  writeFileSync(file, JSON.stringify(SCHEMA));
+  const native = nativeCpu(MODEL, ASK, 60, ['--json-schema', file, '--logprobs', '2']);
   const p = await page('structured');
   const r = await p.evaluate(async ({ model, ASK, SCHEMA }) => {
     const engine = await m.createEngine({ model, engine: 'cpu', drafter: '/drafters/smollm2-135m-instruct-dflash-b16/' });
@@ -78,7 +82,8 @@ test('JSON schema, regex and logprobs on the wasm CPU engine, DFlash on and off'
   }, { model: `/models/${MODEL_FILE}`, ASK, SCHEMA });
   console.log(JSON.stringify({ json: r.off, phone: r.phone, dflash: r.dflash, lp: r.lpOn[0] }));
   assert.equal(r.on.finish_reason, 'stop');
-  const want = r.on.message.content;
+  const want = native.text;
+  assert.equal(r.on.message.content, want, 'the native CPU engine\'s constrained greedy answer');
   assert.equal(r.off, want, 'DFlash on and off give the same answer');
   assert.equal(r.streamed, want);
   const cat = JSON.parse(want);
@@ -100,7 +105,7 @@ test('tool calls on Qwen2.5-Coder in the browser: whole, streamed and a second t
   if (!existsSync(model)) return t.skip(`${QWEN_FILE} is not in the cache (scripts/fetch-models.sh)`);
   const tools = join(tmpdir(), 'dflash-e2e-tools.json');
   writeFileSync(tools, JSON.stringify(TOOLS));
-  const want = native(model, WEATHER, 60, ['--tools', tools, '--tool-choice', 'required']).tool_calls;
+  const want = nativeCpu(model, WEATHER, 60, ['--tools', tools, '--tool-choice', 'required']).tool_calls;
   const p = await page('tools');
   const r = await p.evaluate(async ({ model, WEATHER, TOOLS }) => {
     const engine = await m.createEngine({ model, engine: 'cpu' });

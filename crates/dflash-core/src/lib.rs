@@ -30,6 +30,7 @@ pub mod formats;
 pub mod generate;
 pub mod grammar;
 pub mod limits;
+pub mod math;
 pub mod model_files;
 pub mod model_meta;
 pub mod prompt_file;

@@ -306,7 +306,7 @@ fn qwen35_from_hf(w: &mut ModelWeights) {
                     .for_each(plus_one);
             }
             crate::weights::Mixer::DeltaNet(d) => {
-                d.decay.iter_mut().for_each(|x| *x = -x.exp());
+                d.decay.iter_mut().for_each(|x| *x = -crate::math::exp(*x));
             }
         }
     }

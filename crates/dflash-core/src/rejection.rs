@@ -72,7 +72,7 @@ pub fn verify(p: &[f32], d: &Proposed, seed: u64, position: u32) -> Verdict {
 pub fn gumbel(seed: u64, position: u32, c: u32) -> f32 {
     let u = ((random_u32(seed, position, STREAM_GUMBEL.wrapping_add(c)) >> 8) as f32 + 0.5)
         * (1.0 / 16_777_216.0);
-    -(-u.ln()).ln()
+    -crate::math::ln(-crate::math::ln(u))
 }
 
 /// Samples one of `scores` (logits over candidates `ids`) at temperature `t` by the
@@ -82,7 +82,7 @@ pub fn gumbel_pick(ids: &[u32], scores: &[f32], t: f32, seed: u64, position: u32
     let inv_t = 1.0 / t; // as the GPU, which gets 1/T
     let z: Vec<f32> = scores.iter().map(|s| s * inv_t).collect();
     let m = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let e: Vec<f32> = z.iter().map(|v| (v - m).exp()).collect();
+    let e: Vec<f32> = z.iter().map(|v| crate::math::exp(v - m)).collect();
     let sum: f32 = e.iter().sum();
     let mut best = 0;
     let mut best_v = f32::MIN;

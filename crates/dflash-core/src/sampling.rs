@@ -261,9 +261,9 @@ pub fn token_logprob(
     let sum: f32 = l
         .iter()
         .filter(|v| !v.is_nan())
-        .map(|&v| (v - m).exp())
+        .map(|&v| crate::math::exp(v - m))
         .sum();
-    let log_z = m + sum.ln();
+    let log_z = m + crate::math::ln(sum);
     let lp = |t: u32| l.get(t as usize).map_or(f32::NEG_INFINITY, |&v| v - log_z);
     let mut ids: Vec<u32> = (0..l.len() as u32).collect();
     let n = top.min(MAX_TOP_LOGPROBS).min(ids.len());
@@ -332,13 +332,13 @@ pub fn kept_weights_masked(
         thr = keys[params.top_k - 1];
     }
     if params.min_p > 0.0 {
-        thr = thr.max(order_key(m + params.min_p.ln()));
+        thr = thr.max(order_key(m + crate::math::ln(params.min_p)));
     }
     if params.top_p < 1.0 {
         let mut kept: Vec<(u32, f32)> = z
             .iter()
             .filter(|&&v| order_key(v) >= thr)
-            .map(|&v| (order_key(v), (v - m).exp()))
+            .map(|&v| (order_key(v), crate::math::exp(v - m)))
             .collect();
         let target = kept.iter().map(|k| k.1).sum::<f32>() * params.top_p;
         kept.sort_unstable_by_key(|a| std::cmp::Reverse(a.0));
@@ -355,7 +355,7 @@ pub fn kept_weights_masked(
         .iter()
         .map(|&v| {
             if order_key(v) >= thr {
-                (v - m).exp()
+                crate::math::exp(v - m)
             } else {
                 0.0
             }

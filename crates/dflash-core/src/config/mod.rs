@@ -312,7 +312,10 @@ impl Rope {
                 let (low_wavelen, high_wavelen) = (old_ctx / low, old_ctx / high);
                 (0..self.dim / 2)
                     .map(|i| {
-                        let freq = (self.theta as f64).powf(-2.0 * i as f64 / self.dim as f64);
+                        let freq = crate::math::pow64(
+                            self.theta as f64,
+                            -2.0 * i as f64 / self.dim as f64,
+                        );
                         let wavelen = 2.0 * std::f64::consts::PI / freq;
                         let scaled = if wavelen < high_wavelen {
                             freq
@@ -335,7 +338,7 @@ impl Rope {
         let factors = self.freq_factors();
         (0..self.dim / 2)
             .map(|i| {
-                let f = (self.theta as f64).powf(-2.0 * i as f64 / self.dim as f64);
+                let f = crate::math::pow64(self.theta as f64, -2.0 * i as f64 / self.dim as f64);
                 let ff = factors.get(i).copied().unwrap_or(1.0) as f64;
                 (f / ff) as f32
             })

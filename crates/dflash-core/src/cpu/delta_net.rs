@@ -86,12 +86,12 @@ fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
-        x.exp().ln_1p()
+        crate::math::ln_1p(crate::math::exp(x))
     }
 }
 
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + crate::math::exp(-x))
 }
 
 /// `x * rsqrt(sum(x^2) + 1e-6)` in place (transformers' `l2norm`).
@@ -185,7 +185,7 @@ impl CpuDeltaNet {
             l2_normalise(&mut k);
             let scale = 1.0 / (dk as f32).sqrt();
             q.iter_mut().for_each(|x| *x *= scale);
-            let g = (self.decay[h] * softplus(a[h] + self.dt_bias[h])).exp();
+            let g = crate::math::exp(self.decay[h] * softplus(a[h] + self.dt_bias[h]));
             let beta = sigmoid(b[h]);
             let sh = &mut s[h * dk * dv..(h + 1) * dk * dv];
             sh.iter_mut().for_each(|x| *x *= g);

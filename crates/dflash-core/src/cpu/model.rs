@@ -198,7 +198,7 @@ impl Experts {
             let y = down.apply(&swiglu(gate_up, x, n), n);
             let g = weigh.apply(x, n);
             for r in 0..n {
-                let s = 1.0 / (1.0 + (-g[r]).exp());
+                let s = 1.0 / (1.0 + crate::math::exp(-g[r]));
                 let rows = out[r * h..(r + 1) * h]
                     .iter_mut()
                     .zip(&y[r * h..(r + 1) * h]);
@@ -620,7 +620,7 @@ impl CpuModel {
         let mut att = attend(&q, n, kv, &causal, heads);
         if let Some(g) = gate {
             for (a, &g) in att.iter_mut().zip(&g) {
-                *a *= 1.0 / (1.0 + (-g).exp());
+                *a *= 1.0 / (1.0 + crate::math::exp(-g));
             }
         }
         l.wo.apply(&att, n)

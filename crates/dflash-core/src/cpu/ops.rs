@@ -120,7 +120,7 @@ pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// table of exactly these values.
 #[inline]
 pub fn rope_cos_sin(pos: usize, inv_freq: f32) -> (f32, f32) {
-    let (s, c) = (pos as f32 * inv_freq).sin_cos();
+    let (s, c) = crate::math::sin_cos(pos as f32 * inv_freq);
     (c, s)
 }
 
@@ -140,7 +140,7 @@ pub fn rope(x: &mut [f32], pos: usize, inv_freq: &[f32], style: RopeStyle) {
 }
 
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + crate::math::exp(-x))
 }
 
 /// Softmax in place with the max subtracted; sums run left to right.
@@ -149,7 +149,7 @@ pub fn softmax(x: &mut [f32]) {
     let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;
     for v in x.iter_mut() {
-        *v = (*v - m).exp();
+        *v = crate::math::exp(*v - m);
         sum += *v;
     }
     let inv = 1.0 / sum;

@@ -108,7 +108,7 @@ impl DrafterConfig {
     pub fn draft_logit(&self, x: f32) -> f32 {
         let x = x * self.output_multiplier;
         match self.final_logit_softcapping {
-            Some(cap) => (x / cap).tanh() * cap,
+            Some(cap) => crate::math::tanh(x / cap) * cap,
             None => x,
         }
     }

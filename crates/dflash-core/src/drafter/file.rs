@@ -157,6 +157,20 @@ fn strings<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<String>, 
     })
 }
 
+/// `v` with every object's keys in sorted order (the files we write keep the order
+/// whatever order serde_json's maps keep: llguidance turns on its `preserve_order`).
+fn sorted(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(o) => {
+            let mut pairs: Vec<_> = o.into_iter().map(|(k, x)| (k, sorted(x))).collect();
+            pairs.sort_by(|a, b| a.0.cmp(&b.0));
+            serde_json::Value::Object(pairs.into_iter().collect())
+        }
+        serde_json::Value::Array(a) => a.into_iter().map(sorted).collect(),
+        x => x,
+    }
+}
+
 impl DrafterFile {
     /// Parses config.json text (the file's checks come with `DrafterConfig::try_from`).
     pub fn from_json(text: &str) -> Result<Self> {
@@ -167,7 +181,7 @@ impl DrafterFile {
     /// them (an f32 widened to f64), the text the trainer has always written.
     pub fn to_json_pretty(&self) -> String {
         let v = serde_json::to_value(self).expect("a drafter file is plain JSON");
-        serde_json::to_string_pretty(&v).expect("a drafter file is plain JSON")
+        serde_json::to_string_pretty(&sorted(v)).expect("a drafter file is plain JSON")
     }
 
     /// A DFlash field: `dflash_config` first, then the top level.
