@@ -16,7 +16,7 @@ use dflash_core::sampling::SamplingParams;
 use dflash_core::speculative::{
     generate_speculative_cpu, generate_speculative_with, BlockSize, Proposer,
 };
-use dflash_core::testutil::{cached_model, DrafterSpec};
+use dflash_core::testutil::{cached_model, grammar_specs, lossless_samplings, DrafterSpec};
 use dflash_core::testutil::{random_weights, tiny_drafter_target, write_drafter, write_gguf};
 use dflash_core::Error;
 use serde_json::json;
@@ -31,29 +31,6 @@ fn grammars(m: &LoadedModel) -> Grammars {
     Grammars::new(&m.tokenizer, m.config().vocab_size).unwrap()
 }
 
-/// The grammars the tests constrain with: a JSON schema (bounded, so that a random
-/// model ends it), a regex, a Lark grammar, and any JSON object.
-fn specs() -> Vec<GrammarSpec> {
-    vec![
-        GrammarSpec::JsonSchema {
-            schema: json!({
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string", "maxLength": 6},
-                    "n": {"type": "integer", "minimum": 0, "maximum": 999},
-                    "ok": {"type": "boolean"}
-                },
-                "required": ["name", "n", "ok"],
-                "additionalProperties": false
-            }),
-            strict: true,
-        },
-        GrammarSpec::Regex("(ab|cd|the)+ [0-9]{2,4}".into()),
-        GrammarSpec::Lark("start: \"[\" item (\", \" item)* \"]\"\nitem: /[a-z]{1,3}/".into()),
-        GrammarSpec::JsonObject,
-    ]
-}
-
 fn req(m: &LoadedModel, prompt: &str, sp: &SamplingParams, g: &GrammarSpec) -> GenerateRequest {
     GenerateRequest {
         prompt_ids: m.tokenizer.encode(prompt, true).unwrap(),
@@ -64,24 +41,6 @@ fn req(m: &LoadedModel, prompt: &str, sp: &SamplingParams, g: &GrammarSpec) -> G
         interrupt: Default::default(),
         grammar: Some(grammars(m).compile(g).unwrap()),
     }
-}
-
-fn samplings() -> Vec<SamplingParams> {
-    vec![
-        SamplingParams::default(),
-        SamplingParams {
-            temperature: 0.8,
-            top_p: 0.95,
-            seed: 11,
-            ..Default::default()
-        },
-        SamplingParams {
-            temperature: 1.0,
-            top_k: 20,
-            seed: 12,
-            ..Default::default()
-        },
-    ]
 }
 
 fn blocks() -> Vec<BlockSize> {
@@ -172,8 +131,8 @@ fn constrained_plain_decoding_keeps_to_the_grammar_or_ends_with_length() {
     let m = tiny();
     for kernels in [CpuKernels::Reference, CpuKernels::Quantized] {
         let cpu = CpuModel::with_kernels(&m.weights, kernels);
-        for g in specs() {
-            for sp in samplings() {
+        for g in grammar_specs() {
+            for sp in lossless_samplings() {
                 let r = plain(&cpu, &m, &req(&m, "the answer", &sp, &g));
                 check_output(&g, &r);
             }
@@ -181,7 +140,7 @@ fn constrained_plain_decoding_keeps_to_the_grammar_or_ends_with_length() {
     }
     // The tiny random model finishes the bounded grammars at T = 0.
     let cpu = CpuModel::new(&m.weights);
-    let regex = &specs()[1];
+    let regex = &grammar_specs()[1];
     let r = plain(&cpu, &m, &req(&m, "x", &SamplingParams::default(), regex));
     assert_eq!(r.finish_reason, FinishReason::Stop, "{:?}", r.text);
 }
@@ -191,7 +150,7 @@ fn a_grammar_that_cannot_finish_within_the_budget_ends_with_length() {
     let m = tiny();
     let cpu = CpuModel::new(&m.weights);
     let g = GrammarSpec::Regex("a{60}".into());
-    for sp in samplings() {
+    for sp in lossless_samplings() {
         let r = plain(&cpu, &m, &req(&m, "x", &sp, &g));
         assert_eq!(r.finish_reason, FinishReason::Length);
         assert_eq!(r.text, "a".repeat(40));
@@ -279,8 +238,8 @@ fn constrained_speculation_with_a_random_drafter_equals_constrained_plain_decodi
     ] {
         let cpu = CpuModel::with_kernels(&m.weights, kernels);
         let d = CpuDrafter::with_kernels(&w, kernels);
-        for g in specs() {
-            for sp in samplings() {
+        for g in grammar_specs() {
+            for sp in lossless_samplings() {
                 let want = plain(&cpu, &m, &req(&m, "the answer", &sp, &g));
                 for b in blocks() {
                     let s = generate_speculative_cpu(
@@ -342,8 +301,8 @@ impl Proposer for Oracle {
 fn constrained_speculation_accepting_drafts_equals_constrained_plain_decoding() {
     let m = tiny();
     let cpu = CpuModel::new(&m.weights);
-    for g in specs() {
-        for sp in samplings() {
+    for g in grammar_specs() {
+        for sp in lossless_samplings() {
             let rq = req(&m, "the answer", &sp, &g);
             let want = plain(&cpu, &m, &rq);
             let mut answer = rq.prompt_ids.clone();
@@ -411,9 +370,9 @@ fn smollm2_json_under_dflash_equals_plain_and_validates() {
             true,
         )
         .unwrap();
-    let g = specs().remove(0);
+    let g = grammar_specs().remove(0);
     let mut accepted = 0;
-    for sp in &samplings()[..2] {
+    for sp in &lossless_samplings()[..2] {
         let rq = req(&m, &prompt, sp, &g);
         let want = plain(&cpu, &m, &rq);
         check_output(&g, &want);
@@ -460,8 +419,12 @@ fn logprobs_under_dflash_equal_plain_decodings_bit_for_bit() {
             })
             .collect()
     };
-    for g in [None, Some(specs().remove(0)), Some(specs().remove(1))] {
-        for sp in samplings() {
+    for g in [
+        None,
+        Some(grammar_specs().remove(0)),
+        Some(grammar_specs().remove(1)),
+    ] {
+        for sp in lossless_samplings() {
             let sp = SamplingParams {
                 logprobs: Some(5),
                 ..sp
@@ -503,7 +466,7 @@ fn rejection_sampling_under_a_grammar_keeps_to_it() {
     let cpu = CpuModel::with_kernels(&m.weights, CpuKernels::Quantized);
     for w in [drafter(&m), dflash2_drafter(&m)] {
         let d = CpuDrafter::with_kernels(&w, CpuKernels::Quantized);
-        for g in specs() {
+        for g in grammar_specs() {
             let sp = SamplingParams {
                 temperature: 0.9,
                 seed: 21,

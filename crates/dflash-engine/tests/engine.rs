@@ -19,9 +19,8 @@ use dflash_engine::response::Reply;
 use dflash_engine::{Answer, Engine, Job, Runner};
 use serde_json::{json, Value};
 
-/// The tiny target on the quantized CPU engine with a random drafter (its drafts are
-/// rarely accepted: every step tests the rollback).
-fn engine() -> Engine {
+/// The tiny target and a random drafter for it.
+fn tiny_pair() -> (dflash_core::model_files::LoadedModel, DrafterWeights) {
     let c = tiny_drafter_target();
     let m = load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap();
     let files = write_drafter(&c, &DrafterSpec::new(&c, 2, 5));
@@ -32,6 +31,13 @@ fn engine() -> Engine {
         DrafterPrecision::Q8,
     )
     .unwrap();
+    (m, w)
+}
+
+/// The tiny target on the quantized CPU engine with a random drafter (its drafts are
+/// rarely accepted: every step tests the rollback).
+fn engine() -> Engine {
+    let (m, w) = tiny_pair();
     let target = CpuModel::with_kernels(&m.weights, CpuKernels::Quantized);
     let drafter = CpuDrafter::with_kernels(&w, CpuKernels::Quantized);
     let runner = Runner::cpu(target, Some(drafter));
@@ -530,16 +536,7 @@ fn bad_tool_requests_name_their_place() {
 #[test]
 fn a_constrained_request_on_a_gpu_pair_gives_constrained_plain_decodings_tokens() {
     use dflash_engine::device::DeviceChoice;
-    let c = tiny_drafter_target();
-    let m = load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap();
-    let files = write_drafter(&c, &DrafterSpec::new(&c, 2, 5));
-    let cfg = std::str::from_utf8(&files["config.json"]).unwrap();
-    let w = DrafterWeights::load(
-        cfg,
-        vec![("model.safetensors", &files["model.safetensors"][..])],
-        DrafterPrecision::Q8,
-    )
-    .unwrap();
+    let (m, w) = tiny_pair();
     let opts = dflash_gpu::GpuOptions::default();
     let mut e = match Engine::on_device(m, Some(&w), DeviceChoice::Gpu, &opts, 256, &mut |_| {}) {
         Ok(e) => e,

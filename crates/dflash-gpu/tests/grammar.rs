@@ -10,44 +10,15 @@ use dflash_core::generate::{generate_cpu, GenerateRequest};
 use dflash_core::grammar::{GrammarSpec, Grammars};
 use dflash_core::model_files::{load_gguf, LoadedModel};
 use dflash_core::sampling::SamplingParams;
-use dflash_core::testutil::{random_weights, tiny_drafter_target, write_gguf};
+use dflash_core::testutil::{
+    grammar_specs, lossless_samplings, random_weights, tiny_drafter_target, write_gguf,
+};
 use dflash_gpu::{GpuModel, GpuModelOptions};
-use serde_json::json;
 mod common;
 
 fn tiny() -> LoadedModel {
     let c = tiny_drafter_target();
     load_gguf(&write_gguf(&c, &random_weights(&c, 41), GgmlType::Q8_0)).unwrap()
-}
-
-fn specs() -> Vec<GrammarSpec> {
-    vec![
-        GrammarSpec::JsonSchema {
-            schema: json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer"}}, "required": ["name", "n"], "additionalProperties": false}),
-            strict: true,
-        },
-        GrammarSpec::Regex("(ab|cd|the)+ [0-9]{2,4}".into()),
-        GrammarSpec::Lark("start: \"[\" item (\", \" item)* \"]\"\nitem: /[a-z]{1,3}/".into()),
-        GrammarSpec::JsonObject,
-    ]
-}
-
-fn samplings() -> Vec<SamplingParams> {
-    vec![
-        SamplingParams::default(),
-        SamplingParams {
-            temperature: 0.8,
-            top_p: 0.95,
-            seed: 11,
-            ..Default::default()
-        },
-        SamplingParams {
-            temperature: 1.0,
-            top_k: 20,
-            seed: 12,
-            ..Default::default()
-        },
-    ]
 }
 
 fn req(m: &LoadedModel, g: &Grammars, spec: &GrammarSpec, sp: &SamplingParams) -> GenerateRequest {
@@ -73,8 +44,8 @@ fn the_masked_gpu_head_gives_the_cpu_references_constrained_tokens() {
             ..Default::default()
         };
         let mut gpu = GpuModel::new(ctx.clone(), &m.weights, &opts).unwrap();
-        for spec in specs() {
-            for sp in samplings() {
+        for spec in grammar_specs() {
+            for sp in lossless_samplings() {
                 let r = req(&m, &g, &spec, &sp);
                 let want = generate_cpu(&cpu, &m.tokenizer, &r, &|| 0.0, &mut |_| {}).unwrap();
                 gpu.forget_cached();
@@ -89,7 +60,7 @@ fn the_masked_gpu_head_gives_the_cpu_references_constrained_tokens() {
         // The unmasked heads after the masked ones: plain decoding is unchanged.
         let plain = GenerateRequest {
             grammar: None,
-            ..req(&m, &g, &specs()[0], &SamplingParams::default())
+            ..req(&m, &g, &grammar_specs()[0], &SamplingParams::default())
         };
         let want = generate_cpu(&cpu, &m.tokenizer, &plain, &|| 0.0, &mut |_| {}).unwrap();
         gpu.forget_cached();
@@ -149,8 +120,8 @@ fn constrained_dflash_equals_plain(
     let mut spec = Speculative::new(target, drafter).unwrap();
     let d2 = drafter.config.dflash2.is_some();
     let mut accepted = 0;
-    for spec_g in specs() {
-        for sp in &samplings()[..2] {
+    for spec_g in grammar_specs() {
+        for sp in &lossless_samplings()[..2] {
             let r = req(m, &g, &spec_g, sp);
             plain.forget_cached();
             let want = plain
@@ -217,13 +188,13 @@ fn gpu_logprobs_follow_the_cpu_reference_and_dflash_gives_the_same_bits() {
             })
             .collect()
     };
-    for grammar in [None, Some(specs().remove(0))] {
-        for sp in &samplings()[..2] {
+    for grammar in [None, Some(grammar_specs().remove(0))] {
+        for sp in &lossless_samplings()[..2] {
             let sp = SamplingParams {
                 logprobs: Some(4),
                 ..sp.clone()
             };
-            let mut r = req(&m, &g, &specs()[0], &sp);
+            let mut r = req(&m, &g, &grammar_specs()[0], &sp);
             r.grammar = grammar.as_ref().map(|s| g.compile(s).unwrap());
             let want = generate_cpu(&cpu, &m.tokenizer, &r, &|| 0.0, &mut |_| {}).unwrap();
             plain.forget_cached();

@@ -552,3 +552,47 @@ pub fn packed_kernel_mismatches() -> (usize, usize, Vec<&'static str>) {
     }
     (bad, all, kernels.iter().map(|k| k.name()).collect())
 }
+
+/// The grammars the constrained-decoding tests run: a JSON schema bounded so that a
+/// random model ends it, a regex, a Lark grammar, and any JSON object.
+pub fn grammar_specs() -> Vec<crate::grammar::GrammarSpec> {
+    use crate::grammar::GrammarSpec;
+    vec![
+        GrammarSpec::JsonSchema {
+            schema: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 6},
+                    "n": {"type": "integer", "minimum": 0, "maximum": 999},
+                    "ok": {"type": "boolean"}
+                },
+                "required": ["name", "n", "ok"],
+                "additionalProperties": false
+            }),
+            strict: true,
+        },
+        GrammarSpec::Regex("(ab|cd|the)+ [0-9]{2,4}".into()),
+        GrammarSpec::Lark("start: \"[\" item (\", \" item)* \"]\"\nitem: /[a-z]{1,3}/".into()),
+        GrammarSpec::JsonObject,
+    ]
+}
+
+/// Greedy and two seeded samplers (top-p, top-k): what lossless tests run.
+pub fn lossless_samplings() -> Vec<crate::sampling::SamplingParams> {
+    use crate::sampling::SamplingParams;
+    vec![
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            seed: 11,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 20,
+            seed: 12,
+            ..Default::default()
+        },
+    ]
+}
