@@ -89,7 +89,7 @@ fn bad_requests_are_typed_errors() {
     let ok = json!([{"role": "user", "content": "hi"}]);
     for bad in [
         json!({"messages": []}),
-        json!({"messages": [{"role": "tool", "content": "x"}]}),
+        json!({"messages": [{"role": "robot", "content": "x"}]}),
         json!({"messages": "hi"}),
         json!({"messages": ok, "max_tokens": -1}),
     ] {
@@ -279,7 +279,7 @@ fn openai_fields_that_would_change_the_answer_are_refused_by_name() {
         ),
         (
             "tools",
-            json!([{"type": "function", "function": {"name": "f"}}]),
+            json!([{"type": "function", "function": {"name": "not a name"}}]),
         ),
         ("tool_choice", json!("required")),
         ("stream_options", json!({"include_usage": true, "x": 1})),
