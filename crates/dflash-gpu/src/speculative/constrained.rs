@@ -11,7 +11,7 @@
 
 use super::drafter::bookkeeping_keeping;
 use super::{QueuedStep, Speculative, StepResult};
-use crate::error::{GpuError, Result};
+use crate::error::Result;
 use crate::model::OutputHead;
 use crate::pipelines::Dispatch;
 use dflash_core::generate::commit_token;
@@ -58,13 +58,7 @@ impl Speculative {
     async fn verify_block(&mut self, drafts: &[u32], head: OutputHead) -> Result<StepResult> {
         let b = drafts.len() + 1;
         let pos = self.target.len();
-        if pos + b > self.target.context {
-            return Err(GpuError::Core(dflash_core::Error::ContextOverflow {
-                prompt_tokens: pos + b,
-                max_new_tokens: 0,
-                context: self.target.context,
-            }));
-        }
+        self.check_room(pos, b)?;
         let ctx = self.target.ctx.clone();
         ctx.check_lost()?;
         ctx.queue.write_buffer(

@@ -395,13 +395,7 @@ impl Speculative {
         pos: usize,
     ) -> Result<QueuedStep> {
         let b = b.clamp(1, self.block_capacity());
-        if pos + b > self.target.context {
-            return Err(GpuError::Core(dflash_core::Error::ContextOverflow {
-                prompt_tokens: pos + b,
-                max_new_tokens: 0,
-                context: self.target.context,
-            }));
-        }
+        self.check_room(pos, b)?;
         let ctx = self.target.ctx.clone();
         ctx.check_lost()?;
         // The context grows by the rows the last step committed; the plan adds all the
@@ -437,6 +431,18 @@ impl Speculative {
             slot,
             index,
         })
+    }
+
+    /// A step of `b` rows from `pos` fits the context, or `ContextOverflow`.
+    pub(crate) fn check_room(&self, pos: usize, b: usize) -> Result<()> {
+        if pos + b > self.target.context {
+            return Err(GpuError::Core(dflash_core::Error::ContextOverflow {
+                prompt_tokens: pos + b,
+                max_new_tokens: 0,
+                context: self.target.context,
+            }));
+        }
+        Ok(())
     }
 
     /// Requests the read-back of a queued step's outcome (before the next submission, so
