@@ -1,7 +1,8 @@
 //! `dflash serve` over HTTP on 127.0.0.1: the answers equal `dflash generate`'s (whole,
-//! streamed, raw completions), bad requests get 4xx with OpenAI's error object, a full
-//! queue answers 503 while every accepted request gets its whole, correct answer, and a
-//! client that disconnects interrupts its request.
+//! streamed, raw completions, on one kept-alive connection, chunked bodies), bad
+//! requests get 4xx with OpenAI's error object, a full queue answers 429 while every
+//! accepted request gets its whole, correct answer, a client that disconnects interrupts
+//! its request, the API key, CORS and the metrics, and SIGTERM drains.
 
 use dflash_core::config::Arch;
 use dflash_core::formats::ggml::GgmlType;
@@ -71,7 +72,7 @@ fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     )
     .unwrap();
@@ -188,6 +189,56 @@ fn answers_equal_generate_whole_streamed_and_raw() {
         serde_json::from_str::<Value>(&health).unwrap()["requests"]["served"],
         3
     );
+    // One kept-alive connection: a chunked body, then a Content-Length one, the same answer.
+    let mut conn = BufReader::new(TcpStream::connect(("127.0.0.1", srv.port)).unwrap());
+    let body = chat("say the hello", 8).to_string();
+    let (half, rest) = body.split_at(body.len() / 2);
+    write!(
+        conn.get_mut(),
+        "POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{half}\r\n{:x}\r\n{rest}\r\n0\r\n\r\n",
+        half.len(),
+        rest.len()
+    )
+    .unwrap();
+    let (status, v) = read_response(&mut conn);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], want.as_str());
+    write!(
+        conn.get_mut(),
+        "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let (status, v) = read_response(&mut conn);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], want.as_str());
+}
+
+/// One response with a Content-Length body from a kept-alive connection: (status, JSON).
+fn read_response(conn: &mut BufReader<TcpStream>) -> (u16, Value) {
+    let mut line = String::new();
+    conn.read_line(&mut line).unwrap();
+    let status = line
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let mut length = 0;
+    loop {
+        let mut h = String::new();
+        conn.read_line(&mut h).unwrap();
+        if h.trim().is_empty() {
+            break;
+        }
+        if let Some((name, value)) = h.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut body = vec![0u8; length];
+    conn.read_exact(&mut body).unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
 }
 
 #[test]
@@ -301,7 +352,7 @@ fn clients(port: u16, n: usize, tokens: usize) -> Vec<(u16, String, f64)> {
 }
 
 /// The figures of one concurrency run, printed as a JSON line: requests, answered and
-/// correct, refused with 503, and the latency percentiles of the answered ones.
+/// correct, refused with 429, and the latency percentiles of the answered ones.
 fn print_figures(queue: usize, got: &[(u16, String, f64)], want: &str) {
     let mut ok: Vec<f64> = got.iter().filter(|g| g.0 == 200).map(|g| g.2).collect();
     ok.sort_by(f64::total_cmp);
@@ -311,14 +362,14 @@ fn print_figures(queue: usize, got: &[(u16, String, f64)], want: &str) {
         json!({
             "queue": queue, "requests": got.len(), "answered": ok.len(),
             "all_correct": got.iter().filter(|g| g.0 == 200).all(|g| g.1 == want),
-            "rejected_503": got.iter().filter(|g| g.0 == 503).count(),
+            "rejected_429": got.iter().filter(|g| g.0 == 429).count(),
             "p50_s": pct(0.5), "p99_s": pct(0.99),
         })
     );
 }
 
 #[test]
-fn concurrent_clients_queue_in_order_or_get_503() {
+fn concurrent_clients_queue_in_order_or_get_429() {
     let Some(model) = smollm2() else { return };
     let want = generate(&model, "--chat", "Write a haiku about rain.", 24);
     // A queue for all: every request gets its whole, correct answer.
@@ -330,13 +381,13 @@ fn concurrent_clients_queue_in_order_or_get_503() {
     }
     drop(srv);
     // A queue of 1: one waits while one runs (a request arriving before the engine took
-    // the first from the queue finds it full), the rest are refused at once with 503.
+    // the first from the queue finds it full), the rest are refused at once with 429.
     let srv = serve(&model, &["--queue", "1"]);
     let got = clients(srv.port, 6, 48);
     let want48 = generate(&model, "--chat", "Write a haiku about rain.", 48);
     print_figures(1, &got, &want48);
     let ok: Vec<_> = got.iter().filter(|g| g.0 == 200).collect();
-    let busy = got.iter().filter(|g| g.0 == 503).count();
+    let busy = got.iter().filter(|g| g.0 == 429).count();
     assert_eq!(ok.len() + busy, 6, "{got:?}");
     assert!(busy >= 1 && !ok.is_empty(), "{got:?}");
     assert!(ok.iter().all(|g| g.1 == want48), "{got:?}");
@@ -355,7 +406,7 @@ fn a_client_that_disconnects_interrupts_its_request() {
     let mut s = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
     write!(
         s,
-        "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -422,10 +473,11 @@ fn slow_and_malformed_heads_are_refused_in_bounded_time() {
             "400",
         ),
         (
-            "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
-            "411",
+            "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            "400",
         ),
-        ("GET /health HTTP/2.0\r\n\r\n", "505"),
+        ("GET /health HTTP/2.0\r\n\r\n", "400"),
+        ("GET /health HTTP/1.1\r\nConnection: close\r\n\r\n", "200"),
     ] {
         let status = raw_status(srv.port, head, "");
         assert!(
@@ -451,4 +503,192 @@ fn slow_and_malformed_heads_are_refused_in_bounded_time() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A raw request's whole response (the server closes after it).
+fn raw(port: u16, request: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+#[test]
+fn the_api_key_cors_and_metrics() {
+    let model = tiny_model();
+    let srv = serve(
+        &model,
+        &[
+            "--api-key",
+            "sk-test",
+            "--cors-origin",
+            "http://app.example",
+        ],
+    );
+    let models = |auth: &str| {
+        raw(
+            srv.port,
+            &format!("GET /v1/models HTTP/1.1\r\n{auth}Connection: close\r\n\r\n"),
+        )
+    };
+    let refused = models("");
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+    assert!(
+        refused
+            .to_ascii_lowercase()
+            .contains("www-authenticate: bearer"),
+        "{refused}"
+    );
+    assert!(models("Authorization: Bearer sk-nope\r\n").starts_with("HTTP/1.1 401"));
+    let ok = models("Authorization: Bearer sk-test\r\n");
+    assert!(
+        ok.starts_with("HTTP/1.1 200") && ok.contains("\"tiny\""),
+        "{ok}"
+    );
+    // /health and /metrics need no key.
+    assert_eq!(http(srv.port, "GET", "/health", b"").0, 200);
+    // A preflight from the allowed origin, then from another.
+    let preflight = |origin: &str| {
+        raw(
+            srv.port,
+            &format!(
+                "OPTIONS /v1/chat/completions HTTP/1.1\r\nOrigin: {origin}\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type\r\nConnection: close\r\n\r\n"
+            ),
+        )
+        .to_ascii_lowercase()
+    };
+    let allowed = preflight("http://app.example");
+    assert!(allowed.starts_with("http/1.1 200"), "{allowed}");
+    assert!(
+        allowed.contains("access-control-allow-origin: http://app.example"),
+        "{allowed}"
+    );
+    assert!(allowed.contains("authorization"), "{allowed}");
+    assert!(!preflight("http://evil.example").contains("access-control-allow-origin"));
+    // Every response above counted by route and status.
+    let metrics = raw(
+        srv.port,
+        "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n",
+    );
+    for line in [
+        "dflash_http_responses_total{route=\"/v1/models\",status=\"401\"} 2",
+        "dflash_http_responses_total{route=\"/v1/models\",status=\"200\"} 1",
+        "dflash_http_responses_total{route=\"/health\",status=\"200\"} 1",
+        "dflash_requests_in_flight 0",
+    ] {
+        assert!(metrics.contains(line), "{line} not in {metrics}");
+    }
+    // A generation's figures.
+    let (status, v) = post_with_key(srv.port, &chat("say the hello", 8), "sk-test");
+    assert_eq!(status, 200, "{v}");
+    let metrics = raw(
+        srv.port,
+        "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n",
+    );
+    for line in [
+        "dflash_completion_tokens_total 8",
+        "dflash_time_to_first_token_seconds_count 1",
+        "dflash_decode_tokens_per_second_count 1",
+        "dflash_requests_served_total 1",
+    ] {
+        assert!(metrics.contains(line), "{line} not in {metrics}");
+    }
+}
+
+fn post_with_key(port: u16, v: &Value, key: &str) -> (u16, Value) {
+    let body = v.to_string();
+    let out = raw(
+        port,
+        &format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nAuthorization: Bearer {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Starts a streamed completion (counting, which goes on and on) and reads until its
+/// first piece arrives.
+fn start_stream(port: u16, tokens: usize) -> BufReader<TcpStream> {
+    let req = json!({"prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": tokens, "temperature": 0, "stream": true});
+    let body = req.to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "no answer");
+    }
+    r
+}
+
+/// The rest of a stream's events, and the finish reason of its last chunk.
+fn finish_of(mut r: BufReader<TcpStream>) -> (Vec<String>, Value) {
+    let mut rest = String::new();
+    let _ = r.read_to_string(&mut rest);
+    let ev = events(&rest);
+    let last = ev
+        .iter()
+        .rev()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .find(|c| c["choices"][0]["finish_reason"].is_string())
+        .map(|c| c["choices"][0]["finish_reason"].clone())
+        .unwrap_or(Value::Null);
+    (ev, last)
+}
+
+fn stop(srv: &mut Server) -> std::time::Instant {
+    let pid = srv.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    std::time::Instant::now()
+}
+
+#[test]
+fn sigterm_finishes_the_requests_in_flight_then_interrupts_them_at_the_deadline() {
+    let Some(model) = smollm2() else { return };
+    // A request in flight finishes whole; new connections are refused; the server exits 0.
+    let mut srv = serve(&model, &[]);
+    let stream = start_stream(srv.port, 48);
+    let t = stop(&mut srv);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        TcpStream::connect(("127.0.0.1", srv.port)).is_err(),
+        "still accepting"
+    );
+    let (ev, finish) = finish_of(stream);
+    assert_eq!(
+        (ev.last().map(String::as_str), finish),
+        (Some("[DONE]"), json!("length"))
+    );
+    assert!(srv.child.wait().unwrap().success());
+    println!("drained one request in {:.2} s", t.elapsed().as_secs_f64());
+    // Past --shutdown-timeout the request is interrupted and ends cleanly.
+    let mut srv = serve(&model, &["--shutdown-timeout", "1"]);
+    let stream = start_stream(srv.port, 2000);
+    let t = stop(&mut srv);
+    let (ev, finish) = finish_of(stream);
+    assert_eq!(
+        (ev.last().map(String::as_str), finish),
+        (Some("[DONE]"), json!("abort"))
+    );
+    assert!(srv.child.wait().unwrap().success());
+    let took = t.elapsed().as_secs_f64();
+    assert!(took < 5.0, "stopped after {took:.1} s");
 }

@@ -1,105 +1,157 @@
-//! One job's answer on its connection: the engine's events written as one JSON answer
-//! or as server-sent events, the client checked every 200 ms and its job interrupted
-//! when it is gone.
+//! One job's answer: the engine's events written as one JSON answer or as server-sent
+//! events. The answer holds the request's `Place`: when the client leaves, hyper drops
+//! the answer (its future, or its body mid-stream) and the place's drop interrupts the
+//! generation.
 
-use super::http::{self, client_gone, write_error, write_event, write_json};
-use super::jobs::Event;
-use dflash_core::generate::{Interrupt, Piece};
+use super::jobs::{Event, Place};
+use super::routes::{error, error_body};
+use super::Shared;
+use axum::body::{Body, Bytes};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use dflash_core::generate::Piece;
 use dflash_engine::response::Reply;
-use std::net::TcpStream;
-use std::sync::mpsc::{self, Receiver};
-use std::time::{Duration, Instant};
+use dflash_engine::Answer;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedReceiver;
 
-/// One job's answer on its connection, as the engine's events arrive.
-pub(super) struct Answering<'a> {
-    pub(super) stream: &'a TcpStream,
-    pub(super) rx: &'a Receiver<Event>,
-    pub(super) interrupt: &'a Interrupt,
+pub(super) struct Answering {
+    pub(super) rx: UnboundedReceiver<Event>,
+    pub(super) place: Place,
     pub(super) reply: Reply,
+    pub(super) shared: Arc<Shared>,
+    /// When the request arrived (for the time to its first token).
+    pub(super) since: Instant,
+    pub(super) first_seen: bool,
 }
 
-impl Answering<'_> {
-    /// Waits for the next event, checking every 200 ms (whether or not events come)
-    /// that the client is still there, and interrupting the job when it is not.
-    fn next(&self, checked: &mut Instant) -> Option<Event> {
-        const EVERY: Duration = Duration::from_millis(200);
-        loop {
-            if checked.elapsed() >= EVERY {
-                *checked = Instant::now();
-                if client_gone(self.stream) {
-                    self.interrupt.set();
-                }
+impl Answering {
+    /// The next event, with the figures it brings.
+    async fn next(&mut self) -> Option<Event> {
+        let e = self.rx.recv().await;
+        let m = &self.shared.metrics;
+        match &e {
+            Some(Event::Piece(..)) if !self.first_seen => {
+                self.first_seen = true;
+                m.time_to_first_token
+                    .observe(self.since.elapsed().as_secs_f64());
             }
-            match self.rx.recv_timeout(EVERY) {
-                Ok(e) => return Some(e),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            Some(Event::Done(a)) => {
+                self.place.finish();
+                m.answered(a);
+                m.served.inc();
             }
+            Some(Event::Failed(..)) | None => {
+                self.place.finish();
+                m.failed.inc();
+            }
+            _ => {}
         }
+        e
     }
 
-    pub(super) fn whole(&self) -> std::io::Result<()> {
+    pub(super) async fn whole(mut self) -> Response {
         let mut text = String::new();
-        let mut checked = Instant::now();
-        while let Some(e) = self.next(&mut checked) {
-            match e {
-                Event::Piece(p, ..) => text.push_str(&p),
-                Event::Done(a) => {
-                    return write_json(self.stream, 200, &self.reply.whole(&text, &a))
+        loop {
+            match self.next().await {
+                Some(Event::Piece(p, ..)) => text.push_str(&p),
+                Some(Event::Done(a)) => return Json(self.reply.whole(&text, &a)).into_response(),
+                Some(Event::Failed(status, code, message)) => {
+                    return error(status_code(status), &code, &message)
                 }
-                Event::Failed(status, code, message) => {
-                    return write_error(self.stream, status, &code, &message)
-                }
+                None => return dropped(),
             }
         }
-        write_error(
-            self.stream,
-            500,
-            "Internal",
-            "the engine dropped the request",
-        )
     }
 
-    pub(super) fn streamed(&self) -> std::io::Result<()> {
-        let stream = self.stream;
+    pub(super) async fn streamed(mut self) -> Response {
         // Errors before the first piece keep their status; after it they end the stream.
-        let mut checked = Instant::now();
-        let first = match self.next(&mut checked) {
+        let first = match self.next().await {
             Some(Event::Failed(status, code, message)) => {
-                return write_error(stream, status, &code, &message)
+                return error(status_code(status), &code, &message)
             }
             Some(e) => e,
-            None => return write_error(stream, 500, "Internal", "the engine dropped the request"),
+            None => return dropped(),
         };
-        http::start_events(stream)?;
+        let mut head = String::new();
         if let Some(c) = self.reply.first_chunk() {
-            write_event(stream, &c.to_string())?;
+            push_event(&mut head, &c.to_string());
         }
-        let mut event = Some(first);
-        while let Some(e) = event {
-            match e {
-                Event::Piece(text, ids, drafted, logprobs, calls) => {
-                    let piece = Piece {
-                        text: &text,
-                        ids: &ids,
-                        drafted,
-                        logprobs: &logprobs,
-                        tool_calls: &calls,
-                    };
-                    write_event(stream, &self.reply.piece_chunk(&piece).to_string())?
+        let frames = futures_util::stream::unfold(
+            (self, Some((head, first)), false),
+            |(mut a, pending, ended)| async move {
+                if ended {
+                    return None;
                 }
-                Event::Done(a) => {
-                    for c in self.reply.last_chunks(&a) {
-                        write_event(stream, &c.to_string())?;
-                    }
-                    return write_event(stream, "[DONE]");
-                }
-                Event::Failed(_, code, message) => {
-                    return write_event(stream, &http::error_body(500, &code, &message).to_string())
-                }
-            }
-            event = self.next(&mut checked);
-        }
-        Ok(())
+                let (mut frame, event) = match pending {
+                    Some(p) => p,
+                    None => (String::new(), a.next().await?),
+                };
+                let ended = a.frame(&mut frame, event);
+                let bytes: Result<Bytes, Infallible> = Ok(Bytes::from(frame));
+                Some((bytes, (a, None, ended)))
+            },
+        );
+        (
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+            ],
+            Body::from_stream(frames),
+        )
+            .into_response()
     }
+
+    /// An event's server-sent events; whether it ended the answer.
+    fn frame(&self, out: &mut String, event: Event) -> bool {
+        match event {
+            Event::Piece(text, ids, drafted, logprobs, calls) => {
+                let piece = Piece {
+                    text: &text,
+                    ids: &ids,
+                    drafted,
+                    logprobs: &logprobs,
+                    tool_calls: &calls,
+                };
+                push_event(out, &self.reply.piece_chunk(&piece).to_string());
+                false
+            }
+            Event::Done(a) => {
+                self.last_events(out, &a);
+                true
+            }
+            Event::Failed(_, code, message) => {
+                push_event(out, &error_body(500, &code, &message).to_string());
+                true
+            }
+        }
+    }
+
+    fn last_events(&self, out: &mut String, a: &Answer) {
+        for c in self.reply.last_chunks(a) {
+            push_event(out, &c.to_string());
+        }
+        push_event(out, "[DONE]");
+    }
+}
+
+fn push_event(out: &mut String, data: &str) {
+    out.push_str("data: ");
+    out.push_str(data);
+    out.push_str("\n\n");
+}
+
+fn status_code(status: u16) -> StatusCode {
+    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+fn dropped() -> Response {
+    error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "Internal",
+        "the engine dropped the request",
+    )
 }
