@@ -56,11 +56,13 @@ else
   cargo test --release --workspace --locked -- --test-threads 2
 fi
 
-echo "== [$SECONDS s] dflash serve against the official openai Python client and curl"
+echo "== [$SECONDS s] dflash serve against the official openai Python client (API key, keep-alive) and curl"
 [ -x target/openai-venv/bin/python ] || python3 -m venv target/openai-venv
 target/openai-venv/bin/pip install -q openai==3.57.0
 target/openai-venv/bin/python tests/serve/openai_client.py
 target/openai-venv/bin/python tests/serve/structured_client.py
+echo "== [$SECONDS s] dflash serve under load and faults (tens of clients; the soak: results/serve-soak-*.json)"
+python3 tests/serve/load.py
 
 echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
 # (fewer tokens and prompts: SwiftShader is about 3x slower than lavapipe here; the real

@@ -5,8 +5,10 @@ Starts `target/release/dflash serve` on SmolLM2 with its DFlash drafter (CPU eng
 port chosen by the server), then checks with the `openai` client: models.list; a chat
 completion at T=0 whose text equals `dflash generate --json`'s greedy text, DFlash on and
 off; the same streamed (deltas joined, usage in the last chunk); a legacy completion;
-a bad request raising openai.BadRequestError with the server's message; and with curl
-the same non-streamed answer. Prints one JSON line of what it saw.
+a bad request raising openai.BadRequestError with the server's message; a wrong API key
+raising openai.AuthenticationError; every request of the client over one kept-alive
+connection (the server's count of connections opened); and with curl the same
+non-streamed answer. Prints one JSON line of what it saw.
 
   python3 tests/serve/openai_client.py   (needs `pip install openai`; curl)
 """
@@ -14,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -34,12 +37,12 @@ def greedy(how, text, n=N):
 
 def main():
     server = subprocess.Popen([DFLASH, "serve", "--model", MODEL, "--drafter", DRAFTER, "--device", "cpu",
-                               "--port", "0"], stderr=subprocess.PIPE, text=True)
+                               "--port", "0", "--api-key", "sk-local"], stderr=subprocess.PIPE, text=True)
     try:
         line = server.stderr.readline()
         base = line.strip().rsplit(" ", 1)[-1]
         assert base.startswith("http://127.0.0.1:"), line
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none")
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-local")
         seen = {"openai": openai.__version__}
         models = [m.id for m in client.models.list()]
         assert models == ["SmolLM2-135M-Instruct.Q4_1"], models
@@ -76,8 +79,19 @@ def main():
         except openai.BadRequestError as e:
             assert "messages" in str(e), e
             seen["bad_request"] = str(e)[:120]
+        # Everything above went over one connection (the client keeps it alive).
+        metrics = urllib.request.urlopen(f"{base}/metrics").read().decode()
+        opened = int(next(l for l in metrics.splitlines() if l.startswith("dflash_connections_opened_total")).split()[-1])
+        # (this request's one, and the client's: one, or two where it set one aside)
+        assert opened <= 3, metrics
+        seen["connections_for_9_requests"] = opened - 1
+        try:
+            openai.OpenAI(base_url=f"{base}/v1", api_key="sk-wrong", max_retries=0).models.list()
+            raise AssertionError("a wrong key was let in")
+        except openai.AuthenticationError as e:
+            seen["wrong_key"] = e.status_code
         body = json.dumps({"messages": messages, "max_tokens": N, "temperature": 0})
-        out = subprocess.run(["curl", "-sS", "-H", "Content-Type: application/json", "-d", body,
+        out = subprocess.run(["curl", "-sS", "-H", "Authorization: Bearer sk-local", "-H", "Content-Type: application/json", "-d", body,
                               f"{base}/v1/chat/completions"], check=True, capture_output=True, text=True).stdout
         assert json.loads(out)["choices"][0]["message"]["content"] == want
         seen["curl"] = "ok"

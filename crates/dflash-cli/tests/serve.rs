@@ -567,31 +567,33 @@ fn the_api_key_cors_and_metrics() {
     assert!(allowed.contains("authorization"), "{allowed}");
     assert!(!preflight("http://evil.example").contains("access-control-allow-origin"));
     // Every response above counted by route and status.
-    let metrics = raw(
+    assert_metrics(
         srv.port,
-        "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n",
+        &[
+            "dflash_http_responses_total{route=\"/v1/models\",status=\"401\"} 2",
+            "dflash_http_responses_total{route=\"/v1/models\",status=\"200\"} 1",
+            "dflash_http_responses_total{route=\"/health\",status=\"200\"} 1",
+            "dflash_requests_in_flight 0",
+        ],
     );
-    for line in [
-        "dflash_http_responses_total{route=\"/v1/models\",status=\"401\"} 2",
-        "dflash_http_responses_total{route=\"/v1/models\",status=\"200\"} 1",
-        "dflash_http_responses_total{route=\"/health\",status=\"200\"} 1",
-        "dflash_requests_in_flight 0",
-    ] {
-        assert!(metrics.contains(line), "{line} not in {metrics}");
-    }
     // A generation's figures.
     let (status, v) = post_with_key(srv.port, &chat("say the hello", 8), "sk-test");
     assert_eq!(status, 200, "{v}");
-    let metrics = raw(
+    assert_metrics(
         srv.port,
-        "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n",
+        &[
+            "dflash_completion_tokens_total 8",
+            "dflash_time_to_first_token_seconds_count 1",
+            "dflash_decode_tokens_per_second_count 1",
+            "dflash_requests_served_total 1",
+        ],
     );
-    for line in [
-        "dflash_completion_tokens_total 8",
-        "dflash_time_to_first_token_seconds_count 1",
-        "dflash_decode_tokens_per_second_count 1",
-        "dflash_requests_served_total 1",
-    ] {
+}
+
+/// `/metrics` has each of `lines`.
+fn assert_metrics(port: u16, lines: &[&str]) {
+    let metrics = raw(port, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
+    for line in lines {
         assert!(metrics.contains(line), "{line} not in {metrics}");
     }
 }

@@ -110,6 +110,7 @@ fn connection(
     let s = s.clone();
     async move {
         s.metrics.connections.inc();
+        s.metrics.connections_opened.inc();
         if let (Err(e), Some(mut spare)) = (conn.await, spare) {
             if e.is_timeout() {
                 let message = "the request did not arrive in time (--client-timeout)";

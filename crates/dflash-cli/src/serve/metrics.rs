@@ -32,6 +32,7 @@ pub(super) struct Metrics {
     pub queue_depth: Gauge,
     pub in_flight: Gauge,
     pub connections: Gauge,
+    pub connections_opened: Counter,
     pub prompt_tokens: Counter,
     pub completion_tokens: Counter,
     /// From the request's arrival (its wait in the queue included) to its first token.
@@ -54,6 +55,7 @@ impl Metrics {
             queue_depth: Gauge::default(),
             in_flight: Gauge::default(),
             connections: Gauge::default(),
+            connections_opened: Counter::default(),
             prompt_tokens: Counter::default(),
             completion_tokens: Counter::default(),
             time_to_first_token: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
@@ -107,6 +109,11 @@ impl Metrics {
             self.connections.clone(),
         );
         r.register(
+            "connections_opened",
+            "HTTP connections accepted (requests over kept-alive ones share one)",
+            self.connections_opened.clone(),
+        );
+        r.register(
             "prompt_tokens",
             "Prompt tokens processed",
             self.prompt_tokens.clone(),
@@ -127,12 +134,12 @@ impl Metrics {
             self.decode_tokens_per_second.clone(),
         );
         r.register(
-            "dflash_steps",
+            "draft_steps",
             "DFlash draft-and-verify steps",
             self.dflash_steps.clone(),
         );
         r.register(
-            "dflash_accepted_tokens",
+            "draft_accepted_tokens",
             "Drafted tokens the target accepted (tokens per step = 1 + accepted / steps)",
             self.dflash_accepted_tokens.clone(),
         );
