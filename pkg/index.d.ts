@@ -371,6 +371,10 @@ export interface Engine {
    *  rejects with 'BadRequest'): panics inside the engine: rejects with code 'Panic' and
    *  `message`, and the worker is replaced. */
   __testTrap(message: string): Promise<never>;
+  /** TEST ONLY (`DFLASH_TEST_HOOKS=1`, else 'BadRequest'): panics on a thread of the CPU
+   *  engine's pool while the worker waits for it: rejects with code 'Panic' and
+   *  `message`, and the worker is replaced. */
+  __testPoolPanic(message: string): Promise<never>;
   /** TEST ONLY, and only with `DFLASH_TEST_HOOKS=1` (else 'BadRequest'): destroys the
    *  GPU device (GPUDevice.destroy()): later requests fail with 'DeviceLost'. */
   __testLoseDevice(): Promise<void>;

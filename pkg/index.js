@@ -187,6 +187,22 @@ class Rpc {
     this.pending.clear();
     this.held = null;
   }
+  /** Takes the panics of the worker's pool threads, posted on the channel `name`
+   *  (the worker itself is blocked waiting for the thread that trapped). */
+  listenForPoolPanics(name) {
+    this.panics = new BroadcastChannel(name);
+    this.panics.onmessage = (e) => {
+      // Once per worker: the oldest unanswered call is the one it was running.
+      if (this.held) return;
+      const [id] = this.pending.keys();
+      this.fatal({ id, error: { code: CODE.Panic, message: String(e.data) } });
+    };
+  }
+  /** Stops the worker for good. */
+  end() {
+    this.panics?.close();
+    this.worker.terminate();
+  }
   /** The worker trapped: its current call fails with the panic; the others wait. */
   fatal(m) {
     const p = this.pending.get(m.id);
@@ -342,7 +358,7 @@ class Engine {
       worker = null; // a worker that cannot start: as if none could be
     }
     if (!worker) {
-      rpc.worker.terminate();
+      rpc.end();
       rpc.failAll(new DFlashError(error.code, `${error.message} (the worker cannot be restarted: pass worker as a function)`));
       this.rpc = null;
       return;
@@ -358,6 +374,11 @@ class Engine {
    *  is replaced). */
   __testTrap(message) {
     return this.rpc.call({ type: MSG.testTrap, message });
+  }
+  /** TEST ONLY (DFLASH_TEST_HOOKS=1 builds): a panic on a thread of the CPU engine's
+   *  pool while the worker waits for it (fails with code 'Panic'; the worker is replaced). */
+  __testPoolPanic(message) {
+    return this.rpc.call({ type: MSG.testPoolPanic, message });
   }
   /** TEST ONLY (DFLASH_TEST_HOOKS=1 builds): destroys the GPU device
    *  (GPUDevice.destroy()); requests then fail with code 'DeviceLost'. */
@@ -381,7 +402,7 @@ class Engine {
     if (!this.rpc) return;
     const rpc = this.rpc;
     this.rpc = null;
-    try { await rpc.call({ type: MSG.unload }); } finally { rpc.worker.terminate(); }
+    try { await rpc.call({ type: MSG.unload }); } finally { rpc.end(); }
   }
 }
 
@@ -453,14 +474,16 @@ export async function createEngine(options) {
   const { w, spawn } = startWorker(worker);
   let eng = null;
   const rpc = new Rpc(w, (error) => eng?.restart(error));
-  const load = { type: MSG.load, model: { parts: src.parts }, drafter: drafterSrc, context, engine, threads, plan };
+  const panicChannel = `dflash-panic-${crypto.randomUUID()}`;
+  rpc.listenForPoolPanics(panicChannel);
+  const load = { type: MSG.load, model: { parts: src.parts }, drafter: drafterSrc, context, engine, threads, plan, panicChannel };
   try {
     const info = await rpc.call(load, { onProgress });
     eng = new Engine({ info, modelName: src.name, ifBusy, load, spawn });
     eng.rpc = rpc;
     return eng;
   } catch (e) {
-    rpc.worker.terminate();
+    rpc.end();
     throw e;
   }
 }

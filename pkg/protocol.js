@@ -24,6 +24,7 @@ export const MSG = Object.freeze({
   /** No answer: stops the running request (or the queued one `target` names). */
   interrupt: 'interrupt',
   testTrap: '__trap',
+  testPoolPanic: '__poolPanic',
   testLoseDevice: '__loseDevice',
   progress: 'progress',
   piece: 'piece',

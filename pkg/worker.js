@@ -142,6 +142,11 @@ async function handle(m) {
       const mod = engine?.mod ?? (await wasmBuild(1)).mod;
       if (typeof mod.__testTrap !== 'function') throw noTestHooks();
       await mod.__testTrap(m.message);
+    } else if (m.type === MSG.testPoolPanic) {
+      // TEST ONLY: a panic on a pool thread; this thread blocks waiting for it.
+      const mod = engine?.mod;
+      if (typeof mod?.__testPoolPanic !== 'function') throw noTestHooks();
+      mod.__testPoolPanic(m.message);
     } else if (m.type === MSG.testLoseDevice) {
       // TEST ONLY: GPUDevice.destroy() on the engine's device.
       if (!engine) throw new WorkerError(CODE.Unloaded, 'no model is loaded');
@@ -610,6 +615,8 @@ async function load(m, onProgress) {
   const engine = await chooseEngine(m.engine ?? 'auto');
   // The threaded build only where the CPU engine runs (the GPU engine gains nothing).
   const { mod } = await wasmBuild(engine === 'cpu' ? cpuThreads(m.threads) : 1);
+  // A panic on a pool thread reaches the page on this channel (this thread is blocked then).
+  if (m.panicChannel) mod.setPanicChannel(String(m.panicChannel));
   await checkPlan(mod, engine, m.plan, m.context ?? 2048);
   onProgress = overallProgress(onProgress, m);
   let r;

@@ -46,6 +46,16 @@ cargo clippy --release --workspace --all-targets --locked -- -D warnings
 scripts/fetch-models.sh all
 
 export DFLASH_REQUIRE_MODELS=1 DFLASH_REQUIRE_GPU=1
+# The CPU kernels this host's flags say it runs: the kernel tests fail if detection left
+# one out (each kernel is compared with the scalar definition, forced in turn).
+flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+has() { for f in "$@"; do [[ " $flags " == *" $f "* ]] || return 1; done; }
+kernels=()
+has avx2 f16c && kernels+=(avx2)
+has avx2 f16c avx_vnni && kernels+=(avx-vnni)
+has avx2 f16c avx512f avx512bw avx512vl avx512_vnni && kernels+=(avx512-vnni-256 avx512-vnni)
+export DFLASH_REQUIRE_KERNELS=$(IFS=,; echo "${kernels[*]}")
+echo "CPU kernels this host must run: ${DFLASH_REQUIRE_KERNELS:-none but scalar}"
 # cargo-nextest (on these machines' toolchain) runs every test as its own process, two at
 # once across all the test binaries, where cargo test runs the binaries one after another:
 # 379 s against 582 s here for the same 249 tests. It runs no doc tests: cargo test does.
@@ -55,6 +65,11 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --release --workspace --locked -- --test-threads 2
 fi
+
+echo "== [$SECONDS s] the CPU kernels that ran, each bit-identical to the scalar definition"
+cargo test --release --locked -p dflash-core --lib -- --nocapture \
+  every_kernel_matches_the_scalar_definition every_packed_kernel_is_the_scalar_definition 2>&1 \
+  | grep -E "kernels compared|test result"
 
 echo "== [$SECONDS s] dflash serve against the official openai Python client (API key, keep-alive) and curl"
 [ -x target/openai-venv/bin/python ] || python3 -m venv target/openai-venv

@@ -1,5 +1,6 @@
 // The package's fault paths in headless Chromium, on SmolLM2-135M (the CPU engine where
-// the GPU is not the point, a few tokens each): a worker whose wasm traps (a panic) is
+// the GPU is not the point, a few tokens each): a worker whose wasm traps (a panic, on its
+// own thread or on a thread of the threaded build's CPU pool) is
 // replaced and the engine answers on; concurrent requests queue or fail with 'Busy'; a
 // download cut mid-file or a short file leaves nothing in Cache Storage and a retry
 // loads; a cached copy (model or drafter) that is corrupt or does not parse is fetched
@@ -66,6 +67,42 @@ test('a panic in the worker fails its request with code Panic; a new worker relo
   assert.equal(r.pending, 0);
   assert.equal(r.restarts, 1);
   assert.equal(r.fromCache, true, 'the new worker reloads from Cache Storage');
+});
+
+test('a panic on a thread of the CPU pool fails its request with code Panic; a new worker answers on', { timeout: 300_000 }, async () => {
+  // The threaded build needs a cross-origin isolated page.
+  const isolated = await serve({ port: 0, isolated: true });
+  try {
+    const context = await browser.newContext();
+    const page = await context.newPage();
+    watch(page, 'pool-panic');
+    await page.goto(`${isolated.url}/www/index.html?model=none`);
+    const r = await page.evaluate(async (model) => {
+      const m = await import('/pkg/index.js');
+      const engine = await m.createEngine({ model, engine: 'cpu', threads: 2 });
+      const req = { messages: [{ role: 'user', content: 'Name three colors.' }], max_tokens: 4, temperature: 0 };
+      const text = async (p) => (await p).choices[0].message.content;
+      const before = await text(engine.chat.completions.create(req));
+      const threads = engine.info.cpu?.threads;
+      const panic = engine.__testPoolPanic('deliberate pool panic 7').then(() => null, (e) => ({ code: e.code, message: e.message }));
+      // Queued behind it in the worker that blocks: sent again to the new one.
+      const queued = text(engine.chat.completions.create(req));
+      const trapped = await panic;
+      const after = await queued;
+      const out = { before, threads, trapped, after, restarts: engine.restarts, isolated: self.crossOriginIsolated };
+      await engine.unload();
+      return out;
+    }, URL_PATH);
+    console.log(JSON.stringify(r));
+    assert.equal(r.isolated, true);
+    assert.equal(r.threads, 2, 'the threaded build, two pool threads');
+    assert.equal(r.trapped?.code, 'Panic', JSON.stringify(r));
+    assert.match(r.trapped.message, /^deliberate pool panic 7 \(at .*src\/wasm\/mod\.rs:\d+\)$/);
+    assert.equal(r.after, r.before, 'the request queued behind the panic is answered by the new worker');
+    assert.equal(r.restarts, 1);
+  } finally {
+    isolated.server.close();
+  }
 });
 
 test("concurrent requests queue by default; with ifBusy 'reject' they fail at once with Busy", { timeout: 300_000 }, async () => {

@@ -167,10 +167,15 @@ test('OpenAI default fields pass; values that would change the answer name the f
   }
 });
 
-test("the CPU engine's packed SIMD128 kernel is the scalar definition, bit for bit", (t) => {
+test("the CPU engine's SIMD128 kernels, packed and unpacked, are the scalar definition, bit for bit", (t) => {
   // A test-hooks build (scripts/test.sh builds one) compares them inside the wasm.
-  if (typeof wasm.__testPackedKernel !== 'function') return t.skip('pkg/dist built without DFLASH_TEST_HOOKS=1');
-  const [bad, all] = wasm.__testPackedKernel();
-  assert.ok(all > 0, 'values compared');
-  assert.equal(bad, 0, `${bad} of ${all} values differ`);
+  if (typeof wasm.__testKernels !== 'function') return t.skip('pkg/dist built without DFLASH_TEST_HOOKS=1');
+  const r = wasm.__testKernels();
+  for (const kind of ['packed', 'unpacked']) {
+    const { bad, all, kernels } = r[kind];
+    console.log(`${kind} kernels compared with the scalar definition in wasm: ${kernels.join(', ')} (${all} values)`);
+    assert.deepEqual(kernels, ['simd128'], kind);
+    assert.ok(all > 0, `${kind}: values compared`);
+    assert.equal(bad, 0, `${kind}: ${bad} of ${all} values differ`);
+  }
 });

@@ -294,8 +294,10 @@ def main():
     ap.add_argument("--client-timeout", type=float, default=3.0)
     ap.add_argument("--out")
     args = ap.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
     proc, port = start_server(args)
-    report, failed = {}, []
+    report, failed = {"commit": commit}, []
     try:
         status, want, ttft, rate, _ = streamed(port, args.tokens)
         assert status == 200 and want, "the lone client got no answer"
@@ -343,8 +345,6 @@ def main():
         proc.terminate()
         code = proc.wait(timeout=60)
     report["exit_on_sigterm"] = code
-    report["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                      capture_output=True, text=True).stdout.strip()
     report["failed"] = [repr(f)[:2000] for f in failed]
     print(json.dumps(report, indent=1))
     if args.out:

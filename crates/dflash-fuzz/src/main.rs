@@ -15,28 +15,14 @@
 //! One JSON line per target (executions, corpus, outcomes, slowest execution,
 //! findings); `DFLASH_FUZZ_KEYS=1` prints each new outcome to stderr.
 
-mod mutate;
-mod targets;
-
 use clap::Parser;
-use mutate::{mutate, Rng};
+use dflash_fuzz::mutate::{mutate, Rng};
+use dflash_fuzz::{targets, Input, Part};
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// One input: a file (or a request), or the files of a folder.
-#[derive(Clone)]
-pub struct Part {
-    pub name: String,
-    pub bytes: Vec<u8>,
-}
-
-#[derive(Clone)]
-pub struct Input {
-    pub parts: Vec<Part>,
-}
 
 #[derive(Parser)]
 #[command(about = "Mutation fuzzing of dflash-web's parsers")]

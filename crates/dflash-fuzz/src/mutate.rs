@@ -11,7 +11,7 @@ impl Rng {
         Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -20,7 +20,7 @@ impl Rng {
 
     /// Uniform in `0..n` (`n` > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 
     pub fn chance(&mut self, one_in: usize) -> bool {
@@ -66,7 +66,7 @@ fn edit(rng: &mut Rng, b: &mut Vec<u8>, donor: &[u8], dictionary: &[&str]) {
         }
         1 if len > 0 => {
             let i = at(rng);
-            b[i] = rng.next() as u8;
+            b[i] = rng.next_u64() as u8;
         }
         2 | 3 if len >= 8 => {
             // A 1-, 2-, 4- or 8-byte little-endian field set to an edge value, or nudged.
@@ -109,7 +109,7 @@ fn edit(rng: &mut Rng, b: &mut Vec<u8>, donor: &[u8], dictionary: &[&str]) {
         _ => {
             let to = at(rng);
             let n = 1 + rng.below(8);
-            let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            let bytes: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
             b.splice(to..to, bytes);
         }
     }

@@ -76,7 +76,7 @@ pub struct Target {
     pub run: Box<dyn Fn(&Input) -> Verdict>,
 }
 
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 9] = [
     "gguf-header",
     "gguf-load",
     "hf-folder",
@@ -84,6 +84,8 @@ pub const NAMES: [&str; 7] = [
     "tokenizer",
     "chat-template",
     "request",
+    "grammar",
+    "tool-calls",
 ];
 
 pub fn target(name: &str) -> Option<Target> {
@@ -95,6 +97,8 @@ pub fn target(name: &str) -> Option<Target> {
         "tokenizer" => tokenizer(),
         "chat-template" => chat_template(),
         "request" => request(),
+        "grammar" => grammar(),
+        "tool-calls" => tool_calls(),
         _ => return None,
     })
 }
@@ -432,6 +436,118 @@ fn request() -> Target {
                 .and_then(ChatRequest::from_json)
                 .and_then(|r| r.to_generate(&m.tokenizer, m.chat_template.as_ref(), 64, 0));
             ok_by_size(r.map(|g| g.prompt_ids.len()))
+        }),
+    }
+}
+
+/// A request's grammar: `KIND:TEXT` with KIND `schema` (strict), `lenient` (a schema
+/// not strict), `regex` or `lark` (else any JSON object), compiled over the tiny model's
+/// tokens, then walked for up to 16 tokens (the first each mask allows).
+fn grammar() -> Target {
+    use dflash_core::grammar::{GrammarSpec, Grammars};
+    let c = tiny_config(Arch::Qwen2);
+    let m = load_gguf(&write_gguf(&c, &random_weights(&c, 1), GgmlType::Q8_0)).expect("tiny model");
+    let grammars = Grammars::new(&m.tokenizer, c.vocab_size).expect("a grammar compiler");
+    let seeds = dflash_core::testutil::grammar_specs()
+        .into_iter()
+        .map(|g| match g {
+            GrammarSpec::JsonSchema { schema, .. } => format!("schema:{schema}"),
+            GrammarSpec::Regex(r) => format!("regex:{r}"),
+            GrammarSpec::Lark(l) => format!("lark:{l}"),
+            GrammarSpec::JsonObject => "json_object:".into(),
+        })
+        .map(|s| one("grammar", s.into_bytes()))
+        .collect();
+    Target {
+        name: "grammar",
+        seeds,
+        dictionary: GRAMMAR_WORDS,
+        run: Box::new(move |i| {
+            let text = String::from_utf8_lossy(&i.parts[0].bytes);
+            let (kind, body) = text.split_once(':').unwrap_or(("", &text));
+            let spec = match kind {
+                "schema" | "lenient" => match serde_json::from_str(body) {
+                    Ok(schema) => GrammarSpec::JsonSchema {
+                        schema,
+                        strict: kind == "schema",
+                    },
+                    Err(_) => {
+                        return Verdict {
+                            key: "not JSON".into(),
+                            finding: None,
+                        }
+                    }
+                },
+                "regex" => GrammarSpec::Regex(body.into()),
+                "lark" => GrammarSpec::Lark(body.into()),
+                _ => GrammarSpec::JsonObject,
+            };
+            let walked = grammars.compile(&spec).and_then(|mut g| {
+                let mut n = 0;
+                while n < 16 && !g.is_finished() {
+                    let mask = g.mask()?;
+                    let Some(t) = (0..c.vocab_size as u32).find(|&t| mask.allows(t)) else {
+                        break;
+                    };
+                    g.commit(t)?;
+                    n += 1;
+                }
+                Ok(n)
+            });
+            ok_by_size(walked)
+        }),
+    }
+}
+
+const GRAMMAR_WORDS: &[&str] = &[
+    "schema:",
+    "lenient:",
+    "regex:",
+    "lark:",
+    "{\"type\":\"object\"}",
+    "\"properties\"",
+    "\"$ref\":\"#\"",
+    "\"anyOf\"",
+    "\"pattern\"",
+    "\"minItems\": 99999",
+    "(a|b)*",
+    "[^x]{0,99999}",
+    "start: ",
+    "%json",
+    "%ignore",
+    "<[",
+    "/x/",
+];
+
+/// A model's text parsed for tool calls as it streams (Hermes `<tool_call>` and
+/// Llama 3's bare JSON), in pieces of 5 characters.
+fn tool_calls() -> Target {
+    use dflash_core::tools::{ToolFormat, ToolStream};
+    let seeds = [
+        "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"b\", \"arguments\": {\"x\": [1, 2]}}</tool_call>",
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+        "plain text, no call",
+    ]
+    .iter()
+    .map(|s| one("text", s.as_bytes().to_vec()))
+    .collect();
+    Target {
+        name: "tool-calls",
+        seeds,
+        dictionary: JSON_WORDS,
+        run: Box::new(|i| {
+            let text = String::from_utf8_lossy(&i.parts[0].bytes);
+            let chars: Vec<char> = text.chars().collect();
+            let mut calls = 0;
+            for format in [ToolFormat::Hermes, ToolFormat::Llama3Json] {
+                let mut s = ToolStream::new(format, "call");
+                for piece in chars.chunks(5) {
+                    calls += s.push(&piece.iter().collect::<String>()).1.len();
+                }
+                calls += s.finish().1.len();
+            }
+            ok_by_size(Ok::<_, dflash_core::Error>(calls))
         }),
     }
 }

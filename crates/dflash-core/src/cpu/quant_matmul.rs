@@ -536,6 +536,11 @@ pub(crate) mod tests {
         for kernel in Kernel::available() {
             matches_the_scalar_definition(kernel);
         }
+        // Random matrices of many shapes too (what the wasm build's test hook runs).
+        let (bad, all, ran) = crate::testutil::unpacked_kernel_mismatches();
+        eprintln!("unpacked kernels compared with the scalar definition: {ran:?} ({all} values)");
+        assert_eq!(bad, 0, "{bad} of {all} values differ");
+        crate::testutil::require_kernels(&ran);
     }
 
     fn matches_the_scalar_definition(kernel: Kernel) {

@@ -541,16 +541,89 @@ pub fn packed_kernel_mismatches() -> (usize, usize, Vec<&'static str>) {
                     let packed = p.matmul_with(k, &x);
                     assert_eq!(packed.len(), scalar.len());
                     all += scalar.len();
-                    bad += packed
-                        .iter()
-                        .zip(&scalar)
-                        .filter(|(a, b)| a.to_bits() != b.to_bits())
-                        .count();
+                    bad += bit_mismatches(&packed, &scalar);
                 }
             }
         }
     }
     (bad, all, kernels.iter().map(|k| k.name()).collect())
+}
+
+/// Output values of this host's unpacked CPU kernels (`quant_matmul`'s row kernels: what
+/// matrices that do not pack run, K-quant models' in the browser among them; each kernel
+/// this host runs, forced in turn: AVX2, AVX-VNNI and AVX-512 VNNI natively, SIMD128 in
+/// wasm) whose bits differ from the scalar definition's, how many were compared, and the
+/// kernels compared: Q4 and Q8 in groups of 32, Q8 in groups of 16 (Q6_K's), 1 to 300
+/// rows, 1 to 48 groups, against 1 to 17 activation rows.
+pub fn unpacked_kernel_mismatches() -> (usize, usize, Vec<&'static str>) {
+    use crate::cpu::quant_matmul::{quant_matmul, Kernel, QuantizedRows};
+    use crate::quant::{QFormat, QuantMatrix};
+    use crate::synthetic::MatrixShape;
+    use crate::synthetic_weights::{HostTensors, TensorMaker};
+    let kernels: Vec<Kernel> = Kernel::available()
+        .into_iter()
+        .filter(|&k| k != Kernel::Scalar)
+        .collect();
+    let mut rng = Rng(23);
+    let (mut bad, mut all) = (0, 0);
+    for (format, group) in [(QFormat::Q4, 32), (QFormat::Q8, 32), (QFormat::Q8, 16)] {
+        for (rows, cols) in [(1, 32), (7, 96), (300, 576), (5, 1536)] {
+            let m = match (format, group) {
+                (QFormat::Q4, _) => {
+                    QuantMatrix::quantize_q4(&rng.vec(rows * cols, 0.5), rows, cols)
+                }
+                (_, 32) => QuantMatrix::quantize_q8(&rng.vec(rows * cols, 0.5), rows, cols),
+                _ => {
+                    let parts = 1;
+                    let shape = MatrixShape {
+                        rows,
+                        cols,
+                        format,
+                        group,
+                        parts,
+                    };
+                    HostTensors(Rng(rows as u64))
+                        .matrix("q8/16", &shape)
+                        .expect("q8")
+                }
+            };
+            for n in [1, 2, 3, 4, 5, 8, 9, 17] {
+                let x = QuantizedRows::new(&rng.vec(n * cols, 3.0), n, cols, format, group);
+                let scalar = quant_matmul(&m, &x, Kernel::Scalar);
+                for &k in &kernels {
+                    let fast = quant_matmul(&m, &x, k);
+                    all += scalar.len();
+                    bad += bit_mismatches(&fast, &scalar);
+                }
+            }
+        }
+    }
+    (bad, all, kernels.iter().map(|k| k.name()).collect())
+}
+
+/// Values whose bits differ (a length difference counts as all of the longer's tail).
+pub fn bit_mismatches(a: &[f32], b: &[f32]) -> usize {
+    let differ = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    differ + a.len().abs_diff(b.len())
+}
+
+/// Panics unless every kernel `DFLASH_REQUIRE_KERNELS` names (comma-separated: what CI
+/// knows its host runs) is among `ran`: a kernel test must not pass because detection
+/// left a kernel out.
+pub fn require_kernels(ran: &[&str]) {
+    let Ok(required) = std::env::var("DFLASH_REQUIRE_KERNELS") else {
+        return;
+    };
+    for k in required.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+        assert!(
+            ran.contains(&k),
+            "{k} is required (DFLASH_REQUIRE_KERNELS) but did not run: {ran:?}"
+        );
+    }
 }
 
 /// The grammars the constrained-decoding tests run: a JSON schema bounded so that a

@@ -11,7 +11,11 @@
 //! the instance unusable and, inside a running future, settles no promise. The panic hook
 //! (`wasm::start`) keeps the panic's message and place; the worker catches the trap (from
 //! a call, or as an uncaught error of the future's microtask), reads the message
-//! (`takePanic`) and posts one `fatal` message. `pkg/index.js` fails that request with
+//! (`takePanic`) and posts one `fatal` message. A panic on a thread of the CPU engine's
+//! pool (the threaded build's Web Workers) traps that thread while the worker's own
+//! thread waits for it, blocked: the hook there posts the message on the page's
+//! `BroadcastChannel` (`setPanicChannel`), and the page takes it as the worker's `fatal`.
+//! `pkg/index.js` fails that request with
 //! code `Panic`, terminates the worker, starts a new one that loads the same model,
 //! drafter and options (from Cache Storage), and then resends the requests that were
 //! queued in the dead worker or made meanwhile (aborts of them go first). Requests queue
@@ -48,6 +52,39 @@ extern "C" {
     fn console_error(s: &str);
 }
 
+/// The page's channel for panics on the pool's threads (`setPanicChannel`).
+static PANIC_CHANNEL: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+thread_local! {
+    /// Whether this is the worker's own thread (whose traps the worker catches).
+    static WORKER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Names the page's `BroadcastChannel` on which a panic on any other thread (the CPU
+/// engine's pool) is posted, and marks the calling thread as the worker's own.
+#[wasm_bindgen(js_name = setPanicChannel)]
+pub fn set_panic_channel(name: String) {
+    WORKER_THREAD.with(|w| w.set(true));
+    if let Ok(mut g) = PANIC_CHANNEL.lock() {
+        *g = Some(name);
+    }
+}
+
+/// A panic on a thread of the pool: its message to the page, whose worker is blocked
+/// waiting for this thread.
+fn report_pool_panic(msg: &str) {
+    if WORKER_THREAD.with(|w| w.get()) {
+        return;
+    }
+    let Some(name) = PANIC_CHANNEL.lock().ok().and_then(|g| g.clone()) else {
+        return;
+    };
+    if let Ok(c) = web_sys::BroadcastChannel::new(&name) {
+        let _ = c.post_message(&JsValue::from_str(msg));
+        c.close();
+    }
+}
+
 /// Installs the panic hook when the module is instantiated.
 #[wasm_bindgen(start)]
 fn start() {
@@ -63,6 +100,7 @@ fn start() {
             None => what,
         };
         console_error(&format!("dflash-web panicked: {msg}"));
+        report_pool_panic(&msg);
         if let Ok(mut g) = LAST_PANIC.lock() {
             *g = Some(msg);
         }
@@ -91,12 +129,32 @@ pub async fn test_trap(message: String) -> Result<(), JsValue> {
     panic!("{message}");
 }
 
-/// TEST ONLY: this build's packed CPU kernel (wasm SIMD128) against the scalar
-/// definition on random matrices (`testutil::packed_kernel_mismatches`): `[values whose
-/// bits differ, values compared]`.
+/// TEST ONLY: panics with `message` on one thread of the CPU engine's pool while this
+/// thread waits for them all (`rayon::broadcast`), as a bug in a parallel kernel would.
 #[cfg(feature = "test-hooks")]
-#[wasm_bindgen(js_name = __testPackedKernel)]
-pub fn test_packed_kernel() -> Vec<u32> {
-    let (bad, all, _) = dflash_core::testutil::packed_kernel_mismatches();
-    vec![bad as u32, all as u32]
+#[wasm_bindgen(js_name = __testPoolPanic)]
+pub fn test_pool_panic(message: String) {
+    rayon::broadcast(|ctx| {
+        if ctx.index() == 0 {
+            panic!("{message}");
+        }
+    });
+}
+
+/// TEST ONLY: this build's CPU kernels (wasm SIMD128) against the scalar definition on
+/// random matrices, the packed one (`testutil::packed_kernel_mismatches`) and the
+/// unpacked one K-quant models run (`testutil::unpacked_kernel_mismatches`):
+/// `{ packed: { bad, all, kernels }, unpacked: { bad, all, kernels } }`, `bad` counting
+/// values whose bits differ of `all` compared.
+#[cfg(feature = "test-hooks")]
+#[wasm_bindgen(js_name = __testKernels)]
+pub fn test_kernels() -> Result<JsValue, JsValue> {
+    use dflash_core::testutil::{packed_kernel_mismatches, unpacked_kernel_mismatches};
+    let shape = |(bad, all, kernels): (usize, usize, Vec<&str>)| serde_json::json!({ "bad": bad, "all": all, "kernels": kernels });
+    let v = serde_json::json!({
+        "packed": shape(packed_kernel_mismatches()),
+        "unpacked": shape(unpacked_kernel_mismatches()),
+    });
+    let ser = serde_wasm_bindgen::Serializer::json_compatible();
+    serde::Serialize::serialize(&v, &ser).map_err(|e| JsValue::from_str(&e.to_string()))
 }

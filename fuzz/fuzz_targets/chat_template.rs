@@ -1,0 +1,2 @@
+#![no_main]
+dflash_fuzz_coverage::target!("chat-template", "template");
