@@ -9,12 +9,16 @@ address-space limit, and is counted as
     or a peak RSS over the runaway limit.
 Categories: malformed GGUF (mutations of the tests' tiny models), mutated SmolLM2
 (header bit flips, retyped tensors, truncations), Hugging Face folders, drafter folders,
-CLI arguments, prompt files, and a model file truncated while it loads.
+CLI arguments, prompt files, a model file truncated while it loads, and the commands
+that write files (`dflash make-random-drafter`, `dflash-train data`, `train`,
+`draft-vocab`, `export`, `serving-files`) given sizes past any machine.
 
   scripts/hostile-battery.py [--out results/hostile-battery.json] [--seed 1]
+  scripts/hostile-battery.py --quick       # CI's short form: every category, one case in 6
 
-Needs target/release/dflash and dflash-fuzz (cargo build --release -p dflash-cli -p
-dflash-fuzz); the SmolLM2 cases need scripts/fetch-models.sh smollm2.
+Needs target/release/dflash, dflash-train and dflash-fuzz (cargo build --release -p
+dflash-cli -p dflash-train -p dflash-fuzz); the SmolLM2 cases need
+scripts/fetch-models.sh smollm2.
 """
 import argparse
 import json
@@ -34,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DFLASH = ROOT / "target/release/dflash"
 FUZZ = ROOT / "target/release/dflash-fuzz"
+TRAIN = ROOT / "target/release/dflash-train"
 CACHE = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache/dflash"))
 SMOLLM2 = CACHE / "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 TIME_LIMIT_S = 60
@@ -50,7 +55,8 @@ def run(args, during=None):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     env = {**os.environ, "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp"), "RUST_BACKTRACE": "0"}
     t0 = time.time()
-    p = subprocess.Popen([str(DFLASH), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    exe, args = (TRAIN, args[1:]) if args and args[0] == "dflash-train" else (DFLASH, args)
+    p = subprocess.Popen([str(exe), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, preexec_fn=limits, env=env)
     if during:
         try:
@@ -338,15 +344,57 @@ def truncated_while_loading(work):
             yield f"shrunk to {keep} after {delay} s", generate(f), (lambda: shutil.copy(SMOLLM2, f)), during
 
 
+HUGE = ["0", "-1", "nan", "1e309", "4294967296", "1099511627776", "18446744073709551615", "18446744073709551616"]
+
+
+def file_writing_commands(work, seeds):
+    """Sizes past any machine for the commands that write files: a typed error each."""
+    model = sorted((seeds / "gguf-load").glob("*/model.gguf"))[0]
+    out = str(work / "written")
+    for opt in ["--layers", "--block", "--mask-token-id", "--seed"]:
+        for v in HUGE:
+            yield f"make-random-drafter {opt} {v}", ["make-random-drafter", "--model", str(model), "--out", out, opt, v], None
+    stdlib = work / "empty-stdlib"
+    stdlib.mkdir(exist_ok=True)
+    data = work / "data.jsonl"
+    base_data = ["dflash-train", "data", "--model", str(model), "--out", str(data), "--prompts", "4",
+                 "--max-new-tokens", "8", "--batch", "2", "--stdlib", str(stdlib)]
+    # The data the train cases read (made once, by the first case).
+    yield "data (valid)", base_data, lambda: data.unlink(missing_ok=True)
+    for opt in ["--prompts", "--max-new-tokens", "--max-prompt-tokens", "--batch"]:
+        for v in HUGE:
+            yield f"data {opt} {v}", [*base_data[:5], str(work / "data-x.jsonl"), *base_data[6:], opt, v], \
+                (lambda: (work / "data-x.jsonl").unlink(missing_ok=True))
+    base_train = ["dflash-train", "train", "--model", str(model), "--data", str(data), "--out", str(work / "run-x"),
+                  "--layers", "1", "--block", "4", "--steps", "2", "--seqs-per-step", "2", "--anchors", "4"]
+    clear_run = lambda: shutil.rmtree(work / "run-x", ignore_errors=True)  # noqa: E731
+    for opt in ["--layers", "--block", "--seqs-per-step", "--anchors", "--max-seq-len", "--checkpoint-every",
+                "--holdout", "--mask-token", "--sampled-head", "--lr", "--warmup", "--weight-decay", "--gamma"]:
+        for v in HUGE:
+            yield f"train {opt} {v}", [*base_train, opt, v], clear_run
+    for opt in ["--conv-kernel-size", "--conv-group-size", "--selector-rank", "--selector-top-k"]:
+        for v in HUGE:
+            yield f"train dflash2 {opt} {v}", [*base_train, "--arch", "dflash2", opt, v], clear_run
+    for v in HUGE:
+        yield f"train --steps {v}", [*base_train[:-6], "--steps", v], clear_run
+        yield f"draft-vocab --size {v}", ["dflash-train", "draft-vocab", "--model", str(model), "--data", str(data),
+                                          "--size", v, "--out", str(work / "vocab.json")], None
+    yield "export of no run", ["dflash-train", "export", "--run", str(work / "nothing"), "--out", out], None
+    yield "serving-files of no drafter", ["dflash-train", "serving-files", "--drafter", str(work / "nothing"),
+                                          "--model", str(model)], None
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(ROOT / "results/hostile-battery.json"))
+    ap.add_argument("--out", help="where the report goes (results/hostile-battery.json for the whole run)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="every category, one case in 6 (CI)")
+    ap.add_argument("--only", action="append", help="a category (repeat); default all")
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    for exe in (DFLASH, FUZZ):
+    for exe in (DFLASH, FUZZ, TRAIN):
         if not exe.exists():
-            sys.exit(f"missing {exe}: cargo build --release -p dflash-cli -p dflash-fuzz")
+            sys.exit(f"missing {exe}: cargo build --release -p dflash-cli -p dflash-train -p dflash-fuzz")
     work = Path(tempfile.mkdtemp(prefix="dflash-battery-"))
     seeds = work / "seeds"
     subprocess.run([str(FUZZ), "--dump-seeds", str(seeds), "--target", "gguf-load", "--target", "hf-folder"], check=True)
@@ -358,13 +406,20 @@ def main():
         "CLI arguments": cli_arguments(seeds),
         "prompt files": prompt_files(work),
         "truncated while loading": truncated_while_loading(work),
+        "file-writing commands": file_writing_commands(work, seeds),
     }
+    if a.only:
+        categories = {k: v for k, v in categories.items() if k in a.only}
     report = {"commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True).stdout.strip(), "categories": {}, "unclean": []}
+                                       text=True).stdout.strip(), "quick": a.quick, "categories": {}, "unclean": []}
     for cat, cases in categories.items():
         counts = {"inputs": 0, "error": 0, "ran": 0, "unclean": 0}
-        for case in cases:
+        for i, case in enumerate(cases):
             name, args, prepare = case[:3]
+            # The quick form keeps the first case of a category (the file-writing ones'
+            # data) and one in 6 after it.
+            if a.quick and i % 6 != 0:
+                continue
             during = case[3] if len(case) > 3 else None
             if prepare:
                 prepare()
@@ -378,7 +433,8 @@ def main():
         print(json.dumps({cat: counts}), flush=True)
     totals = {k: sum(c[k] for c in report["categories"].values()) for k in ["inputs", "error", "ran", "unclean"]}
     report["totals"] = totals
-    Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
+    if a.out:
+        Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(totals))
     shutil.rmtree(work, ignore_errors=True)
     sys.exit(1 if totals["unclean"] else 0)

@@ -79,6 +79,10 @@ target/openai-venv/bin/python tests/serve/structured_client.py
 echo "== [$SECONDS s] dflash serve under load and faults (tens of clients; the soak: results/serve-soak-*.json)"
 python3 tests/serve/load.py
 
+echo "== [$SECONDS s] the hostile-input battery, short form (the whole: results/hostile-battery.json)"
+cargo build --release --locked -p dflash-cli -p dflash-train -p dflash-fuzz
+python3 scripts/hostile-battery.py --quick
+
 echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
 # (fewer tokens and prompts: SwiftShader is about 3x slower than lavapipe here; the real
 # model on SwiftShader runs in the browser tests below, through the actual browser)

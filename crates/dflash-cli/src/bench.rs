@@ -249,7 +249,7 @@ fn memory_budget(a: &BenchArgs, ctx: &GpuContext) -> (Option<u64>, serde_json::V
 }
 
 /// The host's available memory (Linux: /proc/meminfo), in bytes.
-fn mem_available() -> Option<u64> {
+pub(crate) fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

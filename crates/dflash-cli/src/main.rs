@@ -204,8 +204,22 @@ fn make_random_drafter(
     use dflash_core::drafter::random::{
         write_dflash2_drafter, write_dir, write_drafter, DFlash2Spec, DrafterSpec,
     };
+    use dflash_core::limits::{MAX_BLOCK_SIZE, MAX_LAYERS};
+    let usage = |m: String| Err(CliError::Usage(m));
+    if !(1..=MAX_LAYERS as usize).contains(&layers) {
+        return usage(format!("--layers takes 1 to {MAX_LAYERS}, not {layers}"));
+    }
+    if !(1..=MAX_BLOCK_SIZE as usize).contains(&block) {
+        return usage(format!("--block takes 1 to {MAX_BLOCK_SIZE}, not {block}"));
+    }
     let (m, _) = load(model)?;
     let c = m.config();
+    if let Some(id) = mask.filter(|&id| id as usize >= c.vocab_size) {
+        let v = c.vocab_size;
+        return usage(format!(
+            "--mask-token-id {id} is past the vocabulary of {v}"
+        ));
+    }
     let spec = DrafterSpec {
         layers,
         block_size: block,
@@ -216,6 +230,15 @@ fn make_random_drafter(
         mask_token_id: mask.unwrap_or(c.vocab_size as u32 - 1),
         seed,
     };
+    let needs = spec.write_bytes(c, dflash2.then_some(64));
+    if let Some(have) = bench::mem_available().filter(|&have| needs > have) {
+        let gb = |b: u64| b as f64 / 1e9;
+        return usage(format!(
+            "writing this drafter takes about {:.1} GB, over the {:.1} GB this machine has available (fewer --layers)",
+            gb(needs),
+            gb(have)
+        ));
+    }
     let files = if dflash2 {
         let d = DFlash2Spec::new(2, 16, 64, 16);
         write_dflash2_drafter(c, &spec, &d)

@@ -301,8 +301,33 @@ fn run_data(a: DataArgs) -> Result<(), TrainError> {
     Ok(())
 }
 
+/// Training steps a run may ask for (the published drafters train for ~10^5).
+const MAX_STEPS: usize = 10_000_000;
+/// The longest sample a run trains on (its tables grow with it).
+const MAX_SEQ_LEN: usize = 1 << 17;
+
+/// The sizes a run asks for, bounded before anything is allocated; `vocab`: the target's.
+fn check_train_sizes(a: &TrainArgs, vocab: usize) -> Result<(), TrainError> {
+    let over = |flag: &str, v: usize, max: usize| {
+        Err(TrainError::Usage(format!(
+            "{flag} takes at most {max}, not {v}"
+        )))
+    };
+    if a.steps > MAX_STEPS {
+        return over("--steps", a.steps, MAX_STEPS);
+    }
+    if a.max_seq_len > MAX_SEQ_LEN {
+        return over("--max-seq-len", a.max_seq_len, MAX_SEQ_LEN);
+    }
+    match a.sampled_head {
+        Some(n) if n > vocab => over("--sampled-head (negatives)", n, vocab),
+        _ => Ok(()),
+    }
+}
+
 fn run_train(a: TrainArgs) -> Result<(), TrainError> {
     let model = dflash_core::model_files::load_path(&a.model)?;
+    check_train_sizes(&a, model.config().vocab_size)?;
     let mut samples = dflash_train::data::read_samples(&a.data)?;
     if a.holdout >= samples.len() {
         return Err(TrainError::Usage(format!(

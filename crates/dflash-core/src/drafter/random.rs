@@ -53,6 +53,27 @@ impl DrafterSpec {
     }
 }
 
+impl DrafterSpec {
+    /// The bytes writing this drafter for target `t` takes at its peak (its weights in
+    /// f32 and again in bf16), for a check before anything is allocated; `dflash2` adds
+    /// the selector's codebooks of rank `selector_rank`.
+    pub fn write_bytes(&self, t: &ModelConfig, dflash2_rank: Option<usize>) -> u64 {
+        let (h, v) = (t.hidden_size as u64, t.vocab_size as u64);
+        let q = (t.num_heads * t.head_dim) as u64;
+        let kv = (t.num_kv_heads * t.head_dim) as u64;
+        let per_layer = 2 * h * q + 2 * h * kv + 3 * h * t.intermediate_size as u64 + 4 * h;
+        let taps = self
+            .target_layer_ids
+            .as_ref()
+            .map_or(t.num_layers.min(self.layers.max(1)), Vec::len) as u64;
+        let selector = dflash2_rank.map_or(0, |r| 2 * v * r as u64);
+        let params = (h * taps * h)
+            .saturating_add((self.layers as u64).saturating_mul(per_layer))
+            .saturating_add(selector);
+        params.saturating_mul(6)
+    }
+}
+
 /// A drafter for the target `t`: config.json and model.safetensors (bf16) with the
 /// z-lab tensor names.
 pub fn write_drafter(t: &ModelConfig, s: &DrafterSpec) -> BTreeMap<String, Vec<u8>> {
