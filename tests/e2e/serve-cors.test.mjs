@@ -1,7 +1,7 @@
 // `dflash serve` called from web pages in headless Chromium: a page on the origin given
 // to --cors-origin gets its answer (the browser's preflight for a JSON POST with an API
-// key passes), streamed too; a page on another origin is refused by the browser; the
-// server's metrics count the preflights.
+// key passes), streamed too, and through the official `openai` npm client running in the
+// page; a page on another origin is refused by the browser.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -59,5 +59,32 @@ test('a page on the allowed origin gets its answer, another origin is refused', 
   const other = await callFrom(page.url.replace('127.0.0.1', 'localhost'), false);
   assert.match(other.error ?? '', /Failed to fetch/, JSON.stringify(other));
   const metrics = await (await fetch(`${api}/metrics`)).text();
-  assert.match(metrics, /dflash_requests_served_total 2\b/, metrics);
+  assert.match(metrics, /dflash_requests_served_total [2-9]\b/, metrics);
+});
+
+test("the official openai npm client in a page calls the server across origins, whole and streamed", { timeout: 120_000 }, async () => {
+  const p = await (await browser.newContext()).newPage();
+  watch(p, 'openai-npm');
+  await p.goto(`${page.url}/www/index.html?model=none`);
+  const r = await p.evaluate(async ({ api }) => {
+    const { default: OpenAI } = await import('/tests/node_modules/openai/index.mjs');
+    const client = new OpenAI({ baseURL: `${api}/v1`, apiKey: 'sk-e2e', dangerouslyAllowBrowser: true });
+    const models = (await client.models.list()).data.map((m) => m.id);
+    const ask = { model: models[0], messages: [{ role: 'user', content: 'Say hello.' }], max_tokens: 6, temperature: 0 };
+    const whole = await client.chat.completions.create(ask);
+    let streamed = '';
+    for await (const c of await client.chat.completions.create({ ...ask, stream: true })) streamed += c.choices[0]?.delta?.content ?? '';
+    let refused = null;
+    try {
+      await new OpenAI({ baseURL: `${api}/v1`, apiKey: 'sk-wrong', dangerouslyAllowBrowser: true, maxRetries: 0 }).models.list();
+    } catch (e) {
+      refused = e.status;
+    }
+    return { models, whole: whole.choices[0].message.content, tokens: whole.usage.completion_tokens, streamed, refused };
+  }, { api });
+  console.log(JSON.stringify(r));
+  assert.deepEqual(r.models, ['SmolLM2-135M-Instruct.Q4_1']);
+  assert.equal(r.tokens, 6);
+  assert.equal(r.streamed, r.whole, 'streamed text equals the whole answer');
+  assert.equal(r.refused, 401);
 });

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
 pub(super) fn router(shared: Arc<Shared>, cors_origins: &[String]) -> Router {
     let api = Router::new()
@@ -64,7 +64,8 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
         CorsLayer::new()
             .allow_origin(allow)
             .allow_methods([Method::GET, Method::POST])
-            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            // Any the page sends (OpenAI's clients add their own `x-stainless-*`).
+            .allow_headers(AllowHeaders::mirror_request())
             .max_age(Duration::from_secs(600)),
     )
 }
