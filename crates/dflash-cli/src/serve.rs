@@ -6,7 +6,7 @@
 //! (`dflash_engine`: `Request::from_body`, `Engine::answer_blocking`, `response::Reply`),
 //! as in the browser. The engine (not `Send` on the GPU; `Engine::on_device`, so without
 //! `--device` the CPU engine where the only adapter is a software one) runs one request
-//! at a time on the main thread, taking jobs from a channel (`serve/jobs.rs`). HTTP is
+//! at a time on the main thread, taking jobs from a queue (`serve/jobs.rs`). HTTP is
 //! hyper's HTTP/1.1 on a tokio runtime beside it (`serve/listener.rs`: keep-alive,
 //! chunked bodies, header and stall timeouts, a bound on connections, the drain on
 //! SIGTERM) with axum's routes (`serve/routes.rs`: the API key, CORS, body limits, the
@@ -14,9 +14,9 @@
 //!
 //! A request takes a place (`jobs::Place`): the running one and `--queue` waiting; past
 //! that, 429 with `Retry-After`. The answer (`serve/answering.rs`) holds the place; when
-//! the client leaves, hyper drops the answer (a half-closed connection counts as left), the
-//! place's drop sets the job's `Interrupt`, and the engine stops within a token (or a
-//! DFlash step), or skips the job if it is still queued. A panic in the engine fails only
+//! the client leaves, hyper drops the answer (a half-closed connection counts as left), and
+//! the place's drop takes the job out of the queue or, while it runs, sets its
+//! `Interrupt`: the engine stops within a token (or a DFlash step). A panic in the engine fails only
 //! its request (500, code `Panic`; the conversation's kept rows are forgotten).
 //!
 //! How an interrupt ends generation: `dflash_core::generate`'s module docs
@@ -33,12 +33,11 @@ use crate::device_args::DeviceArgs;
 use crate::{load, CliError};
 use dflash_core::drafter::{load_drafter_dir, DrafterPrecision};
 use dflash_engine::Engine;
-use jobs::{serve_jobs, Job, Places};
+use jobs::{serve_jobs, Queue};
 use metrics::Metrics;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,8 +94,7 @@ pub struct ServeArgs {
 struct Shared {
     model_id: String,
     drafter: bool,
-    jobs: mpsc::Sender<Job>,
-    places: Places,
+    queue: Queue,
     metrics: Metrics,
     max_body: usize,
     client_timeout: Duration,
@@ -112,10 +110,20 @@ impl Shared {
 
     fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+        self.queue.close();
     }
 
     fn stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
+    }
+}
+
+/// Marks the server stopped when dropped.
+struct Stopped(Arc<Shared>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.stopped.store(true, Ordering::SeqCst);
     }
 }
 
@@ -172,12 +180,10 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
         .enable_all()
         .build()
         .map_err(|e| CliError::Usage(format!("cannot start the server's runtime: {e}")))?;
-    let (jobs, queued) = mpsc::channel();
     let shared = Arc::new(Shared {
         model_id: model_id(&a.model),
         drafter: a.drafter.is_some(),
-        jobs,
-        places: Places::new(a.queue + 1),
+        queue: Queue::new(a.queue + 1),
         metrics: Metrics::new(),
         max_body: a.max_body,
         client_timeout,
@@ -188,13 +194,14 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
     let app = routes::router(shared.clone(), &a.cors_origin);
     let s = shared.clone();
     let server = runtime.spawn(async move {
+        // However the server's task ends (a panic too), the engine's loop ends after it.
+        let _stop = Stopped(s.clone());
         match tokio::net::TcpListener::from_std(listener) {
-            Ok(l) => listener::serve(l, app, s.clone(), a.max_connections, shutdown_timeout).await,
+            Ok(l) => listener::serve(l, app, s, a.max_connections, shutdown_timeout).await,
             Err(e) => {
                 let _ = writeln!(std::io::stderr(), "dflash serve: {e}");
             }
         }
-        s.stopped.store(true, Ordering::SeqCst);
     });
     let _ = writeln!(
         std::io::stderr(),
@@ -202,7 +209,7 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
         shared.model_id,
         engine.device
     );
-    serve_jobs(&mut engine, queued, &shared);
+    serve_jobs(&mut engine, &shared);
     let _ = runtime.block_on(server);
     let _ = writeln!(std::io::stderr(), "dflash serve: stopped");
     Ok(())

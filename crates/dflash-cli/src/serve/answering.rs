@@ -42,11 +42,19 @@ impl Answering {
             Some(Event::Done(a)) => {
                 self.place.finish();
                 m.answered(a);
-                m.served.inc();
+                match a.finish_reason() {
+                    "abort" => m.hangups.inc(),
+                    _ => m.served.inc(),
+                };
             }
-            Some(Event::Failed(..)) | None => {
+            Some(Event::Failed(..)) => {
                 self.place.finish();
                 m.failed.inc();
+            }
+            // Dropped from the queue by a stop past its deadline.
+            None => {
+                self.place.finish();
+                m.rejected.inc();
             }
             _ => {}
         }
@@ -148,10 +156,11 @@ fn status_code(status: u16) -> StatusCode {
     StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
+/// A request the stop dropped before it ran: the client may retry elsewhere or later.
 fn dropped() -> Response {
-    error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "Internal",
-        "the engine dropped the request",
-    )
+    let message = "the server stopped before this request ran";
+    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, "Busy", message);
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    r
 }

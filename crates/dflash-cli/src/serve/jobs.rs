@@ -1,6 +1,6 @@
 //! The queue between the connections and the engine: a job, what it sends back, a
-//! request's place (the bound on requests queued or running, and the interrupt of a
-//! request whose client left), and the engine's loop over the jobs.
+//! request's place (the bound on requests queued or running; a client that leaves takes
+//! its job out of the queue, or interrupts it while it runs), and the engine's loop.
 
 use super::Shared;
 use dflash_core::generate::{Interrupt, Piece, SpelledLogprob};
@@ -9,10 +9,8 @@ use dflash_engine::device::NativeHost;
 use dflash_engine::errors::{error_code, http_status};
 use dflash_engine::request::Request;
 use dflash_engine::{Answer, Engine};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -33,65 +31,120 @@ pub(super) struct Job {
     pub(super) events: UnboundedSender<Event>,
 }
 
-/// The requests queued or running, each by its interrupt; at most `limit` (the running
-/// one and `--queue` waiting).
-pub(super) struct Places {
-    limit: usize,
-    open: Mutex<HashMap<u64, Interrupt>>,
-    next: AtomicU64,
+/// Why a request found no place.
+pub(super) enum Refused {
+    /// Every place is taken (429).
+    Full,
+    /// The server is stopping (503).
+    Closed,
 }
 
-impl Places {
+#[derive(Default)]
+struct Places {
+    /// Each request queued or running, by id: its interrupt.
+    open: HashMap<u64, Interrupt>,
+    /// The jobs waiting for the engine, in order.
+    waiting: VecDeque<(u64, Job)>,
+    next: u64,
+    /// Stopping: no new place is given.
+    closed: bool,
+}
+
+/// The requests queued or running: at most `limit` (the running one and `--queue`
+/// waiting), the waiting ones' jobs in order for the engine.
+pub(super) struct Queue {
+    limit: usize,
+    places: Mutex<Places>,
+    ready: Condvar,
+}
+
+impl Queue {
     pub(super) fn new(limit: usize) -> Self {
-        Places {
+        Queue {
             limit,
-            open: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(0),
+            places: Mutex::new(Places::default()),
+            ready: Condvar::new(),
         }
     }
 
-    /// Interrupts every request queued or running (a stop past its deadline).
+    fn lock(&self) -> MutexGuard<'_, Places> {
+        // Each step under the lock leaves the places whole, even if a panic followed.
+        self.places.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops giving places (the server is stopping); the requests in flight go on.
+    pub(super) fn close(&self) {
+        self.lock().closed = true;
+    }
+
+    /// Interrupts every request running and drops every one waiting (their answers end
+    /// with 503): a stop past its deadline.
     pub(super) fn interrupt_all(&self) {
-        for i in self.lock().values() {
+        let mut p = self.lock();
+        p.closed = true;
+        p.waiting.clear();
+        for i in p.open.values() {
             i.set();
         }
     }
 
+    /// Requests queued or running.
     pub(super) fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().open.len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Interrupt>> {
-        // A panic while the map was held leaves it whole (each step is one insert or remove).
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    /// The next job, waiting for one; None once `stopped` says so and none is waiting.
+    fn next_job(
+        &self,
+        stopped: impl Fn() -> bool,
+        metrics: &super::metrics::Metrics,
+    ) -> Option<Job> {
+        let mut p = self.lock();
+        loop {
+            if let Some((_, job)) = p.waiting.pop_front() {
+                metrics.queue_depth.set(p.waiting.len() as i64);
+                return Some(job);
+            }
+            if stopped() {
+                return None;
+            }
+            p = match self.ready.wait_timeout(p, Duration::from_millis(100)) {
+                Ok((p, _)) => p,
+                Err(e) => e.into_inner().0,
+            };
+        }
     }
 }
 
-/// A request's place: taken when it is queued, given back when its answer ends or its
-/// client leaves, which interrupts its generation (the engine skips it if still queued).
+/// A request's place: taken with its job queued, given back when its answer ends or its
+/// client leaves, which takes the job out of the queue or interrupts it while it runs.
 pub(super) struct Place {
     shared: Arc<Shared>,
     id: u64,
-    pub(super) interrupt: Interrupt,
     finished: bool,
 }
 
 impl Place {
-    /// A place, or None when every place is taken.
-    pub(super) fn take(shared: &Arc<Shared>) -> Option<Place> {
-        let places = &shared.places;
-        let mut open = places.lock();
-        if open.len() >= places.limit {
-            return None;
+    /// Queues `job` in a new place, or says why there is none.
+    pub(super) fn take(shared: &Arc<Shared>, job: Job) -> Result<Place, Refused> {
+        let q = &shared.queue;
+        let mut p = q.lock();
+        if p.closed {
+            return Err(Refused::Closed);
         }
-        let id = places.next.fetch_add(1, Ordering::Relaxed);
-        let interrupt = Interrupt::default();
-        open.insert(id, interrupt.clone());
+        if p.open.len() >= q.limit {
+            return Err(Refused::Full);
+        }
+        let id = p.next;
+        p.next += 1;
+        p.open.insert(id, job.interrupt.clone());
+        p.waiting.push_back((id, job));
         shared.metrics.in_flight.inc();
-        Some(Place {
+        shared.metrics.queue_depth.set(p.waiting.len() as i64);
+        q.ready.notify_one();
+        Ok(Place {
             shared: shared.clone(),
             id,
-            interrupt,
             finished: false,
         })
     }
@@ -105,26 +158,26 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.shared.places.lock().remove(&self.id);
-        self.shared.metrics.in_flight.dec();
+        let m = &self.shared.metrics;
+        let mut p = self.shared.queue.lock();
+        let interrupt = p.open.remove(&self.id);
+        p.waiting.retain(|(id, _)| *id != self.id);
+        m.queue_depth.set(p.waiting.len() as i64);
+        m.in_flight.dec();
         if !self.finished {
-            self.interrupt.set();
-            self.shared.metrics.hangups.inc();
+            if let Some(i) = interrupt {
+                i.set();
+            }
+            m.hangups.inc();
         }
     }
 }
 
 /// Runs the queued jobs one at a time until the server has stopped.
-pub(super) fn serve_jobs(engine: &mut Engine, jobs: Receiver<Job>, shared: &Shared) {
+pub(super) fn serve_jobs(engine: &mut Engine, shared: &Shared) {
     let host = NativeHost::default();
-    loop {
-        let job = match jobs.recv_timeout(Duration::from_millis(100)) {
-            Ok(job) => job,
-            Err(RecvTimeoutError::Timeout) if !shared.stopped() => continue,
-            Err(_) => return,
-        };
-        shared.metrics.queue_depth.dec();
-        // A job whose client left while it waited.
+    while let Some(job) = shared.queue.next_job(|| shared.stopped(), &shared.metrics) {
+        // A job interrupted between the queue and here (a stop past its deadline).
         if !job.interrupt.is_set() {
             run_job(engine, &host, job);
         }

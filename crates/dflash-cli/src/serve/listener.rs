@@ -1,9 +1,10 @@
 //! Connections: hyper's HTTP/1.1 (keep-alive, chunked bodies, 16 KiB heads) on tokio,
 //! at most `--max-connections` at once (past that a 503 and close), each within
 //! `--client-timeout` for its heads (hyper's header timeout, which also closes a kept-alive
-//! connection left idle: a 408 is written then) and for every write the client leaves
-//! unread. SIGTERM or Ctrl-C: stop accepting, answer new requests 503, finish the requests
-//! in flight, and interrupt those still running at `--shutdown-timeout`.
+//! connection left idle: a 408 where part of a request had come, quietly otherwise) and for
+//! every write the client leaves unread. SIGTERM or Ctrl-C: stop accepting, answer new
+//! requests 503, finish the requests in flight, and interrupt those still running at
+//! `--shutdown-timeout`.
 
 use super::Shared;
 use axum::Router;
@@ -14,6 +15,7 @@ use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io::Write;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -35,6 +37,8 @@ pub(super) async fn serve(
 ) {
     let graceful = GracefulShutdown::new();
     let permits = Arc::new(Semaphore::new(max_connections));
+    // Refusals answered at once; past these, a connection is closed unanswered.
+    let refusals = Arc::new(Semaphore::new(64));
     let mut stop = std::pin::pin!(stop_signal());
     loop {
         let (stream, _) = tokio::select! {
@@ -58,7 +62,12 @@ pub(super) async fn serve(
             }
             Err(_) => {
                 s.metrics.rejected.inc();
-                tokio::spawn(refuse(stream));
+                if let Ok(permit) = refusals.clone().try_acquire_owned() {
+                    tokio::spawn(async move {
+                        refuse(stream).await;
+                        drop(permit);
+                    });
+                }
             }
         }
     }
@@ -67,19 +76,41 @@ pub(super) async fn serve(
 }
 
 /// After a stop signal: the requests in flight end by themselves within `timeout`, or
-/// are interrupted then (and end within moments: the engine checks between tokens).
+/// are interrupted then (and end within moments: the engine checks between tokens). The
+/// drain ends when every connection has closed or no request has been in flight for half
+/// a second (a connection that never sent a request does not hold it).
 async fn drain(s: &Shared, graceful: GracefulShutdown, timeout: Duration) {
     s.start_draining();
     let _ = writeln!(
         std::io::stderr(),
         "dflash serve: stopping; {} requests in flight (at most {:.0} s)",
-        s.places.len(),
+        s.queue.len(),
         timeout.as_secs_f64()
     );
-    let mut closed = std::pin::pin!(graceful.shutdown());
-    if tokio::time::timeout(timeout, &mut closed).await.is_err() {
-        s.places.interrupt_all();
-        let _ = tokio::time::timeout(Duration::from_secs(5), &mut closed).await;
+    tokio::select! {
+        _ = graceful.shutdown() => return,
+        _ = no_requests_for(s, Duration::from_millis(500)) => return,
+        _ = tokio::time::sleep(timeout) => {}
+    }
+    s.queue.interrupt_all();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        no_requests_for(s, Duration::from_millis(500)),
+    )
+    .await;
+}
+
+/// Returns once no request has been queued or running for `quiet`.
+async fn no_requests_for(s: &Shared, quiet: Duration) {
+    let step = Duration::from_millis(50);
+    let mut since = tokio::time::Instant::now();
+    loop {
+        if s.queue.len() > 0 {
+            since = tokio::time::Instant::now();
+        } else if since.elapsed() >= quiet {
+            return;
+        }
+        tokio::time::sleep(step).await;
     }
 }
 
@@ -96,10 +127,12 @@ fn connection(
         .try_clone_to_owned()
         .ok()
         .map(std::net::TcpStream::from);
+    let partial = Arc::new(AtomicBool::new(false));
     let io = TokioIo::new(Socket {
         stream,
         stall: s.client_timeout,
         stalled: None,
+        partial: partial.clone(),
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -112,7 +145,8 @@ fn connection(
         s.metrics.connections.inc();
         s.metrics.connections_opened.inc();
         if let (Err(e), Some(mut spare)) = (conn.await, spare) {
-            if e.is_timeout() {
+            // A head cut off by the timeout; an idle kept-alive connection closes quietly.
+            if e.is_timeout() && partial.load(Ordering::Relaxed) {
                 let message = "the request did not arrive in time (--client-timeout)";
                 let _ = spare.write_all(&raw_error(408, "Request Timeout", "Timeout", message));
             }
@@ -173,6 +207,8 @@ struct Socket {
     stream: TcpStream,
     stall: Duration,
     stalled: Option<Pin<Box<Sleep>>>,
+    /// Whether bytes came since the last response was written (part of a request).
+    partial: Arc<AtomicBool>,
 }
 
 impl Socket {
@@ -183,6 +219,13 @@ impl Socket {
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
         ready!(timer.as_mut().poll(cx));
         Poll::Ready(std::io::ErrorKind::TimedOut.into())
+    }
+
+    /// Bytes of a response went out: what came before was a whole request.
+    fn response_bytes(&self, r: &Poll<std::io::Result<usize>>) {
+        if matches!(r, Poll::Ready(Ok(n)) if *n > 0) {
+            self.partial.store(false, Ordering::Relaxed);
+        }
     }
 
     fn wrote<T>(
@@ -206,7 +249,12 @@ impl AsyncRead for Socket {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.partial.store(true, Ordering::Relaxed);
+        }
+        r
     }
 }
 
@@ -217,6 +265,7 @@ impl AsyncWrite for Socket {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.response_bytes(&r);
         self.wrote(r, cx)
     }
 
@@ -235,6 +284,7 @@ impl AsyncWrite for Socket {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.response_bytes(&r);
         self.wrote(r, cx)
     }
 

@@ -4,7 +4,7 @@
 //! `--cors-origin`s, and a panic in a handler is a 500, not a lost connection.
 
 use super::answering::Answering;
-use super::jobs::{Job, Place};
+use super::jobs::{Job, Place, Refused};
 use super::Shared;
 use axum::body::{Body, Bytes};
 use axum::extract::{MatchedPath, Request as HttpRequest, State};
@@ -35,7 +35,6 @@ pub(super) fn router(shared: Arc<Shared>, cors_origins: &[String]) -> Router {
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(not_allowed)
-        .layer(middleware::from_fn_with_state(shared.clone(), count))
         .layer(CatchPanicLayer::custom(|_| {
             error(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -43,6 +42,7 @@ pub(super) fn router(shared: Arc<Shared>, cors_origins: &[String]) -> Router {
                 "the server panicked",
             )
         }))
+        .layer(middleware::from_fn_with_state(shared.clone(), count))
         .with_state(shared);
     match cors(cors_origins) {
         Some(c) => app.layer(c),
@@ -202,28 +202,29 @@ async fn complete(s: Arc<Shared>, headers: &HeaderMap, body: Body, endpoint: End
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
     };
-    let Some(place) = Place::take(&s) else {
-        let message = "the server is busy: every place in its queue is taken (--queue); retry";
-        return busy(&s, StatusCode::TOO_MANY_REQUESTS, message);
-    };
     let (events, rx) = tokio::sync::mpsc::unbounded_channel();
     let id = format!("{}-dflash-{:x}", Reply::id_prefix(endpoint), rand_id());
     let reply = Reply::new(&request, id, unix_time(), s.model_id.clone());
     let streams = request.streams();
     let job = Job {
         request,
-        interrupt: place.interrupt.clone(),
+        interrupt: Default::default(),
         events,
     };
-    s.metrics.queue_depth.inc();
-    if s.jobs.send(job).is_err() {
-        s.metrics.queue_depth.dec();
-        return busy(
-            &s,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the engine has stopped",
-        );
-    }
+    let place = match Place::take(&s, job) {
+        Ok(p) => p,
+        Err(Refused::Full) => {
+            let message = "the server is busy: every place in its queue is taken (--queue); retry";
+            return busy(&s, StatusCode::TOO_MANY_REQUESTS, message);
+        }
+        Err(Refused::Closed) => {
+            return busy(
+                &s,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is stopping",
+            )
+        }
+    };
     let answer = Answering {
         rx,
         place,
