@@ -80,7 +80,8 @@ echo "== [$SECONDS s] dflash serve under load and faults (tens of clients; the s
 python3 tests/serve/load.py
 
 echo "== [$SECONDS s] the hostile-input battery, short form (the whole: results/hostile-battery.json)"
-cargo build --release --locked -p dflash-cli -p dflash-train -p dflash-fuzz
+# (its binaries come from the workspace tests above: a `cargo build -p ...` here would
+# resolve other features and compile everything again)
 python3 scripts/hostile-battery.py --quick
 
 echo "== [$SECONDS s] GPU engine on SwiftShader within the browser's limits"
